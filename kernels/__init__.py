@@ -1,0 +1,1 @@
+"""radixflow.kernels"""

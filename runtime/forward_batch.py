@@ -1,0 +1,59 @@
+"""What one model step computes: the flat token batch plus the per-request KV layout."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class ForwardBatch:
+    """One forward step over a batch of requests, extend (prefill) or decode.
+
+    Tokens of all requests are laid out flat, request after request:
+
+        flat token dim:  | req0 new tokens | req1 new tokens | ... |
+                         ^ extend_starts[0] ^ extend_starts[1]
+
+    Request i already has `prefix_lens[i]` tokens in the KV pool (a radix-cache
+    hit and/or earlier chunks) and adds `extend_lens[i]` new ones this step, so
+    its context after the step is `seq_lens[i] = prefix_lens[i] + extend_lens[i]`
+    tokens whose slot ids are `req_to_token[req_rows[i], :seq_lens[i]]`.
+    A decode step is an extend step with every `extend_lens[i] == 1`.
+
+    The attention backend first writes the new tokens' K/V at `out_slots`
+    (which equal the tail of each request's slot-table row), then attends over
+    the whole row, causally for the new tokens. All tensors live on the model's
+    device; the `*_cpu` lists are the same numbers for Python-side loops.
+    """
+
+    is_decode: bool
+    input_ids: torch.Tensor     # [num_tokens] int64
+    positions: torch.Tensor     # [num_tokens] int64
+    out_slots: torch.Tensor     # [num_tokens] int64, KV slot written by each new token
+    req_to_token: torch.Tensor  # [max_running, max_context_len] int32, the shared slot table
+    req_rows: torch.Tensor      # [batch] int64, row of each request in req_to_token
+    prefix_lens: torch.Tensor   # [batch] int64
+    extend_lens: torch.Tensor   # [batch] int64
+    seq_lens: torch.Tensor      # [batch] int64
+    extend_starts: torch.Tensor  # [batch] int64, exclusive cumsum of extend_lens
+    logit_rows: torch.Tensor    # [num_logit_rows] int64, flat token rows whose logits are returned
+    prefix_lens_cpu: list[int]
+    extend_lens_cpu: list[int]
+    lora_ids: torch.Tensor | None = None  # [num_tokens] int64 adapter index per token, -1 = base
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.extend_lens_cpu)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def max_extend_len(self) -> int:
+        return max(self.extend_lens_cpu, default=0)
+
+    @property
+    def max_seq_len(self) -> int:
+        return max((p + e for p, e in zip(self.prefix_lens_cpu, self.extend_lens_cpu)), default=0)
