@@ -1,1 +1,8 @@
-"""radixflow.radix"""
+"""radixflow.radix: the prefix cache (radix tree over token ids → KV slot ids), no devices."""
+from __future__ import annotations
+
+from .null import NullCache
+from .protocol import PrefixCache
+from .tree import MatchResult, Node, RadixCache
+
+__all__ = ["MatchResult", "Node", "NullCache", "PrefixCache", "RadixCache"]

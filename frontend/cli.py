@@ -1,0 +1,79 @@
+"""The `radixflow` command: `serve` (HTTP server) and `demo-model` (write the built-in model)."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import sys
+import types
+import typing
+from typing import Any
+
+from radixflow.runtime.config import EngineConfig
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def add_engine_flags(parser: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:
+    """One flag per EngineConfig field; help, default and choices come from the declaration."""
+    hints = typing.get_type_hints(EngineConfig)
+    group = parser.add_argument_group("engine")
+    for f in dataclasses.fields(EngineConfig):
+        if f.name in skip:
+            continue
+        hint = hints[f.name]
+        args = typing.get_args(hint) if isinstance(hint, types.UnionType) else ()
+        base = next((a for a in args if a is not type(None)), hint)
+        help_text = f"{f.metadata['help']} (default: {f.default})"
+        if base is bool:
+            action = argparse.BooleanOptionalAction if f.default else "store_true"
+            group.add_argument(_flag(f.name), action=action, default=f.default, help=help_text)
+        else:
+            group.add_argument(_flag(f.name), type=base, default=f.default,
+                               choices=f.metadata.get("choices"), help=help_text)
+
+
+def engine_kwargs(ns: argparse.Namespace, skip: tuple[str, ...] = ()) -> dict[str, Any]:
+    return {f.name: getattr(ns, f.name) for f in dataclasses.fields(EngineConfig) if f.name not in skip}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="radixflow", description="radixflow LLM serving runtime")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="serve a model over HTTP (OpenAI and native APIs)")
+    serve.add_argument("--demo-size", default="tiny", help="demo model size used when --model is absent")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=30000)
+    serve.add_argument("--served-model-name", default=None, help="model name in the API (default: the path)")
+    serve.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every request")
+    serve.add_argument("--log-level", default="info")
+    add_engine_flags(serve)
+
+    demo = sub.add_parser("demo-model", help="write the built-in random-weight demo model")
+    demo.add_argument("--size", default="tiny", help="tiny or small")
+    demo.add_argument("--out", required=True, help="output directory")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = build_parser().parse_args(argv)
+    if ns.command == "demo-model":
+        from radixflow.runtime.demo_model import write_demo_model
+
+        try:
+            print(write_demo_model(ns.size, ns.out))
+        except ValueError as exc:
+            print(f"radixflow: {exc}", file=sys.stderr)
+            return 2
+        return 0
+    logging.basicConfig(level=ns.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from radixflow.frontend.server import serve
+
+    return serve(ns, engine_kwargs(ns))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,51 @@
+"""PrefixCache: the interface the engine uses, met by RadixCache and NullCache."""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Protocol, runtime_checkable
+
+from .tree import MatchResult, Node
+
+
+@runtime_checkable
+class PrefixCache(Protocol):
+    """What the scheduler needs from a prefix cache (see RadixCache for the contract).
+
+    Engine usage per request:
+      admit:  m = match_prefix(tokens, ns, record=True); inc_lock_ref(m.node); reuse m.slots
+      finish: n = insert(tokens, slots, ns); free slots[m.length:n] (duplicates);
+              dec_lock_ref(m.node)
+      short of slots: evict(num_tokens, free_fn)
+    """
+
+    hit_tokens: int
+    query_tokens: int
+    evicted_tokens: int
+
+    def match_prefix(self, key: Sequence[int], namespace: str | None = None, *,
+                     record: bool = False) -> MatchResult: ...
+
+    def insert(self, key: Sequence[int], values: Sequence[int],
+               namespace: str | None = None) -> int: ...
+
+    def inc_lock_ref(self, node: Node) -> int: ...
+
+    def dec_lock_ref(self, node: Node) -> int: ...
+
+    def evict(self, num_tokens: int, free_fn: Callable[[list[int]], None]) -> int: ...
+
+    def evictable_size(self) -> int: ...
+
+    def protected_size(self) -> int: ...
+
+    def total_size(self) -> int: ...
+
+    def num_nodes(self) -> int: ...
+
+    def reset(self, free_fn: Callable[[list[int]], None] | None = None) -> None: ...
+
+    def all_slots(self) -> list[int]: ...
+
+    def check(self) -> None: ...
+
+    def pretty(self, max_tokens_per_node: int = 8) -> str: ...

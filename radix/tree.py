@@ -1,0 +1,335 @@
+"""RadixCache: a radix tree from token-id sequences to KV slot ids, with lock refs and LRU eviction."""
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+from .check import check_tree
+from .lru import LeafLRU
+
+FreeFn = Callable[[list[int]], None]
+
+_node_ids = itertools.count()
+
+
+class Node:
+    """One edge of the tree: a run of tokens and the KV slot ids that hold them.
+
+    `key` and `value` are tuples of equal length (empty only for a namespace root).
+    `children` is keyed by the first token of each child's key. `lock_ref` counts the
+    running requests whose matched path passes through this node; a node with
+    `lock_ref > 0` is never evicted. `last_access` is the cache tick of the last
+    match/insert that touched the node. Roots have `parent is None` and an empty key;
+    evicted nodes have `parent is None` and keep their key.
+    """
+
+    __slots__ = ("key", "value", "parent", "children", "lock_ref", "last_access", "id")
+
+    def __init__(self, key: tuple[int, ...], value: tuple[int, ...], parent: Node | None,
+                 tick: int = 0) -> None:
+        self.key = key
+        self.value = value
+        self.parent = parent
+        self.children: dict[int, Node] = {}
+        self.lock_ref = 0
+        self.last_access = tick
+        self.id = next(_node_ids)
+
+    @property
+    def is_root(self) -> bool:
+        return self.parent is None and not self.key
+
+    @property
+    def is_evicted(self) -> bool:
+        """True once evict removed this node from the tree."""
+        return self.parent is None and bool(self.key)
+
+    def __repr__(self) -> str:
+        return (f"Node(id={self.id}, len={len(self.key)}, key={_preview(self.key, 8)}, "
+                f"lock_ref={self.lock_ref}, children={len(self.children)})")
+
+
+@dataclass(frozen=True, slots=True)
+class MatchResult:
+    """The longest cached prefix of a key.
+
+    `slots` are the KV slot ids of the matched tokens (len == `length`); they stay owned
+    by the tree and are only safe to read while `node` is locked (inc_lock_ref) or until
+    the next evict. `node` is the deepest node of the match and covers exactly its end
+    (a root when nothing matched).
+    """
+
+    slots: list[int]
+    node: Node
+    length: int
+
+
+class RadixCache:
+    """Prefix cache over token ids, one subtree per namespace (None = base model).
+
+    Ownership: slot ids handed to `insert` beyond the returned prefix length belong to the
+    tree until `evict` (or `reset`) gives them back through `free_fn`. The tree never
+    allocates or frees slots by itself.
+
+    Sizes (in tokens) are kept incrementally: `evictable_size` counts non-root nodes with
+    `lock_ref == 0`, `protected_size` those with `lock_ref > 0`. Evictable *leaves* live in
+    a LeafLRU keyed by the access tick, so evict never scans the tree.
+
+    Counters `hit_tokens`, `query_tokens`, `evicted_tokens` only grow; `reset` keeps them.
+    Not thread-safe: the engine loop owns it.
+    """
+
+    def __init__(self) -> None:
+        self.hit_tokens = 0
+        self.query_tokens = 0
+        self.evicted_tokens = 0
+        self._roots: dict[str | None, Node] = {}
+        self._leaves: LeafLRU[Node] = LeafLRU()
+        self._tick = 0
+        self._evictable_size = 0
+        self._protected_size = 0
+        self._num_nodes = 0
+
+    # ---- lookup and insertion -------------------------------------------------------
+
+    def match_prefix(self, key: Sequence[int], namespace: str | None = None, *,
+                     record: bool = False) -> MatchResult:
+        """Return the longest cached prefix of `key` in `namespace`.
+
+        Splits the last matched node when the match ends inside it, and marks the matched
+        path as used now (LRU). With `record`, counts the query and hit tokens.
+        """
+        key = _as_tuple(key)
+        node, slots = self._walk(self._root(namespace), key)
+        if record:
+            self.query_tokens += len(key)
+            self.hit_tokens += len(slots)
+        return MatchResult(slots, node, len(slots))
+
+    def insert(self, key: Sequence[int], values: Sequence[int], namespace: str | None = None) -> int:
+        """Cache `key -> values` and return the length of the prefix that was already cached.
+
+        The tree keeps its own slots for that prefix; the caller still owns `values[:n]`
+        (duplicates, to free) and hands `values[n:]` to the tree. Raises ValueError when the
+        lengths differ.
+        """
+        key = _as_tuple(key)
+        if len(key) != len(values):
+            raise ValueError(f"insert: key has {len(key)} tokens but values has {len(values)}")
+        node, slots = self._walk(self._root(namespace), key)
+        cached_len = len(slots)
+        if cached_len < len(key):
+            self._add_leaf(node, key[cached_len:], tuple(values[cached_len:]))
+        return cached_len
+
+    def _walk(self, root: Node, key: tuple[int, ...]) -> tuple[Node, list[int]]:
+        """Follow `key` from `root` as far as it matches, splitting where the match stops
+        inside a node; stamp the path with a new tick. Returns (deepest node, slots)."""
+        self._tick += 1
+        tick = self._tick
+        node = root
+        slots: list[int] = []
+        pos, end = 0, len(key)
+        while pos < end:
+            child = node.children.get(key[pos])
+            if child is None:
+                break
+            child_key = child.key
+            child_len = len(child_key)
+            if key[pos:pos + child_len] != child_key:
+                child_len = _common_len(child_key, key, pos)
+                child = self._split(child, child_len)
+            child.last_access = tick
+            slots.extend(child.value)
+            node = child
+            pos += child_len
+            if child_len < len(child_key):
+                break
+        if not node.children and node.lock_ref == 0 and node.parent is not None:
+            self._leaves.add(node, tick)
+        return node, slots
+
+    def _split(self, node: Node, at: int) -> Node:
+        """Cut `node` after `at` tokens; return the new parent holding the first part.
+
+        The original object keeps the tail, so lock handles held on it stay valid.
+        """
+        parent = node.parent
+        assert parent is not None and 0 < at < len(node.key), "split outside a node"
+        head = Node(node.key[:at], node.value[:at], parent, node.last_access)
+        head.lock_ref = node.lock_ref
+        head.children[node.key[at]] = node
+        parent.children[node.key[0]] = head
+        node.key, node.value, node.parent = node.key[at:], node.value[at:], head
+        self._num_nodes += 1
+        return head
+
+    def _add_leaf(self, parent: Node, key: tuple[int, ...], value: tuple[int, ...]) -> None:
+        leaf = Node(key, value, parent, self._tick)
+        parent.children[key[0]] = leaf
+        self._leaves.discard(parent)
+        self._leaves.add(leaf, self._tick)
+        self._evictable_size += len(key)
+        self._num_nodes += 1
+
+    # ---- locking ----------------------------------------------------------------------
+
+    def inc_lock_ref(self, node: Node) -> int:
+        """Lock the path from `node` up to its root against eviction.
+
+        Returns the number of tokens that moved from evictable to protected. Raises
+        RuntimeError for an evicted node: its slots are gone (lock before evicting).
+        """
+        if node.parent is None and node.key:
+            raise RuntimeError(f"inc_lock_ref on an evicted node: {node!r}")
+        moved = 0
+        while node.parent is not None:
+            if node.lock_ref == 0:
+                moved += len(node.key)
+                self._leaves.discard(node)
+            node.lock_ref += 1
+            node = node.parent
+        self._evictable_size -= moved
+        self._protected_size += moved
+        return moved
+
+    def dec_lock_ref(self, node: Node) -> int:
+        """Undo one inc_lock_ref on the same node (or a node it was split from).
+
+        Returns the number of tokens that moved from protected to evictable. Raises
+        RuntimeError when the node is not locked (an engine bookkeeping bug).
+        """
+        if node.parent is not None and node.lock_ref <= 0:
+            raise RuntimeError(f"dec_lock_ref on an unlocked node: {node!r}")
+        moved = 0
+        while node.parent is not None:
+            node.lock_ref -= 1
+            if node.lock_ref == 0:
+                moved += len(node.key)
+                if not node.children:
+                    self._leaves.add(node, node.last_access)
+            node = node.parent
+        self._evictable_size += moved
+        self._protected_size -= moved
+        return moved
+
+    # ---- eviction ---------------------------------------------------------------------
+
+    def evict(self, num_tokens: int, free_fn: FreeFn) -> int:
+        """Remove unlocked leaves, least recently used first, until `num_tokens` tokens are
+        freed or none is left; a parent left as an unlocked leaf becomes a candidate.
+
+        Calls `free_fn` once with every removed slot id (not at all when nothing was
+        removed). Returns the number of tokens evicted (may exceed `num_tokens` by part
+        of a node: nodes go whole).
+        """
+        freed: list[int] = []
+        while len(freed) < num_tokens:
+            leaf = self._leaves.pop_oldest()
+            if leaf is None:
+                break
+            self._remove_leaf(leaf)
+            freed.extend(leaf.value)
+        if freed:
+            self.evicted_tokens += len(freed)
+            free_fn(freed)
+        return len(freed)
+
+    def _remove_leaf(self, leaf: Node) -> None:
+        parent = leaf.parent
+        assert parent is not None and not leaf.children and leaf.lock_ref == 0
+        del parent.children[leaf.key[0]]
+        leaf.parent = None
+        self._evictable_size -= len(leaf.key)
+        self._num_nodes -= 1
+        if parent.parent is not None and not parent.children and parent.lock_ref == 0:
+            self._leaves.add(parent, parent.last_access)
+
+    def reset(self, free_fn: FreeFn | None = None) -> None:
+        """Drop every node, passing all held slot ids to `free_fn` if given.
+
+        Raises RuntimeError while any node is locked. Counters are kept.
+        """
+        if self._protected_size:
+            raise RuntimeError(f"reset: {self._protected_size} tokens are locked by running requests")
+        slots = self.all_slots()
+        self._roots.clear()
+        self._leaves.clear()
+        self._evictable_size = 0
+        self._num_nodes = 0
+        if free_fn is not None and slots:
+            free_fn(slots)
+
+    # ---- sizes and inspection ---------------------------------------------------------
+
+    def evictable_size(self) -> int:
+        return self._evictable_size
+
+    def protected_size(self) -> int:
+        return self._protected_size
+
+    def total_size(self) -> int:
+        return self._evictable_size + self._protected_size
+
+    def num_nodes(self) -> int:
+        """Non-root nodes."""
+        return self._num_nodes
+
+    def all_slots(self) -> list[int]:
+        """Every slot id the tree holds, in no particular order."""
+        return [slot for node in self._nodes() for slot in node.value]
+
+    def check(self) -> None:
+        """Raise AssertionError unless every structural and accounting invariant holds."""
+        check_tree(self)
+
+    def pretty(self, max_tokens_per_node: int = 8) -> str:
+        """Indented dump: one line per namespace root, one per node below it."""
+        lines: list[str] = []
+        for namespace, root in self._roots.items():
+            lines.append(f"namespace={namespace!r}")
+            stack = [(child, 1) for child in _sorted_children(root)]
+            while stack:
+                node, depth = stack.pop()
+                lines.append(f"{'  ' * depth}{_preview(node.key, max_tokens_per_node)} "
+                             f"len={len(node.key)} lock={node.lock_ref} t={node.last_access}")
+                stack.extend((child, depth + 1) for child in _sorted_children(node))
+        return "\n".join(lines) if lines else "(empty)"
+
+    def _root(self, namespace: str | None) -> Node:
+        root = self._roots.get(namespace)
+        if root is None:
+            root = self._roots[namespace] = Node((), (), None)
+        return root
+
+    def _nodes(self) -> Iterator[Node]:
+        """Every non-root node, depth first (iterative: paths can be deep)."""
+        stack = [child for root in self._roots.values() for child in root.children.values()]
+        while stack:
+            node = stack.pop()
+            yield node
+            stack.extend(node.children.values())
+
+
+def _as_tuple(key: Sequence[int]) -> tuple[int, ...]:
+    return key if isinstance(key, tuple) else tuple(key)
+
+
+def _common_len(node_key: tuple[int, ...], key: tuple[int, ...], pos: int) -> int:
+    """Length of the common prefix of `node_key` and `key[pos:]`."""
+    n = min(len(node_key), len(key) - pos)
+    i = 0
+    while i < n and node_key[i] == key[pos + i]:
+        i += 1
+    return i
+
+
+def _sorted_children(node: Node) -> list[Node]:
+    # Reversed so that a stack pops them in ascending first-token order.
+    return [node.children[t] for t in sorted(node.children, reverse=True)]
+
+
+def _preview(key: tuple[int, ...], max_tokens: int) -> str:
+    shown = " ".join(map(str, key[:max_tokens]))
+    return f"[{shown}{' …' if len(key) > max_tokens else ''}]"

@@ -1,0 +1,63 @@
+"""Attention over the slot pool: store the new K/V, then extend or decode attention.
+
+Which implementation runs is chosen once: the Triton kernels on CUDA, their torch references
+on CPU; `attention_backend` / RADIXFLOW_ATTENTION_BACKEND override (with TRITON_INTERPRET=1
+the Triton kernels run on CPU too, slowly).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from radixflow import kernels
+from radixflow.runtime.forward_batch import ForwardBatch
+from radixflow.runtime.kv_pool import KVPool
+
+ENV_BACKEND = "RADIXFLOW_ATTENTION_BACKEND"
+
+
+def resolve_backend(requested: str, device: torch.device) -> str:
+    """`auto` → triton on CUDA, torch elsewhere; the environment variable wins over the config."""
+    choice = os.environ.get(ENV_BACKEND, requested) or "auto"
+    if choice not in ("auto", "triton", "torch"):
+        raise ValueError(f"{ENV_BACKEND}={choice!r} is not one of auto, triton, torch")
+    if choice == "auto":
+        return "triton" if device.type == "cuda" else "torch"
+    return choice
+
+
+@dataclass(frozen=True)
+class AttentionOps:
+    store_kv: Callable[..., None]
+    extend_attention: Callable[..., torch.Tensor]
+    decode_attention: Callable[..., torch.Tensor]
+
+    @classmethod
+    def for_backend(cls, name: str) -> AttentionOps:
+        if name == "triton":
+            return cls(kernels.store_kv, kernels.extend_attention, kernels.decode_attention)
+        return cls(kernels.store_kv_ref, kernels.extend_attention_ref, kernels.decode_attention_ref)
+
+
+class PoolAttention:
+    """The model's AttentionFn over a KVPool. Holds no per-step state."""
+
+    def __init__(self, pool: KVPool, ops: AttentionOps, sm_scale: float, num_kv_splits: int = 8) -> None:
+        self.pool, self.ops, self.sm_scale = pool, ops, sm_scale
+        self.num_kv_splits = num_kv_splits
+
+    def __call__(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 fb: ForwardBatch) -> torch.Tensor:
+        pool = self.pool
+        kc, vc = pool.k_caches[layer_id], pool.v_caches[layer_id]
+        ks, vs = pool.k_scales[layer_id], pool.v_scales[layer_id]
+        self.ops.store_kv(kc, vc, fb.out_slots, k, v, ks, vs)
+        if fb.is_decode:
+            return self.ops.decode_attention(q, kc, vc, fb.req_to_token, fb.req_rows, fb.seq_lens,
+                                             self.sm_scale, ks, vs, self.num_kv_splits)
+        return self.ops.extend_attention(q, kc, vc, fb.req_to_token, fb.req_rows, fb.prefix_lens,
+                                         fb.extend_lens, fb.extend_starts, self.sm_scale, ks, vs,
+                                         fb.max_extend_len)

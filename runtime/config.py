@@ -1,0 +1,75 @@
+"""Engine configuration: one frozen declaration that the CLI and the HTTP server derive from."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs")
+DTYPES = ("auto", "float32", "float16", "bfloat16")
+KV_CACHE_DTYPES = ("auto", "fp8_e4m3")
+ATTENTION_BACKENDS = ("auto", "triton", "torch")
+DEVICES = ("auto", "cpu", "cuda")
+GRAMMAR_BACKENDS = ("outlines", "llguidance")
+
+
+def _opt(default: Any, help: str, choices: tuple[str, ...] | None = None) -> Any:
+    """A config field whose help text (and choices) the CLI reads from metadata."""
+    return field(default=default, metadata={"help": help, "choices": choices})
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """User-facing engine settings. Validated on construction; never mutated afterwards."""
+
+    model: str | None = _opt(None, "Hugging Face format model directory (absent: the tiny demo model).")
+    dtype: str = _opt("auto", "Weight and activation dtype; auto = float32 on CPU, the checkpoint's on CUDA.", DTYPES)
+    device: str = _opt("auto", "Where the model runs; auto = cuda when available.", DEVICES)
+    seed: int = _opt(0, "Seed for sampling of requests that give no seed of their own.")
+    max_model_len: int | None = _opt(None, "Longest context (prompt + output) in tokens; default: the model's.")
+    kv_cache_tokens: int | None = _opt(None, "KV pool size in tokens (default on CPU: 65536; on CUDA: from --mem-fraction).")
+    mem_fraction: float = _opt(0.85, "Fraction of total GPU memory the engine may use (weights + KV pool).")
+    kv_cache_dtype: str = _opt("auto", "KV cache storage: auto = the model dtype; fp8_e4m3 halves the bytes.", KV_CACHE_DTYPES)
+    max_num_seqs: int = _opt(256, "Most requests running in one batch.")
+    max_prefill_tokens: int = _opt(8192, "Most new prompt tokens in one prefill step.")
+    chunked_prefill_size: int = _opt(2048, "Split longer prompts into chunks of this many tokens (<= 0: never chunk).")
+    schedule_policy: str = _opt("lpm", "Order of waiting requests: longest prefix match, DFS weight, or arrival.", SCHEDULE_POLICIES)
+    lpm_fcfs_threshold: int = _opt(128, "Past this many waiting requests lpm falls back to fcfs (matching costs grow).")
+    disable_radix_cache: bool = _opt(False, "Keep no KV between requests (every prompt is prefilled in full).")
+    attention_backend: str = _opt("auto", "Attention kernels; auto = triton on CUDA, torch on CPU. Env: RADIXFLOW_ATTENTION_BACKEND.", ATTENTION_BACKENDS)
+    disable_cuda_graph: bool = _opt(False, "Run decode steps eagerly instead of replaying captured CUDA graphs.")
+    cuda_graph_max_bs: int = _opt(256, "Largest decode batch captured in a CUDA graph.")
+    max_queued_requests: int = _opt(4096, "Requests waiting beyond this are rejected.")
+    grammar_backend: str = _opt("outlines", "Constrained decoding backend.", GRAMMAR_BACKENDS)
+    grammar_timeout_s: float = _opt(10.0, "Longest time one grammar may take to compile before the request is rejected.")
+    jump_forward: bool = _opt(True, "Append forced grammar continuations without sampling.")
+    max_loras: int = _opt(8, "LoRA adapters resident at once.")
+    max_lora_rank: int = _opt(64, "Largest LoRA rank accepted.")
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            choices = f.metadata.get("choices")
+            if choices and getattr(self, f.name) not in choices:
+                raise ValueError(f"{f.name}={getattr(self, f.name)!r} is not one of {', '.join(choices)}")
+        positive = ("max_num_seqs", "max_prefill_tokens", "max_queued_requests", "cuda_graph_max_bs",
+                    "max_loras", "max_lora_rank")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
+        if self.kv_cache_tokens is not None and self.kv_cache_tokens < 16:
+            raise ValueError(f"kv_cache_tokens must be >= 16, got {self.kv_cache_tokens}")
+        if not 0.0 < self.mem_fraction <= 1.0:
+            raise ValueError(f"mem_fraction must be in (0, 1], got {self.mem_fraction}")
+        if self.grammar_timeout_s <= 0:
+            raise ValueError(f"grammar_timeout_s must be > 0, got {self.grammar_timeout_s}")
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: Any) -> EngineConfig:
+        """Build from keyword arguments, rejecting unknown names with the list of known ones."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(kwargs) - known)
+        if unknown:
+            raise ValueError(f"unknown engine config option(s) {unknown}; known: {sorted(known)}")
+        return cls(**kwargs)

@@ -1,0 +1,361 @@
+"""The Engine: public API, request intake, and the loop thread that steps the scheduler.
+
+Callers on any thread (or asyncio loop) submit requests; one background thread owns every
+piece of engine state (scheduler, pools, cache, requests) and runs steps. Results travel back
+through per-request callbacks that only hand data over (threading.Event or
+`loop.call_soon_threadsafe`); no caller ever touches engine state directly.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import uuid
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import torch
+
+from radixflow.radix import NullCache, RadixCache
+from radixflow.runtime.config import EngineConfig
+from radixflow.runtime.demo_model import demo_model
+from radixflow.runtime.detokenizer import IncrementalDetokenizer
+from radixflow.runtime.model_runner import ModelRunner
+from radixflow.runtime.request import LogprobOptions, Req
+from radixflow.runtime.result import make_result, meta_info
+from radixflow.runtime.output import visible_text
+from radixflow.runtime.sampling_params import SamplingParams
+from radixflow.runtime.scheduler import Scheduler, SchedulerLimits
+from radixflow.runtime.stats import EngineStats, RequestTiming
+from radixflow.runtime.step import StepRunner
+from radixflow.runtime.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+Prompt = str | list[str] | None
+InputIds = list[int] | list[list[int]] | None
+
+
+class Engine:
+    """An LLM engine with a persistent radix prefix cache and continuous batching.
+
+    `Engine()` serves the tiny demo model; `Engine(path, **config)` a Hugging Face directory,
+    config names as in EngineConfig. Use as a context manager or call `shutdown()`.
+    """
+
+    def __init__(self, model: str | None = None, **config: Any) -> None:
+        self.config = EngineConfig.from_kwargs(model=model, **config)
+        self.model_path = model or demo_model("tiny")
+        self.tokenizer = Tokenizer.from_dir(self.model_path)
+        self.runner = ModelRunner(self.config, self.model_path)
+        self.max_context_len = self.runner.shape.max_context_len
+        cache = NullCache() if self.config.disable_radix_cache else RadixCache()
+        limits = SchedulerLimits(
+            max_num_seqs=self.config.max_num_seqs, max_prefill_tokens=self.config.max_prefill_tokens,
+            chunked_prefill_size=self.config.chunked_prefill_size, max_context_len=self.max_context_len,
+            policy=self.config.schedule_policy, lpm_fcfs_threshold=self.config.lpm_fcfs_threshold)
+        self.scheduler = Scheduler(limits, self.runner.kv_pool, self.runner.req_pool, cache)
+        self.eos_ids = frozenset(self.tokenizer.eos_token_ids) | frozenset(self.runner.args.eos_token_ids)
+        self._step = StepRunner(self.runner, self.scheduler, self.eos_ids, self.max_context_len,
+                                torch.Generator(self.runner.device).manual_seed(self.config.seed))
+        self._inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
+        self._active: set[str] = set()
+        self._active_lock = threading.Lock()
+        self._finish_listeners: list[Callable[[RequestTiming], None]] = []
+        self.recent_timings: deque[RequestTiming] = deque(maxlen=10000)
+        self._stats = EngineStats(kv_slots_total=self.runner.kv_pool.capacity)
+        self._finished_counts: dict[str, int] = {}
+        self._closed = False
+        self.debug_check_accounting = False  # tests: check slot accounting after every step
+        self.accounting_failures: list[str] = []
+        self._thread = threading.Thread(target=self._loop, name="radixflow-engine", daemon=True)
+        self._thread.start()
+
+    # -- public API -------------------------------------------------------------------------
+
+    def generate(self, prompt: Prompt = None, sampling_params: dict | SamplingParams | None = None,
+                 input_ids: InputIds = None, *, return_logprob: bool = False,
+                 logprob_start_len: int | None = None, top_logprobs_num: int = 0,
+                 return_text_in_logprobs: bool = False, rid: str | list[str] | None = None,
+                 lora_path: str | None = None) -> dict | list[dict]:
+        """Generate for one prompt (→ one result) or a list (→ a list, in order).
+
+        Results are shaped like SGLang's native /generate response. With n > 1 each prompt
+        gives n results (a list for one prompt) after one shared prefill.
+        """
+        prompts, is_batch = self._normalize_inputs(prompt, input_ids)
+        sp = SamplingParams.from_dict(sampling_params)
+        opts = LogprobOptions(return_logprob, logprob_start_len, top_logprobs_num)
+        rids = self._normalize_rids(rid, len(prompts))
+        waits: list[list[threading.Event]] = []
+        reqs: list[list[Req]] = []
+        for ids, r in zip(prompts, rids):
+            group = self._make_group(ids, sp, opts, r, lora_path, blocking=True)
+            reqs.append([req for req, _ in group])
+            waits.append([ev for _, ev in group])
+        for evs in waits:
+            for ev in evs:
+                ev.wait()
+        decode = self._decode_token if return_text_in_logprobs else None
+        out = []
+        for group in reqs:
+            res = [make_result(q, decode, return_text_in_logprobs) for q in group]
+            out.append(res[0] if sp.n == 1 else res)
+        if sp.n > 1 and not is_batch:
+            return out[0]
+        return out if is_batch else out[0]
+
+    async def generate_stream(self, prompt: str | None = None,
+                              sampling_params: dict | SamplingParams | None = None,
+                              input_ids: list[int] | None = None, *, return_logprob: bool = False,
+                              logprob_start_len: int | None = None, top_logprobs_num: int = 0,
+                              return_text_in_logprobs: bool = False, rid: str | None = None,
+                              lora_path: str | None = None) -> AsyncIterator[dict]:
+        """Yield SGLang-style stream chunks: cumulative `text` and `output_ids`; logprob lists
+        hold only the entries new since the previous chunk. Closing the iterator early (a
+        client gone away) aborts the request."""
+        prompts, is_batch = self._normalize_inputs(prompt, input_ids)
+        if is_batch:
+            raise ValueError("generate_stream takes one prompt, not a list")
+        sp = SamplingParams.from_dict(sampling_params)
+        if sp.n != 1:
+            raise ValueError("generate_stream supports n=1; start n streams instead")
+        loop = asyncio.get_running_loop()
+        chunks: asyncio.Queue[dict] = asyncio.Queue()
+        decode = self._decode_token if return_text_in_logprobs else None
+        sent = {"logprobs": 0, "first": True}
+
+        def on_output(req: Req, finished: bool) -> None:  # engine thread
+            meta = meta_info(req, decode, return_text_in_logprobs, out_start=sent["logprobs"],
+                             include_input=sent["first"])
+            sent["logprobs"], sent["first"] = len(req.output_logprobs), False
+            chunk = {"text": visible_text(req), "output_ids": list(req.output_ids), "meta_info": meta}
+            loop.call_soon_threadsafe(chunks.put_nowait, chunk)
+
+        opts = LogprobOptions(return_logprob, logprob_start_len, top_logprobs_num)
+        req = self._make_req(prompts[0], sp, opts, self._normalize_rids(rid, 1)[0], lora_path, on_output)
+        req.stream = True
+        self._submit(req)
+        done = False
+        try:
+            while not done:
+                chunk = await chunks.get()
+                done = chunk["meta_info"]["finish_reason"] is not None
+                yield chunk
+        finally:
+            if not done:
+                self.abort(req.rid)
+
+    def _decode_token(self, token: int) -> str:
+        return self.tokenizer.decode([token], skip_special_tokens=False)
+
+    def abort(self, rid: str) -> None:
+        """Finish `rid` with reason abort and free all it holds (no-op if unknown/finished)."""
+        self._inbox.put(("abort", rid))
+
+    def flush_cache(self) -> bool:
+        """Drop every unlocked prefix-cache entry. Returns True once done."""
+        return bool(self._call_on_loop(self._flush))
+
+    def stats(self) -> EngineStats:
+        return self._stats
+
+    def add_finish_listener(self, fn: Callable[[RequestTiming], None]) -> None:
+        """`fn(timing)` runs on the engine thread after each request finishes: keep it cheap."""
+        self._finish_listeners.append(fn)
+
+    def check_accounting(self) -> None:
+        """Verify the KV slot accounting invariant (runs on the engine thread)."""
+        self._call_on_loop(self.scheduler.check_accounting)
+
+    def shutdown(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._inbox.put(("stop", None))
+        self._thread.join(timeout=30)
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    # -- request construction (caller threads) -----------------------------------------------
+
+    def _normalize_inputs(self, prompt: Prompt, input_ids: InputIds) -> tuple[list[list[int]], bool]:
+        if (prompt is None) == (input_ids is None):
+            raise ValueError("give exactly one of prompt (text) and input_ids")
+        if prompt is not None:
+            if isinstance(prompt, str):
+                return [self.tokenizer.encode(prompt)], False
+            if not prompt or not all(isinstance(p, str) for p in prompt):
+                raise ValueError("prompt must be a string or a non-empty list of strings")
+            return [self.tokenizer.encode(p) for p in prompt], True
+        if input_ids and all(isinstance(x, int) for x in input_ids):
+            return [list(input_ids)], False
+        if input_ids and all(isinstance(x, list) for x in input_ids):
+            return [list(x) for x in input_ids], True
+        raise ValueError("input_ids must be a non-empty list of ints or a list of such lists")
+
+    @staticmethod
+    def _normalize_rids(rid: str | list[str] | None, n: int) -> list[str | None]:
+        if rid is None:
+            return [None] * n
+        rids = [rid] if isinstance(rid, str) else list(rid)
+        if len(rids) != n:
+            raise ValueError(f"got {len(rids)} rids for {n} prompts")
+        return rids
+
+    def validate_prompt(self, ids: list[int], sp: SamplingParams) -> None:
+        """ValueError with the reason when a prompt can never be served."""
+        if not ids:
+            raise ValueError("the prompt is empty")
+        vocab = self.runner.args.vocab_size
+        bad = next((t for t in ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise ValueError(f"token id {bad} is outside the vocabulary [0, {vocab})")
+        limit = self.max_context_len - (1 if sp.max_new_tokens > 0 else 0)
+        if len(ids) > limit:
+            raise ValueError(f"the prompt has {len(ids)} tokens but max_model_len is {self.max_context_len}"
+                             f" (at most {limit} prompt tokens when generating)")
+        if len(ids) >= self.runner.kv_pool.capacity:
+            raise ValueError(f"the prompt has {len(ids)} tokens but the KV cache holds only "
+                             f"{self.runner.kv_pool.capacity}")
+
+    def _make_req(self, ids: list[int], sp: SamplingParams, opts: LogprobOptions, rid: str | None,
+                  lora_path: str | None, on_output: Callable[[Req, bool], None] | None) -> Req:
+        self.validate_prompt(ids, sp)
+        if lora_path is not None:
+            raise ValueError("LoRA adapters are not supported yet")
+        if opts.top_logprobs_num < 0:
+            raise ValueError("top_logprobs_num must be >= 0")
+        req = Req(rid=rid or uuid.uuid4().hex, prompt_ids=ids, sampling=sp, logprob=opts, on_output=on_output)
+        req.detokenizer = IncrementalDetokenizer(self.tokenizer, skip_special_tokens=sp.skip_special_tokens)
+        if sp.seed is not None:
+            req.generator = torch.Generator(self.runner.device).manual_seed(sp.seed)
+        return req
+
+    def _make_group(self, ids: list[int], sp: SamplingParams, opts: LogprobOptions, rid: str | None,
+                    lora_path: str | None, blocking: bool) -> list[tuple[Req, threading.Event]]:
+        """One request, or for n > 1 a prefill-only request first and then n that hit it."""
+        if sp.n > 1:
+            warm = SamplingParams.from_dict({"max_new_tokens": 0})
+            (_, ev), = self._make_group(ids, warm, LogprobOptions(), None, lora_path, blocking)
+            ev.wait()
+        group = []
+        for i in range(sp.n):
+            child_sp = sp if sp.n == 1 else SamplingParams.from_dict(
+                {**{f: getattr(sp, f) for f in sp.__struct_fields__}, "n": 1,
+                 "seed": None if sp.seed is None else sp.seed + i})
+            child_rid = rid if sp.n == 1 or rid is None else f"{rid}-{i}"
+            ev = threading.Event()
+            req = self._make_req(ids, child_sp, opts, child_rid, lora_path,
+                                 lambda _r, finished, ev=ev: ev.set() if finished else None)
+            self._submit(req)
+            group.append((req, ev))
+        return group
+
+    def _submit(self, req: Req) -> None:
+        if self._closed:
+            raise RuntimeError("the engine is shut down")
+        with self._active_lock:
+            if req.rid in self._active:
+                raise ValueError(f"request id {req.rid!r} is already in use")
+            self._active.add(req.rid)
+        self._inbox.put(("add", req))
+
+    def _call_on_loop(self, fn: Callable[[], Any]) -> Any:
+        done = threading.Event()
+        box: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                box["value"] = fn()
+            except Exception as exc:  # handed back to the calling thread below
+                box["error"] = exc
+            done.set()
+
+        self._inbox.put(("call", run))
+        done.wait()
+        if "error" in box:
+            raise box["error"]
+        return box.get("value")
+
+    # -- the loop thread --------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while True:
+            if not self._drain_inbox(block=not self.scheduler.has_work()):
+                break
+            if not self.scheduler.has_work():
+                continue
+            finished, stepped = self._step.run_one()
+            for req in finished:
+                self._on_finished(req)
+            self._refresh_stats()
+            if self.debug_check_accounting:
+                try:
+                    self.scheduler.check_accounting()
+                except AssertionError as exc:  # recorded for tests; serving goes on
+                    self.accounting_failures.append(str(exc))
+            if not stepped:
+                self._drain_inbox(block=True, timeout=0.005)
+        for req in list(self.scheduler.waiting) + self.scheduler._holding():
+            self.scheduler.abort(req.rid)
+            self._on_finished(req)
+
+    def _drain_inbox(self, block: bool, timeout: float | None = None) -> bool:
+        """Apply queued commands; False once asked to stop."""
+        try:
+            item = self._inbox.get(block=block, timeout=timeout)
+        except queue.Empty:
+            return True
+        while True:
+            kind, payload = item
+            if kind == "stop":
+                return False
+            if kind == "add":
+                self.scheduler.add(payload)
+            elif kind == "abort":
+                req = self.scheduler.abort(payload)
+                if req is not None:
+                    self._on_finished(req)
+            elif kind == "call":
+                payload()
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                return True
+
+    def _flush(self) -> bool:
+        cache = self.scheduler.cache
+        cache.evict(cache.evictable_size(), self.runner.kv_pool.free)
+        return True
+
+    def _on_finished(self, req: Req) -> None:
+        with self._active_lock:
+            self._active.discard(req.rid)
+        t = req.times
+        reason = (req.finish_reason or {}).get("type", "abort")
+        self._finished_counts[reason] = self._finished_counts.get(reason, 0) + 1
+        timing = RequestTiming(req.rid, t.arrival, t.scheduled, t.first_token, t.finished or t.arrival,
+                               tuple(t.tokens), len(req.prompt_ids), len(req.output_ids), req.cached_len, reason)
+        self.recent_timings.append(timing)
+        for fn in self._finish_listeners:
+            fn(timing)
+        if req.on_output is not None:
+            req.on_output(req, True)
+
+    def _refresh_stats(self) -> None:
+        s, pool, cache = self.scheduler, self.runner.kv_pool, self.scheduler.cache
+        self._stats = EngineStats(
+            num_running=s.num_running, num_waiting=s.num_waiting,
+            kv_slots_used=pool.capacity - pool.num_free - cache.evictable_size(),
+            kv_slots_total=pool.capacity, num_preemptions=s.num_preemptions,
+            prefix_hit_tokens=cache.hit_tokens, prefix_query_tokens=cache.query_tokens,
+            prefill_tokens_computed=self._step.prefill_tokens, generated_tokens=self._step.generated_tokens,
+            num_steps=self._step.num_steps, num_finished=sum(self._finished_counts.values()),
+            finish_counts=dict(self._finished_counts))

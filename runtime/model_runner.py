@@ -1,0 +1,116 @@
+"""Loads the model, sizes the KV memory, and runs one forward step for a ScheduledBatch."""
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+
+import torch
+
+from radixflow.runtime.attention import AttentionOps, PoolAttention, resolve_backend
+from radixflow.runtime.config import EngineConfig
+from radixflow.runtime.forward_batch import ForwardBatch
+from radixflow.runtime.kv_pool import KVPool, ReqToTokenPool
+from radixflow.runtime.model_config import ModelArgs, load_model_args
+from radixflow.runtime.scheduler import ScheduledBatch
+from radixflow.runtime.weights import build_model
+
+log = logging.getLogger(__name__)
+
+CPU_DEFAULT_KV_TOKENS = 65536
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# GPU memory kept out of the KV budget for activations, logits and the CUDA graph pool.
+GPU_ACTIVATION_RESERVE_BYTES = 2 << 30
+
+
+@dataclass(frozen=True)
+class RuntimeShape:
+    """Quantities derived from the config and the model: fixed for the engine's lifetime."""
+
+    device: torch.device
+    dtype: torch.dtype
+    max_context_len: int
+    attention_backend: str
+
+
+def derive_shape(cfg: EngineConfig, args: ModelArgs) -> RuntimeShape:
+    """Pure function of config + model (and whether CUDA exists): device, dtype, context."""
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device='cuda' but no CUDA device is available")
+    use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+    device = torch.device("cuda" if use_cuda else "cpu")
+    if cfg.dtype != "auto":
+        dtype = _DTYPES[cfg.dtype]
+    elif use_cuda:
+        dtype = _DTYPES.get(args.torch_dtype, torch.bfloat16)
+        dtype = torch.bfloat16 if dtype == torch.float32 else dtype
+    else:
+        dtype = torch.float32
+    max_len = cfg.max_model_len or args.max_position_embeddings
+    return RuntimeShape(device, dtype, max_len, resolve_backend(cfg.attention_backend, device))
+
+
+def kv_pool_tokens(cfg: EngineConfig, args: ModelArgs, shape: RuntimeShape, fp8: bool) -> int:
+    """KV slots to allocate: the explicit budget, else a CPU default or a GPU memory share."""
+    if cfg.kv_cache_tokens is not None:
+        return cfg.kv_cache_tokens
+    if shape.device.type != "cuda":
+        return CPU_DEFAULT_KV_TOKENS
+    per_token = KVPool.bytes_per_token(args.num_layers, args.num_kv_heads, args.head_dim, shape.dtype, fp8)
+    _, total = torch.cuda.mem_get_info(shape.device)
+    budget = total * cfg.mem_fraction - torch.cuda.memory_allocated(shape.device) - GPU_ACTIVATION_RESERVE_BYTES
+    if budget < per_token * 1024:
+        raise ValueError(f"mem_fraction={cfg.mem_fraction} leaves {budget / 2**30:.2f} GiB for the KV "
+                         "cache after the weights: raise it or use a smaller model")
+    return int(budget // per_token)
+
+
+class ModelRunner:
+    """Owns the model weights, the KV pool and the slot table; turns batches into logits."""
+
+    def __init__(self, cfg: EngineConfig, model_dir: str) -> None:
+        self.args = load_model_args(model_dir)
+        self.shape = derive_shape(cfg, self.args)
+        dev = self.shape.device
+        self.model = build_model(self.args, model_dir, self.shape.dtype, dev, self.shape.max_context_len)
+        fp8 = cfg.kv_cache_dtype == "fp8_e4m3"
+        num_tokens = kv_pool_tokens(cfg, self.args, self.shape, fp8)
+        self.kv_pool = KVPool(num_tokens + 1, self.args.num_layers, self.args.num_kv_heads,
+                              self.args.head_dim, self.shape.dtype, dev, fp8=fp8)
+        self.req_pool = ReqToTokenPool(cfg.max_num_seqs, self.shape.max_context_len, dev)
+        ops = AttentionOps.for_backend(self.shape.attention_backend)
+        self.attention = PoolAttention(self.kv_pool, ops, 1.0 / math.sqrt(self.args.head_dim))
+        log.info("KV pool: %d tokens (%s, %s), max context %d, attention backend %s",
+                 num_tokens, "fp8_e4m3" if fp8 else self.shape.dtype, dev,
+                 self.shape.max_context_len, self.shape.attention_backend)
+
+    @property
+    def device(self) -> torch.device:
+        return self.shape.device
+
+    def forward(self, batch: ScheduledBatch, logit_offsets: list[list[int]]) -> torch.Tensor:
+        """Logits [sum(len(o) for o in logit_offsets), vocab] fp32: for request i, the rows at
+        offsets `logit_offsets[i]` (0-based within its new tokens), in order."""
+        fb = self.make_forward_batch(batch, logit_offsets)
+        return self.model(fb, self.attention)
+
+    def make_forward_batch(self, batch: ScheduledBatch, logit_offsets: list[list[int]]) -> ForwardBatch:
+        ids, positions, slots, logit_rows, starts = [], [], [], [], []
+        for req, prefix, n, offs in zip(batch.reqs, batch.prefix_lens, batch.extend_lens, logit_offsets):
+            starts.append(len(ids))
+            logit_rows.extend(len(ids) + o for o in offs)
+            ids.extend(req.ids_range(prefix, prefix + n))
+            positions.extend(range(prefix, prefix + n))
+            slots.extend(req.slots[prefix: prefix + n])
+        dev = self.device
+
+        def t(x: list[int]) -> torch.Tensor:
+            return torch.tensor(x, dtype=torch.int64, device=dev)
+
+        return ForwardBatch(
+            is_decode=batch.is_decode, input_ids=t(ids), positions=t(positions), out_slots=t(slots),
+            req_to_token=self.req_pool.table, req_rows=t([r.row for r in batch.reqs]),
+            prefix_lens=t(batch.prefix_lens), extend_lens=t(batch.extend_lens),
+            seq_lens=t([p + n for p, n in zip(batch.prefix_lens, batch.extend_lens)]),
+            extend_starts=t(starts), logit_rows=t(logit_rows),
+            prefix_lens_cpu=list(batch.prefix_lens), extend_lens_cpu=list(batch.extend_lens))

@@ -1,0 +1,122 @@
+"""A request's life inside the engine: its tokens, its KV, its output so far, its timestamps."""
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from radixflow.runtime.sampling_params import SamplingParams
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"      # queued (new, or retracted and to be recomputed)
+    RUNNING = "running"      # holds KV and a slot-table row
+    FINISHED = "finished"
+
+
+@dataclass
+class LogprobOptions:
+    """What logprobs to return (top-level fields of a native /generate request)."""
+
+    return_logprob: bool = False
+    logprob_start_len: int | None = None   # None: all prompt positions; -1: output only
+    top_logprobs_num: int = 0
+
+    def prompt_start(self, prompt_len: int) -> int | None:
+        """First prompt position whose logprob is returned, or None for none."""
+        if not self.return_logprob or self.logprob_start_len == -1:
+            return None
+        start = self.logprob_start_len or 0
+        return start if start < prompt_len else None
+
+
+@dataclass
+class Timestamps:
+    arrival: float = field(default_factory=time.monotonic)
+    scheduled: float | None = None
+    prefill_done: float | None = None
+    first_token: float | None = None
+    tokens: list[float] = field(default_factory=list)
+    finished: float | None = None
+
+
+@dataclass
+class Req:
+    """One sequence being generated. The scheduler and engine thread own it exclusively.
+
+    Token layout (`all_ids` = prompt + output):
+
+        | KV computed: slots[:kv_len]               | not yet in KV |
+        | tree-owned: [:tree_len] | req-owned       |               |
+
+    `slots[:tree_len]` belong to the radix tree (locked through `last_node`); the rest were
+    allocated for this request and are freed or handed to the tree when it finishes.
+    While running between steps, `len(all_ids) == kv_len + 1` once decoding has begun.
+    """
+
+    rid: str
+    prompt_ids: list[int]
+    sampling: SamplingParams
+    logprob: LogprobOptions = field(default_factory=LogprobOptions)
+    namespace: str | None = None
+    lora_id: int = -1
+    on_output: Callable[[Req, bool], None] | None = None  # (req, finished) after each step
+    stream: bool = False         # call on_output after every step, not only at the finish
+    output_ids: list[int] = field(default_factory=list)
+    status: Status = Status.WAITING
+    row: int | None = None
+    slots: list[int] = field(default_factory=list)
+    tree_len: int = 0
+    last_node: Any = None
+    cached_len: int = 0          # prefix-cache hit of the first admission (reported to users)
+    num_retractions: int = 0
+    finish_reason: dict[str, Any] | None = None
+    text: str = ""               # detokenized output (stop strings trimmed at finish)
+    detokenizer: Any = None
+    generator: torch.Generator | None = None
+    grammar: Any = None
+    input_logprobs: list[tuple[int, float, list[tuple[int, float]]]] = field(default_factory=list)
+    output_logprobs: list[tuple[int, float, list[tuple[int, float]]]] = field(default_factory=list)
+    times: Timestamps = field(default_factory=Timestamps)
+
+    @property
+    def all_ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    def ids_range(self, start: int, end: int) -> list[int]:
+        """`all_ids[start:end]` without building all_ids."""
+        p = len(self.prompt_ids)
+        if end <= p:
+            return self.prompt_ids[start:end]
+        if start >= p:
+            return self.output_ids[start - p: end - p]
+        return self.prompt_ids[start:] + self.output_ids[: end - p]
+
+    @property
+    def kv_len(self) -> int:
+        return len(self.slots)
+
+    @property
+    def seq_len(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def wants_sample(self) -> bool:
+        """Whether computing the remaining KV ends in sampling a token (not prefill-only)."""
+        return self.sampling.max_new_tokens > 0
+
+    def owned_slots(self) -> list[int]:
+        return self.slots[self.tree_len:]
+
+    def finish(self, reason: dict[str, Any]) -> None:
+        if self.finish_reason is None:
+            self.finish_reason = reason
+            self.times.finished = time.monotonic()

@@ -1,0 +1,110 @@
+"""Sampling parameters: declared once here; the HTTP schemas and the language's gen() derive from it."""
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import msgspec
+
+
+class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """How to sample one request's output. Names follow SGLang's native `sampling_params`.
+
+    `max_new_tokens=0` prefills only (the prompt lands in the prefix cache).
+    `temperature=0` is greedy. `top_k=-1`, `top_p=1`, `min_p=0` disable those filters.
+    `stop` strings end generation at their first occurrence and are trimmed from the text
+    (unless `no_stop_trim`). At most one of `regex`, `json_schema`, `choices` constrains output.
+    """
+
+    max_new_tokens: int = 128
+    min_new_tokens: int = 0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    stop_regex: str | list[str] | None = None
+    ignore_eos: bool = False
+    no_stop_trim: bool = False
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    n: int = 1
+    seed: int | None = None
+    regex: str | None = None
+    json_schema: str | dict[str, Any] | None = None
+    choices: list[str] | None = None
+
+    @classmethod
+    def from_dict(cls, params: dict[str, Any] | SamplingParams | None) -> SamplingParams:
+        """Build from a request dict; None values mean 'default' (SGLang clients send every key)."""
+        if isinstance(params, SamplingParams):
+            params.validate()
+            return params
+        cleaned = {k: v for k, v in (params or {}).items() if v is not None}
+        if cleaned.get("stop") == []:
+            del cleaned["stop"]
+        try:
+            sp = msgspec.convert(cleaned, cls, strict=False)
+        except msgspec.ValidationError as exc:
+            raise ValueError(f"invalid sampling_params: {exc}") from exc
+        sp.validate()
+        return sp
+
+    def validate(self) -> None:
+        """Raise ValueError naming the field when a value is out of range."""
+        _check(self.max_new_tokens >= 0, "max_new_tokens", "must be >= 0")
+        _check(self.min_new_tokens >= 0, "min_new_tokens", "must be >= 0")
+        _check(self.temperature >= 0.0, "temperature", "must be >= 0")
+        _check(0.0 < self.top_p <= 1.0, "top_p", "must be in (0, 1]")
+        _check(self.top_k == -1 or self.top_k >= 1, "top_k", "must be -1 (off) or >= 1")
+        _check(0.0 <= self.min_p <= 1.0, "min_p", "must be in [0, 1]")
+        _check(self.repetition_penalty > 0.0, "repetition_penalty", "must be > 0")
+        _check(-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty", "must be in [-2, 2]")
+        _check(-2.0 <= self.presence_penalty <= 2.0, "presence_penalty", "must be in [-2, 2]")
+        _check(1 <= self.n <= 128, "n", "must be in [1, 128]")
+        _check(all(s for s in self.stop_strings), "stop", "strings must be non-empty")
+        _check(all(t >= 0 for t in self.stop_token_ids or []), "stop_token_ids", "must be >= 0")
+        constraints = [c for c in (self.regex, self.json_schema, self.choices) if c is not None]
+        _check(len(constraints) <= 1, "regex", "at most one of regex, json_schema, choices may be set")
+        _check(self.choices is None or len(self.choices) > 0, "choices", "must not be empty")
+        for pattern in self.stop_regexes:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"stop_regex {pattern!r} is not a valid regex: {exc}") from exc
+        if isinstance(self.json_schema, str):
+            try:
+                json.loads(self.json_schema)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"json_schema is not valid JSON: {exc}") from exc
+
+    @property
+    def stop_strings(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
+    @property
+    def stop_regexes(self) -> list[str]:
+        return [self.stop_regex] if isinstance(self.stop_regex, str) else list(self.stop_regex or [])
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+    @property
+    def is_constrained(self) -> bool:
+        return self.regex is not None or self.json_schema is not None or self.choices is not None
+
+
+def _check(ok: bool, name: str, what: str) -> None:
+    if not ok:
+        raise ValueError(f"sampling_params.{name} {what}")
+
+
+def field_names() -> tuple[str, ...]:
+    """The declared parameter names, for schemas and the language to derive from."""
+    return SamplingParams.__struct_fields__

@@ -1,0 +1,58 @@
+"""Orders the waiting queue: longest prefix match, DFS weight over the prefix tree, or arrival."""
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from radixflow.runtime.request import Req
+
+
+def match_key(req: Req) -> list[int]:
+    """The tokens whose KV may come from the cache: all but the last (its logits are needed),
+    and none past the first prompt position whose logprob was asked for."""
+    ids = req.all_ids
+    limit = len(ids) - 1
+    start = req.logprob.prompt_start(len(req.prompt_ids))
+    if start is not None:
+        limit = min(limit, max(start - 1, 0))
+    return ids[:limit]
+
+
+def order_waiting(waiting: list[Req], policy: str, cache: Any, fcfs_threshold: int) -> list[Req]:
+    """Return `waiting` in the order admission should try them (stable; does not mutate)."""
+    if policy == "fcfs" or len(waiting) > fcfs_threshold:
+        return list(waiting)
+    matches = {id(r): cache.match_prefix(match_key(r), r.namespace) for r in waiting}
+    if policy == "lpm":
+        return sorted(waiting, key=lambda r: -matches[id(r)].length)
+    return _dfs_weight_order(waiting, {id(r): matches[id(r)].node for r in waiting})
+
+
+def _dfs_weight_order(waiting: list[Req], nodes: dict[int, Any]) -> list[Req]:
+    """Visit the tree depth-first, heavier subtrees (more waiting requests) first, emitting the
+    requests whose match ends at each node: requests sharing a prefix run back to back."""
+    at_node: dict[int, list[Req]] = defaultdict(list)
+    weight: dict[int, int] = defaultdict(int)
+    children: dict[int, set[int]] = defaultdict(set)
+    by_id: dict[int, Any] = {}
+    roots: list[Any] = []
+    for r in waiting:
+        node = nodes[id(r)]
+        at_node[id(node)].append(r)
+        while node is not None:
+            by_id[id(node)] = node
+            weight[id(node)] += 1
+            parent = node.parent
+            if parent is None:
+                if node not in roots:
+                    roots.append(node)
+            else:
+                children[id(parent)].add(id(node))
+            node = parent
+    out: list[Req] = []
+    stack = sorted((id(n) for n in roots), key=lambda i: weight[i])
+    while stack:
+        nid = stack.pop()
+        out.extend(at_node.get(nid, []))
+        stack.extend(sorted(children.get(nid, ()), key=lambda i: weight[i]))
+    return out

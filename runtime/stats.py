@@ -1,0 +1,62 @@
+"""Plain stats the engine emits: per-request timings and engine gauges/counters (no Prometheus here)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class RequestTiming:
+    """One finished request's timeline (monotonic seconds) and sizes."""
+
+    rid: str
+    arrival: float
+    scheduled: float | None
+    first_token: float | None
+    finished: float
+    token_times: tuple[float, ...]
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    finish_type: str
+
+    @property
+    def queue_s(self) -> float | None:
+        return None if self.scheduled is None else self.scheduled - self.arrival
+
+    @property
+    def ttft_s(self) -> float | None:
+        return None if self.first_token is None else self.first_token - self.arrival
+
+    @property
+    def e2e_s(self) -> float:
+        return self.finished - self.arrival
+
+    def inter_token_s(self) -> list[float]:
+        t = self.token_times
+        return [b - a for a, b in zip(t, t[1:])]
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """A snapshot, refreshed by the engine thread after every step."""
+
+    num_running: int = 0
+    num_waiting: int = 0
+    kv_slots_used: int = 0
+    kv_slots_total: int = 0
+    num_preemptions: int = 0
+    prefix_hit_tokens: int = 0
+    prefix_query_tokens: int = 0
+    prefill_tokens_computed: int = 0
+    generated_tokens: int = 0
+    num_steps: int = 0
+    num_finished: int = 0
+    finish_counts: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def kv_usage(self) -> float:
+        return self.kv_slots_used / self.kv_slots_total if self.kv_slots_total else 0.0
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        return self.prefix_hit_tokens / self.prefix_query_tokens if self.prefix_query_tokens else 0.0

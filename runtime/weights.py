@@ -1,0 +1,101 @@
+"""Checkpoint loading: safetensors (single file or sharded) into a meta-built CausalLM."""
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+
+import torch
+from safetensors import safe_open
+
+from radixflow.runtime.model import CausalLM
+from radixflow.runtime.model_config import ModelArgs
+
+# Checkpoint tensors that carry nothing we need.
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+class CheckpointReader:
+    """Name → file index over a checkpoint's safetensors files; opens each file lazily."""
+
+    def __init__(self, model_dir: str) -> None:
+        index_path = os.path.join(model_dir, "model.safetensors.index.json")
+        single = os.path.join(model_dir, "model.safetensors")
+        if os.path.isfile(index_path):
+            with open(index_path, encoding="utf-8") as f:
+                weight_map = json.load(f)["weight_map"]
+            self.files = {name: os.path.join(model_dir, fn) for name, fn in weight_map.items()}
+        elif os.path.isfile(single):
+            with safe_open(single, framework="pt") as f:
+                self.files = {name: single for name in f.keys()}
+        else:
+            raise ValueError(f"no model.safetensors or model.safetensors.index.json in {model_dir!r}")
+        self._handles: dict[str, object] = {}
+
+    def names(self) -> set[str]:
+        return set(self.files)
+
+    def get(self, name: str) -> torch.Tensor:
+        if name not in self.files:
+            raise ValueError(f"checkpoint is missing tensor {name!r}")
+        path = self.files[name]
+        if path not in self._handles:
+            if not os.path.isfile(path):
+                raise ValueError(f"checkpoint shard {path!r} (holding {name!r}) does not exist")
+            self._handles[path] = safe_open(path, framework="pt")
+        return self._handles[path].get_tensor(name)
+
+
+def _checkpoint_sources(args: ModelArgs) -> dict[str, list[str]]:
+    """Our parameter name → the checkpoint tensors concatenated (dim 0) to form it."""
+    src: dict[str, list[str]] = {"embed_tokens.weight": ["model.embed_tokens.weight"],
+                                 "norm.weight": ["model.norm.weight"]}
+    if not args.tie_word_embeddings:
+        src["lm_head.weight"] = ["lm_head.weight"]
+    for i in range(args.num_layers):
+        p, ours = f"model.layers.{i}.", f"layers.{i}."
+        attn = p + "self_attn."
+        src[ours + "self_attn.qkv_proj.weight"] = [attn + f"{x}_proj.weight" for x in "qkv"]
+        if args.qkv_bias:
+            src[ours + "self_attn.qkv_proj.bias"] = [attn + f"{x}_proj.bias" for x in "qkv"]
+        src[ours + "self_attn.o_proj.weight"] = [attn + "o_proj.weight"]
+        if args.qk_norm:
+            src[ours + "self_attn.q_norm.weight"] = [attn + "q_norm.weight"]
+            src[ours + "self_attn.k_norm.weight"] = [attn + "k_norm.weight"]
+        src[ours + "mlp.gate_up_proj.weight"] = [p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"]
+        src[ours + "mlp.down_proj.weight"] = [p + "mlp.down_proj.weight"]
+        src[ours + "input_layernorm.weight"] = [p + "input_layernorm.weight"]
+        src[ours + "post_attention_layernorm.weight"] = [p + "post_attention_layernorm.weight"]
+    return src
+
+
+def load_weights(model: CausalLM, model_dir: str, dtype: torch.dtype, device: torch.device,
+                 on_tensor: Callable[[str, torch.Tensor], None] | None = None) -> None:
+    """Assign every parameter of a meta-device `model` from the checkpoint in `model_dir`.
+
+    Raises ValueError naming the tensor when one is missing or has the wrong shape.
+    """
+    reader = CheckpointReader(model_dir)
+    expected = dict(model.named_parameters())
+    state: dict[str, torch.Tensor] = {}
+    for name, sources in _checkpoint_sources(model.args).items():
+        parts = [reader.get(s) for s in sources]
+        want = expected[name].shape
+        tensor = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
+        if tensor.shape != want:
+            shapes = ", ".join(f"{s} {tuple(p.shape)}" for s, p in zip(sources, parts))
+            raise ValueError(f"checkpoint tensor(s) {shapes} do not fit {name} of shape {tuple(want)}")
+        state[name] = tensor.to(device=device, dtype=dtype)
+        if on_tensor is not None:
+            on_tensor(name, state[name])
+    model.load_state_dict(state, strict=True, assign=True)
+
+
+def build_model(args: ModelArgs, model_dir: str, dtype: torch.dtype, device: torch.device,
+                max_len: int) -> CausalLM:
+    """Construct on meta, load the checkpoint, build RoPE tables for `max_len` positions."""
+    with torch.device("meta"):
+        model = CausalLM(args)
+    load_weights(model, model_dir, dtype, device)
+    model.init_rope(max_len, device)
+    return model.eval()

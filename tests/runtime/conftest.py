@@ -1,0 +1,69 @@
+"""Fixtures for runtime tests: small Hugging Face checkpoints of each supported family."""
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+import torch
+
+from radixflow.runtime.demo_model import demo_model
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json")
+
+
+def _hf_config(family: str, vocab_size: int):
+    import transformers as tf
+
+    common = dict(vocab_size=vocab_size, hidden_size=64, intermediate_size=112, num_hidden_layers=2,
+                  num_attention_heads=8, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
+                  rms_norm_eps=1e-5, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    if family == "llama3":
+        return tf.LlamaConfig(**common, tie_word_embeddings=False, rope_scaling={
+            "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 64})
+    if family == "mistral":
+        return tf.MistralConfig(**common, sliding_window=None)
+    if family == "qwen2":
+        return tf.Qwen2Config(**common, tie_word_embeddings=True)
+    if family == "qwen3":
+        return tf.Qwen3Config(**common, tie_word_embeddings=False)
+    raise KeyError(family)
+
+
+_CLASSES = {"llama3": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
+            "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+
+
+@pytest.fixture(scope="session")
+def hf_checkpoint(tmp_path_factory):
+    """factory(family, shard=False) -> (dir, transformers model): random weights saved as a
+    Hugging Face checkpoint with the demo tokenizer, so the Engine can serve it too."""
+    import transformers as tf
+
+    demo = demo_model("tiny")
+    made: dict[tuple[str, bool], tuple[str, object]] = {}
+
+    def make(family: str, shard: bool = False):
+        if (family, shard) in made:
+            return made[(family, shard)]
+        from radixflow.runtime.tokenizer import Tokenizer
+
+        vocab = Tokenizer.from_dir(demo).vocab_size
+        torch.manual_seed(1234)
+        cfg = _hf_config(family, vocab)
+        model = getattr(tf, _CLASSES[family])(cfg).float().eval()
+        with torch.no_grad():  # widen the random init so greedy argmax has clear margins
+            for name, p in model.named_parameters():
+                if p.dim() == 2:
+                    p.normal_(0.0, 0.08)
+                elif "bias" in name:
+                    p.normal_(0.0, 0.05)
+        out = str(tmp_path_factory.mktemp(f"{family}{'-sharded' if shard else ''}"))
+        model.save_pretrained(out, safe_serialization=True, max_shard_size="100KB" if shard else "5GB")
+        for f in TOKENIZER_FILES:
+            shutil.copy(os.path.join(demo, f), out)
+        made[(family, shard)] = (out, model)
+        return made[(family, shard)]
+
+    return make

@@ -1,0 +1,118 @@
+"""The decoder matches transformers on the same weights: prefill logits and greedy output."""
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from radixflow.runtime.attention import AttentionOps, PoolAttention
+from radixflow.runtime.forward_batch import ForwardBatch
+from radixflow.runtime.kv_pool import KVPool, ReqToTokenPool
+from radixflow.runtime.model_config import load_model_args
+from radixflow.runtime.weights import build_model
+
+FAMILIES = ["llama3", "mistral", "qwen2", "qwen3"]
+
+
+def _our_logits(model_dir: str, prompts: list[list[int]]) -> list[torch.Tensor]:
+    """All-position logits of each prompt, computed as one batched extend step."""
+    args = load_model_args(model_dir)
+    model = build_model(args, model_dir, torch.float32, torch.device("cpu"), 512)
+    pool = KVPool(1024, args.num_layers, args.num_kv_heads, args.head_dim, torch.float32, torch.device("cpu"))
+    table = ReqToTokenPool(8, 512, torch.device("cpu"))
+    lens = [len(p) for p in prompts]
+    slots = [pool.alloc(n) for n in lens]
+    rows = list(range(len(prompts)))
+    table.write(rows, [0] * len(rows), slots)
+    starts = [sum(lens[:i]) for i in range(len(lens))]
+    t = lambda x: torch.tensor(x, dtype=torch.int64)  # noqa: E731
+    fb = ForwardBatch(
+        is_decode=False, input_ids=t([x for p in prompts for x in p]),
+        positions=t([i for n in lens for i in range(n)]), out_slots=t([s for ss in slots for s in ss]),
+        req_to_token=table.table, req_rows=t(rows), prefix_lens=t([0] * len(lens)), extend_lens=t(lens),
+        seq_lens=t(lens), extend_starts=t(starts), logit_rows=t(list(range(sum(lens)))),
+        prefix_lens_cpu=[0] * len(lens), extend_lens_cpu=lens)
+    attn = PoolAttention(pool, AttentionOps.for_backend("torch"), 1.0 / math.sqrt(args.head_dim))
+    logits = model(fb, attn)
+    return list(logits.split(lens))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_prefill_logits_match_transformers(hf_checkpoint, family):
+    model_dir, hf = hf_checkpoint(family)
+    g = torch.Generator().manual_seed(0)
+    vocab = hf.config.vocab_size
+    prompts = [torch.randint(0, vocab, (n,), generator=g).tolist() for n in (1, 5, 17, 40)]
+    ours = _our_logits(model_dir, prompts)
+    for p, mine in zip(prompts, ours):
+        with torch.no_grad():
+            ref = hf(torch.tensor([p])).logits[0].float()
+        assert (mine - ref).abs().max().item() < 1e-4
+
+
+def test_sharded_checkpoint_loads_identically(hf_checkpoint):
+    sharded_dir, _ = hf_checkpoint("llama3", shard=True)
+    single_dir, _ = hf_checkpoint("llama3")
+    assert os.path.isfile(os.path.join(sharded_dir, "model.safetensors.index.json"))
+    prompt = [[3, 14, 15, 92, 65, 35]]
+    torch.testing.assert_close(_our_logits(sharded_dir, prompt)[0], _our_logits(single_dir, prompt)[0],
+                               rtol=0, atol=0)
+
+
+def _hf_greedy(hf, prompt: list[int], n: int) -> list[int]:
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(n):
+            ids.append(int(hf(torch.tensor([ids])).logits[0, -1].argmax()))
+    return ids[len(prompt):]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_greedy_continuation_matches_transformers(hf_checkpoint, family):
+    from radixflow.runtime import Engine
+
+    model_dir, hf = hf_checkpoint(family)
+    prompts = [[5, 77, 300, 12], [901, 44, 2, 17, 17, 250, 9]]
+    with Engine(model_dir, kv_cache_tokens=2048) as engine:
+        outs = engine.generate(input_ids=prompts,
+                               sampling_params={"max_new_tokens": 32, "temperature": 0, "ignore_eos": True})
+    for p, out in zip(prompts, outs):
+        assert out["output_ids"] == _hf_greedy(hf, p, 32)
+
+
+def _copy_checkpoint(src: str, dst, drop: str | None = None, reshape: str | None = None) -> str:
+    for f in os.listdir(src):
+        if f != "model.safetensors":
+            with open(os.path.join(src, f), "rb") as a, open(dst / f, "wb") as b:
+                b.write(a.read())
+    tensors = load_file(os.path.join(src, "model.safetensors"))
+    if drop:
+        del tensors[drop]
+    if reshape:
+        tensors[reshape] = tensors[reshape][:-1].contiguous()
+    save_file(tensors, str(dst / "model.safetensors"))
+    return str(dst)
+
+
+def test_missing_tensor_is_named(hf_checkpoint, tmp_path):
+    src, _ = hf_checkpoint("qwen2")
+    bad = _copy_checkpoint(src, tmp_path, drop="model.layers.1.self_attn.k_proj.bias")
+    with pytest.raises(ValueError, match=r"model\.layers\.1\.self_attn\.k_proj\.bias"):
+        build_model(load_model_args(bad), bad, torch.float32, torch.device("cpu"), 64)
+
+
+def test_misshaped_tensor_is_named(hf_checkpoint, tmp_path):
+    src, _ = hf_checkpoint("llama3")
+    bad = _copy_checkpoint(src, tmp_path, reshape="model.layers.0.mlp.down_proj.weight")
+    with pytest.raises(ValueError, match=r"model\.layers\.0\.mlp\.down_proj\.weight"):
+        build_model(load_model_args(bad), bad, torch.float32, torch.device("cpu"), 64)
+
+
+def test_unsupported_architecture(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"]}))
+    with pytest.raises(ValueError, match="unsupported architecture.*GPT2LMHeadModel"):
+        load_model_args(str(tmp_path))
