@@ -18,10 +18,11 @@ class LeafLRU(Generic[T]):
 
     Membership lives in a dict `item -> tick`; the heap holds `(tick, seq, item)` entries and
     may contain stale ones (item removed, or re-added/touched with another tick). An entry is
-    live iff its item is a member with exactly that tick. `seq` is unique per push, so ties
-    on tick pop in push order and items are never compared.
+    live iff its item is a member with exactly that tick. `seq` is unique per push, so items
+    are never compared and ties pop in a deterministic order (push order, except that an
+    item re-added with its old tick may keep its old place).
 
-    Cost: add/touch O(log n), discard O(1), pop_oldest amortised O(log n).
+    Cost: add O(log n), discard O(1), pop_oldest amortised O(log n).
     """
 
     def __init__(self) -> None:

@@ -5,7 +5,7 @@ import itertools
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
-from .check import check_tree
+from .debug import check_tree, format_tree, preview
 from .lru import LeafLRU
 
 FreeFn = Callable[[list[int]], None]
@@ -46,7 +46,7 @@ class Node:
         return self.parent is None and bool(self.key)
 
     def __repr__(self) -> str:
-        return (f"Node(id={self.id}, len={len(self.key)}, key={_preview(self.key, 8)}, "
+        return (f"Node(id={self.id}, len={len(self.key)}, key={preview(self.key, 8)}, "
                 f"lock_ref={self.lock_ref}, children={len(self.children)})")
 
 
@@ -285,17 +285,8 @@ class RadixCache:
         check_tree(self)
 
     def pretty(self, max_tokens_per_node: int = 8) -> str:
-        """Indented dump: one line per namespace root, one per node below it."""
-        lines: list[str] = []
-        for namespace, root in self._roots.items():
-            lines.append(f"namespace={namespace!r}")
-            stack = [(child, 1) for child in _sorted_children(root)]
-            while stack:
-                node, depth = stack.pop()
-                lines.append(f"{'  ' * depth}{_preview(node.key, max_tokens_per_node)} "
-                             f"len={len(node.key)} lock={node.lock_ref} t={node.last_access}")
-                stack.extend((child, depth + 1) for child in _sorted_children(node))
-        return "\n".join(lines) if lines else "(empty)"
+        """Indented dump: a line per namespace, then one per node (key preview, lock, tick)."""
+        return format_tree(self._roots, max_tokens_per_node)
 
     def _root(self, namespace: str | None) -> Node:
         root = self._roots.get(namespace)
@@ -323,13 +314,3 @@ def _common_len(node_key: tuple[int, ...], key: tuple[int, ...], pos: int) -> in
     while i < n and node_key[i] == key[pos + i]:
         i += 1
     return i
-
-
-def _sorted_children(node: Node) -> list[Node]:
-    # Reversed so that a stack pops them in ascending first-token order.
-    return [node.children[t] for t in sorted(node.children, reverse=True)]
-
-
-def _preview(key: tuple[int, ...], max_tokens: int) -> str:
-    shown = " ".join(map(str, key[:max_tokens]))
-    return f"[{shown}{' …' if len(key) > max_tokens else ''}]"

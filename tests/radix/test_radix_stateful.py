@@ -150,5 +150,5 @@ class RadixMachine(RuleBasedStateMachine):
         assert sorted(self.cache.all_slots() + self.freed) == list(range(self.next_slot))
 
 
-RadixMachine.TestCase.settings = settings(max_examples=120, stateful_step_count=60, deadline=None)
+RadixMachine.TestCase.settings = settings(max_examples=200, stateful_step_count=60, deadline=None)
 test_radix_cache_matches_model = RadixMachine.TestCase

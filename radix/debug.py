@@ -1,4 +1,4 @@
-"""Full invariant check of a RadixCache by recount (tests and debugging only: O(tree))."""
+"""Inspection of a RadixCache: full invariant check by recount, and a readable dump (O(tree))."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -66,3 +66,28 @@ def _check_node(node: Node, parent: Node, first: int, seen_slots: set[int]) -> N
     assert not duplicates and len(set(node.value)) == len(node.value), (
         f"{node!r}: slot ids held twice: {sorted(duplicates) or node.value}")
     seen_slots.update(node.value)
+
+
+def format_tree(roots: dict[str | None, Node], max_tokens_per_node: int) -> str:
+    """One line per namespace root, then its nodes depth first, children by first token."""
+    lines: list[str] = []
+    for namespace, root in roots.items():
+        lines.append(f"namespace={namespace!r}")
+        stack = [(child, 1) for child in _sorted_children(root)]
+        while stack:  # iterative: conversation chains can be deeper than the recursion limit
+            node, depth = stack.pop()
+            lines.append(f"{'  ' * depth}{preview(node.key, max_tokens_per_node)} "
+                         f"len={len(node.key)} lock={node.lock_ref} t={node.last_access}")
+            stack.extend((child, depth + 1) for child in _sorted_children(node))
+    return "\n".join(lines) if lines else "(empty)"
+
+
+def preview(key: tuple[int, ...], max_tokens: int) -> str:
+    """`[t0 t1 … ]`: at most `max_tokens` tokens of a key."""
+    shown = " ".join(map(str, key[:max_tokens]))
+    return f"[{shown}{' …' if len(key) > max_tokens else ''}]"
+
+
+def _sorted_children(node: Node) -> list[Node]:
+    # Reversed so that a stack pops them in ascending first-token order.
+    return [node.children[t] for t in sorted(node.children, reverse=True)]
