@@ -1,1 +1,1 @@
-"""radixflow.frontend"""
+"""radixflow.frontend: HTTP serving (OpenAI and SGLang-native APIs, programs, metrics) and the CLI."""

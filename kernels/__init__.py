@@ -1,1 +1,22 @@
-"""radixflow.kernels"""
+"""radixflow.kernels: Triton kernels (CUDA, or the interpreter) beside same-signature torch references."""
+from __future__ import annotations
+
+from .decode_attention import decode_attention, decode_attention_ref
+from .extend_attention import extend_attention, extend_attention_ref
+from .fp8 import FP8_E4M3_MAX, dequantize_fp8, quantize_fp8
+from .logits_mask import apply_token_bitmask, apply_token_bitmask_ref
+from .store_kv import store_kv, store_kv_ref
+
+__all__ = [
+    "FP8_E4M3_MAX",
+    "apply_token_bitmask",
+    "apply_token_bitmask_ref",
+    "decode_attention",
+    "decode_attention_ref",
+    "dequantize_fp8",
+    "extend_attention",
+    "extend_attention_ref",
+    "quantize_fp8",
+    "store_kv",
+    "store_kv_ref",
+]

@@ -39,8 +39,10 @@ def check_kv_cache(k_cache: object, v_cache: object, dtypes: tuple[torch.dtype, 
     for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
         check_tensor(name, cache, 3, dtypes)
     assert isinstance(k_cache, torch.Tensor) and isinstance(v_cache, torch.Tensor)
-    check(k_cache.shape == v_cache.shape, f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} must have one shape")
-    check(k_cache.dtype == v_cache.dtype, f"k_cache ({k_cache.dtype}) and v_cache ({v_cache.dtype}) must have one dtype")
+    check(k_cache.shape == v_cache.shape,
+          f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} must have one shape")
+    check(k_cache.dtype == v_cache.dtype,
+          f"k_cache ({k_cache.dtype}) and v_cache ({v_cache.dtype}) must have one dtype")
 
 
 def check_attention(q: object, k_cache: object, v_cache: object, req_to_token: object, sm_scale: float) -> None:

@@ -12,7 +12,7 @@ _EXPORTS = {
     "Engine": "radixflow.runtime.engine",
     "EngineConfig": "radixflow.runtime.config",
     "SamplingParams": "radixflow.runtime.sampling_params",
-    "demo_model": "radixflow.runtime.demo_model",
+    "demo_model": "radixflow.runtime.demo",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -10,6 +10,7 @@ DTYPES = ("auto", "float32", "float16", "bfloat16")
 KV_CACHE_DTYPES = ("auto", "fp8_e4m3")
 ATTENTION_BACKENDS = ("auto", "triton", "torch")
 DEVICES = ("auto", "cpu", "cuda")
+LOAD_FORMATS = ("auto", "dummy")
 GRAMMAR_BACKENDS = ("outlines", "llguidance")
 
 
@@ -23,6 +24,7 @@ class EngineConfig:
     """User-facing engine settings. Validated on construction; never mutated afterwards."""
 
     model: str | None = _opt(None, "Hugging Face format model directory (absent: the tiny demo model).")
+    load_format: str = _opt("auto", "Weights: auto = the model directory's safetensors; dummy = random weights from config.json alone (speed benchmarks).", LOAD_FORMATS)
     dtype: str = _opt("auto", "Weight and activation dtype; auto = float32 on CPU, the checkpoint's on CUDA.", DTYPES)
     device: str = _opt("auto", "Where the model runs; auto = cuda when available.", DEVICES)
     seed: int = _opt(0, "Seed for sampling of requests that give no seed of their own.")

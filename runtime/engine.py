@@ -20,7 +20,7 @@ import torch
 
 from radixflow.radix import NullCache, RadixCache
 from radixflow.runtime.config import EngineConfig
-from radixflow.runtime.demo_model import demo_model
+from radixflow.runtime.demo import demo_model
 from radixflow.runtime.detokenizer import IncrementalDetokenizer
 from radixflow.runtime.model_runner import ModelRunner
 from radixflow.runtime.request import LogprobOptions, Req
@@ -29,7 +29,7 @@ from radixflow.runtime.output import visible_text
 from radixflow.runtime.sampling_params import SamplingParams
 from radixflow.runtime.scheduler import Scheduler, SchedulerLimits
 from radixflow.runtime.stats import EngineStats, RequestTiming
-from radixflow.runtime.step import StepRunner
+from radixflow.runtime.step import StepRunner, notify
 from radixflow.runtime.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -75,7 +75,7 @@ class Engine:
 
     # -- public API -------------------------------------------------------------------------
 
-    def generate(self, prompt: Prompt = None, sampling_params: dict | SamplingParams | None = None,
+    def generate(self, prompt: Prompt = None, sampling_params: dict | list[dict] | SamplingParams | None = None,
                  input_ids: InputIds = None, *, return_logprob: bool = False,
                  logprob_start_len: int | None = None, top_logprobs_num: int = 0,
                  return_text_in_logprobs: bool = False, rid: str | list[str] | None = None,
@@ -86,25 +86,25 @@ class Engine:
         gives n results (a list for one prompt) after one shared prefill.
         """
         prompts, is_batch = self._normalize_inputs(prompt, input_ids)
-        sp = SamplingParams.from_dict(sampling_params)
+        if isinstance(sampling_params, list):
+            if len(sampling_params) != len(prompts):
+                raise ValueError(f"got {len(sampling_params)} sampling_params for {len(prompts)} prompts")
+            sps = [SamplingParams.from_dict(p) for p in sampling_params]
+        else:
+            sps = [SamplingParams.from_dict(sampling_params)] * len(prompts)
         opts = LogprobOptions(return_logprob, logprob_start_len, top_logprobs_num)
         rids = self._normalize_rids(rid, len(prompts))
-        waits: list[list[threading.Event]] = []
-        reqs: list[list[Req]] = []
-        for ids, r in zip(prompts, rids):
-            group = self._make_group(ids, sp, opts, r, lora_path, blocking=True)
-            reqs.append([req for req, _ in group])
-            waits.append([ev for _, ev in group])
-        for evs in waits:
-            for ev in evs:
+        for ids, sp in zip(prompts, sps):
+            self.validate_prompt(ids, sp)
+        groups = [self._make_group(ids, sp, opts, r, lora_path) for ids, sp, r in zip(prompts, sps, rids)]
+        for group in groups:
+            for _, ev in group:
                 ev.wait()
         decode = self._decode_token if return_text_in_logprobs else None
         out = []
-        for group in reqs:
-            res = [make_result(q, decode, return_text_in_logprobs) for q in group]
+        for group, sp in zip(groups, sps):
+            res = [make_result(q, decode, return_text_in_logprobs) for q, _ in group]
             out.append(res[0] if sp.n == 1 else res)
-        if sp.n > 1 and not is_batch:
-            return out[0]
         return out if is_batch else out[0]
 
     async def generate_stream(self, prompt: str | None = None,
@@ -132,7 +132,8 @@ class Engine:
                              include_input=sent["first"])
             sent["logprobs"], sent["first"] = len(req.output_logprobs), False
             chunk = {"text": visible_text(req), "output_ids": list(req.output_ids), "meta_info": meta}
-            loop.call_soon_threadsafe(chunks.put_nowait, chunk)
+            if not loop.is_closed():  # a consumer whose loop ended is gone; its abort is queued
+                loop.call_soon_threadsafe(chunks.put_nowait, chunk)
 
         opts = LogprobOptions(return_logprob, logprob_start_len, top_logprobs_num)
         req = self._make_req(prompts[0], sp, opts, self._normalize_rids(rid, 1)[0], lora_path, on_output)
@@ -233,17 +234,18 @@ class Engine:
         if opts.top_logprobs_num < 0:
             raise ValueError("top_logprobs_num must be >= 0")
         req = Req(rid=rid or uuid.uuid4().hex, prompt_ids=ids, sampling=sp, logprob=opts, on_output=on_output)
-        req.detokenizer = IncrementalDetokenizer(self.tokenizer, skip_special_tokens=sp.skip_special_tokens)
+        req.detokenizer = IncrementalDetokenizer(self.tokenizer, skip_special_tokens=sp.skip_special_tokens,
+                                                 prefix_ids=ids)
         if sp.seed is not None:
             req.generator = torch.Generator(self.runner.device).manual_seed(sp.seed)
         return req
 
     def _make_group(self, ids: list[int], sp: SamplingParams, opts: LogprobOptions, rid: str | None,
-                    lora_path: str | None, blocking: bool) -> list[tuple[Req, threading.Event]]:
+                    lora_path: str | None) -> list[tuple[Req, threading.Event]]:
         """One request, or for n > 1 a prefill-only request first and then n that hit it."""
         if sp.n > 1:
             warm = SamplingParams.from_dict({"max_new_tokens": 0})
-            (_, ev), = self._make_group(ids, warm, LogprobOptions(), None, lora_path, blocking)
+            (_, ev), = self._make_group(ids, warm, LogprobOptions(), None, lora_path)
             ev.wait()
         group = []
         for i in range(sp.n):
@@ -292,7 +294,12 @@ class Engine:
                 break
             if not self.scheduler.has_work():
                 continue
-            finished, stepped = self._step.run_one()
+            try:
+                finished, stepped = self._step.run_one()
+            except Exception:  # an engine bug: fail the requests in flight, keep the loop alive
+                log.exception("engine step failed; aborting all requests in flight")
+                self._abort_all()
+                continue
             for req in finished:
                 self._on_finished(req)
             self._refresh_stats()
@@ -303,7 +310,10 @@ class Engine:
                     self.accounting_failures.append(str(exc))
             if not stepped:
                 self._drain_inbox(block=True, timeout=0.005)
-        for req in list(self.scheduler.waiting) + self.scheduler._holding():
+        self._abort_all()
+
+    def _abort_all(self) -> None:
+        for req in list(self.scheduler.waiting) + self.scheduler.holding():
             self.scheduler.abort(req.rid)
             self._on_finished(req)
 
@@ -328,6 +338,7 @@ class Engine:
             try:
                 item = self._inbox.get_nowait()
             except queue.Empty:
+                self._refresh_stats()
                 return True
 
     def _flush(self) -> bool:
@@ -346,8 +357,7 @@ class Engine:
         self.recent_timings.append(timing)
         for fn in self._finish_listeners:
             fn(timing)
-        if req.on_output is not None:
-            req.on_output(req, True)
+        notify(req, True)
 
     def _refresh_stats(self) -> None:
         s, pool, cache = self.scheduler, self.runner.kv_pool, self.scheduler.cache

@@ -9,9 +9,11 @@ import torch
 
 from radixflow.runtime.attention import AttentionOps, PoolAttention, resolve_backend
 from radixflow.runtime.config import EngineConfig
+from radixflow.runtime.cuda_graph import CudaGraphCapture, DecodeGraphRunner
 from radixflow.runtime.forward_batch import ForwardBatch
 from radixflow.runtime.kv_pool import KVPool, ReqToTokenPool
 from radixflow.runtime.model_config import ModelArgs, load_model_args
+from radixflow.runtime.random_weights import build_random_model
 from radixflow.runtime.scheduler import ScheduledBatch
 from radixflow.runtime.weights import build_model
 
@@ -31,6 +33,7 @@ class RuntimeShape:
     dtype: torch.dtype
     max_context_len: int
     attention_backend: str
+    cuda_graph_max_bs: int  # largest decode batch replayed from a CUDA graph; 0: graphs off
 
 
 def derive_shape(cfg: EngineConfig, args: ModelArgs) -> RuntimeShape:
@@ -47,7 +50,11 @@ def derive_shape(cfg: EngineConfig, args: ModelArgs) -> RuntimeShape:
     else:
         dtype = torch.float32
     max_len = cfg.max_model_len or args.max_position_embeddings
-    return RuntimeShape(device, dtype, max_len, resolve_backend(cfg.attention_backend, device))
+    backend = resolve_backend(cfg.attention_backend, device)
+    # the torch references read lengths back to the host, which a graph capture forbids
+    use_graphs = use_cuda and backend == "triton" and not cfg.disable_cuda_graph
+    graph_bs = min(cfg.cuda_graph_max_bs, cfg.max_num_seqs) if use_graphs else 0
+    return RuntimeShape(device, dtype, max_len, backend, graph_bs)
 
 
 def kv_pool_tokens(cfg: EngineConfig, args: ModelArgs, shape: RuntimeShape, fp8: bool) -> int:
@@ -72,7 +79,10 @@ class ModelRunner:
         self.args = load_model_args(model_dir)
         self.shape = derive_shape(cfg, self.args)
         dev = self.shape.device
-        self.model = build_model(self.args, model_dir, self.shape.dtype, dev, self.shape.max_context_len)
+        if cfg.load_format == "dummy":
+            self.model = build_random_model(self.args, self.shape.dtype, dev, self.shape.max_context_len, cfg.seed)
+        else:
+            self.model = build_model(self.args, model_dir, self.shape.dtype, dev, self.shape.max_context_len)
         fp8 = cfg.kv_cache_dtype == "fp8_e4m3"
         num_tokens = kv_pool_tokens(cfg, self.args, self.shape, fp8)
         self.kv_pool = KVPool(num_tokens + 1, self.args.num_layers, self.args.num_kv_heads,
@@ -83,6 +93,10 @@ class ModelRunner:
         log.info("KV pool: %d tokens (%s, %s), max context %d, attention backend %s",
                  num_tokens, "fp8_e4m3" if fp8 else self.shape.dtype, dev,
                  self.shape.max_context_len, self.shape.attention_backend)
+        self.graph_runner: DecodeGraphRunner | None = None
+        if self.shape.cuda_graph_max_bs > 0:
+            self.graph_runner = DecodeGraphRunner(self.model, self.attention, self.req_pool.table,
+                                                  self.shape.cuda_graph_max_bs, CudaGraphCapture(dev))
 
     @property
     def device(self) -> torch.device:
@@ -90,9 +104,25 @@ class ModelRunner:
 
     def forward(self, batch: ScheduledBatch, logit_offsets: list[list[int]]) -> torch.Tensor:
         """Logits [sum(len(o) for o in logit_offsets), vocab] fp32: for request i, the rows at
-        offsets `logit_offsets[i]` (0-based within its new tokens), in order."""
+        offsets `logit_offsets[i]` (0-based within its new tokens), in order.
+
+        NOTE: a decode step replayed from a CUDA graph returns a view of the graph's output
+        buffer, which the next forward overwrites: use (or copy) the logits before then.
+        """
+        if self._can_replay(batch, logit_offsets):
+            assert self.graph_runner is not None
+            reqs, prefix_lens = batch.reqs, batch.prefix_lens
+            return self.graph_runner.run(
+                input_ids=[r.ids_range(p, p + 1)[0] for r, p in zip(reqs, prefix_lens)],
+                positions=list(prefix_lens), out_slots=[r.slots[p] for r, p in zip(reqs, prefix_lens)],
+                req_rows=[r.row for r in reqs])
         fb = self.make_forward_batch(batch, logit_offsets)
         return self.model(fb, self.attention)
+
+    def _can_replay(self, batch: ScheduledBatch, logit_offsets: list[list[int]]) -> bool:
+        """A decode batch that fits a captured graph and wants exactly each request's one logit row."""
+        return (self.graph_runner is not None and batch.is_decode and len(batch.reqs) <= self.graph_runner.max_bs
+                and all(n == 1 for n in batch.extend_lens) and all(o == [0] for o in logit_offsets))
 
     def make_forward_batch(self, batch: ScheduledBatch, logit_offsets: list[list[int]]) -> ForwardBatch:
         ids, positions, slots, logit_rows, starts = [], [], [], [], []

@@ -76,14 +76,14 @@ class Scheduler:
                 req.finish({"type": "abort", "message": "aborted"})
                 req.status = Status.FINISHED
                 return req
-        for req in self._holding():
+        for req in self.holding():
             if req.rid == rid:
                 req.finish({"type": "abort", "message": "aborted"})
                 self._release(req)
                 return req
         return None
 
-    def _holding(self) -> list[Req]:
+    def holding(self) -> list[Req]:
         return self.running + ([self.chunked] if self.chunked is not None else [])
 
     @property
@@ -92,7 +92,7 @@ class Scheduler:
 
     @property
     def num_running(self) -> int:
-        return len(self._holding())
+        return len(self.holding())
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running or self.chunked)
@@ -223,7 +223,7 @@ class Scheduler:
         return int(remaining * self.new_token_ratio)
 
     def _reserved_decode(self) -> int:
-        return sum(self._future_decode(r) for r in self._holding())
+        return sum(self._future_decode(r) for r in self.holding())
 
     # -- decode ----------------------------------------------------------------------------
 
@@ -306,7 +306,7 @@ class Scheduler:
     # -- accounting ----------------------------------------------------------------------------
 
     def owned_by_running(self) -> int:
-        return sum(len(r.slots) - r.tree_len for r in self._holding())
+        return sum(len(r.slots) - r.tree_len for r in self.holding())
 
     def check_accounting(self) -> None:
         """free + evictable + locked-in-tree + owned-by-running == usable slots."""

@@ -41,6 +41,16 @@ def plan_logits(req: Req, prefix: int, n: int, sample_last: bool) -> _LogitPlan:
     return _LogitPlan(rows, scored, sample_last)
 
 
+def notify(req: Req, finished: bool) -> None:
+    """Hand req's progress to its consumer; a failing consumer never stops the engine loop."""
+    if req.on_output is None:
+        return
+    try:
+        req.on_output(req, finished)
+    except Exception:  # the consumer's bug: log it, keep serving everyone else
+        log.exception("output callback of request %s failed", req.rid)
+
+
 class StepRunner:
     """Runs steps for the engine thread; counts prefill tokens, generated tokens, steps."""
 
@@ -74,8 +84,8 @@ class StepRunner:
         self._sample_and_append(batch, plans, logits)
         finished = self.scheduler.finish_step(batch)
         for req in batch.reqs:
-            if req.stream and not req.is_finished and req.on_output is not None and req.output_ids:
-                req.on_output(req, False)
+            if req.stream and not req.is_finished and req.output_ids:
+                notify(req, False)
         return finished, True
 
     def _record_prompt_logprobs(self, batch: ScheduledBatch, plans: list[_LogitPlan],

@@ -1,8 +1,14 @@
-"""Shared pytest setup: skip `gpu` tests without CUDA."""
+"""Shared pytest setup: Triton interpreter on CPU, skip `gpu` tests without CUDA."""
 from __future__ import annotations
+
+import os
 
 import pytest
 import torch
+
+if not torch.cuda.is_available():
+    # Must be set before anything imports triton: the interpreter swaps triton.language at import.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

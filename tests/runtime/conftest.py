@@ -7,7 +7,7 @@ import shutil
 import pytest
 import torch
 
-from radixflow.runtime.demo_model import demo_model
+from radixflow.runtime.demo import demo_model
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json")
 

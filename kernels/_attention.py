@@ -1,0 +1,83 @@
+"""Triton pieces shared by extend and decode attention: the online-softmax loop over slot-table KV."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ._triton import tl, triton
+from .fp8 import dequantize_fp8, fp8_e4m3_to_f32
+
+LOG2E = 1.0 / math.log(2.0)
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """fp32 models get IEEE fp32 dots (no silent tf32); half types ignore the setting."""
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+@triton.jit
+def _attend_block(
+    acc, l_i, m_i, q, k_base, v_base, slot_row, start, hi, row_limit, qk_scale,
+    stride_k_slot, stride_v_slot, offs_d, mask_d,
+    BLOCK_N: tl.constexpr, IS_FP8: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    """Fold context positions [start, start + BLOCK_N) ∩ [.., hi) into one row block.
+
+    q [ROWS, BLOCK_D]; acc [ROWS, BLOCK_D] fp32; l_i, m_i [ROWS] fp32 (log2 domain);
+    row r sees positions <= row_limit[r]. slot_row points at the request's
+    req_to_token row; k_base/v_base at the KV head inside slot 0.
+    """
+    offs_n = start + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < hi
+    slot = tl.load(slot_row + offs_n, mask=mask_n, other=0).to(tl.int64)
+    # masked loads read 0, never the padding slot's bytes (which may hold NaN)
+    k_t = tl.load(k_base + slot[None, :] * stride_k_slot + offs_d[:, None],
+                  mask=mask_d[:, None] & mask_n[None, :], other=0)  # [BLOCK_D, BLOCK_N]
+    v = tl.load(v_base + slot[:, None] * stride_v_slot + offs_d[None, :],
+                mask=mask_n[:, None] & mask_d[None, :], other=0)  # [BLOCK_N, BLOCK_D]
+    if IS_FP8:
+        # e4m3 -> fp16/bf16/fp32 is exact; the scales are folded into qk_scale and the output
+        k_t = fp8_e4m3_to_f32(k_t).to(q.dtype)
+        v = fp8_e4m3_to_f32(v).to(q.dtype)
+    qk = tl.dot(q, k_t, input_precision=DOT_PRECISION) * qk_scale  # [ROWS, BLOCK_N]
+    visible = mask_n[None, :] & (offs_n[None, :] <= row_limit[:, None])
+    qk = tl.where(visible, qk, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(qk, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(qk - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    return acc, l_i, m_new
+
+
+@triton.jit
+def attend_kv_range(
+    acc, l_i, m_i, q, k_base, v_base, slot_row, lo, hi, row_limit, qk_scale,
+    stride_k_slot, stride_v_slot, offs_d, mask_d,
+    BLOCK_N: tl.constexpr, IS_FP8: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_WHILE: tl.constexpr,
+):
+    """Online softmax of q against context positions [lo, hi); returns (acc, l_i, m_i).
+
+    Start from acc = 0, l_i = 0, m_i = -1e30: a finite running max, so a row whose
+    keys are all masked so far gets exp2(-inf - m) = 0 weights, not exp2(-inf + inf) = NaN.
+    """
+    if USE_WHILE:
+        start = lo
+        while start < hi:
+            acc, l_i, m_i = _attend_block(
+                acc, l_i, m_i, q, k_base, v_base, slot_row, start, hi, row_limit, qk_scale,
+                stride_k_slot, stride_v_slot, offs_d, mask_d, BLOCK_N, IS_FP8, DOT_PRECISION)
+            start += BLOCK_N
+    else:
+        for start in tl.range(lo, hi, BLOCK_N):
+            acc, l_i, m_i = _attend_block(
+                acc, l_i, m_i, q, k_base, v_base, slot_row, start, hi, row_limit, qk_scale,
+                stride_k_slot, stride_v_slot, offs_d, mask_d, BLOCK_N, IS_FP8, DOT_PRECISION)
+    return acc, l_i, m_i
+
+
+def gather_kv(cache: torch.Tensor, slots: torch.Tensor, scale: float) -> torch.Tensor:
+    """cache[slots] in fp32, fp8 dequantized with `scale` (other dtypes ignore it)."""
+    rows = cache[slots.long()]
+    return dequantize_fp8(rows, scale) if cache.dtype == torch.uint8 else rows.to(torch.float32)

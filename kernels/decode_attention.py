@@ -1,0 +1,169 @@
+"""Decode attention: one query per request over its whole context, split-KV in two stages."""
+from __future__ import annotations
+
+import torch
+
+from . import _triton as tr
+from ._attention import LOG2E, attend_kv_range, dot_precision, gather_kv
+from ._checks import check, check_attention, check_index, check_same_device, check_scales
+from ._triton import tl, triton
+
+
+def _check_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to_token: torch.Tensor,
+                  req_rows: torch.Tensor, seq_lens: torch.Tensor, sm_scale: float, k_scale: float,
+                  v_scale: float, num_kv_splits: int) -> None:
+    check_attention(q, k_cache, v_cache, req_to_token, sm_scale)
+    check_scales(k_scale, v_scale)
+    check_index("req_rows", req_rows, q.shape[0])
+    check_index("seq_lens", seq_lens, q.shape[0])
+    check(isinstance(num_kv_splits, int) and 1 <= num_kv_splits <= 256,
+          f"num_kv_splits must be an int in [1, 256], got {num_kv_splits!r}")
+    check_same_device(q=q, k_cache=k_cache, v_cache=v_cache, req_to_token=req_to_token, req_rows=req_rows,
+                      seq_lens=seq_lens)
+
+
+def decode_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to_token: torch.Tensor,
+                         req_rows: torch.Tensor, seq_lens: torch.Tensor, sm_scale: float, k_scale: float = 1.0,
+                         v_scale: float = 1.0, num_kv_splits: int = 8) -> torch.Tensor:
+    """Attention of q [batch, num_heads, head_dim] (one query per request) over its context.
+
+    Request i sees the seq_lens[i] slots req_to_token[req_rows[i], :seq_lens[i]],
+    its own new token included (already stored). A request with seq_len 0 (CUDA
+    graph padding) gets zeros. GQA and fp8 as in extend_attention_ref. Returns a
+    new [batch, num_heads, head_dim] tensor of q's dtype; fp32 math; batched
+    over requests, padded to the longest context; `num_kv_splits` is unused here.
+    """
+    _check_decode(q, k_cache, v_cache, req_to_token, req_rows, seq_lens, sm_scale, k_scale, v_scale, num_kv_splits)
+    batch, num_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[1]
+    max_len = int(seq_lens.max()) if batch else 0
+    positions = torch.arange(max_len, device=q.device)
+    visible = positions[None, :] < seq_lens[:, None]  # [batch, max_len]
+    # past seq_len the table may hold stale ids: read slot 0 there, and zero it, since
+    # 0 * NaN would leak the dummy slot's bytes into the sum
+    slots = torch.where(visible, req_to_token[req_rows.long(), :max_len].long(), 0)
+    hidden = ~visible[:, :, None, None]
+    k = gather_kv(k_cache, slots, k_scale).masked_fill(hidden, 0.0)  # [batch, max_len, num_kv_heads, head_dim]
+    v = gather_kv(v_cache, slots, v_scale).masked_fill(hidden, 0.0)
+    qg = q.to(torch.float32).reshape(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
+    scores = torch.einsum("bkgd,blkd->bkgl", qg, k) * sm_scale  # [batch, num_kv_heads, group, max_len]
+    mask = visible[:, None, None, :]
+    probs = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+    probs = torch.where(mask, probs, 0.0)  # a seq_len 0 row is all NaN: make it zeros
+    out = torch.einsum("bkgl,blkd->bkgd", probs, v)
+    return out.reshape(batch, num_heads, head_dim).to(q.dtype)
+
+
+@triton.jit
+def _decode_stage1_kernel(
+    q, k_cache, v_cache, req_to_token, req_rows, seq_lens, part_out, part_lse, qk_scale,
+    stride_q_req, stride_q_head, stride_kc_slot, stride_kc_head, stride_vc_slot, stride_vc_head,
+    stride_r2t_row, num_heads,
+    GROUP_SIZE: tl.constexpr, HEAD_BLOCKS: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    IS_FP8: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_WHILE: tl.constexpr,
+):
+    # grid: (request, KV head x HEAD_BLOCKS, split). A program takes up to BLOCK_H
+    # query heads of one KV head's group, so each K/V tile is loaded once for all.
+    req = tl.program_id(0)
+    kv_head = tl.program_id(1) // HEAD_BLOCKS
+    split = tl.program_id(2)
+    offs_g = (tl.program_id(1) % HEAD_BLOCKS) * BLOCK_H + tl.arange(0, BLOCK_H)
+    mask_h = offs_g < GROUP_SIZE
+    heads = kv_head * GROUP_SIZE + offs_g
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < HEAD_DIM
+    mask_hd = mask_h[:, None] & mask_d[None, :]
+
+    seq_len = tl.load(seq_lens + req).to(tl.int32)
+    row = tl.load(req_rows + req).to(tl.int64)
+    #   context: | split 0 | split 1 | ... | last non-empty split | empty splits |
+    # each split_len long, a multiple of BLOCK_N; empty splits write lse = -inf
+    split_len = (seq_len + NUM_SPLITS * BLOCK_N - 1) // (NUM_SPLITS * BLOCK_N) * BLOCK_N
+    lo = split * split_len
+    hi = tl.minimum(lo + split_len, seq_len)
+
+    q_blk = tl.load(q + req * stride_q_req + heads[:, None] * stride_q_head + offs_d[None, :],
+                    mask=mask_hd, other=0.0)  # [BLOCK_H, BLOCK_D]
+    acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+    m_i = tl.full([BLOCK_H], -1.0e30, dtype=tl.float32)  # see attend_kv_range
+    acc, l_i, m_i = attend_kv_range(
+        acc, l_i, m_i, q_blk, k_cache + kv_head * stride_kc_head, v_cache + kv_head * stride_vc_head,
+        req_to_token + row * stride_r2t_row, lo, hi, tl.zeros([BLOCK_H], dtype=tl.int32) + (hi - 1), qk_scale,
+        stride_kc_slot, stride_vc_slot, offs_d, mask_d, BLOCK_N, IS_FP8, DOT_PRECISION, USE_WHILE)
+
+    has_keys = l_i > 0
+    l_safe = tl.where(has_keys, l_i, 1.0)
+    lse = tl.where(has_keys, m_i + tl.log2(l_safe), float("-inf"))  # log2 domain
+    # scratch: part_out [batch, num_heads, NUM_SPLITS, HEAD_DIM], part_lse [batch, num_heads, NUM_SPLITS]
+    part = (req * num_heads + heads) * NUM_SPLITS + split  # [BLOCK_H]
+    tl.store(part_out + part[:, None] * HEAD_DIM + offs_d[None, :], acc / l_safe[:, None], mask=mask_hd)
+    tl.store(part_lse + part, lse, mask=mask_h)
+
+
+@triton.jit
+def _decode_stage2_kernel(
+    part_out, part_lse, out, v_scale, stride_o_req, stride_o_head, num_heads,
+    HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    # grid: (request, query head); merges the splits' partial softmaxes
+    req = tl.program_id(0)
+    head = tl.program_id(1)
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_s = offs_s < NUM_SPLITS
+    mask_d = offs_d < HEAD_DIM
+    part = (req * num_heads + head) * NUM_SPLITS + offs_s  # [BLOCK_S]
+    lse = tl.load(part_lse + part, mask=mask_s, other=float("-inf"))
+    m = tl.max(lse, 0)
+    m = tl.where(m == float("-inf"), 0.0, m)  # seq_len 0: every split empty, weights 0 (not NaN)
+    w = tl.exp2(lse - m)
+    o = tl.load(part_out + part[:, None] * HEAD_DIM + offs_d[None, :],
+                mask=mask_s[:, None] & mask_d[None, :], other=0.0)  # [BLOCK_S, BLOCK_D]
+    total = tl.sum(w, 0)
+    res = tl.sum(w[:, None] * o, 0) / tl.where(total > 0, total, 1.0) * v_scale
+    tl.store(out + req * stride_o_req + head * stride_o_head + offs_d, res.to(out.dtype.element_ty), mask=mask_d)
+
+
+def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to_token: torch.Tensor,
+                     req_rows: torch.Tensor, seq_lens: torch.Tensor, sm_scale: float, k_scale: float = 1.0,
+                     v_scale: float = 1.0, num_kv_splits: int = 8) -> torch.Tensor:
+    """Triton twin of `decode_attention_ref` (same contract), flash-decoding style.
+
+    Stage 1, grid (batch, num_kv_heads * cdiv(group, BLOCK_H), num_kv_splits):
+    each split's partial output and log-sum-exp into fp32 scratch; stage 2, grid
+    (batch, num_heads): their merge. CUDA-graph safe: seq_lens are read on the
+    device only, and the scratch size depends on shapes alone.
+    """
+    _check_decode(q, k_cache, v_cache, req_to_token, req_rows, seq_lens, sm_scale, k_scale, v_scale, num_kv_splits)
+    tr.require_triton("decode_attention")
+    batch, num_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[1]
+    group = num_heads // num_kv_heads
+    out = torch.empty((batch, num_heads, head_dim), dtype=q.dtype, device=q.device)
+    if batch == 0:
+        return out
+    part_out = torch.empty((batch, num_heads, num_kv_splits, head_dim), dtype=torch.float32, device=q.device)
+    part_lse = torch.empty((batch, num_heads, num_kv_splits), dtype=torch.float32, device=q.device)
+    is_fp8 = k_cache.dtype == torch.uint8
+    block_d = max(16, triton.next_power_of_2(head_dim))  # tl.dot needs K >= 16
+    block_h = max(16, min(64, triton.next_power_of_2(group)))  # tl.dot needs M >= 16
+    head_blocks = triton.cdiv(group, block_h)
+    block_n = 32 if q.is_cuda else 64  # the interpreter prefers fewer, larger blocks
+    _decode_stage1_kernel[(batch, num_kv_heads * head_blocks, num_kv_splits)](
+        q, k_cache, v_cache, req_to_token, req_rows, seq_lens, part_out, part_lse,
+        sm_scale * (k_scale if is_fp8 else 1.0) * LOG2E,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
+        req_to_token.stride(0), num_heads,
+        GROUP_SIZE=group, HEAD_BLOCKS=head_blocks, HEAD_DIM=head_dim, NUM_SPLITS=num_kv_splits,
+        BLOCK_H=block_h, BLOCK_N=block_n, BLOCK_D=block_d,
+        IS_FP8=is_fp8, DOT_PRECISION=dot_precision(q.dtype), USE_WHILE=tr.use_while_loop(q.device),
+        num_warps=4, num_stages=2,
+    )
+    _decode_stage2_kernel[(batch, num_heads)](
+        part_out, part_lse, out, v_scale if is_fp8 else 1.0, out.stride(0), out.stride(1), num_heads,
+        HEAD_DIM=head_dim, NUM_SPLITS=num_kv_splits, BLOCK_S=triton.next_power_of_2(num_kv_splits),
+        BLOCK_D=triton.next_power_of_2(head_dim), num_warps=4,
+    )
+    return out

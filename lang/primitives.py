@@ -1,0 +1,69 @@
+"""The generation primitives: gen(), gen_int(), gen_string(), select() and if_()."""
+from __future__ import annotations
+
+from typing import Any
+
+from radixflow.lang import ir, params
+from radixflow.lang.expr import Condition, Expr, to_expr
+from radixflow.lang.select_scoring import ChoicesMethod, method_name, token_length_normalized
+
+
+def gen(name: str | None = None, *, dtype: Any = None, choices_method: ChoicesMethod | str | None = None,
+        **kwargs: Any) -> Expr:
+    """One generation request whose prompt is the whole text so far; stores the output as `name`.
+
+    Keyword arguments are the runtime's sampling parameters (`max_new_tokens`, `stop`,
+    `temperature`, `regex`, `json_schema`, `choices`, ...; SGLang's `max_tokens`/`min_tokens` work
+    too) and the top-level logprob keys (`return_logprob`, `logprob_start_len`, ...).
+    `dtype=int|float|str|bool` constrains the output with a regex and stores the converted value.
+    `choices=[...]` constrains the output to one of the strings; with `choices_method` it becomes
+    a select() instead (scored by logprobs, as in SGLang).
+    """
+    if choices_method is not None:
+        if not kwargs.get("choices"):
+            raise ValueError("choices_method needs choices=[...]")
+        return select(name, kwargs["choices"], choices_method=choices_method)
+    sampling, extras = params.split_kwargs(kwargs)
+    kind = params.dtype_name(dtype)
+    if kind is not None:
+        if "regex" in sampling or "json_schema" in sampling or "choices" in sampling:
+            raise ValueError("give dtype or one of regex/json_schema/choices, not both")
+        sampling["regex"] = params.DTYPES[kind][0]
+    return Expr([ir.Gen(name=name, params=sampling, extras=extras, dtype=kind)])
+
+
+def gen_int(name: str | None = None, **kwargs: Any) -> Expr:
+    return gen(name, dtype=int, **kwargs)
+
+
+def gen_string(name: str | None = None, **kwargs: Any) -> Expr:
+    return gen(name, dtype=str, **kwargs)
+
+
+def select(name: str | None = None, choices: list[str] | None = None,
+           choices_method: ChoicesMethod | str = token_length_normalized, temperature: float = 0.0) -> Expr:
+    """Append the choice the model scores highest (see select_scoring.py); store it as `name`.
+
+    `temperature` is accepted for SGLang compatibility; only 0 (argmax) is supported.
+    """
+    if not choices or not all(isinstance(c, str) and c for c in choices):
+        raise ValueError("select() needs a non-empty list of non-empty strings as choices")
+    if temperature != 0.0:
+        raise ValueError("select() picks the argmax; only temperature=0 is supported")
+    return Expr([ir.Select(name=name, choices=list(choices), method=method_name(choices_method))])
+
+
+def if_(condition: bool | Condition, then: Any = "", else_: Any = "") -> Expr:
+    """`then` when the condition holds, else `else_`.
+
+    Run locally, `s["x"] == "a"` is a plain bool and this just picks an expression. Traced,
+    it is a Condition and becomes an If op that the interpreter decides at run time.
+    """
+    then_ops, else_ops = to_expr(then).ops, to_expr(else_).ops
+    if isinstance(condition, Condition):
+        if condition.negate:
+            then_ops, else_ops = else_ops, then_ops
+        return Expr([ir.If(ref=condition.ref, equals=condition.equals, then=then_ops, else_=else_ops)])
+    if not isinstance(condition, bool):
+        raise TypeError(f"if_() needs a comparison like s['x'] == 'value', got {type(condition).__name__}")
+    return Expr(then_ops if condition else else_ops)

@@ -1,0 +1,115 @@
+"""Kernel tests: run the Triton kernels in the interpreter when there is no GPU, plus a KV layout builder."""
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from typing import Callable
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    # NOTE: triton reads TRITON_INTERPRET when `@triton.jit` decorates a function, and its
+    # own tl.zeros / tl.max / ... are decorated when triton.language is first imported, so
+    # the variable must be set before the process first imports triton, kernels or runtime.
+    if "triton" in sys.modules and type(sys.modules["triton"].language.standard.zeros).__name__ == "JITFunction":
+        raise RuntimeError("triton was imported before tests/kernels/conftest.py could set TRITON_INTERPRET=1; "
+                           "set it in tests/conftest.py (or the environment) when CUDA is unavailable")
+    os.environ["TRITON_INTERPRET"] = "1"
+
+from radixflow.kernels.fp8 import quantize_fp8  # noqa: E402
+
+
+@pytest.fixture
+def device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+@dataclass
+class KVLayout:
+    """Requests' contexts scattered over a token-granular KV pool, as the engine lays them out."""
+
+    k_cache: torch.Tensor  # [num_slots, num_kv_heads, head_dim], model dtype or uint8 (fp8 bits)
+    v_cache: torch.Tensor
+    req_to_token: torch.Tensor  # [max_running, max_context_len] int32
+    req_rows: torch.Tensor  # [batch] int64
+    prefix_lens: torch.Tensor  # [batch] int64
+    extend_lens: torch.Tensor  # [batch] int64
+    extend_starts: torch.Tensor  # [batch] int64
+    seq_lens: torch.Tensor  # [batch] int64
+    k_scale: float
+    v_scale: float
+
+
+def make_layout(prefix_lens: list[int], extend_lens: list[int], num_kv_heads: int, head_dim: int,
+                dtype: torch.dtype, fp8: bool, device: torch.device, seed: int = 0) -> KVLayout:
+    """Build a pool where each request's slots are shuffled over the pool.
+
+    Requests with seq_len 0 are padding: slot-table row 0, as in CUDA graphs.
+    Slot 0 (the padding dummy) holds NaN and the table past each seq_len holds
+    stale slot ids, so a kernel that reads beyond a context shows it.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens)]
+    num_slots = sum(seq_lens) + 9
+    max_context_len = max(seq_lens, default=0) + 5
+    batch = len(seq_lens)
+    slot_ids = (torch.randperm(num_slots - 1, generator=gen) + 1).tolist()  # all but slot 0
+    req_to_token = torch.randint(0, num_slots, (batch + 3, max_context_len), generator=gen, dtype=torch.int32)
+    req_to_token[0] = 0
+    free_rows = (torch.randperm(batch + 2, generator=gen) + 1).tolist()  # rows 1.., shuffled
+    req_rows = []
+    for seq_len in seq_lens:
+        row = free_rows.pop() if seq_len > 0 else 0
+        req_rows.append(row)
+        req_to_token[row, :seq_len] = torch.tensor([slot_ids.pop() for _ in range(seq_len)], dtype=torch.int32)
+    k = torch.randn(num_slots, num_kv_heads, head_dim, generator=gen)
+    v = torch.randn(num_slots, num_kv_heads, head_dim, generator=gen)
+    k_scale, v_scale = (0.5, 0.25) if fp8 else (1.0, 1.0)
+    if fp8:
+        k_cache, v_cache = quantize_fp8(k, k_scale), quantize_fp8(v, v_scale)
+        k_cache[0] = v_cache[0] = 0x7F  # e4m3fn NaN
+    else:
+        k_cache, v_cache = k.to(dtype), v.to(dtype)
+        k_cache[0] = v_cache[0] = float("nan")
+    extend_starts = torch.tensor([0] + extend_lens[:-1]).cumsum(0) if batch else torch.zeros(0, dtype=torch.int64)
+
+    def as_long(xs: list[int]) -> torch.Tensor:
+        return torch.tensor(xs, dtype=torch.int64, device=device)
+
+    return KVLayout(
+        k_cache=k_cache.to(device), v_cache=v_cache.to(device), req_to_token=req_to_token.to(device),
+        req_rows=as_long(req_rows), prefix_lens=as_long(prefix_lens), extend_lens=as_long(extend_lens),
+        extend_starts=extend_starts.to(device), seq_lens=as_long(seq_lens), k_scale=k_scale, v_scale=v_scale,
+    )
+
+
+@pytest.fixture
+def kv_layout() -> Callable[..., KVLayout]:
+    return make_layout
+
+
+def naive_attention(q: torch.Tensor, layout: KVLayout, req: int, pos: int, sm_scale: float) -> torch.Tensor:
+    """One query [num_heads, head_dim] of request `req` at context position `pos`, token by token in fp64."""
+    row = int(layout.req_rows[req])
+    keys, values = [], []
+    for p in range(pos + 1):  # causal: positions 0..pos
+        slot = int(layout.req_to_token[row, p])
+        k, v = layout.k_cache[slot].cpu(), layout.v_cache[slot].cpu()
+        if layout.k_cache.dtype == torch.uint8:
+            k = k.view(torch.float8_e4m3fn).double() * layout.k_scale
+            v = v.view(torch.float8_e4m3fn).double() * layout.v_scale
+        keys.append(k.double())
+        values.append(v.double())
+    group = q.shape[0] // layout.k_cache.shape[1]
+    k = torch.stack(keys).repeat_interleave(group, dim=1)  # [pos + 1, num_heads, head_dim]
+    v = torch.stack(values).repeat_interleave(group, dim=1)
+    scores = (q.cpu().double()[None] * k).sum(-1) * sm_scale  # [pos + 1, num_heads]
+    probs = torch.softmax(scores, dim=0)
+    return (probs[..., None] * v).sum(0)  # [num_heads, head_dim]
+
+
+@pytest.fixture
+def naive() -> Callable[..., torch.Tensor]:
+    return naive_attention

@@ -1,0 +1,63 @@
+"""run(stream=True): text_iter yields pieces in order as they arrive, through the backend's streaming call."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+import radixflow.lang as rf
+
+
+@rf.function
+def story(s):
+    s += "Once:"
+    s += rf.gen("a", max_tokens=20)
+    s += "|Then:"
+    s += rf.gen("b")
+
+
+def test_text_iter_yields_all_pieces_in_order(make_fake):
+    fake = make_fake(reply=lambda prompt, sp: "abcdefg" if prompt.endswith("Once:") else "XYZ", chunk_chars=2)
+    state = story.run(stream=True, backend=fake)
+    pieces = list(state.text_iter())
+    assert pieces == ["Once:", "ab", "cd", "ef", "g", "|Then:", "XY", "Z"]
+    assert "".join(pieces) == state.text()
+    assert all(r.get("stream") is True for r in fake.requests)
+    assert state["a"] == "abcdefg" and state["b"] == "XYZ"
+
+
+def test_text_iter_of_one_variable(make_fake):
+    fake = make_fake(reply=lambda prompt, sp: "abcdefg" if prompt.endswith("Once:") else "XYZ", chunk_chars=3)
+    state = story.run(stream=True, backend=fake)
+    assert list(state.text_iter("b")) == ["XYZ"]
+    assert list(state.text_iter("a")) == ["abc", "def", "g"]
+
+
+def test_pieces_arrive_before_the_generation_ends(make_fake):
+    release = threading.Event()
+
+    class Slow(type(make_fake())):
+        def generate_stream(self, body):
+            yield {"text": "first", "meta_info": {}}
+            release.wait(timeout=10)
+            yield {"text": "first second", "meta_info": {}}
+
+    @rf.function
+    def prog(s):
+        s += rf.gen("x")
+
+    state = prog.run(stream=True, backend=Slow())
+    pieces = state.text_iter("x")
+    assert next(pieces) == "first"  # while the backend is still holding the rest
+    release.set()
+    assert list(pieces) == [" second"]
+    assert state["x"] == "first second"
+
+
+def test_stream_error_surfaces_from_text_iter(make_fake):
+    def reply(prompt, sp):
+        raise RuntimeError("no stream for you")
+
+    state = story.run(stream=True, backend=make_fake(reply=reply))
+    with pytest.raises(rf.ProgramError, match="no stream for you"):
+        list(state.text_iter())
