@@ -30,11 +30,13 @@ IN_BATCH_DEDUP_MIN_TOKENS = 32
 @dataclass
 class ScheduledBatch:
     """What one step computes: for each request, `extend_lens[i]` new tokens after its
-    `prefix_lens[i]` cached ones. `sample[i]`: a token is sampled from its last position."""
+    `prefix_lens[i]` cached ones. `completes[i]`: this step computes the rest of its known
+    tokens (its prefill ends here); `sample[i]`: a token is then sampled from its last position."""
 
     reqs: list[Req]
     prefix_lens: list[int]
     extend_lens: list[int]
+    completes: list[bool]
     sample: list[bool]
     is_decode: bool
 
@@ -110,14 +112,14 @@ class Scheduler:
         """After the engine appended sampled tokens and set finish reasons: cache fresh prefill
         KV, move completed prefills to running, release finished requests. Returns finished."""
         finished = []
-        for req in batch.reqs:
+        for req, completes in zip(batch.reqs, batch.completes):
             if req.is_finished:
                 self._release(req)
                 finished.append(req)
                 continue
             if not batch.is_decode:
                 self._cache_unfinished(req)
-                if req is self.chunked and req.kv_len == len(req.all_ids):
+                if req is self.chunked and completes:
                     self.chunked = None
                 if req is not self.chunked and req not in self.running:
                     self.running.append(req)
@@ -128,7 +130,7 @@ class Scheduler:
     def _schedule_prefill(self) -> ScheduledBatch | None:
         token_budget = self.limits.max_prefill_tokens
         chunk = self.limits.chunked_prefill_size if self.limits.chunked_prefill_size > 0 else None
-        batch = ScheduledBatch([], [], [], [], is_decode=False)
+        batch = ScheduledBatch([], [], [], [], [], is_decode=False)
         if self.chunked is not None:
             req = self.chunked
             n = min(len(req.all_ids) - req.kv_len, token_budget, chunk or token_budget)
@@ -209,7 +211,9 @@ class Scheduler:
         batch.reqs.append(req)
         batch.prefix_lens.append(start)
         batch.extend_lens.append(n)
-        batch.sample.append(start + n == len(req.all_ids) and req.wants_sample)
+        completes = start + n == len(req.all_ids)
+        batch.completes.append(completes)
+        batch.sample.append(completes and req.wants_sample)
         return True
 
     def _alloc(self, n: int) -> list[int] | None:
@@ -229,7 +233,7 @@ class Scheduler:
 
     def _schedule_decode(self) -> ScheduledBatch:
         self._make_room_for_decode()
-        batch = ScheduledBatch([], [], [], [], is_decode=True)
+        batch = ScheduledBatch([], [], [], [], [], is_decode=True)
         rows, starts, new_slots = [], [], []
         slots = self._alloc(len(self.running))
         assert slots is not None, "decode room was made above"
@@ -240,6 +244,7 @@ class Scheduler:
             batch.reqs.append(req)
             batch.prefix_lens.append(req.kv_len)
             batch.extend_lens.append(1)
+            batch.completes.append(True)
             batch.sample.append(True)
             req.slots.append(slot)
         self.req_pool.write(rows, starts, new_slots)

@@ -284,3 +284,18 @@ def test_accounting_under_random_workload_with_aborts():
         assert stats.num_running == 0 and stats.num_waiting == 0
         assert stats.num_steps > 50
     assert not e.accounting_failures
+
+
+@pytest.mark.parametrize("chunk", [0, 7, 64])
+def test_prefill_computes_each_prompt_token_once(chunk):
+    """Radix off: prefill work equals the prompt tokens exactly; a request whose chunked prefill
+    ends joins the decode batch (it is not stepped alone through further prefill steps)."""
+    with Engine(kv_cache_tokens=8192, disable_radix_cache=True, chunked_prefill_size=chunk,
+                max_prefill_tokens=100) as e:
+        prompts = [[5 + i] * (30 + 17 * i) for i in range(6)]
+        before = e.stats()
+        e.generate(input_ids=prompts, sampling_params={"max_new_tokens": 16, "ignore_eos": True})
+        after = e.stats()
+    assert after.prefill_tokens_computed - before.prefill_tokens_computed == sum(map(len, prompts))
+    # Decode steps are shared: far fewer steps than one per request per token.
+    assert after.num_steps - before.num_steps < 6 * 16

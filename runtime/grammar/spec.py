@@ -1,0 +1,34 @@
+"""What a request asks to be constrained by: a hashable (kind, text) key."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from radixflow.runtime.sampling_params import SamplingParams
+
+KINDS = ("regex", "json_schema", "choices")
+
+
+@dataclass(frozen=True)
+class GrammarKey:
+    """`kind` is one of KINDS; `text` is the regex, the schema as compact JSON (key order kept:
+    it decides the order of generated keys), or the choices as a JSON list."""
+
+    kind: str
+    text: str
+
+
+def grammar_key(sp: SamplingParams) -> GrammarKey | None:
+    """The grammar `sp` constrains output with, or None when unconstrained."""
+    if sp.regex is not None:
+        return GrammarKey("regex", sp.regex)
+    if sp.json_schema is not None:
+        schema = json.loads(sp.json_schema) if isinstance(sp.json_schema, str) else sp.json_schema
+        if not isinstance(schema, dict):
+            raise ValueError("sampling_params.json_schema must be a JSON object")
+        return GrammarKey("json_schema", json.dumps(schema, separators=(",", ":"), ensure_ascii=False))
+    if sp.choices is not None:
+        if not all(isinstance(c, str) and c for c in sp.choices):
+            raise ValueError("sampling_params.choices must be non-empty strings")
+        return GrammarKey("choices", json.dumps(list(sp.choices), ensure_ascii=False))
+    return None
