@@ -47,8 +47,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--demo-size", default="tiny", help="demo model size used when --model is absent")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=30000)
-    serve.add_argument("--served-model-name", default=None, help="model name in the API (default: the path)")
+    serve.add_argument("--served-model-name", default=None,
+                       help="model name in the API (default: the --model path, or radixflow-demo-SIZE)")
     serve.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every request")
+    serve.add_argument("--max-body-bytes", type=int, default=32 * 1024 * 1024, help="larger request bodies get 413")
     serve.add_argument("--log-level", default="info")
     add_engine_flags(serve)
 

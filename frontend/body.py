@@ -1,0 +1,46 @@
+"""Request and response bodies: a size cap (413), strict msgspec decoding (400), JSON encoding."""
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import Response
+
+from radixflow.frontend.errors import APIError, bad_request
+
+DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
+
+
+async def read_body(request: Request) -> bytes:
+    """The whole body, or APIError(413) as soon as it exceeds the app's cap (declared or streamed)."""
+    cap = request.app.state.server.max_body_bytes
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > cap:
+        raise APIError(413, f"request body of {declared} bytes exceeds the limit of {cap} bytes")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > cap:
+            raise APIError(413, f"request body exceeds the limit of {cap} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def read_json(request: Request, schema: Any = dict, rename: dict[str, str] | None = None) -> Any:
+    """Decode the body as JSON into `schema` (a msgspec Struct, or dict). Invalid JSON, wrong
+    types and unknown fields (Structs that forbid them) are 400s naming the field."""
+    raw = await read_body(request)
+    if not raw.strip():
+        raise APIError(400, "the request body is empty; send a JSON object")
+    try:
+        return msgspec.json.decode(raw, type=schema)
+    except msgspec.ValidationError as exc:
+        raise bad_request(exc, rename) from exc
+    except msgspec.DecodeError as exc:
+        raise APIError(400, f"invalid JSON: {exc}") from exc
+
+
+def json_response(obj: Any, status: int = 200) -> Response:
+    """A JSON response from a Struct or plain data, encoded by msgspec."""
+    return Response(msgspec.json.encode(obj), status_code=status, media_type="application/json")

@@ -1,0 +1,59 @@
+"""OpenAI-shaped error bodies: one exception type for every 4xx/5xx the server answers."""
+from __future__ import annotations
+
+import re
+
+import msgspec
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+
+_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+          405: "invalid_request_error", 413: "request_too_large", 503: "service_unavailable"}
+
+
+class APIError(Exception):
+    """Raised anywhere in a route; becomes {"error": {"message", "type", "param", "code"}}."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": _TYPES.get(self.status, "server_error"),
+                          "param": self.param, "code": self.code or str(self.status)}}
+
+    def response(self) -> Response:
+        return Response(msgspec.json.encode(self.body()), status_code=self.status,
+                        media_type="application/json")
+
+
+_PATH = re.compile(r"at `\$\.([A-Za-z_]\w*)|(?:unknown|required) field `([A-Za-z_]\w*)`")
+_SAMPLING_FIELD = re.compile(r"sampling_params\.(\w+)")
+
+
+def bad_request(exc: Exception, rename: dict[str, str] | None = None) -> APIError:
+    """A 400 from a msgspec validation error or an engine ValueError, naming the field when known.
+
+    `rename` maps engine sampling names back to the names the client used (max_new_tokens →
+    max_tokens for OpenAI routes)."""
+    message = str(exc)
+    match = _PATH.search(message) or _SAMPLING_FIELD.search(message)
+    param = next((g for g in match.groups() if g), None) if match else None
+    if rename and param in rename:
+        message = message.replace(f"sampling_params.{param}", rename[param])
+        param = rename[param]
+    return APIError(400, message, param=param)
+
+
+async def api_error_handler(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, APIError)
+    return exc.response()
+
+
+async def http_error_handler(request: Request, exc: Exception) -> Response:
+    """Starlette's own 404/405 (unknown route, wrong method) in the OpenAI shape."""
+    assert isinstance(exc, HTTPException)
+    message = {404: f"no route {request.url.path}",
+               405: f"method {request.method} not allowed on {request.url.path}"}.get(exc.status_code, exc.detail)
+    return APIError(exc.status_code, message).response()

@@ -1,0 +1,55 @@
+"""Pieces both OpenAI endpoints share: model check, launching engine streams, usage, ids."""
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from starlette.requests import Request
+
+from radixflow.frontend.errors import APIError, bad_request
+from radixflow.frontend.openai_sampling import RENAMED
+from radixflow.frontend.openai_schemas import PromptTokensDetails, Usage
+from radixflow.frontend.streams import Fanout, launch
+from radixflow.runtime.sampling_params import SamplingParams
+
+
+def check_model(request: Request, model: str) -> None:
+    server = request.app.state.server
+    if model not in (server.served_model_name, server.engine.model_path):
+        raise APIError(404, f"the model {model!r} does not exist; this server serves "
+                       f"{server.served_model_name!r}", param="model", code="model_not_found")
+
+
+async def start(request: Request, prompts: list[list[int]], sp: SamplingParams,
+                options: dict[str, Any]) -> tuple[Fanout, dict[int, int]]:
+    """Launch n streams per prompt (response index = prompt * n + sample); bad input → 400.
+    Returns the fan-out and the cached_tokens of prompts whose samples shared a prefill."""
+    engine = request.app.state.server.engine
+    try:
+        fanout, cached = await launch(request.receive, engine, prompts, [sp] * len(prompts),
+                                      [options] * len(prompts))
+    except ValueError as exc:
+        raise bad_request(exc, RENAMED) from exc
+    shared = dict(enumerate(cached)) if sp.n > 1 else {}
+    return fanout, shared
+
+
+def usage(metas: dict[int, dict], n: int, shared_cached: dict[int, int]) -> Usage:
+    """Prompt tokens count once per prompt (its n samples share one prefill)."""
+    prompt = completion = cached = 0
+    for index, meta in metas.items():
+        completion += meta["completion_tokens"]
+        if index % n == 0:
+            p = index // n
+            prompt += meta["prompt_tokens"]
+            cached += shared_cached.get(p, meta["cached_tokens"])
+    return Usage(prompt, completion, prompt + completion, PromptTokensDetails(cached))
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def now() -> int:
+    return int(time.time())

@@ -1,0 +1,54 @@
+"""OpenAI request fields → the engine's SamplingParams (one mapping, used by both endpoints)."""
+from __future__ import annotations
+
+from typing import Any
+
+from radixflow.frontend.errors import APIError, bad_request
+from radixflow.frontend.openai_schemas import SHARED_SAMPLING_FIELDS, ResponseFormat
+from radixflow.runtime.sampling_params import SamplingParams
+
+# engine name → OpenAI name, for error messages
+RENAMED = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens"}
+
+
+def response_format_params(fmt: ResponseFormat | None, engine: Any) -> dict[str, Any]:
+    """`response_format` as engine constraints: json_object → json_schema {"type": "object"},
+    json_schema → its schema. 400 while the engine has no constrained decoding."""
+    if fmt is None or fmt.type == "text":
+        return {}
+    if not getattr(engine, "supports_grammar", False):
+        raise APIError(400, f"response_format {fmt.type!r} is not supported yet "
+                       "(constrained decoding is not available in this engine)", param="response_format")
+    if fmt.type == "json_object":
+        return {"json_schema": {"type": "object"}}
+    if fmt.json_schema is None or fmt.json_schema.schema is None:
+        raise APIError(400, "response_format json_schema needs json_schema.schema", param="response_format")
+    return {"json_schema": fmt.json_schema.schema}
+
+
+def _check_openai_ranges(req: Any) -> None:
+    """Limits OpenAI documents that are tighter than the engine's own."""
+    if req.temperature is not None and req.temperature > 2.0:
+        raise APIError(400, "temperature must be in [0, 2]", param="temperature")
+    if req.logit_bias:
+        raise APIError(400, "logit_bias is not supported", param="logit_bias")
+    if req.stream_options is not None and not req.stream:
+        raise APIError(400, "stream_options is only allowed with stream=true", param="stream_options")
+
+
+def sampling_params(req: Any, engine: Any, max_tokens: int | None) -> SamplingParams:
+    """Build and validate the engine's parameters; out-of-range values → 400 naming the field."""
+    _check_openai_ranges(req)
+    params = {name: getattr(req, name) for name in SHARED_SAMPLING_FIELDS}
+    params["max_new_tokens"] = max_tokens
+    params["min_new_tokens"] = req.min_tokens
+    params.update(response_format_params(req.response_format, engine))
+    try:
+        return SamplingParams.from_dict(params)  # None values mean "the engine's default"
+    except ValueError as exc:
+        raise bad_request(exc, RENAMED) from exc
+
+
+def finish_reason(meta: dict) -> str | None:
+    reason = meta.get("finish_reason")
+    return None if reason is None else reason.get("type", "stop")

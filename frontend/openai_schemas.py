@@ -1,0 +1,197 @@
+"""OpenAI request and response schemas (msgspec Structs).
+
+Sampling fields are not restated: their types come from runtime SamplingParams, and every one
+defaults to None ("the engine's default"), so a default lives only in SamplingParams.
+"""
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+from msgspec import Struct
+
+from radixflow.runtime.sampling_params import SamplingParams
+
+# Engine sampling fields an OpenAI request may carry under the engine's own name: OpenAI's
+# (temperature ... n) and the usual vLLM/SGLang extras (top_k ... no_stop_trim).
+SHARED_SAMPLING_FIELDS = (
+    "temperature", "top_p", "n", "stop", "seed", "presence_penalty", "frequency_penalty",
+    "top_k", "min_p", "repetition_penalty", "regex", "json_schema", "ignore_eos", "stop_token_ids",
+    "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim",
+)
+_TYPES = {f.name: f.type for f in msgspec.structs.fields(SamplingParams)}
+
+SamplingFields = msgspec.defstruct(
+    "SamplingFields", [(name, _TYPES[name] | None, None) for name in SHARED_SAMPLING_FIELDS],
+    kw_only=True, forbid_unknown_fields=True, module=__name__)
+
+
+class StreamOptions(Struct, forbid_unknown_fields=True):
+    include_usage: bool = False
+
+
+class JsonSchemaFormat(Struct, forbid_unknown_fields=True):
+    name: str = "response"
+    schema: dict[str, Any] | None = None
+    description: str | None = None
+    strict: bool | None = None
+
+
+class ResponseFormat(Struct, forbid_unknown_fields=True):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class _Common(SamplingFields, kw_only=True, forbid_unknown_fields=True):
+    """Fields both endpoints take besides the sampling ones."""
+
+    model: str
+    max_tokens: int | None = None
+    min_tokens: int | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    response_format: ResponseFormat | None = None
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+
+
+class CompletionRequest(_Common, kw_only=True, forbid_unknown_fields=True):
+    # str | token ids | list of either; element types are checked in completions.py
+    prompt: str | list[str | int | list[int]]
+    echo: bool = False
+    logprobs: int | None = None
+    best_of: int | None = None
+    suffix: str | None = None
+
+
+class TextPart(Struct, forbid_unknown_fields=True):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(Struct):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+
+class ChatRequest(_Common, kw_only=True, forbid_unknown_fields=True):
+    messages: list[ChatMessage]
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    store: bool | None = None
+    metadata: dict[str, str] | None = None
+
+
+# -- responses ------------------------------------------------------------------------------
+
+
+class PromptTokensDetails(Struct):
+    cached_tokens: int
+
+
+class Usage(Struct):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
+
+
+class CompletionLogprobs(Struct):
+    tokens: list[str]
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float] | None]
+    text_offset: list[int]
+
+
+class CompletionChoice(Struct):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None
+    finish_reason: str | None
+
+
+class Completion(Struct, kw_only=True):
+    object: str = "text_completion"
+    id: str
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+
+
+class TopLogprob(Struct):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class TokenLogprob(Struct):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+    top_logprobs: list[TopLogprob]
+
+
+class ChoiceLogprobs(Struct):
+    content: list[TokenLogprob] | None
+
+
+class AssistantMessage(Struct, kw_only=True):
+    role: str = "assistant"
+    content: str | None
+
+
+class ChatChoice(Struct):
+    index: int
+    message: AssistantMessage
+    logprobs: ChoiceLogprobs | None
+    finish_reason: str | None
+
+
+class ChatCompletion(Struct, kw_only=True):
+    object: str = "chat.completion"
+    id: str
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage | None = None
+
+
+class Delta(Struct, omit_defaults=True):
+    role: str | None = None
+    content: str | None = None
+
+
+class ChatChunkChoice(Struct):
+    index: int
+    delta: Delta
+    logprobs: ChoiceLogprobs | None
+    finish_reason: str | None
+
+
+class ChatCompletionChunk(Struct, kw_only=True):
+    object: str = "chat.completion.chunk"
+    id: str
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+
+
+class ModelCard(Struct, kw_only=True):
+    id: str
+    object: str = "model"
+    created: int
+    owned_by: str = "radixflow"
+    root: str
+    max_model_len: int
+
+
+class ModelList(Struct, kw_only=True):
+    object: str = "list"
+    data: list[ModelCard]

@@ -1,0 +1,168 @@
+"""The HTTP server: app factory (engine started and stopped in the lifespan) and `radixflow serve`."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from radixflow.frontend import native
+from radixflow.frontend.body import DEFAULT_MAX_BODY_BYTES, json_response
+from radixflow.frontend.chat import create_chat_completion
+from radixflow.frontend.completions import create_completion
+from radixflow.frontend.errors import APIError, api_error_handler, http_error_handler
+from radixflow.frontend.openai_common import check_model, now
+from radixflow.frontend.openai_schemas import ModelCard, ModelList
+from radixflow.frontend.programs import run_program
+from radixflow.frontend.state import Gate, ServerState
+from radixflow.frontend.streams import ClientGone
+
+log = logging.getLogger(__name__)
+
+EngineOrFactory = Any  # an Engine (the caller owns it) or a zero-argument callable returning one (we own it)
+
+
+def _model_card(request: Request) -> ModelCard:
+    server = request.app.state.server
+    return ModelCard(id=server.served_model_name, created=now(), root=server.engine.model_path,
+                     max_model_len=server.engine.max_context_len)
+
+
+async def list_models(request: Request) -> Response:
+    return json_response(ModelList(data=[_model_card(request)]))
+
+
+async def get_model(request: Request) -> Response:
+    check_model(request, request.path_params["model"])
+    return json_response(_model_card(request))
+
+
+async def metrics(request: Request) -> Response:
+    m = request.app.state.server.metrics
+    return Response(m.render(), media_type=m.content_type)
+
+
+ROUTES = [
+    Route("/v1/completions", create_completion, methods=["POST"]),
+    Route("/v1/chat/completions", create_chat_completion, methods=["POST"]),
+    Route("/v1/models", list_models, methods=["GET"]),
+    Route("/v1/models/{model:path}", get_model, methods=["GET"]),
+    Route("/v1/programs", run_program, methods=["POST"]),
+    Route("/generate", native.generate, methods=["POST"]),
+    Route("/get_model_info", native.get_model_info, methods=["GET"]),
+    Route("/get_server_info", native.get_server_info, methods=["GET"]),
+    Route("/server_info", native.get_server_info, methods=["GET"]),
+    Route("/flush_cache", native.flush_cache, methods=["GET", "POST"]),
+    Route("/health", native.health, methods=["GET"]),
+    Route("/health_generate", native.health_generate, methods=["GET"]),
+    Route("/abort_request", native.abort_request, methods=["POST"]),
+    Route("/concate_and_append_request", native.concate_and_append_request, methods=["POST"]),
+    Route("/metrics", metrics, methods=["GET"]),
+]
+
+
+async def _client_gone(request: Request, exc: Exception) -> Response:
+    return Response(status_code=499)  # nobody is listening; the engine requests were aborted
+
+
+async def _internal_error(request: Request, exc: Exception) -> Response:
+    return APIError(500, f"internal error: {type(exc).__name__}: {exc}").response()
+
+
+def _is_factory(engine_or_factory: EngineOrFactory) -> bool:
+    return callable(engine_or_factory) and not hasattr(engine_or_factory, "generate_stream")
+
+
+async def _start(server: ServerState, engine_or_factory: EngineOrFactory) -> None:
+    try:
+        engine = (await asyncio.to_thread(engine_or_factory) if _is_factory(engine_or_factory)
+                  else engine_or_factory)
+        server.attach(engine)
+    except Exception:  # a model that cannot load: say why, stop serving
+        log.exception("the engine failed to start")
+        server.phase = "failed"
+        if server.on_failure is not None:
+            server.on_failure()
+
+
+def create_app(engine_or_factory: EngineOrFactory, served_model_name: str | None = None,
+               api_key: str | None = None, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+               program_limits: Any = None, health_timeout_s: float = 20.0,
+               on_failure: Callable[[], None] | None = None) -> Starlette:
+    """The ASGI app. Given a factory, the engine is built in the background at start-up (requests
+    get 503 until it is ready) and shut down when the app stops; given an Engine, the caller keeps
+    ownership. `served_model_name` defaults to the engine's model path."""
+    server = ServerState(served_model_name, api_key, max_body_bytes, program_limits, health_timeout_s,
+                         on_failure=on_failure)
+    owned = _is_factory(engine_or_factory)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        starting = asyncio.create_task(_start(server, engine_or_factory))
+        try:
+            yield
+        finally:
+            server.phase = "stopping"
+            server.program_pool.shutdown(wait=False, cancel_futures=True)
+            await starting
+            if owned and server.engine is not None:
+                await asyncio.to_thread(server.engine.shutdown)
+
+    app = Starlette(routes=ROUTES, lifespan=lifespan, middleware=[Middleware(Gate, server=server)],
+                    exception_handlers={APIError: api_error_handler, HTTPException: http_error_handler,
+                                        ClientGone: _client_gone, Exception: _internal_error})
+    app.state.server = server
+    return app
+
+
+class _Server(uvicorn.Server):
+    """Marks the app as stopping on SIGINT/SIGTERM, so requests that still arrive get 503."""
+
+    def __init__(self, config: uvicorn.Config, state: ServerState) -> None:
+        super().__init__(config)
+        self._state = state
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        self._state.phase = "stopping"
+        super().handle_exit(sig, frame)
+
+
+def serve(ns: argparse.Namespace, engine_kwargs: dict[str, Any]) -> int:
+    """`radixflow serve`: build the engine (`--model`, or the demo model of `--demo-size`), serve
+    the app with uvicorn on --host/--port until interrupted. Returns the exit status."""
+    from radixflow.runtime import Engine, EngineConfig, demo_model
+
+    kwargs = dict(engine_kwargs)
+    model = kwargs.pop("model", None)
+    try:
+        path = model or demo_model(ns.demo_size)
+        EngineConfig.from_kwargs(model=path, **kwargs)  # bad flags fail here, before listening
+    except ValueError as exc:
+        log.error("radixflow serve: %s", exc)
+        return 2
+    name = ns.served_model_name or model or f"radixflow-demo-{ns.demo_size}"
+    holder: dict[str, _Server] = {}
+
+    def stop() -> None:
+        holder["server"].should_exit = True
+
+    app = create_app(lambda: Engine(path, **kwargs), name, ns.api_key, on_failure=stop,
+                     max_body_bytes=getattr(ns, "max_body_bytes", DEFAULT_MAX_BODY_BYTES))
+    config = uvicorn.Config(app, host=ns.host, port=ns.port, log_level=ns.log_level.lower(), lifespan="on",
+                            timeout_graceful_shutdown=10)  # then open streams are cancelled (= aborted)
+    server = holder["server"] = _Server(config, app.state.server)
+    log.info("radixflow serving %r from %s at http://%s:%d (OpenAI: /v1, native: /generate, metrics: /metrics)",
+             name, path, ns.host, ns.port)
+    with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises Ctrl-C after its graceful shutdown
+        server.run()
+    return 1 if app.state.server.phase == "failed" else 0

@@ -1,0 +1,80 @@
+"""The server's lifecycle state and the gate every HTTP request passes: 503 unless ready, 401 without the key."""
+from __future__ import annotations
+
+import hmac
+import logging
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from radixflow.frontend.errors import APIError
+from radixflow.frontend.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+OPEN_PATHS = frozenset({"/health", "/metrics"})  # no API key needed (probes, scrapers)
+ALWAYS_PATHS = frozenset({"/metrics"})  # answered while starting or stopping too
+_UNAVAILABLE = {"starting": "the engine is starting; retry shortly", "stopping": "the server is shutting down",
+                "failed": "the engine failed to start; see the server log"}
+
+
+@dataclass
+class ServerState:
+    """What the routes read (`request.app.state.server`). `engine` is set once `phase` is "ready";
+    phases: starting → ready → stopping (or starting → failed)."""
+
+    served_model_name: str | None
+    api_key: str | None
+    max_body_bytes: int
+    program_limits: Any
+    health_timeout_s: float
+    metrics: Metrics = field(default_factory=Metrics)
+    engine: Any = None
+    phase: str = "starting"
+    role_markers: dict[str, Any] | None = None
+    on_failure: Callable[[], None] | None = None
+    # programs block a thread for their whole run: their own pool, so they never starve the
+    # default executor that tokenization and other short calls use
+    program_pool: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(max_workers=64, thread_name_prefix="rf-program"))
+
+    def attach(self, engine: Any) -> None:
+        """Bind the started engine and open for traffic."""
+        self.engine = engine
+        if self.served_model_name is None:
+            self.served_model_name = engine.model_path
+        self.role_markers = engine.tokenizer.role_markers()
+        self.metrics.bind(engine)
+        self.phase = "ready"
+        log.info("engine ready: %s (%s), KV pool %d tokens, max context %d tokens", self.served_model_name,
+                 engine.model_path, engine.stats().kv_slots_total, engine.max_context_len)
+
+
+class Gate:
+    """Pure ASGI middleware (streams pass through untouched): availability, then API key."""
+
+    def __init__(self, app: Any, server: ServerState) -> None:
+        self.app, self.server = app, server
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            error = self._refuse(scope)
+            if error is not None:
+                await error.response()(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+    def _refuse(self, scope: dict) -> APIError | None:
+        path = scope["path"]
+        if self.server.phase != "ready" and path not in ALWAYS_PATHS:
+            return APIError(503, _UNAVAILABLE[self.server.phase])
+        key = self.server.api_key
+        if key is None or path in OPEN_PATHS:
+            return None
+        auth = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
+        scheme, _, token = auth.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
+            return APIError(401, "missing or invalid API key: send 'Authorization: Bearer <key>'",
+                            code="invalid_api_key")
+        return None

@@ -1,0 +1,220 @@
+"""Engine streams over HTTP: n-way fan-out, SSE responses, and abort when the client goes away.
+
+Every generation, streaming or not, runs through `engine.generate_stream`: closing that
+iterator aborts the request, so a cancelled task (client gone) frees its KV slots and locks.
+"""
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import msgspec
+
+from radixflow.runtime.sampling_params import SamplingParams
+
+T = TypeVar("T")
+Receive = Callable[[], Awaitable[dict]]
+
+
+class ClientGone(Exception):
+    """The HTTP client disconnected; its requests were aborted."""
+
+
+@dataclass
+class Job:
+    """One engine stream: `index` is its position in the response (prompt * n + sample)."""
+
+    index: int
+    input_ids: list[int]
+    sampling: SamplingParams
+    options: dict[str, Any] = field(default_factory=dict)  # logprob keys, rid
+
+
+def expand(prompts: list[list[int]], sampling: list[SamplingParams], options: list[dict[str, Any]]) -> list[Job]:
+    """One job per (prompt, sample); sample j of n gets seed + j and rid `rid-j`, as the engine does."""
+    jobs = []
+    for p, (ids, sp, opts) in enumerate(zip(prompts, sampling, options)):
+        for j in range(sp.n):
+            child = sp if sp.n == 1 else msgspec.structs.replace(
+                sp, n=1, seed=None if sp.seed is None else sp.seed + j)
+            child_opts = dict(opts)
+            if sp.n > 1 and opts.get("rid") is not None:
+                child_opts["rid"] = f"{opts['rid']}-{j}"
+            jobs.append(Job(p * sp.n + j, ids, child, child_opts))
+    return jobs
+
+
+async def prefill(engine: Any, prompts: list[list[int]]) -> list[int]:
+    """Prefill-only requests (max_new_tokens 0), so n samples of a prompt share one prefill.
+    Returns each prompt's cached_tokens before this request."""
+    warm = SamplingParams.from_dict({"max_new_tokens": 0})
+
+    async def one(ids: list[int]) -> int:
+        last: dict = {}
+        async for last in engine.generate_stream(input_ids=ids, sampling_params=warm):
+            pass
+        return int(last["meta_info"]["cached_tokens"])
+
+    return list(await asyncio.gather(*(one(ids) for ids in prompts)))
+
+
+_END = object()
+
+
+class Fanout:
+    """Runs jobs concurrently; iterate for (index, chunk) in arrival order. `start()` returns once
+    every job produced its first chunk, so input errors (ValueError) surface before a response
+    begins. `close()` cancels what is still running (the engine aborts those requests)."""
+
+    def __init__(self, engine: Any, jobs: list[Job]) -> None:
+        self.engine, self.jobs = engine, jobs
+        self._queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
+        self._started = [asyncio.Event() for _ in jobs]
+        self._tasks: list[asyncio.Task] = []
+        self._errors: list[Exception] = []
+
+    async def start(self) -> None:
+        self._tasks = [asyncio.create_task(self._pump(job, ev)) for job, ev in zip(self.jobs, self._started)]
+        try:
+            await asyncio.gather(*(ev.wait() for ev in self._started))
+        except BaseException:
+            await self.close()
+            raise
+        if self._errors:
+            await self.close()
+            raise self._errors[0]
+
+    async def _pump(self, job: Job, started: asyncio.Event) -> None:
+        stream = self.engine.generate_stream(input_ids=job.input_ids, sampling_params=job.sampling, **job.options)
+        try:
+            async for chunk in stream:
+                self._queue.put_nowait((job.index, chunk))
+                started.set()
+            self._queue.put_nowait((job.index, _END))
+        except Exception as exc:  # handed to start() or the iterating side, which raise it
+            self._errors.append(exc)
+            self._queue.put_nowait((job.index, exc))
+        finally:
+            started.set()
+            await stream.aclose()
+
+    async def __aiter__(self) -> AsyncIterator[tuple[int, dict]]:
+        remaining = len(self.jobs)
+        while remaining:
+            index, item = await self._queue.get()
+            if item is _END:
+                remaining -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield index, item
+
+    async def collect(self) -> list[dict]:
+        """Every job's final result (native shape, logprob lists complete), in index order."""
+        results: dict[int, dict] = {}
+        async for index, chunk in self:
+            results[index] = merge_chunk(results.get(index), chunk)
+        return [results[job.index] for job in sorted(self.jobs, key=lambda j: j.index)]
+
+    async def finish(self, receive: Receive | None) -> list[dict]:
+        """collect(), aborted (ClientGone) if the client disconnects first; always closes."""
+        try:
+            return await until_disconnect(receive, self.collect())
+        finally:
+            await self.close()
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+_INCREMENTAL = ("output_token_logprobs", "output_top_logprobs")
+
+
+def merge_chunk(acc: dict | None, chunk: dict) -> dict:
+    """Fold a stream chunk into the result so far: text/ids/counts are cumulative, output
+    logprob lists are per-chunk (concatenated), input logprobs come only in the first chunk."""
+    if acc is None:
+        return {**chunk, "meta_info": dict(chunk["meta_info"])}
+    meta = dict(chunk["meta_info"])
+    for key in _INCREMENTAL:
+        if key in meta:
+            meta[key] = acc["meta_info"].get(key, []) + meta[key]
+    for key in ("input_token_logprobs", "input_top_logprobs"):
+        if key in acc["meta_info"] and key not in meta:
+            meta[key] = acc["meta_info"][key]
+    return {**chunk, "meta_info": meta}
+
+
+async def _wait_disconnect(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def until_disconnect(receive: Receive | None, work: Awaitable[T]) -> T:
+    """Await `work`, cancelling it (and raising ClientGone) if the client disconnects first.
+    Call only after the request body has been read. `receive=None`: no client to watch."""
+    if receive is None:
+        return await work
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_wait_disconnect(receive))
+    try:
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if task in done:
+            return task.result()
+        raise ClientGone()
+    finally:
+        for t in (task, watcher):
+            t.cancel()
+        await asyncio.gather(task, watcher, return_exceptions=True)
+
+
+def sse(data: Any) -> bytes:
+    return b"data: " + (data if isinstance(data, bytes) else msgspec.json.encode(data)) + b"\n\n"
+
+
+SSE_DONE = b"data: [DONE]\n\n"
+
+
+class EventStream:
+    """An SSE response over `events` (already-framed bytes). If the client disconnects, the
+    iterator is closed, which closes the engine streams behind it (abort)."""
+
+    def __init__(self, events: AsyncIterator[bytes]) -> None:
+        self.events = events
+
+    async def __call__(self, scope: dict, receive: Receive, send: Callable[[dict], Awaitable[None]]) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": [
+            (b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
+            (b"x-accel-buffering", b"no")]})
+
+        async def pump() -> None:
+            async for data in self.events:
+                await send({"type": "http.response.body", "body": data, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+        try:
+            await until_disconnect(receive, pump())
+        except ClientGone:
+            pass
+        finally:
+            await self.events.aclose()  # type: ignore[attr-defined]
+
+
+async def launch(receive: Receive | None, engine: Any, prompts: list[list[int]], sampling: list[SamplingParams],
+                 options: list[dict[str, Any]]) -> tuple[Fanout, list[int]]:
+    """Validate every prompt, prefill prompts with n > 1 once, then start all streams.
+
+    Returns the running fan-out and, per prompt with n > 1 (in order), its cached_tokens before
+    this request. ValueError (bad input) and ClientGone propagate; nothing is left running then.
+    """
+    for ids, sp in zip(prompts, sampling):
+        engine.validate_prompt(ids, sp)
+    shared = [ids for ids, sp in zip(prompts, sampling) if sp.n > 1]
+    cached = await until_disconnect(receive, prefill(engine, shared)) if shared else []
+    fanout = Fanout(engine, expand(prompts, sampling, options))
+    await until_disconnect(receive, fanout.start())
+    return fanout, cached

@@ -1,0 +1,99 @@
+"""The error matrix: OpenAI-shaped bodies, the right status, and the engine keeps serving."""
+from __future__ import annotations
+
+import httpx
+import pytest
+
+MODEL_NAME = "tiny"  # the conftest server's
+
+CHAT = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+COMP = {"model": MODEL_NAME, "prompt": "hi", "max_tokens": 2}
+
+
+def _error(r: httpx.Response, status: int, param: str | None = None) -> dict:
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"]
+    if param is not None:
+        assert err["param"] == param, err
+    return err
+
+
+@pytest.mark.parametrize("path, body, param", [
+    ("/v1/completions", {**COMP, "max_tokens": "5"}, "max_tokens"),
+    ("/v1/completions", {**COMP, "temperature": -1}, "temperature"),
+    ("/v1/completions", {**COMP, "temperature": 3}, "temperature"),
+    ("/v1/completions", {**COMP, "top_p": 0}, "top_p"),
+    ("/v1/completions", {**COMP, "max_tokens": -1}, "max_tokens"),
+    ("/v1/completions", {**COMP, "n": 0}, "n"),
+    ("/v1/completions", {**COMP, "logprobs": 50}, "logprobs"),
+    ("/v1/completions", {**COMP, "prompt": []}, "prompt"),
+    ("/v1/completions", {**COMP, "prompt": ["a", 1]}, "prompt"),
+    ("/v1/completions", {**COMP, "frobnicate": 1}, "frobnicate"),
+    ("/v1/completions", {"prompt": "x"}, "model"),
+    ("/v1/chat/completions", {**CHAT, "messages": []}, "messages"),
+    ("/v1/chat/completions", {**CHAT, "messages": [{"role": "wizard", "content": "x"}]}, "messages"),
+    ("/v1/chat/completions", {**CHAT, "top_logprobs": 2}, "top_logprobs"),
+    ("/v1/chat/completions", {**CHAT, "response_format": {"type": "json_schema"}}, "response_format"),
+    ("/v1/chat/completions", {**CHAT, "response_format": {"type": "yaml"}}, "response_format"),
+    ("/v1/chat/completions", {**CHAT, "presence_penalty": 5}, "presence_penalty"),
+    ("/v1/chat/completions", {**CHAT, "tools": [{"type": "function"}]}, "tools"),
+    ("/generate", {"text": "x", "sampling_params": {"max_new_tokens": -1}}, "max_new_tokens"),
+    ("/generate", {"text": "x", "sampling_params": {"bogus": 1}}, None),
+    ("/generate", {"sampling_params": {}}, "text"),
+    ("/generate", {"input_ids": [10 ** 9]}, None),
+    ("/generate", {"text": "x", "stream": True, "top_logprobs_num": -1}, "top_logprobs_num"),
+    ("/v1/programs", {"program": {"ops": "nope"}}, "program"),
+])
+def test_bad_requests_are_400(client, path, body, param):
+    _error(client.post(path, json=body), 400, param)
+
+
+def test_invalid_json_and_empty_body(client):
+    _error(client.post("/v1/completions", content=b"{not json", headers={"content-type": "application/json"}), 400)
+    _error(client.post("/generate", content=b""), 400)
+    _error(client.post("/v1/chat/completions", content=b"[1, 2]"), 400)
+
+
+def test_prompt_longer_than_max_model_len(client, engine):
+    long_ids = [5] * (engine.max_context_len + 1)
+    err = _error(client.post("/v1/completions", json={**COMP, "prompt": long_ids}), 400)
+    assert "max_model_len" in err["message"]
+    _error(client.post("/generate", json={"input_ids": long_ids, "stream": True}), 400)
+
+
+def test_auth(server):
+    with httpx.Client(base_url=server.url) as c:
+        _error(c.post("/v1/completions", json=COMP), 401)
+        _error(c.get("/v1/models", headers={"Authorization": "Bearer wrong"}), 401)
+        _error(c.post("/generate", json={"text": "x"}, headers={"Authorization": "Basic test-key"}), 401)
+        assert c.get("/health").status_code == 200  # probes need no key
+        assert c.get("/metrics").status_code == 200
+
+
+def test_unknown_model_and_route(client):
+    err = _error(client.post("/v1/completions", json={**COMP, "model": "gpt-9"}), 404, "model")
+    assert err["code"] == "model_not_found"
+    _error(client.get("/v1/models/gpt-9"), 404)
+    _error(client.get("/v1/nothing-here"), 404)
+    _error(client.get("/v1/completions"), 405)
+
+
+def test_body_too_large(client):
+    big = {**COMP, "prompt": "x" * (300 * 1024)}  # the test server caps bodies at 256 KiB
+    _error(client.post("/v1/completions", json=big), 413)
+
+    def chunks():  # no content-length: the cap applies while streaming the body in
+        for _ in range(40):
+            yield b" " * 8192
+
+    _error(client.post("/generate", content=chunks()), 413)
+
+
+def test_engine_keeps_serving_after_errors(client, engine):
+    for body in ({**COMP, "n": -3}, {**COMP, "model": "nope"}, {**COMP, "stop": [""]}):
+        assert client.post("/v1/completions", json=body).status_code in (400, 404)
+    ok = client.post("/v1/completions", json=COMP)
+    assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 2
+    engine.check_accounting()
+    assert engine.accounting_failures == []

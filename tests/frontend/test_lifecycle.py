@@ -1,0 +1,70 @@
+"""503 while the engine starts and while stopping; an engine built by a factory is shut down with the app."""
+from __future__ import annotations
+
+import threading
+
+import httpx
+
+from radixflow.frontend.server import create_app
+
+
+class Borrowed:
+    """The shared engine, with shutdown() recorded instead of done."""
+
+    def __init__(self, engine) -> None:
+        self._engine, self.was_shut_down = engine, False
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)
+
+    def shutdown(self) -> None:
+        self.was_shut_down = True
+
+
+def test_503_while_starting_then_ready_then_stopping(engine, request):
+    live_server = request.getfixturevalue("server").__class__
+    release = threading.Event()
+    borrowed = Borrowed(engine)
+
+    def factory():
+        release.wait(30)
+        return borrowed
+
+    app = create_app(factory, "tiny-2")
+    live = live_server(app).start(wait_ready=False)
+    try:
+        with httpx.Client(base_url=live.url, timeout=30) as c:
+            for path in ("/health", "/v1/models"):
+                r = c.get(path)
+                assert r.status_code == 503 and r.json()["error"]["type"] == "service_unavailable"
+            release.set()
+            live.start_wait_ready()
+            assert c.get("/v1/models").json()["data"][0]["id"] == "tiny-2"
+            out = c.post("/v1/completions", json={"model": "tiny-2", "prompt": "x", "max_tokens": 2})
+            assert out.status_code == 200
+            app.state.server.phase = "stopping"
+            assert c.get("/health").status_code == 503
+            app.state.server.phase = "ready"
+    finally:
+        release.set()
+        live.stop()
+    assert borrowed.was_shut_down
+
+
+def test_engine_that_fails_to_start(request):
+    live_server = request.getfixturevalue("server").__class__
+    failed = []
+
+    def factory():
+        raise ValueError("no such model")
+
+    app = create_app(factory, on_failure=lambda: failed.append(True))
+    live = live_server(app).start(wait_ready=False)
+    try:
+        with httpx.Client(base_url=live.url, timeout=30) as c:
+            while not failed:
+                threading.Event().wait(0.01)
+            r = c.get("/v1/models")
+            assert r.status_code == 503 and "failed to start" in r.json()["error"]["message"]
+    finally:
+        live.stop()

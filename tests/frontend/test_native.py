@@ -1,0 +1,94 @@
+"""The SGLang-compatible native API over httpx."""
+from __future__ import annotations
+
+import json
+
+API_KEY = "test-key"  # the conftest server's
+
+
+def _sse(response) -> list:
+    events = [line[len("data: "):] for line in response.iter_lines() if line]
+    assert events[-1] == "[DONE]"
+    return [json.loads(e) for e in events[:-1]]
+
+
+def test_generate_text_and_logprobs(client, engine):
+    r = client.post("/generate", json={
+        "text": "The quick brown", "sampling_params": {"max_new_tokens": 4, "temperature": 0},
+        "return_logprob": True, "top_logprobs_num": 2, "return_text_in_logprobs": True, "rid": "native-1"})
+    assert r.status_code == 200, r.text
+    out = r.json()
+    meta = out["meta_info"]
+    n_prompt = len(engine.tokenizer.encode("The quick brown"))
+    assert meta["id"] == "native-1" and meta["prompt_tokens"] == n_prompt and meta["completion_tokens"] == 4
+    assert meta["finish_reason"] == {"type": "length", "length": 4}
+    assert len(out["output_ids"]) == 4
+    assert meta["input_token_logprobs"][0][0] is None and len(meta["input_token_logprobs"]) == n_prompt
+    assert [e[1] for e in meta["output_token_logprobs"]] == out["output_ids"]
+    assert all(isinstance(e[2], str) for e in meta["output_token_logprobs"])
+    assert all(len(t) == 2 for t in meta["output_top_logprobs"])
+    same = engine.generate("The quick brown", {"max_new_tokens": 4, "temperature": 0})
+    assert out["text"] == same["text"]
+
+
+def test_generate_batch_input_ids_and_n(client, engine):
+    ids = [engine.tokenizer.encode("one"), engine.tokenizer.encode("two")]
+    r = client.post("/generate", json={"input_ids": ids, "sampling_params": {"max_new_tokens": 2}})
+    assert [o["meta_info"]["prompt_tokens"] for o in r.json()] == [len(i) for i in ids]
+    r = client.post("/generate", json={"text": "three", "sampling_params": {"max_new_tokens": 2, "n": 3}})
+    assert len(r.json()) == 3
+    r = client.post("/generate", json={"text": ["a", "b"], "sampling_params": [{"max_new_tokens": 1},
+                                                                                {"max_new_tokens": 2}]})
+    assert [o["meta_info"]["completion_tokens"] for o in r.json()] == [1, 2]
+
+
+def test_prefill_only_then_cached(client):
+    prompt = "A shared system prompt that the cache keeps between requests. " * 3
+    first = client.post("/generate", json={"text": prompt, "sampling_params": {"max_new_tokens": 0}}).json()
+    assert first["text"] == "" and first["output_ids"] == [] and first["meta_info"]["completion_tokens"] == 0
+    second = client.post("/generate", json={"text": prompt, "sampling_params": {"max_new_tokens": 2}}).json()
+    assert second["meta_info"]["cached_tokens"] > 0
+    assert second["meta_info"]["cached_tokens"] >= second["meta_info"]["prompt_tokens"] - 1
+
+
+def test_generate_stream_cumulative(client):
+    body = {"text": "Stream me", "sampling_params": {"max_new_tokens": 5, "temperature": 0}, "stream": True,
+            "return_logprob": True, "logprob_start_len": -1}
+    with client.stream("POST", "/generate", json=body) as r:
+        chunks = _sse(r)
+    texts = [c["text"] for c in chunks]
+    assert all(b.startswith(a) for a, b in zip(texts, texts[1:]))
+    assert [c["meta_info"]["output_token_logprobs_length"] for c in chunks] == \
+        [c["meta_info"]["completion_tokens"] for c in chunks]
+    assert sum(len(c["meta_info"]["output_token_logprobs"]) for c in chunks) == 5
+    assert chunks[-1]["meta_info"]["finish_reason"]["type"] == "length"
+    whole = client.post("/generate", json={**body, "stream": False}).json()
+    assert whole["text"] == texts[-1]
+
+
+def test_info_routes(client, engine):
+    info = client.get("/get_model_info").json()
+    assert info["model_path"] == engine.model_path and info["is_generation"] is True
+    assert info["role_markers"] == engine.tokenizer.role_markers()
+    for path in ("/get_server_info", "/server_info"):
+        data = client.get(path).json()
+        assert data["kv_cache_tokens"] == engine.stats().kv_slots_total and data["config"]["kv_cache_tokens"] == 4096
+    assert client.post("/flush_cache").status_code == 200
+    assert client.get("/health").status_code == 200
+    assert client.get("/health_generate").status_code == 200
+    assert client.post("/abort_request", json={"rid": "nobody"}).status_code == 200
+    assert client.post("/concate_and_append_request", json={"src_rids": ["a"], "dst_rid": "b"}).status_code == 200
+    engine.check_accounting()
+
+
+def test_lang_endpoint_backend_runs_a_program(server):
+    import radixflow.lang as rf
+
+    @rf.function
+    def qa(s, question):
+        s += rf.user(question)
+        s += rf.assistant(rf.gen("answer", max_tokens=4, temperature=0))
+
+    with rf.Endpoint(server.url, api_key=API_KEY) as backend:
+        state = qa.run(question="Why?", backend=backend)
+    assert isinstance(state["answer"], str) and "Why?" in state.text()

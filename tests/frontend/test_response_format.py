@@ -1,0 +1,38 @@
+"""response_format: mapped onto the engine's json_schema when it has constrained decoding, else 400."""
+from __future__ import annotations
+
+import json
+import types
+
+import pytest
+
+from radixflow.frontend.errors import APIError
+from radixflow.frontend.openai_sampling import response_format_params
+from radixflow.frontend.openai_schemas import JsonSchemaFormat, ResponseFormat
+
+SCHEMA = {"enum": ["yes", "no"]}
+
+
+def test_mapping_and_switch():
+    with_grammar, without = types.SimpleNamespace(supports_grammar=True), types.SimpleNamespace()
+    assert response_format_params(None, without) == {}
+    assert response_format_params(ResponseFormat("text"), without) == {}
+    assert response_format_params(ResponseFormat("json_object"), with_grammar) == {"json_schema": {"type": "object"}}
+    fmt = ResponseFormat("json_schema", JsonSchemaFormat(name="yn", schema=SCHEMA))
+    assert response_format_params(fmt, with_grammar) == {"json_schema": SCHEMA}
+    for f in (fmt, ResponseFormat("json_object")):
+        with pytest.raises(APIError, match="not supported yet") as info:
+            response_format_params(f, without)
+        assert info.value.status == 400 and info.value.param == "response_format"
+
+
+def test_json_schema_over_http(client, engine):
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "yes or no?"}], "max_tokens": 8,
+            "temperature": 0, "response_format": {"type": "json_schema",
+                                                  "json_schema": {"name": "yn", "schema": SCHEMA}}}
+    r = client.post("/v1/chat/completions", json=body)
+    if not getattr(engine, "supports_grammar", False):
+        assert r.status_code == 400 and "not supported yet" in r.json()["error"]["message"]
+        return
+    assert r.status_code == 200, r.text
+    assert json.loads(r.json()["choices"][0]["message"]["content"]) in ("yes", "no")
