@@ -17,6 +17,10 @@ from radixflow.runtime.forward_batch import ForwardBatch
 from radixflow.runtime.kv_pool import KVPool
 
 ENV_BACKEND = "RADIXFLOW_ATTENTION_BACKEND"
+# Decode splits the context into this many parts so that small batches still fill a GPU
+# (benchmarks/kernels.py sweeps the count); the interpreter pays per program, so it gets fewer.
+CUDA_KV_SPLITS = 8
+INTERPRETER_KV_SPLITS = 2
 
 
 def resolve_backend(requested: str, device: torch.device) -> str:
@@ -27,6 +31,10 @@ def resolve_backend(requested: str, device: torch.device) -> str:
     if choice == "auto":
         return "triton" if device.type == "cuda" else "torch"
     return choice
+
+
+def default_kv_splits(device: torch.device) -> int:
+    return CUDA_KV_SPLITS if device.type == "cuda" else INTERPRETER_KV_SPLITS
 
 
 @dataclass(frozen=True)
@@ -45,7 +53,7 @@ class AttentionOps:
 class PoolAttention:
     """The model's AttentionFn over a KVPool. Holds no per-step state."""
 
-    def __init__(self, pool: KVPool, ops: AttentionOps, sm_scale: float, num_kv_splits: int = 8) -> None:
+    def __init__(self, pool: KVPool, ops: AttentionOps, sm_scale: float, num_kv_splits: int = CUDA_KV_SPLITS) -> None:
         self.pool, self.ops, self.sm_scale = pool, ops, sm_scale
         self.num_kv_splits = num_kv_splits
 

@@ -24,7 +24,7 @@ class EngineConfig:
     """User-facing engine settings. Validated on construction; never mutated afterwards."""
 
     model: str | None = _opt(None, "Hugging Face format model directory (absent: the tiny demo model).")
-    load_format: str = _opt("auto", "Weights: auto = the model directory's safetensors; dummy = random weights from config.json alone (speed benchmarks).", LOAD_FORMATS)
+    load_format: str = _opt("auto", "Weights: auto = the model's safetensors; dummy = random, from config.json alone (benchmarks).", LOAD_FORMATS)
     dtype: str = _opt("auto", "Weight and activation dtype; auto = float32 on CPU, the checkpoint's on CUDA.", DTYPES)
     device: str = _opt("auto", "Where the model runs; auto = cuda when available.", DEVICES)
     seed: int = _opt(0, "Seed for sampling of requests that give no seed of their own.")

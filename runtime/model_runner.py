@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from radixflow.runtime.attention import AttentionOps, PoolAttention, resolve_backend
+from radixflow.runtime.attention import AttentionOps, PoolAttention, default_kv_splits, resolve_backend
 from radixflow.runtime.config import EngineConfig
 from radixflow.runtime.cuda_graph import CudaGraphCapture, DecodeGraphRunner
 from radixflow.runtime.forward_batch import ForwardBatch
@@ -69,7 +69,8 @@ def kv_pool_tokens(cfg: EngineConfig, args: ModelArgs, shape: RuntimeShape, fp8:
     if budget < per_token * 1024:
         raise ValueError(f"mem_fraction={cfg.mem_fraction} leaves {budget / 2**30:.2f} GiB for the KV "
                          "cache after the weights: raise it or use a smaller model")
-    return int(budget // per_token)
+    # More slots than every running request could fill at full context only grow the free list.
+    return int(min(budget // per_token, cfg.max_num_seqs * shape.max_context_len))
 
 
 class ModelRunner:
@@ -89,7 +90,8 @@ class ModelRunner:
                               self.args.head_dim, self.shape.dtype, dev, fp8=fp8)
         self.req_pool = ReqToTokenPool(cfg.max_num_seqs, self.shape.max_context_len, dev)
         ops = AttentionOps.for_backend(self.shape.attention_backend)
-        self.attention = PoolAttention(self.kv_pool, ops, 1.0 / math.sqrt(self.args.head_dim))
+        self.attention = PoolAttention(self.kv_pool, ops, 1.0 / math.sqrt(self.args.head_dim),
+                                       default_kv_splits(dev))
         log.info("KV pool: %d tokens (%s, %s), max context %d, attention backend %s",
                  num_tokens, "fp8_e4m3" if fp8 else self.shape.dtype, dev,
                  self.shape.max_context_len, self.shape.attention_backend)

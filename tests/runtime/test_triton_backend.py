@@ -68,7 +68,8 @@ def test_environment_variable_selects_backend(monkeypatch):
         assert engine.runner.shape.attention_backend == "torch"
 
 
-def _teacher_forced_logprobs(kv_cache_dtype: str, prompts: list[list[int]], outputs: list[list[int]]) -> list[list[float]]:
+def _teacher_forced_logprobs(kv_cache_dtype: str, prompts: list[list[int]],
+                             outputs: list[list[int]]) -> list[list[float]]:
     """Logprobs the model gives each token of `outputs` after its prompt (one prefill, no sampling)."""
     with Engine(attention_backend="torch", kv_cache_dtype=kv_cache_dtype, **BASE_CONFIG) as engine:
         results = engine.generate(

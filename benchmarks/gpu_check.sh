@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# The GPU check of issue 4, one command on a CUDA machine without network (~6-8 minutes on an H200):
+# install (wheels from .whl/ when present, see fetch_gpu_wheels.sh), `pytest -m gpu`, the kernel
+# benchmark, the engine decode benchmark. Writes into OUT_DIR (flat, at most 8 files, so the device
+# tool brings all of them back):
+#   summary.txt          GPU (nvidia-smi), commit, install notes, step exit codes, benchmark tables
+#   pytest_gpu.log/.xml  `pytest -m gpu` output and junit report
+#   kernels.json/.log    benchmarks/kernels.py
+#   engine_decode.json/.log  benchmarks/engine_decode.py
+# Usage: benchmarks/gpu_check.sh OUT_DIR
+#   RADIXFLOW_COMMIT=<sha>      names the commit where .git is absent
+#   RADIXFLOW_SKIP_INSTALL=1    use the radixflow already importable (a dry run of the script's flow)
+set -uo pipefail
+if [ $# -ne 1 ]; then echo "usage: $0 OUT_DIR" >&2; exit 2; fi
+cd "$(dirname "$0")/.."
+mkdir -p "$1"
+OUT=$(cd "$1" && pwd)
+SUMMARY="$OUT/summary.txt"
+export PYTHONUNBUFFERED=1
+PY=${PYTHON:-python3}
+: >"$SUMMARY"
+note() { echo "$*" | tee -a "$SUMMARY"; }
+
+note "== radixflow GPU check, $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+note "gpu: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | head -1)"
+commit=$(git rev-parse HEAD 2>/dev/null || echo "${RADIXFLOW_COMMIT:-unknown}")
+dirty=$(git status --porcelain 2>/dev/null | wc -l)
+note "commit: $commit (uncommitted changes: $dirty files)"
+
+# -- install -------------------------------------------------------------------------------------
+if [ "${RADIXFLOW_SKIP_INSTALL:-0}" = 1 ]; then
+  note "install: skipped (RADIXFLOW_SKIP_INSTALL=1)"
+elif compgen -G ".whl/*.whl" >/dev/null; then
+  if $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+      >>"$SUMMARY" 2>&1; then
+    export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+    note "wheels: installed $(ls .whl/*.whl | wc -l) from .whl/ into /tmp/site"
+  else
+    note "wheels: install from .whl/ FAILED (tests importing them will not collect)"
+  fi
+else
+  note "wheels: no .whl/ folder (run benchmarks/fetch_gpu_wheels.sh where there is network)"
+fi
+if [ "${RADIXFLOW_SKIP_INSTALL:-0}" = 1 ]; then
+  :
+elif $PY -m pip install -q --no-deps --no-build-isolation -e . >>"$SUMMARY" 2>&1; then
+  note "install: pip install -e . ok"
+else
+  # the same import layout as pyproject's package-dir mapping, without installing anything
+  mkdir -p /tmp/rf_path/radixflow
+  for pkg in radix kernels runtime frontend lang; do ln -sfn "$PWD/$pkg" "/tmp/rf_path/radixflow/$pkg"; done
+  export PYTHONPATH=/tmp/rf_path${PYTHONPATH:+:$PYTHONPATH}
+  note "install: pip install -e . FAILED; importing radixflow through /tmp/rf_path symlinks"
+fi
+note "versions: $($PY -c 'import sys, torch, triton; print(sys.version.split()[0], "torch", torch.__version__, "triton", triton.__version__, "cuda", torch.cuda.is_available())' 2>&1)"
+
+# -- steps (each under its own time limit; the JSON files are rewritten as results come) ---------
+step() {  # step NAME LIMIT_S COMMAND...
+  local name=$1 limit=$2 start=$SECONDS
+  shift 2
+  timeout --kill-after=15 "$limit" "$@" >"$OUT/$name.log" 2>&1
+  local rc=$?
+  note "step $name: exit $rc after $((SECONDS - start)) s (limit $limit s)"
+}
+step pytest_gpu 150 $PY -m pytest -m gpu -q -p no:cacheprovider --continue-on-collection-errors \
+  --junitxml="$OUT/pytest_gpu.xml" tests
+step kernels 170 $PY benchmarks/kernels.py --out "$OUT" --time-budget-s 120
+step engine_decode 150 $PY benchmarks/engine_decode.py --out "$OUT" --time-budget-s 100
+
+note ""
+note "== pytest -m gpu"
+tail -n 15 "$OUT/pytest_gpu.log" | tee -a "$SUMMARY"
+note "== kernels"
+if [ -f "$OUT/kernels_summary.txt" ]; then
+  cat "$OUT/kernels_summary.txt" | tee -a "$SUMMARY"
+  rm -f "$OUT/kernels_summary.txt"  # its text is in summary.txt; keeps OUT within 8 files
+else
+  tail -n 20 "$OUT/kernels.log" | tee -a "$SUMMARY"
+fi
+note "== engine decode"
+grep -E "tok/s|speedup" "$OUT/engine_decode.log" | tee -a "$SUMMARY" || tail -n 20 "$OUT/engine_decode.log" | tee -a "$SUMMARY"
+note "== done after $SECONDS s"
