@@ -8,6 +8,7 @@ through per-request callbacks that only hand data over (threading.Event or
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import queue
 import threading
@@ -22,6 +23,7 @@ from radixflow.radix import NullCache, RadixCache
 from radixflow.runtime.config import EngineConfig
 from radixflow.runtime.demo import demo_model
 from radixflow.runtime.detokenizer import IncrementalDetokenizer
+from radixflow.runtime.grammar.compiler import GrammarCompiler
 from radixflow.runtime.model_runner import ModelRunner
 from radixflow.runtime.request import LogprobOptions, Req
 from radixflow.runtime.result import make_result, meta_info
@@ -43,7 +45,11 @@ class Engine:
 
     `Engine()` serves the tiny demo model; `Engine(path, **config)` a Hugging Face directory,
     config names as in EngineConfig. Use as a context manager or call `shutdown()`.
+    Grammars (`regex`, `json_schema`, `choices`) compile in the caller's thread before a request
+    is submitted (cached; a failure or timeout raises ValueError), never on the engine loop.
     """
+
+    supports_grammar = True  # the HTTP server enables response_format / regex / json_schema
 
     def __init__(self, model: str | None = None, **config: Any) -> None:
         self.config = EngineConfig.from_kwargs(model=model, **config)
@@ -58,6 +64,9 @@ class Engine:
             policy=self.config.schedule_policy, lpm_fcfs_threshold=self.config.lpm_fcfs_threshold)
         self.scheduler = Scheduler(limits, self.runner.kv_pool, self.runner.req_pool, cache)
         self.eos_ids = frozenset(self.tokenizer.eos_token_ids) | frozenset(self.runner.args.eos_token_ids)
+        self.grammar = GrammarCompiler(self.tokenizer, self.runner.args.vocab_size, self.eos_ids,
+                                       self.config.grammar_backend, self.config.grammar_timeout_s,
+                                       self.config.jump_forward)
         self._step = StepRunner(self.runner, self.scheduler, self.eos_ids, self.max_context_len,
                                 torch.Generator(self.runner.device).manual_seed(self.config.seed))
         self._inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
@@ -96,6 +105,8 @@ class Engine:
         rids = self._normalize_rids(rid, len(prompts))
         for ids, sp in zip(prompts, sps):
             self.validate_prompt(ids, sp)
+        for sp in sps:  # every grammar compiles (or fails) before anything is submitted
+            self.grammar.compile(sp)
         groups = [self._make_group(ids, sp, opts, r, lora_path) for ids, sp, r in zip(prompts, sps, rids)]
         for group in groups:
             for _, ev in group:
@@ -136,7 +147,10 @@ class Engine:
                 loop.call_soon_threadsafe(chunks.put_nowait, chunk)
 
         opts = LogprobOptions(return_logprob, logprob_start_len, top_logprobs_num)
-        req = self._make_req(prompts[0], sp, opts, self._normalize_rids(rid, 1)[0], lora_path, on_output)
+        make = functools.partial(self._make_req, prompts[0], sp, opts, self._normalize_rids(rid, 1)[0],
+                                 lora_path, on_output)
+        # A grammar compiles in a worker thread: the event loop must not wait for it.
+        req = await loop.run_in_executor(None, make) if sp.is_constrained else make()
         req.stream = True
         self._submit(req)
         done = False
@@ -177,6 +191,7 @@ class Engine:
         self._closed = True
         self._inbox.put(("stop", None))
         self._thread.join(timeout=30)
+        self.grammar.close()
 
     def __enter__(self) -> Engine:
         return self
@@ -238,6 +253,7 @@ class Engine:
                                                  prefix_ids=ids)
         if sp.seed is not None:
             req.generator = torch.Generator(self.runner.device).manual_seed(sp.seed)
+        req.grammar = self.grammar.new_state(sp, opts.return_logprob)
         return req
 
     def _make_group(self, ids: list[int], sp: SamplingParams, opts: LogprobOptions, rid: str | None,

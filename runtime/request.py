@@ -55,7 +55,9 @@ class Req:
 
     `slots[:tree_len]` belong to the radix tree (locked through `last_node`); the rest were
     allocated for this request and are freed or handed to the tree when it finishes.
-    While running between steps, `len(all_ids) == kv_len + 1` once decoding has begun.
+    While running between steps, `len(all_ids) == kv_len + 1` once decoding has begun, or more
+    after grammar jump-forward appended forced tokens (the next step extends them all).
+    `grammar`: a GrammarState (runtime/grammar/state.py) for constrained requests, else None.
     """
 
     rid: str

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 import torch
 
+from radixflow.kernels.logits_mask import apply_token_bitmask, apply_token_bitmask_ref
 from radixflow.runtime.sampling_params import SamplingParams
 
 TopLogprobs = list[tuple[int, float]]
@@ -46,18 +47,28 @@ def top_logprobs(logprobs: torch.Tensor, nums: list[int]) -> list[TopLogprobs]:
 
 
 def sample(logits: torch.Tensor, rows: list[SampleRow], generator: torch.Generator | None,
-           mask: torch.Tensor | None = None) -> SampleResult:
+           bitmask: tuple[torch.Tensor, torch.Tensor] | None = None) -> SampleResult:
     """Choose one token per row of `logits` [B, vocab] (fp32, modified in place).
 
-    `mask` [B, vocab] bool, when given, marks the allowed tokens (grammar); it applies before
-    everything else. Logprobs are of the raw distribution, before penalties and filters.
+    `bitmask`, when given, marks the allowed tokens (grammar), packed: (int32 [R, >= vocab/32]
+    bits, int64 [R] logits rows they apply to), see kernels/logits_mask.py. It applies before
+    everything else. Logprobs are of the raw
+    distribution, before the grammar, penalties and filters.
     """
     want_lp = any(r.want_logprob for r in rows)
     raw_lp = logprobs_of(logits) if want_lp else None
-    if mask is not None:
-        logits.masked_fill_(~mask, float("-inf"))
+    if bitmask is not None:
+        apply = apply_token_bitmask if logits.is_cuda else apply_token_bitmask_ref
+        apply(logits, bitmask[0], bitmask[1])
     _apply_penalties(logits, rows)
+    allowed = logits.clone() if any(r.blocked_ids for r in rows) else None
     _block(logits, rows)
+    if allowed is not None:
+        # A row whose only allowed tokens were blocked (e.g. a grammar that can only end while
+        # min_new_tokens holds EOS back) keeps what the grammar allows rather than nothing.
+        dead = torch.isneginf(logits).all(dim=1)
+        if bool(dead.any()):
+            logits[dead] = allowed[dead]
     tokens = _choose(logits, rows, generator)
     if raw_lp is None:
         return SampleResult(tokens, None, None)

@@ -232,28 +232,33 @@ class Scheduler:
     # -- decode ----------------------------------------------------------------------------
 
     def _schedule_decode(self) -> ScheduledBatch:
+        """One new token per running request; more for one whose grammar appended forced tokens
+        (jump-forward), which turns the step into an extend step for the whole batch."""
         self._make_room_for_decode()
-        batch = ScheduledBatch([], [], [], [], [], is_decode=True)
+        news = [r.seq_len - r.kv_len for r in self.running]
+        batch = ScheduledBatch([], [], [], [], [], is_decode=all(n == 1 for n in news))
         rows, starts, new_slots = [], [], []
-        slots = self._alloc(len(self.running))
+        slots = self._alloc(sum(news))
         assert slots is not None, "decode room was made above"
-        for req, slot in zip(self.running, slots):
+        pos = 0
+        for req, n in zip(self.running, news):
+            mine, pos = slots[pos: pos + n], pos + n
             rows.append(req.row)
             starts.append(req.kv_len)
-            new_slots.append([slot])
+            new_slots.append(mine)
             batch.reqs.append(req)
             batch.prefix_lens.append(req.kv_len)
-            batch.extend_lens.append(1)
+            batch.extend_lens.append(n)
             batch.completes.append(True)
             batch.sample.append(True)
-            req.slots.append(slot)
+            req.slots.extend(mine)
         self.req_pool.write(rows, starts, new_slots)
         self.new_token_ratio = max(NEW_TOKEN_RATIO_MIN, self.new_token_ratio - NEW_TOKEN_RATIO_DECAY)
         return batch
 
     def _make_room_for_decode(self) -> None:
         """Retract the least-advanced requests until every running one can get a slot."""
-        while len(self.running) > self.kv.num_free + self.cache.evictable_size():
+        while sum(r.seq_len - r.kv_len for r in self.running) > self.kv.num_free + self.cache.evictable_size():
             if len(self.running) == 1:
                 req = self.running[0]
                 req.finish({"type": "abort", "message": "KV cache too small for this request"})

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
+from radixflow.runtime.grammar.mask import grammar_bitmask
+from radixflow.runtime.grammar.state import advance as advance_grammar
 from radixflow.runtime.model_runner import ModelRunner
 from radixflow.runtime.output import append_token, finalize_text
 from radixflow.runtime.request import Req
@@ -117,13 +119,21 @@ class StepRunner:
         if not reqs:
             return
         sample_rows = [self._sample_row(r) for r in reqs]
-        result = sample(logits[torch.tensor(rows, device=logits.device)], sample_rows, self.generator)
+        bitmask = grammar_bitmask(reqs, logits.device)
+        result = sample(logits[torch.tensor(rows, device=logits.device)], sample_rows, self.generator,
+                        bitmask=bitmask)
         for i, (req, token) in enumerate(zip(reqs, result.tokens)):
+            if req.grammar is not None and req.grammar.error is not None:
+                req.finish({"type": "abort", "message": req.grammar.error})
+                finalize_text(req)
+                continue
             if result.logprobs is not None and req.logprob.return_logprob:
                 tops = result.top_logprobs[i] if req.logprob.top_logprobs_num else None
                 req.output_logprobs.append((token, result.logprobs[i], tops))
             append_token(req, token, self.eos_ids, self.max_context_len)
             self.generated_tokens += 1
+            if req.grammar is not None:  # may finish req, or append forced tokens (jump-forward)
+                self.generated_tokens += advance_grammar(req, token, self.eos_ids, self.max_context_len)
 
     def _sample_row(self, req: Req) -> SampleRow:
         sp = req.sampling

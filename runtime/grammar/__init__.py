@@ -12,5 +12,19 @@ Map of the package (the engine uses `GrammarCompiler`, `grammar_bitmask` and `ad
     state.py        GrammarState per request, jump-forward plans, `advance` after each token
     mask.py         one batched int32 bitmask per step for the constrained rows
 
+Decisions:
+- Compilation happens in the caller's thread (`Engine.generate`, or an executor thread for
+  `generate_stream`) before the request is submitted, so a failure or a timeout is a ValueError
+  (HTTP 400) and the engine loop never waits; a request not yet compiled is simply not queued.
+- outlines-core builds run in killable worker processes (worker.py explains why and what was
+  measured); llguidance builds run on a thread (its own fuel limits bound them).
+- JSON compiles compact (no optional whitespace) so the bytes between values are forced.
+- Jump-forward and pinning: runs of forced bytes are tokenized the tokenizer's way; with
+  `jump_forward` the tokens are appended without sampling (one extend step), without it each
+  step's mask allows only the next of them. Token sequences, hence greedy outputs, are the
+  same either way (what differs is the number of forward steps, and at temperature > 0 the
+  random draws consumed). The last token of a run is held back unless the run ends the grammar.
+- Regexes follow the backend's syntax (Rust `regex`, where backslash-d is any Unicode digit).
+
 Kept free of imports so the compile worker process starts light.
 """

@@ -1,0 +1,80 @@
+"""GrammarCompiler: the engine's entry point: compile (cached, time-limited) and make request state."""
+from __future__ import annotations
+
+import logging
+import threading
+
+from radixflow.runtime.grammar.backend import CompiledGrammar, GrammarBackend, GrammarError
+from radixflow.runtime.grammar.cache import GrammarCache
+from radixflow.runtime.grammar.spec import grammar_key
+from radixflow.runtime.grammar.state import GrammarState
+from radixflow.runtime.grammar.vocab import TokenVocab
+from radixflow.runtime.sampling_params import SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+class GrammarCompiler:
+    """Compiles grammars for one tokenizer in caller threads (never the engine loop).
+
+    `compile(sp)` blocks its caller for at most about `timeout_s` and raises ValueError with the
+    reason when the grammar is invalid or too slow; the result is cached per (kind, text) — the
+    tokenizer is fixed per compiler, so it is part of the key implicitly. The backend and its
+    vocabulary tables are built on first use.
+    """
+
+    def __init__(self, tokenizer, model_vocab_size: int, eos_ids: frozenset[int], backend: str,
+                 timeout_s: float, jump_forward: bool, cache: GrammarCache | None = None) -> None:
+        self.tokenizer, self.model_vocab_size, self.eos_ids = tokenizer, model_vocab_size, eos_ids
+        self.backend_name, self.timeout_s, self.jump_forward = backend, timeout_s, jump_forward
+        self.cache = cache or GrammarCache()
+        self._backend: GrammarBackend | None = None
+        self._vocab: TokenVocab | None = None
+        self._init_lock = threading.Lock()
+
+    def _ready(self) -> tuple[GrammarBackend, TokenVocab]:
+        with self._init_lock:
+            if self._backend is None:
+                self._vocab = TokenVocab.from_tokenizer(self.tokenizer, self.model_vocab_size, self.eos_ids)
+                if self.backend_name == "llguidance":
+                    from radixflow.runtime.grammar.llguidance_backend import LLGuidanceBackend
+
+                    self._backend = LLGuidanceBackend(self.tokenizer, self._vocab)
+                else:
+                    from radixflow.runtime.grammar.outlines_backend import OutlinesBackend
+
+                    self._backend = OutlinesBackend(self._vocab)
+            return self._backend, self._vocab
+
+    def compile(self, sp: SamplingParams) -> CompiledGrammar | None:
+        """The compiled grammar of `sp` (None when unconstrained). ValueError on failure."""
+        key = grammar_key(sp)
+        if key is None:
+            return None
+        backend, _ = self._ready()
+        # A timeout caused by waiting for a busy worker says nothing about the grammar: not cached.
+        remember = lambda err: getattr(err, "ran_s", self.timeout_s) >= 0.9 * self.timeout_s  # noqa: E731
+        return self.cache.get_or_compile(key, lambda: backend.compile(key, self.timeout_s), remember)
+
+    def new_state(self, sp: SamplingParams, want_logprob: bool) -> GrammarState | None:
+        """A fresh GrammarState for one request of `sp`, or None when it needs none.
+
+        Jump-forward is off for requests asking for logprobs: forced tokens are never sampled,
+        so they would have none (the token sequence is the same either way).
+        """
+        if sp.max_new_tokens == 0:
+            return None
+        compiled = self.compile(sp)
+        if compiled is None:
+            return None
+        _, vocab = self._ready()
+        return GrammarState(compiled.new_matcher(), vocab, jump_forward=self.jump_forward and not want_logprob,
+                            allow_eos=not sp.ignore_eos)
+
+    def close(self) -> None:
+        with self._init_lock:
+            if self._backend is not None:
+                self._backend.close()
+
+
+__all__ = ["GrammarCompiler", "GrammarError"]

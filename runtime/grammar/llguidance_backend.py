@@ -1,0 +1,98 @@
+"""llguidance backend: lazy (derivative-based) lexer + Earley parser; compiles in milliseconds."""
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+
+import llguidance as llg
+
+from radixflow.runtime.grammar.backend import GrammarError
+from radixflow.runtime.grammar.spec import GrammarKey
+from radixflow.runtime.grammar.vocab import TokenVocab
+
+# Compact JSON, as the outlines backend: {"a":1,"b":[2,3]}.
+JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"}
+
+
+def to_grammar(key: GrammarKey) -> str:
+    if key.kind == "regex":
+        return llg.LLMatcher.grammar_from_regex(key.text)
+    if key.kind == "json_schema":
+        return llg.LLMatcher.grammar_from_json_schema(key.text, defaults=JSON_OPTIONS)
+    if key.kind == "choices":
+        return llg.grammar_from("choice", key.text)
+    raise GrammarError(f"unknown grammar kind {key.kind!r}")
+
+
+class LLGuidanceGrammar:
+    def __init__(self, template: llg.LLMatcher, nbytes: int) -> None:
+        self.template, self.nbytes = template, nbytes
+
+    def new_matcher(self) -> LLGuidanceMatcher:
+        return LLGuidanceMatcher(self.template.deep_copy())
+
+
+class LLGuidanceMatcher:
+    def __init__(self, matcher: llg.LLMatcher) -> None:
+        self.m = matcher
+        self.error: str | None = None
+
+    def fill_mask(self, ptr: int, num_words: int) -> None:
+        self.m.unsafe_compute_mask_ptr(ptr, num_words * 4)
+        if self.m.is_error():
+            self.error = f"grammar error: {self.m.get_error()}"
+
+    def accept(self, token: int) -> bool:
+        return self.m.consume_token(token)
+
+    def is_accepting(self) -> bool:
+        return self.m.is_accepting()
+
+    def can_continue(self) -> bool:
+        return not self.m.is_stopped()
+
+    def forced_bytes(self) -> bytes:
+        return b"" if self.m.is_accepting() else self.m.compute_ff_bytes()
+
+    def count_valid(self, tokens: list[int]) -> int:
+        return self.m.validate_tokens(tokens)
+
+    def terminates_after(self, tokens: list[int]) -> bool:
+        if not self.m.consume_tokens(tokens):
+            return False
+        stopped = self.m.is_stopped()
+        self.m.rollback(len(tokens))
+        return stopped
+
+
+class LLGuidanceBackend:
+    """Builds matchers on a thread (llguidance bounds its own work with LLParserLimits, so a
+    timed-out build cannot run away; the caller is answered at `timeout_s` regardless)."""
+
+    def __init__(self, tokenizer, vocab: TokenVocab) -> None:
+        self.tokenizer = llg.LLTokenizer(tokenizer.backend.to_str(), n_vocab=vocab.num_words * 32,
+                                         eos_token=list(vocab.eos_ids) or None)
+        self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="radixflow-llguidance")
+
+    def _build(self, grammar: str) -> LLGuidanceGrammar:
+        matcher = llg.LLMatcher(self.tokenizer, grammar, log_level=0)
+        if matcher.is_error():
+            raise GrammarError(f"grammar does not compile: {matcher.get_error()}")
+        if matcher.is_stopped():
+            raise GrammarError("grammar matches only the empty string: nothing to generate")
+        return LLGuidanceGrammar(matcher, len(grammar) * 4)
+
+    def compile(self, key: GrammarKey, timeout_s: float) -> LLGuidanceGrammar:
+        try:
+            grammar = to_grammar(key)
+        except ValueError as exc:
+            raise GrammarError(f"{key.kind} is not valid: {exc}") from exc
+        future = self._pool.submit(self._build, grammar)
+        try:
+            return future.result(timeout=timeout_s)
+        except FutureTimeout as exc:
+            raise GrammarError(f"{key.kind}: grammar compilation exceeded the {timeout_s:g} s limit") from exc
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)

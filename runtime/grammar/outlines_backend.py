@@ -1,0 +1,174 @@
+"""outlines-core backend: grammar -> regex -> token-level Index (built in a killable worker)."""
+from __future__ import annotations
+
+import json
+import pickle
+
+from outlines_core import Guide, Index
+from outlines_core.json_schema import build_regex_from_schema
+
+from radixflow.runtime.grammar.backend import GrammarError
+from radixflow.runtime.grammar.spec import GrammarKey
+from radixflow.runtime.grammar.vocab import TokenVocab
+from radixflow.runtime.grammar.worker import CompileFailed, CompileTimeout, CompileWorkers
+
+# JSON is compiled with no optional whitespace at all ({"a":1,"b":[2,3]}): every byte between
+# values is then forced, which is what makes jump-forward runs long.
+JSON_WHITESPACE = ""
+MAX_FORCED_BYTES = 4096
+MAX_INTEGER_ENUM = 1000
+_REGEX_META = set("\\.+*?()|[]{}^$#&-~")
+
+
+def escape_literal(text: str) -> str:
+    """A regex (Rust `regex` syntax, as outlines-core parses it) matching exactly `text`."""
+    return "".join("\\" + c if c in _REGEX_META else c for c in text)
+
+
+def bound_integers(schema: object) -> object:
+    """outlines-core ignores `minimum`/`maximum` of integers (any digit run matches); an integer
+    bounded on both sides with at most MAX_INTEGER_ENUM values becomes the equivalent enum."""
+    if isinstance(schema, list):
+        return [bound_integers(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: bound_integers(v) if k not in ("enum", "const") else v for k, v in schema.items()}
+    lo, hi = out.get("minimum"), out.get("maximum")
+    if (out.get("type") == "integer" and isinstance(lo, int) and isinstance(hi, int)
+            and 0 <= hi - lo < MAX_INTEGER_ENUM):
+        rest = {k: v for k, v in out.items() if k not in ("type", "minimum", "maximum")}
+        return {**rest, "enum": list(range(lo, hi + 1))}
+    return out
+
+
+def to_regex(key: GrammarKey) -> str:
+    if key.kind == "regex":
+        return key.text
+    if key.kind == "json_schema":
+        try:
+            schema = json.dumps(bound_integers(json.loads(key.text)))
+            return build_regex_from_schema(schema, whitespace_pattern=JSON_WHITESPACE)
+        except (ValueError, TypeError) as exc:
+            raise GrammarError(f"json_schema is not supported: {exc}") from exc
+    if key.kind == "choices":
+        return "(" + "|".join(escape_literal(c) for c in json.loads(key.text)) + ")"
+    raise GrammarError(f"unknown grammar kind {key.kind!r}")
+
+
+class OutlinesGrammar:
+    """A compiled Index plus per-state facts computed lazily and memoized (engine thread):
+    whether a non-EOS token is allowed, and the forced byte run from the state."""
+
+    def __init__(self, index: Index, vocab: TokenVocab, nbytes: int, eos_id: int) -> None:
+        self.index, self.vocab, self.nbytes, self.eos_id = index, vocab, nbytes, eos_id
+        self._summary: dict[int, tuple[bool, int | None]] = {}
+        self._forced: dict[int, tuple[bytes, int]] = {}
+
+    def new_matcher(self) -> OutlinesMatcher:
+        return OutlinesMatcher(self)
+
+    def summary(self, state: int) -> tuple[bool, int | None]:
+        """(has a non-EOS continuation, the byte every continuation starts with or None)."""
+        hit = self._summary.get(state)
+        if hit is None:
+            allowed = [t for t in self.index.get_allowed_tokens(state) if t != self.eos_id]
+            firsts = {self.vocab.first_byte[t] for t in allowed}
+            forced = firsts.pop() if len(firsts) == 1 and not self.index.is_final_state(state) else None
+            hit = self._summary[state] = (bool(allowed), forced)
+        return hit
+
+    def forced(self, state: int) -> tuple[bytes, int]:
+        """The forced bytes from `state` and the state they lead to.
+
+        A byte is forced when the state is not final and every allowed token starts with it;
+        the walk then follows that byte's single-byte token (tokenizers without one stop there).
+        """
+        hit = self._forced.get(state)
+        if hit is not None:
+            return hit
+        out, s = bytearray(), state
+        while len(out) < MAX_FORCED_BYTES:
+            byte = self.summary(s)[1]
+            tok = self.vocab.single_byte.get(byte) if byte is not None else None
+            nxt = self.index.get_next_state(s, tok) if tok is not None else None
+            if nxt is None:
+                break
+            out.append(byte)
+            s = nxt
+        hit = self._forced[state] = (bytes(out), s)
+        return hit
+
+    def walk(self, state: int, tokens: list[int]) -> tuple[int, int]:
+        """(how many of `tokens` are valid from `state`, the state after them)."""
+        for n, t in enumerate(tokens):
+            nxt = self.index.get_next_state(state, t)
+            if nxt is None:
+                return n, state
+            state = nxt
+        return len(tokens), state
+
+    def is_terminal(self, state: int) -> bool:
+        return self.index.is_final_state(state) and not self.summary(state)[0]
+
+
+class OutlinesMatcher:
+    def __init__(self, grammar: OutlinesGrammar) -> None:
+        self.grammar = grammar
+        self.guide = Guide(grammar.index)
+        self.error: str | None = None
+
+    def fill_mask(self, ptr: int, num_words: int) -> None:
+        self.guide.write_mask_into(ptr, num_words, 4)
+
+    def accept(self, token: int) -> bool:
+        try:
+            self.guide.advance(token, return_tokens=False)
+        except ValueError:
+            return False
+        return True
+
+    def is_accepting(self) -> bool:
+        return self.guide.is_finished()
+
+    def can_continue(self) -> bool:
+        return self.grammar.summary(self.guide.get_state())[0]
+
+    def forced_bytes(self) -> bytes:
+        return self.grammar.forced(self.guide.get_state())[0]
+
+    def count_valid(self, tokens: list[int]) -> int:
+        return self.grammar.walk(self.guide.get_state(), tokens)[0]
+
+    def terminates_after(self, tokens: list[int]) -> bool:
+        n, state = self.grammar.walk(self.guide.get_state(), tokens)
+        return n == len(tokens) and self.grammar.is_terminal(state)
+
+
+class OutlinesBackend:
+    """Compiles in `CompileWorkers` processes; the returned Index is unpickled here."""
+
+    def __init__(self, vocab: TokenVocab, max_workers: int = 2) -> None:
+        self.vocab = vocab
+        # outlines-core takes one EOS id; any id it never sees as a real token will do, since
+        # the engine rewrites the EOS bits of every mask row itself.
+        self.eos_id = vocab.eos_ids[0] if vocab.eos_ids else len(vocab.token_bytes)
+        self.workers = CompileWorkers(self.eos_id, vocab.outlines_map(), max_workers=max_workers)
+
+    def compile(self, key: GrammarKey, timeout_s: float) -> OutlinesGrammar:
+        regex = to_regex(key)
+        try:
+            blob = self.workers.build_index(regex, timeout_s)
+        except CompileTimeout as exc:
+            err = GrammarError(f"{key.kind}: {exc}")
+            err.ran_s = exc.ran_s  # type: ignore[attr-defined]
+            raise err from exc
+        except CompileFailed as exc:
+            raise GrammarError(f"{key.kind} does not compile: {exc}") from exc
+        grammar = OutlinesGrammar(pickle.loads(blob), self.vocab, len(blob), self.eos_id)
+        start = grammar.index.get_initial_state()
+        if not grammar.summary(start)[0]:
+            raise GrammarError(f"{key.kind} matches only the empty string: nothing to generate")
+        return grammar
+
+    def close(self) -> None:
+        self.workers.close()

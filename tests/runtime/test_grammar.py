@@ -1,0 +1,225 @@
+"""Constrained decoding end to end on the tiny demo model: at temperature 1.0 random weights make
+almost every unconstrained token wrong, so every valid output is the grammar's doing."""
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import threading
+import time
+
+import jsonschema
+import pytest
+
+from radixflow.runtime import Engine
+
+N = 200
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 8},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "role": {"enum": ["admin", "user", "guest"]},
+        "active": {"type": "boolean"},
+        "tags": {"type": "array", "items": {"enum": ["a", "b", "cc"]}, "maxItems": 3},
+        "address": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 6},
+                           "zip": {"type": ["string", "null"], "maxLength": 5}},
+            "required": ["city", "zip"],
+            "additionalProperties": False,
+        },
+        "score": {"anyOf": [{"type": "integer", "minimum": -5, "maximum": 5}, {"type": "null"}]},
+    },
+    "required": ["name", "age", "role", "active", "tags", "address", "score"],
+    "additionalProperties": False,  # llguidance follows JSON Schema: extra keys are allowed otherwise
+}
+# NOTE: regexes use Rust `regex` syntax, where \d is any Unicode digit (newer than Python's
+# tables know), so the date is spelled with [0-9].
+DATE = r"(19|20)[0-9]{2}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])"
+EMAIL = r"[a-z0-9]{1,10}@[a-z0-9]{1,8}\.(com|org|net)"
+CHOICES = ["red", "green apple", "blue", "ultraviolet light"]
+# The DFA of "an `a` twenty-four places from the end" has 2^24 states: outlines-core runs for
+# many minutes (measured: n=16 2 s, n=18 8.5 s, growing 4x per step).
+PATHOLOGICAL = {"type": "object", "properties": {"code": {"type": "string", "pattern": "^[ab]*a[ab]{24}$"}},
+                "required": ["code"]}
+
+
+@pytest.fixture(scope="module")
+def engine():
+    with Engine(kv_cache_tokens=65536, grammar_timeout_s=3.0) as e:
+        e.debug_check_accounting = True
+        yield e
+    assert not e.accounting_failures
+
+
+def _stopped(results):
+    return [r["meta_info"]["finish_reason"]["type"] for r in results]
+
+
+def test_four_grammars_200_each_at_temperature_1(engine):
+    """800 requests in one batch: JSON schema, date regex, email regex, choices."""
+    params = ([{"json_schema": PERSON, "max_new_tokens": 256}] * N + [{"regex": DATE, "max_new_tokens": 16}] * N
+              + [{"regex": EMAIL, "max_new_tokens": 40}] * N + [{"choices": CHOICES, "max_new_tokens": 24}] * N)
+    prompts = [f"Item {i}:" for i in range(len(params))]
+    out = engine.generate(prompts, [{"temperature": 1.0, **p} for p in params])
+    assert _stopped(out) == ["stop"] * len(out)
+    texts = [r["text"] for r in out]
+    for text in texts[:N]:
+        jsonschema.validate(json.loads(text), PERSON)
+    assert all(re.fullmatch(DATE, t) for t in texts[N: 2 * N])
+    assert all(re.fullmatch(EMAIL, t) for t in texts[2 * N: 3 * N])
+    assert all(t in CHOICES for t in texts[3 * N:])
+    assert len(set(texts[:N])) > N // 2 and len(set(texts[3 * N:])) == len(CHOICES)  # really sampled
+
+
+def test_mixed_batch_constrained_and_unconstrained(engine):
+    free = {"temperature": 1.0, "max_new_tokens": 24, "ignore_eos": True}
+    params = [{"regex": DATE, "temperature": 1.0, "max_new_tokens": 16}, free] * 20
+    out = engine.generate([f"Mixed {i}" for i in range(len(params))], params)
+    for p, r in zip(params, out):
+        if "regex" in p:
+            assert re.fullmatch(DATE, r["text"])
+        else:
+            assert len(r["output_ids"]) == 24 and r["meta_info"]["finish_reason"]["type"] == "length"
+    assert not any(re.fullmatch(DATE, r["text"]) for r in out[1::2])
+
+
+def test_max_new_tokens_still_bounds_constrained_output(engine):
+    out = engine.generate("Bound:", {"json_schema": PERSON, "max_new_tokens": 5, "temperature": 1.0})
+    assert len(out["output_ids"]) == 5 and out["meta_info"]["finish_reason"]["type"] == "length"
+
+
+def test_eos_only_in_accepting_states_and_ignore_eos(engine):
+    # [0-9]+ accepts after every digit: EOS may end it; with ignore_eos it runs to the limit.
+    out = engine.generate(["Digits:"] * 30, {"regex": "[0-9]+", "max_new_tokens": 12, "ignore_eos": True})
+    assert all(re.fullmatch("[0-9]+", r["text"]) and len(r["output_ids"]) == 12 for r in out)
+    out = engine.generate(["Digits:"] * 30, {"regex": "[0-9]+", "max_new_tokens": 200})
+    assert all(re.fullmatch("[0-9]+", r["text"]) for r in out)
+
+
+def test_invalid_grammars_raise_value_error(engine):
+    with pytest.raises(ValueError, match="regex"):
+        engine.generate("x", {"regex": "(unclosed"})
+    with pytest.raises(ValueError, match="json_schema"):
+        engine.generate("x", {"json_schema": {"type": "no-such-type"}})
+    with pytest.raises(ValueError, match="json_schema"):
+        engine.generate("x", {"json_schema": "{not json"})
+    with pytest.raises(ValueError):
+        engine.generate(["x", "y"], [{"regex": DATE}, {"regex": "[a-"}])  # nothing is submitted
+    assert re.fullmatch(DATE, engine.generate("ok", {"regex": DATE, "max_new_tokens": 16})["text"])
+
+
+def test_pathological_schema_fails_in_time_while_others_complete(engine):
+    done: list[dict] = []
+    other = threading.Thread(target=lambda: done.extend(engine.generate(
+        [f"Busy {i}" for i in range(8)], {"temperature": 1.0, "max_new_tokens": 200, "ignore_eos": True})))
+    other.start()
+    start = time.monotonic()
+    with pytest.raises(ValueError, match="exceeded the 3 s limit"):
+        engine.generate("Code:", {"json_schema": PATHOLOGICAL, "max_new_tokens": 40})
+    elapsed = time.monotonic() - start
+    assert elapsed < 3.0 + 2.0, elapsed  # the limit plus process start-up slack
+    other.join()
+    assert len(done) == 8 and all(len(r["output_ids"]) == 200 for r in done)
+    start = time.monotonic()
+    with pytest.raises(ValueError, match="exceeded"):  # remembered: no second 3 s compile
+        engine.generate("Code:", {"json_schema": PATHOLOGICAL})
+    assert time.monotonic() - start < 0.5
+    assert re.fullmatch(EMAIL, engine.generate("ok", {"regex": EMAIL, "max_new_tokens": 40})["text"])
+
+
+def test_stream_with_grammar(engine):
+    async def run():
+        chunks = []
+        async for c in engine.generate_stream("Stream:", {"json_schema": PERSON, "max_new_tokens": 256}):
+            chunks.append(c)
+        return chunks
+
+    chunks = asyncio.run(run())
+    assert chunks[-1]["meta_info"]["finish_reason"]["type"] == "stop"
+    jsonschema.validate(json.loads(chunks[-1]["text"]), PERSON)
+
+
+def test_n_and_logprobs_with_grammar(engine):
+    out = engine.generate("Many:", {"choices": CHOICES, "n": 4, "max_new_tokens": 24}, return_logprob=True)
+    assert len(out) == 4 and all(r["text"] in CHOICES for r in out)
+    for r in out:  # jump-forward is off for logprob requests: every token has a real logprob
+        lps = r["meta_info"]["output_token_logprobs"]
+        assert len(lps) == len(r["output_ids"]) and all(lp[0] is not None and lp[0] <= 0 for lp in lps)
+
+
+KEY_HEAVY = {
+    "type": "object",
+    "properties": {f"field_number_{i}": {"enum": ["alpha", "beta"]} for i in range(6)}
+    | {"flag": {"type": "boolean"}, "n": {"type": "integer", "minimum": 0, "maximum": 9}},
+    "required": [f"field_number_{i}" for i in range(6)] + ["flag", "n"],
+    "additionalProperties": False,
+}
+
+
+def _greedy_run(jump_forward: bool):
+    with Engine(kv_cache_tokens=8192, jump_forward=jump_forward) as e:
+        params = ([{"json_schema": s, "temperature": 0, "max_new_tokens": 200} for s in (PERSON, KEY_HEAVY)]
+                  + [{"regex": EMAIL, "temperature": 0, "max_new_tokens": 40},
+                     {"choices": CHOICES, "temperature": 0, "max_new_tokens": 24}])
+        prompts = [f"Greedy {i}:" for i in range(len(params))]
+        texts = [r["text"] for r in e.generate(prompts, params)]
+        steps = e.stats().num_steps
+        sampled = e.generate(["T1:"] * 20, {"json_schema": KEY_HEAVY, "max_new_tokens": 200})
+        return texts, steps, [r["text"] for r in sampled]
+
+
+def test_jump_forward_on_off_identical_greedy_and_fewer_steps():
+    on_texts, on_steps, on_sampled = _greedy_run(True)
+    off_texts, off_steps, off_sampled = _greedy_run(False)
+    assert on_texts == off_texts
+    jsonschema.validate(json.loads(on_texts[0]), PERSON)
+    jsonschema.validate(json.loads(on_texts[1]), KEY_HEAVY)
+    assert on_steps < 0.7 * off_steps, (on_steps, off_steps)
+    for text in on_sampled + off_sampled:
+        jsonschema.validate(json.loads(text), KEY_HEAVY)
+
+
+def test_llguidance_backend():
+    with Engine(kv_cache_tokens=8192, grammar_backend="llguidance", grammar_timeout_s=3.0) as e:
+        params = [{"json_schema": PERSON, "max_new_tokens": 256}] * 40 + [{"regex": DATE, "max_new_tokens": 16}] * 40
+        out = e.generate([f"L{i}" for i in range(len(params))], params)
+        assert _stopped(out) == ["stop"] * len(out)
+        for r in out[:40]:
+            jsonschema.validate(json.loads(r["text"]), PERSON)
+        assert all(re.fullmatch(DATE, r["text"]) for r in out[40:])
+        assert all(r["text"] in CHOICES for r in e.generate(["c"] * 10, {"choices": CHOICES, "max_new_tokens": 24}))
+        with pytest.raises(ValueError):
+            e.generate("x", {"regex": "(unclosed"})
+        # llguidance's lazy lexer handles the schema outlines-core cannot compile
+        text = e.generate("p", {"json_schema": PATHOLOGICAL, "max_new_tokens": 60, "temperature": 0})["text"]
+        assert text.startswith('{"code":"')
+        greedy_on = [r["text"] for r in e.generate(["g1", "g2"], {"json_schema": KEY_HEAVY, "temperature": 0,
+                                                                   "max_new_tokens": 200})]
+    with Engine(kv_cache_tokens=8192, grammar_backend="llguidance", jump_forward=False) as e:
+        greedy_off = [r["text"] for r in e.generate(["g1", "g2"], {"json_schema": KEY_HEAVY, "temperature": 0,
+                                                                    "max_new_tokens": 200})]
+    assert greedy_on == greedy_off
+    jsonschema.validate(json.loads(greedy_on[0]), KEY_HEAVY)
+
+
+def test_engine_advertises_grammar_support():
+    assert Engine.supports_grammar is True
+
+
+def test_greedy_grammar_output_survives_retraction_and_chunking():
+    """Forced tokens appended by jump-forward go through retraction and chunked prefill too."""
+    params = {"json_schema": KEY_HEAVY, "temperature": 0, "max_new_tokens": 128}  # outputs ~106 tokens
+    prompts = [f"Retract {i} " * (1 + i % 3) for i in range(12)]
+    outs = []
+    for config in ({}, {"kv_cache_tokens": 600, "max_num_seqs": 12}, {"chunked_prefill_size": 5}):
+        with Engine(**{"kv_cache_tokens": 8192, **config}) as e:
+            e.debug_check_accounting = True
+            results = e.generate(prompts, params)
+            assert _stopped(results) == ["stop"] * len(prompts)
+            outs.append([r["text"] for r in results])
+            if "max_num_seqs" in config:
+                assert e.stats().num_preemptions > 0
+        assert not e.accounting_failures
+    assert outs[0] == outs[1] == outs[2]
