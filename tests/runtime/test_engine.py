@@ -299,3 +299,10 @@ def test_prefill_computes_each_prompt_token_once(chunk):
     assert after.prefill_tokens_computed - before.prefill_tokens_computed == sum(map(len, prompts))
     # Decode steps are shared: far fewer steps than one per request per token.
     assert after.num_steps - before.num_steps < 6 * 16
+
+
+def test_prompt_larger_than_pool_rejected():
+    with Engine(kv_cache_tokens=64) as e:
+        with pytest.raises(ValueError, match="KV cache holds only"):
+            e.generate(input_ids=[5] * 100, sampling_params={"max_new_tokens": 1})
+        assert e.generate(input_ids=[5] * 10, sampling_params={"max_new_tokens": 2})["meta_info"]["completion_tokens"] == 2

@@ -116,3 +116,23 @@ def test_unsupported_architecture(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"]}))
     with pytest.raises(ValueError, match="unsupported architecture.*GPT2LMHeadModel"):
         load_model_args(str(tmp_path))
+
+
+def test_demo_tiny_model_matches_transformers():
+    """The built-in demo model itself: prefill logits and 32 greedy tokens."""
+    from transformers import LlamaForCausalLM
+
+    from radixflow.runtime import Engine, demo_model
+
+    model_dir = demo_model("tiny")
+    hf = LlamaForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32).eval()
+    prompts = [[3067, 100, 200, 300], [3067] + list(range(400, 433))]
+    for p, mine in zip(prompts, _our_logits(model_dir, prompts)):
+        with torch.no_grad():
+            ref = hf(torch.tensor([p])).logits[0].float()
+        assert (mine - ref).abs().max().item() < 1e-4
+    with Engine(model_dir, kv_cache_tokens=2048) as engine:
+        outs = engine.generate(input_ids=prompts,
+                               sampling_params={"max_new_tokens": 32, "temperature": 0, "ignore_eos": True})
+    for p, out in zip(prompts, outs):
+        assert out["output_ids"] == _hf_greedy(hf, p, 32)

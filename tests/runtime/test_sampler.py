@@ -43,3 +43,13 @@ def test_seeded_rows_do_not_depend_on_batch():
     batch = sample(logits.clone(), [seeded(), _row(temperature=1.0), _row(temperature=1.0)],
                    torch.Generator().manual_seed(3)).tokens[0]
     assert alone == batch
+
+
+def test_penalties_move_the_argmax():
+    logits = torch.tensor([[0.0, 3.0, 2.5, 1.0]])
+    row = SampleRow(SamplingParams.from_dict({"temperature": 0, "frequency_penalty": 1.0}), [], [1], None, [])
+    assert sample(logits.clone(), [row], None).tokens == [2]   # 3.0 - 1.0 < 2.5
+    row = SampleRow(SamplingParams.from_dict({"temperature": 0, "presence_penalty": 0.4}), [], [1, 1], None, [])
+    assert sample(logits.clone(), [row], None).tokens == [1]   # presence counts once: 2.6 > 2.5
+    row = SampleRow(SamplingParams.from_dict({"temperature": 0, "repetition_penalty": 2.0}), [1], [], None, [])
+    assert sample(logits.clone(), [row], None).tokens == [2]   # 3.0 / 2 < 2.5 (prompt tokens count)
