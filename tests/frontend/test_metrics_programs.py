@@ -84,3 +84,6 @@ def test_program_stream_and_errors(client, program):
     assert bad.status_code == 400 and "nope" in bad.json()["error"]["message"]
     bad = client.post("/v1/programs", json={"program": {"ops": [{"op": "teleport"}]}})
     assert bad.status_code == 400
+    huge = dict(ir, ops=[{"op": "text", "text": "x"}] * 5000)
+    bad = client.post("/v1/programs", json={"program": huge, "arguments": {"question": "Hi"}})
+    assert bad.status_code == 400 and "ops" in bad.json()["error"]["message"]

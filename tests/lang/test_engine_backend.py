@@ -35,8 +35,10 @@ def test_program_gens_equal_direct_engine_calls(backend):
 
 def test_second_gen_hits_the_cache(backend):
     state = story.run(start="a cat", backend=backend)
-    meta = state.get_meta_info("second")
-    assert meta["cached_tokens"] > 0
+    first, second = state.get_meta_info("first"), state.get_meta_info("second")
+    # The second call's prompt starts with the first call's prompt and output: all of the
+    # first prompt is served from the cache (and the first output's KV too, mostly).
+    assert second["cached_tokens"] >= first["prompt_tokens"]
 
 
 def test_fork_branches_hit_the_shared_prefill(backend):

@@ -1,0 +1,133 @@
+"""decode_attention_torch / extend_attention_torch (the CPU-fast twins) against the references."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from radixflow.kernels import torch_attention
+from radixflow.kernels.decode_attention import decode_attention_ref
+from radixflow.kernels.extend_attention import extend_attention_ref
+from radixflow.kernels.torch_attention import decode_attention_torch, extend_attention_torch
+
+# Both sides do fp32 math, summing in another order (chunked, scales folded); fp16 outputs
+# can then round one fp16 ulp apart (~1e-3 near 1).
+TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.float16: dict(rtol=1e-3, atol=1e-3),
+       torch.bfloat16: dict(rtol=8e-3, atol=8e-3)}
+
+# (prefix_lens, extend_lens, num_heads, num_kv_heads, head_dim, dtype, fp8): GQA 1/4/8, head dims
+# 64/80/128 and odd ones, empty and long prefixes, extend_len 0 rows, extends past one query chunk
+EXTEND_CASES = [
+    ([0], [7], 2, 2, 16, torch.float32, False),
+    ([0, 37, 301], [7, 20, 1], 8, 2, 64, torch.float16, False),
+    ([1, 0, 37, 5, 301], [1, 7, 20, 0, 3], 8, 1, 80, torch.float16, True),
+    ([301, 0, 1], [20, 1, 131], 3, 3, 96, torch.float32, True),
+    ([37], [263], 8, 2, 128, torch.float32, False),
+    ([5, 37, 0], [33, 1, 7], 6, 2, 32, torch.bfloat16, False),
+    ([0, 600], [257, 2], 12, 4, 64, torch.float32, True),  # the small model's head shapes
+]
+
+# (seq_lens (0 = CUDA-graph padding row), num_heads, num_kv_heads, head_dim, dtype, fp8)
+DECODE_CASES = [
+    ([1], 2, 2, 16, torch.float32, False),
+    ([38, 0, 131], 8, 2, 64, torch.float16, False),
+    ([2, 131, 21, 0, 8], 8, 1, 80, torch.float16, True),
+    ([131, 1, 8], 3, 3, 96, torch.float32, True),
+    ([57, 700], 16, 2, 128, torch.float32, False),
+    ([0, 45, 7], 6, 2, 32, torch.bfloat16, False),
+    ([0, 0], 4, 1, 64, torch.float32, False),  # padding only
+    ([1050, 3, 0, 997], 12, 4, 64, torch.float32, True),
+]
+
+
+def _extend_args(lay, q, sm_scale):
+    return (q, lay.k_cache, lay.v_cache, lay.req_to_token, lay.req_rows, lay.prefix_lens, lay.extend_lens,
+            lay.extend_starts, sm_scale, lay.k_scale, lay.v_scale)
+
+
+def _decode_args(lay, q, sm_scale):
+    return (q, lay.k_cache, lay.v_cache, lay.req_to_token, lay.req_rows, lay.seq_lens, sm_scale,
+            lay.k_scale, lay.v_scale, 8)
+
+
+def _decode_layout(kv_layout, seq_lens, num_kv_heads, head_dim, dtype, fp8, device):
+    # decode: the new token is the context's last one, already stored
+    prefix_lens = [max(s - 1, 0) for s in seq_lens]
+    return kv_layout(prefix_lens, [min(s, 1) for s in seq_lens], num_kv_heads, head_dim, dtype, fp8, device)
+
+
+@pytest.fixture(params=["default_chunk", "chunk_5"])
+def query_chunk(request, monkeypatch):
+    """Run each case with the real query chunk and with a tiny one: many chunks, ragged last chunk."""
+    if request.param == "chunk_5":
+        monkeypatch.setattr(torch_attention, "QUERY_CHUNK", 5)
+    return torch_attention.QUERY_CHUNK
+
+
+@pytest.mark.parametrize("prefix_lens, extend_lens, num_heads, num_kv_heads, head_dim, dtype, fp8", EXTEND_CASES)
+def test_extend_matches_ref(kv_layout, device, query_chunk, prefix_lens, extend_lens, num_heads, num_kv_heads,
+                            head_dim, dtype, fp8):
+    lay = kv_layout(prefix_lens, extend_lens, num_kv_heads, head_dim, dtype, fp8, device)
+    q = torch.randn(sum(extend_lens), num_heads, head_dim, generator=torch.Generator().manual_seed(1)).to(device, dtype)
+    args = _extend_args(lay, q, head_dim ** -0.5)
+    out = extend_attention_torch(*args)
+    assert out.shape == q.shape and out.dtype == dtype
+    assert out.isfinite().all()  # slot 0 (NaN) and stale table entries are never read
+    torch.testing.assert_close(out, extend_attention_ref(*args), **TOL[dtype])
+
+
+@pytest.mark.parametrize("seq_lens, num_heads, num_kv_heads, head_dim, dtype, fp8", DECODE_CASES)
+def test_decode_matches_ref(kv_layout, device, seq_lens, num_heads, num_kv_heads, head_dim, dtype, fp8):
+    lay = _decode_layout(kv_layout, seq_lens, num_kv_heads, head_dim, dtype, fp8, device)
+    q = torch.randn(len(seq_lens), num_heads, head_dim, generator=torch.Generator().manual_seed(1)).to(device, dtype)
+    args = _decode_args(lay, q, head_dim ** -0.5)
+    out = decode_attention_torch(*args)
+    assert out.shape == q.shape and out.dtype == dtype
+    assert out.isfinite().all()
+    torch.testing.assert_close(out, decode_attention_ref(*args), **TOL[dtype])
+    padding = lay.seq_lens == 0
+    assert torch.equal(out[padding], torch.zeros_like(out[padding]))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_strided_q_and_padding_rows(kv_layout, device, dtype):
+    lay = kv_layout([3, 40], [5, 9], 2, 16, dtype, False, device)
+    qkv = torch.randn(14 + 2, 3 * 4 * 16, device=device, dtype=dtype)
+    q = qkv[:, : 4 * 16].view(16, 4, 16)  # a view into a fused qkv projection, 2 padding rows at the end
+    assert not q.is_contiguous()
+    args = _extend_args(lay, q, 0.25)
+    out = extend_attention_torch(*args)
+    torch.testing.assert_close(out, extend_attention_ref(*args), **TOL[dtype])
+    assert torch.equal(out[14:], torch.zeros_like(out[14:]))  # rows no request covers
+
+    lay = _decode_layout(kv_layout, [30, 9], 2, 16, dtype, False, device)
+    q = qkv[:2, : 4 * 16].view(2, 4, 16)
+    args = _decode_args(lay, q, 0.25)
+    torch.testing.assert_close(decode_attention_torch(*args), decode_attention_ref(*args), **TOL[dtype])
+
+
+def test_decode_equals_extend_with_one_new_token(kv_layout):
+    lay = _decode_layout(kv_layout, [12, 1, 40, 0], 2, 16, torch.float32, True, torch.device("cpu"))
+    q = torch.randn(4, 4, 16)
+    decode = decode_attention_torch(*_decode_args(lay, q, 0.25))
+    extend = extend_attention_torch(*_extend_args(lay, q, 0.25))
+    torch.testing.assert_close(decode, extend, rtol=1e-6, atol=1e-6)
+
+
+def test_empty_batch(kv_layout, device):
+    lay = kv_layout([], [], 2, 16, torch.float32, False, device)
+    q = torch.zeros(0, 2, 16, device=device)
+    assert decode_attention_torch(*_decode_args(lay, q, 1.0)).shape == (0, 2, 16)
+    assert extend_attention_torch(*_extend_args(lay, q, 1.0)).shape == (0, 2, 16)
+
+
+def test_validation_errors(kv_layout):
+    lay = kv_layout([2], [3], 2, 16, torch.float32, False, torch.device("cpu"))
+    q = torch.randn(3, 4, 16)
+    with pytest.raises(ValueError, match="head_dim"):
+        extend_attention_torch(*_extend_args(lay, torch.randn(3, 4, 32), 0.25))
+    with pytest.raises(ValueError, match="k_scale"):
+        extend_attention_torch(*_extend_args(lay, q, 0.25)[:9], 0.0)
+    with pytest.raises(ValueError, match="num_kv_splits"):
+        decode_attention_torch(*_decode_args(lay, q[:1], 0.25)[:9], 0)
+    with pytest.raises(ValueError, match="seq_lens must have 1 entries"):
+        decode_attention_torch(*_decode_args(lay, q[:1], 0.25)[:5], lay.seq_lens[:0], 0.25)
