@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import msgspec
@@ -24,12 +24,13 @@ class ProgramRequest(msgspec.Struct, forbid_unknown_fields=True):
     stream: bool = False
 
 
-def _execute(req: ProgramRequest, backend: ServerBackend, limits: Any) -> dict[str, Any]:
+def _execute(req: ProgramRequest, backend: ServerBackend, limits: Any,
+             on_variable: Callable[[str, Any], None] | None = None) -> dict[str, Any]:
     """Blocking (worker thread). Bad programs, arguments or gen parameters → 400; other failures → 500."""
     from radixflow.lang import BackendError, ProgramError, execute
 
     try:
-        return execute(req.program, req.arguments, backend, limits)
+        return execute(req.program, req.arguments, backend, limits, on_variable)
     except ValueError as exc:
         raise APIError(400, str(exc), param="program") from exc
     except (ProgramError, BackendError) as exc:
@@ -39,24 +40,55 @@ def _execute(req: ProgramRequest, backend: ServerBackend, limits: Any) -> dict[s
 
 
 async def run_program(request: Request) -> Response:
-    """Returns {"variables", "text", "meta"}. With `stream: true` the same object arrives as one
-    SSE event followed by [DONE] (the interpreter has no per-variable hook yet). A client that
-    disconnects stops the program: its generations in flight are aborted."""
+    """Returns {"variables", "text", "meta"}. With `stream: true`, SSE events
+    `{"variable": name, "value": v}` as each variable is set, then the whole result object, then
+    [DONE]. A client that disconnects stops the program: its generations in flight are aborted."""
     server = request.app.state.server
     req = await read_json(request, ProgramRequest)
     loop = asyncio.get_running_loop()
     backend = ServerBackend(server.engine, loop, server.role_markers)
+    if req.stream:
+        from radixflow.lang.interpreter import prepare
+
+        try:  # reject a bad program with a 400 before the event stream begins
+            prepare(req.program, req.arguments, server.program_limits)
+        except ValueError as exc:
+            raise APIError(400, str(exc), param="program") from exc
+        return _stream_program(req, backend, server, loop)
     work = loop.run_in_executor(server.program_pool, _execute, req, backend, server.program_limits)
     try:
         result = await until_disconnect(request.receive, work)
     except ClientGone:
         backend.close()
         raise
-    if not req.stream:
-        return json_response(result)
+    return json_response(result)
 
-    async def events() -> AsyncIterator[bytes]:
-        yield sse(result)
-        yield SSE_DONE
 
-    return EventStream(events())
+def _stream_program(req: ProgramRequest, backend: ServerBackend, server: Any,
+                    loop: asyncio.AbstractEventLoop) -> Response:
+    events: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+
+    def on_variable(name: str, value: Any) -> None:  # worker thread
+        loop.call_soon_threadsafe(events.put_nowait, {"variable": name, "value": value})
+
+    work = loop.run_in_executor(server.program_pool, _execute, req, backend, server.program_limits, on_variable)
+
+    async def stream() -> AsyncIterator[bytes]:
+        try:
+            while not (work.done() and events.empty()):
+                getter = asyncio.ensure_future(events.get())
+                done, _ = await asyncio.wait({getter, work}, return_when=asyncio.FIRST_COMPLETED)
+                if getter in done:
+                    yield sse(getter.result())
+                else:
+                    getter.cancel()
+            try:
+                yield sse(work.result())
+            except APIError as exc:  # the response has begun: report in-band
+                yield sse(exc.body())
+            yield SSE_DONE
+        finally:
+            if not work.done():
+                backend.close()  # the client went away: abort the program's generations
+
+    return EventStream(stream())

@@ -1,6 +1,8 @@
 """/metrics after a few requests, and /v1/programs round trips."""
 from __future__ import annotations
 
+import json
+
 import re
 
 import pytest
@@ -79,8 +81,15 @@ def test_program_stream_and_errors(client, program):
     body = {"program": ir, "arguments": {"question": "Hi"}, "stream": True}
     with client.stream("POST", "/v1/programs", json=body) as r:
         lines = [line for line in r.iter_lines() if line]
-    assert lines[-1] == "data: [DONE]" and '"variables"' in lines[0]
+    assert lines[-1] == "data: [DONE]"
+    events = [json.loads(line[len("data: "):]) for line in lines[:-1]]
+    final = events[-1]
+    assert set(final) == {"variables", "text", "meta"}
+    streamed = {e["variable"]: e["value"] for e in events[:-1]}
+    assert streamed == final["variables"] and "answer" in streamed
     bad = client.post("/v1/programs", json={"program": ir, "arguments": {"nope": "x"}})
+    assert bad.status_code == 400 and "nope" in bad.json()["error"]["message"]
+    bad = client.post("/v1/programs", json={"program": ir, "arguments": {"nope": "x"}, "stream": True})
     assert bad.status_code == 400 and "nope" in bad.json()["error"]["message"]
     bad = client.post("/v1/programs", json={"program": {"ops": [{"op": "teleport"}]}})
     assert bad.status_code == 400
