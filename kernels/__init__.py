@@ -1,4 +1,7 @@
-"""radixflow.kernels: Triton kernels (CUDA, or the interpreter) beside same-signature torch references."""
+"""radixflow.kernels: Triton kernels (CUDA, or the interpreter) beside same-signature torch references.
+
+kernels/torch_attention.py adds CPU-fast torch twins of the attention ops (the engine's CPU path).
+"""
 from __future__ import annotations
 
 from .decode_attention import decode_attention, decode_attention_ref
@@ -6,6 +9,7 @@ from .extend_attention import extend_attention, extend_attention_ref
 from .fp8 import FP8_E4M3_MAX, dequantize_fp8, quantize_fp8
 from .logits_mask import apply_token_bitmask, apply_token_bitmask_ref
 from .store_kv import store_kv, store_kv_ref
+from .torch_attention import decode_attention_torch, extend_attention_torch
 
 __all__ = [
     "FP8_E4M3_MAX",
@@ -13,9 +17,11 @@ __all__ = [
     "apply_token_bitmask_ref",
     "decode_attention",
     "decode_attention_ref",
+    "decode_attention_torch",
     "dequantize_fp8",
     "extend_attention",
     "extend_attention_ref",
+    "extend_attention_torch",
     "quantize_fp8",
     "store_kv",
     "store_kv_ref",

@@ -1,8 +1,8 @@
 """Attention over the slot pool: store the new K/V, then extend or decode attention.
 
-Which implementation runs is chosen once: the Triton kernels on CUDA, their torch references
-on CPU; `attention_backend` / RADIXFLOW_ATTENTION_BACKEND override (with TRITON_INTERPRET=1
-the Triton kernels run on CPU too, slowly).
+Which implementation runs is chosen once: the Triton kernels on CUDA, their CPU-fast torch twins
+(kernels/torch_attention.py; store_kv keeps its reference) on CPU; `attention_backend` /
+RADIXFLOW_ATTENTION_BACKEND override (with TRITON_INTERPRET=1 the Triton kernels run on CPU too, slowly).
 """
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ class AttentionOps:
     def for_backend(cls, name: str) -> AttentionOps:
         if name == "triton":
             return cls(kernels.store_kv, kernels.extend_attention, kernels.decode_attention)
-        return cls(kernels.store_kv_ref, kernels.extend_attention_ref, kernels.decode_attention_ref)
+        return cls(kernels.store_kv_ref, kernels.extend_attention_torch, kernels.decode_attention_torch)
 
 
 class PoolAttention:
