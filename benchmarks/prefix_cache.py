@@ -145,7 +145,7 @@ def main() -> None:
 
 
 def print_table(report: dict) -> None:
-    print(f"\n| workload | system | seconds | output tok/s | prompt tokens | prefill tokens computed |")
+    print("\n| workload | system | seconds | output tok/s | prompt tokens | prefill tokens computed |")
     print("|---|---|---|---|---|---|")
     for wname, res in report["results"].items():
         for sname, r in res["systems"].items():

@@ -17,7 +17,7 @@ from radixflow.frontend.openai_schemas import (
     AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk, ChatMessage,
     ChatRequest, ChoiceLogprobs, Delta, TokenLogprob, TopLogprob,
 )
-from radixflow.frontend.streams import SSE_DONE, EventStream, Fanout, sse
+from radixflow.frontend.streams import EventStream, Fanout, guarded, sse
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +82,8 @@ async def create_chat_completion(request: Request) -> Response:
     head = {"id": new_id("chatcmpl"), "created": now(), "model": req.model}
     if req.stream:
         include_usage = req.stream_options is not None and req.stream_options.include_usage
-        return EventStream(_events(fanout, engine.tokenizer, sp.n, shared, head, include_usage))
+        events = _events(fanout, engine.tokenizer, sp.n, shared, head, include_usage)
+        return EventStream(guarded(events, fanout, "chat"))
     results = await fanout.finish(request.receive)
     choices = [ChatChoice(i, AssistantMessage(content=r["text"]), to_logprobs(r["meta_info"], engine.tokenizer),
                           finish_reason(r["meta_info"])) for i, r in enumerate(results)]
@@ -96,24 +97,18 @@ async def _events(fanout: Fanout, tokenizer: Any, n: int, shared: dict[int, int]
     last chunk carries its finish_reason; then the usage chunk (if asked) and [DONE]."""
     sent: dict[int, str] = {}
     metas: dict[int, dict] = {}
-    try:
-        for index in range(n):
+    for index in range(n):
+        yield sse(ChatCompletionChunk(**head, choices=[
+            ChatChunkChoice(index, Delta(role="assistant", content=""), None, None)]))
+    async for index, chunk in fanout:
+        meta = metas[index] = chunk["meta_info"]
+        delta = chunk["text"][len(sent.get(index, "")):]
+        sent[index] = chunk["text"]
+        lp = to_logprobs(meta, tokenizer)
+        reason = finish_reason(meta)
+        if delta or reason is not None or (lp is not None and lp.content):
             yield sse(ChatCompletionChunk(**head, choices=[
-                ChatChunkChoice(index, Delta(role="assistant", content=""), None, None)]))
-        async for index, chunk in fanout:
-            meta = metas[index] = chunk["meta_info"]
-            delta = chunk["text"][len(sent.get(index, "")):]
-            sent[index] = chunk["text"]
-            lp = to_logprobs(meta, tokenizer)
-            reason = finish_reason(meta)
-            if delta or reason is not None or (lp is not None and lp.content):
-                yield sse(ChatCompletionChunk(**head, choices=[
-                    ChatChunkChoice(index, Delta(content=delta) if delta else Delta(), lp, reason)]))
-        if include_usage:
-            yield sse(ChatCompletionChunk(**head, choices=[], usage=usage(metas, n, shared)))
-    except Exception as exc:  # the response has begun: report in-band, as OpenAI does
-        log.exception("chat stream failed")
-        yield sse(APIError(500, f"generation failed: {exc}").body())
-    finally:
-        await fanout.close()
-    yield SSE_DONE
+                ChatChunkChoice(index, Delta(content=delta) if delta else Delta(), lp, reason)]))
+    if include_usage:
+        yield sse(ChatCompletionChunk(**head, choices=[], usage=usage(metas, n, shared)))
+

@@ -14,7 +14,7 @@ from radixflow.frontend.errors import APIError
 from radixflow.frontend.openai_common import check_model, new_id, now, start, usage
 from radixflow.frontend.openai_sampling import RENAMED, finish_reason, sampling_params
 from radixflow.frontend.openai_schemas import Completion, CompletionChoice, CompletionLogprobs, CompletionRequest
-from radixflow.frontend.streams import SSE_DONE, EventStream, Fanout, sse
+from radixflow.frontend.streams import EventStream, Fanout, guarded, sse
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +80,8 @@ async def create_completion(request: Request) -> Response:
     head = {"id": new_id("cmpl"), "created": now(), "model": req.model}
     if req.stream:
         include_usage = req.stream_options is not None and req.stream_options.include_usage
-        return EventStream(_events(fanout, req, texts, sp.n, shared, head, include_usage))
+        events = _events(fanout, req, texts, sp.n, shared, head, include_usage)
+        return EventStream(guarded(events, fanout, "completion"))
     results = await fanout.finish(request.receive)
     choices = []
     for index, res in enumerate(results):
@@ -98,26 +99,20 @@ async def _events(fanout: Fanout, req: CompletionRequest, texts: list[str], n: i
     sent: dict[int, str] = {}
     offsets: dict[int, int] = {}
     metas: dict[int, dict] = {}
-    try:
-        async for index, chunk in fanout:
-            meta, first = chunk["meta_info"], index not in metas
-            metas[index] = meta
-            delta = chunk["text"][len(sent.get(index, "")):]
-            sent[index] = chunk["text"]
-            echo_text = texts[index // n] if first and req.echo else None
-            if echo_text is not None:
-                delta = echo_text + delta
-            lp = chunk_logprobs(meta, offsets.get(index, 0), echo_text)
-            if lp is not None and lp.text_offset:
-                offsets[index] = lp.text_offset[-1] + len(lp.tokens[-1])
-            reason = finish_reason(meta)
-            if delta or reason is not None or (lp is not None and lp.tokens):
-                yield sse(Completion(**head, choices=[CompletionChoice(index, delta, lp, reason)]))
-        if include_usage:
-            yield sse(Completion(**head, choices=[], usage=usage(metas, n, shared)))
-    except Exception as exc:  # the response has begun: report in-band, as OpenAI does
-        log.exception("completion stream failed")
-        yield sse(APIError(500, f"generation failed: {exc}").body())
-    finally:
-        await fanout.close()
-    yield SSE_DONE
+    async for index, chunk in fanout:
+        meta, first = chunk["meta_info"], index not in metas
+        metas[index] = meta
+        delta = chunk["text"][len(sent.get(index, "")):]
+        sent[index] = chunk["text"]
+        echo_text = texts[index // n] if first and req.echo else None
+        if echo_text is not None:
+            delta = echo_text + delta
+        lp = chunk_logprobs(meta, offsets.get(index, 0), echo_text)
+        if lp is not None and lp.text_offset:
+            offsets[index] = lp.text_offset[-1] + len(lp.tokens[-1])
+        reason = finish_reason(meta)
+        if delta or reason is not None or (lp is not None and lp.tokens):
+            yield sse(Completion(**head, choices=[CompletionChoice(index, delta, lp, reason)]))
+    if include_usage:
+        yield sse(Completion(**head, choices=[], usage=usage(metas, n, shared)))
+

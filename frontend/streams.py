@@ -6,6 +6,7 @@ iterator aborts the request, so a cancelled task (client gone) frees its KV slot
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -13,6 +14,8 @@ from typing import Any, TypeVar
 import msgspec
 
 from radixflow.runtime.sampling_params import SamplingParams
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 Receive = Callable[[], Awaitable[dict]]
@@ -218,3 +221,20 @@ async def launch(receive: Receive | None, engine: Any, prompts: list[list[int]],
     fanout = Fanout(engine, expand(prompts, sampling, options))
     await until_disconnect(receive, fanout.start())
     return fanout, cached
+
+
+async def guarded(events: AsyncIterator[bytes], fanout: Fanout, what: str) -> AsyncIterator[bytes]:
+    """Pass an OpenAI event stream through: an error after the response began is reported
+    in-band (as OpenAI does), the fan-out always closes (aborting what still runs), and
+    `[DONE]` ends the stream."""
+    from radixflow.frontend.errors import APIError
+
+    try:
+        async for event in events:
+            yield event
+    except Exception as exc:  # the 200 is already sent: report in-band
+        log.exception("%s stream failed", what)
+        yield sse(APIError(500, f"generation failed: {exc}").body())
+    finally:
+        await fanout.close()
+    yield SSE_DONE

@@ -1,7 +1,6 @@
 """llguidance backend: lazy (derivative-based) lexer + Earley parser; compiles in milliseconds."""
 from __future__ import annotations
 
-import json
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 
