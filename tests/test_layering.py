@@ -1,0 +1,64 @@
+"""Import arrows point one way: lang → (protocol), frontend → runtime + lang, runtime → radix + kernels."""
+from __future__ import annotations
+
+import ast
+import os
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# package → project packages it may import (at any depth, lazily or not)
+ALLOWED = {
+    "radix": set(),
+    "kernels": set(),
+    "runtime": {"radix", "kernels"},
+    "lang": {"runtime"},  # only lazily, for the in-process backend and the shared sampling params
+    "frontend": {"runtime", "lang"},
+}
+
+
+def _project_imports(path: str) -> set[str]:
+    with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read(), path)
+    found = set()
+    for node in ast.walk(tree):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module]
+        for name in names:
+            parts = name.split(".")
+            if parts[0] == "radixflow" and len(parts) > 1:
+                found.add(parts[1])
+    return found
+
+
+@pytest.mark.parametrize("package", sorted(ALLOWED))
+def test_imports_point_one_way(package):
+    bad = []
+    for dirpath, _, files in os.walk(os.path.join(ROOT, package)):
+        for f in files:
+            if f.endswith(".py"):
+                path = os.path.join(dirpath, f)
+                extra = _project_imports(path) - ALLOWED[package] - {package}
+                if extra:
+                    bad.append(f"{os.path.relpath(path, ROOT)} imports {sorted(extra)}")
+    assert not bad, "\n".join(bad)
+
+
+def test_lang_imports_runtime_only_lazily():
+    """Module-level imports in lang/ never reach the runtime (importing lang loads no torch)."""
+    bad = []
+    for dirpath, _, files in os.walk(os.path.join(ROOT, "lang")):
+        for f in files:
+            if not f.endswith(".py"):
+                continue
+            path = os.path.join(dirpath, f)
+            with open(path, encoding="utf-8") as fh:
+                tree = ast.parse(fh.read(), path)
+            for node in tree.body:
+                mods = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                    [node.module] if isinstance(node, ast.ImportFrom) and node.module else [])
+                bad += [f"{f}: {m}" for m in mods if m.startswith("radixflow.runtime")]
+    assert not bad, bad
