@@ -53,7 +53,8 @@ COUNTERS: tuple[tuple[str, str, Callable[[EngineStats], float]], ...] = (
      lambda s: s.prefix_hit_tokens),
     ("radixflow_prefix_cache_query_tokens_total", "Prompt tokens looked up in the prefix cache.",
      lambda s: s.prefix_query_tokens),
-    ("radixflow_prompt_tokens_total", "Prompt tokens computed by prefill (cache misses).",
+    ("radixflow_prompt_tokens_total", "Prompt tokens of finished requests.", lambda s: s.prompt_tokens),
+    ("radixflow_prefill_tokens_computed_total", "Tokens run through prefill (cache misses and recompute).",
      lambda s: s.prefill_tokens_computed),
     ("radixflow_generation_tokens_total", "Output tokens generated.", lambda s: s.generated_tokens),
 )

@@ -76,6 +76,7 @@ class Engine:
         self.recent_timings: deque[RequestTiming] = deque(maxlen=10000)
         self._stats = EngineStats(kv_slots_total=self.runner.kv_pool.capacity)
         self._finished_counts: dict[str, int] = {}
+        self._finished_prompt_tokens = 0
         self._closed = False
         self.debug_check_accounting = False  # tests: check slot accounting after every step
         self.accounting_failures: list[str] = []
@@ -368,6 +369,7 @@ class Engine:
         t = req.times
         reason = (req.finish_reason or {}).get("type", "abort")
         self._finished_counts[reason] = self._finished_counts.get(reason, 0) + 1
+        self._finished_prompt_tokens += len(req.prompt_ids)
         timing = RequestTiming(req.rid, t.arrival, t.scheduled, t.first_token, t.finished or t.arrival,
                                tuple(t.tokens), len(req.prompt_ids), len(req.output_ids), req.cached_len, reason)
         self.recent_timings.append(timing)
@@ -382,6 +384,7 @@ class Engine:
             kv_slots_used=pool.capacity - pool.num_free - cache.evictable_size(),
             kv_slots_total=pool.capacity, num_preemptions=s.num_preemptions,
             prefix_hit_tokens=cache.hit_tokens, prefix_query_tokens=cache.query_tokens,
-            prefill_tokens_computed=self._step.prefill_tokens, generated_tokens=self._step.generated_tokens,
+            prefill_tokens_computed=self._step.prefill_tokens, prompt_tokens=self._finished_prompt_tokens,
+            generated_tokens=self._step.generated_tokens,
             num_steps=self._step.num_steps, num_finished=sum(self._finished_counts.values()),
             finish_counts=dict(self._finished_counts))

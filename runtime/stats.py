@@ -48,6 +48,7 @@ class EngineStats:
     prefix_hit_tokens: int = 0
     prefix_query_tokens: int = 0
     prefill_tokens_computed: int = 0
+    prompt_tokens: int = 0          # of finished requests
     generated_tokens: int = 0
     num_steps: int = 0
     num_finished: int = 0

@@ -16,6 +16,7 @@ NAMES = [
     "radixflow_preemptions_total", "radixflow_prefix_cache_hit_tokens_total",
     "radixflow_prefix_cache_query_tokens_total", "radixflow_prompt_tokens_total",
     "radixflow_generation_tokens_total", "radixflow_requests_finished_total",
+    "radixflow_prefill_tokens_computed_total",
 ]
 
 
@@ -39,6 +40,9 @@ def test_metrics(client, engine):
     assert 0 < _value(text, "radixflow_prefix_cache_hit_tokens_total") <= \
         _value(text, "radixflow_prefix_cache_query_tokens_total")
     assert _value(text, 'radixflow_requests_finished_total{reason="length"}') >= 2
+    # The second request hit the cache: fewer tokens computed than prompt tokens served.
+    assert _value(text, "radixflow_prompt_tokens_total") == s.prompt_tokens
+    assert _value(text, "radixflow_prefill_tokens_computed_total") < s.prompt_tokens
     assert _value(text, "radixflow_time_to_first_token_seconds_count") >= 2
     assert _value(text, "radixflow_e2e_request_latency_seconds_count") >= 2
     assert 0 < _value(text, "radixflow_e2e_request_latency_seconds_sum") < 60
