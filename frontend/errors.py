@@ -9,7 +9,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-          405: "invalid_request_error", 413: "request_too_large", 503: "service_unavailable"}
+          405: "invalid_request_error", 413: "request_too_large", 429: "rate_limit_error",
+          503: "service_unavailable"}
 
 
 class APIError(Exception):
@@ -37,7 +38,11 @@ def bad_request(exc: Exception, rename: dict[str, str] | None = None) -> APIErro
 
     `rename` maps engine sampling names back to the names the client used (max_new_tokens →
     max_tokens for OpenAI routes)."""
+    from radixflow.runtime.engine import QueueFullError
+
     message = str(exc)
+    if isinstance(exc, QueueFullError):
+        return APIError(429, message)
     match = _PATH.search(message) or _SAMPLING_FIELD.search(message)
     param = next((g for g in match.groups() if g), None) if match else None
     if rename and param in rename:

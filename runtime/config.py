@@ -41,20 +41,17 @@ class EngineConfig:
     attention_backend: str = _opt("auto", "Attention kernels; auto = triton on CUDA, torch on CPU. Env: RADIXFLOW_ATTENTION_BACKEND.", ATTENTION_BACKENDS)
     disable_cuda_graph: bool = _opt(False, "Run decode steps eagerly instead of replaying captured CUDA graphs.")
     cuda_graph_max_bs: int = _opt(256, "Largest decode batch captured in a CUDA graph.")
-    max_queued_requests: int = _opt(4096, "Requests waiting beyond this are rejected.")
+    max_queued_requests: int = _opt(4096, "Requests waiting beyond the running batch are rejected past this (HTTP 429).")
     grammar_backend: str = _opt("outlines", "Constrained decoding backend.", GRAMMAR_BACKENDS)
     grammar_timeout_s: float = _opt(10.0, "Longest time one grammar may take to compile before the request is rejected.")
     jump_forward: bool = _opt(True, "Append forced grammar continuations without sampling.")
-    max_loras: int = _opt(8, "LoRA adapters resident at once.")
-    max_lora_rank: int = _opt(64, "Largest LoRA rank accepted.")
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             choices = f.metadata.get("choices")
             if choices and getattr(self, f.name) not in choices:
                 raise ValueError(f"{f.name}={getattr(self, f.name)!r} is not one of {', '.join(choices)}")
-        positive = ("max_num_seqs", "max_prefill_tokens", "max_queued_requests", "cuda_graph_max_bs",
-                    "max_loras", "max_lora_rank")
+        positive = ("max_num_seqs", "max_prefill_tokens", "max_queued_requests", "cuda_graph_max_bs")
         for name in positive:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

@@ -37,6 +37,11 @@ from radixflow.runtime.tokenizer import Tokenizer
 log = logging.getLogger(__name__)
 
 Prompt = str | list[str] | None
+
+
+class QueueFullError(ValueError):
+    """More requests are waiting than `max_queued_requests` allows; retry later."""
+
 InputIds = list[int] | list[list[int]] | None
 
 
@@ -280,9 +285,13 @@ class Engine:
     def _submit(self, req: Req) -> None:
         if self._closed:
             raise RuntimeError("the engine is shut down")
+        limit = self.config.max_queued_requests + self.config.max_num_seqs
         with self._active_lock:
             if req.rid in self._active:
                 raise ValueError(f"request id {req.rid!r} is already in use")
+            if len(self._active) >= limit:
+                raise QueueFullError(f"{len(self._active)} requests are in flight (max_num_seqs + "
+                                     f"max_queued_requests = {limit}); retry later")
             self._active.add(req.rid)
         self._inbox.put(("add", req))
 

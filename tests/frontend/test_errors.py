@@ -97,3 +97,40 @@ def test_engine_keeps_serving_after_errors(client, engine):
     assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 2
     engine.check_accounting()
     assert engine.accounting_failures == []
+
+
+def test_queue_full_is_429_and_others_are_served(request):
+    """Past max_num_seqs + max_queued_requests in flight, a request gets 429 (rate_limit_error)."""
+    import threading
+
+    import httpx
+
+    from radixflow.frontend.server import create_app
+    from radixflow.runtime import Engine
+
+    live_server = request.getfixturevalue("server").__class__
+    with Engine(kv_cache_tokens=4096, max_num_seqs=1, max_queued_requests=1) as eng:
+        live = live_server(create_app(eng, "tiny")).start()
+        statuses: list[int] = []
+        gate = threading.Event()
+
+        def post(i: int) -> None:
+            gate.wait()
+            body = {"text": f"busy {i}", "sampling_params": {"max_new_tokens": 300, "ignore_eos": True}}
+            r = httpx.post(live.url + "/generate", json=body, timeout=60)
+            statuses.append(r.status_code)
+            if r.status_code == 429:
+                assert r.json()["error"]["type"] == "rate_limit_error"
+
+        try:
+            threads = [threading.Thread(target=post, args=(i,)) for i in range(6)]
+            for t in threads:
+                t.start()
+            gate.set()
+            for t in threads:
+                t.join()
+            assert 429 in statuses and statuses.count(200) >= 2, statuses
+            ok = httpx.post(live.url + "/generate", json={"text": "x", "sampling_params": {"max_new_tokens": 2}})
+            assert ok.status_code == 200
+        finally:
+            live.stop()

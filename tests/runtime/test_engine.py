@@ -306,3 +306,30 @@ def test_prompt_larger_than_pool_rejected():
         with pytest.raises(ValueError, match="KV cache holds only"):
             e.generate(input_ids=[5] * 100, sampling_params={"max_new_tokens": 1})
         assert e.generate(input_ids=[5] * 10, sampling_params={"max_new_tokens": 2})["meta_info"]["completion_tokens"] == 2
+
+
+def test_queue_limit_rejects_with_a_reason_and_serves_on():
+    import threading
+
+    from radixflow.runtime.engine import QueueFullError
+
+    with Engine(kv_cache_tokens=4096, max_num_seqs=1, max_queued_requests=1) as e:
+        gate = threading.Event()
+        rejected, done = [], []
+
+        def run(i):
+            gate.wait()
+            try:
+                done.append(e.generate(f"request {i}", {"max_new_tokens": 300, "ignore_eos": True}))
+            except QueueFullError as exc:
+                rejected.append(str(exc))
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(6)]
+        for t in threads:
+            t.start()
+        gate.set()
+        for t in threads:
+            t.join()
+        assert rejected and "max_queued_requests" in rejected[0]
+        assert len(done) + len(rejected) == 6 and len(done) >= 2
+        assert e.generate("after", {"max_new_tokens": 2})["meta_info"]["completion_tokens"] == 2
