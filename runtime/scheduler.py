@@ -139,7 +139,9 @@ class Scheduler:
             token_budget -= n
             if req.kv_len < len(req.all_ids):
                 return batch  # still chunking: nothing else joins
-        if not self.waiting:
+        if not self.waiting or self.num_running >= self.limits.max_num_seqs:
+            # Nothing could be admitted: skip ordering the queue (a prefix match per waiting
+            # request), which would otherwise run on every decode step of a full batch.
             return batch if batch.reqs else None
         available = self.kv.num_free + self.cache.evictable_size() - self._reserved_decode()
         dedup = RadixCache()
