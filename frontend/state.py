@@ -69,6 +69,8 @@ class Gate:
         path = scope["path"]
         if self.server.phase != "ready" and path not in ALWAYS_PATHS:
             return APIError(503, _UNAVAILABLE[self.server.phase])
+        if not self.server.engine.is_healthy and path not in ALWAYS_PATHS:
+            return APIError(503, "the engine stopped serving (its loop died or it shut down); see the server log")
         key = self.server.api_key
         if key is None or path in OPEN_PATHS:
             return None

@@ -27,6 +27,9 @@ class NullCache:
             self.query_tokens += len(key)
         return MatchResult([], self._root, 0)
 
+    def record_query(self, query_tokens: int, hit_tokens: int) -> None:
+        self.query_tokens += query_tokens
+
     def insert(self, key: Sequence[int], values: Sequence[int], namespace: str | None = None) -> int:
         if len(key) != len(values):
             raise ValueError(f"insert: key has {len(key)} tokens but values has {len(values)}")

@@ -12,7 +12,8 @@ class PrefixCache(Protocol):
     """What the scheduler needs from a prefix cache (see RadixCache for the contract).
 
     Engine usage per request:
-      admit:  m = match_prefix(tokens, ns, record=True); inc_lock_ref(m.node); reuse m.slots
+      admit:  m = match_prefix(tokens, ns); inc_lock_ref(m.node); reuse m.slots;
+              record_query(len(tokens), m.length) once the request is admitted
       finish: n = insert(tokens, slots, ns); free slots[m.length:n] (duplicates);
               dec_lock_ref(m.node)
       short of slots: evict(num_tokens, free_fn)
@@ -24,6 +25,8 @@ class PrefixCache(Protocol):
 
     def match_prefix(self, key: Sequence[int], namespace: str | None = None, *,
                      record: bool = False) -> MatchResult: ...
+
+    def record_query(self, query_tokens: int, hit_tokens: int) -> None: ...
 
     def insert(self, key: Sequence[int], values: Sequence[int],
                namespace: str | None = None) -> int: ...

@@ -107,6 +107,12 @@ class RadixCache:
             self.hit_tokens += len(slots)
         return MatchResult(slots, node, len(slots))
 
+    def record_query(self, query_tokens: int, hit_tokens: int) -> None:
+        """Count one request's prefix lookup: `query_tokens` asked for, `hit_tokens` found.
+        The engine calls it once per admitted request, not per admission attempt."""
+        self.query_tokens += query_tokens
+        self.hit_tokens += hit_tokens
+
     def insert(self, key: Sequence[int], values: Sequence[int], namespace: str | None = None) -> int:
         """Cache `key -> values` and return the length of the prefix that was already cached.
 

@@ -45,6 +45,7 @@ class EngineConfig:
     grammar_backend: str = _opt("outlines", "Constrained decoding backend.", GRAMMAR_BACKENDS)
     grammar_timeout_s: float = _opt(10.0, "Longest time one grammar may take to compile before the request is rejected.")
     jump_forward: bool = _opt(True, "Append forced grammar continuations without sampling.")
+    check_invariants: bool = _opt(False, "After every step, check slot accounting, slot ownership and the radix tree; log and count violations (tests, soaks).")
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

@@ -4,6 +4,11 @@ Callers on any thread (or asyncio loop) submit requests; one background thread o
 piece of engine state (scheduler, pools, cache, requests) and runs steps. Results travel back
 through per-request callbacks that only hand data over (threading.Event or
 `loop.call_soon_threadsafe`); no caller ever touches engine state directly.
+
+Every submitted request is answered exactly once, through `_on_finished`, with a finish reason:
+`stop`, `length`, `abort` (with a message: a client abort, a request that outgrew the KV cache,
+shutdown) or `error` (with a message: a fault of its own or of its step). If the loop thread
+dies anyway, every waiter is failed at once and the engine refuses new work (EngineDeadError).
 """
 from __future__ import annotations
 
@@ -24,14 +29,16 @@ from radixflow.runtime.config import EngineConfig
 from radixflow.runtime.demo import demo_model
 from radixflow.runtime.detokenizer import IncrementalDetokenizer
 from radixflow.runtime.grammar.compiler import GrammarCompiler
+from radixflow.runtime.faults import NO_FAULTS, FaultInjector
 from radixflow.runtime.model_runner import ModelRunner
-from radixflow.runtime.request import LogprobOptions, Req
+from radixflow.runtime.output import finalize_text
+from radixflow.runtime.request import MAX_TOP_LOGPROBS, LogprobOptions, Req
 from radixflow.runtime.result import make_result, meta_info
 from radixflow.runtime.output import visible_text
 from radixflow.runtime.sampling_params import SamplingParams
 from radixflow.runtime.scheduler import Scheduler, SchedulerLimits
 from radixflow.runtime.stats import EngineStats, RequestTiming
-from radixflow.runtime.step import StepRunner, notify
+from radixflow.runtime.step import StepRunner, error_reason, notify
 from radixflow.runtime.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -41,6 +48,17 @@ Prompt = str | list[str] | None
 
 class QueueFullError(ValueError):
     """More requests are waiting than `max_queued_requests` allows; retry later."""
+
+
+class EngineClosedError(RuntimeError):
+    """The engine was shut down: it takes no more work."""
+
+
+class EngineDeadError(RuntimeError):
+    """The engine loop thread died: every request in flight failed, new ones are refused."""
+
+
+_SHUTDOWN = {"type": "abort", "message": "the engine shut down"}
 
 InputIds = list[int] | list[list[int]] | None
 
@@ -83,8 +101,9 @@ class Engine:
         self._finished_counts: dict[str, int] = {}
         self._finished_prompt_tokens = 0
         self._closed = False
-        self.debug_check_accounting = False  # tests: check slot accounting after every step
-        self.accounting_failures: list[str] = []
+        self._dead: BaseException | None = None
+        self.invariant_violations: list[str] = []  # with check_invariants: what broke, per step
+        self._num_listener_errors = 0
         self._thread = threading.Thread(target=self._loop, name="radixflow-engine", daemon=True)
         self._thread.start()
 
@@ -188,14 +207,28 @@ class Engine:
         self._finish_listeners.append(fn)
 
     def check_accounting(self) -> None:
-        """Verify the KV slot accounting invariant (runs on the engine thread)."""
-        self._call_on_loop(self.scheduler.check_accounting)
+        """Verify the KV slot accounting invariants (runs on the engine thread)."""
+        self._call_on_loop(self._check_invariants_now)
+
+    @property
+    def is_healthy(self) -> bool:
+        """False once the loop thread died or the engine shut down."""
+        return self._dead is None and not self._closed and self._thread.is_alive()
+
+    def set_fault_injector(self, injector: FaultInjector | None) -> None:
+        """Test-only: make chosen step points raise (runtime/faults.py); None removes it."""
+        def install() -> None:
+            self._step.faults = injector or NO_FAULTS
+        self._call_on_loop(install)
 
     def shutdown(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        self._inbox.put(("stop", None))
+        """Abort everything in flight, wake every waiter, stop the loop. Idempotent; calls
+        after it raise EngineClosedError."""
+        with self._active_lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._inbox.put(("stop", None))
         self._thread.join(timeout=30)
         self.grammar.close()
 
@@ -252,8 +285,7 @@ class Engine:
         self.validate_prompt(ids, sp)
         if lora_path is not None:
             raise ValueError("LoRA adapters are not supported yet")
-        if opts.top_logprobs_num < 0:
-            raise ValueError("top_logprobs_num must be >= 0")
+        opts.validate(len(ids), self.runner.args.vocab_size)
         req = Req(rid=rid or uuid.uuid4().hex, prompt_ids=ids, sampling=sp, logprob=opts, on_output=on_output)
         req.detokenizer = IncrementalDetokenizer(self.tokenizer, skip_special_tokens=sp.skip_special_tokens,
                                                  prefix_ids=ids)
@@ -282,66 +314,114 @@ class Engine:
             group.append((req, ev))
         return group
 
-    def _submit(self, req: Req) -> None:
+    def _refuse_if_stopped(self) -> None:
+        """Raise when the engine takes no more work (call with `_active_lock` held)."""
+        if self._dead is not None:
+            raise EngineDeadError(f"the engine loop died: {self._dead!r}")
         if self._closed:
-            raise RuntimeError("the engine is shut down")
+            raise EngineClosedError("the engine is shut down")
+
+    def _submit(self, req: Req) -> None:
         limit = self.config.max_queued_requests + self.config.max_num_seqs
         with self._active_lock:
+            self._refuse_if_stopped()
             if req.rid in self._active:
                 raise ValueError(f"request id {req.rid!r} is already in use")
             if len(self._active) >= limit:
                 raise QueueFullError(f"{len(self._active)} requests are in flight (max_num_seqs + "
                                      f"max_queued_requests = {limit}); retry later")
             self._active.add(req.rid)
-        self._inbox.put(("add", req))
+            self._inbox.put(("add", req))
 
     def _call_on_loop(self, fn: Callable[[], Any]) -> Any:
-        done = threading.Event()
-        box: dict[str, Any] = {}
-
-        def run() -> None:
-            try:
-                box["value"] = fn()
-            except Exception as exc:  # handed back to the calling thread below
-                box["error"] = exc
-            done.set()
-
-        self._inbox.put(("call", run))
-        done.wait()
-        if "error" in box:
-            raise box["error"]
-        return box.get("value")
+        call = _Call(fn)
+        with self._active_lock:
+            self._refuse_if_stopped()
+            self._inbox.put(("call", call))
+        return call.result()
 
     # -- the loop thread --------------------------------------------------------------------------
 
     def _loop(self) -> None:
+        try:
+            self._serve()
+            self._close_out()
+        except BaseException as exc:  # noqa: BLE001 - the thread's last word: fail everyone, then end
+            log.critical("the engine loop died; failing every request in flight", exc_info=exc)
+            self._die(exc)
+
+    def _serve(self) -> None:
+        """Step while there is work; return when asked to stop."""
         while True:
             if not self._drain_inbox(block=not self.scheduler.has_work()):
-                break
+                return
             if not self.scheduler.has_work():
                 continue
             try:
-                finished, stepped = self._step.run_one()
-            except Exception:  # an engine bug: fail the requests in flight, keep the loop alive
-                log.exception("engine step failed; aborting all requests in flight")
-                self._abort_all()
-                continue
-            for req in finished:
-                self._on_finished(req)
+                stepped = self._step.run_one()
+            except Exception as exc:  # a scheduling bug: fail what is in flight, keep serving
+                log.exception("engine step failed outside its fault isolation; failing all requests")
+                self.scheduler.finish_all(error_reason(exc))
+                stepped = True
+            self._hand_out()
+            if self.config.check_invariants:
+                self._check_invariants()
             self._refresh_stats()
-            if self.debug_check_accounting:
-                try:
-                    self.scheduler.check_accounting()
-                except AssertionError as exc:  # recorded for tests; serving goes on
-                    self.accounting_failures.append(str(exc))
             if not stepped:
                 self._drain_inbox(block=True, timeout=0.005)
-        self._abort_all()
 
-    def _abort_all(self) -> None:
-        for req in list(self.scheduler.waiting) + self.scheduler.holding():
-            self.scheduler.abort(req.rid)
+    def _close_out(self) -> None:
+        """After a stop: abort what the scheduler holds and whatever is still queued."""
+        self.scheduler.finish_all(_SHUTDOWN)
+        self._hand_out()
+        while True:
+            try:
+                kind, payload = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            if kind == "add":
+                payload.finish(_SHUTDOWN)
+                self._on_finished(payload)
+            elif kind == "call":
+                payload.fail(EngineClosedError("the engine is shut down"))
+        self._refresh_stats()
+
+    def _die(self, exc: BaseException) -> None:
+        """The loop cannot go on: answer every request and call in flight with an error.
+        Engine state may be inconsistent here, so KV is not given back."""
+        with self._active_lock:
+            self._dead = exc
+        reason = {"type": "error", "message": f"the engine loop died: {exc!r}"}
+        reqs = list(self.scheduler.waiting) + self.scheduler.holding() + self.scheduler.done
+        while True:
+            try:
+                kind, payload = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            if kind == "add":
+                reqs.append(payload)
+            elif kind == "call":
+                payload.fail(EngineDeadError(reason["message"]))
+        for req in reqs:
+            req.finish(reason)
             self._on_finished(req)
+
+    def _hand_out(self) -> None:
+        for req in self.scheduler.take_finished():
+            self._on_finished(req)
+
+    def _check_invariants(self) -> None:
+        try:
+            self._check_invariants_now()
+        except AssertionError as exc:
+            log.error("engine invariant violated after step %d: %s", self._step.num_steps, exc)
+            self.invariant_violations.append(str(exc))
+
+    def _check_invariants_now(self) -> None:
+        self.scheduler.check_accounting()
+        if self.config.check_invariants:
+            self.scheduler.check_slots()
+            self.scheduler.cache.check()
 
     def _drain_inbox(self, block: bool, timeout: float | None = None) -> bool:
         """Apply queued commands; False once asked to stop."""
@@ -356,11 +436,10 @@ class Engine:
             if kind == "add":
                 self.scheduler.add(payload)
             elif kind == "abort":
-                req = self.scheduler.abort(payload)
-                if req is not None:
-                    self._on_finished(req)
+                self.scheduler.abort(payload)
+                self._hand_out()
             elif kind == "call":
-                payload()
+                payload.run()
             try:
                 item = self._inbox.get_nowait()
             except queue.Empty:
@@ -373,7 +452,17 @@ class Engine:
         return True
 
     def _on_finished(self, req: Req) -> None:
+        """The one way out: every request passes here exactly once."""
+        try:
+            finalize_text(req)
+        except Exception as exc:  # its detokenizer failed on the held-back tail
+            log.error("request %s: final detokenization failed", req.rid, exc_info=exc)
+            req.finish_reason = error_reason(exc)
         with self._active_lock:
+            if req.rid not in self._active:
+                self.invariant_violations.append(f"request {req.rid!r} finished more than once")
+                log.error("request %s finished more than once", req.rid)
+                return
             self._active.discard(req.rid)
         t = req.times
         reason = (req.finish_reason or {}).get("type", "abort")
@@ -383,7 +472,11 @@ class Engine:
                                tuple(t.tokens), len(req.prompt_ids), len(req.output_ids), req.cached_len, reason)
         self.recent_timings.append(timing)
         for fn in self._finish_listeners:
-            fn(timing)
+            try:
+                fn(timing)
+            except Exception:  # the listener's bug: log it, keep serving
+                self._num_listener_errors += 1
+                log.exception("finish listener %r failed for request %s", fn, req.rid)
         notify(req, True)
 
     def _refresh_stats(self) -> None:
@@ -396,4 +489,33 @@ class Engine:
             prefill_tokens_computed=self._step.prefill_tokens, prompt_tokens=self._finished_prompt_tokens,
             generated_tokens=self._step.generated_tokens,
             num_steps=self._step.num_steps, num_finished=sum(self._finished_counts.values()),
-            finish_counts=dict(self._finished_counts))
+            finish_counts=dict(self._finished_counts),
+            invariant_violations=len(self.invariant_violations), listener_errors=self._num_listener_errors,
+            failed_steps=self._step.num_failed_steps)
+
+
+class _Call:
+    """A function to run on the loop thread, and its caller waiting for the outcome."""
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self.fn = fn
+        self._done = threading.Event()
+        self._value: Any = None
+        self._error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self._value = self.fn()
+        except Exception as exc:  # handed back to the calling thread
+            self._error = exc
+        self._done.set()
+
+    def fail(self, exc: BaseException) -> None:
+        self._error = exc
+        self._done.set()
+
+    def result(self) -> Any:
+        self._done.wait()
+        if self._error is not None:
+            raise self._error
+        return self._value

@@ -72,6 +72,10 @@ class ReqToTokenPool:
         self._free_rows = list(range(max_running - 1, -1, -1))
 
     @property
+    def num_rows(self) -> int:
+        return self.table.shape[0]
+
+    @property
     def num_free_rows(self) -> int:
         return len(self._free_rows)
 

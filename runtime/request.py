@@ -18,6 +18,9 @@ class Status(enum.Enum):
     FINISHED = "finished"
 
 
+MAX_TOP_LOGPROBS = 20  # the most alternatives per position a request may ask for (as OpenAI)
+
+
 @dataclass
 class LogprobOptions:
     """What logprobs to return (top-level fields of a native /generate request)."""
@@ -25,6 +28,16 @@ class LogprobOptions:
     return_logprob: bool = False
     logprob_start_len: int | None = None   # None: all prompt positions; -1: output only
     top_logprobs_num: int = 0
+
+    def validate(self, prompt_len: int, vocab_size: int) -> None:
+        """ValueError naming the option when a request asks for what cannot be given."""
+        limit = min(MAX_TOP_LOGPROBS, vocab_size)
+        if not 0 <= self.top_logprobs_num <= limit:
+            raise ValueError(f"top_logprobs_num must be between 0 and {limit}, got {self.top_logprobs_num}")
+        start = self.logprob_start_len
+        if self.return_logprob and start is not None and not -1 <= start < prompt_len:
+            raise ValueError(f"logprob_start_len must be -1 (output only) or a prompt position in "
+                             f"[0, {prompt_len}), got {start}")
 
     def prompt_start(self, prompt_len: int) -> int | None:
         """First prompt position whose logprob is returned, or None for none."""
@@ -76,6 +89,8 @@ class Req:
     last_node: Any = None
     cached_len: int = 0          # prefix-cache hit of the first admission (reported to users)
     num_retractions: int = 0
+    num_failed_steps: int = 0    # steps whose forward failed while this request was in them
+    prefix_counted: bool = False  # its prefix query and hit went into the cache's counters
     finish_reason: dict[str, Any] | None = None
     text: str = ""               # detokenized output (stop strings trimmed at finish)
     detokenizer: Any = None

@@ -1,8 +1,18 @@
 """CPU policy of continuous batching: admission, chunked prefill, decode, retraction, release.
 
-The scheduler owns the waiting and running queues, the KV free list (through KVPool), the slot
-table rows and the prefix cache's locks. It never touches the model: `schedule()` returns a
-ScheduledBatch, the engine runs it and appends sampled tokens, then calls `finish_step()`.
+The scheduler owns the request queues, the KV free list (through KVPool), the slot table rows
+and the prefix cache's locks. It never touches the model: `schedule()` returns a ScheduledBatch,
+the engine runs it and appends sampled tokens, then calls `finish_step()` (or `undo_step()` when
+the forward failed).
+
+Every request it was given is, at any moment, in exactly one place:
+
+    waiting ──admit──▶ prefilling ──prefill complete──▶ running
+       ▲                   │  (a chunked one stays here across steps)  │
+       └──── retract / undo ┴──────────────────────────────────────────┘
+    any of them ──finish──▶ done (released; the engine takes it with take_finished())
+
+so the one finish path (`_retire`) sees every request, whatever step it was in.
 """
 from __future__ import annotations
 
@@ -22,6 +32,10 @@ log = logging.getLogger(__name__)
 NEW_TOKEN_RATIO_INIT = 0.7
 NEW_TOKEN_RATIO_MIN = 0.1
 NEW_TOKEN_RATIO_DECAY = 0.001
+# Faulted steps a request may take part in before it fails (out-of-memory retries).
+MAX_STEP_RETRIES = 3
+# Smallest fraction of the prefill token budget that out-of-memory retries shrink it to.
+MIN_PREFILL_BUDGET_SCALE = 1 / 16
 # A waiting request whose new prefix is shared with one admitted this round waits one round
 # when the sharing exceeds this many tokens, so it hits the cache instead of recomputing.
 IN_BATCH_DEDUP_MIN_TOKENS = 32
@@ -59,9 +73,11 @@ class Scheduler:
         self.req_pool = req_pool
         self.cache = cache
         self.waiting: list[Req] = []
+        self.prefilling: list[Req] = []    # admitted, prefill not complete (at most one across steps)
         self.running: list[Req] = []       # prefill complete, decoding
-        self.chunked: Req | None = None    # partway through a chunked prefill
+        self.done: list[Req] = []          # finished and released; taken by the engine
         self.new_token_ratio = NEW_TOKEN_RATIO_INIT
+        self.prefill_budget_scale = 1.0    # < 1 after an out-of-memory prefill
         self.num_preemptions = 0
 
     # -- queues ----------------------------------------------------------------------------
@@ -70,23 +86,41 @@ class Scheduler:
         req.status = Status.WAITING
         self.waiting.append(req)
 
-    def abort(self, rid: str) -> Req | None:
-        """Finish `rid` with reason abort and give back all it holds; None if unknown."""
-        for req in self.waiting:
-            if req.rid == rid:
-                self.waiting.remove(req)
-                req.finish({"type": "abort", "message": "aborted"})
-                req.status = Status.FINISHED
-                return req
-        for req in self.holding():
-            if req.rid == rid:
-                req.finish({"type": "abort", "message": "aborted"})
-                self._release(req)
-                return req
-        return None
+    def abort(self, rid: str, message: str = "aborted") -> bool:
+        """Finish `rid` with reason abort; False if it is unknown or already finished."""
+        req = next((r for r in self.waiting + self.holding() if r.rid == rid), None)
+        if req is None:
+            return False
+        self.finish(req, {"type": "abort", "message": message})
+        return True
+
+    def finish(self, req: Req, reason: dict) -> None:
+        """End `req` now with `reason` (unless it already has one) wherever it is."""
+        req.finish(reason)
+        if req in self.waiting:
+            self.waiting.remove(req)
+            req.status = Status.FINISHED
+            self.done.append(req)
+        elif req.status is not Status.FINISHED:
+            self._retire(req)
+
+    def finish_all(self, reason: dict) -> None:
+        for req in self.waiting + self.holding():
+            self.finish(req, reason)
+
+    def take_finished(self) -> list[Req]:
+        """Finished requests not yet handed out, each exactly once, in finishing order."""
+        done, self.done = self.done, []
+        return done
+
+    @property
+    def chunked(self) -> Req | None:
+        """The request partway through a chunked prefill, between steps."""
+        return self.prefilling[0] if self.prefilling else None
 
     def holding(self) -> list[Req]:
-        return self.running + ([self.chunked] if self.chunked is not None else [])
+        """Requests that hold a slot-table row, KV slots and a tree lock."""
+        return self.running + self.prefilling
 
     @property
     def num_waiting(self) -> int:
@@ -94,42 +128,72 @@ class Scheduler:
 
     @property
     def num_running(self) -> int:
-        return len(self.holding())
+        return len(self.running) + len(self.prefilling)
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running or self.chunked)
+        return bool(self.waiting or self.running or self.prefilling)
 
     # -- one step --------------------------------------------------------------------------
 
     def schedule(self) -> ScheduledBatch | None:
-        """Pick the next step: a prefill batch when something can be admitted, else decode."""
+        """Pick the next step: a prefill batch when something can be admitted, else decode.
+        Requests that can never fit are finished here (see `done`)."""
         batch = self._schedule_prefill()
         if batch is None and self.running:
             batch = self._schedule_decode()
+        if batch is None and self.prefilling and not self.running:
+            # The chunked request cannot grow and nothing else holds KV: it can never fit.
+            self.finish(self.prefilling[0], _NO_FIT)
         return batch
 
-    def finish_step(self, batch: ScheduledBatch) -> list[Req]:
+    def finish_step(self, batch: ScheduledBatch) -> None:
         """After the engine appended sampled tokens and set finish reasons: cache fresh prefill
-        KV, move completed prefills to running, release finished requests. Returns finished."""
-        finished = []
+        KV, move completed prefills to running, release finished requests (to `done`)."""
         for req, completes in zip(batch.reqs, batch.completes):
+            if req.status is Status.FINISHED:
+                continue  # failed and retired already
             if req.is_finished:
-                self._release(req)
-                finished.append(req)
+                self._retire(req)
                 continue
             if not batch.is_decode:
                 self._cache_unfinished(req)
-                if req is self.chunked and completes:
-                    self.chunked = None
-                if req is not self.chunked and req not in self.running:
+                if completes and req in self.prefilling:
+                    self.prefilling.remove(req)
                     self.running.append(req)
-        return finished
+        if not self.waiting and not self.prefilling:
+            self.prefill_budget_scale = 1.0
+
+    def undo_step(self, batch: ScheduledBatch) -> None:
+        """The forward of `batch` failed: free the slots it allocated without caching them
+        (their KV was never written), and send requests whose prefill it was part of back to
+        the head of the queue. KV committed before the step stays."""
+        for req, prefix in zip(batch.reqs, batch.prefix_lens):
+            if req.status is Status.FINISHED:
+                continue
+            self.kv.free(req.slots[prefix:])
+            del req.slots[prefix:]
+        requeue = [r for r in batch.reqs if r in self.prefilling]
+        for req in requeue:
+            self._release(req)
+            req.status = Status.WAITING
+        self.waiting[:0] = requeue
+
+    def shrink_prefill_budget(self) -> None:
+        """After an out-of-memory prefill: halve the prefill token budget until the queue drains."""
+        self.prefill_budget_scale = max(MIN_PREFILL_BUDGET_SCALE, self.prefill_budget_scale / 2)
 
     # -- prefill admission -----------------------------------------------------------------
 
-    def _schedule_prefill(self) -> ScheduledBatch | None:
-        token_budget = self.limits.max_prefill_tokens
+    def _prefill_budget(self) -> tuple[int, int | None]:
+        """(token budget of one prefill step, chunk size or None), shrunk after an OOM."""
         chunk = self.limits.chunked_prefill_size if self.limits.chunked_prefill_size > 0 else None
+        if self.prefill_budget_scale >= 1.0:
+            return self.limits.max_prefill_tokens, chunk
+        budget = max(1, int(self.limits.max_prefill_tokens * self.prefill_budget_scale))
+        return budget, min(chunk or budget, budget)
+
+    def _schedule_prefill(self) -> ScheduledBatch | None:
+        token_budget, chunk = self._prefill_budget()
         batch = ScheduledBatch([], [], [], [], [], is_decode=False)
         if self.chunked is not None:
             req = self.chunked
@@ -143,64 +207,73 @@ class Scheduler:
             # Nothing could be admitted: skip ordering the queue (a prefix match per waiting
             # request), which would otherwise run on every decode step of a full batch.
             return batch if batch.reqs else None
-        available = self.kv.num_free + self.cache.evictable_size() - self._reserved_decode()
+        reserved = self._reserved_decode()
         dedup = RadixCache()
         admitted = []
         for req in order_waiting(self.waiting, self.limits.policy, self.cache, self.limits.lpm_fcfs_threshold):
-            if self.num_running + len(admitted) >= self.limits.max_num_seqs or token_budget <= 0:
+            if self.num_running >= self.limits.max_num_seqs or token_budget <= 0:
                 break
             key = match_key(req)
-            match = self.cache.match_prefix(key, req.namespace)
             if self.limits.policy != "fcfs" and admitted:
                 shared = dedup.match_prefix(key, req.namespace).length
-                if shared - match.length > IN_BATCH_DEDUP_MIN_TOKENS:
+                if shared - self.cache.match_prefix(key, req.namespace).length > IN_BATCH_DEDUP_MIN_TOKENS:
                     continue
-            extend = len(req.all_ids) - match.length
-            reserve = self._future_decode(req)
-            if self.num_running + len(admitted) > 0 and extend + reserve > available:
-                break
-            n = extend
-            if n > token_budget:
-                if chunk is None and batch.reqs:
-                    break
-                n = min(token_budget, chunk) if chunk is not None else n
-            elif chunk is not None and n > chunk:
-                n = chunk
-            if not self._admit(req, key, n, batch):
+            n = self._admit(req, key, token_budget, chunk, reserved, batch)
+            if n is None:
                 break
             admitted.append(req)
             dedup.insert(key, list(range(len(key))), req.namespace)
-            available -= n + reserve
+            reserved += self._future_decode(req)
             token_budget -= n
-            if req is self.chunked:
-                break
+            if req.kv_len < len(req.all_ids):
+                break  # chunked: it is the last of this batch
         for req in admitted:
             self.waiting.remove(req)
         return batch if batch.reqs else None
 
-    def _admit(self, req: Req, key: list[int], n: int, batch: ScheduledBatch) -> bool:
-        """Give `req` a table row, its cached prefix and `n` new slots; add it to `batch`."""
-        row = self.req_pool.alloc_row()
-        if row is None:
-            return False
-        match = self.cache.match_prefix(key, req.namespace, record=True)
+    def _admit(self, req: Req, key: list[int], token_budget: int, chunk: int | None, reserved: int,
+               batch: ScheduledBatch) -> int | None:
+        """Give `req` a table row, its cached prefix (locked) and slots for its first part, and
+        add it to `batch`; returns how many tokens it extends, or None when it does not fit.
+
+        The fit is judged after locking the prefix, whose slots then stop being evictable:
+        the whole uncached part plus the request's future decode must fit in what stays free
+        or evictable once running requests' reserved decode is set aside.
+        """
+        if self.req_pool.num_free_rows == 0:
+            return None
+        match = self.cache.match_prefix(key, req.namespace)
+        extend = len(req.all_ids) - match.length
+        n = extend
+        if n > token_budget:
+            if chunk is None and batch.reqs:
+                return None
+            n = min(token_budget, chunk) if chunk is not None else n
+        elif chunk is not None and n > chunk:
+            n = chunk
         self.cache.inc_lock_ref(match.node)
-        req.row, req.last_node = row, match.node
+        available = self.kv.num_free + self.cache.evictable_size() - reserved
+        if (self.holding() or batch.reqs) and extend + self._future_decode(req) > available:
+            self.cache.dec_lock_ref(match.node)
+            return None
+        req.row, req.last_node = self.req_pool.alloc_row(), match.node
         req.slots, req.tree_len = list(match.slots), match.length
-        if req.num_retractions == 0 and not req.output_ids:
-            req.cached_len = match.length
-        self.req_pool.write([row], [0], [req.slots])
+        self.req_pool.write([req.row], [0], [req.slots])
         if not self._grow(req, n, batch):
             self.cache.dec_lock_ref(match.node)
-            self.req_pool.free_row(row)
+            self.req_pool.free_row(req.row)
             req.row, req.last_node, req.slots, req.tree_len = None, None, [], 0
-            return False
+            return None
+        if not req.prefix_counted:
+            self.cache.record_query(len(key), match.length)
+            req.prefix_counted = True
+        if req.num_retractions == 0 and not req.output_ids:
+            req.cached_len = match.length
         req.status = Status.RUNNING
         if req.times.scheduled is None:
             req.times.scheduled = time.monotonic()
-        if n < len(req.all_ids) - match.length:
-            self.chunked = req
-        return True
+        self.prefilling.append(req)
+        return n
 
     def _grow(self, req: Req, n: int, batch: ScheduledBatch) -> bool:
         """Allocate `n` slots after req's KV, write them to its row and add it to `batch`."""
@@ -233,10 +306,12 @@ class Scheduler:
 
     # -- decode ----------------------------------------------------------------------------
 
-    def _schedule_decode(self) -> ScheduledBatch:
+    def _schedule_decode(self) -> ScheduledBatch | None:
         """One new token per running request; more for one whose grammar appended forced tokens
         (jump-forward), which turns the step into an extend step for the whole batch."""
         self._make_room_for_decode()
+        if not self.running:
+            return None
         news = [r.seq_len - r.kv_len for r in self.running]
         batch = ScheduledBatch([], [], [], [], [], is_decode=all(n == 1 for n in news))
         rows, starts, new_slots = [], [], []
@@ -259,15 +334,16 @@ class Scheduler:
         return batch
 
     def _make_room_for_decode(self) -> None:
-        """Retract the least-advanced requests until every running one can get a slot."""
+        """Retract until every running request can get its new slots: a chunked prefill first
+        (it has made the least progress), then the least-advanced running request. A request
+        left alone that still cannot get a slot can never fit: it finishes with a reason."""
         while sum(r.seq_len - r.kv_len for r in self.running) > self.kv.num_free + self.cache.evictable_size():
-            if len(self.running) == 1:
-                req = self.running[0]
-                req.finish({"type": "abort", "message": "KV cache too small for this request"})
-                self._release(req)
-                return
-            victim = min(self.running, key=lambda r: (len(r.output_ids), -len(r.prompt_ids)))
-            self._retract(victim)
+            if self.prefilling:
+                self._retract(self.prefilling[0])
+            elif len(self.running) == 1:
+                self.finish(self.running[0], _NO_FIT)
+            else:
+                self._retract(min(self.running, key=lambda r: (len(r.output_ids), -len(r.prompt_ids))))
 
     def _retract(self, req: Req) -> None:
         log.debug("retracting %s after %d output tokens", req.rid, len(req.output_ids))
@@ -283,7 +359,7 @@ class Scheduler:
     def _insert_into_cache(self, req: Req) -> tuple[object, int]:
         """Insert req's computed KV; free what the tree already held. Returns the tree's node
         for req's tokens and how many of them the tree now holds."""
-        key = req.all_ids[: req.kv_len]
+        key = req.ids_range(0, req.kv_len)
         present = self.cache.insert(key, req.slots, req.namespace)
         match = self.cache.match_prefix(key, req.namespace)
         dup_end = min(present, match.length)
@@ -301,8 +377,15 @@ class Scheduler:
         self.cache.dec_lock_ref(req.last_node)
         req.last_node, req.tree_len = node, held
 
+    def _retire(self, req: Req) -> None:
+        """The one way out of the scheduler for a request that held KV: release, mark, hand out."""
+        self._release(req)
+        req.status = Status.FINISHED
+        self.done.append(req)
+
     def _release(self, req: Req) -> None:
-        """Give the tree req's KV, free what it does not keep, unlock, free the row."""
+        """Give the tree req's computed KV, free what it does not keep, unlock, free the row,
+        and take req out of the running and prefilling lists."""
         if req.row is not None:
             _, held = self._insert_into_cache(req)
             self.kv.free(req.slots[held:])
@@ -310,10 +393,9 @@ class Scheduler:
             self.req_pool.free_row(req.row)
         if req in self.running:
             self.running.remove(req)
-        if req is self.chunked:
-            self.chunked = None
+        if req in self.prefilling:
+            self.prefilling.remove(req)
         req.row, req.last_node, req.slots, req.tree_len = None, None, [], 0
-        req.status = Status.FINISHED if req.is_finished else req.status
 
     # -- accounting ----------------------------------------------------------------------------
 
@@ -329,3 +411,20 @@ class Scheduler:
                 f"KV accounting broken: free {self.kv.num_free} + evictable {self.cache.evictable_size()}"
                 f" + locked {self.cache.protected_size()} + running {self.owned_by_running()}"
                 f" = {total} != {self.kv.capacity}")
+
+    def check_slots(self) -> None:
+        """Stronger than check_accounting (O(pool)): every usable slot is in exactly one place,
+        free, in the tree, or owned by one holding request; requests hold rows of their own."""
+        places = [self.kv.free_slots(), self.cache.all_slots()] + [r.owned_slots() for r in self.holding()]
+        flat = [slot for place in places for slot in place]
+        if len(flat) != len(set(flat)) or set(flat) != set(range(1, self.kv.capacity + 1)):
+            raise AssertionError(f"KV slots misplaced: {len(flat)} placed, {len(set(flat))} distinct, "
+                                 f"{self.kv.capacity} usable")
+        rows = [r.row for r in self.holding()]
+        if None in rows or len(rows) != len(set(rows)) or len(rows) + self.req_pool.num_free_rows != self.req_pool.num_rows:
+            raise AssertionError(f"slot-table rows misplaced: holding {rows}, {self.req_pool.num_free_rows} free")
+        if any(r.row is not None or r.slots for r in self.waiting):
+            raise AssertionError("a waiting request still holds a row or slots")
+
+
+_NO_FIT = {"type": "abort", "message": "the KV cache is too small for this request to continue"}

@@ -53,6 +53,9 @@ class EngineStats:
     num_steps: int = 0
     num_finished: int = 0
     finish_counts: dict[str, int] = field(default_factory=dict)
+    invariant_violations: int = 0   # with check_invariants: steps after which a check failed
+    listener_errors: int = 0        # finish listeners that raised (logged, serving went on)
+    failed_steps: int = 0           # forwards that raised (their requests retried or failed)
 
     @property
     def kv_usage(self) -> float:

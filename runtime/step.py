@@ -1,4 +1,10 @@
-"""One engine step: schedule → forward → logprobs and sampling → append tokens → release."""
+"""One engine step: schedule → forward → logprobs and sampling → append tokens → release.
+
+Faults are contained where they arise. A failed forward is the whole step's: its new slots are
+freed uncached (`Scheduler.undo_step`) and its requests are retried (out of memory) or failed.
+An error in one request's part of the rest (its prompt logprobs, its sampling row, its grammar,
+its detokenization) fails that request alone with reason `error`; the others go on.
+"""
 from __future__ import annotations
 
 import logging
@@ -6,13 +12,14 @@ from dataclasses import dataclass
 
 import torch
 
+from radixflow.runtime.faults import NO_FAULTS, FaultInjector, NoFaults
 from radixflow.runtime.grammar.mask import grammar_bitmask
 from radixflow.runtime.grammar.state import advance as advance_grammar
 from radixflow.runtime.model_runner import ModelRunner
-from radixflow.runtime.output import append_token, finalize_text
+from radixflow.runtime.output import append_token
 from radixflow.runtime.request import Req
 from radixflow.runtime.sampler import SampleRow, logprobs_of, sample, top_logprobs
-from radixflow.runtime.scheduler import ScheduledBatch, Scheduler
+from radixflow.runtime.scheduler import MAX_STEP_RETRIES, ScheduledBatch, Scheduler
 
 log = logging.getLogger(__name__)
 
@@ -53,87 +60,192 @@ def notify(req: Req, finished: bool) -> None:
         log.exception("output callback of request %s failed", req.rid)
 
 
+def error_reason(exc: BaseException) -> dict:
+    return {"type": "error", "message": f"{type(exc).__name__}: {exc}"}
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    return isinstance(exc, torch.cuda.OutOfMemoryError) or "out of memory" in str(exc).lower()
+
+
+# One sampled row: (token, its logprob or None, its top logprobs or None), or the row's error.
+Sampled = tuple[int, float | None, list | None] | Exception
+
+
 class StepRunner:
-    """Runs steps for the engine thread; counts prefill tokens, generated tokens, steps."""
+    """Runs steps for the engine thread; counts prefill tokens, generated tokens, steps.
+
+    `faults` is the test-only fault injector (runtime/faults.py); serving uses NO_FAULTS.
+    """
 
     def __init__(self, runner: ModelRunner, scheduler: Scheduler, eos_ids: frozenset[int],
                  max_context_len: int, generator: torch.Generator) -> None:
         self.runner, self.scheduler = runner, scheduler
         self.eos_ids, self.max_context_len = eos_ids, max_context_len
         self.generator = generator
+        self.faults: FaultInjector | NoFaults = NO_FAULTS
         self.prefill_tokens = 0
         self.generated_tokens = 0
         self.num_steps = 0
+        self.num_failed_steps = 0
 
-    def run_one(self) -> tuple[list[Req], bool]:
-        """Schedule and run one step. Returns (finished requests, whether a step ran)."""
+    def run_one(self) -> bool:
+        """Schedule and run one step; finished requests land in `scheduler.done`.
+        Returns whether a step ran."""
         batch = self.scheduler.schedule()
         if batch is None:
-            return [], False
+            return False
         plans = [plan_logits(r, p, n, s) for r, p, n, s in
                  zip(batch.reqs, batch.prefix_lens, batch.extend_lens, batch.sample)]
         try:
+            self.faults.check("forward", [r.rid for r in batch.reqs], self.num_steps)
             logits = self.runner.forward(batch, [p.offsets for p in plans])
-        except (RuntimeError, ValueError) as exc:
-            log.exception("forward step failed; aborting its %d requests", len(batch.reqs))
-            for req in batch.reqs:
-                req.finish({"type": "abort", "message": f"internal error: {exc}"})
-            return self.scheduler.finish_step(batch), True
+        except Exception as exc:  # the whole step's fault: nothing of it is kept
+            self._forward_failed(batch, exc)
+            return True
         self.num_steps += 1
         if not batch.is_decode:
             self.prefill_tokens += sum(batch.extend_lens)
-        self._record_prompt_logprobs(batch, plans, logits)
-        self._sample_and_append(batch, plans, logits)
-        finished = self.scheduler.finish_step(batch)
+        try:
+            self._check_batch_faults(batch.reqs)
+            self._record_prompt_logprobs(batch, plans, logits)
+            self._sample_and_append(batch, plans, logits)
+        except Exception as exc:  # batch-wide handling failed: no one request owns the error
+            log.exception("step %d failed after its forward; failing its %d requests", self.num_steps,
+                          len(batch.reqs))
+            for req in batch.reqs:
+                req.finish(error_reason(exc))
+        self.scheduler.finish_step(batch)
         for req in batch.reqs:
             if req.stream and not req.is_finished and req.output_ids:
                 notify(req, False)
-        return finished, True
+        return True
+
+    def _forward_failed(self, batch: ScheduledBatch, exc: Exception) -> None:
+        """Undo the step; retry its requests after an out-of-memory error (a prefill with a
+        smaller budget), at most MAX_STEP_RETRIES times each; otherwise fail them."""
+        retry = is_out_of_memory(exc)
+        self.num_failed_steps += 1
+        log.error("forward of a %s step with %d requests failed (%s: %s); %s",
+                  "decode" if batch.is_decode else "prefill", len(batch.reqs), type(exc).__name__, exc,
+                  "retrying" if retry else "failing them", exc_info=not retry)
+        self.scheduler.undo_step(batch)
+        for req in batch.reqs:
+            req.num_failed_steps += 1
+            if not retry or req.num_failed_steps > MAX_STEP_RETRIES:
+                self.scheduler.finish(req, error_reason(exc))
+        if retry and not batch.is_decode:
+            self.scheduler.shrink_prefill_budget()
+
+    def _fail(self, req: Req, exc: Exception) -> None:
+        """Fail one request for an error of its own; its batch-mates are not affected."""
+        log.error("request %s failed: %s: %s", req.rid, type(exc).__name__, exc, exc_info=exc)
+        req.finish(error_reason(exc))
 
     def _record_prompt_logprobs(self, batch: ScheduledBatch, plans: list[_LogitPlan],
                                 logits: torch.Tensor) -> None:
         base = 0
         for req, plan in zip(batch.reqs, plans):
-            if not req.input_logprobs and req.logprob.prompt_start(len(req.prompt_ids)) == 0:
-                req.input_logprobs.append((req.prompt_ids[0], None, None))
-            if plan.prompt_positions:
-                k = len(plan.prompt_positions)
-                lp = logprobs_of(logits[base: base + k])
-                toks = torch.tensor([req.prompt_ids[p] for p in plan.prompt_positions], device=lp.device)
-                chosen = lp.gather(1, toks[:, None])[:, 0].tolist()
-                tops = top_logprobs(lp, [req.logprob.top_logprobs_num] * k)
-                for pos, c, t in zip(plan.prompt_positions, chosen, tops):
-                    req.input_logprobs.append((req.prompt_ids[pos], c, t if req.logprob.top_logprobs_num else None))
+            k = len(plan.prompt_positions)
+            try:
+                self._prompt_logprobs_of(req, plan, logits[base: base + k])
+            except Exception as exc:  # this request's logprob options: fail it alone
+                self._fail(req, exc)
             base += len(plan.offsets)
+
+    def _prompt_logprobs_of(self, req: Req, plan: _LogitPlan, logits: torch.Tensor) -> None:
+        if not req.input_logprobs and req.logprob.prompt_start(len(req.prompt_ids)) == 0:
+            req.input_logprobs.append((req.prompt_ids[0], None, None))
+        if not plan.prompt_positions:
+            return
+        lp = logprobs_of(logits)
+        toks = torch.tensor([req.prompt_ids[p] for p in plan.prompt_positions], device=lp.device)
+        chosen = lp.gather(1, toks[:, None])[:, 0].tolist()
+        tops = top_logprobs(lp, [req.logprob.top_logprobs_num] * len(plan.prompt_positions))
+        for pos, c, t in zip(plan.prompt_positions, chosen, tops):
+            req.input_logprobs.append((req.prompt_ids[pos], c, t if req.logprob.top_logprobs_num else None))
 
     def _sample_and_append(self, batch: ScheduledBatch, plans: list[_LogitPlan], logits: torch.Tensor) -> None:
         rows, reqs, base = [], [], 0
         for req, plan in zip(batch.reqs, plans):
             base += len(plan.offsets)
+            if req.is_finished:
+                continue
             if plan.sample:
                 rows.append(base - 1)
                 reqs.append(req)
             elif req.kv_len == len(req.all_ids) and not req.wants_sample:
                 req.finish({"type": "length", "length": 0})  # prefill-only request is done
-                finalize_text(req)
+        rows, reqs = self._prepare_grammars(rows, reqs)
         if not reqs:
             return
         sample_rows = [self._sample_row(r) for r in reqs]
-        bitmask = grammar_bitmask(reqs, logits.device)
-        result = sample(logits[torch.tensor(rows, device=logits.device)], sample_rows, self.generator,
-                        bitmask=bitmask)
-        for i, (req, token) in enumerate(zip(reqs, result.tokens)):
-            if req.grammar is not None and req.grammar.error is not None:
-                req.finish({"type": "abort", "message": req.grammar.error})
-                finalize_text(req)
+        bitmask = grammar_bitmask(reqs, logits.device, on_error=self._fail)
+        for req, outcome in zip(reqs, self._sample(logits, rows, reqs, sample_rows, bitmask)):
+            if isinstance(outcome, Exception):
+                self._fail(req, outcome)
+            elif not req.is_finished:
+                try:
+                    self._append(req, *outcome)
+                except Exception as exc:  # its detokenizer, stop checks or grammar
+                    self._fail(req, exc)
+
+    def _check_batch_faults(self, reqs: list[Req]) -> None:
+        """Test hook: step-level faults of the per-request points, outside isolation."""
+        rids = [r.rid for r in reqs]
+        for point in ("sampler", "grammar", "detokenizer"):
+            self.faults.check(point, rids, self.num_steps - 1, step_level=True)
+
+    def _prepare_grammars(self, rows: list[int], reqs: list[Req]) -> tuple[list[int], list[Req]]:
+        """Make each constrained request's forced-token plan; one that fails is failed and not
+        sampled. Returns the rows and requests to sample."""
+        keep = []
+        for i, req in enumerate(reqs):
+            if req.grammar is None:
+                keep.append(i)
                 continue
-            if result.logprobs is not None and req.logprob.return_logprob:
-                tops = result.top_logprobs[i] if req.logprob.top_logprobs_num else None
-                req.output_logprobs.append((token, result.logprobs[i], tops))
-            append_token(req, token, self.eos_ids, self.max_context_len)
-            self.generated_tokens += 1
-            if req.grammar is not None:  # may finish req, or append forced tokens (jump-forward)
-                self.generated_tokens += advance_grammar(req, token, self.eos_ids, self.max_context_len)
+            try:
+                self.faults.check("grammar", [req.rid], self.num_steps - 1)
+                req.grammar.pinned_token()
+                keep.append(i)
+            except Exception as exc:  # its grammar's error
+                self._fail(req, exc)
+        return [rows[i] for i in keep], [reqs[i] for i in keep]
+
+    def _sample(self, logits: torch.Tensor, rows: list[int], reqs: list[Req], sample_rows: list[SampleRow],
+                bitmask: tuple[torch.Tensor, torch.Tensor] | None) -> list[Sampled]:
+        """Sample all rows at once; if that raises, row by row, so the error stays with the
+        rows that cause it (e.g. NaN logits, a bad sampling option)."""
+        idx = torch.tensor(rows, device=logits.device)
+        step = self.num_steps - 1
+        try:
+            self.faults.check("sampler", [r.rid for r in reqs], step)
+            return _unpack(sample(logits[idx], sample_rows, self.generator, bitmask=bitmask))
+        except Exception as exc:
+            if len(reqs) == 1:
+                return [exc]
+            log.warning("batched sampling of %d rows failed (%s); sampling row by row", len(reqs), exc)
+        out: list[Sampled] = []
+        for i, (req, row) in enumerate(zip(reqs, sample_rows)):
+            try:
+                self.faults.check("sampler", [req.rid], step)
+                out.extend(_unpack(sample(logits[idx[i: i + 1]], [row], self.generator,
+                                          bitmask=_bitmask_row(bitmask, i))))
+            except Exception as exc:  # this row's own error
+                out.append(exc)
+        return out
+
+    def _append(self, req: Req, token: int, logprob: float | None, tops: list | None) -> None:
+        if req.grammar is not None and req.grammar.error is not None:
+            req.finish({"type": "abort", "message": req.grammar.error})
+            return
+        self.faults.check("detokenizer", [req.rid], self.num_steps - 1)
+        if logprob is not None and req.logprob.return_logprob:
+            req.output_logprobs.append((token, logprob, tops if req.logprob.top_logprobs_num else None))
+        append_token(req, token, self.eos_ids, self.max_context_len)
+        self.generated_tokens += 1
+        if req.grammar is not None:  # may finish req, or append forced tokens (jump-forward)
+            self.generated_tokens += advance_grammar(req, token, self.eos_ids, self.max_context_len)
 
     def _sample_row(self, req: Req) -> SampleRow:
         sp = req.sampling
@@ -142,3 +254,23 @@ class StepRunner:
             blocked = sorted(set(sp.stop_token_ids or ()) | (set() if sp.ignore_eos else set(self.eos_ids)))
         return SampleRow(sp, req.prompt_ids, req.output_ids, req.generator, blocked,
                          req.logprob.top_logprobs_num, req.logprob.return_logprob)
+
+
+def _unpack(result) -> list[Sampled]:
+    n = len(result.tokens)
+    lps = result.logprobs if result.logprobs is not None else [None] * n
+    tops = result.top_logprobs if result.top_logprobs is not None else [None] * n
+    return list(zip(result.tokens, lps, tops))
+
+
+def _bitmask_row(bitmask: tuple[torch.Tensor, torch.Tensor] | None,
+                 i: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The part of a batch's grammar bitmask for sample row `i` alone (or None)."""
+    if bitmask is None:
+        return None
+    bits, rows = bitmask
+    k = (rows == i).nonzero()
+    if k.numel() == 0:
+        return None
+    k = int(k[0, 0])
+    return bits[k: k + 1], torch.zeros(1, dtype=rows.dtype, device=rows.device)

@@ -1,6 +1,8 @@
 """One batched int32 allowed-token bitmask per step for the constrained rows of a batch."""
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from radixflow.runtime.grammar.state import GrammarState
@@ -14,13 +16,17 @@ def _bit(token: int) -> tuple[int, int]:
     return word, value - (1 << 32) if value >= 1 << 31 else value
 
 
-def grammar_bitmask(reqs: list[Req], device: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None:
+def grammar_bitmask(reqs: list[Req], device: torch.device,
+                    on_error: Callable[[Req, Exception], None] | None = None,
+                    ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(bitmask [num_constrained, num_words] int32 on `device`, rows [num_constrained] int64:
     index into `reqs` of each bitmask row), or None when no request has a grammar.
 
     Each row is written by the backend straight into the tensor (`fill_mask`), or holds one bit
     for a pinned (forced, jump-forward off) token. EOS bits are then rewritten: allowed exactly
     in accepting states of requests that may stop on EOS, never on a pinned row.
+    A row whose grammar raises is reported to `on_error` (re-raised without one) and allows
+    only EOS.
     """
     rows = [i for i, r in enumerate(reqs) if r.grammar is not None]
     if not rows:
@@ -30,12 +36,19 @@ def grammar_bitmask(reqs: list[Req], device: torch.device) -> tuple[torch.Tensor
     bitmask = torch.zeros((len(rows), vocab.num_words), dtype=torch.int32)  # [R, num_words]
     accepting, broken = [], []
     for k, g in enumerate(states):
-        pinned = g.pinned_token()
-        if pinned is not None:
-            word, value = _bit(pinned)
-            bitmask[k, word] = value
+        try:
+            pinned = g.pinned_token()
+            if pinned is not None:
+                word, value = _bit(pinned)
+                bitmask[k, word] = value
+                continue
+            g.matcher.fill_mask(bitmask[k].data_ptr(), vocab.num_words)
+        except Exception as exc:  # this request's grammar: the caller fails it alone
+            if on_error is None:
+                raise
+            on_error(reqs[rows[k]], exc)
+            broken.append(k)
             continue
-        g.matcher.fill_mask(bitmask[k].data_ptr(), vocab.num_words)
         if g.error is not None:
             broken.append(k)  # EOS only: the engine aborts it after this step
         elif g.allow_eos and g.matcher.is_accepting():

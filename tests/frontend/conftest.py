@@ -54,8 +54,7 @@ class LiveServer:
 def engine() -> Iterator[Any]:
     from radixflow.runtime import Engine
 
-    with Engine(kv_cache_tokens=4096) as eng:
-        eng.debug_check_accounting = True
+    with Engine(kv_cache_tokens=4096, check_invariants=True) as eng:
         yield eng
 
 

@@ -19,7 +19,7 @@ def _settled(engine, aborts_before: int, timeout_s: float = 10.0) -> None:
         assert time.monotonic() < deadline, f"request not aborted: {s}"
         time.sleep(0.02)
     engine.check_accounting()
-    assert engine.accounting_failures == []
+    assert engine.invariant_violations == []
     assert engine.stats().kv_slots_used == 0  # nothing held or locked: only free and evictable slots
 
 

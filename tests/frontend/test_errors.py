@@ -96,7 +96,7 @@ def test_engine_keeps_serving_after_errors(client, engine):
     ok = client.post("/v1/completions", json=COMP)
     assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 2
     engine.check_accounting()
-    assert engine.accounting_failures == []
+    assert engine.invariant_violations == []
 
 
 def test_queue_full_is_429_and_others_are_served(request):

@@ -68,3 +68,38 @@ def test_engine_that_fails_to_start(request):
             assert r.status_code == 503 and "failed to start" in r.json()["error"]["message"]
     finally:
         live.stop()
+
+
+def test_dead_engine_loop_answers_503_and_fails_streams(request):
+    """The loop thread dies: the stream in flight ends with an error, /health and new requests 503."""
+    from radixflow.runtime import Engine
+
+    live_server = request.getfixturevalue("server").__class__
+    engine = Engine(kv_cache_tokens=512)
+    app = create_app(engine, "tiny-dead")
+    live = live_server(app).start()
+    try:
+        with httpx.Client(base_url=live.url, timeout=30) as c:
+            assert c.get("/health").status_code == 200
+            real = engine._step.run_one
+            calls = []
+
+            def run_one():
+                calls.append(1)
+                if len(calls) > 3:
+                    raise SystemExit("the loop thread dies")
+                return real()
+
+            engine._step.run_one = run_one
+            body = {"text": "hello", "stream": True,
+                    "sampling_params": {"max_new_tokens": 200, "ignore_eos": True}}
+            with c.stream("POST", "/generate", json=body) as r:
+                lines = [line for line in r.iter_lines() if line.startswith("data:")]
+            assert lines[-1] == "data: [DONE]"
+            assert '"error"' in lines[-2]
+            assert c.get("/health").status_code == 503
+            r = c.post("/generate", json={"text": "again", "sampling_params": {"max_new_tokens": 1}})
+            assert r.status_code == 503 and r.json()["error"]["type"] == "service_unavailable"
+    finally:
+        live.stop()
+        engine.shutdown()

@@ -105,13 +105,12 @@ def test_static_buffer_replay_equals_eager_on_cpu():
         batches = [_prompts(vocab, n, seed=n) for n in (1, 3, 6)]
         want = _generate(eager, batches)
     capture = EagerCapture()
-    with Engine(**config) as engine:
+    with Engine(**config, check_invariants=True) as engine:
         runner = engine.runner
         assert runner.graph_runner is None  # CPU: no graphs by default
         runner.graph_runner = DecodeGraphRunner(runner.model, runner.attention, runner.req_pool.table, 4, capture)
-        engine.debug_check_accounting = True
         got = _generate(engine, batches)
-        assert not engine.accounting_failures
+        assert not engine.invariant_violations
     assert got == want
     # batch 1 replays as 1, batch 3 padded to 4, batch 6 exceeds the largest graph: eager
     assert capture.replays == Counter({1: GREEDY["max_new_tokens"] - 1, 4: GREEDY["max_new_tokens"] - 1})
@@ -127,7 +126,7 @@ def test_gpu_greedy_identical_with_and_without_cuda_graphs():
         vocab = eager.runner.args.vocab_size
         batches = [_prompts(vocab, n, seed=n) for n in (1, 3, 8, 11)]
         want = _generate(eager, batches)
-    with Engine(**config) as engine:
+    with Engine(**config, check_invariants=True) as engine:
         runner = engine.runner.graph_runner
         assert runner is not None and runner.batch_sizes == [1, 2, 4, 8]
         calls = Counter()

@@ -25,10 +25,9 @@ def _prompts(engine: Engine, n: int, seed: int = 0) -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def engine():
-    with Engine(kv_cache_tokens=8192) as e:
-        e.debug_check_accounting = True
+    with Engine(kv_cache_tokens=8192, check_invariants=True) as e:
         yield e
-    assert not e.accounting_failures
+    assert not e.invariant_violations
 
 
 @pytest.fixture(scope="module")
@@ -69,13 +68,12 @@ def test_fully_cached_second_run_equals_first(engine, reference):
 ])
 def test_greedy_equivalence_across_configs(reference, config):
     prompts, alone = reference
-    with Engine(**{"kv_cache_tokens": 8192, **config}) as e:
-        e.debug_check_accounting = True
+    with Engine(**{"kv_cache_tokens": 8192, "check_invariants": True, **config}) as e:
         assert _ids(e.generate(input_ids=prompts, sampling_params=GREEDY)) == alone
         if config.get("kv_cache_tokens") == 160:
             assert e.stats().num_preemptions > 0
         e.check_accounting()
-    assert not e.accounting_failures
+    assert not e.invariant_violations
 
 
 def test_shared_prefix_hits(engine):
@@ -255,8 +253,7 @@ def test_accounting_under_random_workload_with_aborts():
     from concurrent.futures import ThreadPoolExecutor
 
     rng = random.Random(3)
-    with Engine(kv_cache_tokens=700, max_num_seqs=24, chunked_prefill_size=32) as e:
-        e.debug_check_accounting = True
+    with Engine(kv_cache_tokens=700, max_num_seqs=24, chunked_prefill_size=32, check_invariants=True) as e:
         vocab = e.runner.args.vocab_size
         roots = [[rng.randrange(vocab) for _ in range(60)] for _ in range(4)]
         jobs = []
@@ -283,7 +280,7 @@ def test_accounting_under_random_workload_with_aborts():
         stats = e.stats()
         assert stats.num_running == 0 and stats.num_waiting == 0
         assert stats.num_steps > 50
-    assert not e.accounting_failures
+    assert not e.invariant_violations
 
 
 @pytest.mark.parametrize("chunk", [0, 7, 64])

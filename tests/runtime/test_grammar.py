@@ -47,10 +47,9 @@ PATHOLOGICAL = {"type": "object", "properties": {"code": {"type": "string", "pat
 
 @pytest.fixture(scope="module")
 def engine():
-    with Engine(kv_cache_tokens=65536, grammar_timeout_s=3.0) as e:
-        e.debug_check_accounting = True
+    with Engine(kv_cache_tokens=65536, grammar_timeout_s=3.0, check_invariants=True) as e:
         yield e
-    assert not e.accounting_failures
+    assert not e.invariant_violations
 
 
 def _stopped(results):
@@ -214,12 +213,11 @@ def test_greedy_grammar_output_survives_retraction_and_chunking():
     prompts = [f"Retract {i} " * (1 + i % 3) for i in range(12)]
     outs = []
     for config in ({}, {"kv_cache_tokens": 600, "max_num_seqs": 12}, {"chunked_prefill_size": 5}):
-        with Engine(**{"kv_cache_tokens": 8192, **config}) as e:
-            e.debug_check_accounting = True
+        with Engine(**{"kv_cache_tokens": 8192, "check_invariants": True, **config}) as e:
             results = e.generate(prompts, params)
             assert _stopped(results) == ["stop"] * len(prompts)
             outs.append([r["text"] for r in results])
             if "max_num_seqs" in config:
                 assert e.stats().num_preemptions > 0
-        assert not e.accounting_failures
+        assert not e.invariant_violations
     assert outs[0] == outs[1] == outs[2]

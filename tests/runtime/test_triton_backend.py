@@ -38,13 +38,12 @@ def _prompts(vocab: int) -> tuple[list[int], list[list[int]]]:
 
 def _run(backend: str, **config) -> tuple[list[list[int]], list[int]]:
     """Greedy outputs of the mixed batch, and the cached-token counts it reported."""
-    with Engine(attention_backend=backend, **{**BASE_CONFIG, **config}) as engine:
-        engine.debug_check_accounting = True
+    with Engine(attention_backend=backend, check_invariants=True, **{**BASE_CONFIG, **config}) as engine:
         warm, batch = _prompts(engine.runner.args.vocab_size)
         assert engine.runner.shape.attention_backend == backend
         engine.generate(input_ids=warm, sampling_params=GREEDY)
         results = engine.generate(input_ids=batch, sampling_params=GREEDY)
-        assert not engine.accounting_failures
+        assert not engine.invariant_violations
     return [r["output_ids"] for r in results], [r["meta_info"]["cached_tokens"] for r in results]
 
 
