@@ -1,22 +1,28 @@
-"""Every Prometheus metric the server exports, in one table; fed by finish listeners and engine stats.
+"""Every Prometheus metric the server exports, declared once in one table; fed by finish listeners
+and engine stats.
 
-Histograms observe each finished request's timeline (engine.add_finish_listener, engine
-thread). Gauges and counters are read from `engine.stats()` at scrape time by a custom
-collector, so counters mirror the engine's own monotone numbers. One registry per app.
+Per-request histograms observe each finished request's timeline (engine.add_finish_listener,
+engine thread). Gauges, counters and the cache's own histograms are read from `engine.stats()`
+at scrape time by a custom collector, so counters mirror the engine's monotone numbers and never
+reset while serving. Every series carries `model_name`. One registry per app.
 """
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from radixflow.runtime.stats import EngineStats, RequestTiming
 
-_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
-_ITL_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+# Latency buckets resolve a GPU decode step (sub-millisecond) and a loaded CPU server (minutes).
+_LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+                    60.0, 120.0, 300.0)
+_ITL_BUCKETS = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.5, 5.0)
+_POSITION_BUCKETS = (1, 16, 64, 256, 1024, 4096, 16384, 65536, 262144)
 
 
 def _one(value: float | None) -> list[float]:
@@ -27,77 +33,146 @@ def _prefill(t: RequestTiming) -> float | None:
     return None if t.scheduled is None or t.first_token is None else t.first_token - t.scheduled
 
 
-# name, help, buckets, values observed per finished request
-HISTOGRAMS: tuple[tuple[str, str, tuple[float, ...], Callable[[RequestTiming], list[float]]], ...] = (
-    ("radixflow_queue_time_seconds", "Arrival to first scheduled.", _LATENCY_BUCKETS, lambda t: _one(t.queue_s)),
-    ("radixflow_prefill_time_seconds", "First scheduled to first token.", _LATENCY_BUCKETS,
-     lambda t: _one(_prefill(t))),
-    ("radixflow_time_to_first_token_seconds", "Arrival to first token.", _LATENCY_BUCKETS,
-     lambda t: _one(t.ttft_s)),
-    ("radixflow_inter_token_latency_seconds", "Time between consecutive output tokens.", _ITL_BUCKETS,
-     lambda t: t.inter_token_s()),
-    ("radixflow_e2e_request_latency_seconds", "Arrival to finish.", _LATENCY_BUCKETS, lambda t: [t.e2e_s]),
-)
+@dataclass(frozen=True)
+class MetricSpec:
+    """One exported metric. `kind`: counter | gauge | histogram. Exactly one source:
+    `observe` (values per finished request, histogram), `read` (from EngineStats: a number, or
+    with `label` a dict label value -> number), or `read_histogram` (an engine Histogram)."""
 
-# name, help, value read from the engine's stats at scrape time
-GAUGES: tuple[tuple[str, str, Callable[[EngineStats], float]], ...] = (
-    ("radixflow_kv_cache_usage_ratio", "KV slots held by running requests and locked prefixes / all slots.",
-     lambda s: s.kv_usage),
-    ("radixflow_num_requests_waiting", "Requests queued for admission.", lambda s: s.num_waiting),
-    ("radixflow_num_requests_running", "Requests in the running batch.", lambda s: s.num_running),
+    name: str
+    kind: str
+    unit: str
+    help: str
+    observe: Callable[[RequestTiming], list[float]] | None = None
+    buckets: tuple[float, ...] = ()
+    read: Callable[[EngineStats], Any] | None = None
+    label: str | None = None
+    read_histogram: Callable[[EngineStats], Any] | None = None
+
+
+METRICS: tuple[MetricSpec, ...] = (
+    # the four timers
+    MetricSpec("radixflow_queue_time_seconds", "histogram", "seconds", "Arrival to first scheduled.",
+               observe=lambda t: _one(t.queue_s), buckets=_LATENCY_BUCKETS),
+    MetricSpec("radixflow_prefill_time_seconds", "histogram", "seconds", "First scheduled to first token.",
+               observe=lambda t: _one(_prefill(t)), buckets=_LATENCY_BUCKETS),
+    MetricSpec("radixflow_time_to_first_token_seconds", "histogram", "seconds", "Arrival to first token.",
+               observe=lambda t: _one(t.ttft_s), buckets=_LATENCY_BUCKETS),
+    MetricSpec("radixflow_inter_token_latency_seconds", "histogram", "seconds",
+               "Time between consecutive output tokens.", observe=lambda t: t.inter_token_s(), buckets=_ITL_BUCKETS),
+    MetricSpec("radixflow_e2e_request_latency_seconds", "histogram", "seconds", "Arrival to finish.",
+               observe=lambda t: [t.e2e_s], buckets=_LATENCY_BUCKETS),
+    # the four gauges (preemptions and hit rate as counters: rate() them)
+    MetricSpec("radixflow_kv_cache_usage_ratio", "gauge", "ratio",
+               "KV slots held by running requests and locked prefixes / all slots.", read=lambda s: s.kv_usage),
+    MetricSpec("radixflow_num_requests_waiting", "gauge", "requests", "Requests queued for admission.",
+               read=lambda s: s.num_waiting),
+    MetricSpec("radixflow_num_requests_running", "gauge", "requests", "Requests in the running batch.",
+               read=lambda s: s.num_running),
+    MetricSpec("radixflow_preemptions_total", "counter", "requests",
+               "Running requests retracted for lack of KV slots.", read=lambda s: s.num_preemptions),
+    MetricSpec("radixflow_prefix_cache_hit_tokens_total", "counter", "tokens",
+               "Prompt tokens found in the prefix cache (once per admitted request).",
+               read=lambda s: s.prefix_hit_tokens),
+    MetricSpec("radixflow_prefix_cache_query_tokens_total", "counter", "tokens",
+               "Prompt tokens looked up in the prefix cache (once per admitted request).",
+               read=lambda s: s.prefix_query_tokens),
+    # misses explained, eviction and residency
+    MetricSpec("radixflow_prefix_cache_miss_tokens_total", "counter", "tokens",
+               "Prefill tokens computed, by why they were not cached: cold, evicted, namespace, divergent, "
+               "chunk (after a chunked prefill's first chunk), logits (kept out of the match for their logits).",
+               read=lambda s: s.miss_tokens, label="reason"),
+    MetricSpec("radixflow_prefix_cache_divergence_position_tokens", "histogram", "tokens",
+               "Matched length at which a prompt left a cached sequence (divergent misses).",
+               observe=lambda t: _one(t.divergent_at), buckets=_POSITION_BUCKETS),
+    MetricSpec("radixflow_kv_evicted_tokens_total", "counter", "tokens", "Cached tokens evicted (LRU).",
+               read=lambda s: s.evicted_tokens),
+    MetricSpec("radixflow_kv_cached_token_lifetime_seconds", "histogram", "seconds",
+               "How long evicted tokens had been cached (counts are tokens).", read_histogram=lambda s: s.kv_lifetime),
+    MetricSpec("radixflow_prefix_cache_reuse_gap_seconds", "histogram", "seconds",
+               "Time between counted hits of the same cached prefix.", read_histogram=lambda s: s.reuse_gap),
+    # goodput
+    MetricSpec("radixflow_goodput_requests_total", "counter", "requests",
+               "Requests that ended normally within every configured SLO.", read=lambda s: s.good_requests),
+    MetricSpec("radixflow_slo_violations_total", "counter", "requests", "Requests that missed each configured SLO.",
+               read=lambda s: s.slo_violations, label="slo"),
+    MetricSpec("radixflow_sessions_total", "counter", "sessions", "Distinct sessions (session_id / user) seen.",
+               read=lambda s: s.num_sessions),
+    MetricSpec("radixflow_sessions_slo_violated_total", "counter", "sessions",
+               "Sessions with at least one request that was not good.", read=lambda s: s.num_bad_sessions),
+    # volume and health
+    MetricSpec("radixflow_requests_finished_total", "counter", "requests",
+               "Finished requests by finish reason (stop, length, abort, error).",
+               read=lambda s: s.finish_counts, label="reason"),
+    MetricSpec("radixflow_prompt_tokens_total", "counter", "tokens", "Prompt tokens of finished requests.",
+               read=lambda s: s.prompt_tokens),
+    MetricSpec("radixflow_prefill_tokens_computed_total", "counter", "tokens",
+               "Tokens run through prefill (the sum of the miss reasons).", read=lambda s: s.prefill_tokens_computed),
+    MetricSpec("radixflow_generation_tokens_total", "counter", "tokens", "Output tokens generated.",
+               read=lambda s: s.generated_tokens),
+    MetricSpec("radixflow_failed_steps_total", "counter", "steps", "Forward passes that raised.",
+               read=lambda s: s.failed_steps),
+    MetricSpec("radixflow_invariant_violations_total", "counter", "steps",
+               "Steps after which an engine invariant check failed (--check-invariants).",
+               read=lambda s: s.invariant_violations),
 )
-COUNTERS: tuple[tuple[str, str, Callable[[EngineStats], float]], ...] = (
-    ("radixflow_preemptions_total", "Running requests retracted for lack of KV slots.",
-     lambda s: s.num_preemptions),
-    ("radixflow_prefix_cache_hit_tokens_total", "Prompt tokens found in the prefix cache.",
-     lambda s: s.prefix_hit_tokens),
-    ("radixflow_prefix_cache_query_tokens_total", "Prompt tokens looked up in the prefix cache.",
-     lambda s: s.prefix_query_tokens),
-    ("radixflow_prompt_tokens_total", "Prompt tokens of finished requests.", lambda s: s.prompt_tokens),
-    ("radixflow_prefill_tokens_computed_total", "Tokens run through prefill (cache misses and recompute).",
-     lambda s: s.prefill_tokens_computed),
-    ("radixflow_generation_tokens_total", "Output tokens generated.", lambda s: s.generated_tokens),
-)
-FINISHED = ("radixflow_requests_finished_total", "Finished requests by finish reason (stop, length, abort).")
+METRIC_NAMES = frozenset(m.name for m in METRICS)
+_FAMILIES = {"counter": CounterMetricFamily, "gauge": GaugeMetricFamily}
 
 
 class _StatsCollector(Collector):
-    def __init__(self, stats: Callable[[], EngineStats | None]) -> None:
-        self._stats = stats
+    def __init__(self, stats: Callable[[], EngineStats | None], model: Callable[[], str]) -> None:
+        self._stats, self._model = stats, model
 
     def collect(self) -> Iterator[Metric]:
         stats = self._stats()
         if stats is None:  # engine not started yet
             return
-        for name, doc, read in GAUGES:
-            yield GaugeMetricFamily(name, doc, value=read(stats))
-        for name, doc, read in COUNTERS:
-            yield CounterMetricFamily(name, doc, value=read(stats))
-        finished = CounterMetricFamily(FINISHED[0], FINISHED[1], labels=["reason"])
-        for reason, count in sorted(stats.finish_counts.items()):
-            finished.add_metric([reason], count)
-        yield finished
+        model = self._model()
+        for spec in METRICS:
+            if spec.read is not None:
+                yield self._family(spec, spec.read(stats), model)
+            elif spec.read_histogram is not None:
+                h = spec.read_histogram(stats)
+                family = HistogramMetricFamily(spec.name, spec.help, labels=["model_name"])
+                buckets = [("+Inf" if b == float("inf") else repr(b), c) for b, c in h.cumulative()]
+                family.add_metric([model], buckets, h.sum)
+                yield family
+
+    @staticmethod
+    def _family(spec: MetricSpec, value: Any, model: str) -> Metric:
+        labels = ["model_name"] + ([spec.label] if spec.label else [])
+        family = _FAMILIES[spec.kind](spec.name, spec.help, labels=labels)
+        if spec.label:
+            for key, v in sorted(value.items()):
+                family.add_metric([model, key], v)
+        else:
+            family.add_metric([model], value)
+        return family
 
 
 class Metrics:
-    """One app's metrics. `bind(engine)` once the engine exists; `render()` for /metrics."""
+    """One app's metrics. `bind(engine, model_name)` once the engine exists; `render()` for /metrics."""
 
     content_type = "text/plain; version=0.0.4; charset=utf-8"
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         self._engine: Any = None
-        self._histograms = [(Histogram(name, doc, buckets=buckets, registry=self.registry), values)
-                            for name, doc, buckets, values in HISTOGRAMS]
-        self.registry.register(_StatsCollector(lambda: None if self._engine is None else self._engine.stats()))
+        self.model_name = ""
+        self._histograms = [(Histogram(m.name, m.help, ["model_name"], buckets=m.buckets, registry=self.registry),
+                             m.observe) for m in METRICS if m.observe is not None]
+        self.registry.register(_StatsCollector(lambda: None if self._engine is None else self._engine.stats(),
+                                               lambda: self.model_name))
 
-    def bind(self, engine: Any) -> None:
-        self._engine = engine
+    def bind(self, engine: Any, model_name: str) -> None:
+        self._engine, self.model_name = engine, model_name
+        self._children = [(h.labels(model_name), values) for h, values in self._histograms]
         engine.add_finish_listener(self.observe)
 
     def observe(self, timing: RequestTiming) -> None:
         """Runs on the engine thread after each finished request (prometheus_client is thread-safe)."""
-        for histogram, values in self._histograms:
+        for histogram, values in self._children:
             for value in values(timing):
                 histogram.observe(value)
 

@@ -45,7 +45,7 @@ class ServerState:
         if self.served_model_name is None:
             self.served_model_name = engine.model_path
         self.role_markers = engine.tokenizer.role_markers()
-        self.metrics.bind(engine)
+        self.metrics.bind(engine, self.served_model_name)
         self.phase = "ready"
         log.info("engine ready: %s (%s), KV pool %d tokens, max context %d tokens", self.served_model_name,
                  engine.model_path, engine.stats().kv_slots_total, engine.max_context_len)

@@ -91,3 +91,12 @@ def preview(key: tuple[int, ...], max_tokens: int) -> str:
 def _sorted_children(node: Node) -> list[Node]:
     # Reversed so that a stack pops them in ascending first-token order.
     return [node.children[t] for t in sorted(node.children, reverse=True)]
+
+
+def common_len(node_key: tuple[int, ...], key: tuple[int, ...], pos: int) -> int:
+    """Length of the common prefix of `node_key` and `key[pos:]`."""
+    n = min(len(node_key), len(key) - pos)
+    i = 0
+    while i < n and node_key[i] == key[pos + i]:
+        i += 1
+    return i

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from .histogram import Histogram
 from .tree import MatchResult, Node
 
 
@@ -19,6 +20,8 @@ class NullCache:
         self.hit_tokens = 0
         self.query_tokens = 0
         self.evicted_tokens = 0
+        self.lifetime = Histogram()
+        self.reuse_gap = Histogram()
         self._root = Node((), (), None)
 
     def match_prefix(self, key: Sequence[int], namespace: str | None = None, *,
@@ -27,8 +30,12 @@ class NullCache:
             self.query_tokens += len(key)
         return MatchResult([], self._root, 0)
 
-    def record_query(self, query_tokens: int, hit_tokens: int) -> None:
+    def record_query(self, query_tokens: int, hit_tokens: int, node: Node | None = None) -> None:
         self.query_tokens += query_tokens
+
+    def explain_miss(self, key: Sequence[int], namespace: str | None,
+                     match: MatchResult) -> tuple[list[tuple[str, int]], int | None]:
+        return ([("cold", len(key))] if key else []), None
 
     def insert(self, key: Sequence[int], values: Sequence[int], namespace: str | None = None) -> int:
         if len(key) != len(values):

@@ -4,6 +4,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
 
+from .histogram import Histogram
 from .tree import MatchResult, Node
 
 
@@ -22,11 +23,16 @@ class PrefixCache(Protocol):
     hit_tokens: int
     query_tokens: int
     evicted_tokens: int
+    lifetime: Histogram      # seconds evicted tokens were cached, token-weighted
+    reuse_gap: Histogram     # seconds between counted hits of one node
 
     def match_prefix(self, key: Sequence[int], namespace: str | None = None, *,
                      record: bool = False) -> MatchResult: ...
 
-    def record_query(self, query_tokens: int, hit_tokens: int) -> None: ...
+    def record_query(self, query_tokens: int, hit_tokens: int, node: Node | None = None) -> None: ...
+
+    def explain_miss(self, key: Sequence[int], namespace: str | None,
+                     match: MatchResult) -> tuple[list[tuple[str, int]], int | None]: ...
 
     def insert(self, key: Sequence[int], values: Sequence[int],
                namespace: str | None = None) -> int: ...

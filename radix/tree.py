@@ -2,10 +2,13 @@
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
-from .debug import check_tree, format_tree, preview
+from .debug import check_tree, common_len, format_tree, preview
+from .eviction_log import EvictionLog
+from .histogram import Histogram
 from .lru import LeafLRU
 
 FreeFn = Callable[[list[int]], None]
@@ -21,13 +24,14 @@ class Node:
     running requests whose matched path passes through this node; a node with
     `lock_ref > 0` is never evicted. `last_access` is the cache tick of the last
     match/insert that touched the node. Roots have `parent is None` and an empty key;
-    evicted nodes have `parent is None` and keep their key.
+    evicted nodes have `parent is None` and keep their key. `created_s` / `used_s`: monotonic
+    seconds of the insertion of its tokens and of their last counted hit.
     """
 
-    __slots__ = ("key", "value", "parent", "children", "lock_ref", "last_access", "id")
+    __slots__ = ("key", "value", "parent", "children", "lock_ref", "last_access", "id", "created_s", "used_s")
 
     def __init__(self, key: tuple[int, ...], value: tuple[int, ...], parent: Node | None,
-                 tick: int = 0) -> None:
+                 tick: int = 0, created_s: float | None = None) -> None:
         self.key = key
         self.value = value
         self.parent = parent
@@ -35,6 +39,7 @@ class Node:
         self.lock_ref = 0
         self.last_access = tick
         self.id = next(_node_ids)
+        self.created_s = self.used_s = time.monotonic() if created_s is None else created_s
 
     @property
     def is_root(self) -> bool:
@@ -77,6 +82,9 @@ class RadixCache:
     a LeafLRU keyed by the access tick, so evict never scans the tree.
 
     Counters `hit_tokens`, `query_tokens`, `evicted_tokens` only grow; `reset` keeps them.
+    `lifetime`: seconds evicted tokens had been cached (token-weighted); `reuse_gap`: seconds
+    between counted hits of the same node. `eviction_log` remembers evicted edges so that
+    `explain_miss` can tell an evicted prefix from a cold one.
     Not thread-safe: the engine loop owns it.
     """
 
@@ -90,6 +98,10 @@ class RadixCache:
         self._evictable_size = 0
         self._protected_size = 0
         self._num_nodes = 0
+        self._namespace_of: dict[int, str | None] = {}  # id(root) -> namespace
+        self.eviction_log = EvictionLog()
+        self.lifetime = Histogram()
+        self.reuse_gap = Histogram()
 
     # ---- lookup and insertion -------------------------------------------------------
 
@@ -107,11 +119,55 @@ class RadixCache:
             self.hit_tokens += len(slots)
         return MatchResult(slots, node, len(slots))
 
-    def record_query(self, query_tokens: int, hit_tokens: int) -> None:
-        """Count one request's prefix lookup: `query_tokens` asked for, `hit_tokens` found.
-        The engine calls it once per admitted request, not per admission attempt."""
+    def record_query(self, query_tokens: int, hit_tokens: int, node: Node | None = None) -> None:
+        """Count one request's prefix lookup: `query_tokens` asked for, `hit_tokens` found,
+        ending at `node` (its reuse gap is recorded). The engine calls it once per admitted
+        request, not per admission attempt."""
         self.query_tokens += query_tokens
         self.hit_tokens += hit_tokens
+        if hit_tokens and node is not None and node.parent is not None:
+            now = time.monotonic()
+            self.reuse_gap.observe(now - node.used_s)
+            node.used_s = now
+
+    def explain_miss(self, key: Sequence[int], namespace: str | None,
+                     match: MatchResult) -> tuple[list[tuple[str, int]], int | None]:
+        """Why `key[match.length:]` is not cached, as runs [(reason, tokens)] in key order, and
+        the matched length when the prompt diverged from a cached sequence (else None).
+
+        Reasons: `evicted` (the tree held these tokens here and evicted them), `namespace`
+        (cached under another namespace), `divergent` (the tree goes on past the match with a
+        different token), `cold` (nothing cached goes this way). Does not change the tree.
+        """
+        key = _as_tuple(key)
+        pos, runs = match.length, []
+        evicted = self.eviction_log.evicted_len(namespace, key, pos)
+        if evicted:
+            runs.append(("evicted", evicted))
+            pos += evicted
+        elsewhere = max((self._peek(root, key) for ns, root in self._roots.items() if ns != namespace),
+                        default=0)
+        if elsewhere > pos:
+            runs.append(("namespace", elsewhere - pos))
+            pos = elsewhere
+        diverged = pos == match.length and bool(match.node.children)
+        if pos < len(key):
+            runs.append(("divergent" if diverged else "cold", len(key) - pos))
+        return runs, match.length if diverged and pos < len(key) else None
+
+    def _peek(self, root: Node, key: tuple[int, ...]) -> int:
+        """Matched length of `key` below `root`, without splitting or touching anything."""
+        node, pos = root, 0
+        while pos < len(key):
+            child = node.children.get(key[pos])
+            if child is None:
+                break
+            n = common_len(child.key, key, pos)
+            pos += n
+            if n < len(child.key):
+                break
+            node = child
+        return pos
 
     def insert(self, key: Sequence[int], values: Sequence[int], namespace: str | None = None) -> int:
         """Cache `key -> values` and return the length of the prefix that was already cached.
@@ -144,7 +200,7 @@ class RadixCache:
             child_key = child.key
             child_len = len(child_key)
             if key[pos:pos + child_len] != child_key:
-                child_len = _common_len(child_key, key, pos)
+                child_len = common_len(child_key, key, pos)
                 child = self._split(child, child_len)
             child.last_access = tick
             slots.extend(child.value)
@@ -163,7 +219,8 @@ class RadixCache:
         """
         parent = node.parent
         assert parent is not None and 0 < at < len(node.key), "split outside a node"
-        head = Node(node.key[:at], node.value[:at], parent, node.last_access)
+        head = Node(node.key[:at], node.value[:at], parent, node.last_access, node.created_s)
+        head.used_s = node.used_s
         head.lock_ref = node.lock_ref
         head.children[node.key[at]] = node
         parent.children[node.key[0]] = head
@@ -245,6 +302,12 @@ class RadixCache:
     def _remove_leaf(self, leaf: Node) -> None:
         parent = leaf.parent
         assert parent is not None and not leaf.children and leaf.lock_ref == 0
+        depth, up = 0, parent
+        while up.parent is not None:
+            depth += len(up.key)
+            up = up.parent
+        self.eviction_log.record(self._namespace_of[id(up)], depth, leaf.key)
+        self.lifetime.observe(time.monotonic() - leaf.created_s, len(leaf.key))
         del parent.children[leaf.key[0]]
         leaf.parent = None
         self._evictable_size -= len(leaf.key)
@@ -261,6 +324,7 @@ class RadixCache:
             raise RuntimeError(f"reset: {self._protected_size} tokens are locked by running requests")
         slots = self.all_slots()
         self._roots.clear()
+        self._namespace_of.clear()
         self._leaves.clear()
         self._evictable_size = 0
         self._num_nodes = 0
@@ -298,6 +362,7 @@ class RadixCache:
         root = self._roots.get(namespace)
         if root is None:
             root = self._roots[namespace] = Node((), (), None)
+            self._namespace_of[id(root)] = namespace
         return root
 
     def _nodes(self) -> Iterator[Node]:
@@ -311,12 +376,3 @@ class RadixCache:
 
 def _as_tuple(key: Sequence[int]) -> tuple[int, ...]:
     return key if isinstance(key, tuple) else tuple(key)
-
-
-def _common_len(node_key: tuple[int, ...], key: tuple[int, ...], pos: int) -> int:
-    """Length of the common prefix of `node_key` and `key[pos:]`."""
-    n = min(len(node_key), len(key) - pos)
-    i = 0
-    while i < n and node_key[i] == key[pos + i]:
-        i += 1
-    return i

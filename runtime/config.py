@@ -45,6 +45,9 @@ class EngineConfig:
     grammar_backend: str = _opt("outlines", "Constrained decoding backend.", GRAMMAR_BACKENDS)
     grammar_timeout_s: float = _opt(10.0, "Longest time one grammar may take to compile before the request is rejected.")
     jump_forward: bool = _opt(True, "Append forced grammar continuations without sampling.")
+    slo_ttft_ms: float | None = _opt(None, "Goodput SLO: time to first token in ms (unset: not checked).")
+    slo_itl_ms: float | None = _opt(None, "Goodput SLO: a request's mean inter-token latency in ms (unset: not checked).")
+    slo_e2e_ms: float | None = _opt(None, "Goodput SLO: end-to-end latency in ms (unset: not checked).")
     check_invariants: bool = _opt(False, "After every step, check slot accounting, slot ownership and the radix tree; log and count violations (tests, soaks).")
 
     def __post_init__(self) -> None:
@@ -62,6 +65,9 @@ class EngineConfig:
             raise ValueError(f"kv_cache_tokens must be >= 16, got {self.kv_cache_tokens}")
         if not 0.0 < self.mem_fraction <= 1.0:
             raise ValueError(f"mem_fraction must be in (0, 1], got {self.mem_fraction}")
+        for name in ("slo_ttft_ms", "slo_itl_ms", "slo_e2e_ms"):
+            if getattr(self, name) is not None and not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0 (or unset), got {getattr(self, name)}")
         if self.grammar_timeout_s <= 0:
             raise ValueError(f"grammar_timeout_s must be > 0, got {self.grammar_timeout_s}")
 

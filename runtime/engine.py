@@ -37,6 +37,7 @@ from radixflow.runtime.result import make_result, meta_info
 from radixflow.runtime.output import visible_text
 from radixflow.runtime.sampling_params import SamplingParams
 from radixflow.runtime.scheduler import Scheduler, SchedulerLimits
+from radixflow.runtime.slo import SLOs, Goodput
 from radixflow.runtime.stats import EngineStats, RequestTiming
 from radixflow.runtime.step import StepRunner, error_reason, notify
 from radixflow.runtime.tokenizer import Tokenizer
@@ -98,6 +99,7 @@ class Engine:
         self._finish_listeners: list[Callable[[RequestTiming], None]] = []
         self.recent_timings: deque[RequestTiming] = deque(maxlen=10000)
         self._stats = EngineStats(kv_slots_total=self.runner.kv_pool.capacity)
+        self._goodput = Goodput(SLOs.from_ms(self.config.slo_ttft_ms, self.config.slo_itl_ms, self.config.slo_e2e_ms))
         self._finished_counts: dict[str, int] = {}
         self._finished_prompt_tokens = 0
         self._closed = False
@@ -113,7 +115,7 @@ class Engine:
                  input_ids: InputIds = None, *, return_logprob: bool = False,
                  logprob_start_len: int | None = None, top_logprobs_num: int = 0,
                  return_text_in_logprobs: bool = False, rid: str | list[str] | None = None,
-                 lora_path: str | None = None) -> dict | list[dict]:
+                 lora_path: str | None = None, session_id: str | None = None) -> dict | list[dict]:
         """Generate for one prompt (→ one result) or a list (→ a list, in order).
 
         Results are shaped like SGLang's native /generate response. With n > 1 each prompt
@@ -132,7 +134,7 @@ class Engine:
             self.validate_prompt(ids, sp)
         for sp in sps:  # every grammar compiles (or fails) before anything is submitted
             self.grammar.compile(sp)
-        groups = [self._make_group(ids, sp, opts, r, lora_path) for ids, sp, r in zip(prompts, sps, rids)]
+        groups = [self._make_group(ids, sp, opts, r, lora_path, session_id) for ids, sp, r in zip(prompts, sps, rids)]
         for group in groups:
             for _, ev in group:
                 ev.wait()
@@ -148,7 +150,7 @@ class Engine:
                               input_ids: list[int] | None = None, *, return_logprob: bool = False,
                               logprob_start_len: int | None = None, top_logprobs_num: int = 0,
                               return_text_in_logprobs: bool = False, rid: str | None = None,
-                              lora_path: str | None = None) -> AsyncIterator[dict]:
+                              lora_path: str | None = None, session_id: str | None = None) -> AsyncIterator[dict]:
         """Yield SGLang-style stream chunks: cumulative `text` and `output_ids`; logprob lists
         hold only the entries new since the previous chunk. Closing the iterator early (a
         client gone away) aborts the request."""
@@ -176,7 +178,7 @@ class Engine:
                                  lora_path, on_output)
         # A grammar compiles in a worker thread: the event loop must not wait for it.
         req = await loop.run_in_executor(None, make) if sp.is_constrained else make()
-        req.stream = True
+        req.stream, req.session_id = True, session_id
         self._submit(req)
         done = False
         try:
@@ -295,7 +297,7 @@ class Engine:
         return req
 
     def _make_group(self, ids: list[int], sp: SamplingParams, opts: LogprobOptions, rid: str | None,
-                    lora_path: str | None) -> list[tuple[Req, threading.Event]]:
+                    lora_path: str | None, session_id: str | None = None) -> list[tuple[Req, threading.Event]]:
         """One request, or for n > 1 a prefill-only request first and then n that hit it."""
         if sp.n > 1:
             warm = SamplingParams.from_dict({"max_new_tokens": 0})
@@ -310,6 +312,7 @@ class Engine:
             ev = threading.Event()
             req = self._make_req(ids, child_sp, opts, child_rid, lora_path,
                                  lambda _r, finished, ev=ev: ev.set() if finished else None)
+            req.session_id = session_id
             self._submit(req)
             group.append((req, ev))
         return group
@@ -469,8 +472,10 @@ class Engine:
         self._finished_counts[reason] = self._finished_counts.get(reason, 0) + 1
         self._finished_prompt_tokens += len(req.prompt_ids)
         timing = RequestTiming(req.rid, t.arrival, t.scheduled, t.first_token, t.finished or t.arrival,
-                               tuple(t.tokens), len(req.prompt_ids), len(req.output_ids), req.cached_len, reason)
+                               tuple(t.tokens), len(req.prompt_ids), len(req.output_ids), req.cached_len, reason,
+                               tuple(req.miss_tokens.items()), req.divergent_at, req.session_id)
         self.recent_timings.append(timing)
+        self._goodput.observe(timing)
         for fn in self._finish_listeners:
             try:
                 fn(timing)
@@ -480,7 +485,7 @@ class Engine:
         notify(req, True)
 
     def _refresh_stats(self) -> None:
-        s, pool, cache = self.scheduler, self.runner.kv_pool, self.scheduler.cache
+        s, pool, cache, g = self.scheduler, self.runner.kv_pool, self.scheduler.cache, self._goodput
         self._stats = EngineStats(
             num_running=s.num_running, num_waiting=s.num_waiting,
             kv_slots_used=pool.capacity - pool.num_free - cache.evictable_size(),
@@ -491,7 +496,10 @@ class Engine:
             num_steps=self._step.num_steps, num_finished=sum(self._finished_counts.values()),
             finish_counts=dict(self._finished_counts),
             invariant_violations=len(self.invariant_violations), listener_errors=self._num_listener_errors,
-            failed_steps=self._step.num_failed_steps)
+            failed_steps=self._step.num_failed_steps, miss_tokens=dict(self._step.miss_tokens),
+            evicted_tokens=cache.evicted_tokens, kv_lifetime=cache.lifetime.snapshot(),
+            reuse_gap=cache.reuse_gap.snapshot(), good_requests=g.good_requests,
+            slo_violations=dict(g.violations), num_sessions=g.num_sessions, num_bad_sessions=g.num_bad_sessions)
 
 
 class _Call:

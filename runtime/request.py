@@ -91,6 +91,9 @@ class Req:
     num_retractions: int = 0
     num_failed_steps: int = 0    # steps whose forward failed while this request was in them
     prefix_counted: bool = False  # its prefix query and hit went into the cache's counters
+    divergent_at: int | None = None  # first admission: matched length where it left a cached path
+    miss_tokens: dict[str, int] = field(default_factory=dict)  # prefill tokens computed, by reason
+    session_id: str | None = None  # requests of one conversation or program run (session goodput)
     finish_reason: dict[str, Any] | None = None
     text: str = ""               # detokenized output (stop strings trimmed at finish)
     detokenizer: Any = None

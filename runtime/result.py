@@ -30,6 +30,8 @@ def meta_info(req: Req, decode: Any, with_text: bool, out_start: int = 0,
         "completion_tokens": len(req.output_ids),
         "cached_tokens": req.cached_len,
     }
+    if req.is_finished:
+        meta.update(finished_stats(req))
     if req.logprob.return_logprob:
         top = req.logprob.top_logprobs_num > 0
         if include_input:
@@ -48,3 +50,18 @@ def meta_info(req: Req, decode: Any, with_text: bool, out_start: int = 0,
 def make_result(req: Req, decode: Any, with_text: bool) -> dict[str, Any]:
     return {"text": visible_text(req), "output_ids": list(req.output_ids),
             "meta_info": meta_info(req, decode, with_text)}
+
+
+def finished_stats(req: Req) -> dict[str, Any]:
+    """What a finished request reports of its prefill misses and its timeline (seconds)."""
+    t = req.times
+
+    def since(a: float | None, b: float | None) -> float | None:
+        return None if a is None or b is None else round(b - a, 6)
+
+    return {
+        "prefill_miss_tokens": dict(req.miss_tokens),
+        "divergent_at": req.divergent_at,
+        "timings": {"queue_s": since(t.arrival, t.scheduled), "prefill_s": since(t.scheduled, t.first_token),
+                    "ttft_s": since(t.arrival, t.first_token), "e2e_s": since(t.arrival, t.finished)},
+    }

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from radixflow.radix import RadixCache
 from radixflow.runtime.kv_pool import KVPool, ReqToTokenPool
@@ -45,7 +45,9 @@ IN_BATCH_DEDUP_MIN_TOKENS = 32
 class ScheduledBatch:
     """What one step computes: for each request, `extend_lens[i]` new tokens after its
     `prefix_lens[i]` cached ones. `completes[i]`: this step computes the rest of its known
-    tokens (its prefill ends here); `sample[i]`: a token is then sampled from its last position."""
+    tokens (its prefill ends here); `sample[i]`: a token is then sampled from its last position.
+    `misses[i]`: why the prefill tokens of row i were not cached, reason -> tokens (empty for a
+    decode row); the counts are for the engine to record once the step succeeded."""
 
     reqs: list[Req]
     prefix_lens: list[int]
@@ -53,6 +55,7 @@ class ScheduledBatch:
     completes: list[bool]
     sample: list[bool]
     is_decode: bool
+    misses: list[dict[str, int]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -198,7 +201,7 @@ class Scheduler:
         if self.chunked is not None:
             req = self.chunked
             n = min(len(req.all_ids) - req.kv_len, token_budget, chunk or token_budget)
-            if not self._grow(req, n, batch):
+            if not self._grow(req, n, batch, {"chunk": n}):
                 return None
             token_budget -= n
             if req.kv_len < len(req.all_ids):
@@ -259,14 +262,15 @@ class Scheduler:
         req.row, req.last_node = self.req_pool.alloc_row(), match.node
         req.slots, req.tree_len = list(match.slots), match.length
         self.req_pool.write([req.row], [0], [req.slots])
-        if not self._grow(req, n, batch):
+        runs, diverged_at = self.cache.explain_miss(key, req.namespace, match)
+        if not self._grow(req, n, batch, _first_chunk(runs, len(req.all_ids) - len(key), n)):
             self.cache.dec_lock_ref(match.node)
             self.req_pool.free_row(req.row)
             req.row, req.last_node, req.slots, req.tree_len = None, None, [], 0
             return None
         if not req.prefix_counted:
-            self.cache.record_query(len(key), match.length)
-            req.prefix_counted = True
+            self.cache.record_query(len(key), match.length, match.node)
+            req.prefix_counted, req.divergent_at = True, diverged_at
         if req.num_retractions == 0 and not req.output_ids:
             req.cached_len = match.length
         req.status = Status.RUNNING
@@ -275,8 +279,9 @@ class Scheduler:
         self.prefilling.append(req)
         return n
 
-    def _grow(self, req: Req, n: int, batch: ScheduledBatch) -> bool:
-        """Allocate `n` slots after req's KV, write them to its row and add it to `batch`."""
+    def _grow(self, req: Req, n: int, batch: ScheduledBatch, misses: dict[str, int]) -> bool:
+        """Allocate `n` slots after req's KV, write them to its row and add it to `batch`
+        (a prefill row: `misses` says why its tokens were not cached)."""
         slots = self._alloc(n)
         if slots is None:
             return False
@@ -289,6 +294,7 @@ class Scheduler:
         completes = start + n == len(req.all_ids)
         batch.completes.append(completes)
         batch.sample.append(completes and req.wants_sample)
+        batch.misses.append(misses)
         return True
 
     def _alloc(self, n: int) -> list[int] | None:
@@ -328,6 +334,7 @@ class Scheduler:
             batch.extend_lens.append(n)
             batch.completes.append(True)
             batch.sample.append(True)
+            batch.misses.append({})
             req.slots.extend(mine)
         self.req_pool.write(rows, starts, new_slots)
         self.new_token_ratio = max(NEW_TOKEN_RATIO_MIN, self.new_token_ratio - NEW_TOKEN_RATIO_DECAY)
@@ -425,6 +432,18 @@ class Scheduler:
             raise AssertionError(f"slot-table rows misplaced: holding {rows}, {self.req_pool.num_free_rows} free")
         if any(r.row is not None or r.slots for r in self.waiting):
             raise AssertionError("a waiting request still holds a row or slots")
+
+
+def _first_chunk(runs: list[tuple[str, int]], logits_tail: int, n: int) -> dict[str, int]:
+    """Reasons of the first `n` tokens of an admission: the tree's runs, then the prompt tail
+    kept out of the match for its logits (`logits`). Later chunks count as `chunk`."""
+    out: dict[str, int] = {}
+    for reason, count in (*runs, ("logits", logits_tail)):
+        take = min(count, n)
+        if take > 0:
+            out[reason] = out.get(reason, 0) + take
+            n -= take
+    return out
 
 
 _NO_FIT = {"type": "abort", "message": "the KV cache is too small for this request to continue"}

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from radixflow.radix.histogram import Histogram
+
 
 @dataclass(frozen=True)
 class RequestTiming:
@@ -18,6 +20,9 @@ class RequestTiming:
     completion_tokens: int
     cached_tokens: int
     finish_type: str
+    miss_tokens: tuple[tuple[str, int], ...] = ()   # prefill tokens computed, by reason
+    divergent_at: int | None = None                  # matched length where it left a cached path
+    session_id: str | None = None
 
     @property
     def queue_s(self) -> float | None:
@@ -30,6 +35,12 @@ class RequestTiming:
     @property
     def e2e_s(self) -> float:
         return self.finished - self.arrival
+
+    @property
+    def mean_inter_token_s(self) -> float | None:
+        """Mean seconds per output token after the first (TPOT); None with fewer than two."""
+        t = self.token_times
+        return (t[-1] - t[0]) / (len(t) - 1) if len(t) > 1 else None
 
     def inter_token_s(self) -> list[float]:
         t = self.token_times
@@ -56,6 +67,14 @@ class EngineStats:
     invariant_violations: int = 0   # with check_invariants: steps after which a check failed
     listener_errors: int = 0        # finish listeners that raised (logged, serving went on)
     failed_steps: int = 0           # forwards that raised (their requests retried or failed)
+    miss_tokens: dict[str, int] = field(default_factory=dict)  # prefill tokens by miss reason
+    evicted_tokens: int = 0
+    good_requests: int = 0          # finished normally within every set SLO
+    slo_violations: dict[str, int] = field(default_factory=dict)  # requests that missed each SLO
+    num_sessions: int = 0
+    num_bad_sessions: int = 0       # sessions with at least one request that was not good
+    kv_lifetime: Histogram = field(default_factory=Histogram)  # seconds evicted tokens were cached
+    reuse_gap: Histogram = field(default_factory=Histogram)    # seconds between hits of a cached prefix
 
     @property
     def kv_usage(self) -> float:

@@ -85,6 +85,7 @@ class StepRunner:
         self.generator = generator
         self.faults: FaultInjector | NoFaults = NO_FAULTS
         self.prefill_tokens = 0
+        self.miss_tokens: dict[str, int] = {}  # prefill tokens computed, by reason (sums to prefill_tokens)
         self.generated_tokens = 0
         self.num_steps = 0
         self.num_failed_steps = 0
@@ -104,8 +105,7 @@ class StepRunner:
             self._forward_failed(batch, exc)
             return True
         self.num_steps += 1
-        if not batch.is_decode:
-            self.prefill_tokens += sum(batch.extend_lens)
+        self._count_misses(batch)
         try:
             self._check_batch_faults(batch.reqs)
             self._record_prompt_logprobs(batch, plans, logits)
@@ -120,6 +120,14 @@ class StepRunner:
             if req.stream and not req.is_finished and req.output_ids:
                 notify(req, False)
         return True
+
+    def _count_misses(self, batch: ScheduledBatch) -> None:
+        """Credit the step's prefill tokens, by miss reason, to their requests and the totals."""
+        for req, misses in zip(batch.reqs, batch.misses):
+            for reason, n in misses.items():
+                req.miss_tokens[reason] = req.miss_tokens.get(reason, 0) + n
+                self.miss_tokens[reason] = self.miss_tokens.get(reason, 0) + n
+                self.prefill_tokens += n
 
     def _forward_failed(self, batch: ScheduledBatch, exc: Exception) -> None:
         """Undo the step; retry its requests after an out-of-memory error (a prefill with a

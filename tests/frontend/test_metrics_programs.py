@@ -21,7 +21,10 @@ NAMES = [
 
 
 def _value(text: str, sample: str) -> float:
-    m = re.search(rf"^{re.escape(sample)} (\S+)$", text, re.M)
+    """The value of `sample` (a name, optionally with labels) whatever model_name it carries."""
+    name, _, labels = sample.partition("{")
+    extra = "," + labels.rstrip("}") if labels else ""
+    m = re.search(rf'^{re.escape(name)}\{{model_name="[^"]*"{re.escape(extra)}\}} (\S+)$', text, re.M)
     assert m, f"{sample} missing"
     return float(m.group(1))
 
