@@ -1,4 +1,5 @@
-"""The `radixflow` command: `serve` (HTTP server) and `demo-model` (write the built-in model)."""
+"""The `radixflow` command: `serve` (HTTP server), `top` (a server's numbers in the terminal) and
+`demo-model` (write the built-in model)."""
 from __future__ import annotations
 
 import argparse
@@ -54,6 +55,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--log-level", default="info")
     add_engine_flags(serve)
 
+    top = sub.add_parser("top", help="a refreshing terminal view of a server's eight numbers (from /metrics)")
+    top.add_argument("--url", default="http://127.0.0.1:30000", help="the server's base URL")
+    top.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes")
+    top.add_argument("--once", action="store_true", help="print one frame and exit")
+
     demo = sub.add_parser("demo-model", help="write the built-in random-weight demo model")
     demo.add_argument("--size", default="tiny", help="tiny or small")
     demo.add_argument("--out", required=True, help="output directory")
@@ -70,6 +76,17 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as exc:
             print(f"radixflow: {exc}", file=sys.stderr)
             return 2
+        return 0
+    if ns.command == "top":
+        from radixflow.frontend.top import run
+
+        try:
+            run(ns.url, ns.interval, ns.once)
+        except KeyboardInterrupt:
+            return 0
+        except OSError as exc:
+            print(f"radixflow top: cannot read {ns.url}/metrics: {exc}", file=sys.stderr)
+            return 1
         return 0
     logging.basicConfig(level=ns.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from radixflow.frontend.server import serve

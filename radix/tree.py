@@ -136,8 +136,8 @@ class RadixCache:
         the matched length when the prompt diverged from a cached sequence (else None).
 
         Reasons: `evicted` (the tree held these tokens here and evicted them), `namespace`
-        (cached under another namespace), `divergent` (the tree goes on past the match with a
-        different token), `cold` (nothing cached goes this way). Does not change the tree.
+        (cached under another namespace), `divergent` (a cached sequence matched and goes on
+        with a different token), `cold` (nothing cached goes this way). Does not change the tree.
         """
         key = _as_tuple(key)
         pos, runs = match.length, []
@@ -150,7 +150,7 @@ class RadixCache:
         if elsewhere > pos:
             runs.append(("namespace", elsewhere - pos))
             pos = elsewhere
-        diverged = pos == match.length and bool(match.node.children)
+        diverged = pos == match.length > 0 and bool(match.node.children)
         if pos < len(key):
             runs.append(("divergent" if diverged else "cold", len(key) - pos))
         return runs, match.length if diverged and pos < len(key) else None

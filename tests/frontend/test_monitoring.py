@@ -1,0 +1,106 @@
+"""The monitoring kit: dashboard and alert rules use only exported metrics, promtool validates
+the rules, `radixflow top` renders a live server, new series carry the right values."""
+from __future__ import annotations
+
+import io
+import json
+import pathlib
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from radixflow.frontend.metrics import METRIC_NAMES, METRICS
+from radixflow.frontend.top import Scrape, quantile, render, run, view
+
+MONITORING = pathlib.Path(__file__).resolve().parents[2] / "examples" / "monitoring"
+_SUFFIXES = ("_bucket", "_sum", "_count")
+
+
+def _names_used(text: str) -> set[str]:
+    names = set(re.findall(r"\bradixflow_[a-z0-9_]+", text))
+    return {next((n[: -len(s)] for s in _SUFFIXES if n.endswith(s) and n[: -len(s)] in METRIC_NAMES), n)
+            for n in names}
+
+
+def test_metric_table_is_hygienic():
+    assert len(METRIC_NAMES) == len(METRICS)
+    for m in METRICS:
+        assert m.name.startswith("radixflow_") and ":" not in m.name
+        assert m.help and m.unit
+        if m.kind == "counter":
+            assert m.name.endswith("_total")
+        assert (m.observe is not None) + (m.read is not None) + (m.read_histogram is not None) == 1, m.name
+        if m.unit == "seconds":
+            assert m.name.endswith("_seconds"), m.name
+
+
+def test_dashboard_and_alerts_use_exported_metrics_only():
+    dash = json.loads((MONITORING / "grafana-dashboard.json").read_text())
+    exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    assert len(dash["panels"]) >= 8
+    used = _names_used("\n".join(exprs)) | _names_used((MONITORING / "alerts.yml").read_text())
+    assert used and used <= METRIC_NAMES, used - METRIC_NAMES
+    for must in ("radixflow_time_to_first_token_seconds", "radixflow_inter_token_latency_seconds",
+                 "radixflow_queue_time_seconds", "radixflow_prefill_time_seconds", "radixflow_kv_cache_usage_ratio",
+                 "radixflow_num_requests_waiting", "radixflow_preemptions_total",
+                 "radixflow_prefix_cache_hit_tokens_total", "radixflow_goodput_requests_total",
+                 "radixflow_prefix_cache_miss_tokens_total", "radixflow_kv_evicted_tokens_total"):
+        assert must in used, must
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed (Debian package prometheus)")
+def test_promtool_checks_and_fires_every_alert():
+    for args in (["check", "rules", "alerts.yml"], ["test", "rules", "alerts_test.yml"]):
+        out = subprocess.run(["promtool", *args], cwd=MONITORING, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stdout + out.stderr
+    tested = set(re.findall(r"alertname: (\w+)", (MONITORING / "alerts_test.yml").read_text()))
+    defined = set(re.findall(r"- alert: (\w+)", (MONITORING / "alerts.yml").read_text()))
+    assert defined and defined == tested
+
+
+def test_quantile_matches_prometheus_interpolation():
+    buckets = [(0.1, 10.0), (0.5, 30.0), (1.0, 40.0), (float("inf"), 40.0)]
+    assert quantile(0.5, buckets) == pytest.approx(0.1 + 0.4 * (20 - 10) / 20)
+    assert quantile(0.25, buckets) == pytest.approx(0.1)
+    assert quantile(0.99, [(1.0, 0.0), (float("inf"), 0.0)]) is None
+
+
+def test_new_series_after_traffic(client, engine):
+    shared = "Monitoring: a shared prefix long enough to hit " * 4
+    for i in range(3):
+        r = client.post("/generate", json={"text": shared + ["alpha beta", "gamma delta", "epsilon"][i] + " end",
+                                           "sampling_params": {"max_new_tokens": 2}})
+        assert r.status_code == 200
+    scrape = Scrape.parse(client.get("/metrics").text, 0.0)
+    s = engine.stats()
+    misses = scrape.by_label["radixflow_prefix_cache_miss_tokens_total"]
+    assert sum(misses.values()) == scrape.get("radixflow_prefill_tokens_computed_total") == s.prefill_tokens_computed
+    assert misses.get("divergent", 0) > 0
+    assert scrape.get("radixflow_kv_evicted_tokens_total") == s.evicted_tokens
+    assert scrape.buckets["radixflow_time_to_first_token_seconds"][-1][1] == \
+        scrape.get("radixflow_time_to_first_token_seconds_count")
+    assert "radixflow_kv_cached_token_lifetime_seconds" in scrape.buckets
+
+
+def test_top_renders_a_live_server(server, client):
+    client.post("/generate", json={"text": "top frame", "sampling_params": {"max_new_tokens": 3}})
+    out = io.StringIO()
+    run(server.url, 0.1, once=True, out=out)
+    frame = out.getvalue()
+    for label in ("queue", "prefill", "ttft", "itl", "KV usage", "waiting", "preemptions", "prefix hit rate",
+                  "goodput", "miss reason"):
+        assert label in frame, label
+    ttft_row = next(line for line in frame.splitlines() if line.startswith("ttft"))
+    assert re.search(r"\d+\.\d", ttft_row), ttft_row
+
+
+def test_top_shows_interval_rates():
+    text_a = 'radixflow_generation_tokens_total{model_name="m"} 10\n'
+    text_b = 'radixflow_generation_tokens_total{model_name="m"} 30\n'
+    a, b = Scrape.parse("# TYPE radixflow_generation_tokens_total counter\n" + text_a, 0.0), \
+        Scrape.parse("# TYPE radixflow_generation_tokens_total counter\n" + text_b, 2.0)
+    v = view(b, a)
+    assert v["tokens_per_s"] == pytest.approx(10.0)
+    assert "10.0 tok/s" in render("http://x", v)
