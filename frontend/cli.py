@@ -50,9 +50,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--served-model-name", default=None,
                        help="model name in the API (default: the --model path, or radixflow-demo-SIZE)")
     serve.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every request")
-    serve.add_argument("--max-body-bytes", type=int, default=32 * 1024 * 1024, help="larger request bodies get 413")
     serve.add_argument("--log-level", default="info")
     add_engine_flags(serve)
+    from radixflow.frontend.limits import add_limit_flags
+
+    add_limit_flags(serve)
 
     demo = sub.add_parser("demo-model", help="write the built-in random-weight demo model")
     demo.add_argument("--size", default="tiny", help="tiny or small")
