@@ -156,9 +156,19 @@ async def start_generate(receive: Any, engine: Any, job: GenerateJob) -> Fanout:
     return fanout
 
 
+def check_failed(result: dict) -> None:
+    """An engine failure (finish reason type "error") is an APIError(500) with its message."""
+    reason = result["meta_info"].get("finish_reason") or {}
+    if reason.get("type") == "error":
+        raise APIError(500, f"generation failed: {reason.get('message') or 'internal error'}",
+                       code="internal_error")
+
+
 async def generate_result(receive: Any, engine: Any, job: GenerateJob) -> dict | list[dict]:
     """Run to completion (aborted if `receive` reports a disconnect; None: never)."""
     results = await (await start_generate(receive, engine, job)).finish(receive)
+    for result in results:
+        check_failed(result)
     return results[0] if job.single else results
 
 
@@ -178,7 +188,10 @@ async def _events(fanout: Fanout, single: bool) -> AsyncIterator[bytes]:
     """SSE chunks: cumulative text; output logprobs only new ones; `index` when several."""
     try:
         async for index, chunk in fanout:
+            check_failed(chunk)
             yield sse(chunk if single else {**chunk, "index": index})
+    except APIError as exc:  # the response has begun: report in-band
+        yield sse(exc.body())
     except Exception as exc:  # the response has begun: report in-band
         log.exception("generate stream failed")
         yield sse(APIError(500, f"generation failed: {exc}").body())
