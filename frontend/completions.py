@@ -35,7 +35,10 @@ def parse_prompts(prompt: Any, tokenizer: Any) -> Prompts:
     else:
         raise APIError(400, "prompt must be a string, a list of strings, a list of token ids, or a list "
                        "of token id lists (non-empty, not mixed)", param="prompt")
-    return Prompts(ids, [tokenizer.decode(p) for p in ids])
+    try:
+        return Prompts(ids, [tokenizer.decode(p) for p in ids])
+    except ValueError as exc:  # negative or oversized ids
+        raise APIError(400, f"prompt token ids are invalid: {exc}", param="prompt") from exc
 
 
 def to_logprobs(entries: list, tops: list | None, offset: int, tokenizer: Any = None) -> CompletionLogprobs:

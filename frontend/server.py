@@ -25,6 +25,7 @@ from radixflow.frontend.errors import APIError, api_error_handler, http_error_ha
 from radixflow.frontend.limits import ProgramLimits, RequestLimits, limits_from_flags
 from radixflow.frontend.openai_common import check_model, now
 from radixflow.frontend.openai_schemas import ModelCard, ModelList
+from radixflow.frontend.openapi import openapi_json
 from radixflow.frontend.programs import run_program
 from radixflow.frontend.state import Gate, ServerState
 from radixflow.frontend.streams import ClientGone
@@ -72,6 +73,7 @@ ROUTES = [
     Route("/abort_request", native.abort_request, methods=["POST"]),
     Route("/concate_and_append_request", native.concate_and_append_request, methods=["POST"]),
     Route("/metrics", metrics, methods=["GET"]),
+    Route("/openapi.json", openapi_json, methods=["GET"]),
 ]
 
 

@@ -15,8 +15,8 @@ from radixflow.frontend.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
-OPEN_PATHS = frozenset({"/health", "/health_generate", "/metrics"})  # no API key (probes, scrapers; as SGLang)
-ALWAYS_PATHS = frozenset({"/metrics"})  # answered while starting or stopping too
+OPEN_PATHS = frozenset({"/health", "/health_generate", "/metrics", "/openapi.json"})  # no API key (as SGLang)
+ALWAYS_PATHS = frozenset({"/metrics", "/openapi.json"})  # answered while starting or stopping too
 _UNAVAILABLE = {"starting": "the engine is starting; retry shortly", "stopping": "the server is shutting down",
                 "failed": "the engine failed to start; see the server log"}
 
