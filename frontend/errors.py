@@ -36,8 +36,19 @@ class APIError(Exception):
                         media_type="application/json", headers=self.headers)
 
 
-_PATH = re.compile(r"at `\$\.([A-Za-z_]\w*)|(?:unknown|required) field `([A-Za-z_]\w*)`")
+_AT = re.compile(r"at `\$\.([A-Za-z_]\w*)")
+_FIELD = re.compile(r"(?:unknown|required) field `([A-Za-z_]\w*)`")
 _SAMPLING_FIELD = re.compile(r"sampling_params\.(\w+)")
+
+
+def _param(message: str) -> str | None:
+    """The request field a message is about: a sampling field, else the top-level field of the
+    path, else the named field."""
+    for pattern in (_SAMPLING_FIELD, _AT, _FIELD):
+        match = pattern.search(message)
+        if match:
+            return match.group(1)
+    return None
 
 
 def bad_request(exc: Exception, rename: dict[str, str] | None = None) -> APIError:
@@ -50,8 +61,7 @@ def bad_request(exc: Exception, rename: dict[str, str] | None = None) -> APIErro
     message = str(exc)
     if isinstance(exc, QueueFullError):
         return APIError(429, message, code="queue_full")
-    match = _PATH.search(message) or _SAMPLING_FIELD.search(message)
-    param = next((g for g in match.groups() if g), None) if match else None
+    param = _param(message)
     if rename and param in rename:
         message = message.replace(f"sampling_params.{param}", rename[param])
         param = rename[param]
