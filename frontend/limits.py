@@ -32,7 +32,7 @@ class RequestLimits:
     max_top_logprobs: int = _limit(20, "top logprobs per position (logprobs / top_logprobs / top_logprobs_num)")
     max_choices: int = _limit(1024, "choices of one constrained request")
     max_grammar_chars: int = _limit(65_536, "characters of one regex or JSON schema")
-    max_json_depth: int = _limit(64, "nesting depth of a JSON schema or program argument")
+    max_json_depth: int = _limit(64, "nesting depth of a JSON schema (json_schema, response_format)")
 
     def check(self, ok: bool, name: str, value: Any, param: str | None = None) -> None:
         if not ok:

@@ -1,8 +1,8 @@
 """POST /v1/programs: run a traced program IR next to the engine (the IR is data; no user code runs).
 
 Bounded: a program is validated against the program limits before its first op; at most
-`max_concurrent_programs` run at once (more get 429, nothing queues); each has a deadline
-(`max_program_s`, then 504 with every generation it started aborted and its state discarded).
+`max_concurrent` run at once (more get 429, nothing queues); each has a deadline
+(`deadline_s`, then 504 with every generation it started aborted and its state discarded).
 """
 from __future__ import annotations
 
@@ -52,8 +52,8 @@ class _Slot:
 
     def __init__(self, server: Any) -> None:
         if not server.program_slots.acquire(blocking=False):
-            limit = server.program_limits.max_concurrent_programs
-            raise APIError(429, f"{limit} programs are running (limit max_concurrent_programs); retry later")
+            limit = server.program_limits.max_concurrent
+            raise APIError(429, f"{limit} programs are running (limit max_concurrent); retry later")
         self._server = server
 
     def release(self) -> None:
@@ -77,12 +77,12 @@ def _start(server: Any, req: ProgramRequest, backend: ServerBackend,
 
 async def _bounded(work: asyncio.Future, server: Any, backend: ServerBackend, receive: Any) -> Any:
     """Await the program; on the deadline or a disconnect, abort all it started."""
-    deadline = server.program_limits.max_program_s
+    deadline = server.program_limits.deadline_s
     try:
         return await asyncio.wait_for(until_disconnect(receive, asyncio.shield(work)), timeout=deadline + 1.0)
     except TimeoutError as exc:
         backend.close()
-        raise APIError(504, f"the program ran longer than {deadline} s (limit max_program_s)",
+        raise APIError(504, f"the program ran longer than {deadline} s (limit deadline_s)",
                        code="program_timeout") from exc
     except ClientGone:
         backend.close()

@@ -42,7 +42,7 @@ class ServerState:
     program_slots: threading.BoundedSemaphore = field(init=False)
 
     def __post_init__(self) -> None:
-        workers = self.program_limits.max_concurrent_programs
+        workers = self.program_limits.max_concurrent
         self.program_pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rf-program")
         self.program_slots = threading.BoundedSemaphore(workers)
 

@@ -6,7 +6,7 @@ import time
 
 
 class ProgramTimeout(RuntimeError):
-    """The program ran past its deadline (limit max_program_s)."""
+    """The program ran past its deadline (limit deadline_s)."""
 
 
 class Budget:
@@ -14,10 +14,10 @@ class Budget:
     checks its deadline. Thread-safe: every fork branch of one program charges the same budget.
     `spend` raises ValueError past `max_text_chars`; `check_deadline` raises ProgramTimeout."""
 
-    def __init__(self, max_text_chars: int | None = None, max_program_s: float | None = None) -> None:
+    def __init__(self, max_text_chars: int | None = None, deadline_s: float | None = None) -> None:
         self.max_text_chars = max_text_chars
-        self.deadline = None if max_program_s is None else time.monotonic() + max_program_s
-        self.max_program_s = max_program_s
+        self.deadline = None if deadline_s is None else time.monotonic() + deadline_s
+        self.deadline_s = deadline_s
         self.chars = 0
         self._lock = threading.Lock()
 
@@ -33,7 +33,7 @@ class Budget:
 
     def check_deadline(self) -> None:
         if self.deadline is not None and time.monotonic() > self.deadline:
-            raise ProgramTimeout(f"the program ran longer than {self.max_program_s} s (limit max_program_s)")
+            raise ProgramTimeout(f"the program ran longer than {self.deadline_s} s (limit deadline_s)")
 
 
 UNLIMITED = Budget()

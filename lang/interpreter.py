@@ -65,14 +65,14 @@ def execute(program: ir.Program | dict | bytes | str, arguments: dict[str, Any] 
 
     Malformed or oversized programs and bad arguments raise ValueError before any request is
     sent. Errors while running (a backend failure, an unset variable, text past
-    `limits.max_text_chars`) propagate; past `limits.max_program_s` ProgramTimeout is raised
+    `limits.max_text_chars`) propagate; past `limits.deadline_s` ProgramTimeout is raised
     at the next op.
     `on_variable(name, value)`, when given, is called (on this thread) as each top-level
     variable is set; fork branches report theirs when they are joined.
     """
     limits = limits or Limits()
     program, values = prepare(program, arguments, limits)
-    budget = Budget(limits.max_text_chars, limits.max_program_s)
+    budget = Budget(limits.max_text_chars, limits.deadline_s)
     ctx = ProgramContext(backend=backend, arguments=values, budget=budget)
     if on_variable is not None:
         events = _VariableEvents(on_variable)

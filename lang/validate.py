@@ -25,8 +25,8 @@ class Limits:
     max_depth: int = _limit(8, "nesting of if/fork")
     max_text_chars: int = _limit(4_000_000, "characters a run may hold: its text, every fork's copy "
                                  "and every variable, counted as they grow")
-    max_program_s: float = _limit(300.0, "wall-clock seconds a run may take; then it is stopped (504)")
-    max_concurrent_programs: int = _limit(64, "programs running at once; more get 429")
+    deadline_s: float = _limit(300.0, "wall-clock seconds a run may take; then it is stopped (504)")
+    max_concurrent: int = _limit(64, "programs running at once; more get 429")
 
 
 def _check(ok: bool, message: str) -> None:

@@ -1,4 +1,4 @@
-"""/v1/programs under its limits: 429 past max_concurrent_programs, 504 past the deadline (its requests aborted), 429 when the engine is full."""
+"""/v1/programs under its limits: 429 past max_concurrent, 504 past the deadline (its requests aborted), 429 when the engine is full."""
 from __future__ import annotations
 
 import threading
@@ -19,7 +19,7 @@ SLOW = {"program": {"ops": [{"op": "gen", "name": f"g{i}", "params": {"max_new_t
 
 @pytest.fixture(scope="module")
 def limited(engine) -> Iterator[tuple[LiveServer, httpx.Client]]:
-    app = create_app(engine, "tiny", program_limits=Limits(max_concurrent_programs=1, max_program_s=0.5))
+    app = create_app(engine, "tiny", program_limits=Limits(max_concurrent=1, deadline_s=0.5))
     live = LiveServer(app).start()
     with httpx.Client(base_url=live.url, timeout=60) as c:
         yield live, c
@@ -38,7 +38,7 @@ def test_deadline_is_504_and_aborts_what_it_started(limited, engine):
     start = time.monotonic()
     r = client.post("/v1/programs", json=SLOW)
     assert r.status_code == 504, r.text
-    assert "max_program_s" in r.json()["error"]["message"]
+    assert "deadline_s" in r.json()["error"]["message"]
     assert time.monotonic() - start < 3
     _wait_idle(engine)
     assert client.post("/v1/programs", json={"program": {"ops": [{"op": "text", "text": "ok"}]}}).json()["text"] == "ok"
@@ -53,7 +53,7 @@ def test_concurrent_programs_past_the_limit_get_429(limited, engine):
     r = client.post("/v1/programs", json=SLOW)
     first.join()
     assert r.status_code == 429 and r.headers["retry-after"] == "1"
-    assert "max_concurrent_programs" in r.json()["error"]["message"]
+    assert "max_concurrent" in r.json()["error"]["message"]
     assert statuses == [504]
     _wait_idle(engine)
 

@@ -76,8 +76,8 @@ def test_deadline_stops_the_program(fake):
     slow = type(fake)(reply=lambda prompt, sp: time.sleep(0.05) or "r")
     program = ir.Program(ops=[ir.Gen(name=f"g{i}", params={"max_new_tokens": 1}) for i in range(100)])
     start = time.monotonic()
-    with pytest.raises(rf.ProgramTimeout, match="max_program_s"):
-        rf.execute(program, {}, slow, rf.Limits(max_program_s=0.2))
+    with pytest.raises(rf.ProgramTimeout, match="deadline_s"):
+        rf.execute(program, {}, slow, rf.Limits(deadline_s=0.2))
     assert time.monotonic() - start < 1.5
     assert len(slow.requests) < 20
 
