@@ -9,8 +9,6 @@ from starlette.responses import Response
 
 from radixflow.frontend.errors import APIError, bad_request
 
-DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
-
 
 async def read_body(request: Request) -> bytes:
     """The whole body, or APIError(413) as soon as it exceeds the app's cap (declared or streamed)."""
@@ -39,6 +37,8 @@ async def read_json(request: Request, schema: Any = dict, rename: dict[str, str]
         raise bad_request(exc, rename) from exc
     except msgspec.DecodeError as exc:
         raise APIError(400, f"invalid JSON: {exc}") from exc
+    except RecursionError as exc:
+        raise APIError(400, "the JSON body is nested too deeply") from exc
 
 
 def json_response(obj: Any, status: int = 200) -> Response:

@@ -51,9 +51,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--served-model-name", default=None,
                        help="model name in the API (default: the --model path, or radixflow-demo-SIZE)")
     serve.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every request")
-    serve.add_argument("--max-body-bytes", type=int, default=32 * 1024 * 1024, help="larger request bodies get 413")
     serve.add_argument("--log-level", default="info")
     add_engine_flags(serve)
+    from radixflow.frontend.limits import add_limit_flags
+
+    add_limit_flags(serve)
 
     top = sub.add_parser("top", help="a refreshing terminal view of a server's eight numbers (from /metrics)")
     top.add_argument("--url", default="http://127.0.0.1:30000", help="the server's base URL")

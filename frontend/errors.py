@@ -8,17 +8,24 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
-_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-          405: "invalid_request_error", 413: "request_too_large", 429: "rate_limit_error",
-          503: "service_unavailable"}
+# OpenAI's error types: client errors (401 and 404 included) are invalid_request_error, with the
+# detail in `code` (invalid_api_key, model_not_found, ...).
+_TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error",
+          405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error",
+          503: "service_unavailable", 504: "timeout"}
+RETRY_AFTER_S = 1  # what a 429 tells the client to wait
 
 
 class APIError(Exception):
     """Raised anywhere in a route; becomes {"error": {"message", "type", "param", "code"}}."""
 
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
+        self.headers = dict(headers or {})
+        if status == 429:
+            self.headers.setdefault("Retry-After", str(RETRY_AFTER_S))
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": _TYPES.get(self.status, "server_error"),
@@ -26,11 +33,22 @@ class APIError(Exception):
 
     def response(self) -> Response:
         return Response(msgspec.json.encode(self.body()), status_code=self.status,
-                        media_type="application/json")
+                        media_type="application/json", headers=self.headers)
 
 
-_PATH = re.compile(r"at `\$\.([A-Za-z_]\w*)|(?:unknown|required) field `([A-Za-z_]\w*)`")
+_AT = re.compile(r"at `\$\.([A-Za-z_]\w*)")
+_FIELD = re.compile(r"(?:unknown|required) field `([A-Za-z_]\w*)`")
 _SAMPLING_FIELD = re.compile(r"sampling_params\.(\w+)")
+
+
+def _param(message: str) -> str | None:
+    """The request field a message is about: a sampling field, else the top-level field of the
+    path, else the named field."""
+    for pattern in (_SAMPLING_FIELD, _AT, _FIELD):
+        match = pattern.search(message)
+        if match:
+            return match.group(1)
+    return None
 
 
 def bad_request(exc: Exception, rename: dict[str, str] | None = None) -> APIError:
@@ -42,9 +60,8 @@ def bad_request(exc: Exception, rename: dict[str, str] | None = None) -> APIErro
 
     message = str(exc)
     if isinstance(exc, QueueFullError):
-        return APIError(429, message)
-    match = _PATH.search(message) or _SAMPLING_FIELD.search(message)
-    param = next((g for g in match.groups() if g), None) if match else None
+        return APIError(429, message, code="queue_full")
+    param = _param(message)
     if rename and param in rename:
         message = message.replace(f"sampling_params.{param}", rename[param])
         param = rename[param]

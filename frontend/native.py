@@ -14,7 +14,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from radixflow.frontend.body import json_response, read_json
-from radixflow.frontend.errors import APIError, bad_request
+from radixflow.frontend.errors import RETRY_AFTER_S, APIError, bad_request
+from radixflow.frontend.limits import RequestLimits
 from radixflow.frontend.streams import SSE_DONE, EventStream, Fanout, launch, sse
 from radixflow.runtime.sampling_params import SamplingParams
 
@@ -23,18 +24,64 @@ log = logging.getLogger(__name__)
 
 class GenerateRequest(msgspec.Struct, forbid_unknown_fields=True):
     """SGLang's GenerateReqInput, the fields radixflow serves. `sampling_params` keys are
-    SamplingParams' own (validated there)."""
+    SamplingParams' own (validated there). Harmless SGLang fields radixflow does not implement
+    are accepted and ignored (logged once per request); those whose meaning matters are a 400."""
 
     text: str | list[str] | None = None
     input_ids: list[int | list[int]] | None = None  # one prompt's ids, or a list of them
     sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None
     return_logprob: bool = False
-    logprob_start_len: int | None = None
+    logprob_start_len: int | None = None  # absent: output logprobs only (as SGLang); -1 the same
     top_logprobs_num: int = 0
     return_text_in_logprobs: bool = False
     stream: bool = False
     rid: str | list[str] | None = None
     lora_path: str | None = None
+    # accepted and ignored when harmless
+    image_data: Any = None
+    return_hidden_states: bool = False
+    priority: int | None = None
+    log_metrics: bool = True
+    custom_logit_processor: Any = None
+
+
+_IGNORED = ("priority",)  # accepted, no effect until priorities exist
+
+
+def _check_unsupported(req: GenerateRequest) -> None:
+    """400 naming a field whose effect radixflow cannot give; a log line for ignored ones."""
+    if req.image_data not in (None, [], ""):
+        raise APIError(400, "image_data is not supported: this server has no vision model", param="image_data")
+    if req.return_hidden_states:
+        raise APIError(400, "return_hidden_states is not supported", param="return_hidden_states")
+    if req.custom_logit_processor is not None:
+        raise APIError(400, "custom_logit_processor is not supported", param="custom_logit_processor")
+    if req.lora_path is not None:
+        raise APIError(400, "LoRA adapters are not supported yet", param="lora_path")
+    ignored = [name for name in _IGNORED if getattr(req, name) is not None]
+    if ignored:
+        log.info("/generate: ignoring %s (not implemented)", ", ".join(ignored))
+
+
+def _check_sizes(req: GenerateRequest, limits: RequestLimits) -> None:
+    """Limits on the raw request, before any tokenization."""
+    if isinstance(req.text, str):
+        limits.check_text(len(req.text), "text")
+    elif req.text is not None:
+        limits.check_prompts(len(req.text), "text")
+        limits.check_text(sum(len(t) for t in req.text if isinstance(t, str)), "text")
+    if req.input_ids is not None:
+        lists = [x for x in req.input_ids if isinstance(x, list)]
+        limits.check_prompts(max(1, len(lists)), "input_ids")
+        limits.check_ids(sum(len(x) for x in lists) + len(req.input_ids) - len(lists), "input_ids")
+    raw = req.sampling_params if isinstance(req.sampling_params, list) else [req.sampling_params]
+    for params in raw:
+        if isinstance(params, dict):
+            limits.check_sampling(params)
+    limits.check_top_logprobs(req.top_logprobs_num, "top_logprobs_num")
+    if req.logprob_start_len is not None and req.logprob_start_len < -1:
+        raise APIError(400, f"logprob_start_len is {req.logprob_start_len}; it must be >= -1 (-1: output only)",
+                       param="logprob_start_len")
 
 
 def _inputs(req: GenerateRequest, tokenizer: Any) -> tuple[list[list[int]], bool]:
@@ -83,16 +130,19 @@ class GenerateJob:
     single: bool
 
 
+def check_generate(req: GenerateRequest, limits: RequestLimits) -> None:
+    """Every check that needs no tokenizer (cheap: run on the event loop, before tokenizing)."""
+    _check_unsupported(req)
+    _check_sizes(req, limits)
+
+
 def parse_generate(req: GenerateRequest, tokenizer: Any) -> GenerateJob:
-    """Tokenize and validate (APIError 400). Blocking: call off the event loop for big inputs."""
+    """Tokenize and validate (APIError 400). Blocking: call off the event loop, after check_generate."""
     prompts, is_batch = _inputs(req, tokenizer)
     sampling = _sampling(_per_input(req.sampling_params, len(prompts), "sampling_params"))
     rids = _per_input(req.rid, len(prompts), "rid")
-    if req.lora_path is not None:
-        raise APIError(400, "LoRA adapters are not supported yet", param="lora_path")
-    if req.top_logprobs_num < 0:
-        raise APIError(400, "top_logprobs_num must be >= 0", param="top_logprobs_num")
-    base = {"return_logprob": req.return_logprob, "logprob_start_len": req.logprob_start_len,
+    start = -1 if req.logprob_start_len is None else req.logprob_start_len
+    base = {"return_logprob": req.return_logprob, "logprob_start_len": start,
             "top_logprobs_num": req.top_logprobs_num, "return_text_in_logprobs": req.return_text_in_logprobs}
     return GenerateJob(prompts, sampling, [{**base, "rid": rid} for rid in rids],
                        single=not is_batch and sampling[0].n == 1)
@@ -106,15 +156,27 @@ async def start_generate(receive: Any, engine: Any, job: GenerateJob) -> Fanout:
     return fanout
 
 
+def check_failed(result: dict) -> None:
+    """An engine failure (finish reason type "error") is an APIError(500) with its message."""
+    reason = result["meta_info"].get("finish_reason") or {}
+    if reason.get("type") == "error":
+        raise APIError(500, f"generation failed: {reason.get('message') or 'internal error'}",
+                       code="internal_error")
+
+
 async def generate_result(receive: Any, engine: Any, job: GenerateJob) -> dict | list[dict]:
     """Run to completion (aborted if `receive` reports a disconnect; None: never)."""
     results = await (await start_generate(receive, engine, job)).finish(receive)
+    for result in results:
+        check_failed(result)
     return results[0] if job.single else results
 
 
 async def generate(request: Request) -> Response:
-    engine = request.app.state.server.engine
+    server = request.app.state.server
+    engine = server.engine
     req = await read_json(request, GenerateRequest)
+    check_generate(req, server.limits)
     job = await asyncio.to_thread(parse_generate, req, engine.tokenizer)
     if not req.stream:
         return json_response(await generate_result(request.receive, engine, job))
@@ -126,7 +188,10 @@ async def _events(fanout: Fanout, single: bool) -> AsyncIterator[bytes]:
     """SSE chunks: cumulative text; output logprobs only new ones; `index` when several."""
     try:
         async for index, chunk in fanout:
+            check_failed(chunk)
             yield sse(chunk if single else {**chunk, "index": index})
+    except APIError as exc:  # the response has begun: report in-band
+        yield sse(exc.body())
     except Exception as exc:  # the response has begun: report in-band
         log.exception("generate stream failed")
         yield sse(APIError(500, f"generation failed: {exc}").body())
@@ -175,18 +240,34 @@ async def health_generate(request: Request) -> Response:
             await asyncio.wait_for(fanout.collect(), timeout=request.app.state.server.health_timeout_s)
         finally:
             await fanout.close()
-    except (TimeoutError, RuntimeError) as exc:
-        raise APIError(503, f"the engine did not generate: {exc!r}") from exc
+    except (TimeoutError, RuntimeError, ValueError) as exc:  # ValueError: QueueFullError under load
+        raise APIError(503, f"the engine did not generate: {exc}",
+                       headers={"Retry-After": str(RETRY_AFTER_S)}) from exc
     return Response(status_code=200)
 
 
+async def get_load(request: Request) -> Response:
+    """SGLang's /get_load: one entry per data-parallel rank (radixflow has one)."""
+    s = request.app.state.server.engine.stats()
+    return json_response([{"dp_rank": 0, "num_reqs": s.num_running + s.num_waiting,
+                           "num_waiting_reqs": s.num_waiting, "num_tokens": s.kv_slots_used}])
+
+
 class AbortRequest(msgspec.Struct, forbid_unknown_fields=True):
-    rid: str
+    rid: str = ""
+    abort_all: bool = False
 
 
 async def abort_request(request: Request) -> Response:
+    """Abort one request by rid, or every request in flight with `abort_all`."""
     req = await read_json(request, AbortRequest)
-    request.app.state.server.engine.abort(req.rid)
+    engine = request.app.state.server.engine
+    if req.abort_all:
+        await asyncio.to_thread(engine.abort_all)
+    elif req.rid:
+        engine.abort(req.rid)
+    else:
+        raise APIError(400, "give rid, or abort_all: true", param="rid")
     return Response(status_code=200)
 
 

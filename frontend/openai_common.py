@@ -21,17 +21,17 @@ def check_model(request: Request, model: str) -> None:
                        f"{server.served_model_name!r}", param="model", code="model_not_found")
 
 
-async def start(request: Request, prompts: list[list[int]], sp: SamplingParams,
+async def start(request: Request, prompts: list[list[int]], sampling: list[SamplingParams],
                 options: dict[str, Any]) -> tuple[Fanout, dict[int, int]]:
-    """Launch n streams per prompt (response index = prompt * n + sample); bad input → 400.
-    Returns the fan-out and the cached_tokens of prompts whose samples shared a prefill."""
+    """Launch n streams per prompt (response index = prompt * n + sample), `sampling[p]` for
+    prompt p; bad input → 400. Returns the fan-out and the cached_tokens of prompts whose
+    samples shared a prefill."""
     engine = request.app.state.server.engine
     try:
-        fanout, cached = await launch(request.receive, engine, prompts, [sp] * len(prompts),
-                                      [options] * len(prompts))
+        fanout, cached = await launch(request.receive, engine, prompts, sampling, [options] * len(prompts))
     except ValueError as exc:
         raise bad_request(exc, RENAMED) from exc
-    shared = dict(enumerate(cached)) if sp.n > 1 else {}
+    shared = dict(enumerate(cached)) if sampling[0].n > 1 else {}
     return fanout, shared
 
 

@@ -1,6 +1,7 @@
 """OpenAI request fields → the engine's SamplingParams (one mapping, used by both endpoints)."""
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from radixflow.frontend.errors import APIError, bad_request
@@ -9,6 +10,7 @@ from radixflow.runtime.sampling_params import SamplingParams
 
 # engine name → OpenAI name, for error messages
 RENAMED = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens"}
+_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 
 
 def response_format_params(fmt: ResponseFormat | None, engine: Any) -> dict[str, Any]:
@@ -23,6 +25,11 @@ def response_format_params(fmt: ResponseFormat | None, engine: Any) -> dict[str,
         return {"json_schema": {"type": "object"}}
     if fmt.json_schema is None or fmt.json_schema.schema is None:
         raise APIError(400, "response_format json_schema needs json_schema.schema", param="response_format")
+    if not _NAME.fullmatch(fmt.json_schema.name):
+        raise APIError(400, "response_format.json_schema.name must be 1-64 of a-z, A-Z, 0-9, _ and -",
+                       param="response_format")
+    # NOTE: `strict` needs no switch: the schema is always enforced by the grammar, token by
+    # token, so output is schema-valid with strict true or false.
     return {"json_schema": fmt.json_schema.schema}
 
 
@@ -36,19 +43,19 @@ def _check_openai_ranges(req: Any) -> None:
         raise APIError(400, "stream_options is only allowed with stream=true", param="stream_options")
 
 
-def sampling_params(req: Any, engine: Any, max_tokens: int | None) -> SamplingParams:
-    """Build and validate the engine's parameters; out-of-range values → 400 naming the field."""
+def sampling_params(req: Any, engine: Any, max_tokens: int | None, limits: Any = None) -> SamplingParams:
+    """Build and validate the engine's parameters; out-of-range values → 400 naming the field.
+    `max_tokens` None leaves the engine's default (the route then fits it to the context)."""
     _check_openai_ranges(req)
     params = {name: getattr(req, name) for name in SHARED_SAMPLING_FIELDS}
     params["max_new_tokens"] = max_tokens
     params["min_new_tokens"] = req.min_tokens
     params.update(response_format_params(req.response_format, engine))
+    if limits is not None:
+        limits.check_sampling(params)
     try:
         return SamplingParams.from_dict(params)  # None values mean "the engine's default"
     except ValueError as exc:
         raise bad_request(exc, RENAMED) from exc
 
 
-def finish_reason(meta: dict) -> str | None:
-    reason = meta.get("finish_reason")
-    return None if reason is None else reason.get("type", "stop")

@@ -69,10 +69,13 @@ class TextPart(Struct, forbid_unknown_fields=True):
     text: str
 
 
-class ChatMessage(Struct):
+class ChatMessage(Struct, forbid_unknown_fields=True):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # assistant turns that called tools
+    tool_call_id: str | None = None  # tool turns: which call this answers
+    refusal: str | None = None
 
 
 class ChatRequest(_Common, kw_only=True, forbid_unknown_fields=True):

@@ -15,20 +15,25 @@ from typing import Any
 import msgspec
 
 from radixflow.frontend.errors import APIError
-from radixflow.frontend.native import GenerateRequest, generate_result, parse_generate
+from radixflow.frontend.limits import RequestLimits
+from radixflow.frontend.native import GenerateRequest, check_generate, generate_result, parse_generate
 
 
 class ServerBackend:
-    def __init__(self, engine: Any, loop: asyncio.AbstractEventLoop, role_markers: dict[str, Any]) -> None:
+    def __init__(self, engine: Any, loop: asyncio.AbstractEventLoop, role_markers: dict[str, Any],
+                 limits: RequestLimits | None = None) -> None:
         self.engine, self._loop, self._markers = engine, loop, role_markers
+        self._limits = limits or RequestLimits()
         self._pending: set[concurrent.futures.Future] = set()
         self._lock = threading.Lock()
         self._closed = False
 
     def generate(self, body: dict) -> dict | list[dict]:
-        """Blocking (worker threads only). Bad bodies raise ValueError, as the in-process engine's."""
+        """Blocking (worker threads only). Bad bodies raise ValueError, as the in-process engine's;
+        a full engine raises the 429 APIError itself (the program's answer is then 429)."""
         try:
             req = msgspec.convert({k: v for k, v in body.items() if k != "stream"}, GenerateRequest)
+            check_generate(req, self._limits)
             job = parse_generate(req, self.engine.tokenizer)
         except (msgspec.ValidationError, APIError) as exc:
             raise ValueError(str(exc)) from exc
@@ -63,6 +68,8 @@ class ServerBackend:
         except concurrent.futures.CancelledError as exc:
             raise BackendError("the client went away; the program was stopped") from exc
         except APIError as exc:
+            if exc.status == 429:
+                raise
             raise ValueError(exc.message) from exc
         finally:
             with self._lock:

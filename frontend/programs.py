@@ -1,4 +1,9 @@
-"""POST /v1/programs: run a traced program IR next to the engine (the IR is data; no user code runs)."""
+"""POST /v1/programs: run a traced program IR next to the engine (the IR is data; no user code runs).
+
+Bounded: a program is validated against the program limits before its first op; at most
+`max_concurrent` run at once (more get 429, nothing queues); each has a deadline
+(`deadline_s`, then 504 with every generation it started aborted and its state discarded).
+"""
 from __future__ import annotations
 
 import asyncio
@@ -26,17 +31,62 @@ class ProgramRequest(msgspec.Struct, forbid_unknown_fields=True):
 
 def _execute(req: ProgramRequest, backend: ServerBackend, limits: Any,
              on_variable: Callable[[str, Any], None] | None = None) -> dict[str, Any]:
-    """Blocking (worker thread). Bad programs, arguments or gen parameters → 400; other failures → 500."""
-    from radixflow.lang import BackendError, ProgramError, execute
+    """Blocking (worker thread). Bad programs, arguments or gen parameters → 400; a full engine
+    → 429 (raised by the backend); past the deadline → 504; other failures → 500."""
+    from radixflow.lang import BackendError, ProgramError, ProgramTimeout, execute
 
     try:
         return execute(req.program, req.arguments, backend, limits, on_variable)
+    except ProgramTimeout as exc:
+        raise APIError(504, str(exc), code="program_timeout") from exc
     except ValueError as exc:
         raise APIError(400, str(exc), param="program") from exc
     except (ProgramError, BackendError) as exc:
         if isinstance(exc.__cause__, ValueError):
             raise APIError(400, str(exc.__cause__), param="program") from exc
         raise APIError(500, f"the program failed: {exc}") from exc
+
+
+class _Slot:
+    """One of the server's program slots, held for a program's whole run (429 when none is free)."""
+
+    def __init__(self, server: Any) -> None:
+        if not server.program_slots.acquire(blocking=False):
+            limit = server.program_limits.max_concurrent
+            raise APIError(429, f"{limit} programs are running (limit max_concurrent); retry later")
+        self._server = server
+
+    def release(self) -> None:
+        self._server.program_slots.release()
+
+
+def _start(server: Any, req: ProgramRequest, backend: ServerBackend,
+           on_variable: Callable[[str, Any], None] | None = None) -> asyncio.Future:
+    """Run the program on the program pool, holding a slot until it ends."""
+    slot = _Slot(server)
+    loop = asyncio.get_running_loop()
+    try:
+        work = loop.run_in_executor(server.program_pool, _execute, req, backend, server.program_limits,
+                                    on_variable)
+    except BaseException:
+        slot.release()
+        raise
+    work.add_done_callback(lambda _: slot.release())
+    return work
+
+
+async def _bounded(work: asyncio.Future, server: Any, backend: ServerBackend, receive: Any) -> Any:
+    """Await the program; on the deadline or a disconnect, abort all it started."""
+    deadline = server.program_limits.deadline_s
+    try:
+        return await asyncio.wait_for(until_disconnect(receive, asyncio.shield(work)), timeout=deadline + 1.0)
+    except TimeoutError as exc:
+        backend.close()
+        raise APIError(504, f"the program ran longer than {deadline} s (limit deadline_s)",
+                       code="program_timeout") from exc
+    except ClientGone:
+        backend.close()
+        raise
 
 
 async def run_program(request: Request) -> Response:
@@ -46,7 +96,7 @@ async def run_program(request: Request) -> Response:
     server = request.app.state.server
     req = await read_json(request, ProgramRequest)
     loop = asyncio.get_running_loop()
-    backend = ServerBackend(server.engine, loop, server.role_markers)
+    backend = ServerBackend(server.engine, loop, server.role_markers, server.limits)
     if req.stream:
         from radixflow.lang.interpreter import prepare
 
@@ -55,13 +105,8 @@ async def run_program(request: Request) -> Response:
         except ValueError as exc:
             raise APIError(400, str(exc), param="program") from exc
         return _stream_program(req, backend, server, loop)
-    work = loop.run_in_executor(server.program_pool, _execute, req, backend, server.program_limits)
-    try:
-        result = await until_disconnect(request.receive, work)
-    except ClientGone:
-        backend.close()
-        raise
-    return json_response(result)
+    work = _start(server, req, backend)
+    return json_response(await _bounded(work, server, backend, request.receive))
 
 
 def _stream_program(req: ProgramRequest, backend: ServerBackend, server: Any,
@@ -71,7 +116,7 @@ def _stream_program(req: ProgramRequest, backend: ServerBackend, server: Any,
     def on_variable(name: str, value: Any) -> None:  # worker thread
         loop.call_soon_threadsafe(events.put_nowait, {"variable": name, "value": value})
 
-    work = loop.run_in_executor(server.program_pool, _execute, req, backend, server.program_limits, on_variable)
+    work = _start(server, req, backend, on_variable)
 
     async def stream() -> AsyncIterator[bytes]:
         try:

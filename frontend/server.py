@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -17,12 +18,14 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from radixflow.frontend import native
-from radixflow.frontend.body import DEFAULT_MAX_BODY_BYTES, json_response
+from radixflow.frontend.body import json_response
 from radixflow.frontend.chat import create_chat_completion
 from radixflow.frontend.completions import create_completion
 from radixflow.frontend.errors import APIError, api_error_handler, http_error_handler
+from radixflow.frontend.limits import ProgramLimits, RequestLimits, limits_from_flags
 from radixflow.frontend.openai_common import check_model, now
 from radixflow.frontend.openai_schemas import ModelCard, ModelList
+from radixflow.frontend.openapi import openapi_json
 from radixflow.frontend.programs import run_program
 from radixflow.frontend.state import Gate, ServerState
 from radixflow.frontend.streams import ClientGone
@@ -60,6 +63,8 @@ ROUTES = [
     Route("/v1/programs", run_program, methods=["POST"]),
     Route("/generate", native.generate, methods=["POST"]),
     Route("/get_model_info", native.get_model_info, methods=["GET"]),
+    Route("/model_info", native.get_model_info, methods=["GET"]),
+    Route("/get_load", native.get_load, methods=["GET"]),
     Route("/get_server_info", native.get_server_info, methods=["GET"]),
     Route("/server_info", native.get_server_info, methods=["GET"]),
     Route("/flush_cache", native.flush_cache, methods=["GET", "POST"]),
@@ -68,6 +73,7 @@ ROUTES = [
     Route("/abort_request", native.abort_request, methods=["POST"]),
     Route("/concate_and_append_request", native.concate_and_append_request, methods=["POST"]),
     Route("/metrics", metrics, methods=["GET"]),
+    Route("/openapi.json", openapi_json, methods=["GET"]),
 ]
 
 
@@ -96,13 +102,17 @@ async def _start(server: ServerState, engine_or_factory: EngineOrFactory) -> Non
 
 
 def create_app(engine_or_factory: EngineOrFactory, served_model_name: str | None = None,
-               api_key: str | None = None, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-               program_limits: Any = None, health_timeout_s: float = 20.0,
-               on_failure: Callable[[], None] | None = None) -> Starlette:
+               api_key: str | None = None, *, limits: RequestLimits | None = None,
+               max_body_bytes: int | None = None, program_limits: ProgramLimits | None = None,
+               health_timeout_s: float = 20.0, on_failure: Callable[[], None] | None = None) -> Starlette:
     """The ASGI app. Given a factory, the engine is built in the background at start-up (requests
     get 503 until it is ready) and shut down when the app stops; given an Engine, the caller keeps
-    ownership. `served_model_name` defaults to the engine's model path."""
-    server = ServerState(served_model_name, api_key, max_body_bytes, program_limits, health_timeout_s,
+    ownership. `served_model_name` defaults to the engine's model path. `max_body_bytes`
+    overrides that one field of `limits`."""
+    limits = limits or RequestLimits()
+    if max_body_bytes is not None:
+        limits = dataclasses.replace(limits, max_body_bytes=max_body_bytes)
+    server = ServerState(served_model_name, api_key, limits, program_limits or ProgramLimits(), health_timeout_s,
                          on_failure=on_failure)
     owned = _is_factory(engine_or_factory)
 
@@ -156,8 +166,9 @@ def serve(ns: argparse.Namespace, engine_kwargs: dict[str, Any]) -> int:
     def stop() -> None:
         holder["server"].should_exit = True
 
-    app = create_app(lambda: Engine(path, **kwargs), name, ns.api_key, on_failure=stop,
-                     max_body_bytes=getattr(ns, "max_body_bytes", DEFAULT_MAX_BODY_BYTES))
+    limits, program_limits = limits_from_flags(ns)
+    app = create_app(lambda: Engine(path, **kwargs), name, ns.api_key, on_failure=stop, limits=limits,
+                     program_limits=program_limits)
     config = uvicorn.Config(app, host=ns.host, port=ns.port, log_level=ns.log_level.lower(), lifespan="on",
                             timeout_graceful_shutdown=10)  # then open streams are cancelled (= aborted)
     server = holder["server"] = _Server(config, app.state.server)

@@ -3,18 +3,20 @@ from __future__ import annotations
 
 import hmac
 import logging
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from radixflow.frontend.errors import APIError
+from radixflow.frontend.limits import ProgramLimits, RequestLimits
 from radixflow.frontend.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
-OPEN_PATHS = frozenset({"/health", "/metrics"})  # no API key needed (probes, scrapers)
-ALWAYS_PATHS = frozenset({"/metrics"})  # answered while starting or stopping too
+OPEN_PATHS = frozenset({"/health", "/health_generate", "/metrics", "/openapi.json"})  # no API key (as SGLang)
+ALWAYS_PATHS = frozenset({"/metrics", "/openapi.json"})  # answered while starting or stopping too
 _UNAVAILABLE = {"starting": "the engine is starting; retry shortly", "stopping": "the server is shutting down",
                 "failed": "the engine failed to start; see the server log"}
 
@@ -26,18 +28,27 @@ class ServerState:
 
     served_model_name: str | None
     api_key: str | None
-    max_body_bytes: int
-    program_limits: Any
+    limits: RequestLimits
+    program_limits: ProgramLimits
     health_timeout_s: float
     metrics: Metrics = field(default_factory=Metrics)
     engine: Any = None
     phase: str = "starting"
     role_markers: dict[str, Any] | None = None
     on_failure: Callable[[], None] | None = None
-    # programs block a thread for their whole run: their own pool, so they never starve the
-    # default executor that tokenization and other short calls use
-    program_pool: ThreadPoolExecutor = field(
-        default_factory=lambda: ThreadPoolExecutor(max_workers=64, thread_name_prefix="rf-program"))
+    # programs block a thread for their whole run: their own pool (one thread per admitted
+    # program, so nothing queues), never the default executor that tokenization uses
+    program_pool: ThreadPoolExecutor = field(init=False)
+    program_slots: threading.BoundedSemaphore = field(init=False)
+
+    def __post_init__(self) -> None:
+        workers = self.program_limits.max_concurrent
+        self.program_pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rf-program")
+        self.program_slots = threading.BoundedSemaphore(workers)
+
+    @property
+    def max_body_bytes(self) -> int:
+        return self.limits.max_body_bytes
 
     def attach(self, engine: Any) -> None:
         """Bind the started engine and open for traffic."""

@@ -232,6 +232,9 @@ async def guarded(events: AsyncIterator[bytes], fanout: Fanout, what: str) -> As
     try:
         async for event in events:
             yield event
+    except APIError as exc:  # the 200 is already sent: report in-band
+        log.warning("%s stream failed: %s", what, exc.message)
+        yield sse(exc.body())
     except Exception as exc:  # the 200 is already sent: report in-band
         log.exception("%s stream failed", what)
         yield sse(APIError(500, f"generation failed: {exc}").body())

@@ -10,6 +10,7 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from radixflow.lang.budget import UNLIMITED, Budget
 from radixflow.lang.roles import RoleMarkers
 
 
@@ -43,13 +44,16 @@ class ProgramContext:
     forks: dict[str, list[ProgramContext]] = field(default_factory=dict)  # interpreter: fork id → branches
     branch: tuple[str, int] | None = None  # (fork id, index) when this context is a fork branch
     set_since_fork: list[str] = field(default_factory=list)  # names a branch set, for join
+    budget: Budget = UNLIMITED  # characters and time the run may still spend (shared by its branches)
     _markers: RoleMarkers | None = None
 
     def append(self, piece: str, var: str | None = None) -> None:
+        self.budget.spend(len(piece))
         self.text += piece
         self.listener.on_text(piece, var)
 
     def set_var(self, name: str, value: Any, meta: Any = None) -> None:
+        self.budget.spend(len(value) if isinstance(value, str) else 1)
         self.variables[name] = value
         if meta is not None:
             self.meta[name] = meta
@@ -65,9 +69,10 @@ class ProgramContext:
 
     def child(self, branch: tuple[str, int] | None = None) -> ProgramContext:
         """A fork branch: a copy of everything so far, with its own listener and no forks."""
+        self.budget.spend(len(self.text))
         return ProgramContext(
             backend=self.backend, stream=self.stream, arguments=self.arguments,
             default_params=self.default_params, text=self.text,
             variables=copy.copy(self.variables), meta=copy.copy(self.meta),
             messages=[dict(m) for m in self.messages], role=self.role, role_start=self.role_start,
-            scopes=list(self.scopes), branch=branch, _markers=self._markers)
+            scopes=list(self.scopes), branch=branch, budget=self.budget, _markers=self._markers)

@@ -1,9 +1,52 @@
 """fork/join: one shared prefill for the common text, then branches that copy it; join gathers their variables."""
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from radixflow.lang.context import ProgramContext
+
+MAX_BRANCH_THREADS = 64  # one pool for every program's fork branches in this process
+
+
+class BranchPool:
+    """One bounded thread pool for fork branches, shared by all programs. A branch runs on a
+    pool thread when one is free and otherwise inline on the forking thread, so nested forks
+    never wait on a queue (no deadlock) and no fork opens threads of its own."""
+
+    def __init__(self, max_threads: int = MAX_BRANCH_THREADS) -> None:
+        self._free = threading.BoundedSemaphore(max_threads)
+        self._pool = ThreadPoolExecutor(max_workers=max_threads, thread_name_prefix="rf-branch")
+
+    def run_all(self, tasks: list[Callable[[], None]]) -> None:
+        """Run every task; wait for all; re-raise the first failure."""
+        futures: list[Future] = []
+        for task in tasks:
+            if self._free.acquire(blocking=False):
+                futures.append(self._pool.submit(self._release_after, task))
+            else:
+                done: Future = Future()
+                try:
+                    task()
+                    done.set_result(None)
+                except Exception as exc:  # re-raised below, after the other branches finish
+                    done.set_exception(exc)
+                futures.append(done)
+        errors = [f.exception() for f in futures]
+        first = next((e for e in errors if e is not None), None)
+        if first is not None:
+            raise first
+
+    def _release_after(self, task: Callable[[], None]) -> None:
+        try:
+            task()
+        finally:
+            self._free.release()
+
+
+BRANCHES = BranchPool()
 
 
 def prefill(ctx: ProgramContext) -> None:

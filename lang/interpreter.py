@@ -8,11 +8,12 @@ from collections.abc import Callable
 from typing import Any
 
 from radixflow.lang import ir
+from radixflow.lang.budget import Budget, ProgramTimeout
 from radixflow.lang.context import ProgramContext
 from radixflow.lang.ops import run_ops
 from radixflow.lang.validate import Limits, validate_ir
 
-__all__ = ["Limits", "execute", "prepare", "validate_ir"]
+__all__ = ["Limits", "ProgramTimeout", "execute", "prepare", "validate_ir"]
 
 
 def _arguments(program: ir.Program, arguments: dict[str, Any] | None) -> dict[str, Any]:
@@ -63,12 +64,16 @@ def execute(program: ir.Program | dict | bytes | str, arguments: dict[str, Any] 
     """Validate and run `program`; returns {"variables", "text", "meta"}.
 
     Malformed or oversized programs and bad arguments raise ValueError before any request is
-    sent. Errors while running (a backend failure, an unset variable) propagate.
+    sent. Errors while running (a backend failure, an unset variable, text past
+    `limits.max_text_chars`) propagate; past `limits.deadline_s` ProgramTimeout is raised
+    at the next op.
     `on_variable(name, value)`, when given, is called (on this thread) as each top-level
     variable is set; fork branches report theirs when they are joined.
     """
+    limits = limits or Limits()
     program, values = prepare(program, arguments, limits)
-    ctx = ProgramContext(backend=backend, arguments=values)
+    budget = Budget(limits.max_text_chars, limits.deadline_s)
+    ctx = ProgramContext(backend=backend, arguments=values, budget=budget)
     if on_variable is not None:
         events = _VariableEvents(on_variable)
         ctx.listener, events.ctx = events, ctx

@@ -122,6 +122,8 @@ def decode_program(data: bytes | str | dict | Program) -> Program:
         return msgspec.json.decode(data, type=Program)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
         raise ValueError(f"malformed program: {exc}") from exc
+    except RecursionError as exc:
+        raise ValueError("malformed program: nested too deeply") from exc
 
 
 def walk(ops: list[Op]):

@@ -1,19 +1,20 @@
 """What each IR op does to a ProgramContext. Local states and the interpreter both run ops through here."""
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
+import functools
 from typing import Any, Callable
 
 import msgspec
 
 from radixflow.lang import ir, params
 from radixflow.lang.context import ProgramContext
-from radixflow.lang.fork import fork_contexts, gather
+from radixflow.lang.fork import BRANCHES, fork_contexts, gather
 from radixflow.lang.select_scoring import run_select
 
 
 def run_ops(ctx: ProgramContext, ops: list[ir.Op]) -> None:
     for op in ops:
+        ctx.budget.check_deadline()
         _HANDLERS[type(op)](ctx, op)
 
 
@@ -128,9 +129,7 @@ def _if(ctx: ProgramContext, op: ir.If) -> None:
 def _fork(ctx: ProgramContext, op: ir.Fork) -> None:
     branches = fork_contexts(ctx, op.n, op.id)
     programs = op.branches or [with_fork_index(op.body, i) for i in range(op.n)]
-    with ThreadPoolExecutor(max_workers=op.n, thread_name_prefix=f"rf-{op.id}") as pool:
-        for future in [pool.submit(run_ops, b, p) for b, p in zip(branches, programs)]:
-            future.result()
+    BRANCHES.run_all([functools.partial(run_ops, b, p) for b, p in zip(branches, programs)])
     ctx.forks[op.id] = branches
 
 

@@ -1,18 +1,32 @@
 """validate_ir: reject programs that are malformed or bigger than the server's limits, before running any op."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from radixflow.lang import ir, params
 from radixflow.lang.select_scoring import method_name
 
 
+def _limit(default: float | int, help_text: str) -> int:
+    return field(default=default, metadata={"help": help_text})  # type: ignore[return-value]
+
+
 @dataclass(frozen=True)
 class Limits:
-    max_ops: int = 2000  # ops in the program, nested ones included
-    max_branches: int = 256  # fork branches over the whole run (a fork inside a fork multiplies)
-    max_total_new_tokens: int = 262_144  # sum of max_new_tokens over every gen the run may make
-    max_depth: int = 8  # nesting of if/fork
+    """What one program submitted over HTTP may do. The server's flags are derived from these
+    fields (`--program-max-ops` ...); every violation is a ValueError naming the limit."""
+
+    max_ops: int = _limit(2000, "ops in a program, nested ones included")
+    max_branches: int = _limit(256, "fork branches over a whole run (a fork inside a fork multiplies)")
+    max_total_new_tokens: int = _limit(262_144, "tokens a run may generate in total: max_new_tokens x n "
+                                       "over every gen, plus one per select choice")
+    max_requests: int = _limit(4096, "engine requests a run may make (gens x n, select choices, fork prefills)")
+    max_choices: int = _limit(1024, "choices of one select")
+    max_depth: int = _limit(8, "nesting of if/fork")
+    max_text_chars: int = _limit(4_000_000, "characters a run may hold: its text, every fork's copy "
+                                 "and every variable, counted as they grow")
+    deadline_s: float = _limit(300.0, "wall-clock seconds a run may take; then it is stopped (504)")
+    max_concurrent: int = _limit(64, "programs running at once; more get 429")
 
 
 def _check(ok: bool, message: str) -> None:
@@ -20,38 +34,61 @@ def _check(ok: bool, message: str) -> None:
         raise ValueError(message)
 
 
-def _cost(ops: list[ir.Op], limits: Limits, default_tokens: int) -> tuple[int, int]:
-    """(worst-case new tokens, fork branches) of running `ops` once."""
-    tokens = branches = 0
+@dataclass
+class _Cost:
+    tokens: int = 0
+    branches: int = 0
+    requests: int = 0
+
+    def add(self, other: _Cost, times: int = 1) -> None:
+        self.tokens += times * other.tokens
+        self.branches += times * other.branches
+        self.requests += times * other.requests
+
+
+def _gen_cost(op: ir.Gen, default_tokens: int) -> _Cost:
+    n = op.params.get("n")
+    n = n if isinstance(n, int) and n > 0 else 1
+    tokens = op.params.get("max_new_tokens")
+    tokens = tokens if isinstance(tokens, int) and tokens >= 0 else default_tokens
+    return _Cost(tokens=n * tokens, requests=n + (1 if n > 1 else 0))
+
+
+def _cost(ops: list[ir.Op], limits: Limits, default_tokens: int) -> _Cost:
+    """Worst-case cost of running `ops` once."""
+    total = _Cost()
     for op in ops:
         if isinstance(op, ir.Gen):
-            tokens += int(op.params.get("max_new_tokens", default_tokens))
+            total.add(_gen_cost(op, default_tokens))
+        elif isinstance(op, ir.Select):
+            total.add(_Cost(tokens=len(op.choices), requests=len(op.choices) + 2))
         elif isinstance(op, ir.If):
             costs = [_cost(op.then, limits, default_tokens), _cost(op.else_, limits, default_tokens)]
-            tokens += max(c[0] for c in costs)
-            branches += max(c[1] for c in costs)
+            total.add(_Cost(max(c.tokens for c in costs), max(c.branches for c in costs),
+                            max(c.requests for c in costs)))
         elif isinstance(op, ir.Fork):
-            t, b = _fork_cost(op, limits, default_tokens)
-            tokens, branches = tokens + t, branches + b
-        _check(branches <= limits.max_branches,
+            total.add(_fork_cost(op, limits, default_tokens))
+        _check(total.branches <= limits.max_branches,
                f"program forks over {limits.max_branches} branches (limit max_branches)")
-    return tokens, branches
+    return total
 
 
-def _fork_cost(op: ir.Fork, limits: Limits, default_tokens: int) -> tuple[int, int]:
+def _fork_cost(op: ir.Fork, limits: Limits, default_tokens: int) -> _Cost:
     _check(1 <= op.n <= limits.max_branches,
            f"fork {op.id!r}: n={op.n} must be in [1, {limits.max_branches}] (limit max_branches)")
     _check(not (op.branches and op.body), f"fork {op.id!r}: give branches or body, not both")
     _check(not op.branches or len(op.branches) == op.n,
            f"fork {op.id!r}: {len(op.branches)} branches for n={op.n}")
+    cost = _Cost(branches=op.n, requests=1)  # the shared prefill
     if op.branches:
-        costs = [_cost(p, limits, default_tokens) for p in op.branches]
-        return sum(c[0] for c in costs), op.n + sum(c[1] for c in costs)
-    tokens, branches = _cost(op.body, limits, default_tokens)
-    return op.n * tokens, op.n * (1 + branches)
+        for branch in op.branches:
+            cost.add(_cost(branch, limits, default_tokens))
+    else:
+        cost.add(_cost(op.body, limits, default_tokens), times=op.n)
+    return cost
 
 
-def _check_ops(program: ir.Program) -> None:
+def _check_ops(program: ir.Program, limits: Limits) -> None:
     """Per-op checks: known sampling keys and choices methods, forks and joins that match."""
     fields = set(params.sampling_fields())
     fork_ids: set[str] = set()
@@ -62,8 +99,13 @@ def _check_ops(program: ir.Program) -> None:
             params.check_params(op.params)
             bad = set(op.extras) - set(params.REQUEST_KEYS)
             _check(not bad, f"gen {op.name!r}: unknown request keys {sorted(bad)}")
+            choices = op.params.get("choices") or []
+            _check(len(choices) <= limits.max_choices,
+                   f"gen {op.name!r}: {len(choices)} choices; the limit max_choices is {limits.max_choices}")
         elif isinstance(op, ir.Select):
             _check(bool(op.choices) and all(op.choices), f"select {op.name!r}: choices must be non-empty strings")
+            _check(len(op.choices) <= limits.max_choices,
+                   f"select {op.name!r}: {len(op.choices)} choices; the limit max_choices is {limits.max_choices}")
             method_name(op.method)
         elif isinstance(op, ir.Fork):
             _check(op.id not in fork_ids, f"fork id {op.id!r} is used twice")
@@ -86,8 +128,10 @@ def validate_ir(program: ir.Program, limits: Limits | None = None) -> None:
         num_ops, depth = num_ops + 1, max(depth, d)
         _check(num_ops <= limits.max_ops, f"program has more than {limits.max_ops} ops (limit max_ops)")
     _check(depth <= limits.max_depth, f"program nests if/fork {depth} deep; the limit max_depth is {limits.max_depth}")
-    _check_ops(program)
-    tokens, branches = _cost(program.ops, limits, params.default_max_new_tokens())
-    _check(tokens <= limits.max_total_new_tokens,
-           f"program may generate {tokens} tokens in total; the limit max_total_new_tokens is "
+    _check_ops(program, limits)
+    cost = _cost(program.ops, limits, params.default_max_new_tokens())
+    _check(cost.tokens <= limits.max_total_new_tokens,
+           f"program may generate {cost.tokens} tokens in total; the limit max_total_new_tokens is "
            f"{limits.max_total_new_tokens}")
+    _check(cost.requests <= limits.max_requests,
+           f"program may make {cost.requests} engine requests; the limit max_requests is {limits.max_requests}")

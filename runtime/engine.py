@@ -197,6 +197,13 @@ class Engine:
         """Finish `rid` with reason abort and free all it holds (no-op if unknown/finished)."""
         self._inbox.put(("abort", rid))
 
+    def abort_all(self) -> None:
+        """Finish every request in flight with reason abort (returns once done)."""
+        def abort() -> None:
+            self.scheduler.finish_all({"type": "abort", "message": "aborted"})
+            self._hand_out()
+        self._call_on_loop(abort)
+
     def flush_cache(self) -> bool:
         """Drop every unlocked prefix-cache entry. Returns True once done."""
         return bool(self._call_on_loop(self._flush))

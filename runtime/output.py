@@ -1,10 +1,10 @@
 """After sampling: append a token to a request, detokenize, and decide whether it finished."""
 from __future__ import annotations
 
-import re
 import time
 
 from radixflow.runtime.request import Req
+from radixflow.runtime.stop_regex import StopMatcher, compile_stop_regexes
 
 
 def append_token(req: Req, token: int, eos_ids: frozenset[int], max_context_len: int) -> None:
@@ -23,7 +23,7 @@ def append_token(req: Req, token: int, eos_ids: frozenset[int], max_context_len:
     req.text += req.detokenizer.step([token])
     if token in (sp.stop_token_ids or ()) or (token in eos_ids and not sp.ignore_eos):
         req.finish({"type": "stop", "matched": token})
-    elif _match_stop_string(req, prev_len) or _match_stop_regex(req):
+    elif _match_stop_string(req, prev_len) or _match_stop_regex(req, prev_len):
         pass
     elif len(req.output_ids) >= sp.max_new_tokens or req.seq_len >= max_context_len:
         req.finish({"type": "length", "length": len(req.output_ids)})
@@ -47,16 +47,26 @@ def _match_stop_string(req: Req, prev_len: int) -> bool:
     return True
 
 
-def _match_stop_regex(req: Req) -> bool:
-    for pattern in req.sampling.stop_regexes:
-        m = re.search(pattern, req.text)
-        if m is not None:
-            req.finish({"type": "stop", "matched": m.group(0)})
-            if not req.sampling.no_stop_trim:
-                req.text = req.text[: m.start()]
-            req.detokenizer = None
-            return True
-    return False
+def _stop_matcher(req: Req) -> StopMatcher | None:
+    if req.stop_matcher is None and req.sampling.stop_regexes:
+        req.stop_matcher = StopMatcher(compile_stop_regexes(tuple(req.sampling.stop_regexes)))
+    return req.stop_matcher
+
+
+def _match_stop_regex(req: Req, prev_len: int) -> bool:
+    """Feed only the text new since the last token (linear time; see stop_regex.py)."""
+    matcher = _stop_matcher(req)
+    if matcher is None:
+        return False
+    hit = matcher.feed(req.text[prev_len:])
+    if hit is None:
+        return False
+    start, end = hit
+    req.finish({"type": "stop", "matched": req.text[start:end]})
+    if not req.sampling.no_stop_trim:
+        req.text = req.text[:start]
+    req.detokenizer = None
+    return True
 
 
 def finalize_text(req: Req) -> None:
@@ -67,10 +77,15 @@ def finalize_text(req: Req) -> None:
 
 
 def visible_text(req: Req) -> str:
-    """Text safe to stream: while running, hold back a tail that could begin a stop string,
-    so streamed text only ever grows."""
-    stops = req.sampling.stop_strings
-    if req.is_finished or not stops:
+    """Text safe to stream: while running, hold back a tail that could begin a stop string, and
+    everything from the earliest start of a stop-regex match still forming, so streamed text
+    only ever grows."""
+    if req.is_finished:
         return req.text
-    hold = max(len(s) for s in stops) - 1
-    return req.text[: max(0, len(req.text) - hold)]
+    end = len(req.text)
+    stops = req.sampling.stop_strings
+    if stops:
+        end -= max(len(s) for s in stops) - 1
+    if req.stop_matcher is not None:
+        end = min(end, req.stop_matcher.hold_from)
+    return req.text[: max(0, end)]

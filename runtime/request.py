@@ -99,6 +99,7 @@ class Req:
     detokenizer: Any = None
     generator: torch.Generator | None = None
     grammar: Any = None
+    stop_matcher: Any = None     # a StopMatcher (runtime/stop_regex.py) once stop_regex text arrives
     input_logprobs: list[tuple[int, float, list[tuple[int, float]]]] = field(default_factory=list)
     output_logprobs: list[tuple[int, float, list[tuple[int, float]]]] = field(default_factory=list)
     times: Timestamps = field(default_factory=Timestamps)

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 import msgspec
@@ -41,11 +40,12 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
     @classmethod
     def from_dict(cls, params: dict[str, Any] | SamplingParams | None) -> SamplingParams:
-        """Build from a request dict; None values mean 'default' (SGLang clients send every key)."""
+        """Build from a request dict; None values mean 'default' (SGLang clients send every key).
+        SGLang's other names are read too (see `_sglang_names`)."""
         if isinstance(params, SamplingParams):
             params.validate()
             return params
-        cleaned = {k: v for k, v in (params or {}).items() if v is not None}
+        cleaned = _sglang_names({k: v for k, v in (params or {}).items() if v is not None})
         if cleaned.get("stop") == []:
             del cleaned["stop"]
         try:
@@ -72,11 +72,10 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
         constraints = [c for c in (self.regex, self.json_schema, self.choices) if c is not None]
         _check(len(constraints) <= 1, "regex", "at most one of regex, json_schema, choices may be set")
         _check(self.choices is None or len(self.choices) > 0, "choices", "must not be empty")
-        for pattern in self.stop_regexes:
-            try:
-                re.compile(pattern)
-            except re.error as exc:
-                raise ValueError(f"stop_regex {pattern!r} is not a valid regex: {exc}") from exc
+        if self.stop_regexes:
+            from radixflow.runtime.stop_regex import compile_stop_regexes
+
+            compile_stop_regexes(tuple(self.stop_regexes))  # ValueError: invalid, unsupported, too big
         if isinstance(self.json_schema, str):
             try:
                 json.loads(self.json_schema)
@@ -98,6 +97,27 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     @property
     def is_constrained(self) -> bool:
         return self.regex is not None or self.json_schema is not None or self.choices is not None
+
+
+# SGLang sampling keys radixflow reads under another name, ignores (no effect on output), or
+# refuses because honouring them matters.
+ALIASES = {"sampling_seed": "seed"}
+IGNORED = ("custom_params", "stream_interval")
+UNSUPPORTED = {"ebnf": "EBNF grammars are not supported; use regex or json_schema",
+               "structural_tag": "structural_tag is not supported; use json_schema"}
+
+
+def _sglang_names(params: dict[str, Any]) -> dict[str, Any]:
+    for name, why in UNSUPPORTED.items():
+        if name in params:
+            raise ValueError(f"sampling_params.{name}: {why}")
+    for alias, name in ALIASES.items():
+        if alias in params:
+            value = params.pop(alias)
+            params.setdefault(name, value)
+    for name in IGNORED:
+        params.pop(name, None)
+    return params
 
 
 def _check(ok: bool, name: str, what: str) -> None:

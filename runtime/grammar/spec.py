@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from radixflow.runtime.grammar.ascii_classes import ascii_classes, ascii_schema_patterns
 from radixflow.runtime.sampling_params import SamplingParams
 
 KINDS = ("regex", "json_schema", "choices")
@@ -19,13 +20,15 @@ class GrammarKey:
 
 
 def grammar_key(sp: SamplingParams) -> GrammarKey | None:
-    """The grammar `sp` constrains output with, or None when unconstrained."""
+    """The grammar `sp` constrains output with, or None when unconstrained. Regex classes
+    \\d \\w \\s mean ASCII (see ascii_classes.py)."""
     if sp.regex is not None:
-        return GrammarKey("regex", sp.regex)
+        return GrammarKey("regex", ascii_classes(sp.regex))
     if sp.json_schema is not None:
         schema = json.loads(sp.json_schema) if isinstance(sp.json_schema, str) else sp.json_schema
         if not isinstance(schema, dict):
             raise ValueError("sampling_params.json_schema must be a JSON object")
+        schema = ascii_schema_patterns(schema)
         return GrammarKey("json_schema", json.dumps(schema, separators=(",", ":"), ensure_ascii=False))
     if sp.choices is not None:
         if not all(isinstance(c, str) and c for c in sp.choices):

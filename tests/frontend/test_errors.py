@@ -58,7 +58,11 @@ def test_invalid_json_and_empty_body(client):
 def test_prompt_longer_than_max_model_len(client, engine):
     long_ids = [5] * (engine.max_context_len + 1)
     err = _error(client.post("/v1/completions", json={**COMP, "prompt": long_ids}), 400)
-    assert "max_model_len" in err["message"]
+    assert err["message"].startswith(f"This model's maximum context length is {engine.max_context_len} tokens")
+    assert err["code"] == "context_length_exceeded"
+    fits = [5] * (engine.max_context_len - 10)
+    err = _error(client.post("/v1/completions", json={**COMP, "prompt": fits, "max_tokens": 11}), 400, "max_tokens")
+    assert f"requested {engine.max_context_len + 1} tokens" in err["message"]
     _error(client.post("/generate", json={"input_ids": long_ids, "stream": True}), 400)
 
 

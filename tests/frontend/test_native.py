@@ -15,7 +15,8 @@ def _sse(response) -> list:
 def test_generate_text_and_logprobs(client, engine):
     r = client.post("/generate", json={
         "text": "The quick brown", "sampling_params": {"max_new_tokens": 4, "temperature": 0},
-        "return_logprob": True, "top_logprobs_num": 2, "return_text_in_logprobs": True, "rid": "native-1"})
+        "return_logprob": True, "top_logprobs_num": 2, "return_text_in_logprobs": True, "rid": "native-1",
+        "logprob_start_len": 0})
     assert r.status_code == 200, r.text
     out = r.json()
     meta = out["meta_info"]
@@ -29,6 +30,16 @@ def test_generate_text_and_logprobs(client, engine):
     assert all(len(t) == 2 for t in meta["output_top_logprobs"])
     same = engine.generate("The quick brown", {"max_new_tokens": 4, "temperature": 0})
     assert out["text"] == same["text"]
+
+
+def test_return_logprob_without_start_len_is_output_only_and_hits_the_cache(client, engine):
+    prompt = "A warm prompt that sgl.gen(return_logprob=True) sends twice in a row. " * 4
+    body = {"text": prompt, "sampling_params": {"max_new_tokens": 2, "temperature": 0}, "return_logprob": True}
+    client.post("/generate", json=body)
+    meta = client.post("/generate", json=body).json()["meta_info"]
+    assert "input_token_logprobs" not in meta or meta["input_token_logprobs"] == []
+    assert len(meta["output_token_logprobs"]) == 2
+    assert meta["cached_tokens"] >= meta["prompt_tokens"] - 1  # scoring the prompt would skip the cache
 
 
 def test_generate_batch_input_ids_and_n(client, engine):

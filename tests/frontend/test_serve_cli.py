@@ -43,3 +43,20 @@ def test_serve_demo_model_with_api_key():
         log, _ = proc.communicate(timeout=30)
     assert proc.returncode == 0, log
     assert "KV pool" in log and f"http://127.0.0.1:{port}" in log
+
+
+def test_limit_flags_reach_the_server_limits():
+    from radixflow.frontend.cli import build_parser
+    from radixflow.frontend.limits import RequestLimits, limit_table, limits_from_flags
+    from radixflow.lang import Limits
+
+    ns = build_parser().parse_args(["serve", "--max-stop", "3", "--max-body-bytes", "1000",
+                                    "--program-deadline-s", "5", "--program-max-concurrent", "2"])
+    request, program = limits_from_flags(ns)
+    assert request == RequestLimits(max_stop=3, max_body_bytes=1000)
+    assert program == Limits(deadline_s=5.0, max_concurrent=2)
+    default_request, default_program = limits_from_flags(build_parser().parse_args(["serve"]))
+    assert default_request == RequestLimits() and default_program == Limits()
+    readme = open(__file__.rsplit("/tests/", 1)[0] + "/README.md").read()
+    for flag, _, _ in limit_table():  # the README's limits table lists every flag
+        assert f"`{flag}`" in readme, flag

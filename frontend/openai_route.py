@@ -1,0 +1,142 @@
+"""The OpenAI route, written once: validate → tokenize off the loop → launch → answer or stream.
+
+/v1/completions and /v1/chat/completions differ only in a `Shape` (completions.py, chat.py):
+how the request becomes prompts and options, and how results and stream deltas become
+OpenAI objects. Everything else (limits, max_tokens against the context, engine failures as
+500s or in-band error chunks, usage, [DONE]) lives here.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import Response
+
+from radixflow.frontend.body import json_response, read_json
+from radixflow.frontend.errors import APIError
+from radixflow.frontend.openai_common import check_model, new_id, now, start, usage
+from radixflow.frontend.openai_sampling import RENAMED, sampling_params
+from radixflow.frontend.streams import EventStream, Fanout, guarded, sse
+from radixflow.runtime.sampling_params import SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Prompts:
+    """What a Shape's `prompts` returns: token ids per prompt, and each prompt's text (for echo)."""
+
+    ids: list[list[int]]
+    texts: list[str]
+
+
+@dataclass
+class Job:
+    """One validated OpenAI request on its way through the route."""
+
+    req: Any
+    prompts: Prompts
+    sampling: SamplingParams
+    head: dict[str, Any]
+    shared: dict[int, int] = field(default_factory=dict)  # prompt → cached_tokens before its n samples
+    streams: dict[int, dict[str, Any]] = field(default_factory=dict)  # per choice: what was sent so far
+
+
+class Shape(Protocol):
+    """The per-endpoint part of the route."""
+
+    schema: type
+    id_prefix: str
+    prompt_param: str
+
+    def check(self, req: Any, request: Request) -> None: ...
+    def max_tokens(self, req: Any) -> int | None: ...
+    def prompts(self, req: Any, tokenizer: Any) -> Prompts: ...
+    def options(self, req: Any) -> dict[str, Any]: ...
+    def response(self, job: Job, results: list[dict], tokenizer: Any) -> msgspec.Struct: ...
+    def opening(self, job: Job) -> list[msgspec.Struct]: ...
+    def delta(self, job: Job, index: int, chunk: dict, reason: str | None, tokenizer: Any) -> msgspec.Struct | None: ...
+    def chunk(self, job: Job, choices: list, usage: Any) -> msgspec.Struct: ...
+
+
+def finish_reason(meta: dict) -> str | None:
+    """OpenAI's finish_reason; an engine failure is an APIError(500) carrying its message."""
+    reason = meta.get("finish_reason")
+    if reason is None:
+        return None
+    kind = reason.get("type", "stop")
+    if kind == "error":
+        raise APIError(500, f"generation failed: {reason.get('message') or 'internal error'}",
+                       code="internal_error")
+    return kind
+
+
+def fit_context(job_prompts: list[list[int]], sp: SamplingParams, requested: int | None, engine: Any,
+                param: str) -> list[SamplingParams]:
+    """Per prompt: max_tokens defaults to the rest of the context; prompt + max_tokens beyond
+    the context is a 400 worded as vLLM words it."""
+    out = []
+    for ids in job_prompts:
+        context = engine.max_context_len
+        rest = context - len(ids)
+        wanted = rest if requested is None else requested
+        if rest <= 0 or wanted > rest:
+            raise APIError(400, f"This model's maximum context length is {context} tokens. However, you "
+                           f"requested {len(ids) + max(wanted, 0)} tokens ({len(ids)} in the messages, "
+                           f"{max(wanted, 0)} in the completion). Please reduce the length of the messages "
+                           "or completion.", param="max_tokens" if requested is not None else param,
+                           code="context_length_exceeded")
+        out.append(sp if requested is not None else msgspec.structs.replace(sp, max_new_tokens=wanted))
+    return out
+
+
+async def handle(request: Request, shape: Shape) -> Response:
+    server = request.app.state.server
+    engine = server.engine
+    req = await read_json(request, shape.schema, RENAMED)
+    check_model(request, req.model)
+    shape.check(req, request)
+    requested = shape.max_tokens(req)
+    sp = sampling_params(req, engine, requested, server.limits)
+    prompts = await asyncio.to_thread(shape.prompts, req, engine.tokenizer)
+    per_prompt = fit_context(prompts.ids, sp, requested, engine, shape.prompt_param)
+    job = Job(req, prompts, sp, {"id": new_id(shape.id_prefix), "created": now(), "model": req.model})
+    fanout, job.shared = await start(request, prompts.ids, per_prompt, shape.options(req))
+    if req.stream:
+        include_usage = req.stream_options is not None and req.stream_options.include_usage
+        return EventStream(guarded(_events(fanout, shape, job, engine.tokenizer, include_usage), fanout,
+                                   shape.id_prefix))
+    results = await fanout.finish(request.receive)
+    return json_response(shape.response(job, results, engine.tokenizer))
+
+
+def encode_chunk(chunk: msgspec.Struct, include_usage: bool) -> bytes:
+    """A stream chunk: `usage` is present (null until the last chunk) only with include_usage."""
+    data = msgspec.to_builtins(chunk)
+    if not include_usage:
+        data.pop("usage", None)
+    return sse(data)
+
+
+async def _events(fanout: Fanout, shape: Shape, job: Job, tokenizer: Any,
+                  include_usage: bool) -> AsyncIterator[bytes]:
+    """Opening chunks, one chunk per engine chunk with something new, then the usage chunk."""
+    metas: dict[int, dict] = {}
+    for chunk in shape.opening(job):
+        yield encode_chunk(chunk, include_usage)
+    async for index, engine_chunk in fanout:
+        meta = metas[index] = engine_chunk["meta_info"]
+        out = shape.delta(job, index, engine_chunk, finish_reason(meta), tokenizer)
+        if out is not None:
+            yield encode_chunk(out, include_usage)
+    if include_usage:
+        yield sse(shape.chunk(job, [], usage(metas, job.sampling.n, job.shared)))
+
+
+def response_usage(job: Job, results: list[dict]) -> Any:
+    return usage({i: r["meta_info"] for i, r in enumerate(results)}, job.sampling.n, job.shared)

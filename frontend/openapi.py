@@ -1,0 +1,85 @@
+"""GET /openapi.json: the routes and their request/response schemas, derived from the msgspec structs."""
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+from typing import Any
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import Response
+
+from radixflow.frontend.native import AbortRequest, GenerateRequest
+from radixflow.frontend.openai_schemas import (
+    ChatCompletion, ChatRequest, Completion, CompletionRequest, ModelCard, ModelList,
+)
+from radixflow.frontend.programs import ProgramRequest
+
+REF = "#/components/schemas/{name}"
+
+
+class ErrorDetail(msgspec.Struct):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorBody(msgspec.Struct):
+    """Every 4xx/5xx answer (OpenAI's shape)."""
+
+    error: ErrorDetail
+
+
+# path → (method, summary, request struct or None, 200 response struct or None)
+OPERATIONS: dict[str, tuple[str, str, type | None, type | None]] = {
+    "/v1/completions": ("post", "OpenAI completions (stream: SSE of Completion chunks)", CompletionRequest, Completion),
+    "/v1/chat/completions": ("post", "OpenAI chat completions (stream: SSE chunks)", ChatRequest, ChatCompletion),
+    "/v1/models": ("get", "served models", None, ModelList),
+    "/v1/models/{model}": ("get", "one served model", None, ModelCard),
+    "/v1/programs": ("post", "run a program IR", ProgramRequest, None),
+    "/generate": ("post", "SGLang-native generate", GenerateRequest, None),
+    "/abort_request": ("post", "abort one request (rid) or all (abort_all)", AbortRequest, None),
+    "/get_model_info": ("get", "model path and limits", None, None),
+    "/model_info": ("get", "same as /get_model_info", None, None),
+    "/get_server_info": ("get", "server config and stats", None, None),
+    "/server_info": ("get", "same as /get_server_info", None, None),
+    "/get_load": ("get", "requests running and waiting", None, None),
+    "/flush_cache": ("post", "drop the unlocked prefix cache", None, None),
+    "/health": ("get", "liveness", None, None),
+    "/health_generate": ("get", "generates one token", None, None),
+    "/metrics": ("get", "Prometheus metrics", None, None),
+}
+
+
+def _operation(summary: str, request: type | None, response: type | None) -> dict[str, Any]:
+    op: dict[str, Any] = {"summary": summary, "responses": {
+        "200": {"description": "OK"},
+        "default": {"description": "error", "content": {"application/json": {"schema": _ref(ErrorBody)}}}}}
+    if response is not None:
+        op["responses"]["200"]["content"] = {"application/json": {"schema": _ref(response)}}
+    if request is not None:
+        op["requestBody"] = {"required": True, "content": {"application/json": {"schema": _ref(request)}}}
+    return op
+
+
+def _ref(struct: type) -> dict[str, str]:
+    return {"$ref": REF.format(name=struct.__name__)}
+
+
+def openapi_document() -> dict[str, Any]:
+    structs = [s for _, _, req, resp in OPERATIONS.values() for s in (req, resp) if s is not None] + [ErrorBody]
+    _, components = msgspec.json.schema_components(structs, ref_template=REF)
+    paths = {path: {method: _operation(summary, req, resp)} for path, (method, summary, req, resp) in OPERATIONS.items()}
+    return {"openapi": "3.1.0",
+            "info": {"title": "radixflow", "version": importlib.metadata.version("radixflow")},
+            "paths": paths, "components": {"schemas": components}}
+
+
+@functools.lru_cache(maxsize=1)
+def _encoded() -> bytes:
+    return msgspec.json.encode(openapi_document())
+
+
+async def openapi_json(request: Request) -> Response:
+    return Response(_encoded(), media_type="application/json")

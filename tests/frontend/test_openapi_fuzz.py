@@ -1,0 +1,93 @@
+"""/openapi.json describes the routes from the msgspec structs; bodies generated from it (valid and mutated) never get a 5xx."""
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis_jsonschema import from_schema
+
+from radixflow.frontend.limits import RequestLimits
+from radixflow.frontend.server import create_app
+
+from .conftest import LiveServer
+
+FUZZED = ["/v1/completions", "/v1/chat/completions", "/generate", "/v1/programs", "/abort_request"]
+
+
+@pytest.fixture(scope="module")
+def fuzz_server() -> Iterator[tuple[LiveServer, dict]]:
+    from radixflow.runtime import Engine
+
+    # Small bounds keep every generated request cheap; a request past them is a 400, as it should be.
+    limits = RequestLimits(max_n=2, max_prompts=2, max_prompt_tokens=256, max_top_logprobs=2)
+    with Engine(kv_cache_tokens=2048, max_model_len=64, grammar_timeout_s=2.0) as engine:
+        live = LiveServer(create_app(engine, "tiny", limits=limits)).start()
+        doc = httpx.get(live.url + "/openapi.json").json()
+        yield live, doc
+        live.stop()
+        engine.check_accounting()
+
+
+def test_openapi_document_lists_routes_and_schemas(fuzz_server):
+    _, doc = fuzz_server
+    assert doc["openapi"].startswith("3.")
+    for path in FUZZED + ["/v1/models", "/get_load", "/model_info", "/health_generate"]:
+        assert path in doc["paths"], path
+    body = doc["paths"]["/v1/chat/completions"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert body == {"$ref": "#/components/schemas/ChatRequest"}
+    chat = doc["components"]["schemas"]["ChatRequest"]
+    assert {"messages", "model", "temperature", "max_tokens"} <= set(chat["properties"])
+    assert set(chat["required"]) == {"messages", "model"}
+
+
+def _schema(doc: dict, path: str) -> dict:
+    ref = doc["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    return {**ref, "components": doc["components"]}
+
+
+_JSONISH = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+                        lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner,
+                                                                                        max_size=3), max_leaves=6)
+
+
+def _mutate(body: dict, data: st.DataObject) -> dict:
+    """Replace one field with a value of an arbitrary type."""
+    if not body:
+        return body
+    key = data.draw(st.sampled_from(sorted(body)))
+    return {**body, key: data.draw(_JSONISH)}
+
+
+@pytest.mark.parametrize("path", FUZZED)
+def test_generated_bodies_never_5xx(fuzz_server, path):
+    live, doc = fuzz_server
+    schema = _schema(doc, path)
+    client = httpx.Client(base_url=live.url, timeout=30)
+    deadline = time.monotonic() + 25  # bound the whole route's fuzzing
+
+    @settings(max_examples=30, deadline=None, database=None,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large])
+    @given(body=from_schema(schema), data=st.data())
+    def check(body: dict, data: st.DataObject) -> None:
+        if time.monotonic() > deadline:
+            return
+        if path in ("/v1/completions", "/v1/chat/completions") and isinstance(body, dict):
+            body["model"] = data.draw(st.sampled_from(["tiny", body.get("model", "x")]))
+        if path == "/generate" and isinstance(body, dict) and body.get("text") is None:
+            body["text"] = data.draw(st.text(max_size=20) | st.lists(st.text(max_size=5), max_size=2))
+            body.pop("input_ids", None)
+        for sent in (body, _mutate(body, data) if isinstance(body, dict) else body):
+            r = client.post(path, json=sent)
+            assert r.status_code < 500, (sent, r.status_code, r.text)
+            if r.status_code >= 400:
+                assert set(r.json()["error"]) == {"message", "type", "param", "code"}
+
+    try:
+        check()
+    finally:
+        client.close()
+

@@ -1,0 +1,72 @@
+"""/v1/programs under its limits: 429 past max_concurrent, 504 past the deadline (its requests aborted), 429 when the engine is full."""
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from radixflow.frontend.server import create_app
+from radixflow.lang import Limits
+
+from .conftest import LiveServer
+
+SLOW = {"program": {"ops": [{"op": "gen", "name": f"g{i}", "params": {"max_new_tokens": 40, "ignore_eos": True}}
+                            for i in range(40)]}}
+
+
+@pytest.fixture(scope="module")
+def limited(engine) -> Iterator[tuple[LiveServer, httpx.Client]]:
+    app = create_app(engine, "tiny", program_limits=Limits(max_concurrent=1, deadline_s=0.5))
+    live = LiveServer(app).start()
+    with httpx.Client(base_url=live.url, timeout=60) as c:
+        yield live, c
+    live.stop()
+
+
+def _wait_idle(engine) -> None:
+    deadline = time.monotonic() + 5
+    while engine.stats().num_running or engine.stats().num_waiting or engine.stats().kv_slots_used:
+        assert time.monotonic() < deadline, engine.stats()
+        time.sleep(0.01)
+
+
+def test_deadline_is_504_and_aborts_what_it_started(limited, engine):
+    _, client = limited
+    start = time.monotonic()
+    r = client.post("/v1/programs", json=SLOW)
+    assert r.status_code == 504, r.text
+    assert "deadline_s" in r.json()["error"]["message"]
+    assert time.monotonic() - start < 3
+    _wait_idle(engine)
+    assert client.post("/v1/programs", json={"program": {"ops": [{"op": "text", "text": "ok"}]}}).json()["text"] == "ok"
+
+
+def test_concurrent_programs_past_the_limit_get_429(limited, engine):
+    _, client = limited
+    statuses: list[int] = []
+    first = threading.Thread(target=lambda: statuses.append(client.post("/v1/programs", json=SLOW).status_code))
+    first.start()
+    time.sleep(0.15)
+    r = client.post("/v1/programs", json=SLOW)
+    first.join()
+    assert r.status_code == 429 and r.headers["retry-after"] == "1"
+    assert "max_concurrent" in r.json()["error"]["message"]
+    assert statuses == [504]
+    _wait_idle(engine)
+
+
+def test_full_engine_inside_a_program_is_429(engine):
+    from .test_conformance import FaultyEngine
+
+    wrapped = FaultyEngine(engine)
+    wrapped.mode = "full"
+    live = LiveServer(create_app(wrapped, "tiny")).start()
+    try:
+        r = httpx.post(live.url + "/v1/programs", json={"program": {"ops": [{"op": "gen", "name": "a"}]}})
+        assert r.status_code == 429, r.text
+        assert r.headers["retry-after"] == "1"
+    finally:
+        live.stop()
