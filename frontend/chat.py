@@ -104,7 +104,7 @@ class ChatShape:
 
     def options(self, req: ChatRequest) -> dict[str, Any]:
         return {"return_logprob": req.logprobs, "top_logprobs_num": req.top_logprobs or 0,
-                "return_text_in_logprobs": True, "logprob_start_len": -1}
+                "return_text_in_logprobs": True, "logprob_start_len": -1, "session_id": req.user}
 
     def response(self, job: Job, results: list[dict], tokenizer: Any) -> ChatCompletion:
         choices = [ChatChoice(i, AssistantMessage(content=r["text"]), to_logprobs(r["meta_info"], tokenizer),

@@ -92,7 +92,8 @@ class CompletionShape:
 
     def options(self, req: CompletionRequest) -> dict[str, Any]:
         return {"return_logprob": req.logprobs is not None, "top_logprobs_num": req.logprobs or 0,
-                "return_text_in_logprobs": True, "logprob_start_len": 0 if req.echo else -1}
+                "return_text_in_logprobs": True, "logprob_start_len": 0 if req.echo else -1,
+                "session_id": req.user}
 
     def _echo(self, job: Job, index: int) -> str | None:
         return job.prompts.texts[index // job.sampling.n] if job.req.echo else None

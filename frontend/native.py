@@ -36,6 +36,7 @@ class GenerateRequest(msgspec.Struct, forbid_unknown_fields=True):
     return_text_in_logprobs: bool = False
     stream: bool = False
     rid: str | list[str] | None = None
+    session_id: str | None = None  # requests of one conversation: session goodput (radixflow)
     lora_path: str | None = None
     # accepted and ignored when harmless
     image_data: Any = None
@@ -143,7 +144,8 @@ def parse_generate(req: GenerateRequest, tokenizer: Any) -> GenerateJob:
     rids = _per_input(req.rid, len(prompts), "rid")
     start = -1 if req.logprob_start_len is None else req.logprob_start_len
     base = {"return_logprob": req.return_logprob, "logprob_start_len": start,
-            "top_logprobs_num": req.top_logprobs_num, "return_text_in_logprobs": req.return_text_in_logprobs}
+            "top_logprobs_num": req.top_logprobs_num, "return_text_in_logprobs": req.return_text_in_logprobs,
+            "session_id": req.session_id}
     return GenerateJob(prompts, sampling, [{**base, "rid": rid} for rid in rids],
                        single=not is_batch and sampling[0].n == 1)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
+import uuid
 from collections.abc import Coroutine, Iterator
 from typing import Any
 
@@ -27,12 +28,14 @@ class ServerBackend:
         self._pending: set[concurrent.futures.Future] = set()
         self._lock = threading.Lock()
         self._closed = False
+        self.session_id = f"program-{uuid.uuid4().hex}"  # a program run is one session (goodput)
 
     def generate(self, body: dict) -> dict | list[dict]:
         """Blocking (worker threads only). Bad bodies raise ValueError, as the in-process engine's;
         a full engine raises the 429 APIError itself (the program's answer is then 429)."""
         try:
-            req = msgspec.convert({k: v for k, v in body.items() if k != "stream"}, GenerateRequest)
+            fields = {"session_id": self.session_id, **{k: v for k, v in body.items() if k != "stream"}}
+            req = msgspec.convert(fields, GenerateRequest)
             check_generate(req, self._limits)
             job = parse_generate(req, self.engine.tokenizer)
         except (msgspec.ValidationError, APIError) as exc:

@@ -104,3 +104,43 @@ def test_top_shows_interval_rates():
     v = view(b, a)
     assert v["tokens_per_s"] == pytest.approx(10.0)
     assert "10.0 tok/s" in render("http://x", v)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("prometheus") is None, reason="prometheus not installed (Debian package prometheus)")
+def test_real_prometheus_scrapes_a_live_server(server, client, tmp_path):
+    import socket
+    import time
+
+    import httpx
+
+    for i in range(3):
+        client.post("/generate", json={"text": f"scraped {i}", "sampling_params": {"max_new_tokens": 2}})
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    target = server.url.removeprefix("http://")
+    (tmp_path / "prometheus.yml").write_text(
+        f"global: {{scrape_interval: 1s}}\nrule_files: [{MONITORING / 'alerts.yml'}]\n"
+        f"scrape_configs:\n  - job_name: radixflow\n    static_configs: [{{targets: ['{target}']}}]\n")
+    proc = subprocess.Popen(["prometheus", f"--config.file={tmp_path / 'prometheus.yml'}",
+                             f"--storage.tsdb.path={tmp_path / 'data'}", f"--web.listen-address=127.0.0.1:{port}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        want = float(client.get("/metrics").text.split("radixflow_generation_tokens_total{")[1].split("} ")[1].split()[0])
+        deadline, got = time.monotonic() + 60, None
+        while time.monotonic() < deadline and got != want:
+            time.sleep(1)
+            try:
+                r = httpx.get(f"http://127.0.0.1:{port}/api/v1/query",
+                              params={"query": "sum(radixflow_generation_tokens_total)"}, timeout=5)
+                result = r.json()["data"]["result"]
+                got = float(result[0]["value"][1]) if result else None
+            except (httpx.HTTPError, KeyError, ValueError):
+                continue
+        assert got == want
+        rules = httpx.get(f"http://127.0.0.1:{port}/api/v1/rules", timeout=5).json()["data"]["groups"]
+        assert {r["name"] for g in rules for r in g["rules"]} >= {"RadixflowPreemptions", "RadixflowGoodputLow"}
+    finally:
+        proc.terminate()
+        proc.wait(30)

@@ -277,3 +277,37 @@ def test_deep_chains_need_no_recursion(cache: RadixCache) -> None:
 def test_both_caches_satisfy_the_protocol() -> None:
     assert isinstance(RadixCache(), PrefixCache)
     assert isinstance(NullCache(), PrefixCache)
+
+
+def test_eviction_log_explains_evicted_runs_and_stays_bounded():
+    from radixflow.radix.eviction_log import EvictionLog
+
+    cache = RadixCache()
+    cache.insert([1, 2, 3, 4, 5, 6], [11, 12, 13, 14, 15, 16])
+    cache.insert([1, 2, 3, 9, 9], [11, 12, 13, 21, 22])
+    freed: list[int] = []
+    cache.evict(100, freed.extend)  # both leaves, then their parent
+    assert sorted(freed) == [11, 12, 13, 14, 15, 16, 21, 22]
+    empty = cache.match_prefix([1, 2, 3, 4, 5, 6, 7])
+    runs, diverged = cache.explain_miss([1, 2, 3, 4, 5, 6, 7], None, empty)
+    assert runs == [("evicted", 6), ("cold", 1)] and diverged is None
+    runs, _ = cache.explain_miss([1, 2, 3, 9, 8], None, cache.match_prefix([1, 2, 3, 9, 8]))
+    assert runs == [("evicted", 4), ("cold", 1)]
+    assert cache.lifetime.count == 8  # token-weighted
+    log = EvictionLog(max_tokens=5)
+    log.record(None, 0, (1, 2, 3))
+    log.record(None, 3, (4, 5, 6))
+    assert log.num_tokens == 3 and log.evicted_len(None, (1, 2, 3, 4), 0) == 0
+    assert log.evicted_len(None, (1, 2, 3, 4, 5, 6), 3) == 3
+
+
+def test_explain_miss_divergent_and_namespace():
+    cache = RadixCache()
+    cache.insert([1, 2, 3, 4], [11, 12, 13, 14])
+    cache.insert([7, 8, 9], [31, 32, 33], namespace="adapter")
+    m = cache.match_prefix([1, 2, 5, 6])
+    assert cache.explain_miss([1, 2, 5, 6], None, m) == ([("divergent", 2)], 2)
+    m = cache.match_prefix([7, 8, 9, 10])
+    assert cache.explain_miss([7, 8, 9, 10], None, m) == ([("namespace", 3), ("cold", 1)], None)
+    m = cache.match_prefix([5, 5])
+    assert cache.explain_miss([5, 5], None, m) == ([("cold", 2)], None)
