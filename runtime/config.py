@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,6 +64,9 @@ class EngineConfig:
             raise ValueError(f"kv_cache_tokens must be >= 16, got {self.kv_cache_tokens}")
         if not 0.0 < self.mem_fraction <= 1.0:
             raise ValueError(f"mem_fraction must be in (0, 1], got {self.mem_fraction}")
+        if self.grammar_backend == "llguidance" and importlib.util.find_spec("llguidance") is None:
+            raise ValueError("grammar_backend='llguidance' needs the llguidance package: "
+                             "pip install 'radixflow[llguidance]' (or use grammar_backend='outlines')")
         if self.cpu_kv_cache_bytes < 1 << 20:
             raise ValueError(f"cpu_kv_cache_bytes must be >= 1 MiB (1048576), got {self.cpu_kv_cache_bytes}")
         if self.grammar_timeout_s <= 0:
