@@ -64,16 +64,17 @@ def _byte_level_backend(meta: dict[str, Any]) -> tokenizers.Tokenizer:
 
 def derive_merges(tokens: list[str], scores: list[float]) -> list[tuple[str, str]]:
     """SentencePiece BPE merges implied by a scored vocabulary: every split of a token into two
-    vocabulary pieces, best-scored token first (ties: shorter left piece, then vocabulary order)."""
+    vocabulary pieces, best score first; ties as transformers orders them (longer left piece,
+    then longer right piece, then vocabulary order), so both build the same tokenizer."""
     vocab = {t: i for i, t in enumerate(tokens)}
-    found: list[tuple[float, int, int, int, str, str]] = []
-    for token, score in zip(tokens, scores):
-        for cut in range(1, len(token)):
-            left, right = token[:cut], token[cut:]
-            if left in vocab and right in vocab:
-                found.append((-score, len(left), len(right), vocab[left] * len(tokens) + vocab[right], left, right))
-    found.sort(key=lambda m: m[:3] + (m[3],))
-    return [(left, right) for *_, left, right in found]
+    found: list[tuple[str, str, float]] = []
+    for token, score in dict(zip(tokens, scores)).items():
+        local = [(token[:cut], token[cut:], score) for cut in range(1, len(token))
+                 if token[:cut] in vocab and token[cut:] in vocab]
+        local.sort(key=lambda m: (vocab[m[0]], vocab[m[1]]))
+        found.extend(local)
+    found.sort(key=lambda m: (m[2], len(m[0]), len(m[1])), reverse=True)  # stable under reverse
+    return [(left, right) for left, right, _ in found]
 
 
 def _sentencepiece_backend(meta: dict[str, Any]) -> tokenizers.Tokenizer:

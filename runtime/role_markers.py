@@ -92,9 +92,9 @@ def role_markers(tokenizer: Any) -> dict[str, Any]:
     bos = _bos_text(tokenizer)
     encode_adds_bos = bool(bos) and tokenizer.encode("a")[:1] == [tokenizer.bos_token_id]
     bos_is_turn_opener = bool(bos) and user_begin.startswith(bos)
-    written_bos = bos if bos and not bos_is_turn_opener else ""
-    out: dict[str, Any] = {"user": turns["user"], "assistant": turns["assistant"]}
     prefix_user = turns["prefix_user"]
+    written_bos = bos if bos and not bos_is_turn_opener and prefix_user.startswith(bos) else ""
+    out: dict[str, Any] = {"user": turns["user"], "assistant": turns["assistant"]}
     default_system = _strip_prefix(prefix_user, written_bos) if written_bos else prefix_user
     out["default_system"] = default_system if default_system is not None else prefix_user
     with_system = _render(tokenizer, [("system", 0), ("user", 1)])

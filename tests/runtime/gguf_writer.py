@@ -124,3 +124,34 @@ def write_gguf(model_dir: str, out_path: str, qtype: str, arch: str = "llama") -
     writer.write_tensors_to_file()
     writer.close()
     return out_path
+
+
+def write_sentencepiece_gguf(out_path: str, corpus: str, vocab_size: int = 700) -> str:
+    """A tokenizer-only llama GGUF in SentencePiece style: <unk> <s> </s>, 256 byte tokens
+    <0xNN>, then BPE pieces with "▁" for spaces scored by rank; no merges (readers derive them)."""
+    import tokenizers
+
+    bpe = tokenizers.Tokenizer(tokenizers.models.BPE(unk_token="<unk>", byte_fallback=True))
+    bpe.pre_tokenizer = tokenizers.pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first", split=True)
+    trainer = tokenizers.trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<unk>", "<s>", "</s>"],
+                                             show_progress=False)
+    bpe.train_from_iterator([corpus], trainer)
+    pieces = [t for t, _ in sorted(bpe.get_vocab().items(), key=lambda kv: kv[1]) if t not in ("<unk>", "<s>", "</s>")]
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + pieces
+    types = [2, 3, 3] + [6] * 256 + [1] * len(pieces)
+    scores = [0.0] * 259 + [-float(i) for i in range(len(pieces))]
+    writer = gguf.GGUFWriter(out_path, "llama")
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(tokens)
+    writer.add_token_scores(scores)
+    writer.add_token_types(types)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_unk_token_id(0)
+    writer.add_add_bos_token(True)
+    writer.add_add_space_prefix(True)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return out_path
