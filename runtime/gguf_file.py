@@ -89,7 +89,8 @@ class GGUFFile:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
-        self._data = np.memmap(self.path, dtype=np.uint8, mode="r")
+        # a plain ndarray view of the map: memmap-subclass slices are slow in numpy-heavy dequantizers
+        self._data = np.asarray(np.memmap(self.path, dtype=np.uint8, mode="r"))
         buf = memoryview(self._data)
         if bytes(buf[:4]) != GGUF_MAGIC:
             raise ValueError(f"{self.path} is not a GGUF file (magic {bytes(buf[:4])!r})")
