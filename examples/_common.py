@@ -1,4 +1,4 @@
-"""Shared by the examples: a backend on the demo model and a prefix-cache hit report."""
+"""Shared by the examples: a backend on the default model (SmolLM2) and a prefix-cache hit report."""
 from __future__ import annotations
 
 import argparse
@@ -8,9 +8,9 @@ import radixflow.lang as rf
 
 def backend_from_args(description: str) -> rf.Engine:
     ap = argparse.ArgumentParser(description=description)
-    ap.add_argument("--model", default=None, help="model directory (default: the tiny demo model)")
+    ap.add_argument("--model", default=None, help="model path (default: SmolLM2-135M-Instruct)")
     args = ap.parse_args()
-    return rf.Engine(args.model, kv_cache_tokens=16384)
+    return rf.Engine(args.model)
 
 
 def report_cache(backend: rf.Engine, before) -> dict:

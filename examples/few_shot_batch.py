@@ -20,11 +20,9 @@ def classify(s, review):
     for text, label in SHOTS:
         s += f"Review: {text}\nSentiment: {label}\n\n"
     s += f"Review: {review}\nSentiment: " + rf.select("label", ["positive", "negative", "neutral"])
-    s += "\nReason: " + rf.gen("reason", max_tokens=10, stop="\n")
 
 
-if __name__ == "__main__":
-    backend = backend_from_args(__doc__)
+def main(backend: rf.Engine) -> None:
     before = backend.engine.stats()
     states = classify.run_batch([{"review": r} for r in REVIEWS], backend=backend, num_threads=4,
                                 temperature=0)
@@ -33,3 +31,7 @@ if __name__ == "__main__":
     assert [st["label"] in ("positive", "negative", "neutral") for st in states] == [True] * len(REVIEWS)
     hits = report_cache(backend, before)
     assert hits["hit_tokens"] > 0
+
+
+if __name__ == "__main__":
+    main(backend_from_args(__doc__))

@@ -28,8 +28,7 @@ def react(s, question, max_turns=3):
     s.set_var("turns", turn + 1)
 
 
-if __name__ == "__main__":
-    backend = backend_from_args(__doc__)
+def main(backend: rf.Engine) -> None:
     before = backend.engine.stats()
     state = react.run(question="What is 12 plus 30?", backend=backend, temperature=0)
     for t in range(state["turns"]):
@@ -37,3 +36,7 @@ if __name__ == "__main__":
     assert all(state[f"action_{t}"] in TOOLS for t in range(state["turns"]))
     hits = report_cache(backend, before)
     assert hits["hit_tokens"] > 0, "later calls should reuse the conversation's KV"
+
+
+if __name__ == "__main__":
+    main(backend_from_args(__doc__))

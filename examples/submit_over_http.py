@@ -1,6 +1,6 @@
 """The same kind of program, traced to an IR and submitted over HTTP to run next to the engine.
 
-Starts `radixflow serve` on a free local port (the tiny demo model), submits a tool-choice
+Starts `radixflow serve` on a free local port (the default model), submits a tool-choice
 program with a server-side branch (`rf.if_` on a select result), compares it with running the
 same program locally through the HTTP backend, then stops the server.
 

@@ -45,11 +45,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="serve a model over HTTP (OpenAI and native APIs)")
-    serve.add_argument("--demo-size", default="tiny", help="demo model size used when --model is absent")
+    serve.add_argument("--demo-size", default=None,
+                       help="serve the random-weight demo model of this size (tiny, small) instead of the default model")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=30000)
     serve.add_argument("--served-model-name", default=None,
-                       help="model name in the API (default: the --model path, or radixflow-demo-SIZE)")
+                       help="model name in the API (default: the --model path, radixflow-demo-SIZE, or SmolLM2-135M-Instruct)")
     serve.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every request")
     serve.add_argument("--log-level", default="info")
     add_engine_flags(serve)

@@ -148,19 +148,23 @@ class _Server(uvicorn.Server):
 
 
 def serve(ns: argparse.Namespace, engine_kwargs: dict[str, Any]) -> int:
-    """`radixflow serve`: build the engine (`--model`, or the demo model of `--demo-size`), serve
-    the app with uvicorn on --host/--port until interrupted. Returns the exit status."""
+    """`radixflow serve`: build the engine (`--model`, the demo model of `--demo-size`, or the
+    default SmolLM2), serve the app with uvicorn on --host/--port until interrupted. Returns the
+    exit status."""
     from radixflow.runtime import Engine, EngineConfig, demo_model
+    from radixflow.runtime.default_model import DEFAULT_MODEL_NAME
+    from radixflow.runtime.model_path import resolve_model_path
 
     kwargs = dict(engine_kwargs)
     model = kwargs.pop("model", None)
+    demo_size = getattr(ns, "demo_size", None)
     try:
-        path = model or demo_model(ns.demo_size)
+        path = model or (demo_model(demo_size) if demo_size else resolve_model_path(None))
         EngineConfig.from_kwargs(model=path, **kwargs)  # bad flags fail here, before listening
     except ValueError as exc:
         log.error("radixflow serve: %s", exc)
         return 2
-    name = ns.served_model_name or model or f"radixflow-demo-{ns.demo_size}"
+    name = ns.served_model_name or model or (f"radixflow-demo-{demo_size}" if demo_size else DEFAULT_MODEL_NAME)
     holder: dict[str, _Server] = {}
 
     def stop() -> None:

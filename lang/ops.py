@@ -48,8 +48,10 @@ def _role_begin(ctx: ProgramContext, op: ir.RoleBegin) -> None:
         raise ValueError(f"cannot open a {op.role!r} turn inside the open {ctx.role!r} turn")
     markers = ctx.markers()
     begin, _ = markers.pair(op.role)
-    if not ctx.text and markers.bos:
-        ctx.append(markers.bos)
+    if not ctx.text:
+        opening = markers.bos + (markers.default_system if op.role != "system" else "")
+        if opening:
+            ctx.append(opening)
     ctx.append(begin)
     ctx.role, ctx.role_start = op.role, len(ctx.text)
 

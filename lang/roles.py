@@ -1,7 +1,9 @@
 """Chat roles: system()/user()/assistant() expressions and the backend's role markers that render them.
 
 The backend derives the markers from the model's chat template; this module only consumes them:
-`{"bos": str, "system": [begin, end], "user": [begin, end], "assistant": [begin, end]}`.
+`{"bos": str, "default_system": str, "system": [begin, end], "user": [begin, end], "assistant": [begin, end]}`.
+`default_system` (optional) is the turn the template inserts when a conversation does not open
+with a system message (SmolLM2, Qwen2.5); it is written before such a first turn.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ _SPECIAL = re.compile(r"<\|[^\s]*\|>|</?[A-Za-z_][\w.\-]*>")
 class RoleMarkers:
     bos: str
     turns: dict[str, tuple[str, str]]  # role → (begin, end)
+    default_system: str = ""
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RoleMarkers:
@@ -30,16 +33,18 @@ class RoleMarkers:
         if not isinstance(data, dict):
             raise ValueError(f"role_markers must be a dict, got {type(data).__name__}")
         bos = data.get("bos") or ""
+        default_system = data.get("default_system") or ""
         turns: dict[str, tuple[str, str]] = {}
         for role, pair in data.items():
-            if role == "bos":
+            if role in ("bos", "default_system"):
                 continue
             if not (isinstance(pair, (list, tuple)) and len(pair) == 2 and all(isinstance(p, str) for p in pair)):
                 raise ValueError(f"role_markers[{role!r}] must be [begin, end] strings, got {pair!r}")
             turns[role] = (pair[0], pair[1])
-        if not isinstance(bos, str):
-            raise ValueError(f"role_markers['bos'] must be a str, got {bos!r}")
-        return cls(bos=bos, turns=turns)
+        for key, value in (("bos", bos), ("default_system", default_system)):
+            if not isinstance(value, str):
+                raise ValueError(f"role_markers[{key!r}] must be a str, got {value!r}")
+        return cls(bos=bos, turns=turns, default_system=default_system)
 
     def pair(self, role: str) -> tuple[str, str]:
         if role not in self.turns:

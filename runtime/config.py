@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,13 +24,13 @@ def _opt(default: Any, help: str, choices: tuple[str, ...] | None = None) -> Any
 class EngineConfig:
     """User-facing engine settings. Validated on construction; never mutated afterwards."""
 
-    model: str | None = _opt(None, "Hugging Face format model directory (absent: the tiny demo model).")
+    model: str | None = _opt(None, "Hugging Face model directory, GGUF file, or directory holding one .gguf (absent: SmolLM2-135M-Instruct).")
     load_format: str = _opt("auto", "Weights: auto = the model's safetensors; dummy = random, from config.json alone (benchmarks).", LOAD_FORMATS)
     dtype: str = _opt("auto", "Weight and activation dtype; auto = float32 on CPU, the checkpoint's on CUDA.", DTYPES)
     device: str = _opt("auto", "Where the model runs; auto = cuda when available.", DEVICES)
     seed: int = _opt(0, "Seed for sampling of requests that give no seed of their own.")
     max_model_len: int | None = _opt(None, "Longest context (prompt + output) in tokens; default: the model's.")
-    kv_cache_tokens: int | None = _opt(None, "KV pool size in tokens (default on CPU: 65536; on CUDA: from --mem-fraction).")
+    kv_cache_tokens: int | None = _opt(None, "KV pool size in tokens (default on CPU: from --cpu-kv-cache-bytes, at most 65536; on CUDA: from --mem-fraction).")
     mem_fraction: float = _opt(0.85, "Fraction of total GPU memory the engine may use (weights + KV pool).")
     kv_cache_dtype: str = _opt("auto", "KV cache storage: auto = the model dtype; fp8_e4m3 halves the bytes.", KV_CACHE_DTYPES)
     max_num_seqs: int = _opt(256, "Most requests running in one batch.")
@@ -49,6 +50,8 @@ class EngineConfig:
     slo_itl_ms: float | None = _opt(None, "Goodput SLO: a request's mean inter-token latency in ms (unset: not checked).")
     slo_e2e_ms: float | None = _opt(None, "Goodput SLO: end-to-end latency in ms (unset: not checked).")
     check_invariants: bool = _opt(False, "After every step, check slot accounting, slot ownership and the radix tree; log and count violations (tests, soaks).")
+    cpu_kv_cache_bytes: int = _opt(512 << 20, "KV pool byte budget on CPU when --kv-cache-tokens is not given.")
+    chat_template: str | None = _opt(None, "Jinja chat template file replacing the model's own.")
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -68,6 +71,11 @@ class EngineConfig:
         for name in ("slo_ttft_ms", "slo_itl_ms", "slo_e2e_ms"):
             if getattr(self, name) is not None and not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0 (or unset), got {getattr(self, name)}")
+        if self.grammar_backend == "llguidance" and importlib.util.find_spec("llguidance") is None:
+            raise ValueError("grammar_backend='llguidance' needs the llguidance package: "
+                             "pip install 'radixflow[llguidance]' (or use grammar_backend='outlines')")
+        if self.cpu_kv_cache_bytes < 1 << 20:
+            raise ValueError(f"cpu_kv_cache_bytes must be >= 1 MiB (1048576), got {self.cpu_kv_cache_bytes}")
         if self.grammar_timeout_s <= 0:
             raise ValueError(f"grammar_timeout_s must be > 0, got {self.grammar_timeout_s}")
 

@@ -129,9 +129,10 @@ def demo_model(size: str = "tiny") -> str:
     return str(target)
 
 
-def write_demo_model(size: str, out_dir: str | os.PathLike[str]) -> str:
-    """Write the demo model of `size` into `out_dir` (created if missing); returns `out_dir` as a str."""
-    spec = _spec(size)
+def write_demo_model(size: str, out_dir: str | os.PathLike[str], spec: DemoSpec | None = None) -> str:
+    """Write the demo model of `size` (or of a custom `spec`, for tests that need other shapes) into
+    `out_dir` (created if missing); returns `out_dir` as a str."""
+    spec = spec if spec is not None else _spec(size)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer_json = TOKENIZER_PATH.read_bytes()

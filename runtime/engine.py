@@ -26,10 +26,10 @@ import torch
 
 from radixflow.radix import NullCache, RadixCache
 from radixflow.runtime.config import EngineConfig
-from radixflow.runtime.demo import demo_model
 from radixflow.runtime.detokenizer import IncrementalDetokenizer
 from radixflow.runtime.grammar.compiler import GrammarCompiler
 from radixflow.runtime.faults import NO_FAULTS, FaultInjector
+from radixflow.runtime.model_path import resolve_model_path
 from radixflow.runtime.model_runner import ModelRunner
 from radixflow.runtime.output import finalize_text
 from radixflow.runtime.request import MAX_TOP_LOGPROBS, LogprobOptions, Req
@@ -67,8 +67,8 @@ InputIds = list[int] | list[list[int]] | None
 class Engine:
     """An LLM engine with a persistent radix prefix cache and continuous batching.
 
-    `Engine()` serves the tiny demo model; `Engine(path, **config)` a Hugging Face directory,
-    config names as in EngineConfig. Use as a context manager or call `shutdown()`.
+    `Engine()` serves the default model (SmolLM2-135M-Instruct); `Engine(path, **config)` a Hugging
+    Face directory or a GGUF file, config names as in EngineConfig. Use as a context manager or call `shutdown()`.
     Grammars (`regex`, `json_schema`, `choices`) compile in the caller's thread before a request
     is submitted (cached; a failure or timeout raises ValueError), never on the engine loop.
     """
@@ -77,8 +77,8 @@ class Engine:
 
     def __init__(self, model: str | None = None, **config: Any) -> None:
         self.config = EngineConfig.from_kwargs(model=model, **config)
-        self.model_path = model or demo_model("tiny")
-        self.tokenizer = Tokenizer.from_dir(self.model_path)
+        self.model_path = resolve_model_path(model)
+        self.tokenizer = Tokenizer.from_pretrained(self.model_path, self.config.chat_template)
         self.runner = ModelRunner(self.config, self.model_path)
         self.max_context_len = self.runner.shape.max_context_len
         cache = NullCache() if self.config.disable_radix_cache else RadixCache()

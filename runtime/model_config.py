@@ -1,4 +1,4 @@
-"""The decoder's shape, read from a Hugging Face `config.json` for the supported architectures."""
+"""The decoder's shape, read from a Hugging Face `config.json` (or GGUF metadata) for the supported architectures."""
 from __future__ import annotations
 
 import json
@@ -42,7 +42,13 @@ class ModelArgs:
 
 
 def load_model_args(model_dir: str) -> ModelArgs:
-    """Parse `model_dir/config.json`; ValueError for a missing file or an unsupported architecture."""
+    """Parse `model_dir/config.json` (or a GGUF file's metadata); ValueError for a missing file or
+    an unsupported architecture."""
+    if os.path.isfile(model_dir):
+        from radixflow.runtime.gguf_file import read_gguf
+        from radixflow.runtime.gguf_loader import model_args_from_gguf
+
+        return model_args_from_gguf(read_gguf(model_dir))
     path = os.path.join(model_dir, "config.json")
     if not os.path.isfile(path):
         raise ValueError(f"no config.json in {model_dir!r}: not a Hugging Face model directory")

@@ -19,7 +19,7 @@ from radixflow.runtime.weights import build_model
 
 log = logging.getLogger(__name__)
 
-CPU_DEFAULT_KV_TOKENS = 65536
+CPU_DEFAULT_KV_TOKENS = 65536  # CPU cap: more slots than a CPU can fill only cost start-up time
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 # GPU memory kept out of the KV budget for activations, logits and the CUDA graph pool.
 GPU_ACTIVATION_RESERVE_BYTES = 2 << 30
@@ -61,9 +61,13 @@ def kv_pool_tokens(cfg: EngineConfig, args: ModelArgs, shape: RuntimeShape, fp8:
     """KV slots to allocate: the explicit budget, else a CPU default or a GPU memory share."""
     if cfg.kv_cache_tokens is not None:
         return cfg.kv_cache_tokens
-    if shape.device.type != "cuda":
-        return CPU_DEFAULT_KV_TOKENS
     per_token = KVPool.bytes_per_token(args.num_layers, args.num_kv_heads, args.head_dim, shape.dtype, fp8)
+    if shape.device.type != "cuda":
+        fit = cfg.cpu_kv_cache_bytes // per_token
+        if fit < 16:
+            raise ValueError(f"cpu_kv_cache_bytes={cfg.cpu_kv_cache_bytes} holds {fit} tokens of KV "
+                             f"({per_token} bytes each): raise it or set kv_cache_tokens")
+        return int(min(fit, CPU_DEFAULT_KV_TOKENS, cfg.max_num_seqs * shape.max_context_len))
     _, total = torch.cuda.mem_get_info(shape.device)
     budget = total * cfg.mem_fraction - torch.cuda.memory_allocated(shape.device) - GPU_ACTIVATION_RESERVE_BYTES
     if budget < per_token * 1024:
@@ -92,8 +96,9 @@ class ModelRunner:
         ops = AttentionOps.for_backend(self.shape.attention_backend)
         self.attention = PoolAttention(self.kv_pool, ops, 1.0 / math.sqrt(self.args.head_dim),
                                        default_kv_splits(dev))
-        log.info("KV pool: %d tokens (%s, %s), max context %d, attention backend %s",
-                 num_tokens, "fp8_e4m3" if fp8 else self.shape.dtype, dev,
+        log.info("KV pool: %d tokens, %.2f GiB (%s, %s), max context %d, attention backend %s",
+                 num_tokens, num_tokens * KVPool.bytes_per_token(
+                     self.args.num_layers, self.args.num_kv_heads, self.args.head_dim, self.shape.dtype, fp8) / 2**30, "fp8_e4m3" if fp8 else self.shape.dtype, dev,
                  self.shape.max_context_len, self.shape.attention_backend)
         self.graph_runner: DecodeGraphRunner | None = None
         if self.shape.cuda_graph_max_bs > 0:

@@ -1,4 +1,4 @@
-"""Tokenizer: a Hugging Face tokenizer directory (tokenizer.json and its configs) plus chat templates."""
+"""Tokenizer: a Hugging Face tokenizer directory (tokenizer.json and its configs) or GGUF metadata, plus chat templates."""
 from __future__ import annotations
 
 import json
@@ -248,6 +248,30 @@ class Tokenizer:
             chat_templates=_chat_templates(path, config),
             template_tokens=template_tokens,
         )
+
+    @classmethod
+    def from_pretrained(cls, path: str | os.PathLike[str], chat_template_file: str | None = None) -> Tokenizer:
+        """The tokenizer of a model path: a GGUF file (from its metadata) or a Hugging Face directory.
+
+        `chat_template_file` (a Jinja file) replaces the model's own chat template.
+        """
+        path = os.fspath(path)
+        template = None
+        if chat_template_file is not None:
+            if not os.path.isfile(chat_template_file):
+                raise ValueError(f"chat template file {chat_template_file!r} does not exist")
+            with open(chat_template_file, encoding="utf-8") as f:
+                template = f.read()
+            compile_chat_template(template)  # a broken override fails at start-up, not per request
+        if os.path.isfile(path):
+            from radixflow.runtime.gguf_file import read_gguf
+            from radixflow.runtime.gguf_tokenizer import tokenizer_from_gguf
+
+            return tokenizer_from_gguf(read_gguf(path), chat_template=template)
+        tok = cls.from_dir(path)
+        if template is not None:
+            tok.chat_templates = {"default": template}
+        return tok
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of `text`; `add_special_tokens` lets the post-processor add BOS (and EOS) if it does."""

@@ -1,18 +1,40 @@
-"""Checkpoint loading: safetensors (single file or sharded) into a meta-built CausalLM."""
+"""Checkpoint loading: safetensors (single file or sharded) or GGUF into a meta-built CausalLM."""
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 
 import torch
 from safetensors import safe_open
+from torch import nn
 
 from radixflow.runtime.model import CausalLM
 from radixflow.runtime.model_config import ModelArgs
 
+log = logging.getLogger(__name__)
+
 # Checkpoint tensors that carry nothing we need.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+_INIT_FNS = ("normal_", "uniform_", "kaiming_uniform_", "kaiming_normal_", "xavier_uniform_",
+             "xavier_normal_", "trunc_normal_", "zeros_", "ones_", "constant_")
+
+
+@contextlib.contextmanager
+def skip_weight_init() -> Iterator[None]:
+    """Construct modules without running their random init: the checkpoint overwrites every
+    parameter, and on the meta device the init alone costs seconds (it imports torch._dynamo)."""
+    saved = {name: getattr(nn.init, name) for name in _INIT_FNS}
+    for name in saved:
+        setattr(nn.init, name, lambda tensor, *args, **kwargs: tensor)
+    try:
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(nn.init, name, fn)
 
 
 class CheckpointReader:
@@ -93,9 +115,19 @@ def load_weights(model: CausalLM, model_dir: str, dtype: torch.dtype, device: to
 
 def build_model(args: ModelArgs, model_dir: str, dtype: torch.dtype, device: torch.device,
                 max_len: int) -> CausalLM:
-    """Construct on meta, load the checkpoint, build RoPE tables for `max_len` positions."""
-    with torch.device("meta"):
+    """Construct on meta, load the checkpoint (a safetensors directory or a GGUF file), build RoPE
+    tables for `max_len` positions."""
+    start = time.perf_counter()
+    with torch.device("meta"), skip_weight_init():
         model = CausalLM(args)
-    load_weights(model, model_dir, dtype, device)
+    if os.path.isfile(model_dir):
+        from radixflow.runtime.gguf_file import read_gguf
+        from radixflow.runtime.gguf_loader import load_gguf_weights
+
+        load_gguf_weights(model, read_gguf(model_dir), dtype, device)
+    else:
+        load_weights(model, model_dir, dtype, device)
     model.init_rope(max_len, device)
+    log.info("model %s (%s, %d layers) loaded in %.2f s", model_dir, dtype, args.num_layers,
+             time.perf_counter() - start)
     return model.eval()

@@ -18,6 +18,7 @@ import uvicorn
 from radixflow.frontend.server import create_app
 from radixflow.frontend.top import TIMERS, Scrape, quantile, _delta_buckets
 from radixflow.runtime import Engine
+from radixflow.runtime.demo import demo_model
 
 SYSTEM = "You are a support assistant. Answer briefly and politely. Policies: " + "refunds within 30 days; " * 12
 
@@ -46,7 +47,7 @@ def main() -> None:
     ap.add_argument("--out", default="eight-numbers.png")
     ap.add_argument("--phase-s", type=float, default=15.0)
     args = ap.parse_args()
-    engine = Engine(kv_cache_tokens=1500, max_num_seqs=32, slo_ttft_ms=250, slo_itl_ms=50)
+    engine = Engine(demo_model("tiny"), kv_cache_tokens=1500, max_num_seqs=32, slo_ttft_ms=250, slo_itl_ms=50)
     server, url = _serve(engine)
     start = time.monotonic()
     phases, t = [], start

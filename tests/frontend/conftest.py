@@ -12,6 +12,7 @@ import pytest
 import uvicorn
 
 from radixflow.frontend.server import create_app
+from radixflow.runtime.demo import demo_model
 
 MODEL_NAME = "tiny"
 API_KEY = "test-key"
@@ -54,7 +55,7 @@ class LiveServer:
 def engine() -> Iterator[Any]:
     from radixflow.runtime import Engine
 
-    with Engine(kv_cache_tokens=4096, check_invariants=True) as eng:
+    with Engine(demo_model("tiny"), kv_cache_tokens=4096, check_invariants=True) as eng:
         yield eng
 
 

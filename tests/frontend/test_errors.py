@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
+from radixflow.runtime.demo import demo_model
 
 MODEL_NAME = "tiny"  # the conftest server's
 
@@ -113,7 +114,7 @@ def test_queue_full_is_429_and_others_are_served(request):
     from radixflow.runtime import Engine
 
     live_server = request.getfixturevalue("server").__class__
-    with Engine(kv_cache_tokens=4096, max_num_seqs=1, max_queued_requests=1) as eng:
+    with Engine(demo_model("tiny"), kv_cache_tokens=4096, max_num_seqs=1, max_queued_requests=1) as eng:
         live = live_server(create_app(eng, "tiny")).start()
         statuses: list[int] = []
         gate = threading.Event()

@@ -18,7 +18,7 @@ def _free_port() -> int:
 
 def test_serve_demo_model_with_api_key():
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "radixflow.frontend.cli", "serve", "--port", str(port),
+    proc = subprocess.Popen([sys.executable, "-m", "radixflow.frontend.cli", "serve", "--demo-size", "tiny", "--port", str(port),
                              "--kv-cache-tokens", "2048", "--api-key", "sekrit", "--max-num-seqs", "8"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"

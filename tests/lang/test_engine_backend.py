@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import pytest
+from radixflow.runtime.demo import demo_model
 
 import radixflow.lang as rf
 
@@ -10,7 +11,7 @@ GREEDY = {"temperature": 0}
 
 @pytest.fixture(scope="module")
 def backend():
-    with rf.Engine() as engine:
+    with rf.Engine(demo_model("tiny")) as engine:
         yield engine
 
 

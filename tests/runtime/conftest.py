@@ -3,20 +3,24 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 
 import pytest
 import torch
 
 from radixflow.runtime.demo import demo_model
 
+# test helpers beside this file (gguf_writer.py, test_model_parity's functions) import by name
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json")
 
 
-def _hf_config(family: str, vocab_size: int):
+def _hf_config(family: str, vocab_size: int, heads: int = 8):
     import transformers as tf
 
     common = dict(vocab_size=vocab_size, hidden_size=64, intermediate_size=112, num_hidden_layers=2,
-                  num_attention_heads=8, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
+                  num_attention_heads=heads, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
                   rms_norm_eps=1e-5, bos_token_id=None, eos_token_id=None, pad_token_id=None)
     if family == "llama3":
         return tf.LlamaConfig(**common, tie_word_embeddings=False, rope_scaling={
@@ -37,21 +41,22 @@ _CLASSES = {"llama3": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
 
 @pytest.fixture(scope="session")
 def hf_checkpoint(tmp_path_factory):
-    """factory(family, shard=False) -> (dir, transformers model): random weights saved as a
+    """factory(family, shard=False, heads=8) -> (dir, transformers model): random weights saved as a
     Hugging Face checkpoint with the demo tokenizer, so the Engine can serve it too."""
     import transformers as tf
 
     demo = demo_model("tiny")
     made: dict[tuple[str, bool], tuple[str, object]] = {}
 
-    def make(family: str, shard: bool = False):
-        if (family, shard) in made:
-            return made[(family, shard)]
+    def make(family: str, shard: bool = False, heads: int = 8):
+        key = (family, shard, heads)
+        if key in made:
+            return made[key]
         from radixflow.runtime.tokenizer import Tokenizer
 
         vocab = Tokenizer.from_dir(demo).vocab_size
         torch.manual_seed(1234)
-        cfg = _hf_config(family, vocab)
+        cfg = _hf_config(family, vocab, heads)
         model = getattr(tf, _CLASSES[family])(cfg).float().eval()
         with torch.no_grad():  # widen the random init so greedy argmax has clear margins
             for name, p in model.named_parameters():
@@ -59,11 +64,11 @@ def hf_checkpoint(tmp_path_factory):
                     p.normal_(0.0, 0.08)
                 elif "bias" in name:
                     p.normal_(0.0, 0.05)
-        out = str(tmp_path_factory.mktemp(f"{family}{'-sharded' if shard else ''}"))
+        out = str(tmp_path_factory.mktemp(f"{family}{'-sharded' if shard else ''}-h{heads}"))
         model.save_pretrained(out, safe_serialization=True, max_shard_size="100KB" if shard else "5GB")
         for f in TOKENIZER_FILES:
             shutil.copy(os.path.join(demo, f), out)
-        made[(family, shard)] = (out, model)
-        return made[(family, shard)]
+        made[key] = (out, model)
+        return made[key]
 
     return make

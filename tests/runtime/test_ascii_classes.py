@@ -40,8 +40,9 @@ def test_grammar_key_translates_regex_and_schema_patterns():
 
 def test_engine_regex_digits_are_ascii():
     from radixflow.runtime import Engine
+from radixflow.runtime.demo import demo_model
 
-    with Engine(kv_cache_tokens=2048) as engine:
+    with Engine(demo_model("tiny"), kv_cache_tokens=2048) as engine:
         for seed in range(4):
             out = engine.generate("Number:", {"regex": r"\d{6}", "seed": seed, "max_new_tokens": 12})
             assert re.fullmatch(r"[0-9]{6}", out["text"]), out["text"]

@@ -100,12 +100,12 @@ def _generate(engine: Engine, batches: list[list[list[int]]]) -> list[list[list[
 
 def test_static_buffer_replay_equals_eager_on_cpu():
     config = dict(device="cpu", attention_backend="torch", kv_cache_tokens=1024, max_num_seqs=8)
-    with Engine(**config) as eager:
+    with Engine(demo_model("tiny"), **config) as eager:
         vocab = eager.runner.args.vocab_size
         batches = [_prompts(vocab, n, seed=n) for n in (1, 3, 6)]
         want = _generate(eager, batches)
     capture = EagerCapture()
-    with Engine(**config, check_invariants=True) as engine:
+    with Engine(demo_model("tiny"), **config, check_invariants=True) as engine:
         runner = engine.runner
         assert runner.graph_runner is None  # CPU: no graphs by default
         runner.graph_runner = DecodeGraphRunner(runner.model, runner.attention, runner.req_pool.table, 4, capture)
@@ -121,12 +121,12 @@ def test_gpu_greedy_identical_with_and_without_cuda_graphs():
     # fp32: eager batches of 3 and graphs padded to 4 may run different GEMM kernels; fp32 keeps
     # their rounding differences far below the logit gaps greedy decisions depend on
     config = dict(device="cuda", dtype="float32", kv_cache_tokens=4096, max_num_seqs=16, cuda_graph_max_bs=8)
-    with Engine(disable_cuda_graph=True, **config) as eager:
+    with Engine(demo_model("tiny"), disable_cuda_graph=True, **config) as eager:
         assert eager.runner.graph_runner is None
         vocab = eager.runner.args.vocab_size
         batches = [_prompts(vocab, n, seed=n) for n in (1, 3, 8, 11)]
         want = _generate(eager, batches)
-    with Engine(**config, check_invariants=True) as engine:
+    with Engine(demo_model("tiny"), **config, check_invariants=True) as engine:
         runner = engine.runner.graph_runner
         assert runner is not None and runner.batch_sizes == [1, 2, 4, 8]
         calls = Counter()

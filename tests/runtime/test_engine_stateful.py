@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from radixflow.runtime import Engine
+from radixflow.runtime.demo import demo_model
 from radixflow.runtime.engine import EngineClosedError
 from radixflow.runtime.faults import Fault, FaultInjector
 from radixflow.runtime.request import LogprobOptions
@@ -34,7 +35,7 @@ class EngineLifecycle(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.engine = Engine(kv_cache_tokens=96, max_num_seqs=4, chunked_prefill_size=8, check_invariants=True)
+        self.engine = Engine(demo_model("tiny"), kv_cache_tokens=96, max_num_seqs=4, chunked_prefill_size=8, check_invariants=True)
         self.submitted: list[str] = []
         self.answers: dict[str, list[str]] = {}
         self.lock = threading.Lock()

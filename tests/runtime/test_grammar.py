@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import sys
 import threading
 import time
 
@@ -12,6 +13,7 @@ import jsonschema
 import pytest
 
 from radixflow.runtime import Engine
+from radixflow.runtime.demo import demo_model
 
 N = 200
 PERSON = {
@@ -47,7 +49,7 @@ PATHOLOGICAL = {"type": "object", "properties": {"code": {"type": "string", "pat
 
 @pytest.fixture(scope="module")
 def engine():
-    with Engine(kv_cache_tokens=65536, grammar_timeout_s=3.0, check_invariants=True) as e:
+    with Engine(demo_model("tiny"), kv_cache_tokens=65536, grammar_timeout_s=3.0, check_invariants=True) as e:
         yield e
     assert not e.invariant_violations
 
@@ -158,7 +160,7 @@ KEY_HEAVY = {
 
 
 def _greedy_run(jump_forward: bool):
-    with Engine(kv_cache_tokens=8192, jump_forward=jump_forward) as e:
+    with Engine(demo_model("tiny"), kv_cache_tokens=8192, jump_forward=jump_forward) as e:
         params = ([{"json_schema": s, "temperature": 0, "max_new_tokens": 200} for s in (PERSON, KEY_HEAVY)]
                   + [{"regex": EMAIL, "temperature": 0, "max_new_tokens": 40},
                      {"choices": CHOICES, "temperature": 0, "max_new_tokens": 24}])
@@ -181,7 +183,8 @@ def test_jump_forward_on_off_identical_greedy_and_fewer_steps():
 
 
 def test_llguidance_backend():
-    with Engine(kv_cache_tokens=8192, grammar_backend="llguidance", grammar_timeout_s=3.0) as e:
+    pytest.importorskip("llguidance", reason="optional backend: pip install 'radixflow[llguidance]' (CI installs it)")
+    with Engine(demo_model("tiny"), kv_cache_tokens=8192, grammar_backend="llguidance", grammar_timeout_s=3.0) as e:
         params = [{"json_schema": PERSON, "max_new_tokens": 256}] * 40 + [{"regex": DATE, "max_new_tokens": 16}] * 40
         out = e.generate([f"L{i}" for i in range(len(params))], params)
         assert _stopped(out) == ["stop"] * len(out)
@@ -196,7 +199,7 @@ def test_llguidance_backend():
         assert text.startswith('{"code":"')
         greedy_on = [r["text"] for r in e.generate(["g1", "g2"], {"json_schema": KEY_HEAVY, "temperature": 0,
                                                                    "max_new_tokens": 200})]
-    with Engine(kv_cache_tokens=8192, grammar_backend="llguidance", jump_forward=False) as e:
+    with Engine(demo_model("tiny"), kv_cache_tokens=8192, grammar_backend="llguidance", jump_forward=False) as e:
         greedy_off = [r["text"] for r in e.generate(["g1", "g2"], {"json_schema": KEY_HEAVY, "temperature": 0,
                                                                     "max_new_tokens": 200})]
     assert greedy_on == greedy_off
@@ -213,7 +216,7 @@ def test_greedy_grammar_output_survives_retraction_and_chunking():
     prompts = [f"Retract {i} " * (1 + i % 3) for i in range(12)]
     outs = []
     for config in ({}, {"kv_cache_tokens": 600, "max_num_seqs": 12}, {"chunked_prefill_size": 5}):
-        with Engine(**{"kv_cache_tokens": 8192, "check_invariants": True, **config}) as e:
+        with Engine(demo_model("tiny"), **{"kv_cache_tokens": 8192, "check_invariants": True, **config}) as e:
             results = e.generate(prompts, params)
             assert _stopped(results) == ["stop"] * len(prompts)
             outs.append([r["text"] for r in results])
@@ -221,3 +224,11 @@ def test_greedy_grammar_output_survives_retraction_and_chunking():
                 assert e.stats().num_preemptions > 0
         assert not e.invariant_violations
     assert outs[0] == outs[1] == outs[2]
+
+
+def test_llguidance_without_the_package_names_the_extra(monkeypatch):
+    from radixflow.runtime import EngineConfig
+
+    monkeypatch.setitem(sys.modules, "llguidance", None)  # find_spec now reports it absent
+    with pytest.raises(ValueError, match=r"radixflow\[llguidance\]"):
+        EngineConfig(grammar_backend="llguidance")

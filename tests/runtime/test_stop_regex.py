@@ -10,6 +10,7 @@ import time
 import pytest
 
 from radixflow.runtime import Engine
+from radixflow.runtime.demo import demo_model
 from radixflow.runtime.stop_regex import MAX_STATES, StopMatcher, compile_stop_regexes
 
 
@@ -75,7 +76,7 @@ def test_unsupported_or_huge_patterns_are_value_errors(bad, why):
 
 @pytest.fixture(scope="module")
 def engine():
-    with Engine(kv_cache_tokens=4096) as e:
+    with Engine(demo_model("tiny"), kv_cache_tokens=4096) as e:
         yield e
 
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from radixflow.runtime import Engine
+from radixflow.runtime.demo import demo_model
 
 GREEDY = {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True}
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -38,7 +39,7 @@ def _prompts(vocab: int) -> tuple[list[int], list[list[int]]]:
 
 def _run(backend: str, **config) -> tuple[list[list[int]], list[int]]:
     """Greedy outputs of the mixed batch, and the cached-token counts it reported."""
-    with Engine(attention_backend=backend, check_invariants=True, **{**BASE_CONFIG, **config}) as engine:
+    with Engine(demo_model("tiny"), attention_backend=backend, check_invariants=True, **{**BASE_CONFIG, **config}) as engine:
         warm, batch = _prompts(engine.runner.args.vocab_size)
         assert engine.runner.shape.attention_backend == backend
         engine.generate(input_ids=warm, sampling_params=GREEDY)
@@ -63,14 +64,14 @@ def test_triton_backend_greedy_equals_torch(torch_outputs, kv_cache_dtype):
 
 def test_environment_variable_selects_backend(monkeypatch):
     monkeypatch.setenv("RADIXFLOW_ATTENTION_BACKEND", "torch")
-    with Engine(attention_backend="triton", **BASE_CONFIG) as engine:
+    with Engine(demo_model("tiny"), attention_backend="triton", **BASE_CONFIG) as engine:
         assert engine.runner.shape.attention_backend == "torch"
 
 
 def _teacher_forced_logprobs(kv_cache_dtype: str, prompts: list[list[int]],
                              outputs: list[list[int]]) -> list[list[float]]:
     """Logprobs the model gives each token of `outputs` after its prompt (one prefill, no sampling)."""
-    with Engine(attention_backend="torch", kv_cache_dtype=kv_cache_dtype, **BASE_CONFIG) as engine:
+    with Engine(demo_model("tiny"), attention_backend="torch", kv_cache_dtype=kv_cache_dtype, **BASE_CONFIG) as engine:
         results = engine.generate(
             input_ids=[p + o for p, o in zip(prompts, outputs)], return_logprob=True,
             logprob_start_len=len(prompts[0]) - 1,  # all prompts of one length here
@@ -81,11 +82,11 @@ def _teacher_forced_logprobs(kv_cache_dtype: str, prompts: list[list[int]],
 
 def test_fp8_kv_cache_stays_close_to_fp32(torch_outputs):
     rng = random.Random(3)
-    with Engine(attention_backend="torch", **BASE_CONFIG) as engine:
+    with Engine(demo_model("tiny"), attention_backend="torch", **BASE_CONFIG) as engine:
         vocab = engine.runner.args.vocab_size
         prompts = [[rng.randrange(vocab) for _ in range(24)] for _ in range(3)]
         fp32 = [r["output_ids"] for r in engine.generate(input_ids=prompts, sampling_params=GREEDY)]
-    with Engine(attention_backend="torch", kv_cache_dtype="fp8_e4m3", **BASE_CONFIG) as engine:
+    with Engine(demo_model("tiny"), attention_backend="torch", kv_cache_dtype="fp8_e4m3", **BASE_CONFIG) as engine:
         fp8 = [r["output_ids"] for r in engine.generate(input_ids=prompts, sampling_params=GREEDY)]
     # e4m3 keeps 3 mantissa bits: the random tiny model drifts within a few tokens, but not at once
     assert [o[:2] for o in fp8] == [o[:2] for o in fp32]

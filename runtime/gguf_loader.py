@@ -1,0 +1,157 @@
+"""GGUF checkpoints: model shape from the metadata, weights dequantized tensor by tensor at load.
+
+llama.cpp's names map onto ours as
+
+    token_embd.weight              embed_tokens.weight
+    output_norm.weight / output.weight   norm.weight / lm_head.weight (absent: tied to token_embd)
+    blk.N.attn_norm / ffn_norm     layers.N.input_layernorm / post_attention_layernorm
+    blk.N.attn_{q,k,v}(.bias)      layers.N.self_attn.qkv_proj (rows concatenated q | k | v)
+    blk.N.attn_{q,k}_norm          layers.N.self_attn.{q,k}_norm (qwen3)
+    blk.N.attn_output              layers.N.self_attn.o_proj
+    blk.N.ffn_{gate,up} / ffn_down layers.N.mlp.gate_up_proj (gate | up) / mlp.down_proj
+
+NOTE: for `llama` files, llama.cpp's converter permutes the rows of Q and K within each head from
+the Hugging Face rotate-half layout to interleaved pairs (its RoPE kernel's layout); we undo that.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+import torch
+
+from radixflow.runtime.gguf_file import GGUFFile
+from radixflow.runtime.model import CausalLM
+from radixflow.runtime.model_config import ModelArgs
+
+log = logging.getLogger(__name__)
+
+# general.architecture -> (our architecture, Q/K rows permuted by the converter)
+GGUF_ARCHITECTURES = {
+    "llama": ("LlamaForCausalLM", True),
+    "qwen2": ("Qwen2ForCausalLM", False),
+    "qwen3": ("Qwen3ForCausalLM", False),
+}
+_FLOAT_FILE_DTYPES = {0: "float32", 1: "float16", 30: "bfloat16"}  # general.file_type -> dtype
+
+Transform = Callable[[torch.Tensor], torch.Tensor]
+
+
+def model_args_from_gguf(f: GGUFFile) -> ModelArgs:
+    """ModelArgs from `<arch>.*` metadata; ValueError for an unsupported architecture or feature."""
+    arch = f.architecture
+    if arch not in GGUF_ARCHITECTURES:
+        raise ValueError(f"{f.path}: unsupported GGUF architecture {arch!r}; "
+                         f"supported: {', '.join(GGUF_ARCHITECTURES)}")
+    meta = f.metadata
+
+    def key(name: str, default: object = None) -> object:
+        value = meta.get(f"{arch}.{name}", default)
+        if value is None:
+            raise ValueError(f"{f.path}: GGUF metadata lacks {arch}.{name}")
+        return value
+
+    hidden, num_heads = int(key("embedding_length")), int(key("attention.head_count"))
+    head_dim = int(key("attention.key_length", hidden // num_heads))
+    rot_dim = int(key("rope.dimension_count", head_dim))
+    if rot_dim != head_dim:
+        raise ValueError(f"{f.path}: partial rotary embedding ({rot_dim} of {head_dim} dims) is not supported")
+    if "rope_freqs.weight" in f.tensors:
+        raise ValueError(f"{f.path}: per-dimension RoPE frequency factors (rope_freqs.weight) are not supported")
+    scaling = meta.get(f"{arch}.rope.scaling.type", "none")
+    if scaling not in ("none", "linear"):
+        raise ValueError(f"{f.path}: unsupported RoPE scaling {scaling!r}; supported: none, linear")
+    rope_scaling = None
+    if scaling == "linear":
+        rope_scaling = {"rope_type": "linear", "factor": float(key("rope.scaling.factor"))}
+    eos = meta.get("tokenizer.ggml.eos_token_id")
+    bos = meta.get("tokenizer.ggml.bos_token_id")
+    our_arch, _ = GGUF_ARCHITECTURES[arch]
+    return ModelArgs(
+        architecture=our_arch,
+        vocab_size=f.tensors["token_embd.weight"].shape[0],
+        hidden_size=hidden,
+        intermediate_size=int(key("feed_forward_length")),
+        num_layers=int(key("block_count")),
+        num_heads=num_heads,
+        num_kv_heads=int(key("attention.head_count_kv", num_heads)),
+        head_dim=head_dim,
+        rms_norm_eps=float(key("attention.layer_norm_rms_epsilon")),
+        rope_theta=float(key("rope.freq_base", 10000.0)),
+        rope_scaling=rope_scaling,
+        max_position_embeddings=int(key("context_length", 4096)),
+        tie_word_embeddings="output.weight" not in f.tensors,
+        qkv_bias=f"blk.0.attn_q.bias" in f.tensors,
+        qk_norm=arch == "qwen3",
+        torch_dtype=_FLOAT_FILE_DTYPES.get(int(meta.get("general.file_type", 0)), "float32"),
+        bos_token_id=int(bos) if bos is not None else None,
+        eos_token_ids=(int(eos),) if eos is not None else (),
+    )
+
+
+def unpermute_rope_rows(w: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """Invert llama.cpp's Q/K permutation: per head, interleaved (x0, y0, x1, y1, ...) rows back to
+    rotate-half (x0, x1, ..., y0, y1, ...). Works for a weight [rows, in] and a bias [rows]."""
+    rows = w.shape[0]
+    half = rows // num_heads // 2
+    return w.reshape(num_heads, half, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+
+
+def gguf_sources(args: ModelArgs, permuted: bool) -> dict[str, list[tuple[str, Transform | None]]]:
+    """Our parameter name → the GGUF tensors (with a row transform) concatenated on dim 0 to form it."""
+    q_fix = (lambda w: unpermute_rope_rows(w, args.num_heads)) if permuted else None
+    k_fix = (lambda w: unpermute_rope_rows(w, args.num_kv_heads)) if permuted else None
+    src: dict[str, list[tuple[str, Transform | None]]] = {
+        "embed_tokens.weight": [("token_embd.weight", None)], "norm.weight": [("output_norm.weight", None)]}
+    if not args.tie_word_embeddings:
+        src["lm_head.weight"] = [("output.weight", None)]
+    for i in range(args.num_layers):
+        b, ours = f"blk.{i}.", f"layers.{i}."
+        for kind in ("weight", "bias") if args.qkv_bias else ("weight",):
+            src[ours + f"self_attn.qkv_proj.{kind}"] = [
+                (b + f"attn_q.{kind}", q_fix), (b + f"attn_k.{kind}", k_fix), (b + f"attn_v.{kind}", None)]
+        src[ours + "self_attn.o_proj.weight"] = [(b + "attn_output.weight", None)]
+        if args.qk_norm:
+            src[ours + "self_attn.q_norm.weight"] = [(b + "attn_q_norm.weight", None)]
+            src[ours + "self_attn.k_norm.weight"] = [(b + "attn_k_norm.weight", None)]
+        src[ours + "mlp.gate_up_proj.weight"] = [(b + "ffn_gate.weight", None), (b + "ffn_up.weight", None)]
+        src[ours + "mlp.down_proj.weight"] = [(b + "ffn_down.weight", None)]
+        src[ours + "input_layernorm.weight"] = [(b + "attn_norm.weight", None)]
+        src[ours + "post_attention_layernorm.weight"] = [(b + "ffn_norm.weight", None)]
+    return src
+
+
+def _read(f: GGUFFile, name: str, fix: Transform | None, dtype: torch.dtype) -> torch.Tensor:
+    if name not in f.tensors:
+        raise ValueError(f"{f.path}: GGUF file is missing tensor {name!r}")
+    t = f.dequantize(name)  # fp32, a fresh tensor
+    if fix is not None:
+        t = fix(t)
+    return t.to(dtype)
+
+
+def load_gguf_weights(model: CausalLM, f: GGUFFile, dtype: torch.dtype, device: torch.device) -> None:
+    """Assign every parameter of a meta-device `model`, dequantizing one GGUF tensor at a time.
+
+    Peak extra memory is one parameter's fp32 copy; a progress bar shows on a terminal.
+    """
+    from tqdm.auto import tqdm
+
+    _, permuted = GGUF_ARCHITECTURES[f.architecture]
+    expected = dict(model.named_parameters())
+    sources = gguf_sources(model.args, permuted)
+    state: dict[str, torch.Tensor] = {}
+    start = time.perf_counter()
+    for name, parts in tqdm(sources.items(), desc="dequantizing GGUF", unit="tensor", disable=None, leave=False):
+        tensors = [_read(f, src, fix, dtype) for src, fix in parts]
+        tensor = tensors[0] if len(tensors) == 1 else torch.cat(tensors, dim=0)
+        want = tuple(expected[name].shape)
+        if tuple(tensor.shape) != want:
+            shapes = ", ".join(f"{s} {tuple(t.shape)}" for (s, _), t in zip(parts, tensors))
+            raise ValueError(f"GGUF tensor(s) {shapes} do not fit {name} of shape {want}")
+        state[name] = tensor.to(device)
+    model.load_state_dict(state, strict=True, assign=True)
+    types = sorted({f.type_name(s) for parts in sources.values() for s, _ in parts})
+    log.info("loaded %d GGUF tensors (%s) from %s in %.2f s", len(state), ", ".join(types), f.path,
+             time.perf_counter() - start)

@@ -1,0 +1,157 @@
+"""Test helper: write a Hugging Face demo-model directory as a GGUF file, the way llama.cpp's
+converter lays it out (names, Q/K row permutation for llama, tokenizer metadata, norms in F32)."""
+from __future__ import annotations
+
+import json
+import os
+
+import gguf
+import numpy as np
+import torch
+from safetensors.torch import load_file
+
+from radixflow.runtime.tokenizer import Tokenizer
+
+QTYPES = {"F32": gguf.GGMLQuantizationType.F32, "F16": gguf.GGMLQuantizationType.F16,
+          "Q8_0": gguf.GGMLQuantizationType.Q8_0, "Q4_1": gguf.GGMLQuantizationType.Q4_1,
+          "Q4_0": gguf.GGMLQuantizationType.Q4_0, "Q4_K": gguf.GGMLQuantizationType.Q4_K}
+
+
+def permute_rope_rows(w: np.ndarray, num_heads: int) -> np.ndarray:
+    """llama.cpp's converter permutation: rotate-half rows → interleaved pairs within each head."""
+    return w.reshape(num_heads, 2, w.shape[0] // num_heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def quantize_q4_k(w: np.ndarray) -> np.ndarray:
+    """A simple Q4_K encoder: per 32-weight sub-block a 6-bit scale and min, 4-bit weights; each
+    256-weight block stores d, dmin (f16), 12 packed scale bytes and 128 nibble bytes."""
+    blocks = w.astype(np.float32).reshape(-1, 8, 32)
+    lo, hi = np.minimum(blocks.min(-1), 0.0), blocks.max(-1)
+    scale = np.maximum(hi - lo, 1e-8) / 15.0                        # [n, 8]
+    d = np.maximum(scale.max(-1), 1e-8) / 63.0                      # [n]
+    dmin = np.maximum((-lo).max(-1), 1e-8) / 63.0
+    d16, dmin16 = d.astype(np.float16), dmin.astype(np.float16)
+    sc = np.clip(np.round(scale / d16.astype(np.float32)[:, None]), 1, 63).astype(np.uint8)
+    mn = np.clip(np.round(-lo / dmin16.astype(np.float32)[:, None]), 0, 63).astype(np.uint8)
+    step = (d16.astype(np.float32)[:, None] * sc)[..., None]
+    offset = (dmin16.astype(np.float32)[:, None] * mn)[..., None]
+    q = np.clip(np.round((blocks + offset) / step), 0, 15).astype(np.uint8)  # [n, 8, 32]
+    packed = np.zeros((blocks.shape[0], 12), dtype=np.uint8)
+    packed[:, 0:4] = sc[:, :4] | ((sc[:, 4:] >> 4) << 6)
+    packed[:, 4:8] = mn[:, :4] | ((mn[:, 4:] >> 4) << 6)
+    packed[:, 8:12] = (sc[:, 4:] & 0x0F) | ((mn[:, 4:] & 0x0F) << 4)
+    qs = (q[:, 0::2] | (q[:, 1::2] << 4)).reshape(-1, 128)
+    out = np.concatenate([d16.view(np.uint8).reshape(-1, 2), dmin16.view(np.uint8).reshape(-1, 2), packed, qs], -1)
+    return out.reshape(*w.shape[:-1], w.shape[-1] // 256 * 144)
+
+
+def _encode(w: np.ndarray, qtype: str) -> tuple[np.ndarray, gguf.GGMLQuantizationType]:
+    if w.ndim == 1 or qtype == "F32":
+        return w.astype(np.float32), QTYPES["F32"]
+    block_size, _ = gguf.GGML_QUANT_SIZES[QTYPES[qtype]]
+    if w.shape[-1] % block_size:  # as llama.cpp's converter: rows that do not fit the blocks stay F16
+        return w.astype(np.float16), QTYPES["F16"]
+    if qtype == "Q4_K":
+        return quantize_q4_k(w), QTYPES["Q4_K"]
+    return gguf.quants.quantize(w.astype(np.float32), QTYPES[qtype]), QTYPES[qtype]
+
+
+def _gguf_tensors(cfg: dict, weights: dict[str, torch.Tensor], permute: bool) -> dict[str, np.ndarray]:
+    out = {"token_embd.weight": weights["model.embed_tokens.weight"], "output_norm.weight": weights["model.norm.weight"]}
+    if "lm_head.weight" in weights:
+        out["output.weight"] = weights["lm_head.weight"]
+    names = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+             "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+             "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+             "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"}
+    for i in range(cfg["num_hidden_layers"]):
+        for hf, ours in names.items():
+            for kind in ("weight", "bias"):
+                key = f"model.layers.{i}.{hf}.{kind}"
+                if key in weights:
+                    out[f"blk.{i}.{ours}.{kind}"] = weights[key]
+    arrays = {k: v.float().numpy() for k, v in out.items()}
+    if permute:
+        for i in range(cfg["num_hidden_layers"]):
+            q, k = f"blk.{i}.attn_q.weight", f"blk.{i}.attn_k.weight"
+            arrays[q] = permute_rope_rows(arrays[q], cfg["num_attention_heads"])
+            arrays[k] = permute_rope_rows(arrays[k], cfg["num_key_value_heads"])
+    return arrays
+
+
+def _add_tokenizer(writer: gguf.GGUFWriter, model_dir: str) -> None:
+    tok = Tokenizer.from_dir(model_dir)
+    data = json.loads(tok.backend.to_str())
+    vocab = sorted(tok.backend.get_vocab(with_added_tokens=True).items(), key=lambda kv: kv[1])
+    special = tok.special_token_ids
+    merges = [m if isinstance(m, str) else " ".join(m) for m in data["model"]["merges"]]
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list([t for t, _ in vocab])
+    writer.add_token_types([3 if i in special else 1 for _, i in vocab])
+    writer.add_token_merges(merges)
+    writer.add_bos_token_id(tok.bos_token_id)
+    writer.add_eos_token_id(tok.eos_token_ids[0])
+    writer.add_add_bos_token(False)
+    writer.add_chat_template(tok.chat_templates["default"])
+
+
+def write_gguf(model_dir: str, out_path: str, qtype: str, arch: str = "llama") -> str:
+    """Write `model_dir` (a demo model) as a GGUF of `arch`, 2-D weights in `qtype`."""
+    with open(os.path.join(model_dir, "config.json"), encoding="utf-8") as f:
+        cfg = json.load(f)
+    writer = gguf.GGUFWriter(out_path, arch)
+    writer.add_block_count(cfg["num_hidden_layers"])
+    writer.add_context_length(cfg["max_position_embeddings"])
+    writer.add_embedding_length(cfg["hidden_size"])
+    writer.add_feed_forward_length(cfg["intermediate_size"])
+    writer.add_head_count(cfg["num_attention_heads"])
+    writer.add_head_count_kv(cfg["num_key_value_heads"])
+    writer.add_rope_freq_base(cfg.get("rope_theta") or cfg.get("rope_parameters", {}).get("rope_theta", 10000.0))
+    writer.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    writer.add_vocab_size(cfg["vocab_size"])
+    _add_tokenizer(writer, model_dir)
+    weights = load_file(os.path.join(model_dir, "model.safetensors"))
+    for name, array in _gguf_tensors(cfg, weights, permute=arch == "llama").items():
+        data, raw_type = _encode(array, qtype)
+        writer.add_tensor(name, data, raw_dtype=raw_type)  # quantized: data's shape is the byte shape
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return out_path
+
+
+def write_sentencepiece_gguf(out_path: str, corpus: str, vocab_size: int = 700) -> str:
+    """A tokenizer-only llama GGUF in SentencePiece style: <unk> <s> </s>, 256 byte tokens
+    <0xNN>, then BPE pieces with "▁" for spaces scored by rank; no merges (readers derive them)."""
+    import tokenizers
+
+    bpe = tokenizers.Tokenizer(tokenizers.models.BPE(unk_token="<unk>", byte_fallback=True))
+    bpe.pre_tokenizer = tokenizers.pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first", split=True)
+    trainer = tokenizers.trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<unk>", "<s>", "</s>"],
+                                             show_progress=False)
+    bpe.train_from_iterator([corpus], trainer)
+    pieces = [t for t, _ in sorted(bpe.get_vocab().items(), key=lambda kv: kv[1]) if t not in ("<unk>", "<s>", "</s>")]
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + pieces
+    types = [2, 3, 3] + [6] * 256 + [1] * len(pieces)
+    scores = [0.0] * 259 + [-float(i) for i in range(len(pieces))]
+    writer = gguf.GGUFWriter(out_path, "llama")
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(tokens)
+    writer.add_token_scores(scores)
+    writer.add_token_types(types)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_unk_token_id(0)
+    writer.add_add_bos_token(True)
+    writer.add_add_space_prefix(True)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return out_path

@@ -1,0 +1,182 @@
+"""GGUF checkpoints: our reader vs the gguf package, and logits / greedy output vs transformers
+loading the same file (`from_pretrained(dir, gguf_file=...)`), for llama, qwen2 and qwen3 files
+written from small demo models in F32, F16, Q8_0, Q4_1 and Q4_K."""
+from __future__ import annotations
+
+import os
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+gguf = pytest.importorskip("gguf", reason="the gguf package is a radixflow dependency")
+
+from gguf_writer import write_gguf  # noqa: E402  (tests/runtime is on sys.path via conftest)
+
+from radixflow.runtime.demo import DemoSpec, demo_model, write_demo_model  # noqa: E402
+from radixflow.runtime.gguf_file import GGUFFile  # noqa: E402
+from radixflow.runtime.model_config import load_model_args  # noqa: E402
+from radixflow.runtime.model_path import resolve_model_path  # noqa: E402
+from radixflow.runtime.weights import build_model  # noqa: E402
+from test_model_parity import _hf_greedy, _our_logits  # noqa: E402
+
+# hidden 256 / intermediate 512: every row length is a multiple of Q4_K's 256-weight blocks
+WIDE = DemoSpec(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=64, max_position_embeddings=512, tie_word_embeddings=True,
+                embed_std=0.05, lm_head_std=0.05, o_proj_gain=0.3, final_norm_mean=3.0, seed=99)
+
+
+@pytest.fixture(scope="module")
+def gguf_files(tmp_path_factory):
+    """factory(qtype, source="tiny" | "wide" | family-dir) -> (dir, file name): one GGUF per folder."""
+    made: dict[tuple[str, str], tuple[str, str]] = {}
+    wide = write_demo_model("tiny", tmp_path_factory.mktemp("wide-hf"), spec=WIDE)
+
+    def make(qtype: str, source: str = "tiny", arch: str = "llama") -> tuple[str, str]:
+        key = (qtype, source)
+        if key not in made:
+            src = {"tiny": demo_model("tiny"), "wide": wide}.get(source, source)
+            out = tmp_path_factory.mktemp(f"gguf-{qtype}")
+            name = f"model-{qtype}.gguf"
+            write_gguf(src, str(out / name), qtype, arch=arch)
+            made[key] = (str(out), name)
+        return made[key]
+
+    return make
+
+
+def _hf_from_gguf(folder: str, name: str):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).eval()
+
+
+PROMPTS = [[5, 77, 300, 12], [901, 44, 2, 17, 17, 250, 9, 1000, 3, 64, 88]]
+
+
+@pytest.mark.parametrize("qtype,source", [("F32", "tiny"), ("F16", "tiny"), ("Q8_0", "tiny"),
+                                          ("Q4_1", "tiny"), ("Q4_K", "wide")])
+def test_logits_match_transformers(gguf_files, qtype, source):
+    folder, name = gguf_files(qtype, source)
+    hf = _hf_from_gguf(folder, name)
+    ours = _our_logits(os.path.join(folder, name), PROMPTS)
+    for prompt, mine in zip(PROMPTS, ours):
+        with torch.no_grad():
+            ref = hf(torch.tensor([prompt])).logits[0].float()
+        # identical dequantized fp32 weights on both sides
+        assert (mine - ref).abs().max().item() < 1e-4
+
+
+@pytest.mark.parametrize("qtype,source", [("Q8_0", "tiny"), ("Q4_K", "wide")])
+def test_greedy_32_tokens_match_transformers(gguf_files, qtype, source):
+    from radixflow.runtime import Engine
+
+    folder, name = gguf_files(qtype, source)
+    hf = _hf_from_gguf(folder, name)
+    with Engine(os.path.join(folder, name), kv_cache_tokens=2048) as engine:
+        outs = engine.generate(input_ids=PROMPTS,
+                               sampling_params={"max_new_tokens": 32, "temperature": 0, "ignore_eos": True})
+    for prompt, out in zip(PROMPTS, outs):
+        assert out["output_ids"] == _hf_greedy(hf, prompt, 32)
+
+
+def test_qwen2_matches_transformers(hf_checkpoint, gguf_files):
+    src, _ = hf_checkpoint("qwen2", heads=4)
+    folder, name = gguf_files("F32", src, arch="qwen2")
+    args = load_model_args(os.path.join(folder, name))
+    assert args.architecture == "Qwen2ForCausalLM" and args.qkv_bias and args.tie_word_embeddings
+    hf = _hf_from_gguf(folder, name)
+    ours = _our_logits(os.path.join(folder, name), PROMPTS)
+    for prompt, mine in zip(PROMPTS, ours):
+        with torch.no_grad():
+            ref = hf(torch.tensor([prompt])).logits[0].float()
+        assert (mine - ref).abs().max().item() < 1e-4
+
+
+def test_qwen3_gguf_equals_its_safetensors_source(hf_checkpoint, gguf_files):
+    """qwen3 (q/k norms, head_dim from attention.key_length). NOTE: transformers' GGUF reader ignores
+    key_length for qwen3, so the reference is our safetensors load, itself checked against
+    transformers in test_model_parity."""
+    src, _ = hf_checkpoint("qwen3")
+    folder, name = gguf_files("F32", src, arch="qwen3")
+    args = load_model_args(os.path.join(folder, name))
+    assert args.qk_norm and args.head_dim == 16 and args.num_heads == 8
+    for a, b in zip(_our_logits(os.path.join(folder, name), PROMPTS), _our_logits(src, PROMPTS)):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+
+
+def test_llama_gguf_equals_its_safetensors_source(gguf_files):
+    """F32 GGUF (Q/K permuted by the writer) loads to the same model as the demo's safetensors."""
+    folder, name = gguf_files("F32")
+    ours = _our_logits(os.path.join(folder, name), PROMPTS)
+    ref = _our_logits(demo_model("tiny"), PROMPTS)
+    for a, b in zip(ours, ref):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+
+
+def test_reader_matches_gguf_package(gguf_files):
+    folder, name = gguf_files("Q4_K", "wide")
+    path = os.path.join(folder, name)
+    ours, ref = GGUFFile(path), gguf.GGUFReader(path)
+    assert set(ours.tensors) == {t.name for t in ref.tensors}
+    for t in ref.tensors:
+        expected = gguf.quants.dequantize(t.data, t.tensor_type)
+        got = ours.dequantize(t.name)
+        assert got.dtype == torch.float32 and got.is_contiguous()
+        np.testing.assert_array_equal(got.numpy().reshape(-1), np.asarray(expected).reshape(-1))
+    tokens = ref.fields["tokenizer.ggml.tokens"]
+    assert ours.metadata["tokenizer.ggml.tokens"] == [bytes(tokens.parts[i]).decode() for i in tokens.data]
+    assert ours.metadata["llama.block_count"] == WIDE.num_hidden_layers
+    assert ours.metadata["llama.rope.freq_base"] == pytest.approx(10000.0)
+
+
+def test_directory_holding_one_gguf(gguf_files, tmp_path):
+    folder, name = gguf_files("Q8_0")
+    assert resolve_model_path(folder) == os.path.join(folder, name)
+    shutil.copy(os.path.join(folder, name), tmp_path / "a.gguf")
+    shutil.copy(os.path.join(folder, name), tmp_path / "b.gguf")
+    with pytest.raises(ValueError, match="several GGUF files"):
+        resolve_model_path(str(tmp_path))
+    (tmp_path / "notes.txt").write_text("x")
+    with pytest.raises(ValueError, match="not a GGUF"):
+        resolve_model_path(str(tmp_path / "notes.txt"))
+
+
+def _rewrite(src: str, dst: str, *, arch: str | None = None, retype: str | None = None) -> str:
+    """Copy a GGUF, changing general.architecture or the type of token_embd.weight's data."""
+    reader = gguf.GGUFReader(src)
+    new_arch = arch or reader.fields["general.architecture"].contents()
+    writer = gguf.GGUFWriter(dst, new_arch)
+    old_arch = reader.fields["general.architecture"].contents()
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":
+            continue
+        value, vtype = field.contents(), field.types[0]
+        sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(key.replace(old_arch + ".", new_arch + ".", 1), value, vtype, sub_type=sub)
+    for t in reader.tensors:
+        qtype = t.tensor_type
+        if retype and t.name == "token_embd.weight":
+            qtype = gguf.GGMLQuantizationType[retype]
+        writer.add_tensor(t.name, np.asarray(t.data), raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return dst
+
+
+def test_unsupported_architecture_is_named(gguf_files, tmp_path):
+    folder, name = gguf_files("F32")
+    bad = _rewrite(os.path.join(folder, name), str(tmp_path / "bad.gguf"), arch="gemma2")
+    with pytest.raises(ValueError, match="unsupported GGUF architecture 'gemma2'"):
+        load_model_args(bad)
+
+
+def test_undequantizable_tensor_type_is_named(gguf_files, tmp_path):
+    folder, name = gguf_files("Q8_0")
+    bad = _rewrite(os.path.join(folder, name), str(tmp_path / "bad.gguf"), retype="I8")
+    args = load_model_args(bad)
+    with pytest.raises(ValueError, match=r"token_embd\.weight.*I8"):
+        build_model(args, bad, torch.float32, torch.device("cpu"), 64)

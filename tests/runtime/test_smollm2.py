@@ -1,0 +1,87 @@
+"""The default model end to end: SmolLM2-135M-Instruct from its GGUF, against transformers loading
+the same file, plus a quality smoke test that fails on a broken loader or tokenizer."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from smollm2 import hf_model, hf_tokenizer, smollm2_path
+
+from radixflow.runtime import Engine
+
+CHAT_PROMPTS = [
+    "What is the capital of France?", "Write a haiku about the sea.", "Explain what a CPU does in one sentence.",
+    "List three primary colors.", "How many legs does a spider have?", "Translate 'good morning' into Spanish.",
+    "What is 12 times 12?", "Give me a tip for learning to code.",
+]
+QUESTIONS = [  # (question, a substring the right answer contains)
+    ("What is the capital of France?", "Paris"),
+    ("What is 2+2?", "4"),
+    ("What color is the sky on a clear day?", "blue"),
+    ("How many days are in a week?", "7"),
+    ("What is the largest planet in our solar system?", "Jupiter"),
+]
+
+
+@pytest.fixture(scope="module")
+def engine():
+    with Engine(smollm2_path(), kv_cache_tokens=8192) as e:
+        yield e
+
+
+def _chat_ids(engine: Engine, question: str) -> list[int]:
+    return engine.tokenizer.apply_chat_template([{"role": "user", "content": question}],
+                                                add_generation_prompt=True, tokenize=True)
+
+
+def _hf_greedy(ids: list[int], max_new_tokens: int) -> list[int]:
+    model = hf_model()
+    with torch.no_grad():
+        out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                             max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=2, pad_token_id=2)
+    return out[0, len(ids):].tolist()
+
+
+def _compare_greedy(engine: Engine, prompts: list[str], max_new_tokens: int) -> None:
+    ids = [_chat_ids(engine, p) for p in prompts]
+    assert ids[0] == hf_tokenizer().apply_chat_template(
+        [{"role": "user", "content": prompts[0]}], add_generation_prompt=True, tokenize=True, return_dict=False)
+    outs = engine.generate(input_ids=ids, sampling_params={"temperature": 0, "max_new_tokens": max_new_tokens})
+    for prompt, p_ids, out in zip(prompts, ids, outs):
+        assert out["output_ids"] == _hf_greedy(p_ids, max_new_tokens), prompt
+
+
+def test_prefill_logits_match_transformers(engine):
+    ids = _chat_ids(engine, CHAT_PROMPTS[0])
+    out = engine.generate(input_ids=ids, sampling_params={"temperature": 0, "max_new_tokens": 1},
+                          return_logprob=True, top_logprobs_num=5)
+    with torch.no_grad():
+        ref = torch.log_softmax(hf_model()(torch.tensor([ids])).logits[0, -1].float(), -1)
+    top = out["meta_info"]["output_top_logprobs"][0]
+    for logprob, token_id, *_ in top:
+        assert abs(logprob - ref[token_id].item()) < 2e-3
+    assert [t[1] for t in top] == ref.topk(5).indices.tolist()
+
+
+def test_greedy_matches_transformers_short(engine):
+    _compare_greedy(engine, CHAT_PROMPTS[:3], 16)
+
+
+@pytest.mark.slow
+def test_greedy_matches_transformers_8_prompts_64_tokens(engine):
+    _compare_greedy(engine, CHAT_PROMPTS, 64)
+
+
+def test_answers_simple_factual_questions(engine):
+    outs = engine.generate(input_ids=[_chat_ids(engine, q) for q, _ in QUESTIONS],
+                           sampling_params={"temperature": 0, "max_new_tokens": 24})
+    right = [answer.lower() in out["text"].lower() for (_, answer), out in zip(QUESTIONS, outs)]
+    assert sum(right) >= 4, [(q, o["text"]) for (q, _), o in zip(QUESTIONS, outs)]
+
+
+def test_role_markers_render_chatml(engine):
+    markers = engine.tokenizer.role_markers()
+    assert markers["bos"] == ""
+    assert markers["system"] == ["<|im_start|>system\n", "<|im_end|>\n"]
+    assert markers["user"] == ["<|im_start|>user\n", "<|im_end|>\n"]
+    assert markers["assistant"] == ["<|im_start|>assistant\n", "<|im_end|>\n"]
