@@ -9,6 +9,7 @@ from starlette.responses import Response
 
 from radixflow.frontend.errors import APIError
 from radixflow.frontend.openai_route import Job, Prompts, finish_reason, handle, response_usage
+from radixflow.runtime.sampling_params import RequestOptions
 from radixflow.frontend.openai_schemas import (
     AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk, ChatMessage,
     ChatRequest, ChoiceLogprobs, Delta, TokenLogprob, TopLogprob,
@@ -103,8 +104,8 @@ class ChatShape:
         return Prompts([ids], [""])
 
     def options(self, req: ChatRequest) -> dict[str, Any]:
-        return {"return_logprob": req.logprobs, "top_logprobs_num": req.top_logprobs or 0,
-                "return_text_in_logprobs": True, "logprob_start_len": -1}
+        return RequestOptions(return_logprob=req.logprobs, top_logprobs_num=req.top_logprobs or 0,
+                              return_text_in_logprobs=True).engine_kwargs()
 
     def response(self, job: Job, results: list[dict], tokenizer: Any) -> ChatCompletion:
         choices = [ChatChoice(i, AssistantMessage(content=r["text"]), to_logprobs(r["meta_info"], tokenizer),

@@ -8,6 +8,7 @@ from starlette.responses import Response
 
 from radixflow.frontend.errors import APIError
 from radixflow.frontend.openai_route import Job, Prompts, finish_reason, handle, response_usage
+from radixflow.runtime.sampling_params import RequestOptions
 from radixflow.frontend.openai_schemas import Completion, CompletionChoice, CompletionLogprobs, CompletionRequest
 
 
@@ -91,8 +92,8 @@ class CompletionShape:
         return parse_prompts(req.prompt, tokenizer)
 
     def options(self, req: CompletionRequest) -> dict[str, Any]:
-        return {"return_logprob": req.logprobs is not None, "top_logprobs_num": req.logprobs or 0,
-                "return_text_in_logprobs": True, "logprob_start_len": 0 if req.echo else -1}
+        return RequestOptions(return_logprob=req.logprobs is not None, top_logprobs_num=req.logprobs or 0,
+                              return_text_in_logprobs=True, logprob_start_len=0 if req.echo else -1).engine_kwargs()
 
     def _echo(self, job: Job, index: int) -> str | None:
         return job.prompts.texts[index // job.sampling.n] if job.req.echo else None
