@@ -9,11 +9,11 @@ from starlette.responses import Response
 
 from radixflow.frontend.errors import APIError
 from radixflow.frontend.openai_route import Job, Prompts, finish_reason, handle, response_usage
-from radixflow.runtime.sampling_params import RequestOptions
 from radixflow.frontend.openai_schemas import (
     AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk, ChatMessage,
     ChatRequest, ChoiceLogprobs, Delta, TokenLogprob, TopLogprob,
 )
+from radixflow.runtime.sampling_params import RequestOptions
 
 
 def _tool_calls(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -8,8 +8,8 @@ from starlette.responses import Response
 
 from radixflow.frontend.errors import APIError
 from radixflow.frontend.openai_route import Job, Prompts, finish_reason, handle, response_usage
-from radixflow.runtime.sampling_params import RequestOptions
 from radixflow.frontend.openai_schemas import Completion, CompletionChoice, CompletionLogprobs, CompletionRequest
+from radixflow.runtime.sampling_params import RequestOptions
 
 
 def _check_prompt_size(prompt: Any, limits: Any) -> None:
