@@ -13,6 +13,7 @@ from radixflow.frontend.openai_schemas import (
     AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk, ChatMessage,
     ChatRequest, ChoiceLogprobs, Delta, TokenLogprob, TopLogprob,
 )
+from radixflow.runtime.sampling_params import RequestOptions
 
 
 def _tool_calls(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -103,8 +104,8 @@ class ChatShape:
         return Prompts([ids], [""])
 
     def options(self, req: ChatRequest) -> dict[str, Any]:
-        return {"return_logprob": req.logprobs, "top_logprobs_num": req.top_logprobs or 0,
-                "return_text_in_logprobs": True, "logprob_start_len": -1, "session_id": req.user}
+        return RequestOptions(return_logprob=req.logprobs, top_logprobs_num=req.top_logprobs or 0,
+                              return_text_in_logprobs=True, session_id=req.user).engine_kwargs()
 
     def response(self, job: Job, results: list[dict], tokenizer: Any) -> ChatCompletion:
         choices = [ChatChoice(i, AssistantMessage(content=r["text"]), to_logprobs(r["meta_info"], tokenizer),

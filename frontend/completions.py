@@ -9,6 +9,7 @@ from starlette.responses import Response
 from radixflow.frontend.errors import APIError
 from radixflow.frontend.openai_route import Job, Prompts, finish_reason, handle, response_usage
 from radixflow.frontend.openai_schemas import Completion, CompletionChoice, CompletionLogprobs, CompletionRequest
+from radixflow.runtime.sampling_params import RequestOptions
 
 
 def _check_prompt_size(prompt: Any, limits: Any) -> None:
@@ -91,9 +92,9 @@ class CompletionShape:
         return parse_prompts(req.prompt, tokenizer)
 
     def options(self, req: CompletionRequest) -> dict[str, Any]:
-        return {"return_logprob": req.logprobs is not None, "top_logprobs_num": req.logprobs or 0,
-                "return_text_in_logprobs": True, "logprob_start_len": 0 if req.echo else -1,
-                "session_id": req.user}
+        return RequestOptions(return_logprob=req.logprobs is not None, top_logprobs_num=req.logprobs or 0,
+                              return_text_in_logprobs=True, logprob_start_len=0 if req.echo else -1,
+                              session_id=req.user).engine_kwargs()
 
     def _echo(self, job: Job, index: int) -> str | None:
         return job.prompts.texts[index // job.sampling.n] if job.req.echo else None

@@ -17,26 +17,22 @@ from radixflow.frontend.body import json_response, read_json
 from radixflow.frontend.errors import RETRY_AFTER_S, APIError, bad_request
 from radixflow.frontend.limits import RequestLimits
 from radixflow.frontend.streams import SSE_DONE, EventStream, Fanout, launch, sse
-from radixflow.runtime.sampling_params import SamplingParams
+from radixflow.runtime.sampling_params import RequestOptions, SamplingParams, request_option_names
 
 log = logging.getLogger(__name__)
 
 
-class GenerateRequest(msgspec.Struct, forbid_unknown_fields=True):
-    """SGLang's GenerateReqInput, the fields radixflow serves. `sampling_params` keys are
-    SamplingParams' own (validated there). Harmless SGLang fields radixflow does not implement
-    are accepted and ignored (logged once per request); those whose meaning matters are a 400."""
+class GenerateRequest(RequestOptions, kw_only=True, forbid_unknown_fields=True):
+    """SGLang's GenerateReqInput, the fields radixflow serves: RequestOptions' own (declared
+    there) and these. `sampling_params` keys are SamplingParams' own (validated there).
+    Harmless SGLang fields radixflow does not implement are accepted and ignored (logged once
+    per request); those whose meaning matters are a 400."""
 
     text: str | list[str] | None = None
     input_ids: list[int | list[int]] | None = None  # one prompt's ids, or a list of them
     sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None
-    return_logprob: bool = False
-    logprob_start_len: int | None = None  # absent: output logprobs only (as SGLang); -1 the same
-    top_logprobs_num: int = 0
-    return_text_in_logprobs: bool = False
     stream: bool = False
     rid: str | list[str] | None = None
-    session_id: str | None = None  # requests of one conversation: session goodput (radixflow)
     lora_path: str | None = None
     # accepted and ignored when harmless
     image_data: Any = None
@@ -79,10 +75,15 @@ def _check_sizes(req: GenerateRequest, limits: RequestLimits) -> None:
     for params in raw:
         if isinstance(params, dict):
             limits.check_sampling(params)
+    try:
+        options(req).validate()
+    except ValueError as exc:
+        raise APIError(400, str(exc), param=str(exc).split()[0]) from exc
     limits.check_top_logprobs(req.top_logprobs_num, "top_logprobs_num")
-    if req.logprob_start_len is not None and req.logprob_start_len < -1:
-        raise APIError(400, f"logprob_start_len is {req.logprob_start_len}; it must be >= -1 (-1: output only)",
-                       param="logprob_start_len")
+
+
+def options(req: GenerateRequest) -> RequestOptions:
+    return RequestOptions(**{name: getattr(req, name) for name in request_option_names()})
 
 
 def _inputs(req: GenerateRequest, tokenizer: Any) -> tuple[list[list[int]], bool]:
@@ -142,10 +143,7 @@ def parse_generate(req: GenerateRequest, tokenizer: Any) -> GenerateJob:
     prompts, is_batch = _inputs(req, tokenizer)
     sampling = _sampling(_per_input(req.sampling_params, len(prompts), "sampling_params"))
     rids = _per_input(req.rid, len(prompts), "rid")
-    start = -1 if req.logprob_start_len is None else req.logprob_start_len
-    base = {"return_logprob": req.return_logprob, "logprob_start_len": start,
-            "top_logprobs_num": req.top_logprobs_num, "return_text_in_logprobs": req.return_text_in_logprobs,
-            "session_id": req.session_id}
+    base = options(req).engine_kwargs()
     return GenerateJob(prompts, sampling, [{**base, "rid": rid} for rid in rids],
                        single=not is_batch and sampling[0].n == 1)
 

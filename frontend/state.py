@@ -15,7 +15,7 @@ from radixflow.frontend.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
-OPEN_PATHS = frozenset({"/health", "/health_generate", "/metrics", "/openapi.json"})  # no API key (as SGLang)
+OPEN_PATHS = frozenset({"/metrics", "/openapi.json"})  # no API key needed (scrapers), nor for /health*
 ALWAYS_PATHS = frozenset({"/metrics", "/openapi.json"})  # answered while starting or stopping too
 _UNAVAILABLE = {"starting": "the engine is starting; retry shortly", "stopping": "the server is shutting down",
                 "failed": "the engine failed to start; see the server log"}
@@ -83,7 +83,7 @@ class Gate:
         if not self.server.engine.is_healthy and path not in ALWAYS_PATHS:
             return APIError(503, "the engine stopped serving (its loop died or it shut down); see the server log")
         key = self.server.api_key
-        if key is None or path in OPEN_PATHS:
+        if key is None or path in OPEN_PATHS or path.startswith("/health"):  # probes, as SGLang
             return None
         auth = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
         scheme, _, token = auth.partition(" ")

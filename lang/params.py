@@ -12,8 +12,6 @@ from typing import Any
 # SGLang frontend spelling → native sampling_params name.
 ALIASES = {"max_tokens": "max_new_tokens", "min_tokens": "min_new_tokens"}
 
-# Keys that live at the top level of a /generate body, not inside sampling_params.
-REQUEST_KEYS = ("return_logprob", "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs")
 
 # dtype → (regex the output must match, conversion of the matched text)
 DTYPES: dict[str, tuple[str, Any]] = {
@@ -30,24 +28,32 @@ def sampling_fields() -> tuple[str, ...]:
     return SamplingParams.__struct_fields__
 
 
+def request_keys() -> tuple[str, ...]:
+    """Keys that live at the top level of a /generate body, not inside sampling_params
+    (declared once, as RequestOptions)."""
+    from radixflow.runtime.sampling_params import request_option_names
+
+    return request_option_names()
+
+
 def split_kwargs(kwargs: dict[str, Any], caller: str = "gen") -> tuple[dict[str, Any], dict[str, Any]]:
     """Split keyword arguments into (sampling_params, top-level request keys); None means unset.
 
     Unknown names raise TypeError listing the accepted ones; values are checked by SamplingParams.
     """
-    fields = sampling_fields()
+    fields, request = sampling_fields(), request_keys()
     params: dict[str, Any] = {}
     extras: dict[str, Any] = {}
     for key, value in kwargs.items():
         if value is None:
             continue
         name = ALIASES.get(key, key)
-        if name in REQUEST_KEYS:
+        if name in request:
             extras[name] = value
         elif name in fields:
             params[name] = value
         else:
-            accepted = ", ".join(sorted({*fields, *ALIASES, *REQUEST_KEYS}))
+            accepted = ", ".join(sorted({*fields, *ALIASES, *request}))
             raise TypeError(f"{caller}() got an unexpected keyword argument {key!r}; accepted: {accepted}")
     if isinstance(params.get("json_schema"), dict):
         params["json_schema"] = json.dumps(params["json_schema"])

@@ -97,7 +97,7 @@ def _check_ops(program: ir.Program, limits: Limits) -> None:
             unknown = set(op.params) - fields
             _check(not unknown, f"gen {op.name!r}: unknown sampling_params {sorted(unknown)}")
             params.check_params(op.params)
-            bad = set(op.extras) - set(params.REQUEST_KEYS)
+            bad = set(op.extras) - set(params.request_keys())
             _check(not bad, f"gen {op.name!r}: unknown request keys {sorted(bad)}")
             choices = op.params.get("choices") or []
             _check(len(choices) <= limits.max_choices,

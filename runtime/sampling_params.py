@@ -125,6 +125,40 @@ def _check(ok: bool, name: str, what: str) -> None:
         raise ValueError(f"sampling_params.{name} {what}")
 
 
+class RequestOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """Per-request options beside the sampling parameters, declared once: the top-level fields
+    of a native /generate body, `Engine.generate` keywords of the same names, the language's
+    gen() request keys.
+
+    `logprob_start_len`: first prompt position whose logprob is returned; absent means output
+    logprobs only (as SGLang, so a warm prompt still hits the cache), -1 the same.
+    """
+
+    return_logprob: bool = False
+    logprob_start_len: int | None = None
+    top_logprobs_num: int = 0
+    return_text_in_logprobs: bool = False
+    session_id: str | None = None  # requests of one conversation or program run (session goodput)
+
+    def validate(self) -> None:
+        """ValueError starting with the field's name when a value is out of range."""
+        if self.top_logprobs_num < 0:
+            raise ValueError(f"top_logprobs_num is {self.top_logprobs_num}; it must be >= 0")
+        if self.logprob_start_len is not None and self.logprob_start_len < -1:
+            raise ValueError(f"logprob_start_len is {self.logprob_start_len}; it must be >= -1 (-1: output only)")
+
+    def engine_kwargs(self) -> dict[str, Any]:
+        """As Engine.generate keywords, `logprob_start_len` resolved (absent → -1, output only)."""
+        kwargs = msgspec.structs.asdict(self)
+        if kwargs["logprob_start_len"] is None:
+            kwargs["logprob_start_len"] = -1
+        return kwargs
+
+
+def request_option_names() -> tuple[str, ...]:
+    return RequestOptions.__struct_fields__
+
+
 def field_names() -> tuple[str, ...]:
     """The declared parameter names, for schemas and the language to derive from."""
     return SamplingParams.__struct_fields__

@@ -8,21 +8,25 @@ import asyncio
 from collections.abc import Iterator
 from typing import Any
 
-# native body key → Engine.generate keyword
-_KEYS = {
-    "text": "prompt", "input_ids": "input_ids", "sampling_params": "sampling_params",
-    "return_logprob": "return_logprob", "logprob_start_len": "logprob_start_len",
-    "top_logprobs_num": "top_logprobs_num", "return_text_in_logprobs": "return_text_in_logprobs",
-    "rid": "rid", "lora_path": "lora_path",
-}
+# native body key → Engine.generate keyword, besides the request options (same names)
+_KEYS = {"text": "prompt", "input_ids": "input_ids", "sampling_params": "sampling_params", "rid": "rid",
+         "lora_path": "lora_path"}
 
 
 def engine_kwargs(body: dict) -> dict[str, Any]:
-    """A native /generate body as Engine.generate keywords (`stream` is decided by the caller)."""
-    unknown = set(body) - set(_KEYS) - {"stream"}
+    """A native /generate body as Engine.generate keywords (`stream` is decided by the caller);
+    the request options resolve as over HTTP (RequestOptions.engine_kwargs)."""
+    from radixflow.runtime.sampling_params import RequestOptions, request_option_names
+
+    names = request_option_names()
+    unknown = set(body) - set(_KEYS) - set(names) - {"stream"}
     if unknown:
         raise ValueError(f"unsupported /generate keys for the in-process engine: {sorted(unknown)}")
-    return {_KEYS[k]: v for k, v in body.items() if k != "stream" and v is not None}
+    given = {k: v for k, v in body.items() if k in names and v is not None}
+    options = RequestOptions(**given)
+    options.validate()
+    kwargs = {_KEYS[k]: v for k, v in body.items() if k in _KEYS and v is not None}
+    return {**kwargs, **options.engine_kwargs()}
 
 
 class Engine:
