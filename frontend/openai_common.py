@@ -38,13 +38,16 @@ async def start(request: Request, prompts: list[list[int]], sampling: list[Sampl
 def usage(metas: dict[int, dict], n: int, shared_cached: dict[int, int]) -> Usage:
     """Prompt tokens count once per prompt (its n samples share one prefill)."""
     prompt = completion = cached = 0
+    misses: dict[str, int] = {}
     for index, meta in metas.items():
         completion += meta["completion_tokens"]
+        for reason, count in meta.get("prefill_miss_tokens", {}).items():
+            misses[reason] = misses.get(reason, 0) + count
         if index % n == 0:
             p = index // n
             prompt += meta["prompt_tokens"]
             cached += shared_cached.get(p, meta["cached_tokens"])
-    return Usage(prompt, completion, prompt + completion, PromptTokensDetails(cached))
+    return Usage(prompt, completion, prompt + completion, PromptTokensDetails(cached), misses or None)
 
 
 def new_id(prefix: str) -> str:

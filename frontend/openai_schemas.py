@@ -97,11 +97,13 @@ class PromptTokensDetails(Struct):
     cached_tokens: int
 
 
-class Usage(Struct):
+class Usage(Struct, omit_defaults=True):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
     prompt_tokens_details: PromptTokensDetails
+    # radixflow's extension: prefill tokens computed by miss reason, summed over the prompts
+    prefill_miss_tokens: dict[str, int] | None = None
 
 
 class CompletionLogprobs(Struct):

@@ -144,3 +144,21 @@ def test_real_prometheus_scrapes_a_live_server(server, client, tmp_path):
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+def test_openai_usage_carries_the_miss_breakdown(client):
+    body = {"model": "tiny", "prompt": "usage extension: why was this prompt computed", "max_tokens": 2}
+    first = client.post("/v1/completions", json=body).json()["usage"]
+    assert sum(first["prefill_miss_tokens"].values()) >= 1
+    again = client.post("/v1/completions", json=body).json()["usage"]
+    assert again["prompt_tokens_details"]["cached_tokens"] == again["prompt_tokens"] - 1
+    assert again["prefill_miss_tokens"] == {"logits": 1}
+
+
+def test_histogram_counts_equal_finished_requests(client, engine):
+    for i in range(2):
+        client.post("/generate", json={"text": f"count me {i}", "sampling_params": {"max_new_tokens": 2}})
+    scrape = Scrape.parse(client.get("/metrics").text, 0.0)
+    finished = sum(scrape.by_label["radixflow_requests_finished_total"].values())
+    assert finished == engine.stats().num_finished
+    assert scrape.get("radixflow_e2e_request_latency_seconds_count") == finished
