@@ -9,16 +9,20 @@ from .extend_attention import extend_attention, extend_attention_ref
 from .fp8 import FP8_E4M3_MAX, dequantize_fp8, quantize_fp8
 from .logits_mask import apply_token_bitmask, apply_token_bitmask_ref
 from .store_kv import store_kv, store_kv_ref
-from .torch_attention import decode_attention_torch, extend_attention_torch
+from .torch_attention import (DecodeGather, decode_attention_gathered, decode_attention_torch,
+                              extend_attention_torch, plan_decode)
 
 __all__ = [
     "FP8_E4M3_MAX",
+    "DecodeGather",
     "apply_token_bitmask",
     "apply_token_bitmask_ref",
     "decode_attention",
+    "decode_attention_gathered",
     "decode_attention_ref",
     "decode_attention_torch",
     "dequantize_fp8",
+    "plan_decode",
     "extend_attention",
     "extend_attention_ref",
     "extend_attention_torch",

@@ -51,17 +51,26 @@ class AttentionOps:
 
 
 class PoolAttention:
-    """The model's AttentionFn over a KVPool. Holds no per-step state."""
+    """The model's AttentionFn over a KVPool.
+
+    On the torch backend a decode step's padded context layout (kernels.DecodeGather) is built
+    at its first layer and reused by the others: the only state kept, keyed by the step's
+    ForwardBatch and replaced by the next step's.
+    """
 
     def __init__(self, pool: KVPool, ops: AttentionOps, sm_scale: float, num_kv_splits: int = CUDA_KV_SPLITS) -> None:
         self.pool, self.ops, self.sm_scale = pool, ops, sm_scale
         self.num_kv_splits = num_kv_splits
+        self.is_torch = ops.decode_attention is kernels.decode_attention_torch
+        self._plan: tuple[ForwardBatch, kernels.DecodeGather] | None = None
 
     def __call__(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  fb: ForwardBatch) -> torch.Tensor:
         pool = self.pool
         kc, vc = pool.k_caches[layer_id], pool.v_caches[layer_id]
         ks, vs = pool.k_scales[layer_id], pool.v_scales[layer_id]
+        if fb.is_decode and self.is_torch:
+            return self._decode_torch(layer_id, q, k, v, fb)
         self.ops.store_kv(kc, vc, fb.out_slots, k, v, ks, vs)
         if fb.is_decode:
             return self.ops.decode_attention(q, kc, vc, fb.req_to_token, fb.req_rows, fb.seq_lens,
@@ -69,3 +78,23 @@ class PoolAttention:
         return self.ops.extend_attention(q, kc, vc, fb.req_to_token, fb.req_rows, fb.prefix_lens,
                                          fb.extend_lens, fb.extend_starts, self.sm_scale, ks, vs,
                                          fb.max_extend_len)
+
+    def _decode_torch(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                      fb: ForwardBatch) -> torch.Tensor:
+        """Decode on CPU: inputs checked at the step's first layer, the layout planned once."""
+        pool = self.pool
+        kc, vc = pool.k_caches[layer_id], pool.v_caches[layer_id]
+        ks, vs = pool.k_scales[layer_id], pool.v_scales[layer_id]
+        if self._plan is None or self._plan[0] is not fb:
+            kernels.store_kv_ref(kc, vc, fb.out_slots, k, v, ks, vs)  # checks the step's shapes once
+            out = kernels.decode_attention_torch(q, kc, vc, fb.req_to_token, fb.req_rows, fb.seq_lens,
+                                                 self.sm_scale, ks, vs)
+            self._plan = (fb, kernels.plan_decode(fb.req_to_token, fb.req_rows, fb.seq_lens))
+            return out
+        if kc.dtype == torch.uint8:
+            kc.index_copy_(0, fb.out_slots, kernels.quantize_fp8(k, ks))
+            vc.index_copy_(0, fb.out_slots, kernels.quantize_fp8(v, vs))
+        else:
+            kc.index_copy_(0, fb.out_slots, k.to(kc.dtype))
+            vc.index_copy_(0, fb.out_slots, v.to(vc.dtype))
+        return kernels.decode_attention_gathered(q, kc, vc, self._plan[1], self.sm_scale, ks, vs)
