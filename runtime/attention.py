@@ -54,15 +54,16 @@ class PoolAttention:
     """The model's AttentionFn over a KVPool.
 
     On the torch backend a decode step's padded context layout (kernels.DecodeGather) is built
-    at its first layer and reused by the others: the only state kept, keyed by the step's
-    ForwardBatch and replaced by the next step's.
+    at layer 0 and reused by the other layers of the same forward: the only state kept.
+    NOTE: keyed by layer 0, not by the ForwardBatch object, since a CUDA-graph runner reuses
+    one ForwardBatch over static buffers whose contents change between steps.
     """
 
     def __init__(self, pool: KVPool, ops: AttentionOps, sm_scale: float, num_kv_splits: int = CUDA_KV_SPLITS) -> None:
         self.pool, self.ops, self.sm_scale = pool, ops, sm_scale
         self.num_kv_splits = num_kv_splits
         self.is_torch = ops.decode_attention is kernels.decode_attention_torch
-        self._plan: tuple[ForwardBatch, kernels.DecodeGather] | None = None
+        self._plan: kernels.DecodeGather | None = None
 
     def __call__(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  fb: ForwardBatch) -> torch.Tensor:
@@ -81,15 +82,15 @@ class PoolAttention:
 
     def _decode_torch(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                       fb: ForwardBatch) -> torch.Tensor:
-        """Decode on CPU: inputs checked at the step's first layer, the layout planned once."""
+        """Decode on CPU: inputs checked at layer 0, where the step's layout is planned."""
         pool = self.pool
         kc, vc = pool.k_caches[layer_id], pool.v_caches[layer_id]
         ks, vs = pool.k_scales[layer_id], pool.v_scales[layer_id]
-        if self._plan is None or self._plan[0] is not fb:
+        if layer_id == 0 or self._plan is None:
             kernels.store_kv_ref(kc, vc, fb.out_slots, k, v, ks, vs)  # checks the step's shapes once
             out = kernels.decode_attention_torch(q, kc, vc, fb.req_to_token, fb.req_rows, fb.seq_lens,
                                                  self.sm_scale, ks, vs)
-            self._plan = (fb, kernels.plan_decode(fb.req_to_token, fb.req_rows, fb.seq_lens))
+            self._plan = kernels.plan_decode(fb.req_to_token, fb.req_rows, fb.seq_lens)
             return out
         if kc.dtype == torch.uint8:
             kc.index_copy_(0, fb.out_slots, kernels.quantize_fp8(k, ks))
@@ -97,4 +98,4 @@ class PoolAttention:
         else:
             kc.index_copy_(0, fb.out_slots, k.to(kc.dtype))
             vc.index_copy_(0, fb.out_slots, v.to(vc.dtype))
-        return kernels.decode_attention_gathered(q, kc, vc, self._plan[1], self.sm_scale, ks, vs)
+        return kernels.decode_attention_gathered(q, kc, vc, self._plan, self.sm_scale, ks, vs)

@@ -11,7 +11,7 @@ from radixflow.runtime.grammar.state import advance as advance_grammar
 from radixflow.runtime.model_runner import ModelRunner
 from radixflow.runtime.output import append_token, finalize_text
 from radixflow.runtime.request import Req
-from radixflow.runtime.sampler import SampleRow, logprobs_of, sample, top_logprobs
+from radixflow.runtime.sampler import RowState, SampleRow, sample, score_tokens
 from radixflow.runtime.scheduler import ScheduledBatch, Scheduler
 
 log = logging.getLogger(__name__)
@@ -98,10 +98,8 @@ class StepRunner:
                 req.input_logprobs.append((req.prompt_ids[0], None, None))
             if plan.prompt_positions:
                 k = len(plan.prompt_positions)
-                lp = logprobs_of(logits[base: base + k])
-                toks = torch.tensor([req.prompt_ids[p] for p in plan.prompt_positions], device=lp.device)
-                chosen = lp.gather(1, toks[:, None])[:, 0].tolist()
-                tops = top_logprobs(lp, [req.logprob.top_logprobs_num] * k)
+                toks = torch.tensor([req.prompt_ids[p] for p in plan.prompt_positions], device=logits.device)
+                chosen, tops = score_tokens(logits[base: base + k], toks, req.logprob.top_logprobs_num)
                 for pos, c, t in zip(plan.prompt_positions, chosen, tops):
                     req.input_logprobs.append((req.prompt_ids[pos], c, t if req.logprob.top_logprobs_num else None))
             base += len(plan.offsets)
@@ -140,5 +138,7 @@ class StepRunner:
         blocked = []
         if len(req.output_ids) < sp.min_new_tokens:
             blocked = sorted(set(sp.stop_token_ids or ()) | (set() if sp.ignore_eos else set(self.eos_ids)))
+        if req.sampler_state is None:
+            req.sampler_state = RowState()
         return SampleRow(sp, req.prompt_ids, req.output_ids, req.generator, blocked,
-                         req.logprob.top_logprobs_num, req.logprob.return_logprob)
+                         req.logprob.top_logprobs_num, req.logprob.return_logprob, req.sampler_state)
