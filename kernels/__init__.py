@@ -5,7 +5,7 @@ kernels/torch_attention.py adds CPU-fast torch twins of the attention ops (the e
 from __future__ import annotations
 
 from .activation import silu_and_mul, silu_and_mul_ref
-from .decode_attention import decode_attention, decode_attention_ref
+from .decode_attention import choose_kv_splits, decode_attention, decode_attention_ref
 from .extend_attention import extend_attention, extend_attention_ref
 from .fp8 import FP8_E4M3_MAX, dequantize_fp8, quantize_fp8
 from .logits_mask import apply_token_bitmask, apply_token_bitmask_ref
@@ -20,6 +20,7 @@ __all__ = [
     "DecodeGather",
     "apply_token_bitmask",
     "apply_token_bitmask_ref",
+    "choose_kv_splits",
     "decode_attention",
     "decode_attention_gathered",
     "decode_attention_ref",
