@@ -13,6 +13,8 @@ from .extend_attention import _check_extend
 # never computed, save most of the causal half; large enough that matmuls stay efficient
 # (128 was fastest at head_dim 64 on a 2-core CPU; benchmarks/cpu_attention.py).
 QUERY_CHUNK = 128
+# Context tokens gathered at once by decode (see decode_attention_gathered).
+GATHER_CHUNK_TOKENS = 1024
 
 
 def _gather_kv(cache: torch.Tensor, slots: torch.Tensor, scale: float) -> tuple[torch.Tensor, float]:
@@ -98,32 +100,41 @@ def plan_decode(req_to_token: torch.Tensor, req_rows: torch.Tensor, seq_lens: to
     return DecodeGather(slots.reshape(-1), visible[:, None, None, :], (seq_lens == 0)[:, None, None], max_len)
 
 
-def _gather_padded(cache: torch.Tensor, plan: DecodeGather, dtype: torch.dtype, scale: float) -> torch.Tensor:
-    """cache rows of the plan as [batch, num_kv_heads, max_len, head_dim] (a permuted view) of `dtype`."""
+def _gather_padded(cache: torch.Tensor, slots: torch.Tensor, max_len: int, dtype: torch.dtype,
+                   scale: float) -> torch.Tensor:
+    """cache rows at slots [rows * max_len] as [rows, num_kv_heads, max_len, head_dim] (a permuted view)."""
     num_kv_heads, head_dim = cache.shape[1:]
-    rows = cache.index_select(0, plan.slots)  # [batch * max_len, num_kv_heads, head_dim]
+    rows = cache.index_select(0, slots)  # [rows * max_len, num_kv_heads, head_dim]
     if cache.dtype == torch.uint8:
         rows = rows.view(torch.float8_e4m3fn).to(dtype).mul_(scale)
     elif rows.dtype != dtype:
         rows = rows.to(dtype)
-    return rows.view(-1, plan.max_len, num_kv_heads, head_dim).transpose(1, 2)
+    return rows.view(-1, max_len, num_kv_heads, head_dim).transpose(1, 2)
 
 
 def decode_attention_gathered(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: DecodeGather,
                               sm_scale: float, k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
-    """Decode attention of q [batch, num_heads, head_dim] over the contexts of `plan`: batched,
-    one gather per cache and one fused SDPA call (GQA native). Unchecked: the engine's per-layer
-    hot path, with inputs `decode_attention_torch` validates. Returns q's dtype; bf16/fp16 math
-    accumulates in fp32 inside SDPA, fp8 caches are dequantized to q's dtype.
+    """Decode attention of q [batch, num_heads, head_dim] over the contexts of `plan`: per chunk of
+    requests, one gather per cache and one fused SDPA call (GQA native). Unchecked: the engine's
+    per-layer hot path, with inputs `decode_attention_torch` validates. Returns q's dtype;
+    bf16/fp16 math accumulates in fp32 inside SDPA, fp8 caches are dequantized to q's dtype.
+
+    NOTE: chunks of about GATHER_CHUNK_TOKENS context tokens keep the gathered K/V in cache
+    between the gather and SDPA; one gather of a whole large batch ran ~3x slower (one core).
     """
-    if q.shape[0] == 0:
-        return torch.zeros_like(q, memory_format=torch.contiguous_format)
-    dtype = q.dtype
-    k = _gather_padded(k_cache, plan, dtype, k_scale)  # [batch, num_kv_heads, max_len, head_dim]
-    v = _gather_padded(v_cache, plan, dtype, v_scale)
-    out = F.scaled_dot_product_attention(q[:, :, None, :], k, v, attn_mask=plan.visible, scale=sm_scale,
-                                         enable_gqa=k.shape[1] != q.shape[1])  # [batch, num_heads, 1, head_dim]
-    return out[:, :, 0].masked_fill_(plan.empty, 0.0)
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    batch, max_len = q.shape[0], plan.max_len
+    step = max(1, GATHER_CHUNK_TOKENS // max_len)
+    gqa = k_cache.shape[1] != q.shape[1]
+    for a in range(0, batch, step):
+        b = min(a + step, batch)
+        slots = plan.slots[a * max_len: b * max_len]
+        k = _gather_padded(k_cache, slots, max_len, q.dtype, k_scale)  # [rows, num_kv_heads, max_len, head_dim]
+        v = _gather_padded(v_cache, slots, max_len, q.dtype, v_scale)
+        o = F.scaled_dot_product_attention(q[a:b, :, None, :], k, v, attn_mask=plan.visible[a:b], scale=sm_scale,
+                                           enable_gqa=gqa)  # [rows, num_heads, 1, head_dim]
+        out[a:b] = o[:, :, 0]
+    return out.masked_fill_(plan.empty, 0.0)
 
 
 def decode_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
