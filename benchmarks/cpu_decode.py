@@ -4,8 +4,8 @@
 
 Both sides load the same Hugging Face directory in the same dtype, in this one process, with one
 torch thread. Each round runs every batch size on both sides (transformers first, then radixflow);
-the figure per side is the best round's median step time (rounds alternate, best-of-N, because
-the machine is shared and noisy).
+the figures per side are the best round's median step time and the fastest single step (rounds
+alternate, best-of-N, because the machine is shared and noisy), each with its ratio.
 
 - radixflow: `batch` prompts of `--prompt-len` random token ids, `--decode-len` greedy tokens each
   (EOS ignored), through `Engine.generate`; one decode step is the median gap between a request's
@@ -34,8 +34,8 @@ def prompts_for(batch: int, prompt_len: int, vocab: int, seed: int) -> list[list
 
 
 @torch.inference_mode()
-def hf_step_ms(model, prompts: list[list[int]], decode_len: int) -> float:
-    """Median ms of one batched decode forward of a transformers model over its own cache."""
+def hf_step_ms(model, prompts: list[list[int]], decode_len: int) -> list[float]:
+    """ms of each batched decode forward of a transformers model over its own cache."""
     from transformers import DynamicCache
 
     cache = DynamicCache()
@@ -46,20 +46,20 @@ def hf_step_ms(model, prompts: list[list[int]], decode_len: int) -> float:
         start = time.perf_counter()
         out = model(input_ids=nxt, past_key_values=cache, use_cache=True, logits_to_keep=1)
         nxt = out.logits[:, -1].argmax(-1, keepdim=True)
-        gaps.append(time.perf_counter() - start)
-    return 1e3 * statistics.median(gaps)
+        gaps.append(1e3 * (time.perf_counter() - start))
+    return gaps
 
 
-def radixflow_step_ms(engine, prompts: list[list[int]], decode_len: int, tag: str) -> float:
-    """Median ms between consecutive tokens once the whole batch decodes."""
+def radixflow_step_ms(engine, prompts: list[list[int]], decode_len: int, tag: str) -> list[float]:
+    """ms between consecutive tokens of one request (the first), once the whole batch decodes."""
     rids = [f"{tag}-{i}" for i in range(len(prompts))]
     params = {"temperature": 0, "max_new_tokens": decode_len, "ignore_eos": True}
     engine.generate(input_ids=prompts, sampling_params=params, rid=rids)
     wanted = set(rids)
     timings = [t for t in engine.recent_timings if t.rid in wanted]
     start = max(t.token_times[0] for t in timings)
-    gaps = [b - a for t in timings for a, b in zip(t.token_times, t.token_times[1:]) if a >= start]
-    return 1e3 * statistics.median(gaps)
+    first = min(timings, key=lambda t: t.rid)
+    return [1e3 * (b - a) for a, b in zip(first.token_times, first.token_times[1:]) if a >= start]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -85,22 +85,28 @@ def main(argv: list[str] | None = None) -> int:
                     max_model_len=args.prompt_len + args.decode_len + 64)
     vocab = hf.config.vocab_size
     best: dict[int, dict[str, float]] = {b: {"transformers": float("inf"), "radixflow": float("inf")} for b in batches}
+    fastest: dict[int, dict[str, float]] = {b: {"transformers": float("inf"), "radixflow": float("inf")} for b in batches}
     radixflow_step_ms(engine, prompts_for(2, 16, vocab, 0), 4, "warm")
     hf_step_ms(hf, prompts_for(2, 16, vocab, 0), 4)
     for rnd in range(args.rounds):
         for b in batches:
             prompts = prompts_for(b, args.prompt_len, vocab, seed=1000 * rnd + b)
-            hf_ms = hf_step_ms(hf, prompts, args.decode_len)
-            rf_ms = radixflow_step_ms(engine, prompts, args.decode_len, f"r{rnd}-b{b}")
-            best[b]["transformers"] = min(best[b]["transformers"], hf_ms)
-            best[b]["radixflow"] = min(best[b]["radixflow"], rf_ms)
+            hf_gaps = hf_step_ms(hf, prompts, args.decode_len)
+            rf_gaps = radixflow_step_ms(engine, prompts, args.decode_len, f"r{rnd}-b{b}")
+            hf_ms, rf_ms = statistics.median(hf_gaps), statistics.median(rf_gaps)
+            for side, gaps in (("transformers", hf_gaps), ("radixflow", rf_gaps)):
+                best[b][side] = min(best[b][side], statistics.median(gaps))
+                fastest[b][side] = min(fastest[b][side], min(gaps))
             print(f"round {rnd} batch {b:>3}: transformers {hf_ms:7.1f} ms  radixflow {rf_ms:7.1f} ms", flush=True)
     engine.shutdown()
     rows = [{"batch": b, "transformers_ms": v["transformers"], "radixflow_ms": v["radixflow"],
-             "ratio": v["radixflow"] / v["transformers"]} for b, v in best.items()]
-    print("batch  transformers_ms  radixflow_ms  radixflow/transformers")
+             "ratio": v["radixflow"] / v["transformers"], "transformers_min_ms": fastest[b]["transformers"],
+             "radixflow_min_ms": fastest[b]["radixflow"],
+             "min_ratio": fastest[b]["radixflow"] / fastest[b]["transformers"]} for b, v in best.items()]
+    print("batch | median step ms: transformers  radixflow  ratio | fastest step ms: transformers  radixflow  ratio")
     for r in rows:
-        print(f"{r['batch']:>5}  {r['transformers_ms']:15.1f}  {r['radixflow_ms']:12.1f}  {r['ratio']:.2f}")
+        print(f"{r['batch']:>5} | {r['transformers_ms']:28.1f} {r['radixflow_ms']:10.1f} {r['ratio']:6.2f} | "
+              f"{r['transformers_min_ms']:29.1f} {r['radixflow_min_ms']:10.1f} {r['min_ratio']:6.2f}")
     if args.out is not None:
         meta = {"model": args.model, "dtype": args.dtype, "prompt_len": args.prompt_len,
                 "decode_len": args.decode_len, "rounds": args.rounds, "torch": torch.__version__,

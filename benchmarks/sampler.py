@@ -7,7 +7,9 @@ Mixes: greedy; top-p 0.9 at temperature 0.8; top-k 50 with top-p 0.95; frequency
 repetition penalties (512 prompt ids, a growing output); every row seeded; and a quarter each of
 greedy / top-p / penalties / seeded. Each mix reuses its rows across repetitions (their
 persistent state, as in serving) and appends one output token per row per step. The figure is
-the best of --reps steps; `previous` is the sampler of the commit given by --previous (default:
+the best of --reps steps. Logits are Zipf-shaped (logit = -1.1 ln rank, ranks shuffled per row,
+peaked like a language model's), except `top_p_flat`: 3 x N(0, 1) logits, whose 0.9 nucleus is
+wider than the sampler's 1024 top-p candidates (its full-sort fallback). `previous` is the sampler of the commit given by --previous (default:
 the one before issue 16), loaded from git, when git can provide it.
 """
 from __future__ import annotations
@@ -29,6 +31,7 @@ from radixflow.runtime.sampling_params import SamplingParams
 MIXES = {
     "greedy": [{"temperature": 0.0}],
     "top_p": [{"temperature": 0.8, "top_p": 0.9}],
+    "top_p_flat": [{"temperature": 0.8, "top_p": 0.9}],  # on flat logits: the nucleus passes 1024
     "top_k_top_p": [{"temperature": 0.8, "top_k": 50, "top_p": 0.95}],
     "penalties": [{"temperature": 0.0, "frequency_penalty": 0.5, "presence_penalty": 0.3, "repetition_penalty": 1.1}],
     "seeded": [{"temperature": 1.0, "seed": 1}],
@@ -93,10 +96,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     device = torch.device(args.device)
-    logits = torch.randn(args.batch, args.vocab, generator=torch.Generator().manual_seed(1)).mul_(3).to(device)
+    gen = torch.Generator().manual_seed(1)
+    flat = torch.randn(args.batch, args.vocab, generator=gen).mul_(3).to(device)
+    zipf = -1.1 * torch.log(torch.arange(1, args.vocab + 1, dtype=torch.float32))[torch.randperm(args.vocab, generator=gen)]
+    shifts = torch.randint(0, args.vocab, (args.batch,), generator=gen).tolist()
+    peaked = torch.stack([zipf.roll(s) for s in shifts]).to(device)  # [batch, vocab]
     previous = load_previous(args.previous) if args.previous else None
     rows = []
     for name, mix in MIXES.items():
+        logits = flat if name == "top_p_flat" else peaked
         row = {"mix": name, "ours_ms": 1e3 * time_mix(sampler, mix, logits, args.reps)}
         if previous is not None:
             row["previous_ms"] = 1e3 * time_mix(previous, mix, logits, args.reps)

@@ -72,7 +72,11 @@ def _prompt_seen(rows: list[SampleRow], vocab: int, device: torch.device) -> tor
 
 def apply_penalties(logits: torch.Tensor, rows: list[SampleRow]) -> None:
     """OpenAI frequency/presence penalties over output tokens; repetition penalty (CTRL style)
-    over prompt and output tokens. Mutates logits [B, vocab] and the penalized rows' states."""
+    over prompt and output tokens. Mutates logits [B, vocab] and the penalized rows' states.
+
+    On CUDA dense masked ops over the penalized rows (no host sync); on CPU, where those full
+    passes dominate and a sync is free, only the (row, token) entries that carry a penalty.
+    """
     pen = [i for i, r in enumerate(rows) if has_penalty(r)]
     if not pen:
         return
@@ -82,11 +86,32 @@ def apply_penalties(logits: torch.Tensor, rows: list[SampleRow]) -> None:
     table = torch.tensor([[r.sampling.frequency_penalty, r.sampling.presence_penalty, r.sampling.repetition_penalty]
                           for r in prows], device=device, dtype=logits.dtype)  # [P, 3]
     idx = torch.tensor(pen, device=device)
+    prompt_seen = _prompt_seen(prows, vocab, device) if any(r.sampling.repetition_penalty != 1.0 for r in prows) else None
+    penalize = _penalize_dense if logits.is_cuda or DENSE_ON_CPU else _penalize_sparse
+    penalize(logits, idx, counts, table, prompt_seen)
+
+
+# Tests flip this to run the CUDA (dense) path on CPU.
+DENSE_ON_CPU = False
+
+
+def _penalize_dense(logits: torch.Tensor, idx: torch.Tensor, counts: torch.Tensor, table: torch.Tensor,
+                    prompt_seen: torch.Tensor | None) -> None:
     sub = logits.index_select(0, idx)  # [P, vocab]
     present = counts > 0
     sub -= table[:, :1] * counts + table[:, 1:2] * present
-    if any(r.sampling.repetition_penalty != 1.0 for r in prows):
-        seen = present | _prompt_seen(prows, vocab, device)
+    if prompt_seen is not None:
         rep = table[:, 2:3]
-        sub = torch.where(seen, torch.where(sub > 0, sub / rep, sub * rep), sub)
+        sub = torch.where(present | prompt_seen, torch.where(sub > 0, sub / rep, sub * rep), sub)
     logits.index_copy_(0, idx, sub)
+
+
+def _penalize_sparse(logits: torch.Tensor, idx: torch.Tensor, counts: torch.Tensor, table: torch.Tensor,
+                     prompt_seen: torch.Tensor | None) -> None:
+    r, t = counts.nonzero(as_tuple=True)  # output tokens present, per penalized row
+    c = counts[r, t].to(logits.dtype)
+    logits.index_put_((idx[r], t), -(table[r, 0] * c + table[r, 1]), accumulate=True)
+    if prompt_seen is not None:
+        r, t = (prompt_seen | (counts > 0)).nonzero(as_tuple=True)
+        vals, rep = logits[idx[r], t], table[r, 2]
+        logits[idx[r], t] = torch.where(vals > 0, vals / rep, vals * rep)

@@ -1,6 +1,7 @@
 """Sampler units: filters, blocking, seeds, and a row with nothing left to sample."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from radixflow.runtime.sampler import SampleRow, sample
@@ -172,8 +173,11 @@ def _penalized_ref(logits, row):
     return out
 
 
-def test_penalties_match_reference_as_outputs_grow():
+@pytest.mark.parametrize("dense", [False, True])  # the CPU (sparse) and the CUDA (dense) path
+def test_penalties_match_reference_as_outputs_grow(monkeypatch, dense):
+    from radixflow.runtime import penalties
     from radixflow.runtime.penalties import apply_penalties
+    monkeypatch.setattr(penalties, "DENSE_ON_CPU", dense)
     gen = torch.Generator().manual_seed(4)
     vocab = 40
     params = [{"frequency_penalty": 0.7}, {"presence_penalty": -0.5, "repetition_penalty": 1.3}, {},
