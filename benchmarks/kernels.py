@@ -64,7 +64,7 @@ FULL = Grid(32, 8, 128, torch.bfloat16,
             decode=tuple((b, c) for b in (1, 16, 64, 256) for c in (512, 1024, 4096, 8192)),
             extend=((1, 0, 2048), (4, 1024, 512), (16, 2048, 128), (1, 8192, 1024)),
             split_sweep=((1, 8192), (64, 4096)), splits=(1, 2, 4, 8, 16, 32),
-            default_splits=8,  # the engine's on CUDA: runtime.attention.CUDA_KV_SPLITS
+            default_splits=8,  # fixed here; the engine picks per batch (kernels.choose_kv_splits)
             copy_bytes=2 << 30)
 # fp32: the interpreter's bf16 tl.dot is wrong (DEVELOPERS.md); tiny shapes keep it to seconds
 SMOKE = Grid(4, 2, 16, torch.float32, decode=((1, 9), (3, 24)), extend=((2, 7, 5),),

@@ -4,25 +4,41 @@ kernels/torch_attention.py adds CPU-fast torch twins of the attention ops (the e
 """
 from __future__ import annotations
 
-from .decode_attention import decode_attention, decode_attention_ref
+from .activation import silu_and_mul, silu_and_mul_ref
+from .decode_attention import choose_kv_splits, decode_attention, decode_attention_ref
 from .extend_attention import extend_attention, extend_attention_ref
 from .fp8 import FP8_E4M3_MAX, dequantize_fp8, quantize_fp8
 from .logits_mask import apply_token_bitmask, apply_token_bitmask_ref
+from .rmsnorm import rmsnorm, rmsnorm_ref
+from .rope import rope, rope_cos_sin, rope_inv_freq, rope_ref
 from .store_kv import store_kv, store_kv_ref
-from .torch_attention import decode_attention_torch, extend_attention_torch
+from .torch_attention import (DecodeGather, decode_attention_gathered, decode_attention_torch,
+                              extend_attention_torch, plan_decode)
 
 __all__ = [
     "FP8_E4M3_MAX",
+    "DecodeGather",
     "apply_token_bitmask",
     "apply_token_bitmask_ref",
+    "choose_kv_splits",
     "decode_attention",
+    "decode_attention_gathered",
     "decode_attention_ref",
     "decode_attention_torch",
     "dequantize_fp8",
     "extend_attention",
     "extend_attention_ref",
     "extend_attention_torch",
+    "plan_decode",
     "quantize_fp8",
+    "rmsnorm",
+    "rmsnorm_ref",
+    "rope",
+    "rope_cos_sin",
+    "rope_inv_freq",
+    "rope_ref",
+    "silu_and_mul",
+    "silu_and_mul_ref",
     "store_kv",
     "store_kv_ref",
 ]

@@ -17,9 +17,8 @@ from radixflow.runtime.forward_batch import ForwardBatch
 from radixflow.runtime.kv_pool import KVPool
 
 ENV_BACKEND = "RADIXFLOW_ATTENTION_BACKEND"
-# Decode splits the context into this many parts so that small batches still fill a GPU
-# (benchmarks/kernels.py sweeps the count); the interpreter pays per program, so it gets fewer.
-CUDA_KV_SPLITS = 8
+# On CUDA the decode split count is chosen per step (kernels.choose_kv_splits: from the batch,
+# the longest context and the SM count); the interpreter pays per program, so it gets a fixed 2.
 INTERPRETER_KV_SPLITS = 2
 
 
@@ -33,8 +32,9 @@ def resolve_backend(requested: str, device: torch.device) -> str:
     return choice
 
 
-def default_kv_splits(device: torch.device) -> int:
-    return CUDA_KV_SPLITS if device.type == "cuda" else INTERPRETER_KV_SPLITS
+def default_kv_splits(device: torch.device) -> int | None:
+    """A fixed decode split count, or None: chosen per step from the batch (CUDA)."""
+    return None if device.type == "cuda" else INTERPRETER_KV_SPLITS
 
 
 @dataclass(frozen=True)
@@ -51,21 +51,60 @@ class AttentionOps:
 
 
 class PoolAttention:
-    """The model's AttentionFn over a KVPool. Holds no per-step state."""
+    """The model's AttentionFn over a KVPool.
 
-    def __init__(self, pool: KVPool, ops: AttentionOps, sm_scale: float, num_kv_splits: int = CUDA_KV_SPLITS) -> None:
+    On the torch backend a decode step's padded context layout (kernels.DecodeGather) is built
+    at layer 0 and reused by the other layers of the same forward: the only state kept.
+    NOTE: keyed by layer 0, not by the ForwardBatch object, since a CUDA-graph runner reuses
+    one ForwardBatch over static buffers whose contents change between steps.
+    """
+
+    def __init__(self, pool: KVPool, ops: AttentionOps, sm_scale: float, num_kv_splits: int | None = None) -> None:
         self.pool, self.ops, self.sm_scale = pool, ops, sm_scale
-        self.num_kv_splits = num_kv_splits
+        self.num_kv_splits = num_kv_splits  # None: per step, see kv_splits_for
+        device = pool.k_caches[0].device
+        self.num_sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
+        self.is_torch = ops.decode_attention is kernels.decode_attention_torch
+        self._plan: kernels.DecodeGather | None = None
 
     def __call__(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  fb: ForwardBatch) -> torch.Tensor:
         pool = self.pool
         kc, vc = pool.k_caches[layer_id], pool.v_caches[layer_id]
         ks, vs = pool.k_scales[layer_id], pool.v_scales[layer_id]
+        if fb.is_decode and self.is_torch:
+            return self._decode_torch(layer_id, q, k, v, fb)
         self.ops.store_kv(kc, vc, fb.out_slots, k, v, ks, vs)
         if fb.is_decode:
+            splits = fb.num_kv_splits or self.kv_splits_for(fb.batch_size, fb.max_seq_len)
             return self.ops.decode_attention(q, kc, vc, fb.req_to_token, fb.req_rows, fb.seq_lens,
-                                             self.sm_scale, ks, vs, self.num_kv_splits)
+                                             self.sm_scale, ks, vs, splits)
         return self.ops.extend_attention(q, kc, vc, fb.req_to_token, fb.req_rows, fb.prefix_lens,
                                          fb.extend_lens, fb.extend_starts, self.sm_scale, ks, vs,
                                          fb.max_extend_len)
+
+    def kv_splits_for(self, batch_size: int, max_seq_len: int) -> int:
+        """Decode KV splits for a batch whose longest context is `max_seq_len` tokens."""
+        if self.num_kv_splits is not None:
+            return self.num_kv_splits
+        return kernels.choose_kv_splits(batch_size, self.pool.k_caches[0].shape[1], max_seq_len, self.num_sms)
+
+    def _decode_torch(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                      fb: ForwardBatch) -> torch.Tensor:
+        """Decode on CPU: inputs checked at layer 0, where the step's layout is planned."""
+        pool = self.pool
+        kc, vc = pool.k_caches[layer_id], pool.v_caches[layer_id]
+        ks, vs = pool.k_scales[layer_id], pool.v_scales[layer_id]
+        if layer_id == 0 or self._plan is None:
+            kernels.store_kv_ref(kc, vc, fb.out_slots, k, v, ks, vs)  # checks the step's shapes once
+            out = kernels.decode_attention_torch(q, kc, vc, fb.req_to_token, fb.req_rows, fb.seq_lens,
+                                                 self.sm_scale, ks, vs)
+            self._plan = kernels.plan_decode(fb.req_to_token, fb.req_rows, fb.seq_lens)
+            return out
+        if kc.dtype == torch.uint8:
+            kc.index_copy_(0, fb.out_slots, kernels.quantize_fp8(k, ks))
+            vc.index_copy_(0, fb.out_slots, kernels.quantize_fp8(v, vs))
+        else:
+            kc.index_copy_(0, fb.out_slots, k.to(kc.dtype))
+            vc.index_copy_(0, fb.out_slots, v.to(vc.dtype))
+        return kernels.decode_attention_gathered(q, kc, vc, self._plan, self.sm_scale, ks, vs)

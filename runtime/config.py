@@ -26,7 +26,7 @@ class EngineConfig:
 
     model: str | None = _opt(None, "Hugging Face model directory, GGUF file, or directory holding one .gguf (absent: SmolLM2-135M-Instruct).")
     load_format: str = _opt("auto", "Weights: auto = the model's safetensors; dummy = random, from config.json alone (benchmarks).", LOAD_FORMATS)
-    dtype: str = _opt("auto", "Weight and activation dtype; auto = float32 on CPU, the checkpoint's on CUDA.", DTYPES)
+    dtype: str = _opt("auto", "Weight and activation dtype; auto = bfloat16 on CPUs with native bf16 (AVX512-BF16 / AMX), else float32; on CUDA the checkpoint's (bfloat16 for float32 checkpoints).", DTYPES)
     device: str = _opt("auto", "Where the model runs; auto = cuda when available.", DEVICES)
     seed: int = _opt(0, "Seed for sampling of requests that give no seed of their own.")
     max_model_len: int | None = _opt(None, "Longest context (prompt + output) in tokens; default: the model's.")

@@ -131,7 +131,13 @@ class DecodeGraphRunner:
             out_slots=p[OUT_SLOTS, :bs], req_to_token=self.req_to_token, req_rows=p[REQ_ROWS, :bs],
             prefix_lens=p[PREFIX_LENS, :bs], extend_lens=self.ones[:bs], seq_lens=p[SEQ_LENS, :bs],
             extend_starts=self.arange[:bs], logit_rows=self.arange[:bs],
-            prefix_lens_cpu=[0] * bs, extend_lens_cpu=[1] * bs)
+            prefix_lens_cpu=[0] * bs, extend_lens_cpu=[1] * bs, num_kv_splits=self.kv_splits(bs))
+
+    def kv_splits(self, bs: int) -> int | None:
+        """Decode splits baked into the graph of batch size `bs`: sized for the longest context
+        (an empty split exits at once), from the attention's per-batch choice where it has one."""
+        choose = getattr(self.attention, "kv_splits_for", None)
+        return None if choose is None else choose(bs, self.req_to_token.shape[1])
 
     def run(self, input_ids: list[int], positions: list[int], out_slots: list[int],
             req_rows: list[int]) -> torch.Tensor:

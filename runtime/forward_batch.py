@@ -41,6 +41,9 @@ class ForwardBatch:
     prefix_lens_cpu: list[int]
     extend_lens_cpu: list[int]
     lora_ids: torch.Tensor | None = None  # [num_tokens] int64 adapter index per token, -1 = base
+    # decode KV splits fixed for this batch (a CUDA graph's, sized for the longest context);
+    # None: the attention backend picks them from the batch's lengths
+    num_kv_splits: int | None = None
 
     @property
     def batch_size(self) -> int:

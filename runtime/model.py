@@ -2,19 +2,31 @@
 
 Projections are fused at load time (q|k|v into `qkv_proj`, gate|up into `gate_up_proj`) so each
 layer runs two matmuls fewer. Attention goes through an `AttentionFn` that receives the step's
-ForwardBatch, so where K/V live (the engine's slot pool) is the backend's business.
+ForwardBatch, so where K/V live (the engine's slot pool) is the backend's business. On CUDA the
+norms (with the residual add), RoPE and SiLU-and-mul run as fused Triton kernels (kernels/);
+on CPU as a few torch ops each.
 """
 from __future__ import annotations
 
-import math
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from radixflow import kernels
 from radixflow.runtime.forward_batch import ForwardBatch
 from radixflow.runtime.model_config import ModelArgs
+
+# Vocabulary rows per logits matmul on CPU (see project_logits).
+LOGITS_CHUNK = 512
+# Run the fused Triton ops on CPU tensors too (tests, under TRITON_INTERPRET=1); else CUDA only.
+FORCE_TRITON_OPS = False
+
+
+def use_triton_ops(x: torch.Tensor) -> bool:
+    return x.is_cuda or FORCE_TRITON_OPS
 
 
 class AttentionFn(Protocol):
@@ -25,53 +37,47 @@ class AttentionFn(Protocol):
 
 
 class RMSNorm(nn.Module):
+    """RMSNorm over the last dim, optionally fused with the residual add that precedes it."""
+
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """x, residual [T, dim] → (norm(h), h) with h = x + residual (x when residual is None)."""
+        if use_triton_ops(x):
+            return kernels.rmsnorm(x, residual, self.weight, self.eps)
+        h = x if residual is None else x + residual
+        hf = h.float()
+        return self.weight * (hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + self.eps)).to(h.dtype), h
+
+    def norm_heads(self, x: torch.Tensor) -> torch.Tensor:
+        """x [T, heads, dim] → norm of every head vector, same shape (Qwen3's q/k norm)."""
+        return self(x.reshape(-1, x.shape[-1]))[0].view(x.shape)
 
 
-def rope_inv_freq(args: ModelArgs) -> torch.Tensor:
-    """Inverse frequencies [head_dim / 2], with llama3 or linear scaling applied."""
-    d = args.head_dim
-    inv_freq = 1.0 / (args.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
-    scaling = args.rope_scaling or {}
-    kind = scaling.get("rope_type", scaling.get("type", "default"))
-    if kind == "linear":
-        return inv_freq / scaling["factor"]
-    if kind != "llama3":
-        return inv_freq
-    factor = scaling["factor"]
-    low, high = scaling.get("low_freq_factor", 1.0), scaling.get("high_freq_factor", 4.0)
-    old_len = scaling.get("original_max_position_embeddings", 8192)
-    wavelen = 2 * math.pi / inv_freq
-    scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
-    smooth = (old_len / wavelen - low) / (high - low)
-    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
-    is_medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
-    return torch.where(is_medium, smoothed, scaled)
+def rope_tables(args: ModelArgs, max_len: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [max_len, head_dim] fp32 for the model's RoPE (llama3 / linear scaling applied)."""
+    inv_freq = kernels.rope_inv_freq(args.head_dim, args.rope_theta, args.rope_scaling)
+    return kernels.rope_cos_sin(inv_freq, max_len, device)
 
 
-def rope_cos_sin(args: ModelArgs, max_len: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin tables [max_len, head_dim] in fp32 (halves repeated, rotate-half layout)."""
-    inv_freq = rope_inv_freq(args).to(device)
-    freqs = torch.outer(torch.arange(max_len, device=device, dtype=torch.float32), inv_freq)
-    emb = torch.cat([freqs, freqs], dim=-1)
-    return emb.cos(), emb.sin()
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [T, heads, D]; cos/sin [T, D]."""
+def rotate_cpu(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+    """RoPE on CPU: x [T, heads, D]; cos [T, 1, D]; sin_signed [T, 1, D] = sin with its first half
+    negated, so that | x1 | x2 | → x * cos + | x2 | x1 | * sin_signed. New tensor of x's dtype."""
     half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    out = x.float() * cos[:, None, :] + rotated.float() * sin[:, None, :]
-    return out.to(x.dtype)
+    swapped = torch.cat([x[..., half:], x[..., :half]], dim=-1)
+    return torch.addcmul(x.float() * cos, swapped.float(), sin_signed).to(x.dtype)
+
+
+@dataclass
+class RopeStep:
+    """One step's RoPE inputs: the tables and positions (CUDA kernel), or gathered rows (CPU)."""
+
+    positions: torch.Tensor  # [T] int64
+    cos: torch.Tensor        # CUDA: [max_len, D] table; CPU: [T, 1, D] rows
+    sin: torch.Tensor        # CUDA: [max_len, D] table; CPU: [T, 1, D] rows, first half negated
 
 
 class Attention(nn.Module):
@@ -84,17 +90,23 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(args.head_dim, args.rms_norm_eps)
             self.k_norm = RMSNorm(args.head_dim, args.rms_norm_eps)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                fb: ForwardBatch, attn: AttentionFn) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: RopeStep, fb: ForwardBatch, attn: AttentionFn) -> torch.Tensor:
         a = self.args
-        q, k, v = self.qkv_proj(x).split([a.q_size, a.kv_size, a.kv_size], dim=-1)
-        q = q.view(-1, a.num_heads, a.head_dim)     # [T, H, D]
-        k = k.view(-1, a.num_kv_heads, a.head_dim)  # [T, Hkv, D]
-        v = v.view(-1, a.num_kv_heads, a.head_dim)  # [T, Hkv, D]
+        qkv = self.qkv_proj(x)  # [T, q_size + 2 * kv_size]
+        num_tokens, qk_size = qkv.shape[0], a.q_size + a.kv_size
+        q = qkv[:, :a.q_size].view(num_tokens, a.num_heads, a.head_dim)
+        k = qkv[:, a.q_size:qk_size].view(num_tokens, a.num_kv_heads, a.head_dim)
+        v = qkv[:, qk_size:].view(num_tokens, a.num_kv_heads, a.head_dim)
         if a.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        o = attn(self.layer_id, q, k, v, fb)        # [T, H, D]
+            q, k = self.q_norm.norm_heads(q), self.k_norm.norm_heads(k)
+        if use_triton_ops(x):
+            kernels.rope(q, k, rope.positions, rope.cos, rope.sin)  # in place
+        elif a.qk_norm:
+            q, k = rotate_cpu(q, rope.cos, rope.sin), rotate_cpu(k, rope.cos, rope.sin)
+        else:  # q and k side by side in qkv: one rotation over [T, num_heads + num_kv_heads, D]
+            qk = rotate_cpu(qkv[:, :qk_size].view(num_tokens, -1, a.head_dim), rope.cos, rope.sin)
+            q, k = qk[:, :a.num_heads], qk[:, a.num_heads:]
+        o = attn(self.layer_id, q, k, v, fb)  # [T, H, D]
         return self.o_proj(o.reshape(-1, a.q_size))
 
 
@@ -106,7 +118,10 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(args.intermediate_size, args.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
+        gate_up = self.gate_up_proj(x)  # [T, 2 * intermediate]
+        if use_triton_ops(x):
+            return self.down_proj(kernels.silu_and_mul(gate_up))
+        gate, up = gate_up.split(self.intermediate_size, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
 
@@ -118,10 +133,13 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.mlp = MLP(args)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                fb: ForwardBatch, attn: AttentionFn) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, fb, attn)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, rope: RopeStep,
+                fb: ForwardBatch, attn: AttentionFn) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x, residual) → (this layer's MLP output, the residual stream before it): the residual
+        add runs fused into the next norm (residual None at the first layer: x is the stream)."""
+        h, residual = self.input_layernorm(x, residual)
+        h, residual = self.post_attention_layernorm(self.self_attn(h, rope, fb, attn), residual)
+        return self.mlp(h), residual
 
 
 class CausalLM(nn.Module):
@@ -137,22 +155,47 @@ class CausalLM(nn.Module):
             self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
         self.rope_cos: torch.Tensor | None = None
         self.rope_sin: torch.Tensor | None = None
+        self.rope_sin_signed: torch.Tensor | None = None
 
     def init_rope(self, max_len: int, device: torch.device) -> None:
         """Tables for positions [0, max_len); call once the weights are on `device`."""
-        self.rope_cos, self.rope_sin = rope_cos_sin(self.args, max_len, device)
+        self.rope_cos, self.rope_sin = rope_tables(self.args, max_len, device)
+        half = self.args.head_dim // 2
+        self.rope_sin_signed = torch.cat([-self.rope_sin[:, :half], self.rope_sin[:, half:]], dim=-1)
 
     def lm_head_weight(self) -> torch.Tensor:
         return self.embed_tokens.weight if self.args.tie_word_embeddings else self.lm_head.weight
 
+    def _rope_step(self, positions: torch.Tensor) -> RopeStep:
+        assert self.rope_cos is not None and self.rope_sin is not None and self.rope_sin_signed is not None, \
+            "init_rope() must run before forward()"
+        if use_triton_ops(positions):
+            return RopeStep(positions, self.rope_cos, self.rope_sin)
+        cos = self.rope_cos.index_select(0, positions)[:, None, :]  # [T, 1, D]
+        return RopeStep(positions, cos, self.rope_sin_signed.index_select(0, positions)[:, None, :])
+
     @torch.inference_mode()
     def forward(self, fb: ForwardBatch, attn: AttentionFn) -> torch.Tensor:
         """Logits [len(fb.logit_rows), vocab] in fp32 for the requested token rows."""
-        assert self.rope_cos is not None, "init_rope() must run before forward()"
-        cos = self.rope_cos.index_select(0, fb.positions)
-        sin = self.rope_sin.index_select(0, fb.positions)
-        x = self.embed_tokens(fb.input_ids)  # [T, hidden]
+        rope = self._rope_step(fb.positions)
+        x, residual = self.embed_tokens(fb.input_ids), None  # [T, hidden]
         for layer in self.layers:
-            x = layer(x, cos, sin, fb, attn)
-        x = self.norm(x.index_select(0, fb.logit_rows))
-        return F.linear(x, self.lm_head_weight()).float()
+            x, residual = layer(x, residual, rope, fb, attn)
+        x, _ = self.norm(x.index_select(0, fb.logit_rows), residual.index_select(0, fb.logit_rows))
+        return project_logits(x, self.lm_head_weight())
+
+
+def project_logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x [rows, hidden] @ weight [vocab, hidden]^T → fp32 [rows, vocab].
+
+    NOTE: on CPU the vocabulary goes in chunks of LOGITS_CHUNK rows of `weight`: one big matmul
+    at a few rows runs far below the matmul peak on one core, chunks that stay in cache do not
+    (benchmarks/cpu_decode.py measures the step).
+    """
+    if x.is_cuda or x.shape[0] == 0:
+        return F.linear(x, weight).float()
+    vocab = weight.shape[0]
+    out = torch.empty((x.shape[0], vocab), dtype=torch.float32)
+    for a in range(0, vocab, LOGITS_CHUNK):
+        out[:, a:a + LOGITS_CHUNK] = F.linear(x, weight[a:a + LOGITS_CHUNK])
+    return out

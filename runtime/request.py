@@ -98,6 +98,7 @@ class Req:
     text: str = ""               # detokenized output (stop strings trimmed at finish)
     detokenizer: Any = None
     generator: torch.Generator | None = None
+    sampler_state: Any = None    # runtime/penalties.py RowState, set at the first sampled step
     grammar: Any = None
     stop_matcher: Any = None     # a StopMatcher (runtime/stop_regex.py) once stop_regex text arrives
     input_logprobs: list[tuple[int, float, list[tuple[int, float]]]] = field(default_factory=list)

@@ -1,34 +1,53 @@
-"""Vectorized sampling over a batch of logit rows: penalties, filters, seeds, logprobs."""
+"""Vectorized sampling over a batch of logit rows: penalties, filters, seeds, logprobs.
+
+Per step, whatever the batch: a constant number of tensor ops (no per-row tensor work), one
+top-k over the candidates instead of a full-vocabulary sort where top_k / top_p allow, one
+uniform per sampled row (inverse-CDF sampling), and one host sync (all results in one copy).
+"""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from radixflow.kernels.logits_mask import apply_token_bitmask, apply_token_bitmask_ref
+from radixflow.runtime.penalties import RowState, apply_penalties
 from radixflow.runtime.sampling_params import SamplingParams
+from radixflow.runtime.seeded import counter_uniforms
 
 TopLogprobs = list[tuple[int, float]]
+# Candidates taken for a top_p row without top_k; a nucleus wider than this (rare: a very flat
+# distribution) costs a second sync and a full sort of that row.
+TOP_P_CANDIDATES = 1024
+# Logit rows scored at once by `score_tokens`: bounds its fp32 temporaries to [chunk, vocab].
+LOGPROB_CHUNK_ROWS = 256
+
+__all__ = ["RowState", "SampleResult", "SampleRow", "logprobs_of", "sample", "score_tokens", "top_logprobs"]
 
 
 @dataclass
 class SampleRow:
-    """What the sampler needs of one request: its parameters and token history."""
+    """What the sampler needs of one request: its parameters, token history and persistent state.
+
+    `state` lives as long as the request (step.py keeps it on the Req); a fresh one is correct
+    too, only slower (penalty counts are rebuilt, seeded draws restart at the first).
+    """
 
     sampling: SamplingParams
     prompt_ids: list[int]
     output_ids: list[int]
-    generator: torch.Generator | None
+    generator: torch.Generator | None  # a seeded request's; its initial_seed() seeds the row
     blocked_ids: list[int]      # tokens forbidden this step (e.g. EOS before min_new_tokens)
     top_logprobs_num: int = 0
     want_logprob: bool = False
+    state: RowState = field(default_factory=RowState)
 
 
 @dataclass
 class SampleResult:
     tokens: list[int]
-    logprobs: list[float] | None          # logprob of each chosen token (raw model distribution)
-    top_logprobs: list[TopLogprobs] | None
+    logprobs: list[float] | None          # per row: logprob of its token (raw model distribution), 0.0 if unasked
+    top_logprobs: list[TopLogprobs] | None  # per row: its top_logprobs_num best, [] if unasked
 
 
 def logprobs_of(logits: torch.Tensor) -> torch.Tensor:
@@ -46,103 +65,174 @@ def top_logprobs(logprobs: torch.Tensor, nums: list[int]) -> list[TopLogprobs]:
     return [list(zip(idx[i][:n], vals[i][:n])) for i, n in enumerate(nums)]
 
 
+def score_tokens(logits: torch.Tensor, token_ids: torch.Tensor, top_n: int) -> tuple[list[float], list[TopLogprobs]]:
+    """Logprob of token_ids[i] under logits[i] [rows, vocab], and the top_n best per row.
+
+    In chunks of LOGPROB_CHUNK_ROWS rows, without a log-softmax copy (logit - logsumexp on the
+    few entries read); one host copy at the end.
+    """
+    chosen, top_v, top_i = [], [], []
+    for a in range(0, logits.shape[0], LOGPROB_CHUNK_ROWS):
+        part = logits[a:a + LOGPROB_CHUNK_ROWS].float()  # [chunk, vocab]
+        lse = torch.logsumexp(part, dim=-1, keepdim=True)
+        chosen.append(part.gather(1, token_ids[a:a + LOGPROB_CHUNK_ROWS, None].long()) - lse)
+        if top_n:
+            v, i = part.topk(top_n, dim=-1)
+            top_v.append(v - lse)
+            top_i.append(i)
+    rows = logits.shape[0]
+    if rows == 0:
+        return [], []
+    packed = _pack([torch.cat(chosen)[:, 0]] + ([torch.cat(top_v), torch.cat(top_i)] if top_n else [])).tolist()
+    tops = [[] for _ in range(rows)]
+    if top_n:
+        v, i = packed[rows: rows + rows * top_n], packed[rows + rows * top_n:]
+        tops = [[(int(i[r * top_n + j]), v[r * top_n + j]) for j in range(top_n)] for r in range(rows)]
+    return packed[:rows], tops
+
+
 def sample(logits: torch.Tensor, rows: list[SampleRow], generator: torch.Generator | None,
            bitmask: tuple[torch.Tensor, torch.Tensor] | None = None) -> SampleResult:
     """Choose one token per row of `logits` [B, vocab] (fp32, modified in place).
 
     `bitmask`, when given, marks the allowed tokens (grammar), packed: (int32 [R, >= vocab/32]
     bits, int64 [R] logits rows they apply to), see kernels/logits_mask.py. It applies before
-    everything else. Logprobs are of the raw
-    distribution, before the grammar, penalties and filters.
+    everything else. Logprobs are of the raw distribution, before the grammar, penalties and
+    filters, computed only for rows with `want_logprob`. Mutates each row's `state`.
     """
-    want_lp = any(r.want_logprob for r in rows)
-    raw_lp = logprobs_of(logits) if want_lp else None
+    device = logits.device
+    want = [i for i, r in enumerate(rows) if r.want_logprob]
+    want_idx = torch.tensor(want, device=device, dtype=torch.long)
+    raw = logits.index_select(0, want_idx) if want else None  # [len(want), vocab], a copy
     if bitmask is not None:
         apply = apply_token_bitmask if logits.is_cuda else apply_token_bitmask_ref
         apply(logits, bitmask[0], bitmask[1])
-    _apply_penalties(logits, rows)
-    allowed = logits.clone() if any(r.blocked_ids for r in rows) else None
+    apply_penalties(logits, rows)
     _block(logits, rows)
-    if allowed is not None:
-        # A row whose only allowed tokens were blocked (e.g. a grammar that can only end while
-        # min_new_tokens holds EOS back) keeps what the grammar allows rather than nothing.
-        dead = torch.isneginf(logits).all(dim=1)
-        if bool(dead.any()):
-            logits[dead] = allowed[dead]
-    tokens = _choose(logits, rows, generator)
-    if raw_lp is None:
-        return SampleResult(tokens, None, None)
-    chosen = raw_lp.gather(1, torch.tensor(tokens, device=logits.device)[:, None])[:, 0].tolist()
-    tops = top_logprobs(raw_lp, [r.top_logprobs_num for r in rows])
-    return SampleResult(tokens, chosen, tops)
+    tokens = choose(logits, rows, generator)  # [B] int64, on device
+    if raw is None:
+        return SampleResult(tokens.tolist(), None, None)
+    return _with_logprobs(raw, tokens, want, rows)
+
+
+def _with_logprobs(raw: torch.Tensor, tokens: torch.Tensor, want: list[int], rows: list[SampleRow]) -> SampleResult:
+    """Tokens plus the asked-for logprobs, brought to the host in one copy."""
+    top_n = max(rows[i].top_logprobs_num for i in want)
+    want_idx = torch.tensor(want, device=raw.device, dtype=torch.long)
+    lse = torch.logsumexp(raw, dim=-1, keepdim=True)  # [W, 1]
+    parts = [tokens, (raw.gather(1, tokens.index_select(0, want_idx)[:, None]) - lse)[:, 0]]
+    if top_n:
+        v, i = raw.topk(top_n, dim=-1)
+        parts += [v - lse, i]
+    packed = _pack(parts).tolist()
+    n, w = len(rows), len(want)
+    logprobs, tops = [0.0] * n, [[] for _ in range(n)]
+    for j, i in enumerate(want):
+        logprobs[i] = packed[n + j]
+        k = rows[i].top_logprobs_num
+        base_v, base_i = n + w + j * top_n, n + w + w * top_n + j * top_n
+        tops[i] = [(int(packed[base_i + x]), packed[base_v + x]) for x in range(k)]
+    return SampleResult([int(t) for t in packed[:n]], logprobs, tops)
+
+
+def _pack(parts: list[torch.Tensor]) -> torch.Tensor:
+    """One float64 vector of everything the host needs (token ids < 2^53 stay exact)."""
+    return torch.cat([p.reshape(-1).to(torch.float64) for p in parts])
 
 
 def _block(logits: torch.Tensor, rows: list[SampleRow]) -> None:
+    """-inf on each row's blocked ids; a row left with nothing (e.g. a grammar that can only end
+    while min_new_tokens holds EOS back) keeps what it had rather than nothing."""
     pairs = [(i, t) for i, r in enumerate(rows) for t in r.blocked_ids if t < logits.shape[1]]
-    if pairs:
-        idx = torch.tensor(pairs, device=logits.device)
-        logits[idx[:, 0], idx[:, 1]] = float("-inf")
+    if not pairs:
+        return
+    idx = torch.tensor(pairs, device=logits.device)
+    before = logits[idx[:, 0], idx[:, 1]]
+    logits[idx[:, 0], idx[:, 1]] = float("-inf")
+    dead = torch.isneginf(logits).all(dim=1)  # [B]
+    logits[idx[:, 0], idx[:, 1]] = torch.where(dead[idx[:, 0]], before, float("-inf"))
 
 
-def _apply_penalties(logits: torch.Tensor, rows: list[SampleRow]) -> None:
-    """OpenAI frequency/presence penalties over output tokens; repetition penalty (CTRL style)
-    over prompt and output tokens."""
+def choose(logits: torch.Tensor, rows: list[SampleRow], generator: torch.Generator | None) -> torch.Tensor:
+    """Token ids [B] int64 (device): argmax for greedy rows, a filtered draw for the others."""
+    tokens = logits.argmax(dim=-1)
+    sampled = [i for i, r in enumerate(rows) if not r.sampling.is_greedy]
+    if not sampled:
+        return tokens
     device, vocab = logits.device, logits.shape[1]
-    for i, r in enumerate(rows):
-        sp = r.sampling
-        if (sp.frequency_penalty or sp.presence_penalty) and r.output_ids:
-            counts = torch.bincount(torch.tensor(r.output_ids, device=device), minlength=vocab)[:vocab]
-            logits[i] -= sp.frequency_penalty * counts + sp.presence_penalty * (counts > 0)
-        if sp.repetition_penalty != 1.0:
-            seen = torch.tensor(sorted(set(r.prompt_ids) | set(r.output_ids)), device=device, dtype=torch.long)
-            vals = logits[i, seen]
-            logits[i, seen] = torch.where(vals > 0, vals / sp.repetition_penalty, vals * sp.repetition_penalty)
+    params = [rows[i].sampling for i in sampled]
+    top_ks = [p.top_k if p.top_k > 0 else 0 for p in params]
+    table = torch.tensor([[p.temperature, k, p.top_p, p.min_p] for p, k in zip(params, top_ks)],
+                         device=device, dtype=torch.float32)  # [S, 4], one host-to-device copy
+    u = _uniforms([rows[i] for i in sampled], generator, device)  # [S]
+    scaled = logits.index_select(0, torch.tensor(sampled, device=device)) / table[:, :1]  # [S, vocab]
+    picks = torch.empty(len(sampled), dtype=torch.long, device=device)
+    plain = [j for j, p in enumerate(params) if top_ks[j] == 0 and p.top_p >= 1.0]
+    ranked = [j for j, p in enumerate(params) if top_ks[j] > 0 or p.top_p < 1.0]
+    if plain:
+        j = torch.tensor(plain, device=device)
+        picks[j] = _draw_unsorted(scaled[j], table[j, 3], u[j], any(params[x].min_p > 0 for x in plain))
+    if ranked:
+        j = torch.tensor(ranked, device=device)
+        width = min(vocab, max(top_ks[x] or TOP_P_CANDIDATES for x in ranked))
+        picked, uncovered = _draw_ranked(scaled[j], table[j], u[j], width)
+        if width < vocab and any(top_ks[x] == 0 for x in ranked) and bool(uncovered.any()):
+            wide = j[uncovered]  # nucleus wider than the candidates: sort those rows in full
+            picked[uncovered] = _draw_ranked(scaled[wide], table[wide], u[wide], vocab)[0]
+        picks[j] = picked
+    tokens[torch.tensor(sampled, device=device)] = picks
+    return tokens
 
 
-def _choose(logits: torch.Tensor, rows: list[SampleRow], generator: torch.Generator | None) -> list[int]:
-    greedy = [i for i, r in enumerate(rows) if r.sampling.is_greedy]
-    out = [0] * len(rows)
-    if greedy:
-        idx = torch.tensor(greedy, device=logits.device)
-        for i, t in zip(greedy, logits[idx].argmax(dim=-1).tolist()):
-            out[i] = t
-    sampled = [i for i in range(len(rows)) if not rows[i].sampling.is_greedy]
-    if sampled:
-        probs_sorted, order = _filtered_sorted_probs(logits, [rows[i].sampling for i in sampled], sampled)
-        picks = _multinomial(probs_sorted, [rows[i].generator for i in sampled], generator)
-        for i, t in zip(sampled, order.gather(1, picks[:, None])[:, 0].tolist()):
-            out[i] = t
-    return out
+def _uniforms(rows: list[SampleRow], generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
+    """One uniform in [0, 1) per row [S]: from `generator` for unseeded rows; for seeded rows a
+    counter-based hash of (seed, draws so far), so a seeded request's draws depend on nothing else."""
+    u = torch.rand(len(rows), generator=generator, device=device)
+    seeded = [j for j, r in enumerate(rows) if r.generator is not None]
+    if seeded:
+        seeds = [rows[j].generator.initial_seed() for j in seeded]  # type: ignore[union-attr]
+        counters = [rows[j].state.num_draws for j in seeded]
+        u[torch.tensor(seeded, device=device)] = counter_uniforms(seeds, counters, device)
+        for j in seeded:
+            rows[j].state.num_draws += 1
+    return u
 
 
-def _filtered_sorted_probs(logits: torch.Tensor, params: list[SamplingParams],
-                           row_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Probabilities sorted descending with top-k, top-p and min-p applied (zeroed, not
-    renormalized: multinomial normalizes), and the sort order to map back to token ids."""
-    device, vocab = logits.device, logits.shape[1]
-    temps = torch.tensor([p.temperature for p in params], device=device)[:, None]
-    top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params], device=device)[:, None]
-    top_p = torch.tensor([p.top_p for p in params], device=device)[:, None]
-    min_p = torch.tensor([p.min_p for p in params], device=device)[:, None]
-    scaled = logits[torch.tensor(row_ids, device=device)] / temps
-    probs_sorted, order = torch.softmax(scaled, dim=-1).sort(dim=-1, descending=True)
-    ranks = torch.arange(vocab, device=device)[None, :]
-    cum_before = probs_sorted.cumsum(dim=-1) - probs_sorted
-    drop = (ranks >= top_k) | (cum_before > top_p) | (probs_sorted < min_p * probs_sorted[:, :1])
+def _invert(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Index [R] drawn from unnormalized weights [R, K] (>= 0) by inverse CDF with uniforms u [R].
+    A zero-weight entry is never returned: the first cdf entry above u * total has weight > 0."""
+    cdf = weights.cumsum(dim=-1)
+    target = (u * cdf[:, -1])[:, None]
+    return torch.searchsorted(cdf, target, right=True)[:, 0].clamp_(max=weights.shape[1] - 1)
+
+
+def _draw_unsorted(scaled: torch.Tensor, min_p: torch.Tensor, u: torch.Tensor, use_min_p: bool) -> torch.Tensor:
+    """Rows with neither top_k nor top_p: the whole vocabulary in token order, no sort."""
+    probs = torch.softmax(scaled, dim=-1)  # [R, vocab]
+    if use_min_p:
+        probs = probs.masked_fill(probs < min_p[:, None] * probs.max(dim=-1, keepdim=True).values, 0.0)
+    return _invert(probs, u)
+
+
+def _draw_ranked(scaled: torch.Tensor, table: torch.Tensor, u: torch.Tensor,
+                 width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows with top_k and/or top_p, over their `width` best tokens (sorted, from one topk).
+
+    top_k renormalizes over the k best (as SGLang and vLLM do), then top_p and min_p filter.
+    A row without top_k keeps its full-vocabulary probabilities; `uncovered` [R] marks such
+    rows whose top_p nucleus reaches past `width` (their draw is then to be redone wider).
+    """
+    top_k, top_p, min_p = table[:, 1], table[:, 2], table[:, 3]
+    vals, ids = scaled.topk(width, dim=-1)  # [R, width], descending
+    has_k = top_k > 0
+    in_k = torch.arange(width, device=scaled.device)[None, :] < torch.where(has_k, top_k, width)[:, None]
+    lse = torch.logsumexp(vals.masked_fill(~in_k, float("-inf")), dim=-1)
+    if width < scaled.shape[1]:
+        lse = torch.where(has_k, lse, torch.logsumexp(scaled, dim=-1))
+    probs = torch.exp(vals - lse[:, None]).masked_fill_(~in_k, 0.0)
+    cum = probs.cumsum(dim=-1)
+    drop = ((cum - probs) > top_p[:, None]) | (probs < min_p[:, None] * probs[:, :1])
     drop[:, 0] = False  # the most likely token always survives
-    return probs_sorted.masked_fill(drop, 0.0), order
-
-
-def _multinomial(probs: torch.Tensor, generators: list[torch.Generator | None],
-                 default: torch.Generator | None) -> torch.Tensor:
-    """One draw per row; a row with its own generator (a seeded request) uses it alone, so its
-    draws do not depend on what else is in the batch."""
-    picks = torch.empty(probs.shape[0], dtype=torch.long, device=probs.device)
-    shared = [i for i, g in enumerate(generators) if g is None]
-    if shared:
-        idx = torch.tensor(shared, device=probs.device)
-        picks[idx] = torch.multinomial(probs[idx], 1, generator=default)[:, 0]
-    for i, g in enumerate(generators):
-        if g is not None:
-            picks[i] = torch.multinomial(probs[i], 1, generator=g)[0]
-    return picks
+    uncovered = ~has_k & (cum[:, -1] < top_p)
+    pick = _invert(probs.masked_fill_(drop, 0.0), u)
+    return ids.gather(1, pick[:, None])[:, 0], uncovered

@@ -18,7 +18,7 @@ from radixflow.runtime.grammar.state import advance as advance_grammar
 from radixflow.runtime.model_runner import ModelRunner
 from radixflow.runtime.output import append_token
 from radixflow.runtime.request import Req
-from radixflow.runtime.sampler import SampleRow, logprobs_of, sample, top_logprobs
+from radixflow.runtime.sampler import RowState, SampleRow, sample, score_tokens
 from radixflow.runtime.scheduler import MAX_STEP_RETRIES, ScheduledBatch, Scheduler
 
 log = logging.getLogger(__name__)
@@ -166,10 +166,8 @@ class StepRunner:
             req.input_logprobs.append((req.prompt_ids[0], None, None))
         if not plan.prompt_positions:
             return
-        lp = logprobs_of(logits)
-        toks = torch.tensor([req.prompt_ids[p] for p in plan.prompt_positions], device=lp.device)
-        chosen = lp.gather(1, toks[:, None])[:, 0].tolist()
-        tops = top_logprobs(lp, [req.logprob.top_logprobs_num] * len(plan.prompt_positions))
+        toks = torch.tensor([req.prompt_ids[p] for p in plan.prompt_positions], device=logits.device)
+        chosen, tops = score_tokens(logits, toks, req.logprob.top_logprobs_num)
         for pos, c, t in zip(plan.prompt_positions, chosen, tops):
             req.input_logprobs.append((req.prompt_ids[pos], c, t if req.logprob.top_logprobs_num else None))
 
@@ -260,8 +258,10 @@ class StepRunner:
         blocked = []
         if len(req.output_ids) < sp.min_new_tokens:
             blocked = sorted(set(sp.stop_token_ids or ()) | (set() if sp.ignore_eos else set(self.eos_ids)))
+        if req.sampler_state is None:
+            req.sampler_state = RowState()
         return SampleRow(sp, req.prompt_ids, req.output_ids, req.generator, blocked,
-                         req.logprob.top_logprobs_num, req.logprob.return_logprob)
+                         req.logprob.top_logprobs_num, req.logprob.return_logprob, req.sampler_state)
 
 
 def _unpack(result) -> list[Sampled]:

@@ -47,11 +47,11 @@ def main() -> None:
     ap.add_argument("--out", default="eight-numbers.png")
     ap.add_argument("--phase-s", type=float, default=15.0)
     args = ap.parse_args()
-    engine = Engine(demo_model("tiny"), kv_cache_tokens=1500, max_num_seqs=32, slo_ttft_ms=250, slo_itl_ms=50)
+    engine = Engine(demo_model("tiny"), kv_cache_tokens=900, max_num_seqs=32, slo_ttft_ms=250, slo_itl_ms=50)
     server, url = _serve(engine)
     start = time.monotonic()
     phases, t = [], start
-    for name, clients, tokens in (("shared prefix", 4, 16), ("overload", 24, 48), ("variable first", 4, 16)):
+    for name, clients, tokens in (("shared prefix", 4, 16), ("overload", 24, 120), ("variable first", 4, 16)):
         t += args.phase_s
         phases.append({"name": name, "clients": clients, "tokens": tokens, "until": t})
     stop, rng, scrapes = threading.Event(), random.Random(0), []

@@ -142,3 +142,19 @@ def test_gpu_cuda_graph_replay(kv_layout):
     q.normal_()
     graph.replay()
     torch.testing.assert_close(out, decode_attention_ref(*args), rtol=2e-2, atol=2e-2)  # bf16, as above
+
+
+def test_kv_splits_fill_the_gpu_without_short_splits():
+    from radixflow.kernels.decode_attention import MAX_KV_SPLITS, choose_kv_splits
+    # Llama-3-8B shapes (8 KV heads) on 132 SMs
+    assert choose_kv_splits(1, 8, 4096, 132) == 16          # 256-token splits: 128 programs
+    assert choose_kv_splits(1, 8, 100_000, 132) == 33       # 2 programs per SM
+    assert choose_kv_splits(64, 8, 4096, 132) == 1          # the batch alone fills the GPU
+    assert choose_kv_splits(8, 8, 4096, 132) == 5
+    assert choose_kv_splits(1, 1, 10**7, 10_000) == MAX_KV_SPLITS
+    assert choose_kv_splits(4, 8, 100, 132) == 1            # one short context: one split
+    assert choose_kv_splits(0, 8, 0, 132) == 1
+    for batch in (1, 3, 16, 256):
+        for ctx in (1, 255, 257, 8192):
+            s = choose_kv_splits(batch, 8, ctx, 132)
+            assert 1 <= s <= MAX_KV_SPLITS and (s == 1 or -(-ctx // s) >= 128)

@@ -131,3 +131,13 @@ def test_validation_errors(kv_layout):
         decode_attention_torch(*_decode_args(lay, q[:1], 0.25)[:9], 0)
     with pytest.raises(ValueError, match="seq_lens must have 1 entries"):
         decode_attention_torch(*_decode_args(lay, q[:1], 0.25)[:5], lay.seq_lens[:0], 0.25)
+
+
+@pytest.mark.parametrize("seq_lens, num_heads, num_kv_heads, head_dim, dtype, fp8", DECODE_CASES[1:4] + DECODE_CASES[7:])
+def test_decode_in_request_chunks_matches_ref(kv_layout, device, monkeypatch, seq_lens, num_heads, num_kv_heads,
+                                             head_dim, dtype, fp8):
+    monkeypatch.setattr(torch_attention, "GATHER_CHUNK_TOKENS", 300)  # 1-2 requests per gather
+    lay = _decode_layout(kv_layout, seq_lens, num_kv_heads, head_dim, dtype, fp8, device)
+    q = torch.randn(len(seq_lens), num_heads, head_dim, generator=torch.Generator().manual_seed(1)).to(device, dtype)
+    args = _decode_args(lay, q, head_dim ** -0.5)
+    torch.testing.assert_close(decode_attention_torch(*args), decode_attention_ref(*args), **TOL[dtype])

@@ -77,7 +77,7 @@ def test_greedy_continuation_matches_transformers(hf_checkpoint, family):
 
     model_dir, hf = hf_checkpoint(family)
     prompts = [[5, 77, 300, 12], [901, 44, 2, 17, 17, 250, 9]]
-    with Engine(model_dir, kv_cache_tokens=2048) as engine:
+    with Engine(model_dir, kv_cache_tokens=2048, dtype="float32") as engine:  # exact vs the fp32 reference
         outs = engine.generate(input_ids=prompts,
                                sampling_params={"max_new_tokens": 32, "temperature": 0, "ignore_eos": True})
     for p, out in zip(prompts, outs):
@@ -131,7 +131,7 @@ def test_demo_tiny_model_matches_transformers():
         with torch.no_grad():
             ref = hf(torch.tensor([p])).logits[0].float()
         assert (mine - ref).abs().max().item() < 1e-4
-    with Engine(model_dir, kv_cache_tokens=2048) as engine:
+    with Engine(model_dir, kv_cache_tokens=2048, dtype="float32") as engine:  # exact vs the fp32 reference
         outs = engine.generate(input_ids=prompts,
                                sampling_params={"max_new_tokens": 32, "temperature": 0, "ignore_eos": True})
     for p, out in zip(prompts, outs):

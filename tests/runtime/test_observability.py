@@ -27,7 +27,7 @@ def delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
 
 
 def test_cold_then_divergent_second_turn():
-    with Engine(demo_model("tiny"), kv_cache_tokens=1024) as e:
+    with Engine(demo_model("tiny"), dtype="float32", kv_cache_tokens=1024) as e:
         first = ids(40, 1)
         a = e.generate(input_ids=first, sampling_params={**GREEDY, "max_new_tokens": 4})
         assert misses(a) == {"cold": 39, "logits": 1} and a["meta_info"]["divergent_at"] is None
@@ -43,7 +43,7 @@ def test_cold_then_divergent_second_turn():
 
 
 def test_evicted_after_a_small_pool_fills():
-    with Engine(demo_model("tiny"), kv_cache_tokens=128) as e:
+    with Engine(demo_model("tiny"), dtype="float32", kv_cache_tokens=128) as e:
         victim = ids(60, 4)
         e.generate(input_ids=victim, sampling_params={"max_new_tokens": 0})
         for s in range(5, 9):  # push the victim out of the tree
@@ -55,7 +55,7 @@ def test_evicted_after_a_small_pool_fills():
 
 
 def test_namespace_miss():
-    with Engine(demo_model("tiny"), kv_cache_tokens=1024) as e:
+    with Engine(demo_model("tiny"), dtype="float32", kv_cache_tokens=1024) as e:
         prompt = ids(30, 9)
         e.generate(input_ids=prompt, sampling_params={"max_new_tokens": 0})
         done = threading.Event()
@@ -68,7 +68,7 @@ def test_namespace_miss():
 
 
 def test_chunked_tail_and_reasons_sum_to_prefill_tokens():
-    with Engine(demo_model("tiny"), kv_cache_tokens=1024, chunked_prefill_size=8) as e:
+    with Engine(demo_model("tiny"), dtype="float32", kv_cache_tokens=1024, chunked_prefill_size=8) as e:
         before = e.stats()
         res = e.generate(input_ids=ids(30, 10), sampling_params={**GREEDY, "max_new_tokens": 1})
         assert misses(res) == {"cold": 8, "chunk": 22}
@@ -80,7 +80,7 @@ def test_chunked_tail_and_reasons_sum_to_prefill_tokens():
 
 
 def test_shared_prefix_moves_hits_and_queries_by_exact_counts():
-    with Engine(demo_model("tiny"), kv_cache_tokens=2048) as e:
+    with Engine(demo_model("tiny"), dtype="float32", kv_cache_tokens=2048) as e:
         shared = ids(50, 12)
         e.generate(input_ids=shared, sampling_params={"max_new_tokens": 0})
         before = e.stats()
@@ -94,14 +94,14 @@ def test_shared_prefix_moves_hits_and_queries_by_exact_counts():
 
 
 def test_forced_retraction_counts_a_preemption():
-    with Engine(demo_model("tiny"), kv_cache_tokens=64) as e:
+    with Engine(demo_model("tiny"), dtype="float32", kv_cache_tokens=64) as e:
         prompts = [ids(6, s) for s in range(5)]
         e.generate(input_ids=prompts, sampling_params={**GREEDY, "max_new_tokens": 20})
         assert e.stats().num_preemptions > 0
 
 
 def test_goodput_equals_a_hand_computed_slo_check():
-    with Engine(demo_model("tiny"), kv_cache_tokens=2048, slo_ttft_ms=30, slo_itl_ms=8, slo_e2e_ms=200) as e:
+    with Engine(demo_model("tiny"), dtype="float32", kv_cache_tokens=2048, slo_ttft_ms=30, slo_itl_ms=8, slo_e2e_ms=200) as e:
         rng = random.Random(0)
         for i in range(24):
             e.generate(input_ids=ids(rng.randrange(5, 200), 100 + i),
@@ -122,7 +122,7 @@ def test_goodput_equals_a_hand_computed_slo_check():
 
 
 def test_timers_are_consistent_per_request():
-    with Engine(demo_model("tiny"), kv_cache_tokens=2048) as e:
+    with Engine(demo_model("tiny"), dtype="float32", kv_cache_tokens=2048) as e:
         e.generate(input_ids=[ids(12, s) for s in range(6)], sampling_params={**GREEDY, "max_new_tokens": 5})
         timings = list(e.recent_timings)
     assert len(timings) == 6
