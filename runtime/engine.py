@@ -384,16 +384,9 @@ class Engine:
         """After a stop: abort what the scheduler holds and whatever is still queued."""
         self.scheduler.finish_all(_SHUTDOWN)
         self._hand_out()
-        while True:
-            try:
-                kind, payload = self._inbox.get_nowait()
-            except queue.Empty:
-                break
-            if kind == "add":
-                payload.finish(_SHUTDOWN)
-                self._on_finished(payload)
-            elif kind == "call":
-                payload.fail(EngineClosedError("the engine is shut down"))
+        for req in self._drain_queued(EngineClosedError("the engine is shut down")):
+            req.finish(_SHUTDOWN)
+            self._on_finished(req)
         self._refresh_stats()
 
     def _die(self, exc: BaseException) -> None:
@@ -403,18 +396,24 @@ class Engine:
             self._dead = exc
         reason = {"type": "error", "message": f"the engine loop died: {exc!r}"}
         reqs = list(self.scheduler.waiting) + self.scheduler.holding() + self.scheduler.done
+        reqs += self._drain_queued(EngineDeadError(reason["message"]))
+        for req in reqs:
+            req.finish(reason)
+            self._on_finished(req)
+
+    def _drain_queued(self, error: Exception) -> list[Req]:
+        """Empty the inbox once the loop stops serving: calls fail with `error`; returns the
+        requests that were queued but never added."""
+        queued = []
         while True:
             try:
                 kind, payload = self._inbox.get_nowait()
             except queue.Empty:
-                break
+                return queued
             if kind == "add":
-                reqs.append(payload)
+                queued.append(payload)
             elif kind == "call":
-                payload.fail(EngineDeadError(reason["message"]))
-        for req in reqs:
-            req.finish(reason)
-            self._on_finished(req)
+                payload.fail(error)
 
     def _hand_out(self) -> None:
         for req in self.scheduler.take_finished():

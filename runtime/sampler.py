@@ -98,9 +98,11 @@ def sample(logits: torch.Tensor, rows: list[SampleRow], generator: torch.Generat
     `bitmask`, when given, marks the allowed tokens (grammar), packed: (int32 [R, >= vocab/32]
     bits, int64 [R] logits rows they apply to), see kernels/logits_mask.py. It applies before
     everything else. Logprobs are of the raw distribution, before the grammar, penalties and
-    filters, computed only for rows with `want_logprob`. Mutates each row's `state`.
+    filters, computed only for rows with `want_logprob`. Mutates each row's `state`. A row whose
+    logits hold a NaN (the model broke for that request) gets token -1.
     """
     device = logits.device
+    broken = torch.isnan(logits).any(dim=-1)  # [B]
     want = [i for i, r in enumerate(rows) if r.want_logprob]
     want_idx = torch.tensor(want, device=device, dtype=torch.long)
     raw = logits.index_select(0, want_idx) if want else None  # [len(want), vocab], a copy
@@ -109,7 +111,7 @@ def sample(logits: torch.Tensor, rows: list[SampleRow], generator: torch.Generat
         apply(logits, bitmask[0], bitmask[1])
     apply_penalties(logits, rows)
     _block(logits, rows)
-    tokens = choose(logits, rows, generator)  # [B] int64, on device
+    tokens = choose(logits, rows, generator).masked_fill(broken, -1)  # [B] int64, on device
     if raw is None:
         return SampleResult(tokens.tolist(), None, None)
     return _with_logprobs(raw, tokens, want, rows)

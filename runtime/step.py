@@ -265,10 +265,12 @@ class StepRunner:
 
 
 def _unpack(result) -> list[Sampled]:
+    """Per row (token, logprob, tops), or the row's error (token -1: its logits held a NaN)."""
     n = len(result.tokens)
     lps = result.logprobs if result.logprobs is not None else [None] * n
     tops = result.top_logprobs if result.top_logprobs is not None else [None] * n
-    return list(zip(result.tokens, lps, tops))
+    return [(t, lp, top) if t >= 0 else ValueError("the model produced NaN logits for this request")
+            for t, lp, top in zip(result.tokens, lps, tops)]
 
 
 def _bitmask_row(bitmask: tuple[torch.Tensor, torch.Tensor] | None,

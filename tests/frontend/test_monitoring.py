@@ -156,9 +156,14 @@ def test_openai_usage_carries_the_miss_breakdown(client):
 
 
 def test_histogram_counts_equal_finished_requests(client, engine):
-    for i in range(2):
+    def counts() -> tuple[float, float]:
+        scrape = Scrape.parse(client.get("/metrics").text, 0.0)
+        return (sum(scrape.by_label["radixflow_requests_finished_total"].values()),
+                scrape.get("radixflow_e2e_request_latency_seconds_count"))
+
+    finished_before, observed_before = counts()
+    for i in range(3):
         client.post("/generate", json={"text": f"count me {i}", "sampling_params": {"max_new_tokens": 2}})
-    scrape = Scrape.parse(client.get("/metrics").text, 0.0)
-    finished = sum(scrape.by_label["radixflow_requests_finished_total"].values())
+    finished, observed = counts()
     assert finished == engine.stats().num_finished
-    assert scrape.get("radixflow_e2e_request_latency_seconds_count") == finished
+    assert finished - finished_before == observed - observed_before == 3
