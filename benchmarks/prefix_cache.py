@@ -6,6 +6,7 @@ Workload (b): N requests with no shared prefix. Every request generates exactly
 
     python benchmarks/prefix_cache.py                 # small demo model, 64 requests, all systems (~12 min)
     python benchmarks/prefix_cache.py --size tiny --num-requests 16 --skip-hf   # quick look
+    python benchmarks/prefix_cache.py --model default --num-requests 16 --kv-cache-tokens 20000  # SmolLM2
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from radixflow.runtime.tokenizer import Tokenizer
 def corpus_token_pool(model_dir: str) -> list[int]:
     with open(CORPUS_PATH, encoding="utf-8") as f:
         text = f.read()
-    return Tokenizer.from_dir(model_dir).encode(text, add_special_tokens=False)
+    return Tokenizer.from_pretrained(model_dir).encode(text, add_special_tokens=False)
 
 
 def make_workloads(pool: list[int], n: int, prefix_len: int, question_len: int, distinct_len: int,
@@ -64,9 +65,13 @@ def run_engine(model_dir: str, prompts: list[list[int]], output_len: int, **conf
 
 
 def run_transformers(model_dir: str, prompts: list[list[int]], output_len: int, batch_size: int) -> dict:
-    from transformers import LlamaForCausalLM
+    from transformers import AutoModelForCausalLM
 
-    model = LlamaForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32).eval()
+    if os.path.isfile(model_dir):  # a GGUF file: transformers dequantizes it too
+        model = AutoModelForCausalLM.from_pretrained(os.path.dirname(model_dir), gguf_file=os.path.basename(model_dir),
+                                                     dtype=torch.float32).eval()
+    else:
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     pad = model.config.pad_token_id or 0
     t0 = time.perf_counter()
     outputs: list[list[int]] = []
@@ -90,6 +95,8 @@ def run_transformers(model_dir: str, prompts: list[list[int]], output_len: int, 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size", default="small", help="demo model size")
+    ap.add_argument("--model", default=None, help="model path instead of the demo model ('default': SmolLM2)")
+    ap.add_argument("--kv-cache-tokens", type=int, default=80000)
     ap.add_argument("--num-requests", type=int, default=64)
     ap.add_argument("--prefix-len", type=int, default=1000)
     ap.add_argument("--question-len", type=int, default=24)
@@ -102,8 +109,12 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(os.cpu_count() or 1)
 
-    model_dir = demo_model(args.size)
-    tok = Tokenizer.from_dir(model_dir)
+    model_dir = args.model or demo_model(args.size)
+    if model_dir == "default":
+        from radixflow.runtime.default_model import default_model_path
+
+        model_dir = default_model_path()
+    tok = Tokenizer.from_pretrained(model_dir)
     workloads = make_workloads(corpus_token_pool(model_dir), args.num_requests, args.prefix_len,
                                args.question_len, args.distinct_len, tok.bos_token_id)
     systems = {
@@ -117,7 +128,7 @@ def main() -> None:
         # the process's first large allocations or a burst of load on the machine.
         for rep in range(args.repeats):
             for sname, cfg in systems.items():
-                r = run_engine(model_dir, prompts, args.output_len, kv_cache_tokens=80000, **cfg)
+                r = run_engine(model_dir, prompts, args.output_len, kv_cache_tokens=args.kv_cache_tokens, **cfg)
                 print(f"{wname:17s} {sname:15s} run {rep}: {r['seconds']:8.1f}s "
                       f"{r['throughput_tok_s']:8.1f} tok/s  prefill {r['prefill_tokens_computed']}", flush=True)
                 if sname not in rows or r["seconds"] < rows[sname]["seconds"]:

@@ -82,7 +82,7 @@ def model_args_from_gguf(f: GGUFFile) -> ModelArgs:
         rope_scaling=rope_scaling,
         max_position_embeddings=int(key("context_length", 4096)),
         tie_word_embeddings="output.weight" not in f.tensors,
-        qkv_bias=f"blk.0.attn_q.bias" in f.tensors,
+        qkv_bias="blk.0.attn_q.bias" in f.tensors,
         qk_norm=arch == "qwen3",
         torch_dtype=_FLOAT_FILE_DTYPES.get(int(meta.get("general.file_type", 0)), "float32"),
         bos_token_id=int(bos) if bos is not None else None,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from functools import lru_cache
+from unittest import mock
 
 import pytest
 
@@ -26,9 +27,14 @@ def hf_tokenizer():
 
 @lru_cache(maxsize=2)
 def hf_model(dtype_name: str = "float32"):
+    import gguf
     import torch
     from transformers import AutoModelForCausalLM
 
     path = smollm2_path()
-    return AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
-                                                dtype=getattr(torch, dtype_name)).eval()
+    # NOTE: transformers rebuilds gguf's tensor-name map once per tensor (~20 s here); the map is a
+    # pure function of (arch, layers), so a cached one loads the same model in a fraction of it
+    cached = lru_cache(maxsize=None)(gguf.get_tensor_name_map)
+    with mock.patch.object(gguf, "get_tensor_name_map", cached):
+        return AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
+                                                    dtype=getattr(torch, dtype_name)).eval()

@@ -85,3 +85,40 @@ def test_role_markers_render_chatml(engine):
     assert markers["system"] == ["<|im_start|>system\n", "<|im_end|>\n"]
     assert markers["user"] == ["<|im_start|>user\n", "<|im_end|>\n"]
     assert markers["assistant"] == ["<|im_start|>assistant\n", "<|im_end|>\n"]
+
+
+def test_openai_chat_completion_over_http(engine):
+    """What `radixflow serve` answers by default: a sensible chat completion, ChatML role markers."""
+    import socket
+    import threading
+    import time
+
+    import httpx
+    import uvicorn
+    from openai import OpenAI
+
+    from radixflow.frontend.server import create_app
+
+    app = create_app(engine, "SmolLM2-135M-Instruct", None)  # an engine instance stays ours
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while app.state.server.phase != "ready":
+            assert time.monotonic() < deadline, "server did not become ready"
+            time.sleep(0.02)
+        client = OpenAI(base_url=url + "/v1", api_key="unused")
+        out = client.chat.completions.create(model="SmolLM2-135M-Instruct", temperature=0, max_tokens=24,
+                                             messages=[{"role": "user", "content": "What is the capital of France?"}])
+        assert "Paris" in out.choices[0].message.content
+        assert out.choices[0].finish_reason == "stop"
+        markers = httpx.get(url + "/get_model_info", timeout=10).json()["role_markers"]
+        assert markers["system"] == ["<|im_start|>system\n", "<|im_end|>\n"]
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        sock.close()
