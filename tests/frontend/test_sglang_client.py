@@ -2,7 +2,7 @@
 
 Needs the client, installed without its server dependencies (a separate CI step):
     pip install --no-deps sglang==0.5.23 psutil pybase64 pillow pyzmq aiohttp multidict yarl \
-        propcache aiohappyeyeballs aiosignal frozenlist
+        propcache aiohappyeyeballs aiosignal frozenlist orjson && pip install ipython
 Skipped when sglang is not importable.
 """
 from __future__ import annotations
