@@ -81,7 +81,7 @@ def agent(rng: random.Random, vocab_size: int, num_prompts: int, scale: float,
     turns, out = 8, []
     system = _ids(rng, int(1536 * scale), vocab_size)
     for _ in range(max(1, num_prompts // turns)):
-        parent, context_len = None, len(system)
+        parent, context_len = None, 0
         for t in range(turns):
             if t == 0:
                 new = system + _ids(rng, int(64 * scale) or 1, vocab_size)  # the task
