@@ -1,5 +1,5 @@
-"""The `radixflow` command: `serve` (HTTP server), `top` (a server's numbers in the terminal) and
-`demo-model` (write the built-in model)."""
+"""The `radixflow` command: `serve` (HTTP server), `top` (a server's numbers in the terminal),
+`bench` (serving benchmark and its plots) and `demo-model` (write the built-in model)."""
 from __future__ import annotations
 
 import argparse
@@ -63,6 +63,10 @@ def build_parser() -> argparse.ArgumentParser:
     top.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes")
     top.add_argument("--once", action="store_true", help="print one frame and exit")
 
+    from radixflow.frontend.bench.cli import add_parser as add_bench_parser
+
+    add_bench_parser(sub)
+
     demo = sub.add_parser("demo-model", help="write the built-in random-weight demo model")
     demo.add_argument("--size", default="tiny", help="tiny or small")
     demo.add_argument("--out", required=True, help="output directory")
@@ -80,6 +84,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"radixflow: {exc}", file=sys.stderr)
             return 2
         return 0
+    if ns.command == "bench":
+        from radixflow.frontend.bench.cli import main as bench_main
+
+        return bench_main(ns)
     if ns.command == "top":
         from radixflow.frontend.top import run
 

@@ -1,0 +1,1 @@
+"""`radixflow bench`: serving workloads, a load-generating client, baselines, reports and plots."""
