@@ -1,7 +1,7 @@
 """Test-only fault injection: make a chosen step point raise for chosen requests or steps.
 
-The step runner calls `check(point, reqs, step)` at each point; the default `NO_FAULTS`
-does nothing, so serving pays one method call per point per step. Points:
+The step runner calls `check(point, reqs, step)` at each point (the requests being handled);
+the default `NO_FAULTS` does nothing, so serving pays one method call and nothing else. Points:
 
     forward      the model forward of a whole step (a step-level fault by nature)
     sampler      sampling of the step's rows
@@ -11,8 +11,9 @@ does nothing, so serving pays one method call per point per step. Points:
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 POINTS = ("forward", "sampler", "grammar", "detokenizer")
 
@@ -54,15 +55,15 @@ class FaultInjector:
         self.faults = faults
         self._rng = random.Random(seed)
 
-    def check(self, point: str, rids: list[str], step: int, step_level: bool = False) -> None:
-        """Raise if a fault for `point` matches one of `rids` (the requests being handled) at
+    def check(self, point: str, reqs: Sequence[Any], step: int, step_level: bool = False) -> None:
+        """Raise if a fault for `point` matches one of `reqs` (the requests being handled) at
         `step`. `step_level`: the call site is the batch-wide handling outside isolation."""
         for f in self.faults:
             if f.point != point or step < f.after_step or (f.times is not None and f.fired >= f.times):
                 continue
             if point != "forward" and f.step_level != step_level:
                 continue
-            hit = [r for r in rids if f.rids is None or r in f.rids]
+            hit = [r.rid for r in reqs if f.rids is None or r.rid in f.rids]
             if hit and self._rng.random() < f.probability:
                 f.fired += 1
                 f.fired_for.update(hit)
@@ -72,7 +73,7 @@ class FaultInjector:
 class NoFaults:
     """The null injector of normal serving."""
 
-    def check(self, point: str, rids: list[str], step: int, step_level: bool = False) -> None:
+    def check(self, point: str, reqs: Sequence[Any], step: int, step_level: bool = False) -> None:
         return None
 
 

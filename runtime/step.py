@@ -99,7 +99,7 @@ class StepRunner:
         plans = [plan_logits(r, p, n, s) for r, p, n, s in
                  zip(batch.reqs, batch.prefix_lens, batch.extend_lens, batch.sample)]
         try:
-            self.faults.check("forward", [r.rid for r in batch.reqs], self.num_steps)
+            self.faults.check("forward", batch.reqs, self.num_steps)
             logits = self.runner.forward(batch, [p.offsets for p in plans])
         except Exception as exc:  # the whole step's fault: nothing of it is kept
             self._forward_failed(batch, exc)
@@ -198,9 +198,8 @@ class StepRunner:
 
     def _check_batch_faults(self, reqs: list[Req]) -> None:
         """Test hook: step-level faults of the per-request points, outside isolation."""
-        rids = [r.rid for r in reqs]
         for point in ("sampler", "grammar", "detokenizer"):
-            self.faults.check(point, rids, self.num_steps - 1, step_level=True)
+            self.faults.check(point, reqs, self.num_steps - 1, step_level=True)
 
     def _prepare_grammars(self, rows: list[int], reqs: list[Req]) -> tuple[list[int], list[Req]]:
         """Make each constrained request's forced-token plan; one that fails is failed and not
@@ -211,7 +210,7 @@ class StepRunner:
                 keep.append(i)
                 continue
             try:
-                self.faults.check("grammar", [req.rid], self.num_steps - 1)
+                self.faults.check("grammar", (req,), self.num_steps - 1)
                 req.grammar.pinned_token()
                 keep.append(i)
             except Exception as exc:  # its grammar's error
@@ -225,7 +224,7 @@ class StepRunner:
         idx = torch.tensor(rows, device=logits.device)
         step = self.num_steps - 1
         try:
-            self.faults.check("sampler", [r.rid for r in reqs], step)
+            self.faults.check("sampler", reqs, step)
             return _unpack(sample(logits[idx], sample_rows, self.generator, bitmask=bitmask))
         except Exception as exc:
             if len(reqs) == 1:
@@ -234,7 +233,7 @@ class StepRunner:
         out: list[Sampled] = []
         for i, (req, row) in enumerate(zip(reqs, sample_rows)):
             try:
-                self.faults.check("sampler", [req.rid], step)
+                self.faults.check("sampler", (req,), step)
                 out.extend(_unpack(sample(logits[idx[i: i + 1]], [row], self.generator,
                                           bitmask=_bitmask_row(bitmask, i))))
             except Exception as exc:  # this row's own error
@@ -245,7 +244,7 @@ class StepRunner:
         if req.grammar is not None and req.grammar.error is not None:
             req.finish({"type": "abort", "message": req.grammar.error})
             return
-        self.faults.check("detokenizer", [req.rid], self.num_steps - 1)
+        self.faults.check("detokenizer", (req,), self.num_steps - 1)
         if logprob is not None and req.logprob.return_logprob:
             req.output_logprobs.append((token, logprob, tops if req.logprob.top_logprobs_num else None))
         append_token(req, token, self.eos_ids, self.max_context_len)

@@ -37,6 +37,17 @@ def bounded(fn, *args, **kwargs):
     return box["value"]
 
 
+def tiny(**config) -> Engine:
+    """The tiny demo model in fp32 (exact comparisons across engines), invariants checked."""
+    return Engine(demo_model("tiny"), dtype="float32", check_invariants=True, **config)
+
+
+def clean_output(prompt: list[int], sp: dict) -> list[int]:
+    """Greedy output of `prompt` on a fresh engine that saw nothing else."""
+    with tiny() as clean:
+        return clean.generate(input_ids=prompt, sampling_params=sp)["output_ids"]
+
+
 def ids(n: int, seed: int, vocab: int = 3000) -> list[int]:
     rng = random.Random(seed)
     return [rng.randrange(vocab) for _ in range(n)]
@@ -91,7 +102,7 @@ def reason(result: dict) -> str:
 
 
 def test_last_request_that_outgrows_the_pool_finishes_with_a_reason():
-    with Engine(demo_model("tiny"), dtype="float32", kv_cache_tokens=64, check_invariants=True) as e:
+    with tiny(kv_cache_tokens=64) as e:
         res = bounded(e.generate, input_ids=ids(40, 1), sampling_params={**GREEDY, "max_new_tokens": 100})
         assert reason(res) == "abort"
         assert "KV cache" in res["meta_info"]["finish_reason"]["message"]
@@ -102,7 +113,7 @@ def test_last_request_that_outgrows_the_pool_finishes_with_a_reason():
 def test_last_survivor_after_retractions_finishes_with_a_reason():
     """Over-committed decode retracts requests; the one that cannot fit even alone ends with
     a reason once it is the last, and everyone else completes."""
-    with Engine(demo_model("tiny"), dtype="float32", kv_cache_tokens=64, check_invariants=True) as e:
+    with tiny(kv_cache_tokens=64) as e:
         prompts = [ids(20, 0)] + [ids(6, s) for s in range(1, 6)]
         sps = [{**GREEDY, "max_new_tokens": 60}] + [{**GREEDY, "max_new_tokens": 20}] * 5
         results = bounded(e.generate, input_ids=prompts, sampling_params=sps)
@@ -163,9 +174,8 @@ def test_running_request_is_not_starved_by_a_chunked_prefill():
 def test_failed_forward_inserts_nothing_into_the_tree():
     prompt = ids(50, 3)
     sp = {**GREEDY, "max_new_tokens": 8}
-    with Engine(demo_model("tiny"), dtype="float32", check_invariants=True) as clean:
-        expected = clean.generate(input_ids=prompt, sampling_params=sp)["output_ids"]
-    with Engine(demo_model("tiny"), dtype="float32", check_invariants=True) as e:
+    expected = clean_output(prompt, sp)
+    with tiny() as e:
         e.set_fault_injector(FaultInjector([Fault("forward", times=1, exc=RuntimeError)]))
         failed = bounded(e.generate, input_ids=prompt, sampling_params=sp)
         assert reason(failed) == "error" and "RuntimeError" in failed["meta_info"]["finish_reason"]["message"]
@@ -178,9 +188,8 @@ def test_failed_forward_inserts_nothing_into_the_tree():
 def test_out_of_memory_in_prefill_is_retried_with_a_smaller_budget():
     prompt = ids(50, 4)
     sp = {**GREEDY, "max_new_tokens": 6}
-    with Engine(demo_model("tiny"), dtype="float32", check_invariants=True) as clean:
-        expected = clean.generate(input_ids=prompt, sampling_params=sp)["output_ids"]
-    with Engine(demo_model("tiny"), dtype="float32", check_invariants=True) as e:
+    expected = clean_output(prompt, sp)
+    with tiny() as e:
         e.set_fault_injector(FaultInjector([Fault("forward", times=2, exc=torch.cuda.OutOfMemoryError)]))
         res = bounded(e.generate, input_ids=prompt, sampling_params=sp)
         assert reason(res) == "length" and res["output_ids"] == expected
@@ -188,7 +197,7 @@ def test_out_of_memory_in_prefill_is_retried_with_a_smaller_budget():
 
 
 def test_out_of_memory_that_persists_fails_the_request_after_a_few_retries():
-    with Engine(demo_model("tiny"), dtype="float32", check_invariants=True) as e:
+    with tiny() as e:
         e.set_fault_injector(FaultInjector([Fault("forward", exc=torch.cuda.OutOfMemoryError)]))
         res = bounded(e.generate, input_ids=ids(30, 5), sampling_params={**GREEDY, "max_new_tokens": 4})
         assert reason(res) == "error" and "OutOfMemory" in res["meta_info"]["finish_reason"]["message"]
@@ -202,7 +211,7 @@ def test_out_of_memory_that_persists_fails_the_request_after_a_few_retries():
 
 def test_nan_logits_fail_only_the_affected_request():
     """torch.multinomial on NaN raises for one row: that request fails, its batch-mate lives."""
-    with Engine(demo_model("tiny"), dtype="float32", check_invariants=True) as e:
+    with tiny() as e:
         real_forward = e.runner.forward
 
         def forward(batch, offsets):
@@ -224,7 +233,7 @@ def test_nan_logits_fail_only_the_affected_request():
 
 @pytest.mark.parametrize("point", ["sampler", "grammar", "detokenizer"])
 def test_per_request_fault_fails_that_request_alone(point):
-    with Engine(demo_model("tiny"), dtype="float32", check_invariants=True) as e:
+    with tiny() as e:
         e.set_fault_injector(FaultInjector([Fault(point, rids={"victim"}, after_step=2)]))
         sp = {**GREEDY, "max_new_tokens": 10}
         victim_sp = {**sp, "regex": "[a-z ]{1,40}"} if point == "grammar" else sp
@@ -237,7 +246,7 @@ def test_per_request_fault_fails_that_request_alone(point):
 
 def test_step_fault_after_admission_leaks_nothing():
     """A fault in the step that admitted requests: they are accounted for and fail once."""
-    with Engine(demo_model("tiny"), dtype="float32", kv_cache_tokens=4096, check_invariants=True) as e:
+    with tiny(kv_cache_tokens=4096) as e:
         e.set_fault_injector(FaultInjector([Fault("sampler", times=1, step_level=True)]))
         results = submit_all(e, [ids(20, s) for s in range(4)], {**GREEDY, "max_new_tokens": 3})
         assert all(reason(r) == "error" for r in results)
@@ -246,7 +255,7 @@ def test_step_fault_after_admission_leaks_nothing():
 
 
 def test_bad_top_logprobs_num_is_rejected_at_submission_and_others_keep_running():
-    with Engine(demo_model("tiny"), dtype="float32", check_invariants=True) as e:
+    with tiny() as e:
         vocab = e.runner.args.vocab_size
         for bad in (21, vocab + 1, -1):
             with pytest.raises(ValueError, match="top_logprobs_num"):
@@ -268,7 +277,7 @@ def test_bad_top_logprobs_num_is_rejected_at_submission_and_others_keep_running(
 
 
 def test_failing_finish_listener_does_not_stop_the_engine():
-    with Engine(demo_model("tiny"), dtype="float32", check_invariants=True) as e:
+    with tiny() as e:
         def listener(_timing):
             raise RuntimeError("listener bug")
 
@@ -280,7 +289,7 @@ def test_failing_finish_listener_does_not_stop_the_engine():
 
 
 def test_dead_loop_fails_waiters_and_refuses_new_requests():
-    e = Engine(demo_model("tiny"), dtype="float32", check_invariants=True)
+    e = tiny()
     try:
         started = threading.Event()
         real = e._step.run_one
@@ -312,7 +321,7 @@ def test_dead_loop_fails_waiters_and_refuses_new_requests():
 def test_shutdown_wakes_every_waiter_and_later_calls_raise():
     from radixflow.runtime.engine import EngineClosedError
 
-    e = Engine(demo_model("tiny"), dtype="float32", check_invariants=True)
+    e = tiny()
     results: list = []
     threads = [threading.Thread(target=lambda s=s: results.append(e.generate(
         input_ids=ids(10, s), sampling_params={**GREEDY, "max_new_tokens": 2000}))) for s in range(4)]
@@ -336,7 +345,7 @@ def test_shutdown_wakes_every_waiter_and_later_calls_raise():
 
 
 def test_prefix_queries_count_once_per_admitted_request_not_per_attempt():
-    with Engine(demo_model("tiny"), dtype="float32", kv_cache_tokens=200, max_num_seqs=2, check_invariants=True) as e:
+    with tiny(kv_cache_tokens=200, max_num_seqs=2) as e:
         shared = ids(40, 14)
         e.generate(input_ids=shared, sampling_params={"max_new_tokens": 0})
         before = e.stats()
@@ -382,7 +391,7 @@ def run_soak(num_requests: int, seed: int) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
     rng = random.Random(seed)
-    with Engine(demo_model("tiny"), dtype="float32", kv_cache_tokens=256, max_num_seqs=24, chunked_prefill_size=24, check_invariants=True) as e:
+    with tiny(kv_cache_tokens=256, max_num_seqs=24, chunked_prefill_size=24) as e:
         jobs = _soak_workload(rng, num_requests, e.runner.args.vocab_size)
         faults = _soak_faults(rng, [j[0] for j in jobs])
         e.set_fault_injector(FaultInjector(faults, seed=seed))
