@@ -41,7 +41,7 @@ PROMPT_VOCAB = 3000  # prompt ids the demo tokenizer knows; the model's vocab is
 
 def write_model_dir(config: dict, out: Path) -> Path:
     """config.json plus the demo tokenizer: everything Engine(load_format="dummy") reads."""
-    from radixflow.runtime.demo import demo_model
+    from radixflow.runtime.model.demo import demo_model
 
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(config, indent=1))

@@ -19,8 +19,8 @@ import time
 import torch
 
 from radixflow.runtime import Engine, demo_model
-from radixflow.runtime.demo import CORPUS_PATH
-from radixflow.runtime.tokenizer import Tokenizer
+from radixflow.runtime.model.demo import CORPUS_PATH
+from radixflow.runtime.text.tokenizer import Tokenizer
 
 
 def corpus_token_pool(model_dir: str) -> list[int]:
@@ -111,7 +111,7 @@ def main() -> None:
 
     model_dir = args.model or demo_model(args.size)
     if model_dir == "default":
-        from radixflow.runtime.default_model import default_model_path
+        from radixflow.runtime.model.default_model import default_model_path
 
         model_dir = default_model_path()
     tok = Tokenizer.from_pretrained(model_dir)

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from radixflow.runtime import sampler
+from radixflow.runtime.core import sampler
 from radixflow.runtime.sampling_params import SamplingParams
 
 MIXES = {
@@ -73,7 +73,7 @@ def time_mix(module, mix: list[dict], logits: torch.Tensor, reps: int) -> float:
 def load_previous(commit: str):
     """The sampler module as of `commit`, or None where git (or the commit) is not at hand."""
     try:
-        src = subprocess.run(["git", "show", f"{commit}:runtime/sampler.py"], capture_output=True, text=True,
+        src = subprocess.run(["git", "show", f"{commit}:runtime/core/sampler.py"], capture_output=True, text=True,
                              check=True, cwd=Path(__file__).resolve().parents[1]).stdout
     except (OSError, subprocess.CalledProcessError):
         return None

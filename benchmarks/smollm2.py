@@ -18,7 +18,7 @@ import time
 import torch
 
 from radixflow.runtime import Engine
-from radixflow.runtime.default_model import default_model_path
+from radixflow.runtime.model.default_model import default_model_path
 
 PROMPTS = [
     "What is the capital of France?", "Write a haiku about the sea.", "Explain what a CPU does in one sentence.",

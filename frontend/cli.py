@@ -76,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     ns = build_parser().parse_args(argv)
     if ns.command == "demo-model":
-        from radixflow.runtime.demo import write_demo_model
+        from radixflow.runtime.model.demo import write_demo_model
 
         try:
             print(write_demo_model(ns.size, ns.out))

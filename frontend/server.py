@@ -152,8 +152,8 @@ def serve(ns: argparse.Namespace, engine_kwargs: dict[str, Any]) -> int:
     default SmolLM2), serve the app with uvicorn on --host/--port until interrupted. Returns the
     exit status."""
     from radixflow.runtime import Engine, EngineConfig, demo_model
-    from radixflow.runtime.default_model import DEFAULT_MODEL_NAME
-    from radixflow.runtime.model_path import resolve_model_path
+    from radixflow.runtime.model.default_model import DEFAULT_MODEL_NAME
+    from radixflow.runtime.model.model_path import resolve_model_path
 
     kwargs = dict(engine_kwargs)
     model = kwargs.pop("model", None)

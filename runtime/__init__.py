@@ -12,7 +12,7 @@ _EXPORTS = {
     "Engine": "radixflow.runtime.engine",
     "EngineConfig": "radixflow.runtime.config",
     "SamplingParams": "radixflow.runtime.sampling_params",
-    "demo_model": "radixflow.runtime.demo",
+    "demo_model": "radixflow.runtime.model.demo",
 }
 
 __all__ = sorted(_EXPORTS)

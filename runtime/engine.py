@@ -26,21 +26,21 @@ import torch
 
 from radixflow.radix import NullCache, RadixCache
 from radixflow.runtime.config import EngineConfig
-from radixflow.runtime.detokenizer import IncrementalDetokenizer
+from radixflow.runtime.text.detokenizer import IncrementalDetokenizer
 from radixflow.runtime.grammar.compiler import GrammarCompiler
-from radixflow.runtime.faults import NO_FAULTS, FaultInjector
-from radixflow.runtime.model_path import resolve_model_path
-from radixflow.runtime.model_runner import ModelRunner
-from radixflow.runtime.output import finalize_text
-from radixflow.runtime.request import MAX_TOP_LOGPROBS, LogprobOptions, Req
+from radixflow.runtime.core.faults import NO_FAULTS, FaultInjector
+from radixflow.runtime.model.model_path import resolve_model_path
+from radixflow.runtime.core.model_runner import ModelRunner
+from radixflow.runtime.core.output import finalize_text
+from radixflow.runtime.core.request import MAX_TOP_LOGPROBS, LogprobOptions, Req
 from radixflow.runtime.result import make_result, meta_info
-from radixflow.runtime.output import visible_text
+from radixflow.runtime.core.output import visible_text
 from radixflow.runtime.sampling_params import SamplingParams
-from radixflow.runtime.scheduler import Scheduler, SchedulerLimits
+from radixflow.runtime.core.scheduler import Scheduler, SchedulerLimits
 from radixflow.runtime.slo import SLOs, Goodput
 from radixflow.runtime.stats import EngineStats, RequestTiming
-from radixflow.runtime.step import StepRunner, error_reason, notify
-from radixflow.runtime.tokenizer import Tokenizer
+from radixflow.runtime.core.step import StepRunner, error_reason, notify
+from radixflow.runtime.text.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -225,7 +225,7 @@ class Engine:
         return self._dead is None and not self._closed and self._thread.is_alive()
 
     def set_fault_injector(self, injector: FaultInjector | None) -> None:
-        """Test-only: make chosen step points raise (runtime/faults.py); None removes it."""
+        """Test-only: make chosen step points raise (runtime/core/faults.py); None removes it."""
         def install() -> None:
             self._step.faults = injector or NO_FAULTS
         self._call_on_loop(install)

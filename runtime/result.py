@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from radixflow.runtime.output import visible_text
-from radixflow.runtime.request import Req
+from radixflow.runtime.core.output import visible_text
+from radixflow.runtime.core.request import Req
 
 LogprobEntry = tuple[int, float | None, list[tuple[int, float]] | None]
 

@@ -73,7 +73,7 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
         _check(len(constraints) <= 1, "regex", "at most one of regex, json_schema, choices may be set")
         _check(self.choices is None or len(self.choices) > 0, "choices", "must not be empty")
         if self.stop_regexes:
-            from radixflow.runtime.stop_regex import compile_stop_regexes
+            from radixflow.runtime.text.stop_regex import compile_stop_regexes
 
             compile_stop_regexes(tuple(self.stop_regexes))  # ValueError: invalid, unsupported, too big
         if isinstance(self.json_schema, str):

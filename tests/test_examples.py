@@ -13,7 +13,7 @@ import sys
 import pytest
 
 import radixflow.lang as rf
-from radixflow.runtime.default_model import INSTALL_COMMAND, is_default_model_installed
+from radixflow.runtime.model.default_model import INSTALL_COMMAND, is_default_model_installed
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES_DIR = os.path.join(ROOT, "examples")

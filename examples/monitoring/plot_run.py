@@ -18,7 +18,7 @@ import uvicorn
 from radixflow.frontend.server import create_app
 from radixflow.frontend.top import TIMERS, Scrape, quantile, _delta_buckets
 from radixflow.runtime import Engine
-from radixflow.runtime.demo import demo_model
+from radixflow.runtime.model.demo import demo_model
 
 SYSTEM = "You are a support assistant. Answer briefly and politely. Policies: " + "refunds within 30 days; " * 12
 

@@ -51,12 +51,12 @@ def add_parser(sub: Any) -> None:
 
 
 def _model_and_vocab(ns: argparse.Namespace) -> tuple[str | None, Any]:
-    from radixflow.runtime.model_path import resolve_model_path
-    from radixflow.runtime.tokenizer import Tokenizer
+    from radixflow.runtime.model.model_path import resolve_model_path
+    from radixflow.runtime.text.tokenizer import Tokenizer
 
     model = ns.model
     if ns.demo_size:
-        from radixflow.runtime.demo import demo_model
+        from radixflow.runtime.model.demo import demo_model
 
         model = demo_model(ns.demo_size)
     return model, Tokenizer.from_pretrained(resolve_model_path(model))

@@ -89,7 +89,7 @@ class Systems:
         from radixflow.frontend.bench.baseline_hf import load_model, run_transformers
 
         if self._hf is None:
-            from radixflow.runtime.model_path import resolve_model_path
+            from radixflow.runtime.model.model_path import resolve_model_path
 
             self._hf = load_model(resolve_model_path(self.model), self.engine_config.get("dtype", "float32")
                                   if self.engine_config.get("dtype", "auto") != "auto" else "float32")

@@ -6,7 +6,7 @@ from collections.abc import Callable
 import torch
 
 from radixflow.runtime.grammar.state import GrammarState
-from radixflow.runtime.request import Req
+from radixflow.runtime.core.request import Req
 
 
 def _bit(token: int) -> tuple[int, int]:

@@ -5,8 +5,8 @@ from collections import deque
 
 from radixflow.runtime.grammar.backend import Matcher
 from radixflow.runtime.grammar.vocab import TokenVocab
-from radixflow.runtime.output import append_token, finalize_text
-from radixflow.runtime.request import Req
+from radixflow.runtime.core.output import append_token, finalize_text
+from radixflow.runtime.core.request import Req
 
 
 def plan_forced_tokens(matcher: Matcher, vocab: TokenVocab) -> list[int]:

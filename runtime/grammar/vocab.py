@@ -24,7 +24,7 @@ class TokenVocab:
 
     @classmethod
     def from_tokenizer(cls, tokenizer, model_vocab_size: int, eos_ids: Iterable[int]) -> TokenVocab:
-        """`tokenizer`: radixflow.runtime.tokenizer.Tokenizer (uses token_bytes, special ids, encode)."""
+        """`tokenizer`: radixflow.runtime.text.tokenizer.Tokenizer (uses token_bytes, special ids, encode)."""
         eos = set(eos_ids)
         specials = set(tokenizer.special_token_ids) | eos
         size = min(tokenizer.vocab_size, model_vocab_size)

@@ -12,7 +12,7 @@ import pytest
 import uvicorn
 
 from radixflow.frontend.server import create_app
-from radixflow.runtime.demo import demo_model
+from radixflow.runtime.model.demo import demo_model
 
 MODEL_NAME = "tiny"
 API_KEY = "test-key"

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from radixflow.runtime.demo import demo_model
+from radixflow.runtime.model.demo import demo_model
 
 MODEL_NAME = "tiny"  # the conftest server's
 

@@ -73,7 +73,7 @@ def test_engine_that_fails_to_start(request):
 def test_dead_engine_loop_answers_503_and_fails_streams(request):
     """The loop thread dies: the stream in flight ends with an error, /health and new requests 503."""
     from radixflow.runtime import Engine
-    from radixflow.runtime.demo import demo_model
+    from radixflow.runtime.model.demo import demo_model
 
     live_server = request.getfixturevalue("server").__class__
     engine = Engine(demo_model("tiny"), kv_cache_tokens=512)

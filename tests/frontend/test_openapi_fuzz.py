@@ -21,7 +21,7 @@ FUZZED = ["/v1/completions", "/v1/chat/completions", "/generate", "/v1/programs"
 @pytest.fixture(scope="module")
 def fuzz_server() -> Iterator[tuple[LiveServer, dict]]:
     from radixflow.runtime import Engine
-    from radixflow.runtime.demo import demo_model
+    from radixflow.runtime.model.demo import demo_model
 
     # Small bounds keep every generated request cheap; a request past them is a 400, as it should be.
     limits = RequestLimits(max_n=2, max_prompts=2, max_prompt_tokens=256, max_top_logprobs=2)

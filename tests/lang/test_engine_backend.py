@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import pytest
-from radixflow.runtime.demo import demo_model
+from radixflow.runtime.model.demo import demo_model
 
 import radixflow.lang as rf
 

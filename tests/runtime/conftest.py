@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from radixflow.runtime.demo import demo_model
+from radixflow.runtime.model.demo import demo_model
 
 # test helpers beside this file (gguf_writer.py, test_model_parity's functions) import by name
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -52,7 +52,7 @@ def hf_checkpoint(tmp_path_factory):
         key = (family, shard, heads)
         if key in made:
             return made[key]
-        from radixflow.runtime.tokenizer import Tokenizer
+        from radixflow.runtime.text.tokenizer import Tokenizer
 
         vocab = Tokenizer.from_dir(demo).vocab_size
         torch.manual_seed(1234)

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
-from radixflow.runtime.tokenizer import Tokenizer
+from radixflow.runtime.text.tokenizer import Tokenizer
 
 QTYPES = {"F32": gguf.GGMLQuantizationType.F32, "F16": gguf.GGMLQuantizationType.F16,
           "Q8_0": gguf.GGMLQuantizationType.Q8_0, "Q4_1": gguf.GGMLQuantizationType.Q4_1,

@@ -8,7 +8,7 @@ from unittest import mock
 
 import pytest
 
-from radixflow.runtime.default_model import INSTALL_COMMAND, default_model_path, is_default_model_installed
+from radixflow.runtime.model.default_model import INSTALL_COMMAND, default_model_path, is_default_model_installed
 
 
 def smollm2_path() -> str:

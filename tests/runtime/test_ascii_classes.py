@@ -40,7 +40,7 @@ def test_grammar_key_translates_regex_and_schema_patterns():
 
 def test_engine_regex_digits_are_ascii():
     from radixflow.runtime import Engine
-    from radixflow.runtime.demo import demo_model
+    from radixflow.runtime.model.demo import demo_model
 
     with Engine(demo_model("tiny"), kv_cache_tokens=2048) as engine:
         for seed in range(4):

@@ -3,10 +3,11 @@ from __future__ import annotations
 
 import torch
 
-from radixflow.runtime import cpu_features, model_runner
+from radixflow.runtime.core import model_runner
+from radixflow.runtime.model import cpu_features
 from radixflow.runtime.config import EngineConfig
-from radixflow.runtime.demo import demo_model
-from radixflow.runtime.model_config import load_model_args
+from radixflow.runtime.model.demo import demo_model
+from radixflow.runtime.model.model_config import load_model_args
 
 SAPPHIRE_RAPIDS = "processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512_bf16 amx_bf16 amx_tile\n"
 ZEN3 = "processor\t: 0\nflags\t\t: fpu sse2 avx2 fma\n\nprocessor\t: 1\nflags\t\t: fpu sse2 avx2 fma\n"

@@ -15,13 +15,13 @@ import torch
 
 from radixflow.runtime import Engine
 from radixflow.runtime.config import EngineConfig
-from radixflow.runtime.cuda_graph import (
+from radixflow.runtime.core.cuda_graph import (
     INPUT_IDS, OUT_SLOTS, POSITIONS, PREFIX_LENS, REQ_ROWS, SEQ_LENS, DecodeGraphRunner, capture_batch_sizes,
     pack_decode_inputs, padded_batch_size,
 )
-from radixflow.runtime.demo import demo_model
-from radixflow.runtime.model_config import load_model_args
-from radixflow.runtime.model_runner import derive_shape
+from radixflow.runtime.model.demo import demo_model
+from radixflow.runtime.model.model_config import load_model_args
+from radixflow.runtime.core.model_runner import derive_shape
 
 GREEDY = {"temperature": 0, "max_new_tokens": 6, "ignore_eos": True}
 

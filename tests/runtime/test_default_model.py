@@ -7,11 +7,12 @@ import sys
 import pytest
 import torch
 
-from radixflow.runtime import EngineConfig, default_model as dm
-from radixflow.runtime.demo import demo_model
-from radixflow.runtime.model_config import load_model_args
-from radixflow.runtime.model_path import resolve_model_path
-from radixflow.runtime.model_runner import derive_shape, kv_pool_tokens
+from radixflow.runtime import EngineConfig
+from radixflow.runtime.model import default_model as dm
+from radixflow.runtime.model.demo import demo_model
+from radixflow.runtime.model.model_config import load_model_args
+from radixflow.runtime.model.model_path import resolve_model_path
+from radixflow.runtime.core.model_runner import derive_shape, kv_pool_tokens
 
 
 def test_missing_default_model_names_the_install_command(monkeypatch):

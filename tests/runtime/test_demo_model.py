@@ -9,9 +9,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from radixflow.runtime import demo as dm
-from radixflow.runtime.demo import demo_model, write_demo_model
-from radixflow.runtime.tokenizer import Tokenizer
+from radixflow.runtime.model import demo as dm
+from radixflow.runtime.model.demo import demo_model, write_demo_model
+from radixflow.runtime.text.tokenizer import Tokenizer
 
 FILES = {
     "config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
@@ -126,7 +126,7 @@ def test_shipped_tokenizer_is_the_trained_one() -> None:
     trained = dm.train_demo_tokenizer().to_str(pretty=True) + "\n"
     assert trained == dm.TOKENIZER_PATH.read_text(encoding="utf-8"), (
         "data/demo_tokenizer.json differs from training on data/corpus.txt: run "
-        "`python -m radixflow.runtime.demo` and bump DEMO_VERSION (or the trainer changed)"
+        "`python -m radixflow.runtime.model.demo` and bump DEMO_VERSION (or the trainer changed)"
     )
 
 

@@ -11,9 +11,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
 
-from radixflow.runtime.demo import CORPUS_PATH, write_demo_model
-from radixflow.runtime.detokenizer import IncrementalDetokenizer
-from radixflow.runtime.tokenizer import Tokenizer, fallback_byte
+from radixflow.runtime.model.demo import CORPUS_PATH, write_demo_model
+from radixflow.runtime.text.detokenizer import IncrementalDetokenizer
+from radixflow.runtime.text.tokenizer import Tokenizer, fallback_byte
 
 CORPUS = [
     "hello world, the weather is nice today",
@@ -241,7 +241,7 @@ def test_unsupported_decoder_falls_back(caplog: pytest.LogCaptureFixture) -> Non
     backend.decoder = decoders.WordPiece()
     tok = Tokenizer(backend)
     ids = tok.encode("hello worlds. hello")
-    with caplog.at_level(logging.WARNING, logger="radixflow.runtime.detokenizer"):
+    with caplog.at_level(logging.WARNING, logger="radixflow.runtime.text.detokenizer"):
         detok = IncrementalDetokenizer(tok)
     assert "re-decoding" in caplog.text
     assert "".join(detok.step([i]) for i in ids) + detok.flush() == tok.decode(ids) == "hello worlds. hello"

@@ -8,7 +8,7 @@ import random
 import pytest
 
 from radixflow.runtime import Engine
-from radixflow.runtime.demo import demo_model
+from radixflow.runtime.model.demo import demo_model
 
 GREEDY = {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True}
 

@@ -11,10 +11,10 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from radixflow.runtime import Engine
-from radixflow.runtime.demo import demo_model
+from radixflow.runtime.model.demo import demo_model
 from radixflow.runtime.engine import EngineClosedError
-from radixflow.runtime.faults import Fault, FaultInjector
-from radixflow.runtime.request import LogprobOptions
+from radixflow.runtime.core.faults import Fault, FaultInjector
+from radixflow.runtime.core.request import LogprobOptions
 from radixflow.runtime.sampling_params import SamplingParams
 
 WAIT_S = 20.0

@@ -1,6 +1,6 @@
 """Fault isolation: every request leaves the engine exactly once, with its reason; no fault
 leaks KV, poisons the cache or hangs a caller. One regression test per reproduced bug, then
-per-point injected faults (runtime/faults.py)."""
+per-point injected faults (runtime/core/faults.py)."""
 from __future__ import annotations
 
 import random
@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from radixflow.runtime import Engine
-from radixflow.runtime.demo import demo_model
-from radixflow.runtime.faults import Fault, FaultInjector, InjectedFault
+from radixflow.runtime.model.demo import demo_model
+from radixflow.runtime.core.faults import Fault, FaultInjector, InjectedFault
 
 GREEDY = {"temperature": 0, "ignore_eos": True}
 BOUND_S = 20.0  # no caller may wait longer than this in these tests
@@ -144,10 +144,10 @@ def test_running_request_is_not_starved_by_a_chunked_prefill():
     """A prompt whose cached prefix made it look admissible must not end up holding the pool
     half-prefilled while a running request cannot decode: the running request finishes."""
     from radixflow.radix import RadixCache
-    from radixflow.runtime.kv_pool import KVPool, ReqToTokenPool
-    from radixflow.runtime.request import Req
+    from radixflow.runtime.core.kv_pool import KVPool, ReqToTokenPool
+    from radixflow.runtime.core.request import Req
     from radixflow.runtime.sampling_params import SamplingParams
-    from radixflow.runtime.scheduler import Scheduler, SchedulerLimits
+    from radixflow.runtime.core.scheduler import Scheduler, SchedulerLimits
 
     kv = KVPool(41, 1, 1, 2, torch.float32, torch.device("cpu"))
     limits = SchedulerLimits(max_num_seqs=4, max_prefill_tokens=64, chunked_prefill_size=4,
@@ -390,7 +390,7 @@ def _soak_faults(rng: random.Random, rids: list[str]) -> list[Fault]:
 def run_soak(num_requests: int, seed: int, monkeypatch) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
-    from radixflow.runtime import scheduler
+    from radixflow.runtime.core import scheduler
 
     # Admission reserves no room for future tokens, so decode over-commits and retracts however
     # fast this machine drains the queue (the soak must exercise preemption under faults).

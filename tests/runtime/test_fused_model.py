@@ -9,7 +9,8 @@ import random
 
 import torch
 
-from radixflow.runtime import Engine, model
+from radixflow.runtime import Engine
+from radixflow.runtime.model import model
 
 GREEDY = {"temperature": 0, "max_new_tokens": 6, "ignore_eos": True}
 CONFIG = dict(device="cpu", dtype="float32", kv_cache_tokens=1024, attention_backend="torch")

@@ -14,11 +14,11 @@ gguf = pytest.importorskip("gguf", reason="the gguf package is a radixflow depen
 
 from gguf_writer import write_gguf  # noqa: E402  (tests/runtime is on sys.path via conftest)
 
-from radixflow.runtime.demo import DemoSpec, demo_model, write_demo_model  # noqa: E402
-from radixflow.runtime.gguf_file import GGUFFile  # noqa: E402
-from radixflow.runtime.model_config import load_model_args  # noqa: E402
-from radixflow.runtime.model_path import resolve_model_path  # noqa: E402
-from radixflow.runtime.weights import build_model  # noqa: E402
+from radixflow.runtime.model.demo import DemoSpec, demo_model, write_demo_model  # noqa: E402
+from radixflow.runtime.model.gguf_file import GGUFFile  # noqa: E402
+from radixflow.runtime.model.model_config import load_model_args  # noqa: E402
+from radixflow.runtime.model.model_path import resolve_model_path  # noqa: E402
+from radixflow.runtime.model.weights import build_model  # noqa: E402
 from test_model_parity import _hf_greedy, _our_logits  # noqa: E402
 
 # hidden 256 / intermediate 512: every row length is a multiple of Q4_K's 256-weight blocks

@@ -11,8 +11,8 @@ pytest.importorskip("gguf", reason="the gguf package is a radixflow dependency")
 from gguf_writer import write_gguf, write_sentencepiece_gguf  # noqa: E402
 from smollm2 import hf_tokenizer, smollm2_path  # noqa: E402
 
-from radixflow.runtime.demo import CORPUS_PATH, demo_model  # noqa: E402
-from radixflow.runtime.tokenizer import Tokenizer  # noqa: E402
+from radixflow.runtime.model.demo import CORPUS_PATH, demo_model  # noqa: E402
+from radixflow.runtime.text.tokenizer import Tokenizer  # noqa: E402
 
 CORPUS = [
     "Hello world", " leading space", "multiple   spaces  here\n\n\n", "The year 2024 had 366 days.",

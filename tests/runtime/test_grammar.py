@@ -13,7 +13,7 @@ import jsonschema
 import pytest
 
 from radixflow.runtime import Engine
-from radixflow.runtime.demo import demo_model
+from radixflow.runtime.model.demo import demo_model
 
 N = 200
 PERSON = {

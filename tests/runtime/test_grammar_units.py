@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from radixflow.kernels.logits_mask import apply_token_bitmask_ref
-from radixflow.runtime.demo import demo_model
+from radixflow.runtime.model.demo import demo_model
 from radixflow.runtime.grammar.backend import GrammarError
 from radixflow.runtime.grammar.cache import GrammarCache
 from radixflow.runtime.grammar.mask import grammar_bitmask
@@ -17,9 +17,9 @@ from radixflow.runtime.grammar.outlines_backend import OutlinesBackend, bound_in
 from radixflow.runtime.grammar.spec import GrammarKey
 from radixflow.runtime.grammar.state import GrammarState, plan_forced_tokens
 from radixflow.runtime.grammar.vocab import TokenVocab
-from radixflow.runtime.request import Req
+from radixflow.runtime.core.request import Req
 from radixflow.runtime.sampling_params import SamplingParams
-from radixflow.runtime.tokenizer import Tokenizer
+from radixflow.runtime.text.tokenizer import Tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -9,11 +9,11 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from radixflow.runtime.attention import AttentionOps, PoolAttention
-from radixflow.runtime.forward_batch import ForwardBatch
-from radixflow.runtime.kv_pool import KVPool, ReqToTokenPool
-from radixflow.runtime.model_config import load_model_args
-from radixflow.runtime.weights import build_model
+from radixflow.runtime.model.attention import AttentionOps, PoolAttention
+from radixflow.runtime.core.forward_batch import ForwardBatch
+from radixflow.runtime.core.kv_pool import KVPool, ReqToTokenPool
+from radixflow.runtime.model.model_config import load_model_args
+from radixflow.runtime.model.weights import build_model
 
 FAMILIES = ["llama3", "mistral", "qwen2", "qwen3"]
 

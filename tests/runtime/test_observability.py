@@ -5,8 +5,8 @@ import random
 import threading
 
 from radixflow.runtime import Engine
-from radixflow.runtime.demo import demo_model
-from radixflow.runtime.request import LogprobOptions
+from radixflow.runtime.model.demo import demo_model
+from radixflow.runtime.core.request import LogprobOptions
 from radixflow.runtime.sampling_params import SamplingParams
 from radixflow.runtime.slo import SLOs
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 import torch
 
 from radixflow import kernels
-from radixflow.runtime.attention import AttentionOps, PoolAttention
-from radixflow.runtime.forward_batch import ForwardBatch
-from radixflow.runtime.kv_pool import KVPool
+from radixflow.runtime.model.attention import AttentionOps, PoolAttention
+from radixflow.runtime.core.forward_batch import ForwardBatch
+from radixflow.runtime.core.kv_pool import KVPool
 
 
 def _decode_batch(pool: KVPool, seq_lens: list[int], gen: torch.Generator) -> ForwardBatch:

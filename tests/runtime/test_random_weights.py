@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from radixflow.runtime import Engine
-from radixflow.runtime.demo import demo_model
-from radixflow.runtime.model_config import load_model_args
-from radixflow.runtime.random_weights import INIT_STD, build_random_model
+from radixflow.runtime.model.demo import demo_model
+from radixflow.runtime.model.model_config import load_model_args
+from radixflow.runtime.model.random_weights import INIT_STD, build_random_model
 
 
 @pytest.fixture(scope="module")

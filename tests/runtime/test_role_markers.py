@@ -8,8 +8,8 @@ import tokenizers
 
 import radixflow.lang as rf
 from radixflow.lang.roles import RoleMarkers
-from radixflow.runtime.demo import TOKENIZER_PATH
-from radixflow.runtime.tokenizer import Tokenizer
+from radixflow.runtime.model.demo import TOKENIZER_PATH
+from radixflow.runtime.text.tokenizer import Tokenizer
 
 SMOLLM2 = (
     "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"

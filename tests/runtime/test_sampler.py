@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from radixflow.runtime.sampler import SampleRow, sample
+from radixflow.runtime.core.sampler import SampleRow, sample
 from radixflow.runtime.sampling_params import SamplingParams
 
 
@@ -101,7 +101,7 @@ def test_top_p_keeps_the_nucleus():
 
 
 def test_nucleus_wider_than_the_candidates_falls_back_to_a_full_sort(monkeypatch):
-    from radixflow.runtime import sampler
+    from radixflow.runtime.core import sampler
     monkeypatch.setattr(sampler, "TOP_P_CANDIDATES", 2)
     logits = torch.linspace(1.0, 0.0, 10)  # flat-ish: the 0.9 nucleus holds ~9 tokens
     freq = _frequencies(logits, 10, temperature=1.0, top_p=0.9)
@@ -151,7 +151,7 @@ def test_seeded_request_sequence_is_reproducible_and_batch_independent():
 
 
 def test_counter_uniforms_look_uniform():
-    from radixflow.runtime.seeded import counter_uniforms
+    from radixflow.runtime.core.seeded import counter_uniforms
     u = counter_uniforms([7] * 20000, list(range(20000)), torch.device("cpu"))
     assert 0 <= u.min() and u.max() < 1
     hist = torch.histc(u, bins=10, min=0, max=1) / 20000
@@ -175,8 +175,8 @@ def _penalized_ref(logits, row):
 
 @pytest.mark.parametrize("dense", [False, True])  # the CPU (sparse) and the CUDA (dense) path
 def test_penalties_match_reference_as_outputs_grow(monkeypatch, dense):
-    from radixflow.runtime import penalties
-    from radixflow.runtime.penalties import apply_penalties
+    from radixflow.runtime.core import penalties
+    from radixflow.runtime.core.penalties import apply_penalties
     monkeypatch.setattr(penalties, "DENSE_ON_CPU", dense)
     gen = torch.Generator().manual_seed(4)
     vocab = 40
@@ -215,7 +215,7 @@ def test_logprobs_only_for_rows_that_ask_and_equal_log_softmax():
 
 
 def test_score_tokens_in_chunks_equals_log_softmax(monkeypatch):
-    from radixflow.runtime import sampler
+    from radixflow.runtime.core import sampler
     monkeypatch.setattr(sampler, "LOGPROB_CHUNK_ROWS", 3)
     logits = torch.randn(8, 20, generator=torch.Generator().manual_seed(9))
     toks = torch.randint(0, 20, (8,), generator=torch.Generator().manual_seed(1))

@@ -10,8 +10,8 @@ import time
 import pytest
 
 from radixflow.runtime import Engine
-from radixflow.runtime.demo import demo_model
-from radixflow.runtime.stop_regex import MAX_STATES, StopMatcher, compile_stop_regexes
+from radixflow.runtime.model.demo import demo_model
+from radixflow.runtime.text.stop_regex import MAX_STATES, StopMatcher, compile_stop_regexes
 
 
 def feed_all(patterns: list[str], text: str, chunk: int) -> tuple[int, int] | None:

@@ -10,8 +10,8 @@ import pytest
 import tokenizers
 from tokenizers import decoders, models
 
-from radixflow.runtime.demo import write_demo_model
-from radixflow.runtime.tokenizer import Tokenizer
+from radixflow.runtime.model.demo import write_demo_model
+from radixflow.runtime.text.tokenizer import Tokenizer
 
 TEXTS = [
     "",

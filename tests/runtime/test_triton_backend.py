@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from radixflow.runtime import Engine
-from radixflow.runtime.demo import demo_model
+from radixflow.runtime.model.demo import demo_model
 
 GREEDY = {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True}
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

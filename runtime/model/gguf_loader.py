@@ -21,9 +21,9 @@ from collections.abc import Callable
 
 import torch
 
-from radixflow.runtime.gguf_file import GGUFFile
-from radixflow.runtime.model import CausalLM
-from radixflow.runtime.model_config import ModelArgs
+from radixflow.runtime.model.gguf_file import GGUFFile
+from radixflow.runtime.model.model import CausalLM
+from radixflow.runtime.model.model_config import ModelArgs
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixflow import kernels
-from radixflow.runtime.forward_batch import ForwardBatch
-from radixflow.runtime.model_config import ModelArgs
+from radixflow.runtime.core.forward_batch import ForwardBatch
+from radixflow.runtime.model.model_config import ModelArgs
 
 # Vocabulary rows per logits matmul on CPU (see project_logits).
 LOGITS_CHUNK = 512

@@ -98,9 +98,9 @@ class Req:
     text: str = ""               # detokenized output (stop strings trimmed at finish)
     detokenizer: Any = None
     generator: torch.Generator | None = None
-    sampler_state: Any = None    # runtime/penalties.py RowState, set at the first sampled step
+    sampler_state: Any = None    # runtime/core/penalties.py RowState, set at the first sampled step
     grammar: Any = None
-    stop_matcher: Any = None     # a StopMatcher (runtime/stop_regex.py) once stop_regex text arrives
+    stop_matcher: Any = None     # a StopMatcher (runtime/text/stop_regex.py) once stop_regex text arrives
     input_logprobs: list[tuple[int, float, list[tuple[int, float]]]] = field(default_factory=list)
     output_logprobs: list[tuple[int, float, list[tuple[int, float]]]] = field(default_factory=list)
     times: Timestamps = field(default_factory=Timestamps)

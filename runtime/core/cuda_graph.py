@@ -21,8 +21,8 @@ from typing import Protocol
 
 import torch
 
-from radixflow.runtime.forward_batch import ForwardBatch
-from radixflow.runtime.model import AttentionFn, CausalLM
+from radixflow.runtime.core.forward_batch import ForwardBatch
+from radixflow.runtime.model.model import AttentionFn, CausalLM
 
 log = logging.getLogger(__name__)
 

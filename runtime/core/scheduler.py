@@ -21,9 +21,9 @@ import time
 from dataclasses import dataclass, field
 
 from radixflow.radix import RadixCache
-from radixflow.runtime.kv_pool import KVPool, ReqToTokenPool
-from radixflow.runtime.request import Req, Status
-from radixflow.runtime.schedule_policy import match_key, order_waiting
+from radixflow.runtime.core.kv_pool import KVPool, ReqToTokenPool
+from radixflow.runtime.core.request import Req, Status
+from radixflow.runtime.core.schedule_policy import match_key, order_waiting
 
 log = logging.getLogger(__name__)
 

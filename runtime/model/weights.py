@@ -12,8 +12,8 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from radixflow.runtime.model import CausalLM
-from radixflow.runtime.model_config import ModelArgs
+from radixflow.runtime.model.model import CausalLM
+from radixflow.runtime.model.model_config import ModelArgs
 
 log = logging.getLogger(__name__)
 
@@ -121,8 +121,8 @@ def build_model(args: ModelArgs, model_dir: str, dtype: torch.dtype, device: tor
     with torch.device("meta"), skip_weight_init():
         model = CausalLM(args)
     if os.path.isfile(model_dir):
-        from radixflow.runtime.gguf_file import read_gguf
-        from radixflow.runtime.gguf_loader import load_gguf_weights
+        from radixflow.runtime.model.gguf_file import read_gguf
+        from radixflow.runtime.model.gguf_loader import load_gguf_weights
 
         load_gguf_weights(model, read_gguf(model_dir), dtype, device)
     else:

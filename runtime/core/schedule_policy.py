@@ -4,7 +4,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from radixflow.runtime.request import Req
+from radixflow.runtime.core.request import Req
 
 
 def match_key(req: Req) -> list[int]:

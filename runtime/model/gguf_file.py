@@ -9,7 +9,7 @@ The format (little-endian, versions 2 and 3):
 
 A string is a u64 byte length and UTF-8 bytes; an array is an element type u32, a u64 count and
 the elements. We parse this ourselves rather than with `gguf.GGUFReader`, which builds a numpy
-view per array element and takes seconds on a 49k-token vocabulary; dequantization (runtime/gguf_dequant.py)
+view per array element and takes seconds on a 49k-token vocabulary; dequantization (runtime/model/gguf_dequant.py)
 reads one tensor at a time from a read-only memory map.
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from radixflow.runtime.gguf_dequant import dequantize
+from radixflow.runtime.model.gguf_dequant import dequantize
 
 GGUF_MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32

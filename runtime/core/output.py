@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import time
 
-from radixflow.runtime.request import Req
-from radixflow.runtime.stop_regex import StopMatcher, compile_stop_regexes
+from radixflow.runtime.core.request import Req
+from radixflow.runtime.text.stop_regex import StopMatcher, compile_stop_regexes
 
 
 def append_token(req: Req, token: int, eos_ids: frozenset[int], max_context_len: int) -> None:

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from radixflow.runtime.sampler import SampleRow
+    from radixflow.runtime.core.sampler import SampleRow
 
 
 @dataclass
@@ -17,7 +17,7 @@ class RowState:
     `counts`: [vocab] int32 occurrences of each token in the output, on the logits' device (a
     view into the last step's batch tensor), covering output_ids[:num_counted]; None until a
     penalty needs it. `prompt_seen`: [vocab] bool, the prompt's tokens (repetition penalty).
-    `num_draws`: seeded draws made so far (the counter of runtime/seeded.py).
+    `num_draws`: seeded draws made so far (the counter of runtime/core/seeded.py).
     """
 
     counts: torch.Tensor | None = None

@@ -264,8 +264,8 @@ class Tokenizer:
                 template = f.read()
             compile_chat_template(template)  # a broken override fails at start-up, not per request
         if os.path.isfile(path):
-            from radixflow.runtime.gguf_file import read_gguf
-            from radixflow.runtime.gguf_tokenizer import tokenizer_from_gguf
+            from radixflow.runtime.model.gguf_file import read_gguf
+            from radixflow.runtime.text.gguf_tokenizer import tokenizer_from_gguf
 
             return tokenizer_from_gguf(read_gguf(path), chat_template=template)
         tok = cls.from_dir(path)
@@ -370,8 +370,8 @@ class Tokenizer:
         return self.encode(text, add_special_tokens=False) if tokenize else text
 
     def role_markers(self) -> dict[str, Any]:
-        """Each role's begin/end text under the chat template (see runtime/role_markers.py)."""
-        from radixflow.runtime.role_markers import role_markers
+        """Each role's begin/end text under the chat template (see runtime/text/role_markers.py)."""
+        from radixflow.runtime.text.role_markers import role_markers
 
         return role_markers(self)
 

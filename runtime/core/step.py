@@ -12,14 +12,14 @@ from dataclasses import dataclass
 
 import torch
 
-from radixflow.runtime.faults import NO_FAULTS, FaultInjector, NoFaults
+from radixflow.runtime.core.faults import NO_FAULTS, FaultInjector, NoFaults
 from radixflow.runtime.grammar.mask import grammar_bitmask
 from radixflow.runtime.grammar.state import advance as advance_grammar
-from radixflow.runtime.model_runner import ModelRunner
-from radixflow.runtime.output import append_token
-from radixflow.runtime.request import Req
-from radixflow.runtime.sampler import RowState, SampleRow, sample, score_tokens
-from radixflow.runtime.scheduler import MAX_STEP_RETRIES, ScheduledBatch, Scheduler
+from radixflow.runtime.core.model_runner import ModelRunner
+from radixflow.runtime.core.output import append_token
+from radixflow.runtime.core.request import Req
+from radixflow.runtime.core.sampler import RowState, SampleRow, sample, score_tokens
+from radixflow.runtime.core.scheduler import MAX_STEP_RETRIES, ScheduledBatch, Scheduler
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ Sampled = tuple[int, float | None, list | None] | Exception
 class StepRunner:
     """Runs steps for the engine thread; counts prefill tokens, generated tokens, steps.
 
-    `faults` is the test-only fault injector (runtime/faults.py); serving uses NO_FAULTS.
+    `faults` is the test-only fault injector (runtime/core/faults.py); serving uses NO_FAULTS.
     """
 
     def __init__(self, runner: ModelRunner, scheduler: Scheduler, eos_ids: frozenset[int],

@@ -8,7 +8,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from radixflow.runtime.tokenizer import Tokenizer, byte_level_bytes, fallback_byte
+from radixflow.runtime.text.tokenizer import Tokenizer, byte_level_bytes, fallback_byte
 
 log = logging.getLogger(__name__)
 

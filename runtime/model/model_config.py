@@ -45,8 +45,8 @@ def load_model_args(model_dir: str) -> ModelArgs:
     """Parse `model_dir/config.json` (or a GGUF file's metadata); ValueError for a missing file or
     an unsupported architecture."""
     if os.path.isfile(model_dir):
-        from radixflow.runtime.gguf_file import read_gguf
-        from radixflow.runtime.gguf_loader import model_args_from_gguf
+        from radixflow.runtime.model.gguf_file import read_gguf
+        from radixflow.runtime.model.gguf_loader import model_args_from_gguf
 
         return model_args_from_gguf(read_gguf(model_dir))
     path = os.path.join(model_dir, "config.json")

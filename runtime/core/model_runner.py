@@ -7,16 +7,16 @@ from dataclasses import dataclass
 
 import torch
 
-from radixflow.runtime.attention import AttentionOps, PoolAttention, default_kv_splits, resolve_backend
+from radixflow.runtime.model.attention import AttentionOps, PoolAttention, default_kv_splits, resolve_backend
 from radixflow.runtime.config import EngineConfig
-from radixflow.runtime.cpu_features import has_native_bf16
-from radixflow.runtime.cuda_graph import CudaGraphCapture, DecodeGraphRunner
-from radixflow.runtime.forward_batch import ForwardBatch
-from radixflow.runtime.kv_pool import KVPool, ReqToTokenPool
-from radixflow.runtime.model_config import ModelArgs, load_model_args
-from radixflow.runtime.random_weights import build_random_model
-from radixflow.runtime.scheduler import ScheduledBatch
-from radixflow.runtime.weights import build_model
+from radixflow.runtime.model.cpu_features import has_native_bf16
+from radixflow.runtime.core.cuda_graph import CudaGraphCapture, DecodeGraphRunner
+from radixflow.runtime.core.forward_batch import ForwardBatch
+from radixflow.runtime.core.kv_pool import KVPool, ReqToTokenPool
+from radixflow.runtime.model.model_config import ModelArgs, load_model_args
+from radixflow.runtime.model.random_weights import build_random_model
+from radixflow.runtime.core.scheduler import ScheduledBatch
+from radixflow.runtime.model.weights import build_model
 
 log = logging.getLogger(__name__)
 

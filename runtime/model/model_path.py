@@ -4,7 +4,7 @@ from __future__ import annotations
 import glob
 import os
 
-from radixflow.runtime.default_model import default_model_path
+from radixflow.runtime.model.default_model import default_model_path
 
 
 def is_gguf(path: str) -> bool:

@@ -13,8 +13,8 @@ from typing import Callable
 import torch
 
 from radixflow import kernels
-from radixflow.runtime.forward_batch import ForwardBatch
-from radixflow.runtime.kv_pool import KVPool
+from radixflow.runtime.core.forward_batch import ForwardBatch
+from radixflow.runtime.core.kv_pool import KVPool
 
 ENV_BACKEND = "RADIXFLOW_ATTENTION_BACKEND"
 # On CUDA the decode split count is chosen per step (kernels.choose_kv_splits: from the batch,

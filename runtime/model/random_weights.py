@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from radixflow.runtime.model import CausalLM
-from radixflow.runtime.model_config import ModelArgs
+from radixflow.runtime.model.model import CausalLM
+from radixflow.runtime.model.model_config import ModelArgs
 
 INIT_STD = 0.02  # the usual transformer init: activations stay finite through many bf16 layers
 

@@ -14,8 +14,8 @@ from typing import Any
 import tokenizers
 from tokenizers import AddedToken, Regex, decoders, pre_tokenizers, processors
 
-from radixflow.runtime.gguf_file import GGUFFile
-from radixflow.runtime.tokenizer import BYTE_LEVEL_CHARS, Tokenizer, byte_level_bytes
+from radixflow.runtime.model.gguf_file import GGUFFile
+from radixflow.runtime.text.tokenizer import BYTE_LEVEL_CHARS, Tokenizer, byte_level_bytes
 
 CONTROL, USER_DEFINED = 3, 4
 

@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 import torch
 
 from radixflow.kernels.logits_mask import apply_token_bitmask, apply_token_bitmask_ref
-from radixflow.runtime.penalties import RowState, apply_penalties
+from radixflow.runtime.core.penalties import RowState, apply_penalties
 from radixflow.runtime.sampling_params import SamplingParams
-from radixflow.runtime.seeded import counter_uniforms
+from radixflow.runtime.core.seeded import counter_uniforms
 
 TopLogprobs = list[tuple[int, float]]
 # Candidates taken for a top_p row without top_k; a nucleus wider than this (rare: a very flat

@@ -1,0 +1,1 @@
+"""radixflow.runtime.text: Text handling: tokenizers (HF and GGUF), incremental detokenizer, role markers, stop strings."""
