@@ -25,7 +25,7 @@ QUESTIONS = [  # (question, a substring the right answer contains)
 
 @pytest.fixture(scope="module")
 def engine():
-    with Engine(smollm2_path(), kv_cache_tokens=8192) as e:
+    with Engine(smollm2_path(), dtype="float32", kv_cache_tokens=8192) as e:  # transformers runs fp32
         yield e
 
 
@@ -63,11 +63,6 @@ def test_prefill_logits_match_transformers(engine):
     assert [t[1] for t in top] == ref.topk(5).indices.tolist()
 
 
-def test_greedy_matches_transformers_short(engine):
-    _compare_greedy(engine, CHAT_PROMPTS[:3], 16)
-
-
-@pytest.mark.slow
 def test_greedy_matches_transformers_8_prompts_64_tokens(engine):
     _compare_greedy(engine, CHAT_PROMPTS, 64)
 
