@@ -180,3 +180,50 @@ def test_undequantizable_tensor_type_is_named(gguf_files, tmp_path):
     args = load_model_args(bad)
     with pytest.raises(ValueError, match=r"token_embd\.weight.*I8"):
         build_model(args, bad, torch.float32, torch.device("cpu"), 64)
+
+
+EVERY_LISTED_TYPE = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"]
+SCALE_BYTES = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}  # byte offsets of each block's fp16 scales
+
+
+def _raw_tensor(rows: np.ndarray, qtype: str, rng: np.random.Generator) -> np.ndarray:
+    """`rows` [n, 256] fp32 encoded as `qtype` bytes; the K-quants (no numpy quantizer in `gguf`) as
+    random blocks whose fp16 scales are set to sane values, so every weight is finite."""
+    kind = gguf.GGMLQuantizationType[qtype]
+    if qtype in ("F32", "F16"):
+        return rows.astype(np.float32 if qtype == "F32" else np.float16)
+    if qtype not in SCALE_BYTES:
+        return gguf.quants.quantize(rows, kind)
+    block, nbytes = gguf.GGML_QUANT_SIZES[kind]
+    raw = rng.integers(0, 256, size=(rows.shape[0], rows.shape[1] // block, nbytes), dtype=np.uint8)
+    for offset in SCALE_BYTES[qtype]:
+        raw[..., offset:offset + 2] = np.frombuffer(np.float16(0.01).tobytes(), dtype=np.uint8)
+    return raw.reshape(rows.shape[0], -1)
+
+
+def test_every_listed_tensor_type_reads_like_the_gguf_package(tmp_path):
+    """Our reader finds each type's bytes (block and type sizes) and dequantizes them as `gguf` does;
+    where `gguf` can quantize, the round trip is close to the source."""
+    rng = np.random.default_rng(0)
+    path = str(tmp_path / "types.gguf")
+    writer = gguf.GGUFWriter(path, "llama")
+    source = {q: rng.standard_normal((3, 256)).astype(np.float32) for q in EVERY_LISTED_TYPE}
+    for qtype, rows in source.items():
+        data = _raw_tensor(rows, qtype, rng)
+        kind = gguf.GGMLQuantizationType[qtype]
+        writer.add_tensor(f"t.{qtype}", data, raw_dtype=kind if data.dtype == np.uint8 else None)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    ours, ref = GGUFFile(path), gguf.GGUFReader(path)
+    for t in ref.tensors:
+        qtype = t.name.split(".", 1)[1]
+        assert t.tensor_type == gguf.GGMLQuantizationType[qtype]
+        got = ours.dequantize(t.name)
+        assert got.shape == (3, 256) and bool(torch.isfinite(got).all()), qtype
+        want = np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(3, 256)
+        np.testing.assert_array_equal(got.numpy(), want, err_msg=qtype)
+        if qtype not in SCALE_BYTES:
+            err = np.abs(got.numpy() - source[qtype]).max()
+            assert err < (0.5 if qtype.startswith("Q4") else 0.25), (qtype, err)
