@@ -1,0 +1,88 @@
+"""One step's adapter layout: which rows use which slot, and the batched delta per projection.
+
+Rows of a request are contiguous in the flat token batch, so a request is a segment:
+
+    flat tokens:  | req0 (slot 2) | req1 (base) | req2 (slot 0) | req3 (slot 2) |
+    segments:     seg_starts / seg_lens per request, seg_slots = 2, -1, 0, 2 (-1: no delta)
+
+On CUDA the SGMV kernels (kernels/lora.py) run one program per segment. On CPU the rows are
+grouped by slot into a padded [num_used_slots, max_rows] index, so each projection costs one
+gather of x and two bmm, never a loop over rows:
+
+    gather [U, M]: token rows of slot group u, padded with row 0;  keep: the real entries
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from radixflow import kernels
+from radixflow.runtime.lora.slots import LoraSlots
+
+
+@dataclass
+class LoraBatch:
+    slots: LoraSlots
+    seg_starts: torch.Tensor   # [batch] int64, first flat row of each request
+    seg_lens: torch.Tensor     # [batch] int64
+    seg_slots: torch.Tensor    # [batch] int64, adapter slot of each request, -1 = base
+    max_seg_len: int
+    use_triton: bool
+    group_slots: torch.Tensor | None = None  # [U] int64, the slots used (CPU path)
+    gather: torch.Tensor | None = None       # [U, M] int64, token row per group entry
+    keep: torch.Tensor | None = None         # [K] int64, flat positions of real entries in [U * M]
+    rows: torch.Tensor | None = None         # [K] int64, token row of each real entry
+
+    def apply(self, layer: int, proj: str, x: torch.Tensor, y: torch.Tensor) -> None:
+        """y [T, out] += per row (x [T, in] @ A[slot]) @ B[slot], in place; base rows untouched.
+        A projection without slot buffers (not among the target modules) is left alone."""
+        a_all = self.slots.a.get(proj)
+        if a_all is None:
+            return
+        a, b = a_all[layer], self.slots.b[proj][layer]  # [S, in, N], [S, N, out]
+        if self.use_triton:
+            xa = kernels.lora_shrink(x, a, self.seg_starts, self.seg_lens, self.seg_slots, self.max_seg_len)
+            kernels.lora_expand(y, xa, b, self.seg_starts, self.seg_lens, self.seg_slots, self.max_seg_len)
+            return
+        assert self.gather is not None and self.group_slots is not None and self.keep is not None
+        xg = x[self.gather]  # [U, M, in]
+        xa = torch.bmm(xg, a.index_select(0, self.group_slots))  # [U, M, N]
+        delta = torch.bmm(xa, b.index_select(0, self.group_slots))  # [U, M, out]
+        y.index_add_(0, self.rows, delta.reshape(-1, y.shape[1]).index_select(0, self.keep))
+
+
+def make_lora_batch(slots: LoraSlots, req_slots: list[int], extend_lens: list[int],
+                    device: torch.device, use_triton: bool) -> LoraBatch | None:
+    """The layout for requests with adapter slots `req_slots` (-1 = base) extending `extend_lens`
+    tokens each; None when every request is base (the model then adds nothing)."""
+    if all(s < 0 for s in req_slots):
+        return None
+    starts, pos = [], 0
+    for n in extend_lens:
+        starts.append(pos)
+        pos += n
+
+    def t(xs: list[int]) -> torch.Tensor:
+        return torch.tensor(xs, dtype=torch.int64, device=device)
+
+    batch = LoraBatch(slots, t(starts), t(extend_lens), t(req_slots), max(extend_lens, default=0), use_triton)
+    if not use_triton:
+        _group_rows(batch, req_slots, starts, extend_lens, t)
+    return batch
+
+
+def _group_rows(batch: LoraBatch, req_slots: list[int], starts: list[int], extend_lens: list[int], t) -> None:
+    groups: dict[int, list[int]] = {}
+    for slot, start, n in zip(req_slots, starts, extend_lens):
+        if slot >= 0:
+            groups.setdefault(slot, []).extend(range(start, start + n))
+    width = max(len(g) for g in groups.values())
+    gather, keep, rows = [], [], []
+    for u, token_rows in enumerate(groups.values()):
+        gather.extend(token_rows + [0] * (width - len(token_rows)))
+        keep.extend(range(u * width, u * width + len(token_rows)))
+        rows.extend(token_rows)
+    batch.group_slots = t(list(groups))
+    batch.gather = t(gather).view(len(groups), width)
+    batch.keep, batch.rows = t(keep), t(rows)
