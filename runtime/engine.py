@@ -544,7 +544,8 @@ class Engine:
             failed_steps=self._step.num_failed_steps, miss_tokens=dict(self._step.miss_tokens),
             evicted_tokens=cache.evicted_tokens, kv_lifetime=cache.lifetime.snapshot(),
             reuse_gap=cache.reuse_gap.snapshot(), good_requests=g.good_requests,
-            slo_violations=dict(g.violations), num_sessions=g.num_sessions, num_bad_sessions=g.num_bad_sessions)
+            slo_violations=dict(g.violations), num_sessions=g.num_sessions, num_bad_sessions=g.num_bad_sessions,
+            **({} if self.loras is None else self.loras.stats()))
 
 
 class _Call:

@@ -139,6 +139,7 @@ class RequestOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     top_logprobs_num: int = 0
     return_text_in_logprobs: bool = False
     session_id: str | None = None  # requests of one conversation or program run (session goodput)
+    lora_path: str | None = None  # LoRA adapter: a loaded name, or a path under --lora-dir; None: the base
 
     def validate(self) -> None:
         """ValueError starting with the field's name when a value is out of range."""

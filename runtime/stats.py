@@ -75,6 +75,11 @@ class EngineStats:
     num_bad_sessions: int = 0       # sessions with at least one request that was not good
     kv_lifetime: Histogram = field(default_factory=Histogram)  # seconds evicted tokens were cached
     reuse_gap: Histogram = field(default_factory=Histogram)    # seconds between hits of a cached prefix
+    lora_resident: int = 0          # adapters in device slots
+    lora_loaded: int = 0            # adapter names loaded
+    lora_requests: dict[str, int] = field(default_factory=dict)  # requests submitted, by adapter name
+    lora_loads: int = 0             # adapter reads from disk
+    lora_load_s: float = 0.0        # seconds those reads took, in all
 
     @property
     def kv_usage(self) -> float:

@@ -8,6 +8,7 @@ in flight keeps its adapter object (and weights) alive whatever the LRU drops.
 """
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import OrderedDict
@@ -73,8 +74,10 @@ class LoraRegistry:
                 self._host.move_to_end(adapter.namespace)
                 return name_or_path, adapter
         if path is None:
-            if self.spec.lora_dir is None:
-                raise ValueError(f"unknown LoRA adapter {name_or_path!r}; loaded: {sorted(self.names())}")
+            if self.spec.lora_dir is None or not os.path.isdir(name_or_path):
+                raise ValueError(f"unknown LoRA adapter {name_or_path!r} (not a loaded name"
+                                 f"{'' if self.spec.lora_dir is None else ' nor an adapter directory'}); "
+                                 f"loaded: {sorted(self.names())}")
             check_path(name_or_path, self.spec.lora_dir)
             return name_or_path, self.load(name_or_path, name_or_path)[0]
         adapter = self._read(path)  # weights left host memory: read again (the content may differ)

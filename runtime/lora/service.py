@@ -30,6 +30,14 @@ class LoraService:
         self.registry.count_request(name)
 
 
+    def stats(self) -> dict[str, object]:
+        """EngineStats fields of the adapters (engine thread)."""
+        reg = self.registry
+        return {"lora_resident": self.capacity.num_resident, "lora_loaded": len(reg.names()),
+                "lora_requests": dict(reg.requests), "lora_loads": len(reg.load_times_s),
+                "lora_load_s": sum(reg.load_times_s)}
+
+
 def check_lora_request(service: LoraService | None, lora: str | None) -> None:
     if lora is not None and service is None:
         raise ValueError("LoRA adapters are not enabled: start the engine with lora_modules, "
