@@ -78,8 +78,7 @@ class EngineStats:
     lora_resident: int = 0          # adapters in device slots
     lora_loaded: int = 0            # adapter names loaded
     lora_requests: dict[str, int] = field(default_factory=dict)  # requests submitted, by adapter name
-    lora_loads: int = 0             # adapter reads from disk
-    lora_load_s: float = 0.0        # seconds those reads took, in all
+    lora_load_time: Histogram = field(default_factory=Histogram)  # seconds per adapter read from disk
 
     @property
     def kv_usage(self) -> float:

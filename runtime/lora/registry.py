@@ -14,6 +14,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from radixflow.radix.histogram import Histogram
 from radixflow.runtime.lora.adapter import LoraAdapter, check_path, load_adapter
 from radixflow.runtime.model.model_config import ModelArgs
 
@@ -35,13 +36,14 @@ class LoraRegistry:
         self._paths: dict[str, str] = {}                                # name -> adapter path
         self._namespace: dict[str, str] = {}                            # name -> content namespace
         self._host: OrderedDict[str, LoraAdapter] = OrderedDict()       # namespace -> weights, LRU
-        self.load_times_s: list[float] = []
+        self.load_time = Histogram()                                    # seconds per adapter read
         self.requests: dict[str, int] = {}                              # name -> requests submitted
 
     def _read(self, path: str) -> LoraAdapter:
         start = time.perf_counter()
         adapter = load_adapter(path, self.args, self.spec.max_rank, self.spec.targets, self.spec.lora_dir)
-        self.load_times_s.append(time.perf_counter() - start)
+        with self._lock:
+            self.load_time.observe(time.perf_counter() - start)
         return adapter
 
     def load(self, name: str, path: str) -> tuple[LoraAdapter, str | None]:

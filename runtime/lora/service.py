@@ -34,8 +34,7 @@ class LoraService:
         """EngineStats fields of the adapters (engine thread)."""
         reg = self.registry
         return {"lora_resident": self.capacity.num_resident, "lora_loaded": len(reg.names()),
-                "lora_requests": dict(reg.requests), "lora_loads": len(reg.load_times_s),
-                "lora_load_s": sum(reg.load_times_s)}
+                "lora_requests": dict(reg.requests), "lora_load_time": reg.load_time.snapshot()}
 
 
 def check_lora_request(service: LoraService | None, lora: str | None) -> None:

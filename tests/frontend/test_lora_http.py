@@ -94,7 +94,7 @@ def test_metrics_count_requests_per_adapter(setup):
     _native(client, lora_path="alpha")
     text = client.get("/metrics").text
     assert 'radixflow_lora_requests_total{lora_name="alpha",model_name="tiny"}' in text
-    assert "radixflow_lora_adapters_loaded{" in text and "radixflow_lora_load_seconds_total{" in text
+    assert "radixflow_lora_adapters_loaded{" in text and "radixflow_lora_load_time_seconds_count{" in text
     resident = [line for line in text.splitlines() if line.startswith("radixflow_lora_adapters_resident{")]
     assert resident and float(resident[0].split()[-1]) >= 1
 
