@@ -33,6 +33,7 @@ class LoraBatch:
     gather: torch.Tensor | None = None       # [U, M] int64, token row per group entry
     keep: torch.Tensor | None = None         # [K] int64, flat positions of real entries in [U * M]
     rows: torch.Tensor | None = None         # [K] int64, token row of each real entry
+    slot_range: slice | None = None          # group_slots as a range (a view of the weights, no copy)
 
     def apply(self, layer: int, proj: str, x: torch.Tensor, y: torch.Tensor) -> None:
         """y [T, out] += per row (x [T, in] @ A[slot]) @ B[slot], in place; base rows untouched.
@@ -46,9 +47,12 @@ class LoraBatch:
             kernels.lora_expand(y, xa, b, self.seg_starts, self.seg_lens, self.seg_slots, self.max_seg_len)
             return
         assert self.gather is not None and self.group_slots is not None and self.keep is not None
-        xg = x[self.gather]  # [U, M, in]
-        xa = torch.bmm(xg, a.index_select(0, self.group_slots))  # [U, M, N]
-        delta = torch.bmm(xa, b.index_select(0, self.group_slots))  # [U, M, out]
+        if self.slot_range is not None:
+            a, b = a[self.slot_range], b[self.slot_range]  # [U, in, N], [U, N, out]
+        else:
+            a, b = a.index_select(0, self.group_slots), b.index_select(0, self.group_slots)
+        xa = torch.bmm(x[self.gather], a)  # [U, M, in] @ [U, in, N] -> [U, M, N]
+        delta = torch.bmm(xa, b)  # [U, M, out]
         y.index_add_(0, self.rows, delta.reshape(-1, y.shape[1]).index_select(0, self.keep))
 
 
@@ -79,10 +83,13 @@ def _group_rows(batch: LoraBatch, req_slots: list[int], starts: list[int], exten
             groups.setdefault(slot, []).extend(range(start, start + n))
     width = max(len(g) for g in groups.values())
     gather, keep, rows = [], [], []
-    for u, token_rows in enumerate(groups.values()):
+    used = sorted(groups)  # slot order: a run of consecutive slots reads the weights in place
+    for u, token_rows in enumerate(groups[s] for s in used):
         gather.extend(token_rows + [0] * (width - len(token_rows)))
         keep.extend(range(u * width, u * width + len(token_rows)))
         rows.extend(token_rows)
-    batch.group_slots = t(list(groups))
+    batch.group_slots = t(used)
+    if used[-1] - used[0] + 1 == len(used):
+        batch.slot_range = slice(used[0], used[-1] + 1)
     batch.gather = t(gather).view(len(groups), width)
     batch.keep, batch.rows = t(keep), t(rows)

@@ -124,3 +124,15 @@ def test_language_gen_with_lora_over_endpoint_and_engine(setup):
     with rf.Engine(engine=eng) as backend:
         assert program.run(lora="alpha", backend=backend)["out"] == want
         assert program.run(lora=None, backend=backend)["out"] == base
+
+
+def test_serve_flags_for_adapters():
+    from radixflow.frontend.cli import build_parser, engine_kwargs
+    from radixflow.runtime import EngineConfig
+
+    ns = build_parser().parse_args(["serve", "--lora-modules", "a=/x", "b=/y", "--max-loras", "3",
+                                    "--max-lora-rank", "64", "--lora-dir", "/adapters"])
+    cfg = EngineConfig.from_kwargs(**engine_kwargs(ns))
+    assert cfg.lora_modules == ("a=/x", "b=/y") and cfg.max_loras == 3 and cfg.max_lora_rank == 64
+    assert cfg.lora_enabled and cfg.lora_dir == "/adapters"
+    assert not EngineConfig.from_kwargs(**engine_kwargs(build_parser().parse_args(["serve"]))).lora_enabled
