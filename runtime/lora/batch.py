@@ -7,7 +7,7 @@ Rows of a request are contiguous in the flat token batch, so a request is a segm
 
 On CUDA the SGMV kernels (kernels/lora.py) run one program per segment. On CPU the rows are
 grouped by slot into a padded [num_used_slots, max_rows] index, so each projection costs one
-gather of x and two bmm, never a loop over rows:
+gather of x, one shrink bmm and one expand bmm per part (q/k/v, gate/up), never a loop over rows:
 
     gather [U, M]: token rows of slot group u, padded with row 0;  keep: the real entries
 """
@@ -41,19 +41,26 @@ class LoraBatch:
         a_all = self.slots.a.get(proj)
         if a_all is None:
             return
-        a, b = a_all[layer], self.slots.b[proj][layer]  # [S, in, N], [S, N, out]
+        a, parts = a_all[layer], [b[layer] for b in self.slots.b[proj]]  # [S, in, P*R], P x [S, R, out_j]
+        rank = self.slots.max_rank
         if self.use_triton:
-            xa = kernels.lora_shrink(x, a, self.seg_starts, self.seg_lens, self.seg_slots, self.max_seg_len)
-            kernels.lora_expand(y, xa, b, self.seg_starts, self.seg_lens, self.seg_slots, self.max_seg_len)
+            segs = (self.seg_starts, self.seg_lens, self.seg_slots, self.max_seg_len)
+            xa = kernels.lora_shrink(x, a, *segs)  # [T, P*R]
+            col = 0
+            for j, b in enumerate(parts):  # part j: its rank block of xa into its output columns
+                kernels.lora_expand(y[:, col:col + b.shape[2]], xa[:, j * rank:(j + 1) * rank], b, *segs)
+                col += b.shape[2]
             return
         assert self.gather is not None and self.group_slots is not None and self.keep is not None
-        if self.slot_range is not None:
-            a, b = a[self.slot_range], b[self.slot_range]  # [U, in, N], [U, N, out]
-        else:
-            a, b = a.index_select(0, self.group_slots), b.index_select(0, self.group_slots)
-        xa = torch.bmm(x[self.gather], a)  # [U, M, in] @ [U, in, N] -> [U, M, N]
-        delta = torch.bmm(xa, b)  # [U, M, out]
+        xa = torch.bmm(x[self.gather], self._weights(a))  # [U, M, in] @ [U, in, P*R] -> [U, M, P*R]
+        delta = torch.cat([torch.bmm(xa[..., j * rank:(j + 1) * rank], self._weights(b))  # [U, M, out_j]
+                           for j, b in enumerate(parts)], dim=-1)  # [U, M, out]
         y.index_add_(0, self.rows, delta.reshape(-1, y.shape[1]).index_select(0, self.keep))
+
+    def _weights(self, w: torch.Tensor) -> torch.Tensor:
+        """The used slots' rows of `w` [S, ...]: a view for consecutive slots, else a gather."""
+        assert self.group_slots is not None
+        return w[self.slot_range] if self.slot_range is not None else w.index_select(0, self.group_slots)
 
 
 def make_lora_batch(slots: LoraSlots, req_slots: list[int], extend_lens: list[int],

@@ -2,13 +2,13 @@
 
 Per fused base projection (qkv, o, gate_up, down) and layer, slot s holds one adapter as
 
-    A[layer, s]: [in, parts * R]            B[layer, s]: [parts * R, out]
-                  | part 0 | part 1 | ..|                 block-diagonal: rank block j of part j
-                                                          feeds only part j's output columns
+    A[layer, s]: [in, parts * R]           B_j[layer, s]: [R, out_j]  for each part j
+                  | part 0 | part 1 | ..|                 (q, k, v of qkv; gate, up of gate_up)
 
-where R = max_lora_rank and parts = 3 for qkv (q | k | v), 2 for gate_up, 1 otherwise. A rank
-r < R fills the first r columns of its block and leaves zeros; an untargeted part stays zero;
-the adapter's scale is folded into B. So `y += (x @ A[s]) @ B[s]` is the whole per-row delta.
+where R = max_lora_rank and parts = 3 for qkv, 2 for gate_up, 1 otherwise. One shrink
+`xa = x @ A[s]` serves every part; part j adds `xa[:, j*R:(j+1)*R] @ B_j[s]` to its own output
+columns. A rank r < R fills the first r rows / columns of its block and leaves zeros; an
+untargeted part stays zero; the adapter's scale is folded into B.
 """
 from __future__ import annotations
 
@@ -36,19 +36,20 @@ class LoraSlots:
                  dtype: torch.dtype, device: torch.device) -> None:
         self.args, self.num_slots, self.max_rank = args, num_slots, max_rank
         self.a: dict[str, torch.Tensor] = {}
-        self.b: dict[str, torch.Tensor] = {}
+        self.b: dict[str, list[torch.Tensor]] = {}  # proj -> B_j per part, [L, S, R, out_j] each
         for proj in projections_for(targets):
             mods = PROJECTIONS[proj]
             d_in = module_dims(args, mods[0])[0]
-            d_out = sum(module_dims(args, m)[1] for m in mods)
-            n = len(mods) * max_rank
-            self.a[proj] = torch.zeros(args.num_layers, num_slots, d_in, n, dtype=dtype, device=device)
-            self.b[proj] = torch.zeros(args.num_layers, num_slots, n, d_out, dtype=dtype, device=device)
+            self.a[proj] = torch.zeros(args.num_layers, num_slots, d_in, len(mods) * max_rank, dtype=dtype,
+                                       device=device)
+            self.b[proj] = [torch.zeros(args.num_layers, num_slots, max_rank, module_dims(args, m)[1], dtype=dtype,
+                                        device=device) for m in mods]
         self.holder: list[str | None] = [None] * num_slots  # namespace of the adapter in each slot
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (*self.a.values(), *self.b.values()))
+        tensors = [*self.a.values(), *(b for parts in self.b.values() for b in parts)]
+        return sum(t.numel() * t.element_size() for t in tensors)
 
     def bytes_per_slot(self) -> int:
         return self.nbytes // max(self.num_slots, 1)
@@ -59,19 +60,16 @@ class LoraSlots:
             if proj not in self.a:
                 continue
             a = torch.zeros_like(self.a[proj][:, slot], dtype=torch.float32, device="cpu")  # [L, in, parts*R]
-            b = torch.zeros_like(self.b[proj][:, slot], dtype=torch.float32, device="cpu")  # [L, parts*R, out]
-            col = 0
             for j, mod in enumerate(mods):
-                width = module_dims(self.args, mod)[1]
-                r0 = j * self.max_rank
+                b = torch.zeros_like(self.b[proj][j][:, slot], dtype=torch.float32, device="cpu")  # [L, R, out_j]
+                r0, r = j * self.max_rank, adapter.rank
                 for layer in range(self.args.num_layers):
                     pair = adapter.weights.get((layer, mod))
                     if pair is not None:
-                        la, lb = pair  # [r, in], [out_part, r]
-                        a[layer, :, r0:r0 + adapter.rank] = la.t()
-                        b[layer, r0:r0 + adapter.rank, col:col + width] = lb.t() * adapter.scale
-                col += width
+                        la, lb = pair  # [r, in], [out_j, r]
+                        a[layer, :, r0:r0 + r] = la.t()
+                        b[layer, :r] = lb.t() * adapter.scale
+                self.b[proj][j][:, slot].copy_(b)
             self.a[proj][:, slot].copy_(a)
-            self.b[proj][:, slot].copy_(b)
         self.holder[slot] = adapter.namespace
 

@@ -63,3 +63,20 @@ def test_bad_shapes_raise_before_launch(device):
     with pytest.raises(ValueError, match="dtype"):
         kernels.lora_expand(torch.randn(3, 4, device=device), torch.randn(3, 2, device=device).half(),
                             torch.randn(2, 2, 4, device=device), *segs, 3)
+
+
+def test_expand_into_column_views(device):
+    """The model's use: one part's rank block of xa into its own output columns of y (both views)."""
+    gen = torch.Generator().manual_seed(7)
+    rank, widths = 8, [24, 8, 8]  # q | k | v
+    xa = torch.randn(9, 3 * rank, generator=gen).to(device)
+    segs = _segments([4, 5], [1, 0], device)
+    y, y_ref = torch.zeros(9, sum(widths), device=device), torch.zeros(9, sum(widths), device=device)
+    col = 0
+    for j, w in enumerate(widths):
+        b = torch.randn(2, rank, w, generator=gen).to(device)
+        kernels.lora_expand(y[:, col:col + w], xa[:, j * rank:(j + 1) * rank], b, *segs, 5)
+        kernels.lora_expand_ref(y_ref[:, col:col + w], xa[:, j * rank:(j + 1) * rank].contiguous(), b, *segs, 5)
+        col += w
+    torch.testing.assert_close(y, y_ref, rtol=1e-4, atol=1e-4)
+    assert (y != 0).all()  # every column of every row got its part's delta
