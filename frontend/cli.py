@@ -28,7 +28,9 @@ def add_engine_flags(parser: argparse.ArgumentParser, skip: tuple[str, ...] = ()
         args = typing.get_args(hint) if isinstance(hint, types.UnionType) else ()
         base = next((a for a in args if a is not type(None)), hint)
         help_text = f"{f.metadata['help']} (default: {f.default})"
-        if base is bool:
+        if typing.get_origin(base) is tuple:  # a list flag: --lora-modules a=x b=y
+            group.add_argument(_flag(f.name), nargs="+", default=f.default, help=help_text)
+        elif base is bool:
             action = argparse.BooleanOptionalAction if f.default else "store_true"
             group.add_argument(_flag(f.name), action=action, default=f.default, help=help_text)
         else:

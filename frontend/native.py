@@ -33,7 +33,6 @@ class GenerateRequest(RequestOptions, kw_only=True, forbid_unknown_fields=True):
     sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None
     stream: bool = False
     rid: str | list[str] | None = None
-    lora_path: str | None = None
     # accepted and ignored when harmless
     image_data: Any = None
     return_hidden_states: bool = False
@@ -53,8 +52,6 @@ def _check_unsupported(req: GenerateRequest) -> None:
         raise APIError(400, "return_hidden_states is not supported", param="return_hidden_states")
     if req.custom_logit_processor is not None:
         raise APIError(400, "custom_logit_processor is not supported", param="custom_logit_processor")
-    if req.lora_path is not None:
-        raise APIError(400, "LoRA adapters are not supported yet", param="lora_path")
     ignored = [name for name in _IGNORED if getattr(req, name) is not None]
     if ignored:
         log.info("/generate: ignoring %s (not implemented)", ", ".join(ignored))

@@ -14,11 +14,15 @@ from radixflow.frontend.streams import Fanout, launch
 from radixflow.runtime.sampling_params import SamplingParams
 
 
-def check_model(request: Request, model: str) -> None:
+def check_model(request: Request, model: str) -> str | None:
+    """None for the base model; the adapter name when `model` names a loaded LoRA adapter."""
     server = request.app.state.server
-    if model not in (server.served_model_name, server.engine.model_path):
-        raise APIError(404, f"the model {model!r} does not exist; this server serves "
-                       f"{server.served_model_name!r}", param="model", code="model_not_found")
+    if model in (server.served_model_name, server.engine.model_path):
+        return None
+    if model in server.engine.lora_adapters():
+        return model
+    raise APIError(404, f"the model {model!r} does not exist; this server serves "
+                   f"{server.served_model_name!r}", param="model", code="model_not_found")
 
 
 async def start(request: Request, prompts: list[list[int]], sampling: list[SamplingParams],

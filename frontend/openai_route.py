@@ -99,14 +99,14 @@ async def handle(request: Request, shape: Shape) -> Response:
     server = request.app.state.server
     engine = server.engine
     req = await read_json(request, shape.schema, RENAMED)
-    check_model(request, req.model)
+    lora = check_model(request, req.model)
     shape.check(req, request)
     requested = shape.max_tokens(req)
     sp = sampling_params(req, engine, requested, server.limits)
     prompts = await asyncio.to_thread(shape.prompts, req, engine.tokenizer)
     per_prompt = fit_context(prompts.ids, sp, requested, engine, shape.prompt_param)
     job = Job(req, prompts, sp, {"id": new_id(shape.id_prefix), "created": now(), "model": req.model})
-    fanout, job.shared = await start(request, prompts.ids, per_prompt, shape.options(req))
+    fanout, job.shared = await start(request, prompts.ids, per_prompt, {**shape.options(req), "lora_path": lora})
     if req.stream:
         include_usage = req.stream_options is not None and req.stream_options.include_usage
         return EventStream(guarded(_events(fanout, shape, job, engine.tokenizer, include_usage), fanout,

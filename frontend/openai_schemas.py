@@ -195,6 +195,7 @@ class ModelCard(Struct, kw_only=True):
     owned_by: str = "radixflow"
     root: str
     max_model_len: int
+    parent: str | None = None  # a LoRA adapter's base model
 
 
 class ModelList(Struct, kw_only=True):

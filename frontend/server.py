@@ -22,6 +22,7 @@ from radixflow.frontend.body import json_response
 from radixflow.frontend.chat import create_chat_completion
 from radixflow.frontend.completions import create_completion
 from radixflow.frontend.errors import APIError, api_error_handler, http_error_handler
+from radixflow.frontend.lora_routes import adapter_cards, load_lora_adapter, unload_lora_adapter
 from radixflow.frontend.limits import ProgramLimits, RequestLimits, limits_from_flags
 from radixflow.frontend.openai_common import check_model, now
 from radixflow.frontend.openai_schemas import ModelCard, ModelList
@@ -35,19 +36,22 @@ log = logging.getLogger(__name__)
 EngineOrFactory = Any  # an Engine (the caller owns it) or a zero-argument callable returning one (we own it)
 
 
-def _model_card(request: Request) -> ModelCard:
+def _model_card(request: Request, model: str | None = None) -> ModelCard:
     server = request.app.state.server
+    if model is not None:  # a LoRA adapter
+        return next(c for c in adapter_cards(server, server.engine.max_context_len) if c.id == model)
     return ModelCard(id=server.served_model_name, created=now(), root=server.engine.model_path,
                      max_model_len=server.engine.max_context_len)
 
 
 async def list_models(request: Request) -> Response:
-    return json_response(ModelList(data=[_model_card(request)]))
+    server = request.app.state.server
+    return json_response(ModelList(data=[_model_card(request), *adapter_cards(server, server.engine.max_context_len)]))
 
 
 async def get_model(request: Request) -> Response:
-    check_model(request, request.path_params["model"])
-    return json_response(_model_card(request))
+    lora = check_model(request, request.path_params["model"])
+    return json_response(_model_card(request, lora))
 
 
 async def metrics(request: Request) -> Response:
@@ -61,6 +65,8 @@ ROUTES = [
     Route("/v1/models", list_models, methods=["GET"]),
     Route("/v1/models/{model:path}", get_model, methods=["GET"]),
     Route("/v1/programs", run_program, methods=["POST"]),
+    Route("/v1/load_lora_adapter", load_lora_adapter, methods=["POST"]),
+    Route("/v1/unload_lora_adapter", unload_lora_adapter, methods=["POST"]),
     Route("/generate", native.generate, methods=["POST"]),
     Route("/get_model_info", native.get_model_info, methods=["GET"]),
     Route("/model_info", native.get_model_info, methods=["GET"]),

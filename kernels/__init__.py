@@ -8,6 +8,7 @@ from .activation import silu_and_mul, silu_and_mul_ref
 from .decode_attention import choose_kv_splits, decode_attention, decode_attention_ref
 from .extend_attention import extend_attention, extend_attention_ref
 from .fp8 import FP8_E4M3_MAX, dequantize_fp8, quantize_fp8
+from .lora import lora_expand, lora_expand_ref, lora_shrink, lora_shrink_ref
 from .logits_mask import apply_token_bitmask, apply_token_bitmask_ref
 from .rmsnorm import rmsnorm, rmsnorm_ref
 from .rope import rope, rope_cos_sin, rope_inv_freq, rope_ref
@@ -29,6 +30,10 @@ __all__ = [
     "extend_attention",
     "extend_attention_ref",
     "extend_attention_torch",
+    "lora_expand",
+    "lora_expand_ref",
+    "lora_shrink",
+    "lora_shrink_ref",
     "plan_decode",
     "quantize_fp8",
     "rmsnorm",

@@ -10,7 +10,7 @@ import json
 from typing import Any
 
 # SGLang frontend spelling → native sampling_params name.
-ALIASES = {"max_tokens": "max_new_tokens", "min_tokens": "min_new_tokens"}
+ALIASES = {"max_tokens": "max_new_tokens", "min_tokens": "min_new_tokens", "lora": "lora_path"}
 
 
 # dtype → (regex the output must match, conversion of the matched text)

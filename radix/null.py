@@ -51,6 +51,9 @@ class NullCache:
     def evict(self, num_tokens: int, free_fn: Callable[[list[int]], None]) -> int:
         return 0
 
+    def evict_namespace(self, namespace: str | None, free_fn: Callable[[list[int]], None]) -> int:
+        return 0
+
     def evictable_size(self) -> int:
         return 0
 

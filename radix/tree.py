@@ -299,6 +299,29 @@ class RadixCache:
             free_fn(freed)
         return len(freed)
 
+    def evict_namespace(self, namespace: str | None, free_fn: FreeFn) -> int:
+        """Remove every unlocked node of `namespace` (an unloaded adapter's KV), deepest first;
+        calls `free_fn` once with their slots. Returns the tokens removed."""
+        root = self._roots.get(namespace)
+        if root is None:
+            return 0
+        order, stack = [], [root]
+        while stack:
+            node = stack.pop()
+            order.append(node)
+            stack.extend(node.children.values())
+        freed: list[int] = []
+        for node in reversed(order):  # preorder reversed: children before their parent
+            if node is root or node.children or node.lock_ref:
+                continue
+            self._leaves.discard(node)
+            self._remove_leaf(node)
+            freed.extend(node.value)
+        if freed:
+            self.evicted_tokens += len(freed)
+            free_fn(freed)
+        return len(freed)
+
     def _remove_leaf(self, leaf: Node) -> None:
         parent = leaf.parent
         assert parent is not None and not leaf.children and leaf.lock_ref == 0

@@ -13,6 +13,7 @@ ATTENTION_BACKENDS = ("auto", "triton", "torch")
 DEVICES = ("auto", "cpu", "cuda")
 LOAD_FORMATS = ("auto", "dummy")
 GRAMMAR_BACKENDS = ("outlines", "llguidance")
+LORA_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 def _opt(default: Any, help: str, choices: tuple[str, ...] | None = None) -> Any:
@@ -52,8 +53,18 @@ class EngineConfig:
     check_invariants: bool = _opt(False, "After every step, check slot accounting, slot ownership and the radix tree; log and count violations (tests, soaks).")
     cpu_kv_cache_bytes: int = _opt(512 << 20, "KV pool byte budget on CPU when --kv-cache-tokens is not given.")
     chat_template: str | None = _opt(None, "Jinja chat template file replacing the model's own.")
+    enable_lora: bool = _opt(False, "Serve LoRA adapters (implied by --lora-modules and --lora-dir).")
+    lora_modules: tuple[str, ...] = _opt((), "LoRA adapters to load at start, as NAME=PATH (PEFT directories).")
+    lora_dir: str | None = _opt(None, "Directory that adapter paths must lie under; enables the load/unload routes and lora_path given as a path.")
+    max_loras: int = _opt(4, "Adapters resident on the device at once (slots allocated at start).")
+    max_lora_rank: int = _opt(16, "Largest adapter rank the slots hold.")
+    max_loras_per_batch: int | None = _opt(None, "Most distinct adapters in one batch (default: max_loras).")
+    max_cpu_loras: int | None = _opt(None, "Adapters whose weights stay in host memory, least recently used dropped first (default: all loaded).")
+    lora_target_modules: str | None = _opt(None, "Comma-separated modules the slots cover (default: all of " + ",".join(LORA_TARGET_MODULES) + ").")
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "lora_modules", tuple(self.lora_modules))  # a CLI list, normalized once
+        self._check_lora()
         for f in dataclasses.fields(self):
             choices = f.metadata.get("choices")
             if choices and getattr(self, f.name) not in choices:
@@ -78,6 +89,31 @@ class EngineConfig:
             raise ValueError(f"cpu_kv_cache_bytes must be >= 1 MiB (1048576), got {self.cpu_kv_cache_bytes}")
         if self.grammar_timeout_s <= 0:
             raise ValueError(f"grammar_timeout_s must be > 0, got {self.grammar_timeout_s}")
+
+    @property
+    def lora_enabled(self) -> bool:
+        return self.enable_lora or bool(self.lora_modules) or self.lora_dir is not None
+
+    @property
+    def lora_targets(self) -> frozenset[str]:
+        if self.lora_target_modules is None:
+            return frozenset(LORA_TARGET_MODULES)
+        return frozenset(m.strip() for m in self.lora_target_modules.split(",") if m.strip())
+
+    def _check_lora(self) -> None:
+        for name in ("max_loras", "max_lora_rank"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_loras_per_batch is not None and not 1 <= self.max_loras_per_batch <= self.max_loras:
+            raise ValueError(f"max_loras_per_batch must be in [1, max_loras={self.max_loras}], got {self.max_loras_per_batch}")
+        if self.max_cpu_loras is not None and self.max_cpu_loras < 1:
+            raise ValueError(f"max_cpu_loras must be >= 1 (or unset), got {self.max_cpu_loras}")
+        unknown = sorted(self.lora_targets - set(LORA_TARGET_MODULES))
+        if unknown or not self.lora_targets:
+            raise ValueError(f"lora_target_modules has unknown modules {unknown}; known: {', '.join(LORA_TARGET_MODULES)}")
+        for item in self.lora_modules:
+            if not isinstance(item, str) or "=" not in item or not item.split("=", 1)[0] or not item.split("=", 1)[1]:
+                raise ValueError(f"lora_modules entries must be NAME=PATH, got {item!r}")
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> EngineConfig:

@@ -37,6 +37,8 @@ from radixflow.runtime.result import make_result, meta_info
 from radixflow.runtime.core.output import visible_text
 from radixflow.runtime.sampling_params import SamplingParams
 from radixflow.runtime.core.scheduler import Scheduler, SchedulerLimits
+from radixflow.runtime.lora.capacity import NO_ADAPTERS
+from radixflow.runtime.lora.service import LoraService, check_lora_request
 from radixflow.runtime.slo import SLOs, Goodput
 from radixflow.runtime.stats import EngineStats, RequestTiming
 from radixflow.runtime.core.step import StepRunner, error_reason, notify
@@ -86,7 +88,10 @@ class Engine:
             max_num_seqs=self.config.max_num_seqs, max_prefill_tokens=self.config.max_prefill_tokens,
             chunked_prefill_size=self.config.chunked_prefill_size, max_context_len=self.max_context_len,
             policy=self.config.schedule_policy, lpm_fcfs_threshold=self.config.lpm_fcfs_threshold)
-        self.scheduler = Scheduler(limits, self.runner.kv_pool, self.runner.req_pool, cache)
+        slots = self.runner.lora_slots
+        self.loras = None if slots is None else LoraService(self.config, self.runner.args, slots)
+        self.scheduler = Scheduler(limits, self.runner.kv_pool, self.runner.req_pool, cache,
+                                   NO_ADAPTERS if self.loras is None else self.loras.capacity)
         self.eos_ids = frozenset(self.tokenizer.eos_token_ids) | frozenset(self.runner.args.eos_token_ids)
         self.grammar = GrammarCompiler(self.tokenizer, self.runner.args.vocab_size, self.eos_ids,
                                        self.config.grammar_backend, self.config.grammar_timeout_s,
@@ -115,12 +120,15 @@ class Engine:
                  input_ids: InputIds = None, *, return_logprob: bool = False,
                  logprob_start_len: int | None = None, top_logprobs_num: int = 0,
                  return_text_in_logprobs: bool = False, rid: str | list[str] | None = None,
-                 lora_path: str | None = None, session_id: str | None = None) -> dict | list[dict]:
+                 lora_path: str | None = None, session_id: str | None = None,
+                 lora: str | None = None) -> dict | list[dict]:
         """Generate for one prompt (→ one result) or a list (→ a list, in order).
 
         Results are shaped like SGLang's native /generate response. With n > 1 each prompt
-        gives n results (a list for one prompt) after one shared prefill.
+        gives n results (a list for one prompt) after one shared prefill. `lora`: an adapter
+        name (`lora_path`, as SGLang's: a name, or a path under lora_dir).
         """
+        lora_path = lora if lora is not None else lora_path
         prompts, is_batch = self._normalize_inputs(prompt, input_ids)
         if isinstance(sampling_params, list):
             if len(sampling_params) != len(prompts):
@@ -150,11 +158,13 @@ class Engine:
                               input_ids: list[int] | None = None, *, return_logprob: bool = False,
                               logprob_start_len: int | None = None, top_logprobs_num: int = 0,
                               return_text_in_logprobs: bool = False, rid: str | None = None,
-                              lora_path: str | None = None, session_id: str | None = None) -> AsyncIterator[dict]:
+                              lora_path: str | None = None, session_id: str | None = None,
+                              lora: str | None = None) -> AsyncIterator[dict]:
         """Yield SGLang-style stream chunks: cumulative `text` and `output_ids`; logprob lists
         hold only the entries new since the previous chunk. Closing the iterator early (a
         client gone away) aborts the request."""
         prompts, is_batch = self._normalize_inputs(prompt, input_ids)
+        lora_path = lora if lora is not None else lora_path
         if is_batch:
             raise ValueError("generate_stream takes one prompt, not a list")
         sp = SamplingParams.from_dict(sampling_params)
@@ -207,6 +217,34 @@ class Engine:
     def flush_cache(self) -> bool:
         """Drop every unlocked prefix-cache entry. Returns True once done."""
         return bool(self._call_on_loop(self._flush))
+
+    def load_lora_adapter(self, name: str, path: str) -> None:
+        """Load (or replace) adapter `name` from a PEFT directory; ValueError with the cause.
+        Replacing a name's weights drops the KV cached for the old ones."""
+        check_lora_request(self.loras, name)
+        assert self.loras is not None
+        _, orphan = self.loras.registry.load(name, path)
+        self._drop_adapter_kv(orphan)
+
+    def unload_lora_adapter(self, name: str) -> None:
+        """Forget adapter `name`; its cached KV is freed (unless another name has equal weights)."""
+        check_lora_request(self.loras, name)
+        assert self.loras is not None
+        self._drop_adapter_kv(self.loras.registry.unload(name))
+
+    def lora_adapters(self) -> dict[str, str]:
+        """name -> path of the loaded adapters (empty without LoRA)."""
+        return {} if self.loras is None else self.loras.registry.names()
+
+    def _drop_adapter_kv(self, namespace: str | None) -> None:
+        if namespace is None or self.loras is None:
+            return
+        capacity = self.loras.capacity
+
+        def drop() -> None:
+            self.scheduler.cache.evict_namespace(namespace, self.runner.kv_pool.free)
+            capacity.forget(namespace)
+        self._call_on_loop(drop)
 
     def stats(self) -> EngineStats:
         return self._stats
@@ -292,10 +330,11 @@ class Engine:
     def _make_req(self, ids: list[int], sp: SamplingParams, opts: LogprobOptions, rid: str | None,
                   lora_path: str | None, on_output: Callable[[Req, bool], None] | None) -> Req:
         self.validate_prompt(ids, sp)
-        if lora_path is not None:
-            raise ValueError("LoRA adapters are not supported yet")
+        check_lora_request(self.loras, lora_path)
         opts.validate(len(ids), self.runner.args.vocab_size)
         req = Req(rid=rid or uuid.uuid4().hex, prompt_ids=ids, sampling=sp, logprob=opts, on_output=on_output)
+        if self.loras is not None and lora_path is not None:
+            self.loras.attach(req, lora_path)
         req.detokenizer = IncrementalDetokenizer(self.tokenizer, skip_special_tokens=sp.skip_special_tokens,
                                                  prefix_ids=ids)
         if sp.seed is not None:
@@ -505,7 +544,8 @@ class Engine:
             failed_steps=self._step.num_failed_steps, miss_tokens=dict(self._step.miss_tokens),
             evicted_tokens=cache.evicted_tokens, kv_lifetime=cache.lifetime.snapshot(),
             reuse_gap=cache.reuse_gap.snapshot(), good_requests=g.good_requests,
-            slo_violations=dict(g.violations), num_sessions=g.num_sessions, num_bad_sessions=g.num_bad_sessions)
+            slo_violations=dict(g.violations), num_sessions=g.num_sessions, num_bad_sessions=g.num_bad_sessions,
+            **({} if self.loras is None else self.loras.stats()))
 
 
 class _Call:

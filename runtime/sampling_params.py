@@ -139,6 +139,7 @@ class RequestOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     top_logprobs_num: int = 0
     return_text_in_logprobs: bool = False
     session_id: str | None = None  # requests of one conversation or program run (session goodput)
+    lora_path: str | None = None  # LoRA adapter: a loaded name, or a path under --lora-dir; None: the base
 
     def validate(self) -> None:
         """ValueError starting with the field's name when a value is out of range."""
@@ -148,8 +149,11 @@ class RequestOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
             raise ValueError(f"logprob_start_len is {self.logprob_start_len}; it must be >= -1 (-1: output only)")
 
     def engine_kwargs(self) -> dict[str, Any]:
-        """As Engine.generate keywords, `logprob_start_len` resolved (absent → -1, output only)."""
+        """As Engine.generate keywords, `logprob_start_len` resolved (absent → -1, output only);
+        `lora_path` only when given (the base model otherwise)."""
         kwargs = msgspec.structs.asdict(self)
+        if kwargs["lora_path"] is None:
+            del kwargs["lora_path"]
         if kwargs["logprob_start_len"] is None:
             kwargs["logprob_start_len"] = -1
         return kwargs

@@ -75,6 +75,10 @@ class EngineStats:
     num_bad_sessions: int = 0       # sessions with at least one request that was not good
     kv_lifetime: Histogram = field(default_factory=Histogram)  # seconds evicted tokens were cached
     reuse_gap: Histogram = field(default_factory=Histogram)    # seconds between hits of a cached prefix
+    lora_resident: int = 0          # adapters in device slots
+    lora_loaded: int = 0            # adapter names loaded
+    lora_requests: dict[str, int] = field(default_factory=dict)  # requests submitted, by adapter name
+    lora_load_time: Histogram = field(default_factory=Histogram)  # seconds per adapter read from disk
 
     @property
     def kv_usage(self) -> float:

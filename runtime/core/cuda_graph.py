@@ -22,6 +22,8 @@ from typing import Protocol
 import torch
 
 from radixflow.runtime.core.forward_batch import ForwardBatch
+from radixflow.runtime.lora.batch import LoraBatch
+from radixflow.runtime.lora.slots import LoraSlots
 from radixflow.runtime.model.model import AttentionFn, CausalLM
 
 log = logging.getLogger(__name__)
@@ -104,13 +106,16 @@ class DecodeGraphRunner:
     """
 
     def __init__(self, model: CausalLM, attention: AttentionFn, req_to_token: torch.Tensor, max_bs: int,
-                 capture: Capture) -> None:
+                 capture: Capture, lora_slots: LoraSlots | None = None) -> None:
         self.model, self.attention, self.req_to_token = model, attention, req_to_token
         self.batch_sizes = capture_batch_sizes(max_bs)
         device = req_to_token.device
         self.packed = torch.zeros((NUM_FIELDS, self.batch_sizes[-1]), dtype=torch.int64, device=device)
         self.ones = torch.ones(self.batch_sizes[-1], dtype=torch.int64, device=device)
         self.arange = torch.arange(self.batch_sizes[-1], dtype=torch.int64, device=device)
+        # with adapters, each row's slot id (-1: base, also for padding rows) is a graph input
+        self.lora_slots = lora_slots
+        self.lora_slot_ids = torch.full((self.batch_sizes[-1],), -1, dtype=torch.int64, device=device)
         self.replays: dict[int, tuple[Callable[[], None], torch.Tensor]] = {}
         start = time.perf_counter()
         for bs in reversed(self.batch_sizes):
@@ -131,7 +136,9 @@ class DecodeGraphRunner:
             out_slots=p[OUT_SLOTS, :bs], req_to_token=self.req_to_token, req_rows=p[REQ_ROWS, :bs],
             prefix_lens=p[PREFIX_LENS, :bs], extend_lens=self.ones[:bs], seq_lens=p[SEQ_LENS, :bs],
             extend_starts=self.arange[:bs], logit_rows=self.arange[:bs],
-            prefix_lens_cpu=[0] * bs, extend_lens_cpu=[1] * bs, num_kv_splits=self.kv_splits(bs))
+            prefix_lens_cpu=[0] * bs, extend_lens_cpu=[1] * bs, num_kv_splits=self.kv_splits(bs),
+            lora=None if self.lora_slots is None else LoraBatch(
+                self.lora_slots, self.arange[:bs], self.ones[:bs], self.lora_slot_ids[:bs], 1, use_triton=True))
 
     def kv_splits(self, bs: int) -> int | None:
         """Decode splits baked into the graph of batch size `bs`: sized for the longest context
@@ -140,13 +147,17 @@ class DecodeGraphRunner:
         return None if choose is None else choose(bs, self.req_to_token.shape[1])
 
     def run(self, input_ids: list[int], positions: list[int], out_slots: list[int],
-            req_rows: list[int]) -> torch.Tensor:
+            req_rows: list[int], lora_slots: list[int] | None = None) -> torch.Tensor:
         """Logits [bs, vocab] fp32 of one decode step; bs must be <= max_bs."""
         bs = len(input_ids)
         padded = padded_batch_size(bs, self.batch_sizes)
         assert padded is not None, f"decode batch {bs} exceeds the largest captured size {self.max_bs}"
         host = pack_decode_inputs(input_ids, positions, out_slots, req_rows, padded)
         self.packed[:, :padded].copy_(host)
+        if self.lora_slots is not None and lora_slots is not None:
+            ids = torch.full((padded,), -1, dtype=torch.int64)
+            ids[:bs] = torch.tensor(lora_slots, dtype=torch.int64)
+            self.lora_slot_ids[:padded].copy_(ids)
         replay, out = self.replays[padded]
         replay()
         return out[:bs]

@@ -2,8 +2,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from radixflow.runtime.lora.batch import LoraBatch
 
 
 @dataclass
@@ -41,6 +45,7 @@ class ForwardBatch:
     prefix_lens_cpu: list[int]
     extend_lens_cpu: list[int]
     lora_ids: torch.Tensor | None = None  # [num_tokens] int64 adapter index per token, -1 = base
+    lora: LoraBatch | None = None  # the rows' adapter slots and their deltas; None: all base rows
     # decode KV splits fixed for this batch (a CUDA graph's, sized for the longest context);
     # None: the attention backend picks them from the batch's lengths
     num_kv_splits: int | None = None

@@ -16,6 +16,8 @@ from radixflow.runtime.core.kv_pool import KVPool, ReqToTokenPool
 from radixflow.runtime.model.model_config import ModelArgs, load_model_args
 from radixflow.runtime.model.random_weights import build_random_model
 from radixflow.runtime.core.scheduler import ScheduledBatch
+from radixflow.runtime.lora.batch import make_lora_batch
+from radixflow.runtime.lora.slots import LoraSlots
 from radixflow.runtime.model.weights import build_model
 
 log = logging.getLogger(__name__)
@@ -94,6 +96,9 @@ class ModelRunner:
         self.kv_pool = KVPool(num_tokens + 1, self.args.num_layers, self.args.num_kv_heads,
                               self.args.head_dim, self.shape.dtype, dev, fp8=fp8)
         self.req_pool = ReqToTokenPool(cfg.max_num_seqs, self.shape.max_context_len, dev)
+        # adapter slots, allocated once like the KV pool; None: the engine serves no adapters
+        self.lora_slots = LoraSlots(self.args, cfg.lora_targets, cfg.max_loras, cfg.max_lora_rank,
+                                    self.shape.dtype, dev) if cfg.lora_enabled else None
         ops = AttentionOps.for_backend(self.shape.attention_backend)
         self.attention = PoolAttention(self.kv_pool, ops, 1.0 / math.sqrt(self.args.head_dim),
                                        default_kv_splits(dev))
@@ -104,7 +109,8 @@ class ModelRunner:
         self.graph_runner: DecodeGraphRunner | None = None
         if self.shape.cuda_graph_max_bs > 0:
             self.graph_runner = DecodeGraphRunner(self.model, self.attention, self.req_pool.table,
-                                                  self.shape.cuda_graph_max_bs, CudaGraphCapture(dev))
+                                                  self.shape.cuda_graph_max_bs, CudaGraphCapture(dev),
+                                                  lora_slots=self.lora_slots)
 
     @property
     def device(self) -> torch.device:
@@ -123,7 +129,7 @@ class ModelRunner:
             return self.graph_runner.run(
                 input_ids=[r.ids_range(p, p + 1)[0] for r, p in zip(reqs, prefix_lens)],
                 positions=list(prefix_lens), out_slots=[r.slots[p] for r, p in zip(reqs, prefix_lens)],
-                req_rows=[r.row for r in reqs])
+                req_rows=[r.row for r in reqs], lora_slots=[r.lora_id for r in reqs])
         fb = self.make_forward_batch(batch, logit_offsets)
         return self.model(fb, self.attention)
 
@@ -151,4 +157,6 @@ class ModelRunner:
             prefix_lens=t(batch.prefix_lens), extend_lens=t(batch.extend_lens),
             seq_lens=t([p + n for p, n in zip(batch.prefix_lens, batch.extend_lens)]),
             extend_starts=t(starts), logit_rows=t(logit_rows),
-            prefix_lens_cpu=list(batch.prefix_lens), extend_lens_cpu=list(batch.extend_lens))
+            prefix_lens_cpu=list(batch.prefix_lens), extend_lens_cpu=list(batch.extend_lens),
+            lora=None if self.lora_slots is None else make_lora_batch(
+                self.lora_slots, [r.lora_id for r in batch.reqs], list(batch.extend_lens), dev, dev.type == "cuda"))

@@ -78,7 +78,9 @@ class Req:
     sampling: SamplingParams
     logprob: LogprobOptions = field(default_factory=LogprobOptions)
     namespace: str | None = None
-    lora_id: int = -1
+    lora_id: int = -1            # device slot of its adapter while it holds KV, else -1
+    lora: Any = None             # its LoraAdapter (runtime/lora/adapter.py), None = the base model
+    lora_name: str | None = None  # the adapter name it asked for (metrics)
     on_output: Callable[[Req, bool], None] | None = None  # (req, finished) after each step
     stream: bool = False         # call on_output after every step, not only at the finish
     output_ids: list[int] = field(default_factory=list)

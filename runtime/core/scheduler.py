@@ -24,6 +24,7 @@ from radixflow.radix import RadixCache
 from radixflow.runtime.core.kv_pool import KVPool, ReqToTokenPool
 from radixflow.runtime.core.request import Req, Status
 from radixflow.runtime.core.schedule_policy import match_key, order_waiting
+from radixflow.runtime.lora.capacity import NO_ADAPTERS, AdapterAdmission
 
 log = logging.getLogger(__name__)
 
@@ -70,8 +71,9 @@ class SchedulerLimits:
 
 class Scheduler:
     def __init__(self, limits: SchedulerLimits, kv_pool: KVPool, req_pool: ReqToTokenPool,
-                 cache: RadixCache) -> None:
+                 cache: RadixCache, adapters: AdapterAdmission = NO_ADAPTERS) -> None:
         self.limits = limits
+        self.adapters = adapters  # LoRA slot residency: a request waits for its adapter's slot
         self.kv = kv_pool
         self.req_pool = req_pool
         self.cache = cache
@@ -216,6 +218,8 @@ class Scheduler:
         for req in order_waiting(self.waiting, self.limits.policy, self.cache, self.limits.lpm_fcfs_threshold):
             if self.num_running >= self.limits.max_num_seqs or token_budget <= 0:
                 break
+            if not self.adapters.can_admit(req):
+                continue  # its adapter would exceed the batch's adapter cap: it waits
             key = match_key(req)
             if self.limits.policy != "fcfs" and admitted:
                 shared = dedup.match_prefix(key, req.namespace).length
@@ -277,6 +281,7 @@ class Scheduler:
         if req.times.scheduled is None:
             req.times.scheduled = time.monotonic()
         self.prefilling.append(req)
+        self.adapters.acquire(req)
         return n
 
     def _grow(self, req: Req, n: int, batch: ScheduledBatch, misses: dict[str, int]) -> bool:
@@ -398,6 +403,7 @@ class Scheduler:
             self.kv.free(req.slots[held:])
             self.cache.dec_lock_ref(req.last_node)
             self.req_pool.free_row(req.row)
+            self.adapters.release(req)
         if req in self.running:
             self.running.remove(req)
         if req in self.prefilling:

@@ -29,6 +29,13 @@ def use_triton_ops(x: torch.Tensor) -> bool:
     return x.is_cuda or FORCE_TRITON_OPS
 
 
+def add_lora(fb: ForwardBatch, layer_id: int, proj: str, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """y (the base projection of x) plus each row's adapter delta, in place (runtime/lora/batch.py)."""
+    if fb.lora is not None:
+        fb.lora.apply(layer_id, proj, x, y)
+    return y
+
+
 class AttentionFn(Protocol):
     def __call__(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  fb: ForwardBatch) -> torch.Tensor:
@@ -92,7 +99,7 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, rope: RopeStep, fb: ForwardBatch, attn: AttentionFn) -> torch.Tensor:
         a = self.args
-        qkv = self.qkv_proj(x)  # [T, q_size + 2 * kv_size]
+        qkv = add_lora(fb, self.layer_id, "qkv", x, self.qkv_proj(x))  # [T, q_size + 2 * kv_size]
         num_tokens, qk_size = qkv.shape[0], a.q_size + a.kv_size
         q = qkv[:, :a.q_size].view(num_tokens, a.num_heads, a.head_dim)
         k = qkv[:, a.q_size:qk_size].view(num_tokens, a.num_kv_heads, a.head_dim)
@@ -106,23 +113,26 @@ class Attention(nn.Module):
         else:  # q and k side by side in qkv: one rotation over [T, num_heads + num_kv_heads, D]
             qk = rotate_cpu(qkv[:, :qk_size].view(num_tokens, -1, a.head_dim), rope.cos, rope.sin)
             q, k = qk[:, :a.num_heads], qk[:, a.num_heads:]
-        o = attn(self.layer_id, q, k, v, fb)  # [T, H, D]
-        return self.o_proj(o.reshape(-1, a.q_size))
+        o = attn(self.layer_id, q, k, v, fb).reshape(-1, a.q_size)  # [T, q_size]
+        return add_lora(fb, self.layer_id, "o", o, self.o_proj(o))
 
 
 class MLP(nn.Module):
-    def __init__(self, args: ModelArgs) -> None:
+    def __init__(self, args: ModelArgs, layer_id: int) -> None:
         super().__init__()
+        self.layer_id = layer_id
         self.intermediate_size = args.intermediate_size
         self.gate_up_proj = nn.Linear(args.hidden_size, 2 * args.intermediate_size, bias=False)
         self.down_proj = nn.Linear(args.intermediate_size, args.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate_up = self.gate_up_proj(x)  # [T, 2 * intermediate]
+    def forward(self, x: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
+        gate_up = add_lora(fb, self.layer_id, "gate_up", x, self.gate_up_proj(x))  # [T, 2 * intermediate]
         if use_triton_ops(x):
-            return self.down_proj(kernels.silu_and_mul(gate_up))
-        gate, up = gate_up.split(self.intermediate_size, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+            act = kernels.silu_and_mul(gate_up)
+        else:
+            gate, up = gate_up.split(self.intermediate_size, dim=-1)
+            act = F.silu(gate) * up  # [T, intermediate]
+        return add_lora(fb, self.layer_id, "down", act, self.down_proj(act))
 
 
 class DecoderLayer(nn.Module):
@@ -131,7 +141,7 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.self_attn = Attention(args, layer_id)
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
-        self.mlp = MLP(args)
+        self.mlp = MLP(args, layer_id)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None, rope: RopeStep,
                 fb: ForwardBatch, attn: AttentionFn) -> tuple[torch.Tensor, torch.Tensor]:
@@ -139,7 +149,7 @@ class DecoderLayer(nn.Module):
         add runs fused into the next norm (residual None at the first layer: x is the stream)."""
         h, residual = self.input_layernorm(x, residual)
         h, residual = self.post_attention_layernorm(self.self_attn(h, rope, fb, attn), residual)
-        return self.mlp(h), residual
+        return self.mlp(h, fb), residual
 
 
 class CausalLM(nn.Module):

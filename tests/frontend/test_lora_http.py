@@ -1,0 +1,138 @@
+"""LoRA over HTTP: load/unload routes gated by --lora-dir, adapters as OpenAI models, native lora_path, metrics."""
+from __future__ import annotations
+
+import os
+import sys
+
+import httpx
+import pytest
+
+from .conftest import LiveServer
+from radixflow.frontend.server import create_app
+from radixflow.runtime import Engine
+from radixflow.runtime.model.demo import demo_model
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "runtime"))
+from lora_adapters import write_adapter  # noqa: E402
+
+GREEDY = {"max_new_tokens": 6, "temperature": 0.0}
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    model = demo_model("tiny")
+    root = tmp_path_factory.mktemp("lora_dir")
+    a = write_adapter(str(root / "a"), model, rank=8, seed=1)
+    b = write_adapter(str(root / "b"), model, rank=4, seed=2)
+    outside = write_adapter(str(tmp_path_factory.mktemp("outside") / "c"), model, rank=4, seed=3)
+    with Engine(model, lora_dir=str(root), lora_modules=[f"alpha={a}"], dtype="float32") as eng:
+        live = LiveServer(create_app(eng, "tiny")).start()
+        with httpx.Client(base_url=live.url, timeout=60) as client:
+            yield client, eng, {"a": a, "b": b, "outside": outside, "url": live.url}
+        live.stop()
+
+
+def _native(client, **fields):
+    return client.post("/generate", json={"text": "the river ran", "sampling_params": GREEDY, **fields})
+
+
+def test_models_list_adapters_with_their_parent(setup):
+    client, _, paths = setup
+    data = client.get("/v1/models").json()["data"]
+    assert [(m["id"], m.get("parent")) for m in data] == [("tiny", None), ("alpha", "tiny")]
+    card = client.get("/v1/models/alpha").json()
+    assert card["parent"] == "tiny" and card["root"] == os.path.realpath(paths["a"])
+
+
+def test_openai_model_is_the_adapter(setup):
+    client, eng, _ = setup
+    body = {"prompt": "the river ran", "max_tokens": 6, "temperature": 0}
+    lora = client.post("/v1/completions", json={**body, "model": "alpha"}).json()
+    base = client.post("/v1/completions", json={**body, "model": "tiny"}).json()
+    want = eng.generate("the river ran", GREEDY, lora="alpha")["text"]
+    assert lora["choices"][0]["text"] == want
+    assert lora["model"] == "alpha"
+    assert base["choices"][0]["text"] == eng.generate("the river ran", GREEDY)["text"]
+    chat = client.post("/v1/chat/completions", json={"model": "alpha", "max_tokens": 4, "temperature": 0,
+                                                     "messages": [{"role": "user", "content": "hi"}]})
+    assert chat.status_code == 200
+    missing = client.post("/v1/completions", json={**body, "model": "nope"})
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
+
+
+def test_load_generate_unload_over_http(setup):
+    client, eng, paths = setup
+    r = client.post("/v1/load_lora_adapter", json={"lora_name": "beta", "lora_path": paths["b"]})
+    assert r.status_code == 200, r.text
+    out = _native(client, lora_path="beta").json()
+    assert out["output_ids"] == eng.generate("the river ran", GREEDY, lora="beta")["output_ids"]
+    assert out["output_ids"] != _native(client).json()["output_ids"]  # the adapter changes the output
+    by_path = _native(client, lora_path=paths["b"]).json()  # a path under --lora-dir, as SGLang
+    assert by_path["output_ids"] == out["output_ids"]
+    assert client.post("/v1/unload_lora_adapter", json={"lora_name": "beta"}).status_code == 200
+    assert "beta" not in [m["id"] for m in client.get("/v1/models").json()["data"]]
+    gone = _native(client, lora_path="beta")
+    assert gone.status_code == 400 and "unknown LoRA adapter" in gone.json()["error"]["message"]
+    again = client.post("/v1/unload_lora_adapter", json={"lora_name": "beta"})
+    assert again.status_code == 404
+
+
+def test_load_rejections_are_400(setup):
+    client, _, paths = setup
+    outside = client.post("/v1/load_lora_adapter", json={"lora_name": "c", "lora_path": paths["outside"]})
+    assert outside.status_code == 400 and "outside --lora-dir" in outside.json()["error"]["message"]
+    base_name = client.post("/v1/load_lora_adapter", json={"lora_name": "tiny", "lora_path": paths["b"]})
+    assert base_name.status_code == 400
+    extra = client.post("/v1/load_lora_adapter", json={"lora_name": "x", "lora_path": paths["b"], "z": 1})
+    assert extra.status_code == 400
+    bad = _native(client, lora_path=paths["outside"])
+    assert bad.status_code == 400 and "outside --lora-dir" in bad.json()["error"]["message"]
+
+
+def test_metrics_count_requests_per_adapter(setup):
+    client, _, _ = setup
+    _native(client, lora_path="alpha")
+    text = client.get("/metrics").text
+    assert 'radixflow_lora_requests_total{lora_name="alpha",model_name="tiny"}' in text
+    assert "radixflow_lora_adapters_loaded{" in text and "radixflow_lora_load_time_seconds_count{" in text
+    resident = [line for line in text.splitlines() if line.startswith("radixflow_lora_adapters_resident{")]
+    assert resident and float(resident[0].split()[-1]) >= 1
+
+
+def test_routes_are_off_without_lora_dir(client):
+    r = client.post("/v1/load_lora_adapter", json={"lora_name": "a", "lora_path": "/tmp"})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "lora_loading_disabled"
+    assert client.post("/v1/unload_lora_adapter", json={"lora_name": "a"}).status_code == 400
+    r = client.post("/generate", json={"text": "hi", "lora_path": "a", "sampling_params": {"max_new_tokens": 1}})
+    assert r.status_code == 400 and "not enabled" in r.json()["error"]["message"]
+
+
+def test_language_gen_with_lora_over_endpoint_and_engine(setup):
+    import radixflow.lang as rf
+
+    client, eng, paths = setup
+
+    @rf.function
+    def program(s, lora):
+        s += "the river ran"
+        s += rf.gen("out", max_tokens=6, temperature=0, lora=lora)
+
+    want = eng.generate("the river ran", GREEDY, lora="alpha")["text"]
+    base = eng.generate("the river ran", GREEDY)["text"]
+    assert want != base
+    assert program.run(lora="alpha", backend=rf.Endpoint(paths["url"]))["out"] == want
+    with rf.Engine(engine=eng) as backend:
+        assert program.run(lora="alpha", backend=backend)["out"] == want
+        assert program.run(lora=None, backend=backend)["out"] == base
+
+
+def test_serve_flags_for_adapters():
+    from radixflow.frontend.cli import build_parser, engine_kwargs
+    from radixflow.runtime import EngineConfig
+
+    ns = build_parser().parse_args(["serve", "--lora-modules", "a=/x", "b=/y", "--max-loras", "3",
+                                    "--max-lora-rank", "64", "--lora-dir", "/adapters"])
+    cfg = EngineConfig.from_kwargs(**engine_kwargs(ns))
+    assert cfg.lora_modules == ("a=/x", "b=/y") and cfg.max_loras == 3 and cfg.max_lora_rank == 64
+    assert cfg.lora_enabled and cfg.lora_dir == "/adapters"
+    assert not EngineConfig.from_kwargs(**engine_kwargs(build_parser().parse_args(["serve"]))).lora_enabled
