@@ -223,7 +223,9 @@ class Engine:
         Replacing a name's weights drops the KV cached for the old ones."""
         check_lora_request(self.loras, name)
         assert self.loras is not None
-        _, orphan = self.loras.registry.load(name, path)
+        adapter, orphan = self.loras.registry.load(name, path)
+        capacity = self.loras.capacity
+        self._call_on_loop(lambda: capacity.revive(adapter.namespace))
         self._drop_adapter_kv(orphan)
 
     def unload_lora_adapter(self, name: str) -> None:

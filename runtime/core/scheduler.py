@@ -403,7 +403,9 @@ class Scheduler:
             self.kv.free(req.slots[held:])
             self.cache.dec_lock_ref(req.last_node)
             self.req_pool.free_row(req.row)
-            self.adapters.release(req)
+            unloaded = self.adapters.release(req)
+            if unloaded is not None:  # the last user of an unloaded adapter: its KV goes now
+                self.cache.evict_namespace(unloaded, self.kv.free)
         if req in self.running:
             self.running.remove(req)
         if req in self.prefilling:

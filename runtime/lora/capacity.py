@@ -19,7 +19,7 @@ from radixflow.runtime.lora.slots import LoraSlots
 class AdapterAdmission(Protocol):
     def can_admit(self, req: Req) -> bool: ...
     def acquire(self, req: Req) -> None: ...
-    def release(self, req: Req) -> None: ...
+    def release(self, req: Req) -> str | None: ...
 
 
 class NoAdapters:
@@ -31,8 +31,8 @@ class NoAdapters:
     def acquire(self, req: Req) -> None:
         pass
 
-    def release(self, req: Req) -> None:
-        pass
+    def release(self, req: Req) -> str | None:
+        return None
 
 
 NO_ADAPTERS = NoAdapters()
@@ -47,6 +47,7 @@ class AdapterCapacity:
         self.pins: dict[str, int] = {}                    # namespace -> holding requests using it
         self.slot_of: dict[str, int] = {}                 # resident namespace -> slot
         self.idle: OrderedDict[str, None] = OrderedDict()  # resident, unpinned; least recent first
+        self.unloaded: set[str] = set()  # unloaded while requests still used them
         self.num_slot_loads = 0
         self.peak_in_batch = 0  # most distinct adapters held at once (a batch's mix)
         self.slot_load_s = 0.0
@@ -72,21 +73,35 @@ class AdapterCapacity:
         self.peak_in_batch = max(self.peak_in_batch, len(self.pins))
         req.lora_id = self.slot_of[ns]
 
-    def release(self, req: Req) -> None:
+    def release(self, req: Req) -> str | None:
+        """Unpin req's adapter. Returns its namespace when req was the last user of an adapter
+        unloaded meanwhile: the caller drops that namespace's KV (its slot is freed here)."""
         if req.lora is None or req.lora_id < 0:
-            return
+            return None
         ns = req.lora.namespace
-        self.pins[ns] -= 1
-        if self.pins[ns] == 0:
-            del self.pins[ns]
-            self.idle[ns] = None
         req.lora_id = -1
+        self.pins[ns] -= 1
+        if self.pins[ns]:
+            return None
+        del self.pins[ns]
+        if ns in self.unloaded:
+            self.unloaded.discard(ns)
+            self.slots.holder[self.slot_of.pop(ns)] = None
+            return ns
+        self.idle[ns] = None
+        return None
 
     def forget(self, namespace: str) -> None:
-        """An unloaded adapter: free its slot now unless a request still uses it."""
-        if namespace in self.slot_of and namespace not in self.pins:
+        """An unloaded adapter: free its slot now, or when the last request using it lets go."""
+        if namespace in self.pins:
+            self.unloaded.add(namespace)
+        elif namespace in self.slot_of:
             self.slots.holder[self.slot_of.pop(namespace)] = None
             self.idle.pop(namespace, None)
+
+    def revive(self, namespace: str) -> None:
+        """Loaded again (same content) before its last user finished: keep its KV after all."""
+        self.unloaded.discard(namespace)
 
     def _make_resident(self, req: Req) -> None:
         free = [s for s, holder in enumerate(self.slots.holder) if holder is None]

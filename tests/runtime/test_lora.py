@@ -1,6 +1,7 @@
 """Multi-LoRA serving: mixed batches against merged weights, cache identity by content, capacity."""
 from __future__ import annotations
 
+import asyncio
 import threading
 
 import pytest
@@ -184,3 +185,25 @@ def test_torch_batched_path_matches_kernel_path_and_row_formula(model, adapters,
     k_cols = slice(args.q_size, args.q_size + args.kv_size)
     torch.testing.assert_close(outs[0][:, k_cols], want[:, k_cols], rtol=1e-4, atol=1e-4)
     assert torch.equal(outs[0][3:5], y0[3:5])  # the base request's rows are untouched
+
+
+def test_unload_while_in_use_frees_its_kv_when_the_last_request_ends(model, adapters):
+    """A running request keeps its adapter to the end; then the adapter's KV leaves the tree and
+    its slot is freed, with no request failing."""
+    prompt = " ".join(PROMPTS)
+    with Engine(model, dtype="float32", lora_modules=[f"a={adapters[0]}"]) as eng:
+        eng.generate(prompt, GREEDY)
+        base_cached = eng.scheduler.cache.total_size()
+
+        async def run() -> dict:
+            chunks = []
+            async for chunk in eng.generate_stream(prompt, {**GREEDY, "max_new_tokens": 40}, lora="a"):
+                if not chunks:
+                    eng.unload_lora_adapter("a")  # running, holding its adapter
+                chunks.append(chunk)
+            return chunks[-1]
+        last = asyncio.run(run())
+        assert last["meta_info"]["finish_reason"]["type"] == "length"
+        eng.generate(prompt, GREEDY)  # one more step on the loop after the finish
+        assert eng.scheduler.cache.total_size() == base_cached
+        assert eng.loras.capacity.num_resident == 0

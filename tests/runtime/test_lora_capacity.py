@@ -76,3 +76,20 @@ def test_client_fields_never_name_the_base_namespace(tmp_path):
         assert ns.startswith("lora:") and len(ns) == len("lora:") + 64
         with pytest.raises(ValueError, match="unknown LoRA adapter"):  # a namespace is not a name
             eng.generate("hi", {"max_new_tokens": 1}, lora=ns)
+
+
+def test_unloaded_while_pinned_frees_at_the_last_release_unless_loaded_again(loaded):
+    args, (a, b, _, _) = loaded
+    slots = LoraSlots(args, frozenset(ATTN), 2, 8, torch.float32, torch.device("cpu"))
+    cap = AdapterCapacity(slots, 2)
+    r1, r2, rb = _req(a), _req(a), _req(b)
+    for r in (r1, r2, rb):
+        cap.acquire(r)
+    cap.forget(a.namespace)                       # unloaded while two requests use it
+    assert slots.holder[r1.lora_id] == a.namespace
+    assert cap.release(r1) is None                # r2 still uses it
+    assert cap.release(r2) == a.namespace         # the last one: the caller drops its KV
+    assert cap.num_resident == 1 and a.namespace not in slots.holder
+    cap.forget(b.namespace)
+    cap.revive(b.namespace)                       # loaded again before rb finished
+    assert cap.release(rb) is None and cap.num_resident == 1
