@@ -20,12 +20,10 @@ import tempfile
 import time
 
 import torch
-from safetensors.torch import save_file
 
 from radixflow.runtime import Engine
-from radixflow.runtime.lora.adapter import module_dims
+from radixflow.runtime.lora.random_adapter import write_random_adapter
 from radixflow.runtime.model.default_model import default_model_path
-from radixflow.runtime.model.model_config import load_model_args
 
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 WORDS = "the quick brown fox jumps over a lazy dog while seven small birds sing in the old oak tree".split()
@@ -33,24 +31,8 @@ WORDS = "the quick brown fox jumps over a lazy dog while seven small birds sing 
 
 def write_adapters(root: str, model: str, num: int, rank: int) -> list[str]:
     """`num` random PEFT adapters (bf16 files) for `model`'s q/k/v/o; returns their directories."""
-    args = load_model_args(model)
-    paths = []
-    for i in range(num):
-        gen = torch.Generator().manual_seed(i)
-        tensors = {}
-        for layer in range(args.num_layers):
-            for mod in TARGETS:
-                d_in, d_out = module_dims(args, mod)
-                name = f"base_model.model.model.layers.{layer}.self_attn.{mod}"
-                tensors[f"{name}.lora_A.weight"] = (torch.randn(rank, d_in, generator=gen) / d_in ** 0.5).bfloat16()
-                tensors[f"{name}.lora_B.weight"] = (torch.randn(d_out, rank, generator=gen) * 0.01).bfloat16()
-        path = os.path.join(root, f"adapter{i}")
-        os.makedirs(path)
-        save_file(tensors, os.path.join(path, "adapter_model.safetensors"))
-        with open(os.path.join(path, "adapter_config.json"), "w") as f:
-            json.dump({"peft_type": "LORA", "r": rank, "lora_alpha": 2 * rank, "target_modules": list(TARGETS)}, f)
-        paths.append(path)
-    return paths
+    return [write_random_adapter(os.path.join(root, f"adapter{i}"), model, rank, TARGETS, seed=i, b_std=0.01,
+                                 dtype=torch.bfloat16) for i in range(num)]
 
 
 def prompts(batch: int, prompt_len: int) -> list[str]:
