@@ -55,9 +55,11 @@ class RMSNorm(nn.Module):
         """x, residual [T, dim] → (norm(h), h) with h = x + residual (x when residual is None)."""
         if use_triton_ops(x):
             return kernels.rmsnorm(x, residual, self.weight, self.eps)
-        h = x if residual is None else x + residual
-        hf = h.float()
-        return self.weight * (hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + self.eps)).to(h.dtype), h
+        # NOTE: on CPU the residual stream stays fp32 whatever the weights' dtype: a bf16 stream
+        # rounds every layer's sum, enough to flip SmolLM2's greedy answers (a tie at the first token
+        # of "What is the capital of France?"); the cost is one elementwise add per norm.
+        h = x.float() if residual is None else x.float() + residual
+        return self.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype), h
 
     def norm_heads(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, heads, dim] → norm of every head vector, same shape (Qwen3's q/k norm)."""
@@ -200,7 +202,8 @@ def project_logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
     NOTE: on CPU the vocabulary goes in chunks of LOGITS_CHUNK rows of `weight`: one big matmul
     at a few rows runs far below the matmul peak on one core, chunks that stay in cache do not
-    (benchmarks/cpu_decode.py measures the step).
+    (benchmarks/cpu_decode.py measures the step). In bf16 the chunks stay bf16 (converting the
+    weights per step costs ~4.6x the matmul); the residual stream before the final norm is fp32.
     """
     if x.is_cuda or x.shape[0] == 0:
         return F.linear(x, weight).float()

@@ -41,6 +41,7 @@ def test_located_without_importing_the_wheel():
 
 
 def _pool_tokens(model: str, **config) -> int:
+    config.setdefault("dtype", "float32")  # the CPU default is bfloat16 where the CPU has native bf16
     cfg = EngineConfig(model=model, device="cpu", **config)
     args = load_model_args(model)
     return kv_pool_tokens(cfg, args, derive_shape(cfg, args), fp8=False)
@@ -51,6 +52,7 @@ def test_cpu_kv_pool_follows_the_byte_budget():
     args = load_model_args(tiny)
     per_token = 2 * args.num_layers * args.num_kv_heads * args.head_dim * 4  # fp32 K and V
     assert _pool_tokens(tiny, cpu_kv_cache_bytes=per_token * 3000) == 3000
+    assert _pool_tokens(tiny, cpu_kv_cache_bytes=per_token * 3000, dtype="bfloat16") == 6000  # 2-byte K and V
     assert _pool_tokens(tiny, kv_cache_tokens=300) == 300  # an explicit size wins
     assert _pool_tokens(tiny) <= 65536  # the default budget is capped on CPU
     with pytest.raises(ValueError, match="cpu_kv_cache_bytes must be >= 1 MiB"):

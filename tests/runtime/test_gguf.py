@@ -4,6 +4,7 @@ written from small demo models in F32, F16, Q8_0, Q4_1 and Q4_K."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 
 import numpy as np
@@ -16,6 +17,7 @@ from gguf_writer import write_gguf  # noqa: E402  (tests/runtime is on sys.path 
 
 from radixflow.runtime.model.demo import DemoSpec, demo_model, write_demo_model  # noqa: E402
 from radixflow.runtime.model.gguf_file import GGUFFile  # noqa: E402
+from radixflow.runtime.model.gguf_loader import gguf_sources  # noqa: E402
 from radixflow.runtime.model.model_config import load_model_args  # noqa: E402
 from radixflow.runtime.model.model_path import resolve_model_path  # noqa: E402
 from radixflow.runtime.model.weights import build_model  # noqa: E402
@@ -74,7 +76,8 @@ def test_greedy_32_tokens_match_transformers(gguf_files, qtype, source):
 
     folder, name = gguf_files(qtype, source)
     hf = _hf_from_gguf(folder, name)
-    with Engine(os.path.join(folder, name), kv_cache_tokens=2048) as engine:
+    # fp32 pinned: auto is bf16 on CPUs with native bf16, and transformers runs fp32
+    with Engine(os.path.join(folder, name), kv_cache_tokens=2048, dtype="float32") as engine:
         outs = engine.generate(input_ids=PROMPTS,
                                sampling_params={"max_new_tokens": 32, "temperature": 0, "ignore_eos": True})
     for prompt, out in zip(PROMPTS, outs):
@@ -227,3 +230,31 @@ def test_every_listed_tensor_type_reads_like_the_gguf_package(tmp_path):
         if qtype not in SCALE_BYTES:
             err = np.abs(got.numpy() - source[qtype]).max()
             assert err < (0.5 if qtype.startswith("Q4") else 0.25), (qtype, err)
+
+
+def test_load_logs_time_and_pool_size_and_shows_a_progress_bar(gguf_files, caplog, monkeypatch):
+    """Start-up says what it did: the GGUF load time and the KV pool size in the log, and a
+    progress bar (tqdm; drawn only on a terminal) over every tensor while dequantizing."""
+    import logging
+
+    import tqdm.auto
+
+    from radixflow.runtime import Engine
+
+    bars = []
+    real_tqdm = tqdm.auto.tqdm
+
+    def recording_tqdm(iterable, **kwargs):
+        bars.append((kwargs.get("desc"), len(iterable)))
+        return real_tqdm(iterable, **kwargs)
+
+    monkeypatch.setattr(tqdm.auto, "tqdm", recording_tqdm)
+    folder, name = gguf_files("Q8_0")
+    with caplog.at_level(logging.INFO, logger="radixflow"):
+        with Engine(os.path.join(folder, name), cpu_kv_cache_bytes=1 << 20, dtype="float32"):
+            pass
+    args = load_model_args(os.path.join(folder, name))
+    assert bars == [("dequantizing GGUF", len(gguf_sources(args, permuted=True)))]  # one step per parameter
+    assert re.search(r"loaded \d+ GGUF tensors \(.*Q8_0.*\) from .* in \d+\.\d\d s", caplog.text), caplog.text
+    per_token = 2 * args.num_layers * args.num_kv_heads * args.head_dim * 4
+    assert f"KV pool: {(1 << 20) // per_token} tokens" in caplog.text, caplog.text

@@ -117,3 +117,24 @@ def test_openai_chat_completion_over_http(engine):
         server.should_exit = True
         thread.join(timeout=30)
         sock.close()
+
+
+def test_bf16_keeps_the_answers_and_the_fp32_logits(engine):
+    """bf16 (the CPU default where the CPU has native bf16) answers as fp32 does; the first-token
+    logprobs stay within bf16 rounding of fp32's (the residual stream is kept fp32 on CPU: a bf16
+    one tied "The" with "L" on the capital-of-France question and went on in French)."""
+    ids = [_chat_ids(engine, q) for q, _ in QUESTIONS]
+    greedy = {"temperature": 0, "max_new_tokens": 24}
+    with Engine(smollm2_path(), dtype="bfloat16", kv_cache_tokens=4096) as bf16:
+        outs = bf16.generate(input_ids=ids, sampling_params=greedy)
+        first = bf16.generate(input_ids=ids[0], sampling_params={"temperature": 0, "max_new_tokens": 1},
+                              return_logprob=True, top_logprobs_num=5)
+    right = [answer.lower() in out["text"].lower() for (_, answer), out in zip(QUESTIONS, outs)]
+    assert sum(right) >= 4, [(q, o["text"]) for (q, _), o in zip(QUESTIONS, outs)]
+    assert outs[0]["text"].startswith("The capital of France is Paris")
+    ref = engine.generate(input_ids=ids[0], sampling_params={"temperature": 0, "max_new_tokens": 1},
+                          return_logprob=True, top_logprobs_num=5)
+    ref_top = {tok: lp for lp, tok, _ in ref["meta_info"]["output_top_logprobs"][0]}
+    for lp, tok, _ in first["meta_info"]["output_top_logprobs"][0]:
+        if tok in ref_top:
+            assert abs(lp - ref_top[tok]) < 0.15, (tok, lp, ref_top[tok])
