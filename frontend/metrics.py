@@ -5,6 +5,11 @@ Per-request histograms observe each finished request's timeline (engine.add_fini
 engine thread). Gauges, counters and the cache's own histograms are read from `engine.stats()`
 at scrape time by a custom collector, so counters mirror the engine's monotone numbers and never
 reset while serving. Every series carries `model_name`. One registry per app.
+
+When the engine serves LoRA adapters, the per-request series (`per_lora`: the request histograms,
+finished requests, goodput, SLO violations, prefill misses) also carry `lora_name`: the adapter
+name, or "" for base-model requests, which Prometheus stores as no label, so `{lora_name=""}`
+selects base-model traffic on any engine. Without LoRA there is no `lora_name` label at all.
 """
 from __future__ import annotations
 
@@ -16,7 +21,7 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from radixflow.runtime.stats import EngineStats, RequestTiming
+from radixflow.runtime.stats import AdapterRequestStats, EngineStats, RequestTiming
 
 # Latency buckets resolve a GPU decode step (sub-millisecond) and a loaded CPU server (minutes).
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
@@ -36,8 +41,10 @@ def _prefill(t: RequestTiming) -> float | None:
 @dataclass(frozen=True)
 class MetricSpec:
     """One exported metric. `kind`: counter | gauge | histogram. Exactly one source:
-    `observe` (values per finished request, histogram), `read` (from EngineStats: a number, or
-    with `label` a dict label value -> number), or `read_histogram` (an engine Histogram)."""
+    `observe` (values per finished request, histogram; labelled by adapter when the engine has
+    LoRA), `read` (from EngineStats: a number, or with `label` a dict label value -> number; with
+    `per_lora` and LoRA, read from each adapter's AdapterRequestStats instead), or
+    `read_histogram` (an engine Histogram)."""
 
     name: str
     kind: str
@@ -45,9 +52,10 @@ class MetricSpec:
     help: str
     observe: Callable[[RequestTiming], list[float]] | None = None
     buckets: tuple[float, ...] = ()
-    read: Callable[[EngineStats], Any] | None = None
+    read: Callable[[EngineStats | AdapterRequestStats], Any] | None = None
     label: str | None = None
     read_histogram: Callable[[EngineStats], Any] | None = None
+    per_lora: bool = False
 
 
 METRICS: tuple[MetricSpec, ...] = (
@@ -81,7 +89,7 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("radixflow_prefix_cache_miss_tokens_total", "counter", "tokens",
                "Prefill tokens computed, by why they were not cached: cold, evicted, namespace, divergent, "
                "chunk (after a chunked prefill's first chunk), logits (kept out of the match for their logits).",
-               read=lambda s: s.miss_tokens, label="reason"),
+               read=lambda s: s.miss_tokens, label="reason", per_lora=True),
     MetricSpec("radixflow_prefix_cache_divergence_position_tokens", "histogram", "tokens",
                "Matched length at which a prompt left a cached sequence (divergent misses).",
                observe=lambda t: _one(t.divergent_at), buckets=_POSITION_BUCKETS),
@@ -93,9 +101,10 @@ METRICS: tuple[MetricSpec, ...] = (
                "Time between counted hits of the same cached prefix.", read_histogram=lambda s: s.reuse_gap),
     # goodput
     MetricSpec("radixflow_goodput_requests_total", "counter", "requests",
-               "Requests that ended normally within every configured SLO.", read=lambda s: s.good_requests),
+               "Requests that ended normally within every configured SLO.", read=lambda s: s.good_requests,
+               per_lora=True),
     MetricSpec("radixflow_slo_violations_total", "counter", "requests", "Requests that missed each configured SLO.",
-               read=lambda s: s.slo_violations, label="slo"),
+               read=lambda s: s.slo_violations, label="slo", per_lora=True),
     MetricSpec("radixflow_sessions_total", "counter", "sessions", "Distinct sessions (session_id / user) seen.",
                read=lambda s: s.num_sessions),
     MetricSpec("radixflow_sessions_slo_violated_total", "counter", "sessions",
@@ -103,7 +112,7 @@ METRICS: tuple[MetricSpec, ...] = (
     # volume and health
     MetricSpec("radixflow_requests_finished_total", "counter", "requests",
                "Finished requests by finish reason (stop, length, abort, error).",
-               read=lambda s: s.finish_counts, label="reason"),
+               read=lambda s: s.finish_counts, label="reason", per_lora=True),
     MetricSpec("radixflow_prompt_tokens_total", "counter", "tokens", "Prompt tokens of finished requests.",
                read=lambda s: s.prompt_tokens),
     MetricSpec("radixflow_prefill_tokens_computed_total", "counter", "tokens",
@@ -141,7 +150,7 @@ class _StatsCollector(Collector):
         model = self._model()
         for spec in METRICS:
             if spec.read is not None:
-                yield self._family(spec, spec.read(stats), model)
+                yield self._family(spec, stats, model)
             elif spec.read_histogram is not None:
                 h = spec.read_histogram(stats)
                 family = HistogramMetricFamily(spec.name, spec.help, labels=["model_name"])
@@ -150,14 +159,18 @@ class _StatsCollector(Collector):
                 yield family
 
     @staticmethod
-    def _family(spec: MetricSpec, value: Any, model: str) -> Metric:
-        labels = ["model_name"] + ([spec.label] if spec.label else [])
+    def _family(spec: MetricSpec, stats: EngineStats, model: str) -> Metric:
+        by_lora = stats.by_lora if spec.per_lora else None
+        labels = ["model_name"] + ([spec.label] if spec.label else []) + ([] if by_lora is None else ["lora_name"])
         family = _FAMILIES[spec.kind](spec.name, spec.help, labels=labels)
-        if spec.label:
-            for key, v in sorted(value.items()):
-                family.add_metric([model, key], v)
-        else:
-            family.add_metric([model], value)
+        sources = [((), stats)] if by_lora is None else [((name,), s) for name, s in by_lora.items()]
+        for lora, source in sources:
+            value = spec.read(source)
+            if spec.label:
+                for key, v in sorted(value.items()):
+                    family.add_metric([model, key, *lora], v)
+            else:
+                family.add_metric([model, *lora], value)
         return family
 
 
@@ -170,21 +183,25 @@ class Metrics:
         self.registry = CollectorRegistry()
         self._engine: Any = None
         self.model_name = ""
-        self._histograms = [(Histogram(m.name, m.help, ["model_name"], buckets=m.buckets, registry=self.registry),
-                             m.observe) for m in METRICS if m.observe is not None]
+        self._histograms: list[tuple[Histogram, Callable[[RequestTiming], list[float]]]] = []
         self.registry.register(_StatsCollector(lambda: None if self._engine is None else self._engine.stats(),
                                                lambda: self.model_name))
 
     def bind(self, engine: Any, model_name: str) -> None:
+        """Once: the request histograms are created here, labelled lora_name when the engine has LoRA."""
         self._engine, self.model_name = engine, model_name
-        self._children = [(h.labels(model_name), values) for h, values in self._histograms]
+        labels = ["model_name"] + ([] if engine.stats().by_lora is None else ["lora_name"])
+        self._histograms = [(Histogram(m.name, m.help, labels, buckets=m.buckets, registry=self.registry), m.observe)
+                            for m in METRICS if m.observe is not None]
         engine.add_finish_listener(self.observe)
 
     def observe(self, timing: RequestTiming) -> None:
         """Runs on the engine thread after each finished request (prometheus_client is thread-safe)."""
-        for histogram, values in self._children:
+        labels = (self.model_name,) if timing.lora_name is None else (self.model_name, timing.lora_name)
+        for histogram, values in self._histograms:
+            child = histogram.labels(*labels)
             for value in values(timing):
-                histogram.observe(value)
+                child.observe(value)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Iterable
 from typing import Any
 
 from starlette.requests import Request
@@ -51,7 +52,15 @@ def usage(metas: dict[int, dict], n: int, shared_cached: dict[int, int]) -> Usag
             p = index // n
             prompt += meta["prompt_tokens"]
             cached += shared_cached.get(p, meta["cached_tokens"])
-    return Usage(prompt, completion, prompt + completion, PromptTokensDetails(cached), misses or None)
+    return Usage(prompt, completion, prompt + completion, PromptTokensDetails(cached), misses or None,
+                 _slowest_timings(metas.values()))
+
+
+def _slowest_timings(metas: Iterable[dict]) -> dict[str, float | None] | None:
+    """The `timings` of the choice that took longest end to end: one request's own figures,
+    so queue_s + prefill_s = ttft_s holds as it does in each meta_info."""
+    timings = [m["timings"] for m in metas if "timings" in m]
+    return max(timings, key=lambda t: t["e2e_s"] or 0.0, default=None)
 
 
 def new_id(prefix: str) -> str:

@@ -102,8 +102,10 @@ class Usage(Struct, omit_defaults=True):
     completion_tokens: int
     total_tokens: int
     prompt_tokens_details: PromptTokensDetails
-    # radixflow's extension: prefill tokens computed by miss reason, summed over the prompts
+    # radixflow's extension: prefill tokens computed by miss reason, summed over the prompts, and
+    # the engine timeline in seconds (queue_s, prefill_s, ttft_s, e2e_s) of the slowest choice
     prefill_miss_tokens: dict[str, int] | None = None
+    timings: dict[str, float | None] | None = None
 
 
 class CompletionLogprobs(Struct):

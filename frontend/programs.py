@@ -117,16 +117,25 @@ def _stream_program(req: ProgramRequest, backend: ServerBackend, server: Any,
         loop.call_soon_threadsafe(events.put_nowait, {"variable": name, "value": value})
 
     work = _start(server, req, backend, on_variable)
+    deadline_s = server.program_limits.deadline_s
+    deadline = loop.time() + deadline_s + 1.0  # as _bounded: a gen in flight is not waited for
 
     async def stream() -> AsyncIterator[bytes]:
         try:
             while not (work.done() and events.empty()):
                 getter = asyncio.ensure_future(events.get())
-                done, _ = await asyncio.wait({getter, work}, return_when=asyncio.FIRST_COMPLETED)
+                done, _ = await asyncio.wait({getter, work}, timeout=max(0.0, deadline - loop.time()),
+                                             return_when=asyncio.FIRST_COMPLETED)
                 if getter in done:
                     yield sse(getter.result())
-                else:
-                    getter.cancel()
+                    continue
+                getter.cancel()
+                if not done:  # past the deadline: abort what it started, report in-band
+                    backend.close()
+                    yield sse(APIError(504, f"the program ran longer than {deadline_s} s (limit deadline_s)",
+                                       code="program_timeout").body())
+                    yield SSE_DONE
+                    return
             try:
                 yield sse(work.result())
             except APIError as exc:  # the response has begun: report in-band

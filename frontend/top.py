@@ -7,6 +7,7 @@ import time
 import urllib.request
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import TextIO
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -17,7 +18,8 @@ CLEAR = "\x1b[H\x1b[2J"
 
 @dataclass
 class Scrape:
-    """One /metrics read: sample values by name (labels other than model_name summed or kept)."""
+    """One /metrics read: sample values by name; model_name and lora_name summed over, one other
+    label kept (`by_label`)."""
 
     at: float
     values: dict[str, float] = field(default_factory=dict)
@@ -27,18 +29,19 @@ class Scrape:
     @classmethod
     def parse(cls, text: str, at: float) -> Scrape:
         out = cls(at)
+        buckets: dict[str, dict[float, float]] = defaultdict(dict)
         for family in text_string_to_metric_families(text):
             for s in family.samples:
-                extra = {k: v for k, v in s.labels.items() if k not in ("model_name", "le")}
+                extra = {k: v for k, v in s.labels.items() if k not in ("model_name", "lora_name", "le")}
                 if s.name.endswith("_bucket"):
-                    out.buckets.setdefault(s.name[:-7], []).append((float(s.labels["le"]), s.value))
+                    le = buckets[s.name[:-7]]
+                    le[float(s.labels["le"])] = le.get(float(s.labels["le"]), 0.0) + s.value
                 elif extra:
                     (label,) = extra.values()
                     out.by_label[s.name][label] = out.by_label[s.name].get(label, 0.0) + s.value
                 else:
                     out.values[s.name] = out.values.get(s.name, 0.0) + s.value
-        for name in out.buckets:
-            out.buckets[name].sort()
+        out.buckets = {name: sorted(counts.items()) for name, counts in buckets.items()}
         return out
 
     def get(self, name: str) -> float:
@@ -78,13 +81,17 @@ def view(cur: Scrape, prev: Scrape | None) -> dict[str, object]:
     def change(name: str) -> float:
         return cur.get(name) - (prev.get(name) if prev else 0.0)
 
-    def changed_or_total(name: str) -> float:
-        return change(name) or cur.get(name)
+    def share(num: str, den_now: float, den_before: float) -> float | None:
+        # NOTE: both over the same span: 0 new hits over 100 new queries is 0%, not the total.
+        if den_now > den_before:
+            return change(num) / (den_now - den_before)
+        return _ratio(cur.get(num), den_now)
 
     dt = (cur.at - prev.at) if prev else 0.0
+    before = prev or Scrape(0.0)
     finished = cur.by_label.get("radixflow_requests_finished_total", {})
-    finished_before = prev.by_label.get("radixflow_requests_finished_total", {}) if prev else {}
-    n_finished = sum(finished.values()) - sum(finished_before.values()) or sum(finished.values())
+    finished_before = before.by_label.get("radixflow_requests_finished_total", {})
+    queries = "radixflow_prefix_cache_query_tokens_total"
     misses = cur.by_label.get("radixflow_prefix_cache_miss_tokens_total", {})
     timers = {label: [quantile(q, _delta_buckets(cur, prev, name)) for q in (0.5, 0.95, 0.99)]
               for label, name in TIMERS}
@@ -95,9 +102,8 @@ def view(cur: Scrape, prev: Scrape | None) -> dict[str, object]:
         "running": cur.get("radixflow_num_requests_running"),
         "preemptions": cur.get("radixflow_preemptions_total"),
         "preemptions_per_s": change("radixflow_preemptions_total") / dt if dt else None,
-        "hit_rate": _ratio(changed_or_total("radixflow_prefix_cache_hit_tokens_total"),
-                           changed_or_total("radixflow_prefix_cache_query_tokens_total")),
-        "goodput": _ratio(changed_or_total("radixflow_goodput_requests_total"), n_finished),
+        "hit_rate": share("radixflow_prefix_cache_hit_tokens_total", cur.get(queries), before.get(queries)),
+        "goodput": share("radixflow_goodput_requests_total", sum(finished.values()), sum(finished_before.values())),
         "tokens_per_s": change("radixflow_generation_tokens_total") / dt if dt else None,
         "misses": dict(sorted(misses.items(), key=lambda kv: -kv[1])),
         "finished": dict(finished),
@@ -136,8 +142,10 @@ def fetch(url: str, timeout_s: float = 5.0) -> Scrape:
         return Scrape.parse(r.read().decode(), time.monotonic())
 
 
-def run(url: str, interval_s: float, once: bool, out=sys.stdout) -> None:
-    """Print frames every `interval_s` (one frame with `once`) until interrupted."""
+def run(url: str, interval_s: float, once: bool, out: TextIO | None = None) -> None:
+    """Print frames to `out` (default: sys.stdout at call time) every `interval_s` (one frame
+    with `once`) until interrupted."""
+    out = out or sys.stdout
     prev = None
     while True:
         cur = fetch(url)

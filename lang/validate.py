@@ -18,9 +18,9 @@ class Limits:
 
     max_ops: int = _limit(2000, "ops in a program, nested ones included")
     max_branches: int = _limit(256, "fork branches over a whole run (a fork inside a fork multiplies)")
-    max_total_new_tokens: int = _limit(262_144, "tokens a run may generate in total: max_new_tokens x n "
-                                       "over every gen, plus one per select choice")
-    max_requests: int = _limit(4096, "engine requests a run may make (gens x n, select choices, fork prefills)")
+    max_total_new_tokens: int = _limit(262_144, "tokens a run may generate in total: max_new_tokens of "
+                                       "every gen, plus one per select choice")
+    max_requests: int = _limit(4096, "engine requests a run may make (gens, select choices, fork prefills)")
     max_choices: int = _limit(1024, "choices of one select")
     max_depth: int = _limit(8, "nesting of if/fork")
     max_text_chars: int = _limit(4_000_000, "characters a run may hold: its text, every fork's copy "
@@ -47,11 +47,9 @@ class _Cost:
 
 
 def _gen_cost(op: ir.Gen, default_tokens: int) -> _Cost:
-    n = op.params.get("n")
-    n = n if isinstance(n, int) and n > 0 else 1
+    """One request (n > 1 is refused by _check_ops); null max_new_tokens means the default."""
     tokens = op.params.get("max_new_tokens")
-    tokens = tokens if isinstance(tokens, int) and tokens >= 0 else default_tokens
-    return _Cost(tokens=n * tokens, requests=n + (1 if n > 1 else 0))
+    return _Cost(tokens=tokens if isinstance(tokens, int) and tokens >= 0 else default_tokens, requests=1)
 
 
 def _cost(ops: list[ir.Op], limits: Limits, default_tokens: int) -> _Cost:
@@ -97,6 +95,9 @@ def _check_ops(program: ir.Program, limits: Limits) -> None:
             unknown = set(op.params) - fields
             _check(not unknown, f"gen {op.name!r}: unknown sampling_params {sorted(unknown)}")
             params.check_params(op.params)
+            n = op.params.get("n")
+            _check(n in (None, 1), f"gen {op.name!r}: n={n} is not supported in a program (its text holds one "
+                   "completion); use a fork of n branches")
             bad = set(op.extras) - set(params.request_keys())
             _check(not bad, f"gen {op.name!r}: unknown request keys {sorted(bad)}")
             choices = op.params.get("choices") or []

@@ -38,6 +38,7 @@ from radixflow.runtime.core.output import visible_text
 from radixflow.runtime.sampling_params import SamplingParams
 from radixflow.runtime.core.scheduler import Scheduler, SchedulerLimits
 from radixflow.runtime.lora.capacity import NO_ADAPTERS
+from radixflow.runtime.lora.request_counts import AdapterRequestCounts
 from radixflow.runtime.lora.service import LoraService, check_lora_request
 from radixflow.runtime.slo import SLOs, Goodput
 from radixflow.runtime.stats import EngineStats, RequestTiming
@@ -98,12 +99,16 @@ class Engine:
                                        self.config.jump_forward)
         self._step = StepRunner(self.runner, self.scheduler, self.eos_ids, self.max_context_len,
                                 torch.Generator(self.runner.device).manual_seed(self.config.seed))
+        # with LoRA: per-request counters by adapter too, for series labelled lora_name
+        self._by_adapter = None if self.loras is None else AdapterRequestCounts()
+        self._step.by_adapter = self._by_adapter
         self._inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
         self._active: set[str] = set()
         self._active_lock = threading.Lock()
         self._finish_listeners: list[Callable[[RequestTiming], None]] = []
         self.recent_timings: deque[RequestTiming] = deque(maxlen=10000)
-        self._stats = EngineStats(kv_slots_total=self.runner.kv_pool.capacity)
+        self._stats = EngineStats(kv_slots_total=self.runner.kv_pool.capacity,
+                                  by_lora=None if self._by_adapter is None else self._by_adapter.snapshot())
         self._goodput = Goodput(SLOs.from_ms(self.config.slo_ttft_ms, self.config.slo_itl_ms, self.config.slo_e2e_ms))
         self._finished_counts: dict[str, int] = {}
         self._finished_prompt_tokens = 0
@@ -223,10 +228,7 @@ class Engine:
         Replacing a name's weights drops the KV cached for the old ones."""
         check_lora_request(self.loras, name)
         assert self.loras is not None
-        adapter, orphan = self.loras.registry.load(name, path)
-        capacity = self.loras.capacity
-        self._call_on_loop(lambda: capacity.revive(adapter.namespace))
-        self._drop_adapter_kv(orphan)
+        self._drop_adapter_kv(self.loras.registry.load(name, path)[1])
 
     def unload_lora_adapter(self, name: str) -> None:
         """Forget adapter `name`; its cached KV is freed (unless another name has equal weights)."""
@@ -239,14 +241,18 @@ class Engine:
         return {} if self.loras is None else self.loras.registry.names()
 
     def _drop_adapter_kv(self, namespace: str | None) -> None:
-        if namespace is None or self.loras is None:
-            return
-        capacity = self.loras.capacity
+        """Free the KV and slot of a namespace no name refers to; returns once done. What running
+        requests hold goes when the last of them ends (AdapterCapacity.release)."""
+        if namespace is not None:
+            self._call_on_loop(lambda: self._drop_namespace(namespace))
 
-        def drop() -> None:
-            self.scheduler.cache.evict_namespace(namespace, self.runner.kv_pool.free)
-            capacity.forget(namespace)
-        self._call_on_loop(drop)
+    def _drop_namespace(self, namespace: str) -> None:
+        """Engine thread. A no-op when a name was loaded with that content again meanwhile."""
+        assert self.loras is not None
+        if self.loras.registry.is_loaded(namespace):
+            return
+        self.scheduler.cache.evict_namespace(namespace, self.runner.kv_pool.free)
+        self.loras.capacity.forget(namespace)
 
     def stats(self) -> EngineStats:
         return self._stats
@@ -336,7 +342,9 @@ class Engine:
         opts.validate(len(ids), self.runner.args.vocab_size)
         req = Req(rid=rid or uuid.uuid4().hex, prompt_ids=ids, sampling=sp, logprob=opts, on_output=on_output)
         if self.loras is not None and lora_path is not None:
-            self.loras.attach(req, lora_path)
+            orphan = self.loras.attach(req, lora_path)
+            if orphan is not None:  # its file changed on disk: drop the old content's KV (no waiting here)
+                self._inbox.put(("drop", orphan))
         req.detokenizer = IncrementalDetokenizer(self.tokenizer, skip_special_tokens=sp.skip_special_tokens,
                                                  prefix_ids=ids)
         if sp.seed is not None:
@@ -490,6 +498,8 @@ class Engine:
                 self._hand_out()
             elif kind == "call":
                 payload.run()
+            elif kind == "drop":
+                self._drop_namespace(payload)
             try:
                 item = self._inbox.get_nowait()
             except queue.Empty:
@@ -520,9 +530,12 @@ class Engine:
         self._finished_prompt_tokens += len(req.prompt_ids)
         timing = RequestTiming(req.rid, t.arrival, t.scheduled, t.first_token, t.finished or t.arrival,
                                tuple(t.tokens), len(req.prompt_ids), len(req.output_ids), req.cached_len, reason,
-                               tuple(req.miss_tokens.items()), req.divergent_at, req.session_id)
+                               tuple(req.miss_tokens.items()), req.divergent_at, req.session_id,
+                               None if self.loras is None else req.lora_name or "")
         self.recent_timings.append(timing)
-        self._goodput.observe(timing)
+        good, missed = self._goodput.observe(timing)
+        if self._by_adapter is not None:
+            self._by_adapter.finished(timing, good, missed)
         for fn in self._finish_listeners:
             try:
                 fn(timing)
@@ -547,7 +560,8 @@ class Engine:
             evicted_tokens=cache.evicted_tokens, kv_lifetime=cache.lifetime.snapshot(),
             reuse_gap=cache.reuse_gap.snapshot(), good_requests=g.good_requests,
             slo_violations=dict(g.violations), num_sessions=g.num_sessions, num_bad_sessions=g.num_bad_sessions,
-            **({} if self.loras is None else self.loras.stats()))
+            **({} if self.loras is None else self.loras.stats()),
+            by_lora=None if self._by_adapter is None else self._by_adapter.snapshot())
 
 
 class _Call:

@@ -52,7 +52,8 @@ class Goodput:
     num_sessions: int = 0
     num_bad_sessions: int = 0
 
-    def observe(self, t: RequestTiming) -> None:
+    def observe(self, t: RequestTiming) -> tuple[bool, tuple[str, ...]]:
+        """Count `t`; returns whether it was good and the SLOs it missed."""
         missed = self.slos.violations(t)
         for name in missed:
             self.violations[name] += 1
@@ -60,6 +61,7 @@ class Goodput:
         self.good_requests += good
         if t.session_id is not None:
             self._observe_session(t.session_id, good)
+        return good, missed
 
     def _observe_session(self, sid: str, good: bool) -> None:
         was_good = self._sessions.pop(sid, None)

@@ -23,6 +23,7 @@ class RequestTiming:
     miss_tokens: tuple[tuple[str, int], ...] = ()   # prefill tokens computed, by reason
     divergent_at: int | None = None                  # matched length where it left a cached path
     session_id: str | None = None
+    lora_name: str | None = None  # None: the engine has no LoRA; "": a base-model request
 
     @property
     def queue_s(self) -> float | None:
@@ -45,6 +46,17 @@ class RequestTiming:
     def inter_token_s(self) -> list[float]:
         t = self.token_times
         return [b - a for a, b in zip(t, t[1:])]
+
+
+@dataclass(frozen=True)
+class AdapterRequestStats:
+    """One adapter's share of the per-request counters (EngineStats.by_lora); the field names
+    and meanings are EngineStats's, so one reader serves both."""
+
+    finish_counts: dict[str, int] = field(default_factory=dict)
+    good_requests: int = 0
+    slo_violations: dict[str, int] = field(default_factory=dict)
+    miss_tokens: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -79,6 +91,8 @@ class EngineStats:
     lora_loaded: int = 0            # adapter names loaded
     lora_requests: dict[str, int] = field(default_factory=dict)  # requests submitted, by adapter name
     lora_load_time: Histogram = field(default_factory=Histogram)  # seconds per adapter read from disk
+    # With LoRA (else None): the per-request counters by adapter name, base-model requests under ""
+    by_lora: dict[str, AdapterRequestStats] | None = None
 
     @property
     def kv_usage(self) -> float:

@@ -40,7 +40,7 @@ class Fault:
     exc: type[BaseException] = InjectedFault
     step_level: bool = False
     fired: int = field(default=0, init=False)
-    fired_for: set[str] = field(default_factory=set, init=False)  # requests it raised for
+    fired_for: set[str] = field(default_factory=set, init=False)  # requests whose step or part it failed
 
     def __post_init__(self) -> None:
         if self.point not in POINTS:
@@ -66,7 +66,9 @@ class FaultInjector:
             hit = [r.rid for r in reqs if f.rids is None or r.rid in f.rids]
             if hit and self._rng.random() < f.probability:
                 f.fired += 1
-                f.fired_for.update(hit)
+                # A step-level fault fails the whole step: every request of it, not only `rids`.
+                whole_step = point == "forward" or step_level
+                f.fired_for.update([r.rid for r in reqs] if whole_step else hit)
                 raise f.exc(f"injected {point} fault (step {step}, requests {hit[:4]})")
 
 

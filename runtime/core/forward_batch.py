@@ -44,7 +44,6 @@ class ForwardBatch:
     logit_rows: torch.Tensor    # [num_logit_rows] int64, flat token rows whose logits are returned
     prefix_lens_cpu: list[int]
     extend_lens_cpu: list[int]
-    lora_ids: torch.Tensor | None = None  # [num_tokens] int64 adapter index per token, -1 = base
     lora: LoraBatch | None = None  # the rows' adapter slots and their deltas; None: all base rows
     # decode KV splits fixed for this batch (a CUDA graph's, sized for the longest context);
     # None: the attention backend picks them from the batch's lengths

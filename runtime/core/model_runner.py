@@ -91,14 +91,15 @@ class ModelRunner:
             self.model = build_random_model(self.args, self.shape.dtype, dev, self.shape.max_context_len, cfg.seed)
         else:
             self.model = build_model(self.args, model_dir, self.shape.dtype, dev, self.shape.max_context_len)
+        # adapter slots, allocated once and before the KV pool is sized from what is left;
+        # None: the engine serves no adapters
+        self.lora_slots = LoraSlots(self.args, cfg.lora_targets, cfg.max_loras, cfg.max_lora_rank,
+                                    self.shape.dtype, dev) if cfg.lora_enabled else None
         fp8 = cfg.kv_cache_dtype == "fp8_e4m3"
         num_tokens = kv_pool_tokens(cfg, self.args, self.shape, fp8)
         self.kv_pool = KVPool(num_tokens + 1, self.args.num_layers, self.args.num_kv_heads,
                               self.args.head_dim, self.shape.dtype, dev, fp8=fp8)
         self.req_pool = ReqToTokenPool(cfg.max_num_seqs, self.shape.max_context_len, dev)
-        # adapter slots, allocated once like the KV pool; None: the engine serves no adapters
-        self.lora_slots = LoraSlots(self.args, cfg.lora_targets, cfg.max_loras, cfg.max_lora_rank,
-                                    self.shape.dtype, dev) if cfg.lora_enabled else None
         ops = AttentionOps.for_backend(self.shape.attention_backend)
         self.attention = PoolAttention(self.kv_pool, ops, 1.0 / math.sqrt(self.args.head_dim),
                                        default_kv_splits(dev))

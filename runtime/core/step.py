@@ -20,6 +20,7 @@ from radixflow.runtime.core.output import append_token
 from radixflow.runtime.core.request import Req
 from radixflow.runtime.core.sampler import RowState, SampleRow, sample, score_tokens
 from radixflow.runtime.core.scheduler import MAX_STEP_RETRIES, ScheduledBatch, Scheduler
+from radixflow.runtime.lora.request_counts import AdapterRequestCounts
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +87,7 @@ class StepRunner:
         self.faults: FaultInjector | NoFaults = NO_FAULTS
         self.prefill_tokens = 0
         self.miss_tokens: dict[str, int] = {}  # prefill tokens computed, by reason (sums to prefill_tokens)
+        self.by_adapter: AdapterRequestCounts | None = None  # with LoRA: misses by adapter too
         self.generated_tokens = 0
         self.num_steps = 0
         self.num_failed_steps = 0
@@ -128,6 +130,8 @@ class StepRunner:
                 req.miss_tokens[reason] = req.miss_tokens.get(reason, 0) + n
                 self.miss_tokens[reason] = self.miss_tokens.get(reason, 0) + n
                 self.prefill_tokens += n
+                if self.by_adapter is not None:
+                    self.by_adapter.prefill(req.lora_name, reason, n)
 
     def _forward_failed(self, batch: ScheduledBatch, exc: Exception) -> None:
         """Undo the step; retry its requests after an out-of-memory error (a prefill with a

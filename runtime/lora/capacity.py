@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Protocol
 
 from radixflow.runtime.core.request import Req
@@ -39,15 +40,20 @@ NO_ADAPTERS = NoAdapters()
 
 
 class AdapterCapacity:
-    """Slot residency of adapters, keyed by content namespace (two names, one slot)."""
+    """Slot residency of adapters, keyed by content namespace (two names, one slot).
 
-    def __init__(self, slots: LoraSlots, max_loras_per_batch: int) -> None:
+    `is_loaded(namespace)`: whether some adapter name still refers to the namespace (the
+    registry's answer, asked at each last release, so an unload or a reload needs no bookkeeping here).
+    """
+
+    def __init__(self, slots: LoraSlots, max_loras_per_batch: int,
+                 is_loaded: Callable[[str], bool] = lambda namespace: True) -> None:
         self.slots = slots
         self.max_per_batch = min(max_loras_per_batch, slots.num_slots)
+        self.is_loaded = is_loaded
         self.pins: dict[str, int] = {}                    # namespace -> holding requests using it
         self.slot_of: dict[str, int] = {}                 # resident namespace -> slot
         self.idle: OrderedDict[str, None] = OrderedDict()  # resident, unpinned; least recent first
-        self.unloaded: set[str] = set()  # unloaded while requests still used them
         self.num_slot_loads = 0
         self.peak_in_batch = 0  # most distinct adapters held at once (a batch's mix)
         self.slot_load_s = 0.0
@@ -75,7 +81,8 @@ class AdapterCapacity:
 
     def release(self, req: Req) -> str | None:
         """Unpin req's adapter. Returns its namespace when req was the last user of an adapter
-        unloaded meanwhile: the caller drops that namespace's KV (its slot is freed here)."""
+        no name refers to any more (unloaded, or replaced by new weights while req was queued or
+        running): the caller drops that namespace's KV (its slot is freed here)."""
         if req.lora is None or req.lora_id < 0:
             return None
         ns = req.lora.namespace
@@ -84,24 +91,18 @@ class AdapterCapacity:
         if self.pins[ns]:
             return None
         del self.pins[ns]
-        if ns in self.unloaded:
-            self.unloaded.discard(ns)
+        if not self.is_loaded(ns):
             self.slots.holder[self.slot_of.pop(ns)] = None
             return ns
         self.idle[ns] = None
         return None
 
     def forget(self, namespace: str) -> None:
-        """An unloaded adapter: free its slot now, or when the last request using it lets go."""
-        if namespace in self.pins:
-            self.unloaded.add(namespace)
-        elif namespace in self.slot_of:
+        """An adapter no name refers to: free its slot now, unless a request holds it (then its
+        last `release` does)."""
+        if namespace not in self.pins and namespace in self.slot_of:
             self.slots.holder[self.slot_of.pop(namespace)] = None
             self.idle.pop(namespace, None)
-
-    def revive(self, namespace: str) -> None:
-        """Loaded again (same content) before its last user finished: keep its KV after all."""
-        self.unloaded.discard(namespace)
 
     def _make_resident(self, req: Req) -> None:
         free = [s for s, holder in enumerate(self.slots.holder) if holder is None]

@@ -66,27 +66,36 @@ class LoraRegistry:
             del self._paths[name]
             return self._orphan(self._namespace.pop(name))
 
-    def resolve(self, name_or_path: str) -> tuple[str, LoraAdapter]:
-        """(name, adapter) for a loaded name, or for a path under lora_dir (loaded on first use,
-        under its path as name); ValueError otherwise."""
+    def resolve(self, name_or_path: str) -> tuple[str, LoraAdapter, str | None]:
+        """(name, adapter, orphan) for a loaded name, or for a path under lora_dir (loaded on first
+        use, under its path as name); ValueError otherwise. `orphan`: the namespace no name refers
+        to any more when re-reading dropped weights found new content on disk (its KV can go)."""
         with self._lock:
             path = self._paths.get(name_or_path)
             adapter = self._host.get(self._namespace.get(name_or_path, ""))
             if adapter is not None:
                 self._host.move_to_end(adapter.namespace)
-                return name_or_path, adapter
+                return name_or_path, adapter, None
         if path is None:
             if self.spec.lora_dir is None or not os.path.isdir(name_or_path):
                 raise ValueError(f"unknown LoRA adapter {name_or_path!r} (not a loaded name"
                                  f"{'' if self.spec.lora_dir is None else ' nor an adapter directory'}); "
                                  f"loaded: {sorted(self.names())}")
             check_path(name_or_path, self.spec.lora_dir)
-            return name_or_path, self.load(name_or_path, name_or_path)[0]
+            return (name_or_path, *self.load(name_or_path, name_or_path))
         adapter = self._read(path)  # weights left host memory: read again (the content may differ)
         with self._lock:
+            if self._paths.get(name_or_path) != path:  # unloaded or replaced meanwhile: not kept
+                return name_or_path, adapter, None
+            old = self._namespace.get(name_or_path)
             self._namespace[name_or_path] = adapter.namespace
             self._keep(adapter)
-        return name_or_path, adapter
+            return name_or_path, adapter, self._orphan(old)
+
+    def is_loaded(self, namespace: str) -> bool:
+        """Whether some loaded name refers to `namespace`."""
+        with self._lock:
+            return namespace in self._namespace.values()
 
     def count_request(self, name: str) -> None:
         with self._lock:

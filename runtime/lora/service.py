@@ -15,20 +15,22 @@ class LoraService:
     def __init__(self, cfg: EngineConfig, args: ModelArgs, slots: LoraSlots) -> None:
         spec = AdapterSpec(cfg.max_lora_rank, cfg.lora_targets, cfg.lora_dir, cfg.max_cpu_loras)
         self.registry = LoraRegistry(args, spec)
-        self.capacity = AdapterCapacity(slots, cfg.max_loras_per_batch or cfg.max_loras)
+        self.capacity = AdapterCapacity(slots, cfg.max_loras_per_batch or cfg.max_loras, self.registry.is_loaded)
         for item in cfg.lora_modules:
             name, path = item.split("=", 1)
             self.registry.load(name, path)
 
-    def attach(self, req: Req, lora: str) -> None:
+    def attach(self, req: Req, lora: str) -> str | None:
         """Point `req` at adapter `lora` (a name, or a path under lora_dir): its weights and its
-        KV namespace, which is the adapter's content hash and never anything a client typed."""
+        KV namespace, which is the adapter's content hash and never anything a client typed.
+        Returns a namespace no name refers to any more (the name's file changed on disk), whose
+        KV the caller drops."""
         if not isinstance(lora, str) or not lora:
             raise ValueError(f"lora must be an adapter name, got {lora!r}")
-        name, adapter = self.registry.resolve(lora)
+        name, adapter, orphan = self.registry.resolve(lora)
         req.lora, req.lora_name, req.namespace = adapter, name, adapter.namespace
         self.registry.count_request(name)
-
+        return orphan
 
     def stats(self) -> dict[str, object]:
         """EngineStats fields of the adapters (engine thread)."""

@@ -62,10 +62,13 @@ class Nfa:
 
     states: list[tuple] = field(default_factory=list)
     start: int = 0
+    charsets: dict[CharSet, CharSet] = field(default_factory=dict)  # one object per distinct set
 
     def add(self, state: tuple) -> int:
         if len(self.states) >= MAX_STATES:
             raise ValueError(f"stop_regex is too large (more than {MAX_STATES} automaton states)")
+        if state[0] == "step":  # equal sets share one object: a character is tested once per set
+            state = ("step", self.charsets.setdefault(state[1], state[1]), state[2])
         self.states.append(state)
         return len(self.states) - 1
 
@@ -154,6 +157,10 @@ def compile_stop_regexes(patterns: tuple[str, ...]) -> Nfa:
     return nfa
 
 
+def _by_start(item: tuple[int, int]) -> int:
+    return item[1]
+
+
 class StopMatcher:
     """Incremental search of one request's output for its stop regexes (engine thread only).
 
@@ -167,6 +174,7 @@ class StopMatcher:
         self.pos = 0  # characters consumed
         self.prev = ""  # the character before `pos`
         self.threads: dict[int, int] = {}  # step or match state -> earliest start
+        self._closures: dict[tuple[int, bool, bool], tuple[int, ...]] = {}
 
     @property
     def hold_from(self) -> int:
@@ -191,26 +199,47 @@ class StopMatcher:
         old, self.threads = self.threads, {}
         self.prev, self.pos = ch, self.pos + 1
         oldest = self.pos - MAX_LOOKBACK_CHARS
-        for state, start in old.items():
+        # Earliest start first, so the first thread to reach a state keeps it (see _add).
+        accepts: dict[int, bool] = {}  # id(CharSet) -> whether it takes `ch`
+        for state, start in (sorted(old.items(), key=_by_start) if len(old) > 1 else old.items()):
             node = self.nfa.states[state]
-            if node[0] == "step" and start >= oldest and ch in node[1]:
+            if node[0] != "step" or start < oldest:
+                continue
+            taken = accepts.get(id(node[1]))
+            if taken is None:
+                taken = accepts[id(node[1])] = ch in node[1]
+            if taken:
                 self._add(node[2], start)
 
     def _add(self, state: int, start: int) -> None:
-        """Add the epsilon closure of `state` (thread started at `start`), earliest start wins."""
-        stack = [state]
-        seen: set[int] = set()
+        """Add the threads of `state`'s epsilon closure, started at `start`. Callers add in
+        order of start within a position, so a state already held keeps its earlier start."""
+        threads = self.threads
+        for s in self._closure(state):
+            if s not in threads:
+                threads[s] = start
+
+    def _closure(self, state: int) -> tuple[int, ...]:
+        """Step and match states reachable from `state` without consuming (memoized: `^`
+        depends only on whether this is the text's start or a line's)."""
+        key = (state, self.pos == 0, self.prev == "\n")
+        found = self._closures.get(key)
+        if found is not None:
+            return found
+        out: list[int] = []
+        stack, seen = [state], set()
         while stack:
             s = stack.pop()
             if s in seen:
                 continue
             seen.add(s)
             node = self.nfa.states[s]
-            kind = node[0]
-            if kind == "split":
+            if node[0] == "split":
                 stack.extend(reversed(node[1]))
-            elif kind == "bol":
-                if self.pos == 0 or (node[2] and self.prev == "\n"):
+            elif node[0] == "bol":
+                if key[1] or (node[2] and key[2]):
                     stack.append(node[1])
-            elif s not in self.threads or self.threads[s] > start:
-                self.threads[s] = start
+            else:
+                out.append(s)
+        found = self._closures[key] = tuple(out)
+        return found

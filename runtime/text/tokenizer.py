@@ -18,6 +18,7 @@ TEMPLATE_TOKEN_KEYS = (
     "bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token",
 )
 _HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
+LONG_TEXT_CHARS = 8192  # longer texts are encoded with the GIL released (see encode)
 
 
 def _bytes_to_unicode() -> dict[int, str]:
@@ -277,6 +278,10 @@ class Tokenizer:
         """Token ids of `text`; `add_special_tokens` lets the post-processor add BOS (and EOS) if it does."""
         if not isinstance(text, str):
             raise ValueError(f"text to encode must be a str, got {type(text).__name__}")
+        if len(text) > LONG_TEXT_CHARS:
+            # NOTE: `tokenizers` releases the GIL in encode_batch only, not in encode: a long
+            # prompt tokenized on a worker thread would otherwise stall the event loop throughout.
+            return self.backend.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
         return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:

@@ -142,6 +142,10 @@ CASES = [
     ("p-token-budget-n", "/v1/programs",
      {"program": {"ops": [{"op": "gen", "name": f"g{i}", "params": {"max_new_tokens": 2048, "n": 128}}
                           for i in range(128)]}}, 400, "program"),
+    ("p-token-budget", "/v1/programs",
+     {"program": {"ops": [{"op": "gen", "params": {"max_new_tokens": 2048}}] * 200}}, 400, "program"),
+    ("p-gen-n", "/v1/programs", {"program": {"ops": [{"op": "gen", "name": "a", "params": {"n": 3}}]}}, 400,
+     "program"),
     ("p-deep-nesting", "/v1/programs", nested_program(2000), 400, None),
     ("p-missing-argument", "/v1/programs",
      {"program": {"ops": [{"op": "var", "name": "q", "source": "arg"}], "arguments": ["q"]}}, 400, "program"),

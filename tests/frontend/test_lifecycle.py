@@ -1,4 +1,5 @@
-"""503 while the engine starts and while stopping; an engine built by a factory is shut down with the app."""
+"""503 while the engine starts and while stopping; an engine built by a factory is shut down with the app;
+a failed request or a dead engine loop is an HTTP error, never a 200."""
 from __future__ import annotations
 
 import threading
@@ -104,3 +105,27 @@ def test_dead_engine_loop_answers_503_and_fails_streams(request):
     finally:
         live.stop()
         engine.shutdown()
+
+
+def test_a_failed_request_is_an_http_error_never_a_200(client, engine):
+    """A request that finishes with reason `error` answers 500 with its message (native and
+    OpenAI routes); the requests around it are served."""
+    from radixflow.runtime.core.faults import Fault, FaultInjector
+
+    body = {"text": "hello", "sampling_params": {"max_new_tokens": 4, "ignore_eos": True}}
+    engine.set_fault_injector(FaultInjector([Fault("detokenizer", rids={"doomed"})]))
+    try:
+        r = client.post("/generate", json={**body, "rid": "doomed"})
+        assert r.status_code == 500, r.text
+        assert r.json()["error"]["code"] == "internal_error" and "InjectedFault" in r.json()["error"]["message"]
+        ok = client.post("/generate", json={**body, "rid": "fine"})
+        assert ok.status_code == 200 and ok.json()["meta_info"]["completion_tokens"] == 4
+        engine.set_fault_injector(FaultInjector([Fault("sampler", times=1)]))  # the next request
+        completion = {"model": "tiny", "prompt": "hi", "max_tokens": 2}
+        r = client.post("/v1/completions", json=completion)
+        assert r.status_code == 500 and "InjectedFault" in r.json()["error"]["message"]
+        assert client.post("/v1/completions", json=completion).status_code == 200
+    finally:
+        engine.set_fault_injector(None)
+    engine.check_accounting()
+    assert engine.invariant_violations == []

@@ -99,12 +99,55 @@ def test_metrics_count_requests_per_adapter(setup):
     assert resident and float(resident[0].split()[-1]) >= 1
 
 
+def _per_adapter(text: str, name: str) -> dict[str, float]:
+    """Samples of `name` by lora_name (summed over other labels but model_name)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == name:
+                assert s.labels["model_name"] == "tiny"
+                out[s.labels["lora_name"]] = out.get(s.labels["lora_name"], 0.0) + s.value
+    return out
+
+
+def test_per_request_series_are_labelled_by_adapter(setup):
+    from radixflow.frontend.top import Scrape
+
+    client, _, paths = setup
+    assert client.post("/v1/load_lora_adapter", json={"lora_name": "gamma", "lora_path": paths["b"]}).status_code == 200
+    names = ("radixflow_time_to_first_token_seconds_count", "radixflow_e2e_request_latency_seconds_count",
+             "radixflow_requests_finished_total", "radixflow_goodput_requests_total",
+             "radixflow_prefix_cache_miss_tokens_total")
+    before = {n: _per_adapter(client.get("/metrics").text, n) for n in names}
+    sent = {"alpha": 2, "gamma": 3, "": 1}  # "": base-model requests
+    for name, n in sent.items():
+        for i in range(n):
+            fields = {"lora_path": name} if name else {}
+            assert client.post("/generate", json={"text": f"adapter {name} request {i}", "sampling_params": GREEDY,
+                                                  **fields}).status_code == 200
+    text = client.get("/metrics").text
+    for n in names[:4]:
+        after = _per_adapter(text, n)
+        assert {k: after.get(k, 0) - before[n].get(k, 0) for k in sent} == sent, n
+    misses = _per_adapter(text, names[4])
+    assert all(misses[k] > before[names[4]].get(k, 0) for k in sent)
+    # `radixflow top` sums the adapters back together
+    scrape = Scrape.parse(text, 0.0)
+    assert scrape.get(names[0]) == sum(_per_adapter(text, names[0]).values())
+    finished = scrape.by_label["radixflow_requests_finished_total"]
+    assert sum(finished.values()) == sum(_per_adapter(text, names[2]).values())
+    assert client.post("/v1/unload_lora_adapter", json={"lora_name": "gamma"}).status_code == 200
+
+
 def test_routes_are_off_without_lora_dir(client):
     r = client.post("/v1/load_lora_adapter", json={"lora_name": "a", "lora_path": "/tmp"})
     assert r.status_code == 400 and r.json()["error"]["code"] == "lora_loading_disabled"
     assert client.post("/v1/unload_lora_adapter", json={"lora_name": "a"}).status_code == 400
     r = client.post("/generate", json={"text": "hi", "lora_path": "a", "sampling_params": {"max_new_tokens": 1}})
     assert r.status_code == 400 and "not enabled" in r.json()["error"]["message"]
+    assert "lora_name" not in client.get("/metrics").text  # no adapters, no adapter label
 
 
 def test_language_gen_with_lora_over_endpoint_and_engine(setup):

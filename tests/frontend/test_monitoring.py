@@ -106,6 +106,83 @@ def test_top_shows_interval_rates():
     assert "10.0 tok/s" in render("http://x", v)
 
 
+def test_top_interval_ratios_come_from_the_interval_alone():
+    def scrape(hits: float, queries: float, good: float, finished: float, at: float) -> Scrape:
+        return Scrape.parse(
+            f'radixflow_prefix_cache_hit_tokens_total{{model_name="m"}} {hits}\n'
+            f'radixflow_prefix_cache_query_tokens_total{{model_name="m"}} {queries}\n'
+            f'radixflow_goodput_requests_total{{model_name="m"}} {good}\n'
+            f'radixflow_requests_finished_total{{model_name="m",reason="stop"}} {finished}\n', at)
+
+    # the hit rate falls to zero and no request is good in the last interval: top must say so
+    v = view(scrape(90, 100, 10, 10, 2.0), scrape(90, 100, 10, 10, 0.0))
+    assert v["hit_rate"] == pytest.approx(0.9) and v["goodput"] == pytest.approx(1.0)  # idle: since start
+    v = view(scrape(90, 200, 10, 20, 2.0), scrape(90, 100, 10, 10, 0.0))
+    assert v["hit_rate"] == 0.0 and v["goodput"] == 0.0
+    v = view(scrape(135, 200, 15, 20, 2.0), scrape(90, 100, 10, 10, 0.0))
+    assert v["hit_rate"] == pytest.approx(0.45) and v["goodput"] == pytest.approx(0.5)
+
+
+def test_top_command_prints_a_frame_of_a_live_server(server, client, capsys):
+    from radixflow.frontend.cli import main
+
+    client.post("/generate", json={"text": "top command", "sampling_params": {"max_new_tokens": 2}})
+    assert main(["top", "--url", server.url, "--once"]) == 0
+    frame = capsys.readouterr().out
+    assert frame.startswith(f"radixflow top — {server.url}") and "prefix hit rate" in frame
+    assert main(["top", "--url", "http://127.0.0.1:9", "--once"]) == 1
+    assert "cannot read" in capsys.readouterr().err
+
+
+def test_sessions_counted_over_every_route(client, engine):
+    import msgspec
+
+    import radixflow.lang as rf
+
+    @rf.function
+    def two_gens(s):
+        s += rf.user("a program run is one session")
+        s += rf.assistant(rf.gen("a", max_tokens=2)) + rf.assistant(rf.gen("b", max_tokens=2))
+
+    before = engine.stats()
+    for text in ("first turn", "second turn"):
+        r = client.post("/generate", json={"text": text, "session_id": "native-session",
+                                           "sampling_params": {"max_new_tokens": 2}})
+        assert r.status_code == 200
+    for route, body in (("/v1/completions", {"prompt": "hi"}),
+                        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]})):
+        r = client.post(route, json={"model": "tiny", "max_tokens": 2, "user": "openai-user", **body})
+        assert r.status_code == 200
+    r = client.post("/v1/programs", json={"program": msgspec.to_builtins(rf.trace(two_gens)), "arguments": {}})
+    assert r.status_code == 200
+    after = engine.stats()
+    assert after.num_finished - before.num_finished == 6
+    # no SLOs are set on this server: every session stays good
+    assert (after.num_sessions - before.num_sessions, after.num_bad_sessions - before.num_bad_sessions) == (3, 0)
+    scrape = Scrape.parse(client.get("/metrics").text, 0.0)
+    assert scrape.get("radixflow_sessions_total") == after.num_sessions
+
+
+def test_counters_never_go_back_while_serving(client):
+    def counters() -> dict[str, float]:
+        scrape = Scrape.parse(client.get("/metrics").text, 0.0)
+        out = {name: scrape.get(name) for name in METRIC_NAMES if name.endswith("_total")}
+        out |= {f"{name}:{k}": v for name, d in scrape.by_label.items() if name.endswith("_total")
+                for k, v in d.items()}
+        out |= {f"{name}_count": scrape.get(f"{name}_count") for name in scrape.buckets}
+        return out
+
+    shared = "counters survive a cache flush " * 3
+    client.post("/generate", json={"text": shared + "one", "sampling_params": {"max_new_tokens": 2}})
+    before = counters()
+    assert client.post("/flush_cache").status_code == 200
+    client.post("/generate", json={"text": shared + "two", "sampling_params": {"max_new_tokens": 2}})
+    after = counters()
+    assert before and all(after.get(k, 0.0) >= v for k, v in before.items()), \
+        {k: (v, after.get(k)) for k, v in before.items() if after.get(k, 0.0) < v}
+    assert after["radixflow_kv_evicted_tokens_total"] > before["radixflow_kv_evicted_tokens_total"]
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("prometheus") is None, reason="prometheus not installed (Debian package prometheus)")
 def test_real_prometheus_scrapes_a_live_server(server, client, tmp_path):

@@ -147,3 +147,27 @@ def test_completion_sse_grammar(client):
     assert chunks[-1]["choices"][0]["finish_reason"] == "length"
     assert sum(len(c["choices"][0]["logprobs"]["tokens"]) for c in chunks) == 4
     assert all("usage" not in c or c["usage"] is None for c in chunks)  # not asked for
+
+
+def _check_timings(usage: dict) -> None:
+    t = usage["timings"]
+    assert set(t) == {"queue_s", "prefill_s", "ttft_s", "e2e_s"}
+    assert 0 <= t["queue_s"] <= t["ttft_s"] <= t["e2e_s"] and 0 <= t["prefill_s"] <= t["ttft_s"]
+    assert t["queue_s"] + t["prefill_s"] == pytest.approx(t["ttft_s"], abs=1e-5)
+
+
+def test_usage_extension_carries_the_timings(client):
+    """`usage.timings` (seconds in the engine: queue, prefill, TTFT, e2e) beside `prefill_miss_tokens`,
+    on completions and chat completions, whole and streamed with include_usage."""
+    chat = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "timings"}], "max_tokens": 3}
+    comp = {"model": MODEL_NAME, "prompt": "timings", "max_tokens": 3}
+    for route, body in (("/v1/completions", comp), ("/v1/chat/completions", chat),
+                        ("/v1/completions", {**comp, "prompt": ["timings one", "timings two"], "n": 2})):
+        out = client.post(route, json=body).json()
+        _check_timings(out["usage"])
+        assert "prefill_miss_tokens" in out["usage"]
+        stream = {**body, "stream": True, "stream_options": {"include_usage": True}}
+        with client.stream("POST", route, json=stream) as r:
+            chunks = _sse(r)
+        assert chunks[-1]["choices"] == []
+        _check_timings(chunks[-1]["usage"])

@@ -1,10 +1,11 @@
-"""/openapi.json describes the routes from the msgspec structs; bodies generated from it (valid and mutated) never get a 5xx."""
+"""/openapi.json describes the routes from the msgspec structs; bodies generated from it (valid and mutated), and programs from the IR, never get a 5xx."""
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator
 
 import httpx
+import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -12,6 +13,8 @@ from hypothesis_jsonschema import from_schema
 
 from radixflow.frontend.limits import RequestLimits
 from radixflow.frontend.server import create_app
+from radixflow.lang import ir
+from radixflow.runtime.sampling_params import RequestOptions, SamplingParams
 
 from .conftest import LiveServer
 
@@ -95,3 +98,51 @@ def test_generated_bodies_never_5xx(fuzz_server, path):
     finally:
         client.close()
 
+
+# -- programs: /openapi.json shows `program` as an object (the IR is recursive, which
+# hypothesis-jsonschema cannot generate), so programs are drawn from the IR's own structs ------
+
+
+def _of(struct: type) -> st.SearchStrategy:
+    return from_schema(msgspec.json.schema(struct))
+
+
+# Small values of every type: most draws reach the engine, edge values (0, -1, None, "") included.
+_SMALL = (st.none() | st.booleans() | st.integers(-2, 3) | st.floats(-1, 2) | st.text(max_size=4)
+          | st.lists(st.text(max_size=3), max_size=2))
+
+
+def _fields(struct: type) -> st.SearchStrategy:
+    """A few of `struct`'s fields (few, so that many draws are valid) with small values."""
+    return st.dictionaries(st.sampled_from(struct.__struct_fields__), _SMALL, max_size=3)
+
+
+def _programs() -> st.SearchStrategy:
+    flat = st.one_of(*(_of(op) for op in (ir.RoleBegin, ir.RoleEnd, ir.Select, ir.VarRef, ir.ScopeBegin,
+                                          ir.ScopeEnd, ir.Join)))
+    gen = st.builds(lambda name, params, extras: {"op": "gen", "name": name, "params": params, "extras": extras},
+                    st.sampled_from(["a", "b", None]), _fields(SamplingParams), _fields(RequestOptions))
+    op = st.one_of(gen, gen, gen, _of(ir.Text), flat)  # mostly gens: they reach the engine
+    fork = st.builds(lambda fork_id, n, body: {"op": "fork", "id": fork_id, "n": n, "body": body},
+                     st.uuids().map(str), st.integers(-1, 3), st.lists(op, max_size=3))
+    return st.lists(op | fork, max_size=5).map(lambda ops: {"program": {"ops": ops}})
+
+
+def test_generated_programs_never_5xx(fuzz_server):
+    live, _ = fuzz_server
+    client = httpx.Client(base_url=live.url, timeout=30)
+    deadline = time.monotonic() + 15
+
+    @settings(max_examples=40, deadline=None, database=None,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large])
+    @given(body=_programs())
+    def check(body: dict) -> None:
+        if time.monotonic() > deadline:
+            return
+        r = client.post("/v1/programs", json=body)
+        assert r.status_code < 500, (body, r.status_code, r.text)
+
+    try:
+        check()
+    finally:
+        client.close()

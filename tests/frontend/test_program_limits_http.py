@@ -1,6 +1,7 @@
-"""/v1/programs under its limits: 429 past max_concurrent, 504 past the deadline (its requests aborted), 429 when the engine is full."""
+"""/v1/programs under its limits: 429 past max_concurrent, 504 past the deadline (its requests aborted; in-band when streamed), 429 when the engine is full."""
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -70,3 +71,18 @@ def test_full_engine_inside_a_program_is_429(engine):
         assert r.headers["retry-after"] == "1"
     finally:
         live.stop()
+
+
+def test_streamed_program_past_the_deadline_ends_in_band_and_aborts(limited, engine):
+    _, client = limited
+    long_gen = {"program": {"ops": [{"op": "gen", "name": "g", "params": {"max_new_tokens": 1500,
+                                                                          "ignore_eos": True}}]},
+                "stream": True}
+    start = time.monotonic()
+    with client.stream("POST", "/v1/programs", json=long_gen) as r:
+        assert r.status_code == 200
+        events = [line[len("data: "):] for line in r.iter_lines() if line]
+    assert time.monotonic() - start < 3  # one long gen does not outlive the deadline
+    assert events[-1] == "[DONE]"
+    assert json.loads(events[-2])["error"]["code"] == "program_timeout"
+    _wait_idle(engine)

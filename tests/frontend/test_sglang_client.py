@@ -58,7 +58,7 @@ def test_gen_regex_select_choices_fork_and_int(backend):
 
 def test_return_logprob_hits_the_prompt_cache(backend):
     text = "A long warm prompt for the prefix cache. " * 30
-    scored.run(text=text, backend=backend)
+    scored.run(text=text, backend=backend).sync()  # run() returns before its gen ends; wait for it
     meta = scored.run(text=text, backend=backend).get_meta_info("x")
     assert meta["cached_tokens"] >= meta["prompt_tokens"] - 1
     assert len(meta["output_token_logprobs"]) == 3

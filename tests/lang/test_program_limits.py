@@ -1,4 +1,4 @@
-"""Program bombs: text doubling, n and choices in the budget, deadlines, null and nested values, shared fork threads."""
+"""Program bombs: text doubling, gens and choices in the budget (gen n refused), deadlines, null and nested values, shared fork threads."""
 from __future__ import annotations
 
 import threading
@@ -34,11 +34,20 @@ def test_fork_copies_count_against_the_text_budget(fake):
         rf.execute(program, {}, fake, rf.Limits(max_text_chars=40_000))
 
 
-def test_n_counts_in_the_token_budget():
-    program = ir.Program(ops=[ir.Gen(name="x", params={"max_new_tokens": 100, "n": 8})])
+def test_gens_count_in_the_token_budget():
+    program = ir.Program(ops=[ir.Gen(name="x", params={"max_new_tokens": 100})] * 8)
     rf.validate_ir(program, rf.Limits(max_total_new_tokens=800))
     with pytest.raises(ValueError, match="800 tokens.*max_total_new_tokens"):
         rf.validate_ir(program, rf.Limits(max_total_new_tokens=799))
+
+
+def test_gen_with_n_is_refused_before_running(fake):
+    # n samples have no place in a program's single text (the language says: use fork)
+    program = ir.Program(ops=[ir.Gen(name="x", params={"max_new_tokens": 5, "n": 3})])
+    with pytest.raises(ValueError, match="n=3.*fork"):
+        rf.execute(program, {}, fake)
+    assert not fake.requests
+    rf.validate_ir(ir.Program(ops=[ir.Gen(name="x", params={"n": 1})]))
 
 
 def test_select_choices_are_bounded_and_counted():

@@ -79,14 +79,14 @@ def _gguf_tensors(cfg: dict, weights: dict[str, torch.Tensor], permute: bool) ->
     return arrays
 
 
-def _add_tokenizer(writer: gguf.GGUFWriter, model_dir: str) -> None:
+def _add_tokenizer(writer: gguf.GGUFWriter, model_dir: str, pre: str) -> None:
     tok = Tokenizer.from_dir(model_dir)
     data = json.loads(tok.backend.to_str())
     vocab = sorted(tok.backend.get_vocab(with_added_tokens=True).items(), key=lambda kv: kv[1])
     special = tok.special_token_ids
     merges = [m if isinstance(m, str) else " ".join(m) for m in data["model"]["merges"]]
     writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("default")
+    writer.add_tokenizer_pre(pre)
     writer.add_token_list([t for t, _ in vocab])
     writer.add_token_types([3 if i in special else 1 for _, i in vocab])
     writer.add_token_merges(merges)
@@ -96,8 +96,9 @@ def _add_tokenizer(writer: gguf.GGUFWriter, model_dir: str) -> None:
     writer.add_chat_template(tok.chat_templates["default"])
 
 
-def write_gguf(model_dir: str, out_path: str, qtype: str, arch: str = "llama") -> str:
-    """Write `model_dir` (a demo model) as a GGUF of `arch`, 2-D weights in `qtype`."""
+def write_gguf(model_dir: str, out_path: str, qtype: str, arch: str = "llama", pre: str = "default") -> str:
+    """Write `model_dir` (a demo model) as a GGUF of `arch`, 2-D weights in `qtype`, its tokenizer
+    tagged with the pre-tokenizer type `pre` (tokenizer.ggml.pre)."""
     with open(os.path.join(model_dir, "config.json"), encoding="utf-8") as f:
         cfg = json.load(f)
     writer = gguf.GGUFWriter(out_path, arch)
@@ -114,7 +115,7 @@ def write_gguf(model_dir: str, out_path: str, qtype: str, arch: str = "llama") -
     writer.add_key_length(head_dim)
     writer.add_value_length(head_dim)
     writer.add_vocab_size(cfg["vocab_size"])
-    _add_tokenizer(writer, model_dir)
+    _add_tokenizer(writer, model_dir, pre)
     weights = load_file(os.path.join(model_dir, "model.safetensors"))
     for name, array in _gguf_tensors(cfg, weights, permute=arch == "llama").items():
         data, raw_type = _encode(array, qtype)

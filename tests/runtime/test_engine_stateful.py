@@ -1,5 +1,6 @@
-"""Hypothesis state machine over the engine's request lifecycle: submit / abort / inject a fault
-/ flush / wait / shutdown, against a model of which requests must have finished (exactly once)."""
+"""Hypothesis state machine over the engine's request lifecycle: submit / abort / step / inject a
+fault / flush / wait / shutdown, against a model of which requests must have finished (exactly once).
+The engine steps on its own thread; the `step` rule waits for its next step."""
 from __future__ import annotations
 
 import threading
@@ -67,6 +68,24 @@ class EngineLifecycle(RuleBasedStateMachine):
     @rule(data=st.data())
     def abort(self, data) -> None:
         self.engine.abort(data.draw(st.sampled_from(self.submitted)))
+
+    @precondition(lambda self: not self.closed)
+    @rule()
+    def step(self) -> None:
+        """With work in flight, the loop takes another step (or fails one) within a bounded time."""
+        e = self.engine
+
+        def progress() -> tuple[int, bool]:
+            return e._step.num_steps + e._step.num_failed_steps, e.scheduler.has_work()
+
+        before, busy = e._call_on_loop(progress)
+        deadline = time.monotonic() + WAIT_S
+        while busy:
+            now, busy = e._call_on_loop(progress)
+            if now != before:
+                return
+            assert time.monotonic() < deadline, "the engine has work but takes no step"
+            time.sleep(0.001)
 
     @precondition(lambda self: not self.closed)
     @rule(fault=faults, seed=st.integers(0, 100))

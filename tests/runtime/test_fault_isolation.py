@@ -189,10 +189,19 @@ def test_out_of_memory_in_prefill_is_retried_with_a_smaller_budget():
     prompt = ids(50, 4)
     sp = {**GREEDY, "max_new_tokens": 6}
     expected = clean_output(prompt, sp)
-    with tiny() as e:
+    with tiny(max_prefill_tokens=64) as e:
+        real_forward, prefills = e.runner.forward, []
+
+        def forward(batch, offsets):
+            if not batch.is_decode:
+                prefills.append(sum(batch.extend_lens))
+            return real_forward(batch, offsets)
+
+        e.runner.forward = forward
         e.set_fault_injector(FaultInjector([Fault("forward", times=2, exc=torch.cuda.OutOfMemoryError)]))
         res = bounded(e.generate, input_ids=prompt, sampling_params=sp)
         assert reason(res) == "length" and res["output_ids"] == expected
+        assert prefills == [16, 16, 16, 2]  # two halvings: 64 -> 16 tokens per prefill step
         assert_idle_and_clean(e)
 
 
@@ -254,6 +263,39 @@ def test_step_fault_after_admission_leaks_nothing():
         assert e.runner.kv_pool.num_free + e.scheduler.cache.evictable_size() == 4096
 
 
+def test_step_fault_as_a_chunked_prefill_hands_over_leaks_nothing():
+    """The step in which one chunked prefill completes and the next request starts chunking
+    fails: exactly those two fail, once; the later ones complete; nothing leaks."""
+    with tiny(chunked_prefill_size=8, schedule_policy="fcfs") as e:
+        # 20-token prompts, 8-token chunks: step 2 is c0[16:20] + c1[0:8]
+        e.set_fault_injector(FaultInjector([Fault("sampler", times=1, step_level=True, after_step=2)]))
+        results = submit_all(e, [ids(20, 30 + s) for s in range(4)], {**GREEDY, "max_new_tokens": 3},
+                             [f"c{s}" for s in range(4)])
+        assert [reason(r) for r in results] == ["error", "error", "length", "length"]
+        assert_idle_and_clean(e)
+
+
+def test_scheduling_error_after_admission_fails_every_request_once():
+    """An error outside the step's own isolation (here: releasing the step) reaches the loop's
+    fallback, which must see the requests admitted in that step: each fails once, none leaks."""
+    with tiny(chunked_prefill_size=8, schedule_policy="fcfs") as e:
+        real, calls = e.scheduler.finish_step, []
+
+        def finish_step(batch):
+            calls.append(batch)
+            if len(calls) == 1:
+                raise RuntimeError("a scheduling bug")
+            return real(batch)
+
+        e.scheduler.finish_step = finish_step
+        # the first step admits r0..r2 whole and starts chunking r3 (4 + 4 + 4 + 8 of 20)
+        results = submit_all(e, [ids(4, 50), ids(4, 51), ids(4, 52), ids(20, 53)], {**GREEDY, "max_new_tokens": 3})
+        assert len(calls[0].reqs) == 4 and not calls[0].completes[-1]
+        assert all(reason(r) == "error" and "scheduling bug" in r["meta_info"]["finish_reason"]["message"]
+                   for r in results)
+        assert_idle_and_clean(e)
+
+
 def test_bad_top_logprobs_num_is_rejected_at_submission_and_others_keep_running():
     with tiny() as e:
         vocab = e.runner.args.vocab_size
@@ -273,6 +315,33 @@ def test_bad_top_logprobs_num_is_rejected_at_submission_and_others_keep_running(
         assert_idle_and_clean(e)
 
 
+@pytest.mark.parametrize("logprob_start_len", [0, -1], ids=["prompt-logprobs", "output-logprobs"])
+def test_logprob_error_in_the_step_fails_that_request_alone(logprob_start_len, monkeypatch):
+    """What validation now refuses, forced through: topk over more alternatives than the
+    vocabulary raises in the step; the asking request fails, its batch-mate completes."""
+    from radixflow.runtime.core.request import LogprobOptions
+
+    monkeypatch.setattr(LogprobOptions, "validate", lambda self, prompt_len, vocab_size: None)
+    with tiny() as e:
+        sp, box = {**GREEDY, "max_new_tokens": 12}, {}
+        greedy_for_logprobs = {"return_logprob": True, "logprob_start_len": logprob_start_len,
+                               "top_logprobs_num": e.runner.args.vocab_size + 1}
+
+        def run(rid: str, **opts) -> None:
+            box[rid] = e.generate(input_ids=ids(9, len(rid)), sampling_params=sp, rid=rid, **opts)
+
+        threads = [threading.Thread(target=run, args=("healthy",)),
+                   threading.Thread(target=run, args=("asks-too-much",), kwargs=greedy_for_logprobs)]
+        with paused(e):
+            for t in threads:
+                t.start()
+        for t in threads:
+            t.join(BOUND_S)
+        assert reason(box["asks-too-much"]) == "error"
+        assert reason(box["healthy"]) == "length" and box["healthy"]["meta_info"]["completion_tokens"] == 12
+        assert_idle_and_clean(e)
+
+
 # -- 5. the loop never dies silently; shutdown wakes everyone ----------------------------------------
 
 
@@ -284,6 +353,28 @@ def test_failing_finish_listener_does_not_stop_the_engine():
         e.add_finish_listener(listener)
         for _ in range(3):
             assert reason(bounded(e.generate, input_ids=ids(5, 12), sampling_params={**GREEDY, "max_new_tokens": 2})) == "length"
+        assert e.is_healthy
+        assert_idle_and_clean(e)
+
+
+def test_failing_output_callback_does_not_stop_the_engine():
+    """A consumer whose callback raises (on progress and on finish) is logged; the loop, the
+    accounting and everyone else go on."""
+    from radixflow.runtime.core.request import LogprobOptions
+    from radixflow.runtime.sampling_params import SamplingParams
+
+    with tiny() as e:
+        def on_output(_req, _finished):
+            raise RuntimeError("consumer bug")
+
+        sp = SamplingParams.from_dict({**GREEDY, "max_new_tokens": 4})
+        req = e._make_req(ids(6, 17), sp, LogprobOptions(), "broken-consumer", None, on_output)
+        req.stream = True
+        e._submit(req)
+        other = bounded(e.generate, input_ids=ids(6, 18), sampling_params={**GREEDY, "max_new_tokens": 4})
+        assert reason(other) == "length"
+        e._call_on_loop(lambda: None)
+        assert req.finish_reason == {"type": "length", "length": 4}
         assert e.is_healthy
         assert_idle_and_clean(e)
 
@@ -359,6 +450,27 @@ def test_prefix_queries_count_once_per_admitted_request_not_per_attempt():
         assert_idle_and_clean(e)
 
 
+# -- invariant mode --------------------------------------------------------------------------------
+
+
+def test_invariant_mode_logs_and_counts_a_violation(caplog):
+    """check_invariants catches a slot that no one owns after the next step: logged, counted."""
+    import logging
+
+    with tiny() as e:
+        sp = {**GREEDY, "max_new_tokens": 2}
+        e.generate(input_ids=ids(8, 15), sampling_params=sp)
+        leaked = e._call_on_loop(lambda: e.runner.kv_pool.alloc(1))  # allocated, owned by no one
+        with caplog.at_level(logging.ERROR, logger="radixflow.runtime.engine"):
+            e.generate(input_ids=ids(8, 16), sampling_params=sp)
+            e._call_on_loop(lambda: None)  # the step's check and stats refresh have run
+        assert e.invariant_violations and "KV accounting broken" in e.invariant_violations[0]
+        assert e.stats().invariant_violations == len(e.invariant_violations)
+        assert "engine invariant violated" in caplog.text
+        e._call_on_loop(lambda: e.runner.kv_pool.free(leaked))
+        e.check_accounting()
+
+
 # -- the soak: randomized workload with injected faults everywhere ------------------------------------
 
 
@@ -374,15 +486,19 @@ def _soak_workload(rng: random.Random, n: int, vocab: int) -> list[tuple[str, li
     return jobs
 
 
-def _soak_faults(rng: random.Random, rids: list[str]) -> list[Fault]:
-    victims = rng.sample(rids, 24)
+def _soak_faults(rng: random.Random, jobs: list[tuple[str, list[int], dict, bool]]) -> list[Fault]:
+    victims = rng.sample([rid for rid, *_ in jobs], 24)
+    constrained = [rid for rid, _, sp, _ in jobs if "regex" in sp]  # only these reach the grammar point
+    victims[6:12] = rng.sample(constrained, min(6, len(constrained)))
     return [
         Fault("forward", probability=0.01, exc=RuntimeError),                      # a kernel failure
+        Fault("forward", rids=victims[18:24], exc=RuntimeError),                   # a request that breaks its step
         Fault("forward", probability=0.05, times=3, exc=torch.cuda.OutOfMemoryError),  # retried
         Fault("sampler", rids=victims[:6], after_step=rng.randrange(5, 40)),
         Fault("grammar", rids=victims[6:12]),
         Fault("detokenizer", rids=victims[12:18], after_step=rng.randrange(5, 40)),
         Fault("sampler", probability=0.01, step_level=True),
+        Fault("grammar", probability=0.01, step_level=True),
         Fault("detokenizer", probability=0.01, step_level=True),
     ]
 
@@ -399,7 +515,7 @@ def run_soak(num_requests: int, seed: int, monkeypatch) -> None:
     rng = random.Random(seed)
     with tiny(kv_cache_tokens=256, max_num_seqs=24, chunked_prefill_size=24) as e:
         jobs = _soak_workload(rng, num_requests, e.runner.args.vocab_size)
-        faults = _soak_faults(rng, [j[0] for j in jobs])
+        faults = _soak_faults(rng, jobs)
         e.set_fault_injector(FaultInjector(faults, seed=seed))
         finishes: dict[str, int] = {}
         e.add_finish_listener(lambda t: finishes.__setitem__(t.rid, finishes.get(t.rid, 0) + 1))
@@ -417,7 +533,8 @@ def run_soak(num_requests: int, seed: int, monkeypatch) -> None:
         time.sleep(0.2)  # late abort timers find nothing to abort
         e.set_fault_injector(None)
         failed = set().union(*(f.fired_for for f in faults if f.exc is not torch.cuda.OutOfMemoryError))
-        assert failed, "the soak injected no fault"
+        assert {f.point for f in faults if f.fired} == {"forward", "sampler", "grammar", "detokenizer"}
+        assert all(f.fired for f in faults if f.rids is not None), "a targeted fault never fired"
         assert finishes == {rid: 1 for rid, *_ in jobs}
         for (rid, _, sp, aborted), (res, waited) in zip(jobs, outcomes):
             assert waited < BOUND_S

@@ -11,9 +11,10 @@ import torch
 
 from radixflow.runtime import Engine
 from radixflow.runtime.model import model
+from radixflow.runtime.model.demo import demo_model
 
 GREEDY = {"temperature": 0, "max_new_tokens": 6, "ignore_eos": True}
-CONFIG = dict(device="cpu", dtype="float32", kv_cache_tokens=1024, attention_backend="torch")
+CONFIG = dict(model=demo_model("tiny"), device="cpu", dtype="float32", kv_cache_tokens=1024, attention_backend="torch")
 
 
 def _run(monkeypatch, fused: bool) -> tuple[list[list[int]], list[list[float]]]:

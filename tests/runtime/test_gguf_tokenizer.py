@@ -46,6 +46,14 @@ def test_byte_level_bpe_matches_transformers_and_the_source_tokenizer(tmp_path):
     assert ours.bos_token_id == source.bos_token_id and ours.eos_token_ids[0] == source.eos_token_ids[0]
 
 
+@pytest.mark.parametrize("pre,arch", [("llama-bpe", "llama"), ("qwen2", "qwen2")])
+def test_pre_tokenizer_type_matches_transformers(tmp_path, pre, arch):
+    """tokenizer.ggml.pre picks the split regex (Llama-3's, Qwen2's: digits in threes / one by one)."""
+    path = write_gguf(demo_model("tiny"), str(tmp_path / "m.gguf"), "F16", arch=arch, pre=pre)
+    _assert_parity(Tokenizer.from_pretrained(path), _ref(path),
+                   ["Numbers 1234567 and 12", "It's 3.14159!", "don't STOP'S", "x  \n\n  y", "🙂🙂 12🙂"])
+
+
 def test_sentencepiece_from_scores_matches_transformers(tmp_path):
     path = write_sentencepiece_gguf(str(tmp_path / "sp.gguf"), CORPUS_PATH.read_text(encoding="utf-8"))
     ours = Tokenizer.from_pretrained(path)

@@ -138,8 +138,10 @@ def test_lru_swap_when_more_adapters_than_slots(model, adapters):
         want = [r["output_ids"] for r in concurrent(eng, jobs)]
     with Engine(model, dtype="float32", max_loras=2, max_cpu_loras=3, lora_modules=mods) as eng:
         got = concurrent(eng, jobs)
-        cap = eng.loras.capacity
+        cap, reg = eng.loras.capacity, eng.loras.registry
         assert cap.num_slot_loads > 2 and cap.num_resident <= 2 and cap.peak_in_batch <= 2
+        assert reg.num_in_host <= 3  # host LRU: 5 adapters, weights of at most 3 kept
+        assert reg.load_time.count > len(adapters)  # dropped weights were read again from disk
     assert all(r["meta_info"]["finish_reason"]["type"] == "length" for r in got)
     assert [r["output_ids"] for r in got] == want
 
@@ -207,3 +209,64 @@ def test_unload_while_in_use_frees_its_kv_when_the_last_request_ends(model, adap
         eng.generate(prompt, GREEDY)  # one more step on the loop after the finish
         assert eng.scheduler.cache.total_size() == base_cached
         assert eng.loras.capacity.num_resident == 0
+
+
+def test_unload_while_queued_frees_its_kv_and_slot_when_it_ends(model, adapters):
+    """A request still waiting behind a full batch when its adapter is unloaded runs with it; when
+    it ends, the adapter's KV leaves the tree and its slot is freed (not left to LRU)."""
+    with Engine(model, dtype="float32", max_num_seqs=1, schedule_policy="fcfs",
+                lora_modules=[f"a={adapters[1]}"]) as eng:
+        ns = eng.loras.registry.resolve("a")[1].namespace
+
+        async def run() -> list[dict]:
+            base = eng.generate_stream(PROMPTS[0], {**GREEDY, "max_new_tokens": 40})
+            lora = eng.generate_stream(PROMPTS[1], GREEDY, lora="a")
+            first = [asyncio.ensure_future(base.__anext__()), asyncio.ensure_future(lora.__anext__())]
+            await asyncio.sleep(0)  # both submitted; the batch holds one: the adapter's request waits
+            assert eng.loras.capacity.pins == {}  # it holds no slot yet
+            eng.unload_lora_adapter("a")
+            lasts = []
+            for stream, head in zip((base, lora), first):
+                chunk = await head
+                async for chunk in stream:
+                    pass
+                lasts.append(chunk)
+            return lasts
+        lasts = asyncio.run(run())
+        assert [c["meta_info"]["finish_reason"]["type"] for c in lasts] == ["length", "length"]
+        eng.check_accounting()  # a turn of the loop: the stats below are those after both finished
+        stats = eng.stats()  # the per-request counters by adapter ("": base) add up to the totals
+        assert {name: s.finish_counts for name, s in stats.by_lora.items()} == {"": {"length": 1}, "a": {"length": 1}}
+        assert sum(s.good_requests for s in stats.by_lora.values()) == stats.good_requests == 2
+        for reason, n in stats.miss_tokens.items():
+            assert sum(s.miss_tokens.get(reason, 0) for s in stats.by_lora.values()) == n
+        assert [t.lora_name for t in eng.recent_timings] == ["", "a"]
+        cap = eng.loras.capacity
+        assert cap.num_resident == 0 and ns not in cap.slots.holder
+        eng.load_lora_adapter("again", adapters[1])  # the same content, so the same namespace
+        again = eng.generate(PROMPTS[1], GREEDY, lora="again")
+        assert again["meta_info"]["cached_tokens"] == 0  # nothing of the namespace was left cached
+        assert again["output_ids"] == lasts[1]["output_ids"]
+
+
+def test_host_lru_reread_of_changed_file_drops_the_old_namespace(model, adapters, tmp_path):
+    """Weights dropped by the host LRU are read again from disk; when the file changed, the name
+    gets a new namespace and the old one's KV and slot go (no name uses them any more)."""
+    import shutil
+    path = str(tmp_path / "a")
+    shutil.copytree(adapters[1], path)
+    prompt = " ".join(PROMPTS)
+    with Engine(model, dtype="float32", max_cpu_loras=1, lora_modules=[f"a={path}", f"b={adapters[2]}"]) as eng:
+        old = eng.loras.registry.resolve("a")[1].namespace
+        eng.generate(prompt, GREEDY, lora="a")
+        eng.generate(prompt, GREEDY, lora="b")  # a's weights leave host memory
+        assert eng.loras.registry.num_in_host == 1
+        shutil.rmtree(path)
+        write_adapter(path, model, rank=8, targets=ATTN, seed=77)  # the file changes on disk
+        eng.generate(prompt, GREEDY, lora="a")  # read again: a new namespace
+        assert eng.loras.registry.resolve("a")[1].namespace != old
+        eng.generate(prompt, GREEDY)  # one more turn of the loop
+        eng.check_accounting()
+        assert old not in eng.loras.capacity.slots.holder
+        eng.load_lora_adapter("old", adapters[1])  # the old content again: the old namespace
+        assert eng.generate(prompt, GREEDY, lora="old")["meta_info"]["cached_tokens"] == 0

@@ -79,17 +79,46 @@ def test_client_fields_never_name_the_base_namespace(tmp_path):
 
 
 def test_unloaded_while_pinned_frees_at_the_last_release_unless_loaded_again(loaded):
-    args, (a, b, _, _) = loaded
-    slots = LoraSlots(args, frozenset(ATTN), 2, 8, torch.float32, torch.device("cpu"))
-    cap = AdapterCapacity(slots, 2)
+    args, (a, b, c, _) = loaded
+    slots = LoraSlots(args, frozenset(ATTN), 3, 8, torch.float32, torch.device("cpu"))
+    names = {a.namespace, b.namespace, c.namespace}  # what the registry has loaded
+    cap = AdapterCapacity(slots, 3, names.__contains__)
     r1, r2, rb = _req(a), _req(a), _req(b)
     for r in (r1, r2, rb):
         cap.acquire(r)
+    names.discard(a.namespace)
     cap.forget(a.namespace)                       # unloaded while two requests use it
     assert slots.holder[r1.lora_id] == a.namespace
     assert cap.release(r1) is None                # r2 still uses it
     assert cap.release(r2) == a.namespace         # the last one: the caller drops its KV
     assert cap.num_resident == 1 and a.namespace not in slots.holder
+    names.discard(b.namespace)
     cap.forget(b.namespace)
-    cap.revive(b.namespace)                       # loaded again before rb finished
+    names.add(b.namespace)                        # loaded again before rb finished
     assert cap.release(rb) is None and cap.num_resident == 1
+    rc = _req(c)                                  # queued when c is unloaded: it holds no slot yet
+    names.discard(c.namespace)
+    cap.forget(c.namespace)
+    cap.acquire(rc)                               # admitted afterwards: runs with its adapter
+    assert cap.release(rc) == c.namespace and c.namespace not in slots.holder
+
+
+def test_slots_exist_before_the_kv_pool_is_sized(monkeypatch):
+    """On CUDA the KV pool takes mem_fraction minus what is allocated: the adapter slots must
+    be allocated by then, or they land outside the budget."""
+    from radixflow.runtime.core import model_runner
+
+    events: list[str] = []
+    real_slots, real_tokens = model_runner.LoraSlots, model_runner.kv_pool_tokens
+
+    def slots(*args, **kwargs):
+        events.append("slots")
+        return real_slots(*args, **kwargs)
+
+    def tokens(*args, **kwargs):
+        events.append("kv")
+        return real_tokens(*args, **kwargs)
+    monkeypatch.setattr(model_runner, "LoraSlots", slots)
+    monkeypatch.setattr(model_runner, "kv_pool_tokens", tokens)
+    with Engine(demo_model("tiny"), enable_lora=True):
+        assert events == ["slots", "kv"]

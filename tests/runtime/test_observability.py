@@ -4,11 +4,14 @@ from __future__ import annotations
 import random
 import threading
 
+import pytest
+
 from radixflow.runtime import Engine
 from radixflow.runtime.model.demo import demo_model
 from radixflow.runtime.core.request import LogprobOptions
 from radixflow.runtime.sampling_params import SamplingParams
-from radixflow.runtime.slo import SLOs
+from radixflow.runtime.slo import Goodput, SLOs
+from radixflow.runtime.stats import RequestTiming
 
 GREEDY = {"temperature": 0, "ignore_eos": True}
 
@@ -129,3 +132,42 @@ def test_timers_are_consistent_per_request():
     for t in timings:
         assert t.queue_s is not None and 0 <= t.queue_s <= t.ttft_s <= t.e2e_s
         assert len(t.inter_token_s()) == t.completion_tokens - 1
+
+
+def _timing(rid: str, ttft: float | None, tokens: tuple[float, ...], e2e: float, finish: str = "length",
+            session: str | None = None) -> RequestTiming:
+    return RequestTiming(rid, 0.0, 0.0 if ttft is not None else None, ttft, e2e, tokens, 5, len(tokens), 0, finish,
+                         session_id=session)
+
+
+def test_goodput_and_session_goodput_on_fixed_timings():
+    g = Goodput(SLOs.from_ms(ttft_ms=100, itl_ms=10, e2e_ms=500))
+    cases = [  # (timing, good?) each hand-checked against ttft <= 0.1, mean itl <= 0.01, e2e <= 0.5
+        (_timing("at-the-limits", 0.1, (0.1, 0.11, 0.12), 0.5, session="a"), True),
+        (_timing("one-token", 0.05, (0.05,), 0.06, session="a"), True),       # itl not checked
+        (_timing("slow-first", 0.2, (0.2, 0.205), 0.3, session="b"), False),  # ttft
+        (_timing("slow-decode", 0.05, (0.05, 0.1), 0.2, session="c"), False),  # itl 50 ms
+        (_timing("no-token", None, (), 0.01, finish="abort", session="c"), False),  # ttft (none)
+        (_timing("aborted-fast", 0.01, (0.01,), 0.02, finish="abort"), False),  # within SLOs, not normal
+        (_timing("long", 0.05, (0.05, 0.06), 0.9, session="d"), False),  # e2e
+    ]
+    for t, _ in cases:
+        g.observe(t)
+    assert g.good_requests == sum(good for _, good in cases) == 2
+    assert g.violations == {"ttft": 2, "itl": 1, "e2e": 1}
+    assert (g.num_sessions, g.num_bad_sessions) == (4, 3)  # a stays good; b, c (twice bad), d do not
+    g.observe(_timing("later-good", 0.01, (0.01,), 0.02, session="b"))
+    assert (g.num_sessions, g.num_bad_sessions, g.good_requests) == (4, 3, 3)  # a bad session stays bad
+
+
+def test_meta_info_timings_agree_with_the_recorded_timeline():
+    with Engine(demo_model("tiny"), dtype="float32", kv_cache_tokens=2048) as e:
+        res = e.generate(input_ids=[ids(20, s) for s in range(3)], sampling_params={**GREEDY, "max_new_tokens": 4})
+        recorded = {t.rid: t for t in e.recent_timings}
+    for r in res:
+        m = r["meta_info"]
+        t, tm = recorded[m["id"]], m["timings"]
+        assert tm["queue_s"] + tm["prefill_s"] == pytest.approx(tm["ttft_s"], abs=2e-6)
+        assert 0 <= tm["queue_s"] <= tm["ttft_s"] <= tm["e2e_s"]
+        assert tm["ttft_s"] == pytest.approx(t.ttft_s, abs=1e-6) and tm["e2e_s"] == pytest.approx(t.e2e_s, abs=1e-6)
+        assert m["cached_tokens"] == t.cached_tokens and sum(m["prefill_miss_tokens"].values()) == 20 - t.cached_tokens

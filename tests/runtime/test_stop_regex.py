@@ -24,7 +24,8 @@ def feed_all(patterns: list[str], text: str, chunk: int) -> tuple[int, int] | No
 
 
 @pytest.mark.parametrize("pattern", [r"ab+c", r"\d{2,3}\.", r"(foo|ba[rz])!", r"x*y", r"[^a-c\s]q", r"(?i)end",
-                                     r"a.b", r"(?s)a.b", r"^h", r"(?m)^z", r"colou?r", r"(ab){2}", r"[\w-]+@"])
+                                     r"a.b", r"(?s)a.b", r"^h", r"(?m)^z", r"colou?r", r"(ab){2}", r"[\w-]+@",
+                                     r"(a|ab)(c|bcd)", r"a.{0,3}b", r"(x|y)+z"])
 def test_first_match_start_agrees_with_re(pattern):
     rng = random.Random(pattern)
     for _ in range(200):
@@ -42,6 +43,7 @@ def test_first_match_start_agrees_with_re(pattern):
             assert hit is None, (pattern, text)
         else:
             assert hit is not None and hit[1] == expected.end(), (pattern, text, hit)
+            assert hit[0] == expected.start(), (pattern, text, hit)  # the leftmost start
             assert re.fullmatch(pattern, text[hit[0]:hit[1]]) or pattern.startswith(("^", "(?m)^")), (pattern, text)
 
 

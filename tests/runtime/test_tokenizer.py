@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 import random
 import shutil
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -11,7 +13,7 @@ import tokenizers
 from tokenizers import decoders, models
 
 from radixflow.runtime.model.demo import write_demo_model
-from radixflow.runtime.text.tokenizer import Tokenizer
+from radixflow.runtime.text.tokenizer import LONG_TEXT_CHARS, Tokenizer
 
 TEXTS = [
     "",
@@ -82,6 +84,32 @@ def test_encode_adds_bos_only_with_special_tokens(tok: Tokenizer) -> None:
     assert tok.encode("Hello")[0] == tok.bos_token_id
     assert tok.bos_token_id not in tok.encode("Hello", add_special_tokens=False)
     assert tok.encode("") == [tok.bos_token_id]
+
+
+def test_long_text_is_encoded_the_same_with_the_gil_released(tok: Tokenizer) -> None:
+    rng = random.Random(0)
+    words = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(7)) for _ in range(15_000)]
+    text = " ".join(words)  # distinct words: the BPE word cache cannot make encoding fast
+    assert len(text) > 10 * LONG_TEXT_CHARS
+    gaps: list[float] = []
+    done = threading.Event()
+
+    def tick() -> None:  # a thread that needs the GIL every millisecond, like an event loop
+        while not done.is_set():
+            start = time.perf_counter()
+            time.sleep(0.001)
+            gaps.append(time.perf_counter() - start)
+
+    ticker = threading.Thread(target=tick)
+    ticker.start()
+    start = time.perf_counter()
+    ids = tok.encode(text)
+    took = time.perf_counter() - start
+    done.set()
+    ticker.join()
+    assert max(gaps) < max(0.1, took / 3), (max(gaps), took)  # encode() would hold the GIL throughout
+    assert ids == tok.backend.encode(text).ids
+    assert tok.encode(text, False) == tok.backend.encode(text, add_special_tokens=False).ids
 
 
 def test_encode_rejects_non_text(tok: Tokenizer) -> None:
