@@ -49,7 +49,8 @@ def extend_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
     h // (num_heads // num_kv_heads). uint8 caches hold fp8 e4m3, dequantized as
     fp8 * scale (scales are unused otherwise). Returns a new [num_tokens, num_heads,
     head_dim] tensor of q's dtype; rows no request covers are zero. fp32 math;
-    `max_extend_len`, `max_seq_len` and `num_kv_splits` (launch hints) are unused here. Memory: num_heads * extend_len * seq_len floats.
+    the launch hints `max_extend_len`, `max_seq_len` and `num_kv_splits` are unused here.
+    Memory: num_heads * extend_len * seq_len floats.
     """
     _check_extend(q, k_cache, v_cache, req_to_token, req_rows, prefix_lens, extend_lens, extend_starts,
                   sm_scale, k_scale, v_scale, max_extend_len, max_seq_len, num_kv_splits)
@@ -80,13 +81,13 @@ def _extend_attention_kernel(
     q, k_cache, v_cache, out, part_out, part_lse, req_to_token, req_rows, prefix_lens, extend_lens, extend_starts,
     qk_scale, v_scale,
     stride_q_tok, stride_q_head, stride_o_tok, stride_o_head,
-    stride_kc_slot, stride_kc_head, stride_vc_slot, stride_vc_head, stride_r2t_row, num_heads,
+    stride_kc_slot, stride_kc_head, stride_vc_slot, stride_vc_head, stride_r2t_row, num_heads, num_splits,
     GROUP_SIZE: tl.constexpr, HEAD_BLOCKS: tl.constexpr, HEADS_PER_TILE: tl.constexpr,
-    TOKENS_PER_TILE: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    TOKENS_PER_TILE: tl.constexpr, HEAD_DIM: tl.constexpr, IS_SPLIT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     IS_FP8: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_WHILE: tl.constexpr,
 ):
-    # grid: (request, KV head x HEAD_BLOCKS, token block x NUM_SPLITS). A tile stacks the
+    # grid: (request, KV head x HEAD_BLOCKS, token block x num_splits). A tile stacks the
     # query heads of one KV head into its M rows, token-major, so each K/V tile is loaded
     # once for all of them:
     #   tile row r:  token m_block * TOKENS_PER_TILE + r // HEADS_PER_TILE,
@@ -94,8 +95,8 @@ def _extend_attention_kernel(
     req = tl.program_id(0)
     kv_head = tl.program_id(1) // HEAD_BLOCKS
     head_block = tl.program_id(1) % HEAD_BLOCKS
-    m_block = tl.program_id(2) // NUM_SPLITS
-    split = tl.program_id(2) % NUM_SPLITS
+    m_block = tl.program_id(2) // num_splits
+    split = tl.program_id(2) % num_splits
     extend_len = tl.load(extend_lens + req).to(tl.int32)
     if m_block * TOKENS_PER_TILE >= extend_len:
         return
@@ -119,7 +120,7 @@ def _extend_attention_kernel(
     hi = prefix_len + tl.minimum((m_block + 1) * TOKENS_PER_TILE, extend_len)
     #   context [0, hi): | split 0 | split 1 | ... | empty splits |, each split_len long (a
     #   multiple of BLOCK_N); an empty split, or one past a row's causal limit, gives lse -inf
-    split_len = (hi + NUM_SPLITS * BLOCK_N - 1) // (NUM_SPLITS * BLOCK_N) * BLOCK_N
+    split_len = (hi + num_splits * BLOCK_N - 1) // (num_splits * BLOCK_N) * BLOCK_N
     lo = split * split_len
     hi = tl.minimum(lo + split_len, hi)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
@@ -132,13 +133,13 @@ def _extend_attention_kernel(
 
     has_keys = l_i > 0
     l_safe = tl.where(has_keys, l_i, 1.0)
-    if NUM_SPLITS == 1:
+    if not IS_SPLIT:
         o = acc / l_safe[:, None] * v_scale
         o_ptrs = out + toks[:, None] * stride_o_tok + heads[:, None] * stride_o_head + offs_d[None, :]
         tl.store(o_ptrs, o.to(out.dtype.element_ty), mask=mask_rd)
     else:
-        # scratch as decode's: part_out [num_tokens, num_heads, NUM_SPLITS, HEAD_DIM], part_lse without HEAD_DIM
-        part = (toks * num_heads + heads) * NUM_SPLITS + split  # [BLOCK_M]
+        # scratch as decode's: part_out [num_tokens, num_heads, num_splits, HEAD_DIM], part_lse without HEAD_DIM
+        part = (toks * num_heads + heads) * num_splits + split  # [BLOCK_M]
         lse = tl.where(has_keys, m_i + tl.log2(l_safe), float("-inf"))  # log2 domain
         tl.store(part_out + part[:, None] * HEAD_DIM + offs_d[None, :], acc / l_safe[:, None], mask=mask_rd)
         tl.store(part_lse + part, lse, mask=mask_r)
@@ -191,7 +192,8 @@ def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     One launch for all requests: grid (batch, num_kv_heads * head_blocks, token tiles * splits),
     a tile holding a KV head's query heads for a few tokens (see stack_heads). With more than one
     KV split, each split's partial softmax goes to fp32 scratch and a second launch (decode's
-    stage 2, one program per token and head) merges them. `num_kv_splits` None: chosen on CUDA
+    stage 2, one program per token and head) merges them; the split count is a runtime argument,
+    so the per-step choice compiles two variants at most. `num_kv_splits` None: chosen on CUDA
     from `max_seq_len` (the longest prefix + extend) and the SM count, else 1.
     Pass `max_extend_len` (an upper bound is fine) to avoid a device-to-host sync.
     The caller must keep num_tokens >= every extend_starts[i] + extend_lens[i]
@@ -228,8 +230,8 @@ def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         sm_scale * (k_scale if is_fp8 else 1.0) * LOG2E, v_scale if is_fp8 else 1.0,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1), req_to_token.stride(0),
-        num_heads, GROUP_SIZE=group, HEAD_BLOCKS=head_blocks, HEADS_PER_TILE=heads_per_tile,
-        TOKENS_PER_TILE=tokens_per_tile, HEAD_DIM=head_dim, NUM_SPLITS=num_kv_splits, BLOCK_D=block_d,
+        num_heads, num_kv_splits, GROUP_SIZE=group, HEAD_BLOCKS=head_blocks, HEADS_PER_TILE=heads_per_tile,
+        TOKENS_PER_TILE=tokens_per_tile, HEAD_DIM=head_dim, IS_SPLIT=num_kv_splits > 1, BLOCK_D=block_d,
         IS_FP8=is_fp8, DOT_PRECISION=dot_precision(q.dtype), USE_WHILE=tr.use_while_loop(q.device),
         **cfg,
     )

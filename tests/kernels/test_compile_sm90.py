@@ -72,7 +72,7 @@ for dtype, fp8 in ((torch.bfloat16, False), (torch.bfloat16, True), (torch.float
         build(_extend_attention_kernel, {**attn, "out": "*" + dt, "part_out": "*fp32", "part_lse": "*fp32",
               "prefix_lens": "*i64", "extend_lens": "*i64", "extend_starts": "*i64"},
               dict(GROUP_SIZE=group, HEAD_BLOCKS=head_blocks, HEADS_PER_TILE=heads_per_tile,
-                   TOKENS_PER_TILE=tokens_per_tile, HEAD_DIM=head_dim, NUM_SPLITS=splits, BLOCK_M=cfg["BLOCK_M"],
+                   TOKENS_PER_TILE=tokens_per_tile, HEAD_DIM=head_dim, IS_SPLIT=splits > 1, BLOCK_M=cfg["BLOCK_M"],
                    BLOCK_N=cfg["BLOCK_N"], BLOCK_D=block_d, **common),
               cfg["num_warps"], cfg["num_stages"], no_spills=bf16)
     for head_dim, group in ((128, 4), (128, 8), (80, 1), (128, 64)):

@@ -95,7 +95,9 @@ def test_while_loop_path_matches_ref(kv_layout, device, monkeypatch):
     lay = kv_layout([0, 70], [20, 3], 2, 26, torch.float32, True, device)
     q = torch.randn(23, 4, 26, device=device)
     args = _args(lay, q, 0.3)
-    torch.testing.assert_close(extend_attention(*args), extend_attention_ref(*args), **TOL[torch.float32])
+    for splits in (1, 2):
+        torch.testing.assert_close(extend_attention(*args, num_kv_splits=splits), extend_attention_ref(*args),
+                                   **TOL[torch.float32])
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
