@@ -162,11 +162,11 @@ class ModelRunner:
 
     def _graph_rows(self, batch: ScheduledBatch, logit_offsets: list[list[int]]) -> list[int]:
         """In a decode round with jump-forward rows, the one-token rows a graph can replay
-        (all of them, or none when they are too many for the graphs)."""
+        (all of them, or none when they are too many for the graphs or there is nothing else)."""
         if self.graph_runner is None or not batch.is_decode_round:
             return []
         rows = [i for i, (n, o) in enumerate(zip(batch.extend_lens, logit_offsets)) if n == 1 and o == [0]]
-        return rows if len(rows) <= self.graph_runner.max_bs else []
+        return rows if len(rows) <= self.graph_runner.max_bs and len(rows) < len(batch.reqs) else []
 
     def _forward_split(self, batch: ScheduledBatch, logit_offsets: list[list[int]],
                        graph_rows: list[int]) -> torch.Tensor:
