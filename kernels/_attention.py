@@ -32,17 +32,15 @@ def _attend_block(
     mask_n = offs_n < hi
     slot = tl.load(slot_row + offs_n, mask=mask_n, other=0).to(tl.int64)
     # masked loads read 0, never the padding slot's bytes (which may hold NaN)
-    # NOTE: K is loaded [BLOCK_N, BLOCK_D], contiguous along head_dim like V, and transposed
-    # for the dot: loaded transposed, every element needed its own address (no vector loads),
-    # which cost registers (sm90 spills) as well as bandwidth
-    mask_nd = mask_n[:, None] & mask_d[None, :]
-    k = tl.load(k_base + slot[:, None] * stride_k_slot + offs_d[None, :], mask=mask_nd, other=0)  # [BLOCK_N, BLOCK_D]
-    v = tl.load(v_base + slot[:, None] * stride_v_slot + offs_d[None, :], mask=mask_nd, other=0)  # [BLOCK_N, BLOCK_D]
+    k_t = tl.load(k_base + slot[None, :] * stride_k_slot + offs_d[:, None],
+                  mask=mask_d[:, None] & mask_n[None, :], other=0)  # [BLOCK_D, BLOCK_N]
+    v = tl.load(v_base + slot[:, None] * stride_v_slot + offs_d[None, :],
+                mask=mask_n[:, None] & mask_d[None, :], other=0)  # [BLOCK_N, BLOCK_D]
     if IS_FP8:
         # e4m3 -> fp16/bf16/fp32 is exact; the scales are folded into qk_scale and the output
-        k = fp8_e4m3_to_f32(k).to(q.dtype)
+        k_t = fp8_e4m3_to_f32(k_t).to(q.dtype)
         v = fp8_e4m3_to_f32(v).to(q.dtype)
-    qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [ROWS, BLOCK_N]
+    qk = tl.dot(q, k_t, input_precision=DOT_PRECISION) * qk_scale  # [ROWS, BLOCK_N]
     visible = mask_n[None, :] & (offs_n[None, :] <= row_limit[:, None])
     qk = tl.where(visible, qk, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(qk, 1))
