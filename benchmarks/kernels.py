@@ -62,12 +62,13 @@ class Grid:
 
 FULL = Grid(32, 8, 128, torch.bfloat16,
             decode=tuple((b, c) for b in (1, 16, 64, 256) for c in (512, 1024, 4096, 8192)),
-            extend=((1, 0, 2048), (4, 1024, 512), (16, 2048, 128), (1, 8192, 1024)),
+            # the last two: short turns on long prefixes, where the extend kernel splits the KV
+            extend=((1, 0, 2048), (4, 1024, 512), (16, 2048, 128), (1, 8192, 1024), (1, 100_000, 16), (4, 32768, 64)),
             split_sweep=((1, 8192), (64, 4096)), splits=(1, 2, 4, 8, 16, 32),
             default_splits=8,  # fixed here; the engine picks per batch (kernels.choose_kv_splits)
             copy_bytes=2 << 30)
 # fp32: the interpreter's bf16 tl.dot is wrong (DEVELOPERS.md); tiny shapes keep it to seconds
-SMOKE = Grid(4, 2, 16, torch.float32, decode=((1, 9), (3, 24)), extend=((2, 7, 5),),
+SMOKE = Grid(4, 2, 16, torch.float32, decode=((1, 9), (3, 24)), extend=((2, 7, 5), (1, 70, 3)),
              split_sweep=((3, 24),), splits=(1, 2), default_splits=2, copy_bytes=4 << 20)
 
 
@@ -356,8 +357,11 @@ def extend_case(r: Runner, batch: int, prefix_len: int, extend_len: int) -> None
         kv = "fp8_e4m3" if fp8 else base["dtype"]
         args = (q, pool.k_cache, pool.v_cache, pool.req_to_token, pool.req_rows, prefix_lens, extend_lens, starts,
                 sm_scale, pool.k_scale, pool.v_scale)
+        # KV splits as the engine picks them (from the longest context); on CPU a forced 2 runs the merge
+        splits = None if dev.type == "cuda" else 2
         r.measure({**base, "impl": "ours_fp8" if fp8 else "ours", "kv_dtype": kv},
-                  lambda: extend_attention(*args, max_extend_len=extend_len), nbytes, flops, want)
+                  lambda: extend_attention(*args, max_extend_len=extend_len, max_seq_len=seq_len,
+                                           num_kv_splits=splits), nbytes, flops, want)
         if batch * seq_len <= REF_MAX_TOKENS:
             r.measure({**base, "impl": "torch_ref", "kv_dtype": kv}, lambda: extend_attention_ref(*args), nbytes,
                       flops, want)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from .activation import silu_and_mul, silu_and_mul_ref
 from .decode_attention import choose_kv_splits, decode_attention, decode_attention_ref
-from .extend_attention import extend_attention, extend_attention_ref
+from .extend_attention import choose_extend_splits, extend_attention, extend_attention_ref
 from .fp8 import FP8_E4M3_MAX, dequantize_fp8, quantize_fp8
 from .lora import lora_expand, lora_expand_ref, lora_shrink, lora_shrink_ref
 from .logits_mask import apply_token_bitmask, apply_token_bitmask_ref
@@ -21,6 +21,7 @@ __all__ = [
     "DecodeGather",
     "apply_token_bitmask",
     "apply_token_bitmask_ref",
+    "choose_extend_splits",
     "choose_kv_splits",
     "decode_attention",
     "decode_attention_gathered",

@@ -126,7 +126,8 @@ def _decode_stage2_kernel(
     part_out, part_lse, out, v_scale, stride_o_req, stride_o_head, num_heads,
     HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
-    # grid: (request, query head); merges the splits' partial softmaxes
+    # grid: (row, query head): merges the splits' partial softmaxes (a row is a decode
+    # request, or an extend token)
     req = tl.program_id(0)
     head = tl.program_id(1)
     offs_s = tl.arange(0, BLOCK_S)
@@ -135,14 +136,23 @@ def _decode_stage2_kernel(
     mask_d = offs_d < HEAD_DIM
     part = (req * num_heads + head) * NUM_SPLITS + offs_s  # [BLOCK_S]
     lse = tl.load(part_lse + part, mask=mask_s, other=float("-inf"))
+    has_keys = lse > float("-inf")  # a split that saw no key may not have written part_out
     m = tl.max(lse, 0)
     m = tl.where(m == float("-inf"), 0.0, m)  # seq_len 0: every split empty, weights 0 (not NaN)
     w = tl.exp2(lse - m)
     o = tl.load(part_out + part[:, None] * HEAD_DIM + offs_d[None, :],
-                mask=mask_s[:, None] & mask_d[None, :], other=0.0)  # [BLOCK_S, BLOCK_D]
+                mask=(mask_s & has_keys)[:, None] & mask_d[None, :], other=0.0)  # [BLOCK_S, BLOCK_D]
     total = tl.sum(w, 0)
     res = tl.sum(w[:, None] * o, 0) / tl.where(total > 0, total, 1.0) * v_scale
     tl.store(out + req * stride_o_req + head * stride_o_head + offs_d, res.to(out.dtype.element_ty), mask=mask_d)
+
+
+def stage1_config(group: int, is_cuda: bool) -> dict[str, int]:
+    """Stage-1 tiles: up to 64 query heads of a group per program (tl.dot needs M >= 16).
+    NOTE: checked for register spills by sm90 compiles (tests/kernels/test_compile_sm90.py)."""
+    block_h = max(16, min(64, triton.next_power_of_2(group)))
+    block_n = 32 if is_cuda else 64  # the interpreter prefers fewer, larger blocks
+    return dict(BLOCK_H=block_h, BLOCK_N=block_n, num_warps=4, num_stages=2)
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to_token: torch.Tensor,
@@ -167,22 +177,27 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     part_lse = torch.empty((batch, num_heads, num_kv_splits), dtype=torch.float32, device=q.device)
     is_fp8 = k_cache.dtype == torch.uint8
     block_d = max(16, triton.next_power_of_2(head_dim))  # tl.dot needs K >= 16
-    block_h = max(16, min(64, triton.next_power_of_2(group)))  # tl.dot needs M >= 16
-    head_blocks = triton.cdiv(group, block_h)
-    block_n = 32 if q.is_cuda else 64  # the interpreter prefers fewer, larger blocks
+    cfg = stage1_config(group, q.is_cuda)
+    head_blocks = triton.cdiv(group, cfg["BLOCK_H"])
     _decode_stage1_kernel[(batch, num_kv_heads * head_blocks, num_kv_splits)](
         q, k_cache, v_cache, req_to_token, req_rows, seq_lens, part_out, part_lse,
         sm_scale * (k_scale if is_fp8 else 1.0) * LOG2E,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
         req_to_token.stride(0), num_heads,
-        GROUP_SIZE=group, HEAD_BLOCKS=head_blocks, HEAD_DIM=head_dim, NUM_SPLITS=num_kv_splits,
-        BLOCK_H=block_h, BLOCK_N=block_n, BLOCK_D=block_d,
-        IS_FP8=is_fp8, DOT_PRECISION=dot_precision(q.dtype), USE_WHILE=tr.use_while_loop(q.device),
-        num_warps=4, num_stages=2,
+        GROUP_SIZE=group, HEAD_BLOCKS=head_blocks, HEAD_DIM=head_dim, NUM_SPLITS=num_kv_splits, BLOCK_D=block_d,
+        IS_FP8=is_fp8, DOT_PRECISION=dot_precision(q.dtype), USE_WHILE=tr.use_while_loop(q.device), **cfg,
     )
-    _decode_stage2_kernel[(batch, num_heads)](
-        part_out, part_lse, out, v_scale if is_fp8 else 1.0, out.stride(0), out.stride(1), num_heads,
-        HEAD_DIM=head_dim, NUM_SPLITS=num_kv_splits, BLOCK_S=triton.next_power_of_2(num_kv_splits),
+    merge_splits(part_out, part_lse, out, v_scale if is_fp8 else 1.0)
+    return out
+
+
+def merge_splits(part_out: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor, v_scale: float) -> None:
+    """Stage 2: out[r, h] = the softmax-weighted merge of part_out [rows, num_heads, splits,
+    head_dim] fp32 by part_lse [rows, num_heads, splits] (log2 domain; -inf: the split saw no
+    key), times v_scale. A row whose splits are all -inf gets zeros. Writes `out` in place."""
+    rows, num_heads, num_splits, head_dim = part_out.shape
+    _decode_stage2_kernel[(rows, num_heads)](
+        part_out, part_lse, out, v_scale, out.stride(0), out.stride(1), num_heads,
+        HEAD_DIM=head_dim, NUM_SPLITS=num_splits, BLOCK_S=triton.next_power_of_2(num_splits),
         BLOCK_D=triton.next_power_of_2(head_dim), num_warps=4,
     )
-    return out

@@ -155,14 +155,15 @@ def extend_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            req_to_token: torch.Tensor, req_rows: torch.Tensor, prefix_lens: torch.Tensor,
                            extend_lens: torch.Tensor, extend_starts: torch.Tensor, sm_scale: float,
                            k_scale: float = 1.0, v_scale: float = 1.0,
-                           max_extend_len: int | None = None) -> torch.Tensor:
-    """CPU-fast twin of `extend_attention_ref` (same contract); `max_extend_len` is unused.
+                           max_extend_len: int | None = None, max_seq_len: int | None = None,
+                           num_kv_splits: int | None = None) -> torch.Tensor:
+    """CPU-fast twin of `extend_attention_ref` (same contract); the launch hints are unused.
 
     Per request, exact-length gathers and causal chunks that skip the masked upper
     triangle (see `_attend`). Rows no request covers are zero.
     """
     _check_extend(q, k_cache, v_cache, req_to_token, req_rows, prefix_lens, extend_lens, extend_starts,
-                  sm_scale, k_scale, v_scale, max_extend_len)
+                  sm_scale, k_scale, v_scale, max_extend_len, max_seq_len, num_kv_splits)
     out = torch.zeros_like(q, memory_format=torch.contiguous_format)
     per_req = zip(req_rows.tolist(), prefix_lens.tolist(), extend_lens.tolist(), extend_starts.tolist())
     for row, prefix_len, extend_len, start in per_req:

@@ -10,6 +10,8 @@ every step overwrites, and a batch runs in the smallest captured size that holds
                   row 0, seq_len 0 (decode attention returns zeros for it); its logits are dropped.
 
 Only the Triton backend is graph-safe (the torch references read lengths back to the host).
+A decode round in which grammar jump-forward gave some requests several new tokens still
+replays its one-token rows here; the model runner runs the others as a small eager extend.
 """
 from __future__ import annotations
 

@@ -1,9 +1,20 @@
 """Token-granular KV memory: per-layer K/V pools with a free list, and the request→slot table."""
 from __future__ import annotations
 
+import math
+
 import torch
 
+from radixflow.kernels.fp8 import FP8_E4M3_MAX
+
 FP8_DTYPE_NAME = "fp8_e4m3"
+
+
+def fp8_scale_for(x: torch.Tensor) -> float:
+    """The per-tensor e4m3 scale that maps x's largest magnitude to 448; 1.0 for an all-zero
+    (or non-finite) x, which no scale would help."""
+    amax = float(x.detach().abs().amax()) if x.numel() else 0.0
+    return amax / FP8_E4M3_MAX if math.isfinite(amax) and amax > 0 else 1.0
 
 
 class KVPool:
@@ -24,10 +35,39 @@ class KVPool:
         shape = (num_slots, num_kv_heads, head_dim)
         self.k_caches = [torch.zeros(shape, dtype=store, device=device) for _ in range(num_layers)]
         self.v_caches = [torch.zeros(shape, dtype=store, device=device) for _ in range(num_layers)]
-        # Per-layer dequantization scales (1.0: e4m3's ±448 range covers typical K/V values).
+        # Per-layer dequantization scales: a stored e4m3 value x reads back as x * scale. fp8
+        # pools start uncalibrated: set_scales (a checkpoint's) or calibrate (the first
+        # prefill's K/V) fixes a layer's scales before any of its K/V is stored.
         self.k_scales = [1.0] * num_layers
         self.v_scales = [1.0] * num_layers
+        self._uncalibrated = set(range(num_layers)) if fp8 else set()
         self._free: list[int] = list(range(num_slots - 1, 0, -1))
+
+    @property
+    def scales_final(self) -> bool:
+        """Every layer's scales are fixed (always, for a non-fp8 pool)."""
+        return not self._uncalibrated
+
+    def needs_calibration(self, layer: int) -> bool:
+        return layer in self._uncalibrated
+
+    def set_scales(self, k_scales: list[float], v_scales: list[float]) -> None:
+        """Fix every layer's scales (e.g. a checkpoint's `k_scale` / `v_scale`)."""
+        num_layers = len(self.k_caches)
+        if len(k_scales) != num_layers or len(v_scales) != num_layers:
+            raise ValueError(f"need {num_layers} k and v scales, got {len(k_scales)} and {len(v_scales)}")
+        for scale in (*k_scales, *v_scales):
+            if not (math.isfinite(scale) and scale > 0):
+                raise ValueError(f"KV scales must be positive and finite, got {scale!r}")
+        self.k_scales, self.v_scales = [float(s) for s in k_scales], [float(s) for s in v_scales]
+        self._uncalibrated.clear()
+
+    def calibrate(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Fix `layer`'s scales from the K and V [num_tokens, num_kv_heads, head_dim] about to
+        be stored first: amax / 448, so they use e4m3's whole range (one host sync per layer)."""
+        self.k_scales[layer] = fp8_scale_for(k)
+        self.v_scales[layer] = fp8_scale_for(v)
+        self._uncalibrated.discard(layer)
 
     @staticmethod
     def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,

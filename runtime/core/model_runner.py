@@ -10,15 +10,16 @@ import torch
 from radixflow.runtime.model.attention import AttentionOps, PoolAttention, default_kv_splits, resolve_backend
 from radixflow.runtime.config import EngineConfig
 from radixflow.runtime.model.cpu_features import has_native_bf16
-from radixflow.runtime.core.cuda_graph import CudaGraphCapture, DecodeGraphRunner
+from radixflow.runtime.core.cuda_graph import Capture, CudaGraphCapture, DecodeGraphRunner
 from radixflow.runtime.core.forward_batch import ForwardBatch
 from radixflow.runtime.core.kv_pool import KVPool, ReqToTokenPool
 from radixflow.runtime.model.model_config import ModelArgs, load_model_args
 from radixflow.runtime.model.random_weights import build_random_model
+from radixflow.runtime.core.request import Req
 from radixflow.runtime.core.scheduler import ScheduledBatch
 from radixflow.runtime.lora.batch import make_lora_batch
 from radixflow.runtime.lora.slots import LoraSlots
-from radixflow.runtime.model.weights import build_model
+from radixflow.runtime.model.weights import build_model, read_kv_scales
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +100,11 @@ class ModelRunner:
         num_tokens = kv_pool_tokens(cfg, self.args, self.shape, fp8)
         self.kv_pool = KVPool(num_tokens + 1, self.args.num_layers, self.args.num_kv_heads,
                               self.args.head_dim, self.shape.dtype, dev, fp8=fp8)
+        scales = read_kv_scales(model_dir, self.args.num_layers) if fp8 and cfg.load_format != "dummy" else None
+        if scales is not None:
+            self.kv_pool.set_scales(*scales)
+        if fp8:
+            log.info("fp8 KV scales: %s", "from the checkpoint" if scales else "from each layer's first prefill")
         self.req_pool = ReqToTokenPool(cfg.max_num_seqs, self.shape.max_context_len, dev)
         ops = AttentionOps.for_backend(self.shape.attention_backend)
         self.attention = PoolAttention(self.kv_pool, ops, 1.0 / math.sqrt(self.args.head_dim),
@@ -108,36 +114,84 @@ class ModelRunner:
                      self.args.num_layers, self.args.num_kv_heads, self.args.head_dim, self.shape.dtype, fp8) / 2**30, "fp8_e4m3" if fp8 else self.shape.dtype, dev,
                  self.shape.max_context_len, self.shape.attention_backend)
         self.graph_runner: DecodeGraphRunner | None = None
-        if self.shape.cuda_graph_max_bs > 0:
-            self.graph_runner = DecodeGraphRunner(self.model, self.attention, self.req_pool.table,
-                                                  self.shape.cuda_graph_max_bs, CudaGraphCapture(dev),
-                                                  lora_slots=self.lora_slots)
+        # NOTE: a graph bakes in the KV scales its store and attention kernels were launched with,
+        # so fp8 scales still to come from the first prefill defer the capture until they are fixed
+        self.graph_capture: Capture | None = CudaGraphCapture(dev) if self.shape.cuda_graph_max_bs > 0 else None
+        self._maybe_capture_graphs()
 
     @property
     def device(self) -> torch.device:
         return self.shape.device
 
+    def _maybe_capture_graphs(self) -> None:
+        """Capture the decode graphs once graphs are on and the KV scales are final."""
+        if self.graph_runner is None and self.graph_capture is not None and self.kv_pool.scales_final:
+            self.graph_runner = DecodeGraphRunner(self.model, self.attention, self.req_pool.table,
+                                                  self.shape.cuda_graph_max_bs, self.graph_capture,
+                                                  lora_slots=self.lora_slots)
+
     def forward(self, batch: ScheduledBatch, logit_offsets: list[list[int]]) -> torch.Tensor:
         """Logits [sum(len(o) for o in logit_offsets), vocab] fp32: for request i, the rows at
         offsets `logit_offsets[i]` (0-based within its new tokens), in order.
 
+        A decode round whose grammar jump-forward gave some rows several new tokens runs in two
+        parts: its one-token rows through the CUDA graph, the others as a small eager extend.
         NOTE: a decode step replayed from a CUDA graph returns a view of the graph's output
         buffer, which the next forward overwrites: use (or copy) the logits before then.
         """
+        self._maybe_capture_graphs()
         if self._can_replay(batch, logit_offsets):
-            assert self.graph_runner is not None
-            reqs, prefix_lens = batch.reqs, batch.prefix_lens
-            return self.graph_runner.run(
-                input_ids=[r.ids_range(p, p + 1)[0] for r, p in zip(reqs, prefix_lens)],
-                positions=list(prefix_lens), out_slots=[r.slots[p] for r, p in zip(reqs, prefix_lens)],
-                req_rows=[r.row for r in reqs], lora_slots=[r.lora_id for r in reqs])
+            return self._replay(batch.reqs, batch.prefix_lens)
+        graph_rows = self._graph_rows(batch, logit_offsets)
+        if graph_rows:
+            return self._forward_split(batch, logit_offsets, graph_rows)
         fb = self.make_forward_batch(batch, logit_offsets)
         return self.model(fb, self.attention)
+
+    def _replay(self, reqs: list[Req], prefix_lens: list[int]) -> torch.Tensor:
+        """Logits [len(reqs), vocab] of one decode token per request, from the graphs."""
+        assert self.graph_runner is not None
+        return self.graph_runner.run(
+            input_ids=[r.ids_range(p, p + 1)[0] for r, p in zip(reqs, prefix_lens)],
+            positions=list(prefix_lens), out_slots=[r.slots[p] for r, p in zip(reqs, prefix_lens)],
+            req_rows=[r.row for r in reqs], lora_slots=[r.lora_id for r in reqs])
 
     def _can_replay(self, batch: ScheduledBatch, logit_offsets: list[list[int]]) -> bool:
         """A decode batch that fits a captured graph and wants exactly each request's one logit row."""
         return (self.graph_runner is not None and batch.is_decode and len(batch.reqs) <= self.graph_runner.max_bs
                 and all(n == 1 for n in batch.extend_lens) and all(o == [0] for o in logit_offsets))
+
+    def _graph_rows(self, batch: ScheduledBatch, logit_offsets: list[list[int]]) -> list[int]:
+        """In a decode round with jump-forward rows, the one-token rows a graph can replay
+        (all of them, or none when they are too many for the graphs or there is nothing else)."""
+        if self.graph_runner is None or not batch.is_decode_round:
+            return []
+        rows = [i for i, (n, o) in enumerate(zip(batch.extend_lens, logit_offsets)) if n == 1 and o == [0]]
+        return rows if len(rows) <= self.graph_runner.max_bs and len(rows) < len(batch.reqs) else []
+
+    def _forward_split(self, batch: ScheduledBatch, logit_offsets: list[list[int]],
+                       graph_rows: list[int]) -> torch.Tensor:
+        """Rows `graph_rows` through the graph, the rest as an eager extend; logits in batch order.
+
+            logits:  | req 0's rows | req 1's rows | ... |   (len(logit_offsets[i]) rows each)
+        """
+        in_graph = set(graph_rows)
+        eager = [i for i in range(len(batch.reqs)) if i not in in_graph]
+
+        def pick(xs: list) -> list:
+            return [xs[i] for i in eager]
+
+        sub = ScheduledBatch(pick(batch.reqs), pick(batch.prefix_lens), pick(batch.extend_lens),
+                             pick(batch.completes), pick(batch.sample), is_decode=False)
+        eager_logits = self.model(self.make_forward_batch(sub, [logit_offsets[i] for i in eager]), self.attention)
+        graph_logits = self._replay([batch.reqs[i] for i in graph_rows], [batch.prefix_lens[i] for i in graph_rows])
+        starts = [0]
+        for offs in logit_offsets:
+            starts.append(starts[-1] + len(offs))
+        out = graph_logits.new_empty((starts[-1], graph_logits.shape[1]))
+        out[[starts[i] for i in graph_rows]] = graph_logits
+        out[[r for i in eager for r in range(starts[i], starts[i + 1])]] = eager_logits
+        return out
 
     def make_forward_batch(self, batch: ScheduledBatch, logit_offsets: list[list[int]]) -> ForwardBatch:
         ids, positions, slots, logit_rows, starts = [], [], [], [], []

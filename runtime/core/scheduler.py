@@ -48,7 +48,9 @@ class ScheduledBatch:
     `prefix_lens[i]` cached ones. `completes[i]`: this step computes the rest of its known
     tokens (its prefill ends here); `sample[i]`: a token is then sampled from its last position.
     `misses[i]`: why the prefill tokens of row i were not cached, reason -> tokens (empty for a
-    decode row); the counts are for the engine to record once the step succeeded."""
+    decode row); the counts are for the engine to record once the step succeeded.
+    `is_decode`: every row adds one token. `is_decode_round`: every row is a running request
+    (one new token, or several its grammar's jump-forward appended)."""
 
     reqs: list[Req]
     prefix_lens: list[int]
@@ -57,6 +59,7 @@ class ScheduledBatch:
     sample: list[bool]
     is_decode: bool
     misses: list[dict[str, int]] = field(default_factory=list)
+    is_decode_round: bool = False
 
 
 @dataclass(frozen=True)
@@ -319,12 +322,13 @@ class Scheduler:
 
     def _schedule_decode(self) -> ScheduledBatch | None:
         """One new token per running request; more for one whose grammar appended forced tokens
-        (jump-forward), which turns the step into an extend step for the whole batch."""
+        (jump-forward), which makes the step an extend step (the model runner still replays the
+        one-token rows from its CUDA graphs)."""
         self._make_room_for_decode()
         if not self.running:
             return None
         news = [r.seq_len - r.kv_len for r in self.running]
-        batch = ScheduledBatch([], [], [], [], [], is_decode=all(n == 1 for n in news))
+        batch = ScheduledBatch([], [], [], [], [], is_decode=all(n == 1 for n in news), is_decode_round=True)
         rows, starts, new_slots = [], [], []
         slots = self._alloc(sum(news))
         assert slots is not None, "decode room was made above"

@@ -70,6 +70,8 @@ class PoolAttention:
     def __call__(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  fb: ForwardBatch) -> torch.Tensor:
         pool = self.pool
+        if not fb.is_decode and pool.needs_calibration(layer_id):  # fp8: the layer's first prefill
+            pool.calibrate(layer_id, k, v)
         kc, vc = pool.k_caches[layer_id], pool.v_caches[layer_id]
         ks, vs = pool.k_scales[layer_id], pool.v_scales[layer_id]
         if fb.is_decode and self.is_torch:
@@ -79,9 +81,10 @@ class PoolAttention:
             splits = fb.num_kv_splits or self.kv_splits_for(fb.batch_size, fb.max_seq_len)
             return self.ops.decode_attention(q, kc, vc, fb.req_to_token, fb.req_rows, fb.seq_lens,
                                              self.sm_scale, ks, vs, splits)
+        # the kernel picks its KV splits from the longest context (short turns on long prefixes)
         return self.ops.extend_attention(q, kc, vc, fb.req_to_token, fb.req_rows, fb.prefix_lens,
                                          fb.extend_lens, fb.extend_starts, self.sm_scale, ks, vs,
-                                         fb.max_extend_len)
+                                         fb.max_extend_len, fb.max_seq_len)
 
     def kv_splits_for(self, batch_size: int, max_seq_len: int) -> int:
         """Decode KV splits for a batch whose longest context is `max_seq_len` tokens."""

@@ -113,6 +113,41 @@ def load_weights(model: CausalLM, model_dir: str, dtype: torch.dtype, device: to
     model.load_state_dict(state, strict=True, assign=True)
 
 
+# Where checkpoints keep a layer's fp8 KV-cache scales, by writer: vLLM/llm-compressor
+# (self_attn.k_scale, or self_attn.attn.k_scale before its renaming), ModelOpt (on the
+# projections), and the older single kv_scale for both.
+_KV_SCALE_NAMES = {
+    "k": ("self_attn.k_scale", "self_attn.attn.k_scale", "self_attn.k_proj.k_scale", "self_attn.kv_scale"),
+    "v": ("self_attn.v_scale", "self_attn.attn.v_scale", "self_attn.v_proj.v_scale", "self_attn.kv_scale"),
+}
+
+
+def read_kv_scales(model_dir: str, num_layers: int) -> tuple[list[float], list[float]] | None:
+    """Per-layer fp8 KV scales (k, v) a safetensors checkpoint carries, or None when it has none.
+
+    A scale dequantizes as the KV pool's do (stored e4m3 * scale). A scale of several entries
+    (per head) is reduced to its largest, which keeps every head in range. Raises ValueError
+    when only some layers have scales.
+    """
+    if not os.path.isdir(model_dir):
+        return None  # GGUF: no KV scales
+    reader = CheckpointReader(model_dir)
+    names = reader.names()
+    found: dict[str, list[float | None]] = {"k": [], "v": []}
+    for which, suffixes in _KV_SCALE_NAMES.items():
+        for i in range(num_layers):
+            name = next((f"model.layers.{i}.{s}" for s in suffixes if f"model.layers.{i}.{s}" in names), None)
+            found[which].append(None if name is None else float(reader.get(name).float().max()))
+    present = [x is not None for x in found["k"] + found["v"]]
+    if not any(present):
+        return None
+    if not all(present):
+        missing = [f"{w}_scale of layer {i}" for w in "kv" for i, x in enumerate(found[w]) if x is None]
+        raise ValueError(f"checkpoint {model_dir!r} has fp8 KV scales for some layers only; missing "
+                         f"{', '.join(missing[:4])}{' ...' if len(missing) > 4 else ''}")
+    return [float(x) for x in found["k"]], [float(x) for x in found["v"]]  # type: ignore[arg-type]
+
+
 def build_model(args: ModelArgs, model_dir: str, dtype: torch.dtype, device: torch.device,
                 max_len: int) -> CausalLM:
     """Construct on meta, load the checkpoint (a safetensors directory or a GGUF file), build RoPE

@@ -141,3 +141,71 @@ def test_gpu_greedy_identical_with_and_without_cuda_graphs():
     assert got == want
     steps = GREEDY["max_new_tokens"] - 1
     assert calls == Counter({1: steps, 3: steps, 8: steps})  # the batch of 11 ran eagerly
+
+
+# Long forced property names: jump-forward appends several tokens at once for the grammar row.
+FORCED_SCHEMA = {
+    "type": "object",
+    "properties": {f"field_number_{i}": {"enum": ["alpha", "beta"]} for i in range(3)},
+    "required": [f"field_number_{i}" for i in range(3)],
+    "additionalProperties": False,
+}
+
+
+def test_jump_forward_rows_leave_the_decode_rows_in_the_graph():
+    # fp32: the split runs the rows in two matmul batches of other shapes than the eager step; bf16
+    # rounding would differ between them (as test_gpu_greedy_identical_with_and_without_cuda_graphs)
+    config = dict(device="cpu", dtype="float32", attention_backend="torch", kv_cache_tokens=4096, max_num_seqs=8,
+                  jump_forward=True)
+    params = [{"json_schema": FORCED_SCHEMA, "temperature": 0, "max_new_tokens": 80},
+              {**GREEDY, "max_new_tokens": 40}, {**GREEDY, "max_new_tokens": 40}]
+    prompts = ["Form:", "Once upon", "The"]
+    with Engine(demo_model("tiny"), **config) as eager:
+        want = [r["output_ids"] for r in eager.generate(prompts, params)]
+    capture = EagerCapture()
+    with Engine(demo_model("tiny"), **config, check_invariants=True) as engine:
+        runner = engine.runner
+        runner.graph_runner = DecodeGraphRunner(runner.model, runner.attention, runner.req_pool.table, 4, capture)
+        mixed_steps = []  # (extend_lens, graph replays) of decode rounds with jump-forward and one-token rows
+        forward = runner.forward
+
+        def spy(batch, logit_offsets):
+            before = sum(capture.replays.values())
+            out = forward(batch, logit_offsets)
+            lens = list(batch.extend_lens)
+            if batch.is_decode_round and 1 in lens and max(lens) > 1:
+                mixed_steps.append((lens, sum(capture.replays.values()) - before))
+            return out
+
+        runner.forward = spy
+        got = [r["output_ids"] for r in engine.generate(prompts, params)]
+        assert not engine.invariant_violations
+    assert got == want
+    assert mixed_steps, "no step mixed jump-forward rows with decode rows"
+    assert all(replays == 1 for _, replays in mixed_steps), mixed_steps  # the decode rows: one graph replay
+
+
+def test_fp8_graphs_wait_for_the_first_prefill_scales(monkeypatch):
+    from dataclasses import replace
+
+    from radixflow.runtime.core import model_runner
+
+    def with_graphs(cfg, args):
+        return replace(derive_shape(cfg, args), cuda_graph_max_bs=4)
+
+    config = dict(device="cpu", attention_backend="torch", kv_cache_tokens=1024, max_num_seqs=8,
+                  kv_cache_dtype="fp8_e4m3")
+    with Engine(demo_model("tiny"), **config) as eager:
+        batches = [_prompts(eager.runner.args.vocab_size, n, seed=n) for n in (1, 3)]
+        want = _generate(eager, batches)
+    capture = EagerCapture()
+    monkeypatch.setattr(model_runner, "derive_shape", with_graphs)
+    monkeypatch.setattr(model_runner, "CudaGraphCapture", lambda device: capture)
+    with Engine(demo_model("tiny"), **config) as engine:
+        runner = engine.runner
+        assert runner.graph_runner is None and not runner.kv_pool.scales_final  # a capture now would bake 1.0
+        got = _generate(engine, batches)
+        assert runner.graph_runner is not None and runner.kv_pool.scales_final
+        assert runner.kv_pool.k_scales != [1.0] * len(runner.kv_pool.k_scales)
+    assert got == want
+    assert capture.replays == Counter({1: GREEDY["max_new_tokens"] - 1, 4: GREEDY["max_new_tokens"] - 1})
