@@ -26,7 +26,7 @@ class LogprobOptions:
     """What logprobs to return (top-level fields of a native /generate request)."""
 
     return_logprob: bool = False
-    logprob_start_len: int | None = None   # None: all prompt positions; -1: output only
+    logprob_start_len: int | None = None   # None or -1: output only (as SGLang); k: prompt from position k
     top_logprobs_num: int = 0
 
     def validate(self, prompt_len: int, vocab_size: int) -> None:
@@ -41,9 +41,9 @@ class LogprobOptions:
 
     def prompt_start(self, prompt_len: int) -> int | None:
         """First prompt position whose logprob is returned, or None for none."""
-        if not self.return_logprob or self.logprob_start_len == -1:
+        start = self.logprob_start_len
+        if not self.return_logprob or start is None or start == -1:
             return None
-        start = self.logprob_start_len or 0
         return start if start < prompt_len else None
 
 

@@ -157,9 +157,19 @@ def test_sampling_filters_respected(engine):
     assert minp["output_ids"] == greedy["output_ids"]
 
 
+def test_return_logprob_alone_means_output_only_and_keeps_the_cache_hit(engine):
+    """As SGLang's Engine: without logprob_start_len, only output logprobs, so a warm prompt is a hit."""
+    prompt = "A warm prompt scored twice in a row, " * 4
+    engine.generate(prompt, {"max_new_tokens": 2, "temperature": 0}, return_logprob=True)
+    res = engine.generate(prompt, {"max_new_tokens": 2, "temperature": 0}, return_logprob=True)
+    meta = res["meta_info"]
+    assert meta["input_token_logprobs"] == [] and len(meta["output_token_logprobs"]) == 2
+    assert meta["cached_tokens"] == meta["prompt_tokens"] - 1
+
+
 def test_logprobs(engine):
     res = engine.generate("Score this prompt please", {"max_new_tokens": 4, "temperature": 0, "ignore_eos": True},
-                          return_logprob=True, top_logprobs_num=3, return_text_in_logprobs=True)
+                          return_logprob=True, logprob_start_len=0, top_logprobs_num=3, return_text_in_logprobs=True)
     meta = res["meta_info"]
     prompt_len = meta["prompt_tokens"]
     assert len(meta["input_token_logprobs"]) == prompt_len
