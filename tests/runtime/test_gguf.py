@@ -70,7 +70,8 @@ def test_logits_match_transformers(gguf_files, qtype, source):
         assert (mine - ref).abs().max().item() < 1e-4
 
 
-@pytest.mark.parametrize("qtype,source", [("Q8_0", "tiny"), ("Q4_K", "wide")])
+@pytest.mark.parametrize("qtype,source", [("F32", "tiny"), ("F16", "tiny"), ("Q8_0", "tiny"), ("Q4_1", "tiny"),
+                                          ("Q4_K", "wide")])
 def test_greedy_32_tokens_match_transformers(gguf_files, qtype, source):
     from radixflow.runtime import Engine
 
