@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from radixflow.runtime.core.slot_list import SlotIds, SlotList
 from radixflow.runtime.sampling_params import SamplingParams
 
 
@@ -86,7 +87,7 @@ class Req:
     output_ids: list[int] = field(default_factory=list)
     status: Status = Status.WAITING
     row: int | None = None
-    slots: list[int] = field(default_factory=list)
+    slots: SlotList = field(default_factory=SlotList)
     tree_len: int = 0
     last_node: Any = None
     cached_len: int = 0          # prefix-cache hit of the first admission (reported to users)
@@ -137,7 +138,7 @@ class Req:
         """Whether computing the remaining KV ends in sampling a token (not prefill-only)."""
         return self.sampling.max_new_tokens > 0
 
-    def owned_slots(self) -> list[int]:
+    def owned_slots(self) -> SlotIds:
         return self.slots[self.tree_len:]
 
     def finish(self, reason: dict[str, Any]) -> None:

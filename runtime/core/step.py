@@ -180,7 +180,7 @@ class StepRunner:
             if plan.sample:
                 rows.append(base - 1)
                 reqs.append(req)
-            elif req.kv_len == len(req.all_ids) and not req.wants_sample:
+            elif req.kv_len == req.seq_len and not req.wants_sample:
                 req.finish({"type": "length", "length": 0})  # prefill-only request is done
         rows, reqs = self._prepare_grammars(rows, reqs)
         if not reqs:
