@@ -18,6 +18,7 @@ import logging
 import queue
 import threading
 import uuid
+import weakref
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -33,8 +34,10 @@ from radixflow.runtime.model.model_path import resolve_model_path
 from radixflow.runtime.core.model_runner import ModelRunner
 from radixflow.runtime.core.output import finalize_text
 from radixflow.runtime.core.request import MAX_TOP_LOGPROBS, LogprobOptions, Req
-from radixflow.runtime.result import make_result, meta_info
-from radixflow.runtime.core.output import visible_text
+from radixflow.runtime.result import make_result
+from radixflow.runtime.core.publish import StreamCursor, publish
+from radixflow.runtime.output_channel import OutputChannel
+from radixflow.runtime.stream_chunks import StreamChunks
 from radixflow.runtime.sampling_params import SamplingParams
 from radixflow.runtime.core.scheduler import Scheduler, SchedulerLimits
 from radixflow.runtime.lora.capacity import NO_ADAPTERS
@@ -102,6 +105,9 @@ class Engine:
         self._active: set[str] = set()
         self._active_lock = threading.Lock()
         self._finish_listeners: list[Callable[[RequestTiming], None]] = []
+        self._channels: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, OutputChannel] = (
+            weakref.WeakKeyDictionary())
+        self._channels_lock = threading.Lock()
         self.recent_timings: deque[RequestTiming] = deque(maxlen=10000)
         self._stats = EngineStats(kv_slots_total=self.runner.kv_pool.capacity)
         self._goodput = Goodput(SLOs.from_ms(self.config.slo_ttft_ms, self.config.slo_itl_ms, self.config.slo_e2e_ms))
@@ -171,34 +177,39 @@ class Engine:
         if sp.n != 1:
             raise ValueError("generate_stream supports n=1; start n streams instead")
         loop = asyncio.get_running_loop()
-        chunks: asyncio.Queue[dict] = asyncio.Queue()
-        decode = self._decode_token if return_text_in_logprobs else None
-        sent = {"logprobs": 0, "first": True}
-
-        def on_output(req: Req, finished: bool) -> None:  # engine thread
-            meta = meta_info(req, decode, return_text_in_logprobs, out_start=sent["logprobs"],
-                             include_input=sent["first"])
-            sent["logprobs"], sent["first"] = len(req.output_logprobs), False
-            chunk = {"text": visible_text(req), "output_ids": list(req.output_ids), "meta_info": meta}
-            if not loop.is_closed():  # a consumer whose loop ended is gone; its abort is queued
-                loop.call_soon_threadsafe(chunks.put_nowait, chunk)
-
         opts = LogprobOptions(return_logprob, logprob_start_len, top_logprobs_num)
         make = functools.partial(self._make_req, prompts[0], sp, opts, self._normalize_rids(rid, 1)[0],
-                                 lora_path, on_output)
+                                 lora_path, None)
         # A grammar compiles in a worker thread: the event loop must not wait for it.
         req = await loop.run_in_executor(None, make) if sp.is_constrained else make()
-        req.stream, req.session_id = True, session_id
+        channel = self._channel(loop)
+        req.sink, req.cursor, req.session_id = channel, StreamCursor(), session_id
+        chunks = StreamChunks(req.rid, len(req.prompt_ids), opts,
+                              self._decode_token if return_text_in_logprobs else None, return_text_in_logprobs)
         self._submit(req)
+        # Opened after the submit succeeded (a rid in use must not take another stream's queue),
+        # before this coroutine yields: outputs are delivered on this loop's thread only.
+        outputs = channel.open(req.rid)
         done = False
         try:
             while not done:
-                chunk = await chunks.get()
-                done = chunk["meta_info"]["finish_reason"] is not None
-                yield chunk
+                batch = [await outputs.get()]
+                while not outputs.empty():  # fell behind: one chunk for all that arrived
+                    batch.append(outputs.get_nowait())
+                done = batch[-1].finish_reason is not None
+                yield chunks.chunk(batch)
         finally:
+            channel.close(req.rid)
             if not done:
                 self.abort(req.rid)
+
+    def _channel(self, loop: asyncio.AbstractEventLoop) -> OutputChannel:
+        """The output channel of `loop` (one per event loop, made on first use)."""
+        with self._channels_lock:
+            channel = self._channels.get(loop)
+            if channel is None:
+                channel = self._channels[loop] = OutputChannel(loop)
+            return channel
 
     def _decode_token(self, token: int) -> str:
         return self.tokenizer.decode([token], skip_special_tokens=False)
@@ -532,6 +543,7 @@ class Engine:
                 self._num_listener_errors += 1
                 log.exception("finish listener %r failed for request %s", fn, req.rid)
         notify(req, True)
+        publish([req])
 
     def _refresh_stats(self) -> None:
         s, pool, cache, g = self.scheduler, self.runner.kv_pool, self.scheduler.cache, self._goodput

@@ -82,8 +82,9 @@ class Req:
     lora_id: int = -1            # device slot of its adapter while it holds KV, else -1
     lora: Any = None             # its LoraAdapter (runtime/lora/adapter.py), None = the base model
     lora_name: str | None = None  # the adapter name it asked for (metrics)
-    on_output: Callable[[Req, bool], None] | None = None  # (req, finished) after each step
-    stream: bool = False         # call on_output after every step, not only at the finish
+    on_output: Callable[[Req, bool], None] | None = None  # (req, finished) once it finished
+    sink: Any = None             # an OutputSink (runtime/core/publish.py): its outputs after each step
+    cursor: Any = None           # with a sink: its StreamCursor (what was posted so far)
     output_ids: list[int] = field(default_factory=list)
     status: Status = Status.WAITING
     row: int | None = None
