@@ -95,6 +95,15 @@ class ReqToTokenPool:
     def free_row(self, row: int) -> None:
         self._free_rows.append(row)
 
+    def write_one_each(self, rows: list[int], cols: list[int], slots: SlotIds) -> None:
+        """Write `slots[i]` at (`rows[i]`, `cols[i]`): a decode step's one new slot per request."""
+        if self._host is not None:
+            self._host[rows, cols] = slots
+            return
+        device = self.table.device
+        idx = (torch.tensor(rows, device=device), torch.tensor(cols, device=device))
+        self.table.index_put_(idx, torch.from_numpy(slots).to(device))
+
     def write(self, rows: list[int], starts: list[int], slots: list[SlotIds] | list[list[int]]) -> None:
         """Write `slots[i]` into row `rows[i]` from column `starts[i]`, as one indexed copy built
         with array ops (no Python per slot): a 100K-token cached prefix costs one copy."""

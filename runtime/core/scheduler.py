@@ -360,10 +360,13 @@ class Scheduler:
         if not self.running:
             return None
         news = [r.seq_len - r.kv_len for r in self.running]
-        batch = ScheduledBatch([], [], [], [], [], is_decode=all(n == 1 for n in news))
-        rows, starts, new_slots = [], [], []
         slots = self._alloc(sum(news))
         assert slots is not None, "decode room was made above"
+        self.new_token_ratio = max(NEW_TOKEN_RATIO_MIN, self.new_token_ratio - NEW_TOKEN_RATIO_DECAY)
+        if len(slots) == len(news):  # the common case, one token each: no per-request arrays
+            return self._one_token_each(slots)
+        batch = ScheduledBatch([], [], [], [], [], is_decode=False)
+        rows, starts, new_slots = [], [], []
         pos = 0
         for req, n in zip(self.running, news):
             mine, pos = slots[pos: pos + n], pos + n
@@ -378,8 +381,17 @@ class Scheduler:
             batch.misses.append({})
             req.slots.extend(mine)
         self.req_pool.write(rows, starts, new_slots)
-        self.new_token_ratio = max(NEW_TOKEN_RATIO_MIN, self.new_token_ratio - NEW_TOKEN_RATIO_DECAY)
         return batch
+
+    def _one_token_each(self, slots: SlotIds) -> ScheduledBatch:
+        reqs = list(self.running)
+        starts = [r.kv_len for r in reqs]
+        for req, slot in zip(reqs, slots.tolist()):
+            req.slots.append(slot)
+        self.req_pool.write_one_each([r.row for r in reqs], starts, slots)
+        n = len(reqs)
+        return ScheduledBatch(reqs, starts, [1] * n, [True] * n, [True] * n, is_decode=True,
+                              misses=[{} for _ in range(n)])
 
     def _make_room_for_decode(self) -> None:
         """Retract until every running request can get its new slots: a chunked prefill first

@@ -51,6 +51,12 @@ class SlotList:
     def tolist(self) -> list[int]:
         return self._buf[: self._len].tolist()
 
+    def append(self, slot: int) -> None:
+        if self._len == len(self._buf):
+            self._buf = np.concatenate([self._buf, np.empty(len(self._buf), dtype=np.int32)])
+        self._buf[self._len] = slot
+        self._len += 1
+
     def extend(self, values: Sequence[int] | SlotIds) -> None:
         arr = np.asarray(values, dtype=np.int32)
         end = self._len + len(arr)

@@ -76,18 +76,25 @@ class IncrementalDetokenizer:
 class _ByteLevelStream:
     """ByteLevel decoders: bytes of all kept tokens, decoded as UTF-8 with U+FFFD for invalid bytes."""
 
-    __slots__ = ("_table", "_utf8")
+    __slots__ = ("_table", "_utf8", "_holding")
 
     def __init__(self, table: list[bytes]) -> None:
         self._table = table  # token id -> decoder bytes, b"" for skipped ids
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._holding = False  # the decoder holds bytes of an unfinished character
 
     def step(self, ids: Sequence[int]) -> str:
         table, size = self._table, len(self._table)
         if len(ids) == 1:
             token_id = ids[0]
-            return self._utf8.decode(table[token_id] if 0 <= token_id < size else b"")
-        return self._utf8.decode(b"".join([table[i] for i in ids if 0 <= i < size]))
+            data = table[token_id] if 0 <= token_id < size else b""
+        else:
+            data = b"".join([table[i] for i in ids if 0 <= i < size])
+        if not self._holding and data.isascii():  # the common case, at C speed
+            return data.decode("ascii")
+        text = self._utf8.decode(data)
+        self._holding = bool(self._utf8.getstate()[0])
+        return text
 
     def flush(self) -> str:
         return self._utf8.decode(b"", final=True)
