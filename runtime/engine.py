@@ -148,7 +148,8 @@ class Engine:
             self.validate_prompt(ids, sp)
         for sp in sps:  # every grammar compiles (or fails) before anything is submitted
             self.grammar.compile(sp)
-        groups = [self._make_group(ids, sp, opts, r, lora_path, session_id) for ids, sp, r in zip(prompts, sps, rids)]
+        groups = [self._make_group(ids, sp, opts, r, lora_path, session_id, checked=True)
+                  for ids, sp, r in zip(prompts, sps, rids)]
         for group in groups:
             for _, ev in group:
                 ev.wait()
@@ -309,9 +310,9 @@ class Engine:
             if not prompt or not all(isinstance(p, str) for p in prompt):
                 raise ValueError("prompt must be a string or a non-empty list of strings")
             return [self.tokenizer.encode(p) for p in prompt], True
-        if input_ids and all(isinstance(x, int) for x in input_ids):
+        if input_ids and _all_of_type(input_ids, int):
             return [list(input_ids)], False
-        if input_ids and all(isinstance(x, list) for x in input_ids):
+        if input_ids and _all_of_type(input_ids, list):
             return [list(x) for x in input_ids], True
         raise ValueError("input_ids must be a non-empty list of ints or a list of such lists")
 
@@ -343,8 +344,11 @@ class Engine:
                              f"{self.runner.kv_pool.capacity}")
 
     def _make_req(self, ids: list[int], sp: SamplingParams, opts: LogprobOptions, rid: str | None,
-                  lora_path: str | None, on_output: Callable[[Req, bool], None] | None) -> Req:
-        self.validate_prompt(ids, sp)
+                  lora_path: str | None, on_output: Callable[[Req, bool], None] | None,
+                  checked: bool = False) -> Req:
+        """`checked`: the caller already ran validate_prompt(ids, sp) (an O(prompt) scan)."""
+        if not checked:
+            self.validate_prompt(ids, sp)
         check_lora_request(self.loras, lora_path)
         opts.validate(len(ids), self.runner.args.vocab_size)
         req = Req(rid=rid or uuid.uuid4().hex, prompt_ids=ids, sampling=sp, logprob=opts, on_output=on_output)
@@ -358,7 +362,8 @@ class Engine:
         return req
 
     def _make_group(self, ids: list[int], sp: SamplingParams, opts: LogprobOptions, rid: str | None,
-                    lora_path: str | None, session_id: str | None = None) -> list[tuple[Req, threading.Event]]:
+                    lora_path: str | None, session_id: str | None = None,
+                    checked: bool = False) -> list[tuple[Req, threading.Event]]:
         """One request, or for n > 1 a prefill-only request first and then n that hit it."""
         if sp.n > 1:
             warm = SamplingParams.from_dict({"max_new_tokens": 0})
@@ -372,7 +377,7 @@ class Engine:
             child_rid = rid if sp.n == 1 or rid is None else f"{rid}-{i}"
             ev = threading.Event()
             req = self._make_req(ids, child_sp, opts, child_rid, lora_path,
-                                 lambda _r, finished, ev=ev: ev.set() if finished else None)
+                                 lambda _r, finished, ev=ev: ev.set() if finished else None, checked=checked)
             req.session_id = session_id
             self._submit(req)
             group.append((req, ev))
@@ -562,6 +567,12 @@ class Engine:
             reuse_gap=cache.reuse_gap.snapshot(), good_requests=g.good_requests,
             slo_violations=dict(g.violations), num_sessions=g.num_sessions, num_bad_sessions=g.num_bad_sessions,
             **({} if self.loras is None else self.loras.stats()))
+
+
+def _all_of_type(items: list, cls: type) -> bool:
+    """isinstance(x, cls) for every item, scanned at C speed (a 100K-token prompt is checked in
+    about a millisecond instead of running Python per token)."""
+    return all(issubclass(t, cls) for t in set(map(type, items)))
 
 
 class _Call:
