@@ -240,6 +240,12 @@ class Scheduler:
         if self._blocked_until is not None and self._available(reserved) < self._blocked_until:
             return batch if batch.reqs else None  # still blocked: skip ordering and matching
         self._blocked_until = None
+        self._admit_waiting(batch, token_budget, chunk, reserved)
+        return batch if batch.reqs else None
+
+    def _admit_waiting(self, batch: ScheduledBatch, token_budget: int, chunk: int | None, reserved: int) -> None:
+        """Admit waiting requests into `batch` in policy order, each with the one prefix match
+        the ordering took, until one does not fit (remembered when memory is why)."""
         dedup = RadixCache()
         admitted = []
         for req, match in order_waiting(self.waiting, self.limits.policy, self.cache,
@@ -268,7 +274,6 @@ class Scheduler:
                 break  # chunked: it is the last of this batch
         for req in admitted:
             self.waiting.remove(req)
-        return batch if batch.reqs else None
 
     def _admit(self, req: Req, key: tuple[int, ...], match: MatchResult, token_budget: int, chunk: int | None,
                reserved: int, batch: ScheduledBatch) -> int | _Blocked:
