@@ -3,6 +3,6 @@ from __future__ import annotations
 
 from .null import NullCache
 from .protocol import PrefixCache
-from .tree import MatchResult, Node, RadixCache
+from .tree import InsertResult, MatchResult, Node, RadixCache
 
-__all__ = ["MatchResult", "Node", "NullCache", "PrefixCache", "RadixCache"]
+__all__ = ["InsertResult", "MatchResult", "Node", "NullCache", "PrefixCache", "RadixCache"]

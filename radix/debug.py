@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 if TYPE_CHECKING:
     from .tree import Node, RadixCache
 
@@ -20,7 +22,7 @@ def check_tree(cache: RadixCache) -> None:
     seen_slots: set[int] = set()
     unlocked_leaves: dict[Node, int] = {}
     for namespace, root in cache._roots.items():
-        assert root.parent is None and root.key == () and root.value == (), (
+        assert root.parent is None and root.key == () and len(root.value) == 0, (
             f"root of namespace {namespace!r} is not an empty root")
         assert root.lock_ref == 0, f"root of namespace {namespace!r} has lock_ref {root.lock_ref}"
         stack = [root]
@@ -52,8 +54,9 @@ def check_tree(cache: RadixCache) -> None:
 
 def _check_node(node: Node, parent: Node, first: int, seen_slots: set[int]) -> None:
     assert node.parent is parent, f"{node!r} has a wrong parent link"
-    assert isinstance(node.key, tuple) and isinstance(node.value, tuple), (
-        f"{node!r}: key and value must be tuples")
+    assert isinstance(node.key, tuple), f"{node!r}: key must be a tuple"
+    assert isinstance(node.value, np.ndarray) and node.value.dtype == np.int32 and node.value.ndim == 1, (
+        f"{node!r}: value must be a 1-d int32 array")
     assert node.key, f"{node!r}: empty key below a root"
     assert node.key[0] == first, f"{node!r} is filed under first token {first}"
     assert len(node.key) == len(node.value), (
@@ -62,10 +65,11 @@ def _check_node(node: Node, parent: Node, first: int, seen_slots: set[int]) -> N
     if parent.parent is not None:
         assert node.lock_ref <= parent.lock_ref, f"{node!r} is locked more than its parent"
         assert node.last_access <= parent.last_access, f"{node!r} is newer than its parent"
-    duplicates = seen_slots.intersection(node.value)
-    assert not duplicates and len(set(node.value)) == len(node.value), (
-        f"{node!r}: slot ids held twice: {sorted(duplicates) or node.value}")
-    seen_slots.update(node.value)
+    values = node.value.tolist()
+    duplicates = seen_slots.intersection(values)
+    assert not duplicates and len(set(values)) == len(values), (
+        f"{node!r}: slot ids held twice: {sorted(duplicates) or values}")
+    seen_slots.update(values)
 
 
 def format_tree(roots: dict[str | None, Node], max_tokens_per_node: int) -> str:
@@ -94,9 +98,13 @@ def _sorted_children(node: Node) -> list[Node]:
 
 
 def common_len(node_key: tuple[int, ...], key: tuple[int, ...], pos: int) -> int:
-    """Length of the common prefix of `node_key` and `key[pos:]`."""
-    n = min(len(node_key), len(key) - pos)
-    i = 0
-    while i < n and node_key[i] == key[pos + i]:
-        i += 1
-    return i
+    """Length of the common prefix of `node_key` and `key[pos:]`: a binary search over slice
+    comparisons, O(log n) Python steps (a long cached node is split without a per-token loop)."""
+    lo, hi = 0, min(len(node_key), len(key) - pos)  # node_key[:lo] matches; nothing past hi does
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if node_key[lo:mid] == key[pos + lo: pos + mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo

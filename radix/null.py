@@ -1,10 +1,10 @@
 """NullCache: the prefix cache for --disable-radix-cache; same interface, holds nothing."""
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from .histogram import Histogram
-from .tree import MatchResult, Node
+from .tree import EMPTY_SLOTS, FreeFn, InsertResult, MatchResult, Node, SlotIds
 
 
 class NullCache:
@@ -12,7 +12,8 @@ class NullCache:
 
     `match_prefix` returns an empty match on a dummy root (with `record`, the query
     tokens still count, hits stay 0). `insert` returns `len(key)`: every slot is a
-    "duplicate", so the caller frees all of them itself. Lock ops, evict and reset do
+    "duplicate", so the caller frees all of them itself; `insert_after` keeps nothing
+    (`held_len` 0, the root as node). Lock ops, evict and reset do
     nothing; all sizes are 0.
     """
 
@@ -22,13 +23,13 @@ class NullCache:
         self.evicted_tokens = 0
         self.lifetime = Histogram()
         self.reuse_gap = Histogram()
-        self._root = Node((), (), None)
+        self._root = Node((), EMPTY_SLOTS, None)
 
     def match_prefix(self, key: Sequence[int], namespace: str | None = None, *,
                      record: bool = False) -> MatchResult:
         if record:
             self.query_tokens += len(key)
-        return MatchResult([], self._root, 0)
+        return MatchResult(EMPTY_SLOTS.copy(), self._root, 0)
 
     def record_query(self, query_tokens: int, hit_tokens: int, node: Node | None = None) -> None:
         self.query_tokens += query_tokens
@@ -37,10 +38,15 @@ class NullCache:
                      match: MatchResult) -> tuple[list[tuple[str, int]], int | None]:
         return ([("cold", len(key))] if key else []), None
 
-    def insert(self, key: Sequence[int], values: Sequence[int], namespace: str | None = None) -> int:
+    def insert(self, key: Sequence[int], values: Sequence[int] | SlotIds, namespace: str | None = None) -> int:
         if len(key) != len(values):
             raise ValueError(f"insert: key has {len(key)} tokens but values has {len(values)}")
         return len(key)
+
+    def insert_after(self, node: Node, key: Sequence[int], values: Sequence[int] | SlotIds) -> InsertResult:
+        if len(key) != len(values):
+            raise ValueError(f"insert: key has {len(key)} tokens but values has {len(values)}")
+        return InsertResult(0, self._root, EMPTY_SLOTS.copy(), 0)
 
     def inc_lock_ref(self, node: Node) -> int:
         return 0
@@ -48,10 +54,10 @@ class NullCache:
     def dec_lock_ref(self, node: Node) -> int:
         return 0
 
-    def evict(self, num_tokens: int, free_fn: Callable[[list[int]], None]) -> int:
+    def evict(self, num_tokens: int, free_fn: FreeFn) -> int:
         return 0
 
-    def evict_namespace(self, namespace: str | None, free_fn: Callable[[list[int]], None]) -> int:
+    def evict_namespace(self, namespace: str | None, free_fn: FreeFn) -> int:
         return 0
 
     def evictable_size(self) -> int:
@@ -66,7 +72,7 @@ class NullCache:
     def num_nodes(self) -> int:
         return 0
 
-    def reset(self, free_fn: Callable[[list[int]], None] | None = None) -> None:
+    def reset(self, free_fn: FreeFn | None = None) -> None:
         return None
 
     def all_slots(self) -> list[int]:

@@ -1,11 +1,11 @@
 """PrefixCache: the interface the engine uses, met by RadixCache and NullCache."""
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
 from .histogram import Histogram
-from .tree import MatchResult, Node
+from .tree import FreeFn, InsertResult, MatchResult, Node, SlotIds
 
 
 @runtime_checkable
@@ -15,8 +15,9 @@ class PrefixCache(Protocol):
     Engine usage per request:
       admit:  m = match_prefix(tokens, ns); inc_lock_ref(m.node); reuse m.slots;
               record_query(len(tokens), m.length) once the request is admitted
-      finish: n = insert(tokens, slots, ns); free slots[m.length:n] (duplicates);
-              dec_lock_ref(m.node)
+      progress: r = insert_after(m.node, new tokens, their slots); free the duplicates
+              (the first r.cached_len, replaced by r.slots); lock r.node, unlock m.node
+      finish: the same, then dec_lock_ref(r.node) and free what the tree did not keep
       short of slots: evict(num_tokens, free_fn)
     """
 
@@ -34,16 +35,18 @@ class PrefixCache(Protocol):
     def explain_miss(self, key: Sequence[int], namespace: str | None,
                      match: MatchResult) -> tuple[list[tuple[str, int]], int | None]: ...
 
-    def insert(self, key: Sequence[int], values: Sequence[int],
+    def insert(self, key: Sequence[int], values: Sequence[int] | SlotIds,
                namespace: str | None = None) -> int: ...
+
+    def insert_after(self, node: Node, key: Sequence[int], values: Sequence[int] | SlotIds) -> InsertResult: ...
 
     def inc_lock_ref(self, node: Node) -> int: ...
 
     def dec_lock_ref(self, node: Node) -> int: ...
 
-    def evict(self, num_tokens: int, free_fn: Callable[[list[int]], None]) -> int: ...
+    def evict(self, num_tokens: int, free_fn: FreeFn) -> int: ...
 
-    def evict_namespace(self, namespace: str | None, free_fn: Callable[[list[int]], None]) -> int: ...
+    def evict_namespace(self, namespace: str | None, free_fn: FreeFn) -> int: ...
 
     def evictable_size(self) -> int: ...
 
@@ -53,7 +56,7 @@ class PrefixCache(Protocol):
 
     def num_nodes(self) -> int: ...
 
-    def reset(self, free_fn: Callable[[list[int]], None] | None = None) -> None: ...
+    def reset(self, free_fn: FreeFn | None = None) -> None: ...
 
     def all_slots(self) -> list[int]: ...
 

@@ -6,12 +6,19 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from .debug import check_tree, common_len, format_tree, preview
 from .eviction_log import EvictionLog
 from .histogram import Histogram
 from .lru import LeafLRU
 
-FreeFn = Callable[[list[int]], None]
+# Slot ids are int32 numpy arrays: a match concatenates a few node arrays (one copy, no Python
+# per token) and a request's slot-table row is written from it in bulk.
+SlotIds = np.ndarray  # [n] int32
+FreeFn = Callable[[SlotIds], None]
+EMPTY_SLOTS: SlotIds = np.zeros(0, dtype=np.int32)
+EMPTY_SLOTS.flags.writeable = False
 
 _node_ids = itertools.count()
 
@@ -19,7 +26,8 @@ _node_ids = itertools.count()
 class Node:
     """One edge of the tree: a run of tokens and the KV slot ids that hold them.
 
-    `key` and `value` are tuples of equal length (empty only for a namespace root).
+    `key` is a tuple of token ids and `value` an int32 array of slot ids (read-only: a split
+    takes views of it) of the same length, empty only for a namespace root.
     `children` is keyed by the first token of each child's key. `lock_ref` counts the
     running requests whose matched path passes through this node; a node with
     `lock_ref > 0` is never evicted. `last_access` is the cache tick of the last
@@ -30,7 +38,7 @@ class Node:
 
     __slots__ = ("key", "value", "parent", "children", "lock_ref", "last_access", "id", "created_s", "used_s")
 
-    def __init__(self, key: tuple[int, ...], value: tuple[int, ...], parent: Node | None,
+    def __init__(self, key: tuple[int, ...], value: SlotIds, parent: Node | None,
                  tick: int = 0, created_s: float | None = None) -> None:
         self.key = key
         self.value = value
@@ -59,15 +67,28 @@ class Node:
 class MatchResult:
     """The longest cached prefix of a key.
 
-    `slots` are the KV slot ids of the matched tokens (len == `length`); they stay owned
-    by the tree and are only safe to read while `node` is locked (inc_lock_ref) or until
-    the next evict. `node` is the deepest node of the match and covers exactly its end
-    (a root when nothing matched).
+    `slots` are the KV slot ids of the matched tokens (int32, len == `length`, a fresh
+    array); the slots stay owned by the tree and are only valid while `node` is locked
+    (inc_lock_ref) or until the next evict. `node` is the deepest node of the match and
+    covers exactly its end (a root when nothing matched).
     """
 
-    slots: list[int]
+    slots: SlotIds
     node: Node
     length: int
+
+
+@dataclass(frozen=True, slots=True)
+class InsertResult:
+    """What `insert_after` found and left: the first `cached_len` tokens of the key were cached
+    already, under the tree's own `slots` (the caller's are duplicates, to free); the tree now
+    holds the first `held_len` tokens of the key (all of them; none in a NullCache), and `node`
+    is the deepest node of those and covers exactly their end."""
+
+    cached_len: int
+    node: Node
+    slots: SlotIds
+    held_len: int
 
 
 class RadixCache:
@@ -113,11 +134,11 @@ class RadixCache:
         path as used now (LRU). With `record`, counts the query and hit tokens.
         """
         key = _as_tuple(key)
-        node, slots = self._walk(self._root(namespace), key)
+        node, parts, length = self._walk(self._root(namespace), key)
         if record:
             self.query_tokens += len(key)
-            self.hit_tokens += len(slots)
-        return MatchResult(slots, node, len(slots))
+            self.hit_tokens += length
+        return MatchResult(_concat(parts), node, length)
 
     def record_query(self, query_tokens: int, hit_tokens: int, node: Node | None = None) -> None:
         """Count one request's prefix lookup: `query_tokens` asked for, `hit_tokens` found,
@@ -169,29 +190,45 @@ class RadixCache:
             node = child
         return pos
 
-    def insert(self, key: Sequence[int], values: Sequence[int], namespace: str | None = None) -> int:
+    def insert(self, key: Sequence[int], values: Sequence[int] | SlotIds, namespace: str | None = None) -> int:
         """Cache `key -> values` and return the length of the prefix that was already cached.
 
         The tree keeps its own slots for that prefix; the caller still owns `values[:n]`
-        (duplicates, to free) and hands `values[n:]` to the tree. Raises ValueError when the
-        lengths differ.
+        (duplicates, to free) and hands `values[n:]` to the tree (copied: the caller's array
+        stays its own). Raises ValueError when the lengths differ.
+        """
+        return self.insert_after(self._root(namespace), key, values).cached_len
+
+    def insert_after(self, node: Node, key: Sequence[int], values: Sequence[int] | SlotIds) -> InsertResult:
+        """Cache `key -> values` below `node`, whose path spells the tokens just before `key`
+        (a request's locked last node, or a root): costs O(len(key)), not O(depth in tokens).
+
+        Ownership as in `insert`. Raises ValueError when the lengths differ, RuntimeError when
+        `node` was evicted.
         """
         key = _as_tuple(key)
         if len(key) != len(values):
             raise ValueError(f"insert: key has {len(key)} tokens but values has {len(values)}")
-        node, slots = self._walk(self._root(namespace), key)
-        cached_len = len(slots)
+        if node.is_evicted:
+            raise RuntimeError(f"insert_after an evicted node: {node!r}")
+        end, parts, cached_len = self._walk(node, key)
         if cached_len < len(key):
-            self._add_leaf(node, key[cached_len:], tuple(values[cached_len:]))
-        return cached_len
+            tail = np.array(values[cached_len:], dtype=np.int32)
+            end = self._add_leaf(end, key[cached_len:], tail)
+        return InsertResult(cached_len, end, _concat(parts), len(key))
 
-    def _walk(self, root: Node, key: tuple[int, ...]) -> tuple[Node, list[int]]:
-        """Follow `key` from `root` as far as it matches, splitting where the match stops
-        inside a node; stamp the path with a new tick. Returns (deepest node, slots)."""
+    def _walk(self, start: Node, key: tuple[int, ...]) -> tuple[Node, list[SlotIds], int]:
+        """Follow `key` from `start` as far as it matches, splitting where the match stops
+        inside a node; stamp the path (and start's ancestors) with a new tick.
+        Returns (deepest node, the matched nodes' slot arrays in order, matched length)."""
         self._tick += 1
         tick = self._tick
-        node = root
-        slots: list[int] = []
+        up = start
+        while up.parent is not None:  # O(nodes above start): a child is never newer than its parent
+            up.last_access = tick
+            up = up.parent
+        node = start
+        slots: list[SlotIds] = []
         pos, end = 0, len(key)
         while pos < end:
             child = node.children.get(key[pos])
@@ -203,14 +240,14 @@ class RadixCache:
                 child_len = common_len(child_key, key, pos)
                 child = self._split(child, child_len)
             child.last_access = tick
-            slots.extend(child.value)
+            slots.append(child.value)
             node = child
             pos += child_len
             if child_len < len(child_key):
                 break
         if not node.children and node.lock_ref == 0 and node.parent is not None:
             self._leaves.add(node, tick)
-        return node, slots
+        return node, slots, pos
 
     def _split(self, node: Node, at: int) -> Node:
         """Cut `node` after `at` tokens; return the new parent holding the first part.
@@ -228,13 +265,15 @@ class RadixCache:
         self._num_nodes += 1
         return head
 
-    def _add_leaf(self, parent: Node, key: tuple[int, ...], value: tuple[int, ...]) -> None:
+    def _add_leaf(self, parent: Node, key: tuple[int, ...], value: SlotIds) -> Node:
+        value.flags.writeable = False
         leaf = Node(key, value, parent, self._tick)
         parent.children[key[0]] = leaf
         self._leaves.discard(parent)
         self._leaves.add(leaf, self._tick)
         self._evictable_size += len(key)
         self._num_nodes += 1
+        return leaf
 
     # ---- locking ----------------------------------------------------------------------
 
@@ -287,17 +326,19 @@ class RadixCache:
         removed). Returns the number of tokens evicted (may exceed `num_tokens` by part
         of a node: nodes go whole).
         """
-        freed: list[int] = []
-        while len(freed) < num_tokens:
+        freed: list[SlotIds] = []
+        num_freed = 0
+        while num_freed < num_tokens:
             leaf = self._leaves.pop_oldest()
             if leaf is None:
                 break
             self._remove_leaf(leaf)
-            freed.extend(leaf.value)
-        if freed:
-            self.evicted_tokens += len(freed)
-            free_fn(freed)
-        return len(freed)
+            freed.append(leaf.value)
+            num_freed += len(leaf.value)
+        if num_freed:
+            self.evicted_tokens += num_freed
+            free_fn(_concat(freed))
+        return num_freed
 
     def evict_namespace(self, namespace: str | None, free_fn: FreeFn) -> int:
         """Remove every unlocked node of `namespace` (an unloaded adapter's KV), deepest first;
@@ -310,17 +351,18 @@ class RadixCache:
             node = stack.pop()
             order.append(node)
             stack.extend(node.children.values())
-        freed: list[int] = []
+        freed: list[SlotIds] = []
         for node in reversed(order):  # preorder reversed: children before their parent
             if node is root or node.children or node.lock_ref:
                 continue
             self._leaves.discard(node)
             self._remove_leaf(node)
-            freed.extend(node.value)
-        if freed:
-            self.evicted_tokens += len(freed)
-            free_fn(freed)
-        return len(freed)
+            freed.append(node.value)
+        slots = _concat(freed)
+        if len(slots):
+            self.evicted_tokens += len(slots)
+            free_fn(slots)
+        return len(slots)
 
     def _remove_leaf(self, leaf: Node) -> None:
         parent = leaf.parent
@@ -345,13 +387,13 @@ class RadixCache:
         """
         if self._protected_size:
             raise RuntimeError(f"reset: {self._protected_size} tokens are locked by running requests")
-        slots = self.all_slots()
+        slots = _concat([node.value for node in self._nodes()])
         self._roots.clear()
         self._namespace_of.clear()
         self._leaves.clear()
         self._evictable_size = 0
         self._num_nodes = 0
-        if free_fn is not None and slots:
+        if free_fn is not None and len(slots):
             free_fn(slots)
 
     # ---- sizes and inspection ---------------------------------------------------------
@@ -371,7 +413,7 @@ class RadixCache:
 
     def all_slots(self) -> list[int]:
         """Every slot id the tree holds, in no particular order."""
-        return [slot for node in self._nodes() for slot in node.value]
+        return _concat([node.value for node in self._nodes()]).tolist()
 
     def check(self) -> None:
         """Raise AssertionError unless every structural and accounting invariant holds."""
@@ -384,7 +426,7 @@ class RadixCache:
     def _root(self, namespace: str | None) -> Node:
         root = self._roots.get(namespace)
         if root is None:
-            root = self._roots[namespace] = Node((), (), None)
+            root = self._roots[namespace] = Node((), EMPTY_SLOTS, None)
             self._namespace_of[id(root)] = namespace
         return root
 
@@ -399,3 +441,10 @@ class RadixCache:
 
 def _as_tuple(key: Sequence[int]) -> tuple[int, ...]:
     return key if isinstance(key, tuple) else tuple(key)
+
+
+def _concat(parts: list[SlotIds]) -> SlotIds:
+    """One fresh int32 array of `parts` in order (a single copy, whatever their number)."""
+    if not parts:
+        return EMPTY_SLOTS.copy()
+    return np.concatenate(parts) if len(parts) > 1 else parts[0].copy()

@@ -9,7 +9,7 @@ from radixflow.runtime.core.request import Req
 LogprobEntry = tuple[int, float | None, list[tuple[int, float]] | None]
 
 
-def _triples(entries: list[LogprobEntry], decode: Any, with_text: bool) -> tuple[list, list]:
+def logprob_triples(entries: list[LogprobEntry], decode: Any, with_text: bool) -> tuple[list, list]:
     """[(token, logprob, tops)] → ([logprob, token, text]), ([[logprob, token, text], ...])."""
 
     def one(lp: float | None, tok: int) -> list:
@@ -35,11 +35,11 @@ def meta_info(req: Req, decode: Any, with_text: bool, out_start: int = 0,
     if req.logprob.return_logprob:
         top = req.logprob.top_logprobs_num > 0
         if include_input:
-            vals, tops = _triples(req.input_logprobs, decode, with_text)
+            vals, tops = logprob_triples(req.input_logprobs, decode, with_text)
             meta["input_token_logprobs"] = vals
             if top:
                 meta["input_top_logprobs"] = tops
-        vals, tops = _triples(req.output_logprobs[out_start:], decode, with_text)
+        vals, tops = logprob_triples(req.output_logprobs[out_start:], decode, with_text)
         meta["output_token_logprobs"] = vals
         meta["output_token_logprobs_length"] = len(req.output_logprobs)
         if top:

@@ -3,11 +3,13 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 from radixflow.kernels.fp8 import FP8_E4M3_MAX
 
 FP8_DTYPE_NAME = "fp8_e4m3"
+SlotIds = np.ndarray  # [n] int32
 
 
 def fp8_scale_for(x: torch.Tensor) -> float:
@@ -22,7 +24,9 @@ class KVPool:
 
     Slot 0 is a padding dummy that is never handed out, so `num_slots - 1` slots are usable.
     With the fp8 cache the tensors are uint8 holding e4m3 bits, read with per-layer scales.
-    The free list is plain Python ints: the scheduler (CPU) owns it; kernels only see slot ids.
+    The free list is an int32 stack on the host (`_free[:_num_free]`, top last): alloc and free
+    are one array copy each, whatever their size. The scheduler (CPU) owns it; kernels only see
+    slot ids.
     """
 
     def __init__(self, num_slots: int, num_layers: int, num_kv_heads: int, head_dim: int,
@@ -41,7 +45,8 @@ class KVPool:
         self.k_scales = [1.0] * num_layers
         self.v_scales = [1.0] * num_layers
         self._uncalibrated = set(range(num_layers)) if fp8 else set()
-        self._free: list[int] = list(range(num_slots - 1, 0, -1))
+        self._free = np.arange(num_slots - 1, 0, -1, dtype=np.int32)
+        self._num_free = num_slots - 1
 
     @property
     def scales_final(self) -> bool:
@@ -77,28 +82,30 @@ class KVPool:
 
     @property
     def num_free(self) -> int:
-        return len(self._free)
+        return self._num_free
 
     @property
     def capacity(self) -> int:
         """Usable slots (the dummy excluded)."""
         return self.num_slots - 1
 
-    def alloc(self, n: int) -> list[int] | None:
-        """Take `n` free slots, or None (and take nothing) when fewer are free."""
-        if n > len(self._free):
+    def alloc(self, n: int) -> SlotIds | None:
+        """Take `n` free slots (a fresh int32 array), or None (and take nothing) when fewer are free."""
+        if n > self._num_free:
             return None
-        if n == 0:
-            return []
-        out = self._free[-n:]
-        del self._free[-n:]
-        return out
+        self._num_free -= n
+        return self._free[self._num_free: self._num_free + n].copy()
 
-    def free(self, slots: list[int]) -> None:
-        self._free.extend(slots)
+    def free(self, slots: SlotIds | list[int]) -> None:
+        """Give `slots` back. Raises ValueError when that would exceed the capacity (a double free)."""
+        n = len(slots)
+        if self._num_free + n > len(self._free):
+            raise ValueError(f"freeing {n} slots with {self._num_free} of {len(self._free)} free: a double free")
+        self._free[self._num_free: self._num_free + n] = slots
+        self._num_free += n
 
     def free_slots(self) -> list[int]:
-        return list(self._free)
+        return self._free[: self._num_free].tolist()
 
 
 class ReqToTokenPool:
@@ -109,6 +116,9 @@ class ReqToTokenPool:
 
     def __init__(self, max_running: int, max_context_len: int, device: torch.device) -> None:
         self.table = torch.zeros((max_running, max_context_len), dtype=torch.int32, device=device)
+        # On the host the table is written through a numpy view of the same memory (cheaper
+        # than a torch indexing op per write).
+        self._host = self.table.numpy() if self.table.device.type == "cpu" else None
         self._free_rows = list(range(max_running - 1, -1, -1))
 
     @property
@@ -125,15 +135,36 @@ class ReqToTokenPool:
     def free_row(self, row: int) -> None:
         self._free_rows.append(row)
 
-    def write(self, rows: list[int], starts: list[int], slots: list[list[int]]) -> None:
-        """Write `slots[i]` into row `rows[i]` from column `starts[i]`, as one indexed copy."""
-        flat_rows, flat_cols, flat_vals = [], [], []
-        for row, start, s in zip(rows, starts, slots):
-            flat_rows.extend([row] * len(s))
-            flat_cols.extend(range(start, start + len(s)))
-            flat_vals.extend(s)
-        if not flat_vals:
+    def write_one_each(self, rows: list[int], cols: list[int], slots: SlotIds) -> None:
+        """Write `slots[i]` at (`rows[i]`, `cols[i]`): a decode step's one new slot per request."""
+        if self._host is not None:
+            self._host[rows, cols] = slots
             return
         device = self.table.device
-        idx = (torch.tensor(flat_rows, device=device), torch.tensor(flat_cols, device=device))
-        self.table.index_put_(idx, torch.tensor(flat_vals, dtype=torch.int32, device=device))
+        idx = (torch.tensor(rows, device=device), torch.tensor(cols, device=device))
+        self.table.index_put_(idx, torch.from_numpy(slots).to(device))
+
+    def write(self, rows: list[int], starts: list[int], slots: list[SlotIds] | list[list[int]]) -> None:
+        """Write `slots[i]` into row `rows[i]` from column `starts[i]`, as one indexed copy built
+        with array ops (no Python per slot): a 100K-token cached prefix costs one copy."""
+        lens = np.array([len(s) for s in slots], dtype=np.int64)
+        total = int(lens.sum())
+        if total == 0:
+            return
+        vals = np.concatenate([np.asarray(s, dtype=np.int32) for s in slots])
+        if len(rows) == 1:  # one run: a slice copy
+            if self._host is not None:
+                self._host[rows[0], starts[0]: starts[0] + total] = vals
+            else:
+                self.table[rows[0], starts[0]: starts[0] + total] = torch.from_numpy(vals).to(self.table.device)
+            return
+        # column of flat item k (in row i): starts[i] + (k - first item of row i)
+        firsts = np.cumsum(lens) - lens
+        cols = np.arange(total, dtype=np.int64) + np.repeat(np.asarray(starts, dtype=np.int64) - firsts, lens)
+        flat_rows = np.repeat(np.asarray(rows, dtype=np.int64), lens)
+        if self._host is not None:
+            self._host[flat_rows, cols] = vals
+            return
+        device = self.table.device
+        idx = (torch.from_numpy(flat_rows).to(device), torch.from_numpy(cols).to(device))
+        self.table.index_put_(idx, torch.from_numpy(vals).to(device))

@@ -5,6 +5,7 @@ import logging
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from radixflow.runtime.model.attention import AttentionOps, PoolAttention, default_kv_splits, resolve_backend
@@ -200,14 +201,15 @@ class ModelRunner:
             logit_rows.extend(len(ids) + o for o in offs)
             ids.extend(req.ids_range(prefix, prefix + n))
             positions.extend(range(prefix, prefix + n))
-            slots.extend(req.slots[prefix: prefix + n])
+            slots.append(req.slots[prefix: prefix + n])
         dev = self.device
 
         def t(x: list[int]) -> torch.Tensor:
             return torch.tensor(x, dtype=torch.int64, device=dev)
 
+        out_slots = torch.from_numpy(np.concatenate(slots).astype(np.int64)).to(dev)
         return ForwardBatch(
-            is_decode=batch.is_decode, input_ids=t(ids), positions=t(positions), out_slots=t(slots),
+            is_decode=batch.is_decode, input_ids=t(ids), positions=t(positions), out_slots=out_slots,
             req_to_token=self.req_pool.table, req_rows=t([r.row for r in batch.reqs]),
             prefix_lens=t(batch.prefix_lens), extend_lens=t(batch.extend_lens),
             seq_lens=t([p + n for p, n in zip(batch.prefix_lens, batch.extend_lens)]),

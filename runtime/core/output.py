@@ -80,12 +80,18 @@ def visible_text(req: Req) -> str:
     """Text safe to stream: while running, hold back a tail that could begin a stop string, and
     everything from the earliest start of a stop-regex match still forming, so streamed text
     only ever grows."""
+    return req.text[: visible_len(req)]
+
+
+def visible_len(req: Req) -> int:
+    """Length of `visible_text(req)`, without building it."""
     if req.is_finished:
-        return req.text
+        return len(req.text)
     end = len(req.text)
     stops = req.sampling.stop_strings
     if stops:
         end -= max(len(s) for s in stops) - 1
     if req.stop_matcher is not None:
         end = min(end, req.stop_matcher.hold_from)
-    return req.text[: max(0, end)]
+    return max(0, end)
+

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from radixflow.runtime.core.slot_list import SlotIds, SlotList
 from radixflow.runtime.sampling_params import SamplingParams
 
 
@@ -81,12 +82,13 @@ class Req:
     lora_id: int = -1            # device slot of its adapter while it holds KV, else -1
     lora: Any = None             # its LoraAdapter (runtime/lora/adapter.py), None = the base model
     lora_name: str | None = None  # the adapter name it asked for (metrics)
-    on_output: Callable[[Req, bool], None] | None = None  # (req, finished) after each step
-    stream: bool = False         # call on_output after every step, not only at the finish
+    on_output: Callable[[Req, bool], None] | None = None  # (req, finished) once it finished
+    sink: Any = None             # an OutputSink (runtime/core/publish.py): its outputs after each step
+    cursor: Any = None           # with a sink: its StreamCursor (what was posted so far)
     output_ids: list[int] = field(default_factory=list)
     status: Status = Status.WAITING
     row: int | None = None
-    slots: list[int] = field(default_factory=list)
+    slots: SlotList = field(default_factory=SlotList)
     tree_len: int = 0
     last_node: Any = None
     cached_len: int = 0          # prefix-cache hit of the first admission (reported to users)
@@ -137,7 +139,7 @@ class Req:
         """Whether computing the remaining KV ends in sampling a token (not prefill-only)."""
         return self.sampling.max_new_tokens > 0
 
-    def owned_slots(self) -> list[int]:
+    def owned_slots(self) -> SlotIds:
         return self.slots[self.tree_len:]
 
     def finish(self, reason: dict[str, Any]) -> None:

@@ -4,28 +4,34 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
+from radixflow.radix import MatchResult
 from radixflow.runtime.core.request import Req
 
 
-def match_key(req: Req) -> list[int]:
+def match_key(req: Req) -> tuple[int, ...]:
     """The tokens whose KV may come from the cache: all but the last (its logits are needed),
-    and none past the first prompt position whose logprob was asked for."""
-    ids = req.all_ids
-    limit = len(ids) - 1
+    and none past the first prompt position whose logprob was asked for. A tuple: the tree
+    compares and slices it without converting it again."""
+    limit = req.seq_len - 1
     start = req.logprob.prompt_start(len(req.prompt_ids))
     if start is not None:
         limit = min(limit, max(start - 1, 0))
-    return ids[:limit]
+    return tuple(req.ids_range(0, limit))
 
 
-def order_waiting(waiting: list[Req], policy: str, cache: Any, fcfs_threshold: int) -> list[Req]:
-    """Return `waiting` in the order admission should try them (stable; does not mutate)."""
+def order_waiting(waiting: list[Req], policy: str, cache: Any,
+                  fcfs_threshold: int) -> list[tuple[Req, MatchResult | None]]:
+    """Return `waiting` in the order admission should try them (stable; does not mutate), each
+    with the prefix match the ordering took (None for fcfs: no match was needed), so that
+    admission does not match again."""
     if policy == "fcfs" or len(waiting) > fcfs_threshold:
-        return list(waiting)
+        return [(r, None) for r in waiting]
     matches = {id(r): cache.match_prefix(match_key(r), r.namespace) for r in waiting}
     if policy == "lpm":
-        return sorted(waiting, key=lambda r: -matches[id(r)].length)
-    return _dfs_weight_order(waiting, {id(r): matches[id(r)].node for r in waiting})
+        ordered = sorted(waiting, key=lambda r: -matches[id(r)].length)
+    else:
+        ordered = _dfs_weight_order(waiting, {id(r): matches[id(r)].node for r in waiting})
+    return [(r, matches[id(r)]) for r in ordered]
 
 
 def _dfs_weight_order(waiting: list[Req], nodes: dict[int, Any]) -> list[Req]:

@@ -17,13 +17,17 @@ so the one finish path (`_retire`) sees every request, whatever step it was in.
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from dataclasses import dataclass, field
 
-from radixflow.radix import RadixCache
-from radixflow.runtime.core.kv_pool import KVPool, ReqToTokenPool
+import numpy as np
+
+from radixflow.radix import MatchResult, Node, RadixCache
+from radixflow.runtime.core.kv_pool import KVPool, ReqToTokenPool, SlotIds
 from radixflow.runtime.core.request import Req, Status
 from radixflow.runtime.core.schedule_policy import match_key, order_waiting
+from radixflow.runtime.core.slot_list import SlotList
 from radixflow.runtime.lora.capacity import NO_ADAPTERS, AdapterAdmission
 
 log = logging.getLogger(__name__)
@@ -33,6 +37,10 @@ log = logging.getLogger(__name__)
 NEW_TOKEN_RATIO_INIT = 0.7
 NEW_TOKEN_RATIO_MIN = 0.1
 NEW_TOKEN_RATIO_DECAY = 0.001
+# The future decode reserved per request counts at most this many tokens (as SGLang's
+# CLIP_MAX_NEW_TOKENS): a huge max_new_tokens must not starve admission. Requests that really
+# generate that long are retracted if memory runs out.
+CLIP_MAX_NEW_TOKENS = 4096
 # Faulted steps a request may take part in before it fails (out-of-memory retries).
 MAX_STEP_RETRIES = 3
 # Smallest fraction of the prefill token budget that out-of-memory retries shrink it to.
@@ -63,6 +71,15 @@ class ScheduledBatch:
 
 
 @dataclass(frozen=True)
+class _Blocked:
+    """Why `_admit` did not admit: `need` is the availability (free + evictable - reserved, before
+    locking its prefix) at which the request would fit; 0 when it was not memory (the step's
+    token budget), which the next step renews anyway."""
+
+    need: int
+
+
+@dataclass(frozen=True)
 class SchedulerLimits:
     max_num_seqs: int
     max_prefill_tokens: int
@@ -87,12 +104,16 @@ class Scheduler:
         self.new_token_ratio = NEW_TOKEN_RATIO_INIT
         self.prefill_budget_scale = 1.0    # < 1 after an out-of-memory prefill
         self.num_preemptions = 0
+        # The head of a memory-blocked queue fits once availability reaches this; until then, or
+        # until the queue, the tree or the holders change, admission is not tried (no re-match).
+        self._blocked_until: int | None = None
 
     # -- queues ----------------------------------------------------------------------------
 
     def add(self, req: Req) -> None:
         req.status = Status.WAITING
         self.waiting.append(req)
+        self._blocked_until = None
 
     def abort(self, rid: str, message: str = "aborted") -> bool:
         """Finish `rid` with reason abort; False if it is unknown or already finished."""
@@ -107,6 +128,7 @@ class Scheduler:
         req.finish(reason)
         if req in self.waiting:
             self.waiting.remove(req)
+            self._blocked_until = None
             req.status = Status.FINISHED
             self.done.append(req)
         elif req.status is not Status.FINISHED:
@@ -164,6 +186,7 @@ class Scheduler:
                 self._retire(req)
                 continue
             if not batch.is_decode:
+                self._blocked_until = None  # the tree grew: waiting requests may match more
                 self._cache_unfinished(req)
                 if completes and req in self.prefilling:
                     self.prefilling.remove(req)
@@ -179,12 +202,13 @@ class Scheduler:
             if req.status is Status.FINISHED:
                 continue
             self.kv.free(req.slots[prefix:])
-            del req.slots[prefix:]
+            req.slots.truncate(prefix)
         requeue = [r for r in batch.reqs if r in self.prefilling]
         for req in requeue:
             self._release(req)
             req.status = Status.WAITING
         self.waiting[:0] = requeue
+        self._blocked_until = None
 
     def shrink_prefill_budget(self) -> None:
         """After an out-of-memory prefill: halve the prefill token budget until the queue drains."""
@@ -205,76 +229,89 @@ class Scheduler:
         batch = ScheduledBatch([], [], [], [], [], is_decode=False)
         if self.chunked is not None:
             req = self.chunked
-            n = min(len(req.all_ids) - req.kv_len, token_budget, chunk or token_budget)
+            n = min(req.seq_len - req.kv_len, token_budget, chunk or token_budget)
             if not self._grow(req, n, batch, {"chunk": n}):
                 return None
             token_budget -= n
-            if req.kv_len < len(req.all_ids):
+            if req.kv_len < req.seq_len:
                 return batch  # still chunking: nothing else joins
         if not self.waiting or self.num_running >= self.limits.max_num_seqs:
             # Nothing could be admitted: skip ordering the queue (a prefix match per waiting
             # request), which would otherwise run on every decode step of a full batch.
             return batch if batch.reqs else None
         reserved = self._reserved_decode()
+        if self._blocked_until is not None and self._available(reserved) < self._blocked_until:
+            return batch if batch.reqs else None  # still blocked: skip ordering and matching
+        self._blocked_until = None
+        self._admit_waiting(batch, token_budget, chunk, reserved)
+        return batch if batch.reqs else None
+
+    def _admit_waiting(self, batch: ScheduledBatch, token_budget: int, chunk: int | None, reserved: int) -> None:
+        """Admit waiting requests into `batch` in policy order, each with the one prefix match
+        the ordering took, until one does not fit (remembered when memory is why)."""
         dedup = RadixCache()
         admitted = []
-        for req in order_waiting(self.waiting, self.limits.policy, self.cache, self.limits.lpm_fcfs_threshold):
+        for req, match in order_waiting(self.waiting, self.limits.policy, self.cache,
+                                        self.limits.lpm_fcfs_threshold):
             if self.num_running >= self.limits.max_num_seqs or token_budget <= 0:
                 break
             if not self.adapters.can_admit(req):
                 continue  # its adapter would exceed the batch's adapter cap: it waits
             key = match_key(req)
+            if match is None or match.node.is_evicted:  # fcfs, or evicted for an earlier admission
+                match = self.cache.match_prefix(key, req.namespace)
             if self.limits.policy != "fcfs" and admitted:
                 shared = dedup.match_prefix(key, req.namespace).length
-                if shared - self.cache.match_prefix(key, req.namespace).length > IN_BATCH_DEDUP_MIN_TOKENS:
+                if shared - match.length > IN_BATCH_DEDUP_MIN_TOKENS:
                     continue
-            n = self._admit(req, key, token_budget, chunk, reserved, batch)
-            if n is None:
+            n = self._admit(req, key, match, token_budget, chunk, reserved, batch)
+            if isinstance(n, _Blocked):
+                if n.need > 0 and not admitted:
+                    self._blocked_until = n.need
                 break
             admitted.append(req)
-            dedup.insert(key, list(range(len(key))), req.namespace)
+            dedup.insert(key, np.arange(len(key), dtype=np.int32), req.namespace)
             reserved += self._future_decode(req)
             token_budget -= n
-            if req.kv_len < len(req.all_ids):
+            if req.kv_len < req.seq_len:
                 break  # chunked: it is the last of this batch
         for req in admitted:
             self.waiting.remove(req)
-        return batch if batch.reqs else None
 
-    def _admit(self, req: Req, key: list[int], token_budget: int, chunk: int | None, reserved: int,
-               batch: ScheduledBatch) -> int | None:
-        """Give `req` a table row, its cached prefix (locked) and slots for its first part, and
-        add it to `batch`; returns how many tokens it extends, or None when it does not fit.
+    def _admit(self, req: Req, key: tuple[int, ...], match: MatchResult, token_budget: int, chunk: int | None,
+               reserved: int, batch: ScheduledBatch) -> int | _Blocked:
+        """Give `req` a table row, its cached prefix `match` (locked) and slots for its first
+        part, and add it to `batch`; returns how many tokens it extends, or why it does not fit.
+        Costs O(new tokens) in Python whatever the prefix: the prefix's slot ids are one array.
 
         The fit is judged after locking the prefix, whose slots then stop being evictable:
         the whole uncached part plus the request's future decode must fit in what stays free
         or evictable once running requests' reserved decode is set aside.
         """
         if self.req_pool.num_free_rows == 0:
-            return None
-        match = self.cache.match_prefix(key, req.namespace)
-        extend = len(req.all_ids) - match.length
+            return _Blocked(sys.maxsize)  # until a row is freed (a release resets the block)
+        extend = req.seq_len - match.length
         n = extend
         if n > token_budget:
             if chunk is None and batch.reqs:
-                return None
+                return _Blocked(0)
             n = min(token_budget, chunk) if chunk is not None else n
         elif chunk is not None and n > chunk:
             n = chunk
-        self.cache.inc_lock_ref(match.node)
-        available = self.kv.num_free + self.cache.evictable_size() - reserved
-        if (self.holding() or batch.reqs) and extend + self._future_decode(req) > available:
+        moved = self.cache.inc_lock_ref(match.node)
+        need = extend + self._future_decode(req)
+        if (self.holding() or batch.reqs) and need > self._available(reserved):
             self.cache.dec_lock_ref(match.node)
-            return None
+            return _Blocked(need + moved)
         req.row, req.last_node = self.req_pool.alloc_row(), match.node
-        req.slots, req.tree_len = list(match.slots), match.length
-        self.req_pool.write([req.row], [0], [req.slots])
+        req.slots, req.tree_len = SlotList(match.slots), match.length
+        self.req_pool.write([req.row], [0], [match.slots])
         runs, diverged_at = self.cache.explain_miss(key, req.namespace, match)
-        if not self._grow(req, n, batch, _first_chunk(runs, len(req.all_ids) - len(key), n)):
+        if not self._grow(req, n, batch, _first_chunk(runs, req.seq_len - len(key), n)):
             self.cache.dec_lock_ref(match.node)
             self.req_pool.free_row(req.row)
-            req.row, req.last_node, req.slots, req.tree_len = None, None, [], 0
-            return None
+            req.row, req.last_node, req.slots, req.tree_len = None, None, SlotList(), 0
+            return _Blocked(self._available(reserved) + 1)
         if not req.prefix_counted:
             self.cache.record_query(len(key), match.length, match.node)
             req.prefix_counted, req.divergent_at = True, diverged_at
@@ -299,24 +336,28 @@ class Scheduler:
         batch.reqs.append(req)
         batch.prefix_lens.append(start)
         batch.extend_lens.append(n)
-        completes = start + n == len(req.all_ids)
+        completes = start + n == req.seq_len
         batch.completes.append(completes)
         batch.sample.append(completes and req.wants_sample)
         batch.misses.append(misses)
         return True
 
-    def _alloc(self, n: int) -> list[int] | None:
+    def _alloc(self, n: int) -> SlotIds | None:
         if n > self.kv.num_free:
             self.cache.evict(n - self.kv.num_free, self.kv.free)
         return self.kv.alloc(n)
 
     def _future_decode(self, req: Req) -> int:
         remaining = max(req.sampling.max_new_tokens - len(req.output_ids), 0)
-        remaining = min(remaining, self.limits.max_context_len - len(req.all_ids))
+        remaining = min(remaining, self.limits.max_context_len - req.seq_len, CLIP_MAX_NEW_TOKENS)
         return int(remaining * self.new_token_ratio)
 
     def _reserved_decode(self) -> int:
         return sum(self._future_decode(r) for r in self.holding())
+
+    def _available(self, reserved: int) -> int:
+        """Slots admission may hand out: free or evictable, minus running requests' future decode."""
+        return self.kv.num_free + self.cache.evictable_size() - reserved
 
     # -- decode ----------------------------------------------------------------------------
 
@@ -328,10 +369,13 @@ class Scheduler:
         if not self.running:
             return None
         news = [r.seq_len - r.kv_len for r in self.running]
-        batch = ScheduledBatch([], [], [], [], [], is_decode=all(n == 1 for n in news), is_decode_round=True)
-        rows, starts, new_slots = [], [], []
         slots = self._alloc(sum(news))
         assert slots is not None, "decode room was made above"
+        self.new_token_ratio = max(NEW_TOKEN_RATIO_MIN, self.new_token_ratio - NEW_TOKEN_RATIO_DECAY)
+        if len(slots) == len(news):  # the common case, one token each: no per-request arrays
+            return self._one_token_each(slots)
+        batch = ScheduledBatch([], [], [], [], [], is_decode=False, is_decode_round=True)
+        rows, starts, new_slots = [], [], []
         pos = 0
         for req, n in zip(self.running, news):
             mine, pos = slots[pos: pos + n], pos + n
@@ -346,8 +390,17 @@ class Scheduler:
             batch.misses.append({})
             req.slots.extend(mine)
         self.req_pool.write(rows, starts, new_slots)
-        self.new_token_ratio = max(NEW_TOKEN_RATIO_MIN, self.new_token_ratio - NEW_TOKEN_RATIO_DECAY)
         return batch
+
+    def _one_token_each(self, slots: SlotIds) -> ScheduledBatch:
+        reqs = list(self.running)
+        starts = [r.kv_len for r in reqs]
+        for req, slot in zip(reqs, slots.tolist()):
+            req.slots.append(slot)
+        self.req_pool.write_one_each([r.row for r in reqs], starts, slots)
+        n = len(reqs)
+        return ScheduledBatch(reqs, starts, [1] * n, [True] * n, [True] * n, is_decode=True,
+                              is_decode_round=True, misses=[{} for _ in range(n)])
 
     def _make_room_for_decode(self) -> None:
         """Retract until every running request can get its new slots: a chunked prefill first
@@ -372,20 +425,20 @@ class Scheduler:
 
     # -- handing KV to the tree --------------------------------------------------------------
 
-    def _insert_into_cache(self, req: Req) -> tuple[object, int]:
-        """Insert req's computed KV; free what the tree already held. Returns the tree's node
-        for req's tokens and how many of them the tree now holds."""
-        key = req.ids_range(0, req.kv_len)
-        present = self.cache.insert(key, req.slots, req.namespace)
-        match = self.cache.match_prefix(key, req.namespace)
-        dup_end = min(present, match.length)
-        if dup_end > req.tree_len:
-            # Someone else cached [tree_len, dup_end) meanwhile: ours are duplicates.
-            self.kv.free(req.slots[req.tree_len: dup_end])
-            req.slots[req.tree_len: dup_end] = match.slots[req.tree_len: dup_end]
+    def _insert_into_cache(self, req: Req) -> tuple[Node, int]:
+        """Insert req's KV computed since the tree last took it, below its locked last node:
+        O(new tokens), not O(its length). Returns the tree's node for req's tokens and how many
+        of them the tree now holds."""
+        start = req.tree_len
+        result = self.cache.insert_after(req.last_node, req.ids_range(start, req.kv_len), req.slots[start:])
+        if result.cached_len:
+            # Someone else cached [start, dup_end) meanwhile: ours are duplicates.
+            dup_end = start + result.cached_len
+            self.kv.free(req.slots[start: dup_end])
+            req.slots[start: dup_end] = result.slots
             if req.row is not None:
-                self.req_pool.write([req.row], [req.tree_len], [req.slots[req.tree_len: dup_end]])
-        return match.node, match.length
+                self.req_pool.write([req.row], [start], [result.slots])
+        return result.node, start + result.held_len
 
     def _cache_unfinished(self, req: Req) -> None:
         node, held = self._insert_into_cache(req)
@@ -407,6 +460,7 @@ class Scheduler:
             self.kv.free(req.slots[held:])
             self.cache.dec_lock_ref(req.last_node)
             self.req_pool.free_row(req.row)
+            self._blocked_until = None  # memory and a row were freed
             unloaded = self.adapters.release(req)
             if unloaded is not None:  # the last user of an unloaded adapter: its KV goes now
                 self.cache.evict_namespace(unloaded, self.kv.free)
@@ -414,7 +468,7 @@ class Scheduler:
             self.running.remove(req)
         if req in self.prefilling:
             self.prefilling.remove(req)
-        req.row, req.last_node, req.slots, req.tree_len = None, None, [], 0
+        req.row, req.last_node, req.slots, req.tree_len = None, None, SlotList(), 0
 
     # -- accounting ----------------------------------------------------------------------------
 
@@ -434,7 +488,7 @@ class Scheduler:
     def check_slots(self) -> None:
         """Stronger than check_accounting (O(pool)): every usable slot is in exactly one place,
         free, in the tree, or owned by one holding request; requests hold rows of their own."""
-        places = [self.kv.free_slots(), self.cache.all_slots()] + [r.owned_slots() for r in self.holding()]
+        places = [self.kv.free_slots(), self.cache.all_slots()] + [r.owned_slots().tolist() for r in self.holding()]
         flat = [slot for place in places for slot in place]
         if len(flat) != len(set(flat)) or set(flat) != set(range(1, self.kv.capacity + 1)):
             raise AssertionError(f"KV slots misplaced: {len(flat)} placed, {len(set(flat))} distinct, "
@@ -442,7 +496,7 @@ class Scheduler:
         rows = [r.row for r in self.holding()]
         if None in rows or len(rows) != len(set(rows)) or len(rows) + self.req_pool.num_free_rows != self.req_pool.num_rows:
             raise AssertionError(f"slot-table rows misplaced: holding {rows}, {self.req_pool.num_free_rows} free")
-        if any(r.row is not None or r.slots for r in self.waiting):
+        if any(r.row is not None or len(r.slots) for r in self.waiting):
             raise AssertionError("a waiting request still holds a row or slots")
 
 

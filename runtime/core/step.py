@@ -17,6 +17,7 @@ from radixflow.runtime.grammar.mask import grammar_bitmask
 from radixflow.runtime.grammar.state import advance as advance_grammar
 from radixflow.runtime.core.model_runner import ModelRunner
 from radixflow.runtime.core.output import append_token
+from radixflow.runtime.core.publish import publish
 from radixflow.runtime.core.request import Req
 from radixflow.runtime.core.sampler import RowState, SampleRow, sample, score_tokens
 from radixflow.runtime.core.scheduler import MAX_STEP_RETRIES, ScheduledBatch, Scheduler
@@ -49,6 +50,9 @@ def plan_logits(req: Req, prefix: int, n: int, sample_last: bool) -> _LogitPlan:
     if sample_last and (not rows or rows[-1] != n - 1):
         rows.append(n - 1)
     return _LogitPlan(rows, scored, sample_last)
+
+
+_DECODE_PLAN = _LogitPlan([0], [], True)  # a decode row's: its one logit row, sampled (shared, read-only)
 
 
 def notify(req: Req, finished: bool) -> None:
@@ -98,8 +102,11 @@ class StepRunner:
         batch = self.scheduler.schedule()
         if batch is None:
             return False
-        plans = [plan_logits(r, p, n, s) for r, p, n, s in
-                 zip(batch.reqs, batch.prefix_lens, batch.extend_lens, batch.sample)]
+        if batch.is_decode:  # one token each, sampled; prompt logprobs were all taken at prefill
+            plans = [_DECODE_PLAN] * len(batch.reqs)
+        else:
+            plans = [plan_logits(r, p, n, s) for r, p, n, s in
+                     zip(batch.reqs, batch.prefix_lens, batch.extend_lens, batch.sample)]
         try:
             self.faults.check("forward", batch.reqs, self.num_steps)
             logits = self.runner.forward(batch, [p.offsets for p in plans])
@@ -118,9 +125,7 @@ class StepRunner:
             for req in batch.reqs:
                 req.finish(error_reason(exc))
         self.scheduler.finish_step(batch)
-        for req in batch.reqs:
-            if req.stream and not req.is_finished and req.output_ids:
-                notify(req, False)
+        publish([r for r in batch.reqs if not r.is_finished])  # finished ones: at their hand-out
         return True
 
     def _count_misses(self, batch: ScheduledBatch) -> None:
@@ -156,6 +161,8 @@ class StepRunner:
 
     def _record_prompt_logprobs(self, batch: ScheduledBatch, plans: list[_LogitPlan],
                                 logits: torch.Tensor) -> None:
+        if batch.is_decode:
+            return  # a decode row scores no prompt token
         base = 0
         for req, plan in zip(batch.reqs, plans):
             k = len(plan.prompt_positions)
@@ -184,7 +191,7 @@ class StepRunner:
             if plan.sample:
                 rows.append(base - 1)
                 reqs.append(req)
-            elif req.kv_len == len(req.all_ids) and not req.wants_sample:
+            elif req.kv_len == req.seq_len and not req.wants_sample:
                 req.finish({"type": "length", "length": 0})  # prefill-only request is done
         rows, reqs = self._prepare_grammars(rows, reqs)
         if not reqs:

@@ -12,6 +12,13 @@ from radixflow.runtime.text.tokenizer import Tokenizer, byte_level_bytes, fallba
 
 log = logging.getLogger(__name__)
 
+# The prompt matters to the first output tokens only through its tail (an unfinished UTF-8
+# character or byte-fallback run, a leading-space rule), so the detokenizer is seeded with its
+# last few tokens, widened back over tokens that continue a character: starting a request costs
+# O(1) in its prompt length.
+PREFIX_CONTEXT_TOKENS = 8
+MAX_PREFIX_CONTEXT_TOKENS = 64
+
 
 class _Stream(Protocol):
     """The per-request state of one decoder family."""
@@ -25,6 +32,10 @@ class _Plan(Protocol):
 
     def open(self, skip_special_tokens: bool) -> _Stream: ...
 
+    def continues(self, token_id: int) -> bool:
+        """Whether the token may continue a character begun by the tokens before it."""
+        ...
+
 
 class IncrementalDetokenizer:
     """Streams `tokenizer.decode(ids, skip_special_tokens)` while `ids` grows, one request at a time.
@@ -35,7 +46,9 @@ class IncrementalDetokenizer:
     unfinished run of sentencepiece byte-fallback tokens) wait for the tokens that finish them.
     `prefix_ids` (usually the prompt) are consumed for context only and never returned, so that
     e.g. a sentencepiece model's first generated word keeps its leading space; a character split
-    between the prefix and the first step comes out whole in that step.
+    between the prefix and the first step comes out whole in that step. Only their tail is read
+    (PREFIX_CONTEXT_TOKENS, widened back over character continuations up to
+    MAX_PREFIX_CONTEXT_TOKENS): the cost does not grow with the prompt.
 
     Each step costs O(new tokens) for ByteLevel, Metaspace and Replace/ByteFallback/Fuse/Strip
     decoders (the per-vocabulary tables are built once per tokenizer and shared). Any other
@@ -46,9 +59,10 @@ class IncrementalDetokenizer:
     def __init__(
         self, tokenizer: Tokenizer, skip_special_tokens: bool = True, prefix_ids: Sequence[int] = ()
     ) -> None:
-        self._stream = _plan_for(tokenizer).open(skip_special_tokens)
+        plan = _plan_for(tokenizer)
+        self._stream = plan.open(skip_special_tokens)
         if prefix_ids:
-            self._stream.step(prefix_ids)
+            self._stream.step(prefix_ids[_context_start(plan, prefix_ids):])
 
     def step(self, new_ids: Sequence[int]) -> str:
         """Append `new_ids`; return only the text they complete (possibly "")."""
@@ -62,18 +76,25 @@ class IncrementalDetokenizer:
 class _ByteLevelStream:
     """ByteLevel decoders: bytes of all kept tokens, decoded as UTF-8 with U+FFFD for invalid bytes."""
 
-    __slots__ = ("_table", "_utf8")
+    __slots__ = ("_table", "_utf8", "_holding")
 
     def __init__(self, table: list[bytes]) -> None:
         self._table = table  # token id -> decoder bytes, b"" for skipped ids
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._holding = False  # the decoder holds bytes of an unfinished character
 
     def step(self, ids: Sequence[int]) -> str:
         table, size = self._table, len(self._table)
         if len(ids) == 1:
             token_id = ids[0]
-            return self._utf8.decode(table[token_id] if 0 <= token_id < size else b"")
-        return self._utf8.decode(b"".join([table[i] for i in ids if 0 <= i < size]))
+            data = table[token_id] if 0 <= token_id < size else b""
+        else:
+            data = b"".join([table[i] for i in ids if 0 <= i < size])
+        if not self._holding and data.isascii():  # the common case, at C speed
+            return data.decode("ascii")
+        text = self._utf8.decode(data)
+        self._holding = bool(self._utf8.getstate()[0])
+        return text
 
     def flush(self) -> str:
         return self._utf8.decode(b"", final=True)
@@ -90,6 +111,11 @@ class _ByteLevelPlan:
 
     def open(self, skip_special_tokens: bool) -> _Stream:
         return _ByteLevelStream(self._tables[skip_special_tokens])
+
+    def continues(self, token_id: int) -> bool:
+        table = self._tables[False]
+        data = table[token_id] if 0 <= token_id < len(table) else b""
+        return not data or 0x80 <= data[0] < 0xC0  # empty, or a UTF-8 continuation byte first
 
 
 class _Stage(Protocol):
@@ -300,6 +326,11 @@ class _PipelinePlan:
         stages = [factory() for factory in self._factories]
         return _PipelineStream(self._tables[skip_special_tokens], stages)
 
+    def continues(self, token_id: int) -> bool:
+        table = self._tables[False]
+        piece = table[token_id] if 0 <= token_id < len(table) else None
+        return piece is None or fallback_byte(piece) is not None  # a byte-fallback run may go on
+
 
 class _RedecodeStream:
     """Fallback: decode everything each step and hand out the new, settled tail."""
@@ -328,6 +359,18 @@ class _RedecodePlan:
 
     def open(self, skip_special_tokens: bool) -> _Stream:
         return _RedecodeStream(self._tokenizer, skip_special_tokens)
+
+    def continues(self, token_id: int) -> bool:
+        return False
+
+
+def _context_start(plan: _Plan, prefix_ids: Sequence[int]) -> int:
+    """First position of the prefix tail the detokenizer is seeded with."""
+    n = len(prefix_ids)
+    start, floor = max(0, n - PREFIX_CONTEXT_TOKENS), max(0, n - MAX_PREFIX_CONTEXT_TOKENS)
+    while start > floor and plan.continues(prefix_ids[start]):
+        start -= 1
+    return start
 
 
 _plans: weakref.WeakKeyDictionary[Tokenizer, _Plan] = weakref.WeakKeyDictionary()

@@ -52,7 +52,7 @@ def admit(cache: PrefixCache, pool: Pool, req: Req, prefix_len: int) -> bool:
     if new is None:
         cache.dec_lock_ref(match.node)
         return False
-    req.slots, req.cached_len, req.node = match.slots + new, match.length, match.node
+    req.slots, req.cached_len, req.node = match.slots.tolist() + new, match.length, match.node
     return True
 
 

@@ -73,7 +73,7 @@ class RadixMachine(RuleBasedStateMachine):
         match = self.cache.match_prefix(key, ns, record=record)
         n = self.model.cached_len(ns, key)
         assert match.length == n
-        assert match.slots == [self.model.slot[(ns, tuple(key[:i + 1]))] for i in range(n)]
+        assert match.slots.tolist() == [self.model.slot[(ns, tuple(key[:i + 1]))] for i in range(n)]
         assert n == 0 or match.node.key[-1] == key[n - 1]
         delta = (len(key), n) if record else (0, 0)
         assert (self.cache.query_tokens - queries, self.cache.hit_tokens - hits) == delta

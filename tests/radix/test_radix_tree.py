@@ -1,9 +1,10 @@
 """Unit tests for RadixCache: split, insert results, locks, LRU eviction, namespaces."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
-from radixflow.radix import MatchResult, NullCache, PrefixCache, RadixCache
+from radixflow.radix import NullCache, PrefixCache, RadixCache
 
 
 def slots_for(key: list[int], base: int) -> list[int]:
@@ -37,11 +38,11 @@ def test_insert_rejects_mismatched_lengths(cache: RadixCache) -> None:
 def test_match_returns_slots_of_longest_prefix(cache: RadixCache) -> None:
     cache.insert([1, 2, 3, 4], [10, 11, 12, 13])
     cache.insert([1, 2, 5], [20, 21, 22])
-    assert cache.match_prefix([1, 2, 3, 4, 5, 6]).slots == [10, 11, 12, 13]
-    assert cache.match_prefix([1, 2, 5]).slots == [10, 11, 22]
-    assert cache.match_prefix((1, 2, 7)).slots == [10, 11]
+    assert cache.match_prefix([1, 2, 3, 4, 5, 6]).slots.tolist() == [10, 11, 12, 13]
+    assert cache.match_prefix([1, 2, 5]).slots.tolist() == [10, 11, 22]
+    assert cache.match_prefix((1, 2, 7)).slots.tolist() == [10, 11]
     empty = cache.match_prefix([9, 1])
-    assert (empty.slots, empty.length) == ([], 0) and empty.node.is_root
+    assert (empty.slots.tolist(), empty.length) == ([], 0) and empty.node.is_root
     assert cache.match_prefix([]).length == 0
     cache.check()
 
@@ -50,8 +51,8 @@ def test_match_inside_a_node_splits_it_and_returns_exact_node(cache: RadixCache)
     cache.insert([1, 2, 3, 4, 5, 6], slots_for([0] * 6, 100))
     assert cache.num_nodes() == 1
     match = cache.match_prefix([1, 2, 3, 9])
-    assert match == MatchResult([100, 101, 102], match.node, 3)
-    assert match.node.key == (1, 2, 3) and match.node.value == (100, 101, 102)
+    assert (match.slots.tolist(), match.length) == ([100, 101, 102], 3)
+    assert match.node.key == (1, 2, 3) and match.node.value.tolist() == [100, 101, 102]
     assert cache.num_nodes() == 2
     (tail,) = match.node.children.values()
     assert tail.key == (4, 5, 6) and tail.parent is match.node
@@ -67,7 +68,7 @@ def test_insert_splits_on_partial_match_and_keys_children_by_first_token(cache: 
     head = cache.match_prefix([1, 2]).node
     assert head.key == (1, 2)
     assert sorted(head.children) == [3, 8]
-    assert head.children[8].key == (8, 9) and head.children[8].value == (22, 23)
+    assert head.children[8].key == (8, 9) and head.children[8].value.tolist() == [22, 23]
     # Inserting a key that ends inside a node splits it as well.
     assert cache.insert([1, 2, 3], [30, 31, 32]) == 3
     assert cache.match_prefix([1, 2, 3]).node.key == (3,)
@@ -125,9 +126,9 @@ def test_evict_frees_least_recently_used_leaves_first(cache: RadixCache) -> None
     cache.insert([3, 3], [30, 31])
     cache.match_prefix([1, 1])  # [1, 1] is now the most recently used
     freed: list[list[int]] = []
-    assert cache.evict(1, freed.append) == 2
+    assert cache.evict(1, lambda slots: freed.append(slots.tolist())) == 2
     assert freed == [[20, 21]]
-    assert cache.evict(3, freed.append) == 4
+    assert cache.evict(3, lambda slots: freed.append(slots.tolist())) == 4
     assert freed[1] == [30, 31, 10, 11]
     assert cache.evicted_tokens == 6 and cache.total_size() == 0
     cache.check()
@@ -153,7 +154,7 @@ def test_evict_never_touches_locked_paths(cache: RadixCache) -> None:
     freed: list[int] = []
     assert cache.evict(100, freed.extend) == 3
     assert sorted(freed) == [22, 70, 71]
-    assert cache.match_prefix([1, 2, 3]).slots == [10, 11, 12]
+    assert cache.match_prefix([1, 2, 3]).slots.tolist() == [10, 11, 12]
     assert cache.evictable_size() == 0 and cache.protected_size() == 3
     cache.check()
     assert cache.evict(1, freed.extend) == 0
@@ -185,8 +186,8 @@ def test_lock_on_an_evicted_node_is_refused(cache: RadixCache) -> None:
 def test_namespaces_never_share_prefixes(cache: RadixCache) -> None:
     assert cache.insert([1, 2, 3], [10, 11, 12]) == 0
     assert cache.insert([1, 2, 3], [20, 21, 22], namespace="lora-a") == 0
-    assert cache.match_prefix([1, 2, 3]).slots == [10, 11, 12]
-    assert cache.match_prefix([1, 2, 3], "lora-a").slots == [20, 21, 22]
+    assert cache.match_prefix([1, 2, 3]).slots.tolist() == [10, 11, 12]
+    assert cache.match_prefix([1, 2, 3], "lora-a").slots.tolist() == [20, 21, 22]
     assert cache.match_prefix([1, 2, 3], "lora-b").length == 0
     assert cache.total_size() == 6
     cache.check()
@@ -199,9 +200,8 @@ def test_eviction_is_global_lru_across_namespaces(cache: RadixCache) -> None:
     cache.insert([1], [30], "b")
     cache.match_prefix([1], "a")
     freed: list[list[int]] = []
-    cache.evict(1, freed.append)
-    cache.evict(1, freed.append)
-    cache.evict(1, freed.append)
+    for _ in range(3):
+        cache.evict(1, lambda slots: freed.append(slots.tolist()))
     assert freed == [[20], [30], [10]]
 
 
@@ -232,10 +232,10 @@ def test_check_reports_corruption(cache: RadixCache) -> None:
     cache.insert([1, 2, 4], [20, 21, 22])
     cache.check()
     leaf = cache.match_prefix([1, 2, 4]).node
-    leaf.value = (10,)  # slot 10 is already held by the [1, 2] node
+    leaf.value = np.array([10], dtype=np.int32)  # slot 10 is already held by the [1, 2] node
     with pytest.raises(AssertionError, match="slot ids held twice"):
         cache.check()
-    leaf.value = (22,)
+    leaf.value = np.array([22], dtype=np.int32)
     leaf.lock_ref = 1  # locked without going through inc_lock_ref
     with pytest.raises(AssertionError):
         cache.check()
@@ -256,7 +256,7 @@ def test_refreshes_without_evictions_keep_the_lru_heap_bounded(cache: RadixCache
     assert len(cache._leaves._heap) <= 2 * 10 + 64 + 1
     cache.check()
     freed: list[list[int]] = []
-    cache.evict(1, freed.append)
+    cache.evict(1, lambda slots: freed.append(slots.tolist()))
     assert freed == [[0, 1]]
 
 
@@ -311,3 +311,53 @@ def test_explain_miss_divergent_and_namespace():
     assert cache.explain_miss([7, 8, 9, 10], None, m) == ([("namespace", 3), ("cold", 1)], None)
     m = cache.match_prefix([5, 5])
     assert cache.explain_miss([5, 5], None, m) == ([("cold", 2)], None)
+
+
+def test_slot_ids_are_int32_arrays_a_match_owns_its_copy(cache: RadixCache) -> None:
+    cache.insert([1, 2, 3], [10, 11, 12])
+    cache.insert([1, 2, 3, 4, 5], [10, 11, 12, 13, 14])
+    match = cache.match_prefix([1, 2, 3, 4, 5, 6])
+    assert match.slots.dtype == np.int32 and match.slots.tolist() == [10, 11, 12, 13, 14]
+    match.slots[0] = 99  # the caller's copy: the tree is not changed
+    assert cache.match_prefix([1, 2]).slots.tolist() == [10, 11]
+    values = np.array([20, 21], dtype=np.int32)
+    cache.insert([7, 8], values)
+    values[0] = 98  # neither is the tree tied to the caller's array
+    assert cache.match_prefix([7, 8]).slots.tolist() == [20, 21]
+    cache.check()
+
+
+def test_insert_after_a_locked_node_extends_its_path(cache: RadixCache) -> None:
+    cache.insert([1, 2, 3, 4], [10, 11, 12, 13])
+    match = cache.match_prefix([1, 2, 3])
+    cache.inc_lock_ref(match.node)
+    result = cache.insert_after(match.node, [4, 5, 6], [30, 31, 32])
+    # [4] was cached already (slot 13; the caller's 30 is a duplicate), [5, 6] are new.
+    assert (result.cached_len, result.slots.tolist(), result.held_len) == (1, [13], 3)
+    assert result.node.key == (5, 6) and result.node.value.tolist() == [31, 32]
+    assert cache.match_prefix([1, 2, 3, 4, 5, 6]).node is result.node
+    cache.inc_lock_ref(result.node)
+    cache.dec_lock_ref(match.node)
+    cache.check()  # ancestors were touched too: no child is newer than its parent
+    again = cache.insert_after(result.node, [], [])
+    assert (again.cached_len, again.node, again.held_len) == (0, result.node, 0)
+    cache.dec_lock_ref(result.node)
+    cache.evict(100, lambda slots: None)
+    with pytest.raises(RuntimeError, match="evicted"):
+        cache.insert_after(result.node, [7], [40])
+
+
+def test_a_long_node_is_split_at_the_divergence(cache: RadixCache) -> None:
+    key = list(range(50_000))
+    cache.insert(key, key)
+    for at in (0, 1, 777, 49_999):
+        probe = key[:at] + [-1]
+        assert cache.match_prefix(probe).length == at
+    cache.check()
+
+
+def test_null_cache_insert_after_keeps_nothing() -> None:
+    cache = NullCache()
+    root = cache.match_prefix([1, 2]).node
+    result = cache.insert_after(root, [1, 2], [5, 6])
+    assert (result.cached_len, result.held_len, result.node) == (0, 0, root)

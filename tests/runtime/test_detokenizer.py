@@ -260,3 +260,37 @@ def test_demo_corpus_streams_token_by_token(demo_tok: Tokenizer) -> None:
     text = CORPUS_PATH.read_text(encoding="utf-8")[:4000] + " café naïve 日本 🙂🚀 ÿ"
     ids = demo_tok.encode(text)
     assert _run(demo_tok, ids, list(range(len(ids))), True, _byte_level_settled) == text
+
+
+class _TailOnly(list):
+    """A prompt that fails the test when anything but its last `limit` ids is read."""
+
+    limit = 64
+
+    def __iter__(self):
+        raise AssertionError("the whole prompt was iterated")
+
+    def __getitem__(self, index):
+        first = index.indices(len(self))[0] if isinstance(index, slice) else index % len(self)
+        assert first >= len(self) - self.limit, f"read prompt position {first} of {len(self)}"
+        return super().__getitem__(index)
+
+
+@pytest.mark.parametrize("decoder", ["byte-level", "llama2", "metaspace-first", "gemma"])
+def test_a_long_prompt_is_read_only_at_its_tail(demo_tok: Tokenizer, decoder: str) -> None:
+    tok = demo_tok if decoder == "byte-level" else _sentencepiece_tokenizer(SENTENCEPIECE_DECODERS[decoder]())
+    unit = tok.encode("the café in 日本 serves green tea and cake. ", add_special_tokens=False)
+    prompt = unit * (100_000 // len(unit) + 1)
+    output = tok.encode("a naïve question about 日本", add_special_tokens=False)
+    detok = IncrementalDetokenizer(tok, prefix_ids=_TailOnly(prompt))
+    text = "".join(detok.step([i]) for i in output) + detok.flush()
+    assert text == tok.decode(prompt + output)[len(tok.decode(prompt)):]
+
+
+def test_a_character_split_at_the_end_of_a_long_prompt_comes_out_whole(demo_tok: Tokenizer) -> None:
+    byte_ids = _single_byte_ids(demo_tok)
+    head = [byte_ids[bytes([b])] for b in "日本".encode()]  # 6 single-byte tokens
+    prompt = demo_tok.encode("green tea " * 5000, add_special_tokens=False) + head[:4]  # 日 done, 本 begun
+    detok = IncrementalDetokenizer(demo_tok, prefix_ids=_TailOnly(prompt))
+    assert detok.step(head[4:5]) == ""
+    assert detok.step(head[5:]) == "本"

@@ -1,0 +1,335 @@
+"""Engine CPU overhead (issue 15): per-step bookkeeping, admission on a long cached prefix,
+memory-blocked queues, and the HTTP streaming path, with the model taken out where it can be.
+
+    python benchmarks/engine_overhead.py --out benchmarks/results/engine_overhead_cpu.json
+    python benchmarks/engine_overhead.py --smoke --out /tmp/eo.json      # small sizes, seconds
+
+A fake model runner (`fake_forward`: no forward at all, fixed logits whose argmax is one token)
+times only engine work in (1) and (3). The model is a random-weight tiny Llama (the demo
+tokenizer, `load_format="dummy"`, 131072 positions so a 100K-token prefix fits).
+
+1. `decode_step`: ms per decode step at batch B, with the fake runner, through `generate`
+   (callers wait on events) and through `generate_stream` (an asyncio loop consumes every
+   chunk, as the HTTP server does). `sample_ms` is the part spent in the sampler. The machine
+   these ran on is shared: each figure is the median of `repeats` runs.
+2. `prefix_ttft`: wall time of `generate` for a 16-token turn after a P-token cached prefix, over
+   that of a 16-token prompt with no prefix (real tiny forward; the prefix is cached with the
+   fake runner first). Median of several turns. `fake_runner`: the same turns without the model
+   (engine and caller work alone).
+3. `blocked`: ms per decode step of 4 running requests while 128 requests of 2K tokens wait for
+   memory (a 4,096-token pool), over the same without them (fake runner), from the moment the
+   queue is in place.
+4. `http`: 256 concurrent streaming native /generate requests to a server in a child process,
+   tokens/s, over the same workload through `Engine.generate` in-process (real tiny forward).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import random
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from engine_decode import TINY, write_model_dir  # noqa: E402
+
+PROMPT_VOCAB = 3000
+FAKE_TOKEN = 100
+GREEDY = {"temperature": 0, "ignore_eos": True}
+
+
+def fake_forward(engine, token: int = FAKE_TOKEN) -> None:
+    """Replace the engine's forward by one that computes nothing: logits favour `token`."""
+    vocab = engine.runner.args.vocab_size
+    row = torch.zeros(vocab)
+    row[token] = 1.0
+
+    def forward(batch, logit_offsets):
+        return row.expand(sum(len(o) for o in logit_offsets), vocab)
+    engine.runner.forward = forward
+
+
+def real_forward(engine) -> None:
+    engine.runner.__dict__.pop("forward", None)
+
+
+class SampleTimer:
+    """Wraps the step's sampler to time it (subtracted to give the engine's own work)."""
+
+    def __init__(self) -> None:
+        import radixflow.runtime.core.step as step_mod
+        self.mod, self.orig, self.total_s, self.calls = step_mod, step_mod.sample, 0.0, 0
+
+        def timed(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return self.orig(*args, **kwargs)
+            finally:
+                self.total_s += time.perf_counter() - t0
+                self.calls += 1
+        step_mod.sample = timed
+
+    def reset(self) -> None:
+        self.total_s, self.calls = 0.0, 0
+
+    def close(self) -> None:
+        self.mod.sample = self.orig
+
+
+def prompts(rng: random.Random, n: int, length: int) -> list[list[int]]:
+    return [[rng.randrange(PROMPT_VOCAB) for _ in range(length)] for _ in range(n)]
+
+
+def step_window(engine, rids: set[str], since: float = 0.0) -> tuple[float, int]:
+    """(seconds, decode steps) while every one of `rids` was decoding (from `since` on, a
+    time.monotonic() value)."""
+    timings = [t for t in engine.recent_timings if t.rid in rids]
+    start = max(since, max(t.token_times[0] for t in timings))
+    end = min(t.token_times[-1] for t in timings)
+    steps = min(sum(1 for x in t.token_times if start < x <= end) for t in timings)
+    return end - start, steps
+
+
+def make_engine(model_dir: Path, **kw):
+    from radixflow.runtime import Engine
+    return Engine(str(model_dir), load_format="dummy", device="cpu", dtype="float32", **kw)
+
+
+def bench_decode_step(model_dir: Path, batch: int, decode_len: int, repeats: int) -> dict:
+    rng = random.Random(0)
+    out: dict = {"batch": batch, "decode_len": decode_len, "repeats": repeats}
+    timer = SampleTimer()
+    with make_engine(model_dir, max_num_seqs=batch, kv_cache_tokens=65536) as engine:
+        fake_forward(engine)
+        params = {**GREEDY, "max_new_tokens": decode_len}
+        engine.generate(input_ids=prompts(rng, 4, 16), sampling_params=params)  # warm-up
+        for mode, rep in [(m, r) for r in range(repeats) for m in ("generate", "generate_stream")]:
+            rids = [f"{mode}-{rep}-{i}" for i in range(batch)]
+            ps = prompts(rng, batch, 16)
+            timer.reset()
+            if mode == "generate":
+                engine.generate(input_ids=ps, sampling_params=params, rid=rids)
+            else:
+                async def consume(p, rid):
+                    async for _ in engine.generate_stream(input_ids=p, sampling_params=params, rid=rid):
+                        pass
+
+                async def run_all():
+                    await asyncio.gather(*(consume(p, r) for p, r in zip(ps, rids)))
+                asyncio.run(run_all())
+            wall, steps = step_window(engine, set(rids))
+            sample_ms = 1e3 * timer.total_s / max(timer.calls, 1)
+            run = {"ms_per_step": 1e3 * wall / steps, "sample_ms_per_step": sample_ms,
+                   "engine_ms_per_step": 1e3 * wall / steps - sample_ms, "steps": steps}
+            print(f"decode_step {mode}: {run}", flush=True)
+            out.setdefault(f"{mode}_runs", []).append(run)
+    for mode in ("generate", "generate_stream"):  # the median run: the machine is shared
+        out[mode] = _median_run(out[f"{mode}_runs"])
+    timer.close()
+    return out
+
+
+def bench_prefix_ttft(model_dir: Path, prefix_len: int, turns: int) -> dict:
+    rng = random.Random(1)
+    one = {**GREEDY, "max_new_tokens": 1}
+    with make_engine(model_dir, kv_cache_tokens=prefix_len + 8192, max_num_seqs=8) as engine:
+        prefix = prompts(rng, 1, prefix_len)[0]
+        fake_forward(engine)
+        t0 = time.perf_counter()
+        engine.generate(input_ids=prefix, sampling_params=one)
+        warm_s = time.perf_counter() - t0
+        real_forward(engine)
+        engine.generate(input_ids=prompts(rng, 1, 16)[0], sampling_params=one)  # warm-up
+
+        def median_wall(make_prompt) -> tuple[float, float, int]:
+            walls, ttfts, cached = [], [], 0
+            for _ in range(turns):
+                p = make_prompt()
+                t = time.perf_counter()
+                res = engine.generate(input_ids=p, sampling_params=one)
+                walls.append(time.perf_counter() - t)
+                ttfts.append(res["meta_info"]["timings"]["ttft_s"])
+                cached = res["meta_info"]["cached_tokens"]
+            return statistics.median(walls), statistics.median(ttfts), cached
+
+        cold = median_wall(lambda: prompts(rng, 1, 16)[0])
+        hit = median_wall(lambda: prefix + prompts(rng, 1, 16)[0])
+        fake_forward(engine)  # the same without the model: engine work alone
+        fake_cold = median_wall(lambda: prompts(rng, 1, 16)[0])
+        fake_hit = median_wall(lambda: prefix + prompts(rng, 1, 16)[0])
+    out = {"prefix_len": prefix_len, "turns": turns, "cache_fill_s": warm_s,
+           "no_prefix_ms": 1e3 * cold[0], "cached_prefix_ms": 1e3 * hit[0], "cached_tokens": hit[2],
+           "engine_ttft_no_prefix_ms": 1e3 * cold[1], "engine_ttft_cached_prefix_ms": 1e3 * hit[1],
+           "ratio": hit[0] / cold[0],
+           "fake_runner": {"no_prefix_ms": 1e3 * fake_cold[0], "cached_prefix_ms": 1e3 * fake_hit[0],
+                           "cached_prefix_minus_no_prefix_ms": 1e3 * (fake_hit[0] - fake_cold[0])}}
+    print(f"prefix_ttft: {out}", flush=True)
+    return out
+
+
+def bench_blocked(model_dir: Path, num_blocked: int, blocked_len: int, repeats: int) -> dict:
+    rng = random.Random(2)
+    running_params = {**GREEDY, "max_new_tokens": 800}  # 4 x (200 + 800) tokens: the pool, nearly
+    out: dict = {"num_blocked": num_blocked, "blocked_prompt_len": blocked_len, "repeats": repeats}
+    for label, n_wait in [x for _ in range(repeats) for x in (("none", 0), ("blocked", num_blocked))]:
+        with make_engine(model_dir, kv_cache_tokens=4096, max_num_seqs=256) as engine:
+            fake_forward(engine)
+            rids = [f"run-{i}" for i in range(4)]
+            done = threading.Event()
+
+            def run(ps=prompts(rng, 4, 200), rids=rids):
+                engine.generate(input_ids=ps, sampling_params=running_params, rid=rids)
+                done.set()
+            threading.Thread(target=run, daemon=True).start()
+            while engine.stats().num_running < 4:
+                time.sleep(0.001)
+            waiter = None
+            if n_wait:
+                blocked = prompts(rng, n_wait, blocked_len)
+                waiter = threading.Thread(target=engine.generate, daemon=True, kwargs=dict(
+                    input_ids=blocked, sampling_params={**GREEDY, "max_new_tokens": 1}))
+                waiter.start()
+                while engine.stats().num_waiting < n_wait and not done.is_set():
+                    time.sleep(0.001)
+            since = time.monotonic()  # from here on nothing but the steps runs (and the queue waits)
+            done.wait()
+            wall, steps = step_window(engine, set(rids), since)
+            if steps == 0:
+                raise RuntimeError("the running requests finished before the queue was in place")
+            waiting_seen = engine.stats().num_waiting
+            run = {"ms_per_step": 1e3 * wall / steps, "steps": steps}
+            if waiter is not None:
+                run["waiting_at_end"] = waiting_seen
+                waiter.join()
+            print(f"blocked {label}: {run}", flush=True)
+            out.setdefault(f"{label}_runs", []).append(run)
+    out["none"], out["blocked"] = _median_run(out["none_runs"]), _median_run(out["blocked_runs"])
+    out["ratio"] = out["blocked"]["ms_per_step"] / out["none"]["ms_per_step"]
+    return out
+
+
+def _median_run(runs: list[dict]) -> dict:
+    return sorted(runs, key=lambda r: r["ms_per_step"])[len(runs) // 2]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def _stream_all(url: str, ps: list[list[int]], params: dict) -> int:
+    import httpx
+
+    async def one(client, p) -> int:
+        body = {"input_ids": p, "sampling_params": params, "stream": True}
+        last = None
+        async with client.stream("POST", f"{url}/generate", json=body) as resp:
+            resp.raise_for_status()
+            async for line in resp.aiter_lines():
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    last = line
+        return len(json.loads(last[6:])["output_ids"])
+
+    limits = httpx.Limits(max_connections=len(ps) + 8, max_keepalive_connections=len(ps) + 8)
+    async with httpx.AsyncClient(timeout=600, limits=limits) as client:
+        return sum(await asyncio.gather(*(one(client, p) for p in ps)))
+
+
+def bench_http(model_dir: Path, num_requests: int, decode_len: int, repeats: int) -> dict:
+    import httpx
+
+    rng = random.Random(3)
+    params = {**GREEDY, "max_new_tokens": decode_len}
+    warm = prompts(rng, 8, 16)
+    ps = prompts(rng, num_requests, 16)
+    port = _free_port()
+    cmd = [sys.executable, "-c", "import sys; from radixflow.frontend.cli import main; sys.exit(main())",
+           "serve", "--model", str(model_dir), "--load-format", "dummy", "--device", "cpu", "--dtype", "float32",
+           "--port", str(port), "--log-level", "warning", "--max-num-seqs", str(num_requests),
+           "--kv-cache-tokens", "65536"]
+    proc = subprocess.Popen(cmd)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                if httpx.get(f"{url}/health", timeout=5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline or proc.poll() is not None:
+                raise RuntimeError("the server did not come up")
+            time.sleep(0.5)
+        asyncio.run(_stream_all(url, warm, params))
+        http_runs = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            tokens = asyncio.run(_stream_all(url, ps, params))
+            http_runs.append(tokens / (time.perf_counter() - t0))
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+    with make_engine(model_dir, max_num_seqs=num_requests, kv_cache_tokens=65536) as engine:
+        engine.generate(input_ids=warm, sampling_params=params)
+        inproc_runs = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            res = engine.generate(input_ids=ps, sampling_params=params)
+            inproc_runs.append(sum(len(r["output_ids"]) for r in res) / (time.perf_counter() - t0))
+    out = {"num_requests": num_requests, "decode_len": decode_len, "repeats": repeats,
+           "http_tok_per_s": statistics.median(http_runs), "inprocess_tok_per_s": statistics.median(inproc_runs),
+           "http_runs": http_runs, "inprocess_runs": inproc_runs}
+    out["ratio"] = out["http_tok_per_s"] / out["inprocess_tok_per_s"]
+    print(f"http: {out}", flush=True)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", required=True, help="result JSON path")
+    ap.add_argument("--smoke", action="store_true", help="small sizes: a run in seconds")
+    ap.add_argument("--only", default="decode_step,prefix_ttft,blocked,http",
+                    help="comma-separated subset of the four measurements")
+    ap.add_argument("--label", default="", help="free text stored with the results (e.g. the commit)")
+    ns = ap.parse_args()
+    only = set(ns.only.split(","))
+    torch.set_num_threads(1)
+    sizes = dict(batch=16, decode_len=16, prefix_len=4096, turns=3, num_blocked=8, blocked_len=2048,
+                 http_requests=16, http_decode=8, repeats=1) if ns.smoke else dict(
+        batch=256, decode_len=64, prefix_len=100_000, turns=7, num_blocked=128, blocked_len=2048,
+        http_requests=256, http_decode=32, repeats=3)
+    import radixflow.runtime  # the commit of the code measured (PYTHONPATH may point at another checkout)
+    code_dir = os.path.dirname(os.path.realpath(radixflow.runtime.__file__))
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=code_dir).stdout.strip()
+    result: dict = {"label": ns.label, "commit": commit, "machine": platform.processor() or platform.machine(),
+                    "cpus": os.cpu_count(), "torch_threads": 1, "sizes": sizes}
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = write_model_dir({**TINY, "max_position_embeddings": 131072}, Path(tmp) / "tiny")
+        if "decode_step" in only:
+            result["decode_step"] = bench_decode_step(model_dir, sizes["batch"], sizes["decode_len"], sizes["repeats"])
+        if "prefix_ttft" in only:
+            result["prefix_ttft"] = bench_prefix_ttft(model_dir, sizes["prefix_len"], sizes["turns"])
+        if "blocked" in only:
+            result["blocked"] = bench_blocked(model_dir, sizes["num_blocked"], sizes["blocked_len"], sizes["repeats"])
+        if "http" in only:
+            result["http"] = bench_http(model_dir, sizes["http_requests"], sizes["http_decode"], sizes["repeats"])
+    Path(ns.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(ns.out).write_text(json.dumps(result, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

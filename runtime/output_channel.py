@@ -1,0 +1,56 @@
+"""OutputChannel: hands the engine's StepOutputs to one asyncio loop, one wake-up per step."""
+from __future__ import annotations
+
+import asyncio
+import threading
+
+from radixflow.runtime.core.messages import RequestOutput, StepOutput
+
+
+class OutputChannel:
+    """One asyncio loop's end of the engine output (the in-process stand-in for the socket of
+    the engine-process split).
+
+    The engine thread calls `post`; the loop thread `open`s a queue per request id before the
+    request is submitted, reads RequestOutputs from it, and `close`s it. Posts that arrive while
+    a delivery is pending join it, so a loop that falls behind is woken once, not once per
+    request per step. Outputs for a request id with no open queue (a consumer gone) are dropped.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._queues: dict[str, asyncio.Queue[RequestOutput]] = {}
+        self._pending: list[StepOutput] = []
+        self._lock = threading.Lock()
+
+    def open(self, rid: str) -> asyncio.Queue[RequestOutput]:
+        """Loop thread: the queue `rid`'s outputs will arrive on."""
+        queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
+        self._queues[rid] = queue
+        return queue
+
+    def close(self, rid: str) -> None:
+        """Loop thread: stop delivering to `rid`."""
+        self._queues.pop(rid, None)
+
+    def post(self, step: StepOutput) -> None:
+        """Engine thread: deliver `step` on the loop soon. A closed loop drops it (its consumers
+        are gone; their aborts are queued)."""
+        with self._lock:
+            self._pending.append(step)
+            wake = len(self._pending) == 1
+        if wake and not self.loop.is_closed():
+            try:
+                self.loop.call_soon_threadsafe(self._deliver)
+            except RuntimeError:  # the loop closed since the check
+                pass
+
+    def _deliver(self) -> None:
+        with self._lock:
+            pending, self._pending = self._pending, []
+        queues = self._queues
+        for step in pending:
+            for out in step.outputs:
+                queue = queues.get(out.rid)
+                if queue is not None:
+                    queue.put_nowait(out)

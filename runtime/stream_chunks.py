@@ -1,0 +1,60 @@
+"""Builds `generate_stream`'s cumulative chunks from RequestOutputs, on the consumer's side."""
+from __future__ import annotations
+
+from typing import Any
+
+from radixflow.runtime.core.messages import RequestOutput
+from radixflow.runtime.core.request import LogprobOptions
+from radixflow.runtime.result import logprob_triples
+
+
+class StreamChunks:
+    """One request's stream state: its output ids and text so far, grown by each RequestOutput.
+
+    A chunk is SGLang's stream shape: cumulative `text` and `output_ids`, `meta_info` with only
+    the logprob entries new since the previous chunk (input logprobs in the first). Several
+    outputs that arrived together make one chunk. Loop thread only.
+    """
+
+    def __init__(self, rid: str, prompt_tokens: int, logprob: LogprobOptions, decode: Any,
+                 with_text: bool) -> None:
+        self.rid, self.prompt_tokens, self.logprob = rid, prompt_tokens, logprob
+        self.decode, self.with_text = decode, with_text
+        self.output_ids: list[int] = []
+        self.text = ""
+        self.num_logprobs = 0
+        self.is_first = True
+
+    def chunk(self, outputs: list[RequestOutput]) -> dict[str, Any]:
+        new_logprobs: list = []
+        input_logprobs: list = []
+        for out in outputs:
+            self.output_ids.extend(out.new_token_ids)
+            self.text += out.text_delta
+            new_logprobs.extend(out.new_logprobs)
+            if out.input_logprobs is not None:
+                input_logprobs = out.input_logprobs
+        last = outputs[-1]
+        meta: dict[str, Any] = {"id": self.rid, "finish_reason": last.finish_reason,
+                                "prompt_tokens": self.prompt_tokens, "completion_tokens": len(self.output_ids),
+                                "cached_tokens": last.cached_tokens}
+        if last.finished_stats is not None:
+            meta.update(last.finished_stats)
+        if self.logprob.return_logprob:
+            self._add_logprobs(meta, input_logprobs, new_logprobs)
+        self.is_first = False
+        return {"text": self.text, "output_ids": list(self.output_ids), "meta_info": meta}
+
+    def _add_logprobs(self, meta: dict[str, Any], input_logprobs: list, new_logprobs: list) -> None:
+        top = self.logprob.top_logprobs_num > 0
+        if self.is_first:
+            vals, tops = logprob_triples(input_logprobs, self.decode, self.with_text)
+            meta["input_token_logprobs"] = vals
+            if top:
+                meta["input_top_logprobs"] = tops
+        vals, tops = logprob_triples(new_logprobs, self.decode, self.with_text)
+        self.num_logprobs += len(new_logprobs)
+        meta["output_token_logprobs"] = vals
+        meta["output_token_logprobs_length"] = self.num_logprobs
+        if top:
+            meta["output_top_logprobs"] = tops

@@ -1,0 +1,75 @@
+"""Per-step output (issue 15): the engine posts, per step, one batched StepOutput carrying each
+streaming request's new tokens only; generate_stream rebuilds the cumulative chunks from them."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from radixflow.runtime import Engine
+from radixflow.runtime.core.messages import StepOutput
+from radixflow.runtime.model.demo import demo_model
+from radixflow.runtime.output_channel import OutputChannel
+
+GREEDY = {"temperature": 0, "max_new_tokens": 16, "ignore_eos": True}
+
+
+@pytest.fixture(scope="module")
+def engine():
+    with Engine(demo_model("tiny"), kv_cache_tokens=4096, check_invariants=True) as e:
+        yield e
+    assert not e.invariant_violations
+
+
+def _stream_all(engine: Engine, prompts: list[str], **kwargs) -> list[list[dict]]:
+    async def one(prompt: str) -> list[dict]:
+        return [c async for c in engine.generate_stream(prompt, GREEDY, **kwargs)]
+
+    async def run() -> list[list[dict]]:
+        return list(await asyncio.gather(*(one(p) for p in prompts)))
+    return asyncio.run(run())
+
+
+def test_each_step_posts_one_message_with_only_new_tokens(engine, monkeypatch):
+    posted: list[StepOutput] = []
+    real_post = OutputChannel.post
+
+    def record(self, step):
+        posted.append(step)
+        real_post(self, step)
+    monkeypatch.setattr(OutputChannel, "post", record)
+    prompts = [f"request number {i} says" for i in range(4)]
+    streams = _stream_all(engine, prompts)
+    per_rid: dict[str, list[int]] = {}
+    for step in posted:
+        rids = [out.rid for out in step.outputs]
+        assert len(rids) == len(set(rids)), "a request appears twice in one step's message"
+        for out in step.outputs:
+            assert len(out.new_token_ids) <= 1, "a message carried more than the step's new token"
+            per_rid.setdefault(out.rid, []).extend(out.new_token_ids)
+    assert any(len(step.outputs) > 1 for step in posted), "concurrent requests were not batched"
+    finals = {chunks[-1]["meta_info"]["id"]: chunks[-1]["output_ids"] for chunks in streams}
+    assert per_rid == finals
+    assert sum(1 for step in posted for out in step.outputs if out.finish_reason) == len(prompts)
+
+
+def test_stream_chunks_keep_the_native_shape(engine):
+    full = engine.generate("Shape of a stream", GREEDY, return_logprob=True, top_logprobs_num=2,
+                           logprob_start_len=0)
+    (chunks,) = _stream_all(engine, ["Shape of a stream"], return_logprob=True, top_logprobs_num=2,
+                            logprob_start_len=0)
+    texts = [c["text"] for c in chunks]
+    assert all(b.startswith(a) for a, b in zip(texts, texts[1:]))
+    ids = [c["output_ids"] for c in chunks]
+    assert all(b[:len(a)] == a for a, b in zip(ids, ids[1:]))
+    last, meta = chunks[-1], chunks[-1]["meta_info"]
+    assert (last["text"], last["output_ids"]) == (full["text"], full["output_ids"])
+    inputs = {"input_token_logprobs", "input_top_logprobs"}  # in the first chunk only
+    assert set(meta) | inputs == set(full["meta_info"]) and not inputs & set(meta)
+    assert set(chunks[0]["meta_info"]) >= inputs
+    assert chunks[0]["meta_info"]["input_token_logprobs"] == full["meta_info"]["input_token_logprobs"]
+    streamed = [e for c in chunks for e in c["meta_info"]["output_token_logprobs"]]
+    assert [e[1] for e in streamed] == [e[1] for e in full["meta_info"]["output_token_logprobs"]]
+    assert meta["output_token_logprobs_length"] == len(full["output_ids"])
+    assert all(c["meta_info"]["completion_tokens"] == len(c["output_ids"]) for c in chunks)
+    assert [c["meta_info"]["finish_reason"] is None for c in chunks] == [True] * (len(chunks) - 1) + [False]
