@@ -1,18 +1,15 @@
-"""CPU-fast torch twins of decode/extend attention: batched padded decode, query-chunked causal extend."""
+"""CPU-fast torch twins of decode/extend attention: batched padded decode, causal extend through SDPA."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
 
 from .decode_attention import _check_decode
 from .extend_attention import _check_extend
 
-# Query rows per causal chunk: small enough that the chunks above the diagonal, which are
-# never computed, save most of the causal half; large enough that matmuls stay efficient
-# (128 was fastest at head_dim 64 on a 2-core CPU; benchmarks/cpu_attention.py).
-QUERY_CHUNK = 128
 # Context tokens gathered at once by decode (see decode_attention_gathered).
 GATHER_CHUNK_TOKENS = 1024
 
@@ -33,34 +30,17 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len: int, 
     """Causal attention of q [extend_len, num_heads, head_dim] at positions prefix_len.. over
     k, v [prefix_len + extend_len, num_kv_heads, head_dim], all fp32; returns [extend_len, num_heads, head_dim].
 
-    Queries go in chunks of QUERY_CHUNK rows [a, b); a chunk reads only the columns it can see:
-
-        columns:  | prefix: all visible | a .. b: causal mask | b ..: never computed |
-                  0                     prefix_len + a        prefix_len + b
-
-    GQA: a KV head's `group` query heads are stacked as extra rows of one matmul.
+    One SDPA call with a lower-right causal bias (query i sees keys 0 .. prefix_len + i), never
+    materialized: torch's CPU flash kernel skips the blocks above the diagonal and reads a KV
+    head once for its query heads (enable_gqa). About 2x the chunked matmul + softmax it replaced
+    (measured at 256 new tokens over prefixes of 1 to 5,000, head_dim 64, one core).
     """
-    extend_len, num_heads, head_dim = q.shape
-    num_kv_heads = k.shape[1]
-    group = num_heads // num_kv_heads
-    # [num_kv_heads, group, extend_len, head_dim], a view
-    q_kv = q.view(extend_len, num_kv_heads, group, head_dim).permute(1, 2, 0, 3)
-    k_t = k.permute(1, 2, 0)  # [num_kv_heads, head_dim, seq_len], a view
-    v_h = v.transpose(0, 1)  # [num_kv_heads, seq_len, head_dim], a view
-    out = q.new_empty(extend_len, num_kv_heads, group, head_dim)
-    chunk = min(QUERY_CHUNK, extend_len)
-    above_diagonal = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).triu(1)
-    for a in range(0, extend_len, chunk):
-        b = min(a + chunk, extend_len)
-        rows, cols = b - a, prefix_len + b
-        q_chunk = q_kv[:, :, a:b].reshape(num_kv_heads, group * rows, head_dim)
-        scores = torch.matmul(q_chunk, k_t[:, :, :cols]).mul_(sm_scale)  # [num_kv_heads, group * rows, cols]
-        diagonal = scores.view(num_kv_heads, group, rows, cols)[..., prefix_len + a:]
-        diagonal.masked_fill_(above_diagonal[:rows, :rows], float("-inf"))
-        probs = scores.softmax(dim=-1)  # every row sees at least column 0: no all -inf rows
-        o = torch.matmul(probs, v_h[:, :cols])  # [num_kv_heads, group * rows, head_dim]
-        out[a:b] = o.view(num_kv_heads, group, rows, head_dim).permute(2, 0, 1, 3)
-    return out.view(extend_len, num_heads, head_dim)
+    extend_len, seq_len = q.shape[0], k.shape[0]
+    assert seq_len == prefix_len + extend_len, (seq_len, prefix_len, extend_len)
+    o = F.scaled_dot_product_attention(  # [1, num_heads, extend_len, head_dim]
+        q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
+        attn_mask=causal_lower_right(extend_len, seq_len), scale=sm_scale, enable_gqa=True)
+    return o[0].transpose(0, 1)
 
 
 def _attend_request(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
@@ -102,38 +82,46 @@ def plan_decode(req_to_token: torch.Tensor, req_rows: torch.Tensor, seq_lens: to
 
 def _gather_padded(cache: torch.Tensor, slots: torch.Tensor, max_len: int, dtype: torch.dtype,
                    scale: float) -> torch.Tensor:
-    """cache rows at slots [rows * max_len] as [rows, num_kv_heads, max_len, head_dim] (a permuted view)."""
+    """cache rows at slots [rows * max_len] as a contiguous [rows, num_kv_heads, max_len, head_dim]
+    of `dtype`: the conversion and the head-major transpose in one copy (a matmul over a permuted
+    view would copy it again)."""
     num_kv_heads, head_dim = cache.shape[1:]
     rows = cache.index_select(0, slots)  # [rows * max_len, num_kv_heads, head_dim]
     if cache.dtype == torch.uint8:
-        rows = rows.view(torch.float8_e4m3fn).to(dtype).mul_(scale)
-    elif rows.dtype != dtype:
-        rows = rows.to(dtype)
-    return rows.view(-1, max_len, num_kv_heads, head_dim).transpose(1, 2)
+        rows = rows.view(torch.float8_e4m3fn)
+    heads = rows.view(-1, max_len, num_kv_heads, head_dim).transpose(1, 2)
+    out = torch.empty(heads.shape, dtype=dtype, device=cache.device).copy_(heads)
+    return out.mul_(scale) if cache.dtype == torch.uint8 and scale != 1.0 else out
 
 
 def decode_attention_gathered(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: DecodeGather,
                               sm_scale: float, k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
     """Decode attention of q [batch, num_heads, head_dim] over the contexts of `plan`: per chunk of
-    requests, one gather per cache and one fused SDPA call (GQA native). Unchecked: the engine's
-    per-layer hot path, with inputs `decode_attention_torch` validates. Returns q's dtype;
-    bf16/fp16 math accumulates in fp32 inside SDPA, fp8 caches are dequantized to q's dtype.
+    requests, one gather per cache (to fp32) and two matmuls with a KV head's query heads stacked
+    as rows (GQA). Unchecked: the engine's per-layer hot path, with inputs `decode_attention_torch`
+    validates. Math in fp32 whatever the cache dtype; returns q's dtype.
 
-    NOTE: chunks of about GATHER_CHUNK_TOKENS context tokens keep the gathered K/V in cache
-    between the gather and SDPA; one gather of a whole large batch ran ~3x slower (one core).
+    NOTE: not SDPA: for one query per request torch's CPU flash kernel ran ~7x slower than these
+    two matmuls in bf16 (~1 ms vs 0.14-0.19 ms at 4 requests x 260 tokens, 9/3 heads, one core),
+    60% of SmolLM2's bf16 decode step at batch 16. Chunks of about GATHER_CHUNK_TOKENS context
+    tokens keep the gathered K/V in cache between the gather and the matmuls; one gather of a
+    whole large batch ran ~3x slower (one core).
     """
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
-    batch, max_len = q.shape[0], plan.max_len
+    batch, num_heads, head_dim = q.shape
+    num_kv_heads, max_len = k_cache.shape[1], plan.max_len
+    group = num_heads // num_kv_heads
     step = max(1, GATHER_CHUNK_TOKENS // max_len)
-    gqa = k_cache.shape[1] != q.shape[1]
     for a in range(0, batch, step):
         b = min(a + step, batch)
         slots = plan.slots[a * max_len: b * max_len]
-        k = _gather_padded(k_cache, slots, max_len, q.dtype, k_scale)  # [rows, num_kv_heads, max_len, head_dim]
-        v = _gather_padded(v_cache, slots, max_len, q.dtype, v_scale)
-        o = F.scaled_dot_product_attention(q[a:b, :, None, :], k, v, attn_mask=plan.visible[a:b], scale=sm_scale,
-                                           enable_gqa=gqa)  # [rows, num_heads, 1, head_dim]
-        out[a:b] = o[:, :, 0]
+        k = _gather_padded(k_cache, slots, max_len, torch.float32, k_scale)  # [rows, num_kv_heads, max_len, head_dim]
+        v = _gather_padded(v_cache, slots, max_len, torch.float32, v_scale)
+        qg = q[a:b].to(torch.float32).view(b - a, num_kv_heads, group, head_dim)
+        scores = torch.matmul(qg, k.transpose(-1, -2)).mul_(sm_scale)  # [rows, num_kv_heads, group, max_len]
+        scores.masked_fill_(~plan.visible[a:b], float("-inf"))
+        o = torch.matmul(scores.softmax(dim=-1), v)  # [rows, num_kv_heads, group, head_dim]
+        out[a:b] = o.view(b - a, num_heads, head_dim)
     return out.masked_fill_(plan.empty, 0.0)
 
 
@@ -159,8 +147,7 @@ def extend_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            num_kv_splits: int | None = None) -> torch.Tensor:
     """CPU-fast twin of `extend_attention_ref` (same contract); the launch hints are unused.
 
-    Per request, exact-length gathers and causal chunks that skip the masked upper
-    triangle (see `_attend`). Rows no request covers are zero.
+    Per request, exact-length gathers and one causal SDPA call (see `_attend`). Rows no request covers are zero.
     """
     _check_extend(q, k_cache, v_cache, req_to_token, req_rows, prefix_lens, extend_lens, extend_starts,
                   sm_scale, k_scale, v_scale, max_extend_len, max_seq_len, num_kv_splits)

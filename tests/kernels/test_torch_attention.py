@@ -55,16 +55,8 @@ def _decode_layout(kv_layout, seq_lens, num_kv_heads, head_dim, dtype, fp8, devi
     return kv_layout(prefix_lens, [min(s, 1) for s in seq_lens], num_kv_heads, head_dim, dtype, fp8, device)
 
 
-@pytest.fixture(params=["default_chunk", "chunk_5"])
-def query_chunk(request, monkeypatch):
-    """Run each case with the real query chunk and with a tiny one: many chunks, ragged last chunk."""
-    if request.param == "chunk_5":
-        monkeypatch.setattr(torch_attention, "QUERY_CHUNK", 5)
-    return torch_attention.QUERY_CHUNK
-
-
 @pytest.mark.parametrize("prefix_lens, extend_lens, num_heads, num_kv_heads, head_dim, dtype, fp8", EXTEND_CASES)
-def test_extend_matches_ref(kv_layout, device, query_chunk, prefix_lens, extend_lens, num_heads, num_kv_heads,
+def test_extend_matches_ref(kv_layout, device, prefix_lens, extend_lens, num_heads, num_kv_heads,
                             head_dim, dtype, fp8):
     lay = kv_layout(prefix_lens, extend_lens, num_kv_heads, head_dim, dtype, fp8, device)
     q = torch.randn(sum(extend_lens), num_heads, head_dim, generator=torch.Generator().manual_seed(1)).to(device, dtype)
