@@ -62,16 +62,23 @@ def fewshot(rng: random.Random, vocab_size: int, num_prompts: int, scale: float)
             for _ in range(num_prompts)]
 
 
-def multiturn(rng: random.Random, vocab_size: int, num_prompts: int, scale: float) -> list[BenchRequest]:
-    """Chat sessions of 4 turns; every turn adds a user message after the previous answer."""
-    turns, out = 4, []
+def _sessions(rng: random.Random, vocab_size: int, num_prompts: int, scale: float, first_len: int,
+              turn_len: int, max_new_tokens: int, turns: int = 4) -> list[BenchRequest]:
+    """Sessions of `turns` turns: `first_len` new tokens, then `turn_len` a turn after the previous
+    turn's prompt and answer (each turn's parent is the one before)."""
+    out: list[BenchRequest] = []
     for _ in range(max(1, num_prompts // turns)):
         parent = None
         for t in range(turns):
-            n_new = int((256 if t == 0 else 64) * scale) or 1
-            out.append(BenchRequest(_ids(rng, n_new, vocab_size), max_new_tokens=16, parent=parent))
+            n_new = int((first_len if t == 0 else turn_len) * scale) or 1
+            out.append(BenchRequest(_ids(rng, n_new, vocab_size), max_new_tokens=max_new_tokens, parent=parent))
             parent = len(out) - 1
     return out
+
+
+def multiturn(rng: random.Random, vocab_size: int, num_prompts: int, scale: float) -> list[BenchRequest]:
+    """Chat sessions of 4 turns; every turn adds a user message after the previous answer."""
+    return _sessions(rng, vocab_size, num_prompts, scale, first_len=256, turn_len=64, max_new_tokens=16)
 
 
 def agent(rng: random.Random, vocab_size: int, num_prompts: int, scale: float,
@@ -143,14 +150,7 @@ def shared512(rng: random.Random, vocab_size: int, num_prompts: int, scale: floa
 def sessions384(rng: random.Random, vocab_size: int, num_prompts: int, scale: float) -> list[BenchRequest]:
     """Sessions of 4 turns: a 384-token first turn, 64 new tokens a later turn, 8 output tokens a
     turn (issue 16: 8 sessions, i.e. num_prompts=32)."""
-    turns, out = 4, []
-    for _ in range(max(1, num_prompts // turns)):
-        parent = None
-        for t in range(turns):
-            n_new = int((384 if t == 0 else 64) * scale) or 1
-            out.append(BenchRequest(_ids(rng, n_new, vocab_size), max_new_tokens=8, parent=parent))
-            parent = len(out) - 1
-    return out
+    return _sessions(rng, vocab_size, num_prompts, scale, first_len=384, turn_len=64, max_new_tokens=8)
 
 
 GENERATORS: dict[str, Callable[..., list[BenchRequest]]] = {
