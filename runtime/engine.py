@@ -336,10 +336,8 @@ class Engine:
         if not ids:
             raise ValueError("the prompt is empty")
         vocab = self.runner.args.vocab_size
-        bad = None
         if min(ids) < 0 or max(ids) >= vocab:  # C-level scans: no Python per prompt token
             bad = next(t for t in ids if not 0 <= t < vocab)
-        if bad is not None:
             raise ValueError(f"token id {bad} is outside the vocabulary [0, {vocab})")
         limit = self.max_context_len - (1 if sp.max_new_tokens > 0 else 0)
         if len(ids) > limit:
