@@ -15,8 +15,9 @@ from radixflow.runtime.engine import QueueFullError
 
 from .conftest import API_KEY, MODEL_NAME, LiveServer
 
-COMP = {"model": MODEL_NAME, "prompt": "hi", "max_tokens": 2}
-CHAT = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+COMP = {"model": MODEL_NAME, "prompt": "hi", "max_tokens": 2, "ignore_eos": True}
+CHAT = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+        "ignore_eos": True}
 
 
 def _sse(response: httpx.Response) -> list:
@@ -262,7 +263,8 @@ def test_openai_stream_logprobs_stop_at_first_token_and_length(oai):
                                          stop=[stop], stream=True))
     assert "".join(c.choices[0].text for c in chunks) == "" and chunks[-1].choices[0].finish_reason == "stop"
     chunks = list(oai.chat.completions.create(model=MODEL_NAME, messages=[{"role": "user", "content": "x"}],
-                                              max_tokens=4, logprobs=True, top_logprobs=2, stream=True))
+                                              max_tokens=4, logprobs=True, top_logprobs=2, stream=True,
+                                              extra_body={"ignore_eos": True}))
     content = [t for c in chunks if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.content]
     assert len(content) == 4 and all(len(t.top_logprobs) == 2 for t in content)
     assert chunks[-1].choices[0].finish_reason == "length"
@@ -272,7 +274,8 @@ def test_async_openai_n_stream_with_usage(server):
     async def main() -> list:
         async with openai.AsyncOpenAI(base_url=server.url + "/v1", api_key=API_KEY, max_retries=0) as c:
             stream = await c.completions.create(model=MODEL_NAME, prompt="abc", max_tokens=3, n=2, stream=True,
-                                                stream_options={"include_usage": True}, logprobs=1)
+                                                stream_options={"include_usage": True}, logprobs=1,
+                                                extra_body={"ignore_eos": True})
             return [chunk async for chunk in stream]
 
     chunks = asyncio.run(main())

@@ -8,7 +8,7 @@ from radixflow.runtime.model.demo import demo_model
 MODEL_NAME = "tiny"  # the conftest server's
 
 CHAT = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
-COMP = {"model": MODEL_NAME, "prompt": "hi", "max_tokens": 2}
+COMP = {"model": MODEL_NAME, "prompt": "hi", "max_tokens": 2, "ignore_eos": True}
 
 
 def _error(r: httpx.Response, status: int, param: str | None = None) -> dict:

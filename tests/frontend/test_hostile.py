@@ -188,7 +188,8 @@ def test_hostile_request(client, engine, name, path, body, status, param):
     if param is not None:
         assert err["param"] == param, err
     assert elapsed < 5, f"{name} took {elapsed:.1f} s"
-    ok = client.post("/generate", json={"text": "after " + name, "sampling_params": {"max_new_tokens": 1}})
+    ok = client.post("/generate", json={"text": "after " + name, "sampling_params": {"max_new_tokens": 1,
+                                                                               "ignore_eos": True}})
     assert ok.status_code == 200 and ok.json()["meta_info"]["completion_tokens"] == 1
     _kv_at_baseline(engine)
     assert not engine.invariant_violations

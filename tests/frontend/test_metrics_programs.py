@@ -32,7 +32,7 @@ def _value(text: str, sample: str) -> float:
 def test_metrics(client, engine):
     prompt = "Metrics prompt shared by two requests"
     for _ in range(2):
-        r = client.post("/generate", json={"text": prompt, "sampling_params": {"max_new_tokens": 3}})
+        r = client.post("/generate", json={"text": prompt, "sampling_params": {"max_new_tokens": 3, "ignore_eos": True}})
         assert r.status_code == 200
     text = client.get("/metrics").text
     for name in NAMES:

@@ -82,7 +82,7 @@ def test_chat_logprobs_and_extras(oai):
 
 def test_chat_stream_n3(oai):
     chunks = list(oai.chat.completions.create(model=MODEL_NAME, messages=[{"role": "user", "content": "Hey"}],
-                                              n=3, max_tokens=3, stream=True,
+                                              n=3, max_tokens=3, stream=True, extra_body={"ignore_eos": True},
                                               stream_options={"include_usage": True}))
     texts = {i: "" for i in range(3)}
     reasons = {}
@@ -100,8 +100,8 @@ def test_async_client_chat_and_completion(server):
         async with openai.AsyncOpenAI(base_url=server.url + "/v1", api_key=API_KEY, max_retries=0) as c:
             chat, comp = await asyncio.gather(
                 c.chat.completions.create(model=MODEL_NAME, messages=[{"role": "user", "content": "x"}],
-                                          max_tokens=3),
-                c.completions.create(model=MODEL_NAME, prompt="y", max_tokens=3))
+                                          max_tokens=3, extra_body={"ignore_eos": True}),
+                c.completions.create(model=MODEL_NAME, prompt="y", max_tokens=3, extra_body={"ignore_eos": True}))
             text = ""
             async for chunk in await c.completions.create(model=MODEL_NAME, prompt="z", max_tokens=4,
                                                           stream=True):

@@ -36,7 +36,8 @@ def test_serve_demo_model_with_api_key():
                 time.sleep(0.1)
             info = c.get("/get_server_info").json()
             assert info["config"]["max_num_seqs"] == 8 and info["kv_cache_tokens"] == 2048
-            out = c.post("/v1/completions", json={"model": "radixflow-demo-tiny", "prompt": "Hi", "max_tokens": 2})
+            out = c.post("/v1/completions", json={"model": "radixflow-demo-tiny", "prompt": "Hi", "max_tokens": 2,
+                                                      "ignore_eos": True})
             assert out.status_code == 200 and out.json()["usage"]["completion_tokens"] == 2
     finally:
         proc.send_signal(signal.SIGINT)

@@ -248,7 +248,7 @@ def test_prompt_too_long_rejected(engine):
     with pytest.raises(ValueError, match="vocabulary"):
         engine.generate(input_ids=[10**9], sampling_params={"max_new_tokens": 1})
     # The engine still serves.
-    assert engine.generate("still alive", {"max_new_tokens": 2})["meta_info"]["completion_tokens"] == 2
+    assert engine.generate("still alive", {"max_new_tokens": 2, "ignore_eos": True})["meta_info"]["completion_tokens"] == 2
 
 
 def test_engine_without_arguments_generates():
@@ -315,7 +315,7 @@ def test_prompt_larger_than_pool_rejected():
     with Engine(demo_model("tiny"), dtype="float32", kv_cache_tokens=64) as e:
         with pytest.raises(ValueError, match="KV cache holds only"):
             e.generate(input_ids=[5] * 100, sampling_params={"max_new_tokens": 1})
-        assert e.generate(input_ids=[5] * 10, sampling_params={"max_new_tokens": 2})["meta_info"]["completion_tokens"] == 2
+        assert e.generate(input_ids=[5] * 10, sampling_params={"max_new_tokens": 2, "ignore_eos": True})["meta_info"]["completion_tokens"] == 2
 
 
 def test_queue_limit_rejects_with_a_reason_and_serves_on():
@@ -342,4 +342,4 @@ def test_queue_limit_rejects_with_a_reason_and_serves_on():
             t.join()
         assert rejected and "max_queued_requests" in rejected[0]
         assert len(done) + len(rejected) == 6 and len(done) >= 2
-        assert e.generate("after", {"max_new_tokens": 2})["meta_info"]["completion_tokens"] == 2
+        assert e.generate("after", {"max_new_tokens": 2, "ignore_eos": True})["meta_info"]["completion_tokens"] == 2
