@@ -19,8 +19,10 @@ tokenizer, `load_format="dummy"`, 131072 positions so a 100K-token prefix fits).
 3. `blocked`: ms per decode step of 4 running requests while 128 requests of 2K tokens wait for
    memory (a 4,096-token pool), over the same without them (fake runner), from the moment the
    queue is in place.
-4. `http`: 256 concurrent streaming native /generate requests to a server in a child process,
-   tokens/s, over the same workload through `Engine.generate` in-process (real tiny forward).
+4. `http`: 256 concurrent streaming native /generate requests to `radixflow serve` in a child
+   process, tokens/s, over the same workload through `Engine.generate` in-process (real tiny
+   forward, one torch thread in both): with the engine core in its own process (`ratio`, the
+   default) and on a thread of the server's process (`--engine-core thread`).
 """
 from __future__ import annotations
 
@@ -247,19 +249,18 @@ async def _stream_all(url: str, ps: list[list[int]], params: dict) -> int:
         return sum(await asyncio.gather(*(one(client, p) for p in ps)))
 
 
-def bench_http(model_dir: Path, num_requests: int, decode_len: int, repeats: int) -> dict:
+def _http_runs(model_dir: Path, core: str, num_requests: int, warm: list, ps: list, params: dict,
+               repeats: int) -> list[float]:
+    """tokens/s of `repeats` runs of `ps` through `radixflow serve --engine-core core` (one torch
+    thread, as in-process)."""
     import httpx
 
-    rng = random.Random(3)
-    params = {**GREEDY, "max_new_tokens": decode_len}
-    warm = prompts(rng, 8, 16)
-    ps = prompts(rng, num_requests, 16)
     port = _free_port()
     cmd = [sys.executable, "-c", "import sys; from radixflow.frontend.cli import main; sys.exit(main())",
            "serve", "--model", str(model_dir), "--load-format", "dummy", "--device", "cpu", "--dtype", "float32",
            "--port", str(port), "--log-level", "warning", "--max-num-seqs", str(num_requests),
-           "--kv-cache-tokens", "65536"]
-    proc = subprocess.Popen(cmd)
+           "--kv-cache-tokens", "65536", "--engine-core", core]
+    proc = subprocess.Popen(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"})
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 180
@@ -273,14 +274,26 @@ def bench_http(model_dir: Path, num_requests: int, decode_len: int, repeats: int
                 raise RuntimeError("the server did not come up")
             time.sleep(0.5)
         asyncio.run(_stream_all(url, warm, params))
-        http_runs = []
+        runs = []
         for _ in range(repeats):
             t0 = time.perf_counter()
             tokens = asyncio.run(_stream_all(url, ps, params))
-            http_runs.append(tokens / (time.perf_counter() - t0))
+            runs.append(tokens / (time.perf_counter() - t0))
+        return runs
     finally:
         proc.terminate()
         proc.wait(timeout=60)
+
+
+def bench_http(model_dir: Path, num_requests: int, decode_len: int, repeats: int) -> dict:
+    """The server with its engine core in its own process (the default) and on a thread of the
+    server's process, each over in-process `Engine.generate` on the same workload."""
+    rng = random.Random(3)
+    params = {**GREEDY, "max_new_tokens": decode_len}
+    warm = prompts(rng, 8, 16)
+    ps = prompts(rng, num_requests, 16)
+    by_core = {core: _http_runs(model_dir, core, num_requests, warm, ps, params, repeats)
+               for core in ("process", "thread")}
     with make_engine(model_dir, max_num_seqs=num_requests, kv_cache_tokens=65536) as engine:
         engine.generate(input_ids=warm, sampling_params=params)
         inproc_runs = []
@@ -288,10 +301,13 @@ def bench_http(model_dir: Path, num_requests: int, decode_len: int, repeats: int
             t0 = time.perf_counter()
             res = engine.generate(input_ids=ps, sampling_params=params)
             inproc_runs.append(sum(len(r["output_ids"]) for r in res) / (time.perf_counter() - t0))
-    out = {"num_requests": num_requests, "decode_len": decode_len, "repeats": repeats,
-           "http_tok_per_s": statistics.median(http_runs), "inprocess_tok_per_s": statistics.median(inproc_runs),
-           "http_runs": http_runs, "inprocess_runs": inproc_runs}
-    out["ratio"] = out["http_tok_per_s"] / out["inprocess_tok_per_s"]
+    inproc = statistics.median(inproc_runs)
+    out: dict = {"num_requests": num_requests, "decode_len": decode_len, "repeats": repeats,
+                 "inprocess_tok_per_s": inproc, "inprocess_runs": inproc_runs}
+    for core, runs in by_core.items():
+        out[f"http_core_{core}"] = {"tok_per_s": statistics.median(runs), "runs": runs,
+                                    "ratio": statistics.median(runs) / inproc}
+    out["ratio"] = out["http_core_process"]["ratio"]  # `radixflow serve`'s default
     print(f"http: {out}", flush=True)
     return out
 

@@ -55,6 +55,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="model name in the API (default: the --model path, radixflow-demo-SIZE, or SmolLM2-135M-Instruct)")
     serve.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every request")
     serve.add_argument("--log-level", default="info")
+    serve.add_argument("--engine-core", choices=("process", "thread"), default="process",
+                       help="run the engine core in its own process (default) or on a thread of the HTTP "
+                            "server's process (debugging)")
+    serve.add_argument("--api-server-count", type=int, default=1,
+                       help="HTTP server processes sharing the port and one engine core (default: 1)")
     add_engine_flags(serve)
     from radixflow.frontend.limits import add_limit_flags
 

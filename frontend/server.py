@@ -156,34 +156,111 @@ class _Server(uvicorn.Server):
 def serve(ns: argparse.Namespace, engine_kwargs: dict[str, Any]) -> int:
     """`radixflow serve`: build the engine (`--model`, the demo model of `--demo-size`, or the
     default SmolLM2), serve the app with uvicorn on --host/--port until interrupted. Returns the
-    exit status."""
-    from radixflow.runtime import Engine, EngineConfig, demo_model
+    exit status. The engine core runs in its own process (`--engine-core process`, the default),
+    shared by `--api-server-count` HTTP server processes."""
+    from radixflow.runtime import EngineConfig, demo_model
     from radixflow.runtime.model.default_model import DEFAULT_MODEL_NAME
     from radixflow.runtime.model.model_path import resolve_model_path
 
     kwargs = dict(engine_kwargs)
     model = kwargs.pop("model", None)
     demo_size = getattr(ns, "demo_size", None)
+    count = getattr(ns, "api_server_count", 1)
+    core = getattr(ns, "engine_core", "process")
     try:
         path = model or (demo_model(demo_size) if demo_size else resolve_model_path(None))
         EngineConfig.from_kwargs(model=path, **kwargs)  # bad flags fail here, before listening
+        if count < 1 or (count > 1 and core != "process"):
+            raise ValueError("--api-server-count must be >= 1, and above 1 needs --engine-core process")
     except ValueError as exc:
         log.error("radixflow serve: %s", exc)
         return 2
     name = ns.served_model_name or model or (f"radixflow-demo-{demo_size}" if demo_size else DEFAULT_MODEL_NAME)
+    log.info("radixflow serving %r from %s at http://%s:%d (OpenAI: /v1, native: /generate, metrics: /metrics; "
+             "engine core: %s, %d API server process%s)", name, path, ns.host, ns.port, core, count,
+             "" if count == 1 else "es")
+    if count > 1:
+        return _serve_many(ns, path, kwargs, name, count)
+    return _serve_one(ns, _engine_factory(core, path, kwargs), name)
+
+
+def _engine_factory(core: str, path: str, kwargs: dict[str, Any], address: str | None = None) -> Callable[[], Any]:
+    from radixflow.runtime import Engine, EngineClient
+
+    if core == "thread":
+        return lambda: Engine(path, **kwargs)
+    return lambda: EngineClient(path, address=address, **kwargs)
+
+
+def _serve_one(ns: argparse.Namespace, factory: Callable[[], Any], name: str, sock: Any = None) -> int:
+    """One HTTP server process (on `sock` when given, else --host/--port) until interrupted."""
     holder: dict[str, _Server] = {}
 
     def stop() -> None:
         holder["server"].should_exit = True
 
     limits, program_limits = limits_from_flags(ns)
-    app = create_app(lambda: Engine(path, **kwargs), name, ns.api_key, on_failure=stop, limits=limits,
-                     program_limits=program_limits)
+    app = create_app(factory, name, ns.api_key, on_failure=stop, limits=limits, program_limits=program_limits)
     config = uvicorn.Config(app, host=ns.host, port=ns.port, log_level=ns.log_level.lower(), lifespan="on",
                             timeout_graceful_shutdown=10)  # then open streams are cancelled (= aborted)
     server = holder["server"] = _Server(config, app.state.server)
-    log.info("radixflow serving %r from %s at http://%s:%d (OpenAI: /v1, native: /generate, metrics: /metrics)",
-             name, path, ns.host, ns.port)
     with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises Ctrl-C after its graceful shutdown
-        server.run()
+        server.run(sockets=None if sock is None else [sock])
     return 1 if app.state.server.phase == "failed" else 0
+
+
+def _api_server(ns: argparse.Namespace, path: str, kwargs: dict[str, Any], name: str, address: str,
+                sock: Any) -> None:
+    """One of several API server processes (multiprocessing target): its own EngineClient on the
+    shared core, uvicorn on the shared listening socket."""
+    logging.basicConfig(level=ns.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s [api %(process)d]: "
+                        "%(message)s")
+    raise SystemExit(_serve_one(ns, _engine_factory("process", path, kwargs, address), name, sock))
+
+
+def _serve_many(ns: argparse.Namespace, path: str, kwargs: dict[str, Any], name: str, count: int) -> int:
+    """Start the core, bind the port once, run `count` API server processes on it; on SIGINT or
+    SIGTERM (or when one server exits) stop the servers, then the core."""
+    import multiprocessing
+    import signal
+    import socket
+    import tempfile
+    import threading
+
+    from radixflow.runtime.core_process import start_core
+
+    folder = tempfile.mkdtemp(prefix="radixflow-core-")
+    address = f"ipc://{folder}/core.sock"
+    try:
+        core = start_core(address, path, kwargs)
+    except (ValueError, RuntimeError) as exc:
+        log.error("the engine core failed to start: %s", exc)
+        return 1
+    sock = socket.socket(socket.AF_INET6 if ":" in ns.host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((ns.host, ns.port))
+    sock.listen(2048)
+    ctx = multiprocessing.get_context("spawn")
+    servers = [ctx.Process(target=_api_server, args=(ns, path, kwargs, name, address, sock), name=f"radixflow-api-{i}")
+               for i in range(count)]
+    for proc in servers:
+        proc.start()
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    while not stop.wait(0.2):
+        if any(not proc.is_alive() for proc in servers) or core.poll() is not None:
+            break
+    for proc in servers:
+        if proc.is_alive():
+            proc.terminate()  # SIGTERM: a graceful uvicorn shutdown
+    for proc in servers:
+        proc.join(timeout=30)
+    core.terminate()
+    core.wait(timeout=30)
+    sock.close()
+    import shutil
+
+    shutil.rmtree(folder, ignore_errors=True)
+    failed = [proc for proc in servers if proc.exitcode not in (0, -signal.SIGTERM)]
+    return 1 if failed else 0

@@ -1,4 +1,4 @@
-"""radixflow.runtime: the engine. Public surface: Engine, EngineConfig, SamplingParams, demo_model.
+"""radixflow.runtime: the engine. Public surface: Engine, EngineClient (the core in its own process), EngineConfig, SamplingParams, demo_model.
 
 Names resolve lazily so that importing a light submodule (sampling parameters, say) does not
 pull in torch and the whole engine.
@@ -10,6 +10,7 @@ from typing import Any
 
 _EXPORTS = {
     "Engine": "radixflow.runtime.engine",
+    "EngineClient": "radixflow.runtime.core_client",
     "EngineConfig": "radixflow.runtime.config",
     "SamplingParams": "radixflow.runtime.sampling_params",
     "demo_model": "radixflow.runtime.model.demo",

@@ -35,7 +35,7 @@ from radixflow.runtime.core.model_runner import ModelRunner
 from radixflow.runtime.core.output import finalize_text
 from radixflow.runtime.core.request import MAX_TOP_LOGPROBS, LogprobOptions, Req
 from radixflow.runtime.result import make_result
-from radixflow.runtime.core.publish import StreamCursor, publish
+from radixflow.runtime.core.publish import OutputSink, StreamCursor, publish
 from radixflow.runtime.output_channel import OutputChannel
 from radixflow.runtime.stream_chunks import StreamChunks
 from radixflow.runtime.sampling_params import SamplingParams
@@ -184,15 +184,13 @@ class Engine:
             raise ValueError("generate_stream supports n=1; start n streams instead")
         loop = asyncio.get_running_loop()
         opts = LogprobOptions(return_logprob, logprob_start_len, top_logprobs_num)
-        make = functools.partial(self._make_req, prompts[0], sp, opts, self._normalize_rids(rid, 1)[0],
-                                 lora_path, None)
-        # A grammar compiles in a worker thread: the event loop must not wait for it.
-        req = await loop.run_in_executor(None, make) if sp.is_constrained else make()
         channel = self._channel(loop)
-        req.sink, req.cursor, req.session_id = channel, StreamCursor(), session_id
+        start = functools.partial(self.start_stream, prompts[0], sp, opts, self._normalize_rids(rid, 1)[0],
+                                  lora_path, session_id, channel)
+        # A grammar compiles in a worker thread: the event loop must not wait for it.
+        req = await loop.run_in_executor(None, start) if sp.is_constrained else start()
         chunks = StreamChunks(req.rid, len(req.prompt_ids), opts,
                               self._decode_token if return_text_in_logprobs else None, return_text_in_logprobs)
-        self._submit(req)
         # Opened after the submit succeeded (a rid in use must not take another stream's queue),
         # before this coroutine yields: outputs are delivered on this loop's thread only.
         outputs = channel.open(req.rid)
@@ -208,6 +206,16 @@ class Engine:
             channel.close(req.rid)
             if not done:
                 self.abort(req.rid)
+
+    def start_stream(self, ids: list[int], sp: SamplingParams, opts: LogprobOptions, rid: str | None,
+                     lora: str | None, session_id: str | None, sink: OutputSink) -> Req:
+        """Submit one request whose outputs go to `sink` (one StepOutput per step, posted on the
+        engine thread); returns it. Raises what validation or a full queue raises; a grammar
+        compiles here, so call it off any event loop when `sp.is_constrained`."""
+        req = self._make_req(ids, sp, opts, rid, lora, None)
+        req.sink, req.cursor, req.session_id = sink, StreamCursor(), session_id
+        self._submit(req)
+        return req
 
     def _channel(self, loop: asyncio.AbstractEventLoop) -> OutputChannel:
         """The output channel of `loop` (one per event loop, made on first use)."""
@@ -308,19 +316,7 @@ class Engine:
     # -- request construction (caller threads) -----------------------------------------------
 
     def _normalize_inputs(self, prompt: Prompt, input_ids: InputIds) -> tuple[list[list[int]], bool]:
-        if (prompt is None) == (input_ids is None):
-            raise ValueError("give exactly one of prompt (text) and input_ids")
-        if prompt is not None:
-            if isinstance(prompt, str):
-                return [self.tokenizer.encode(prompt)], False
-            if not prompt or not all(isinstance(p, str) for p in prompt):
-                raise ValueError("prompt must be a string or a non-empty list of strings")
-            return [self.tokenizer.encode(p) for p in prompt], True
-        if input_ids and _all_of_type(input_ids, int):
-            return [list(input_ids)], False
-        if input_ids and _all_of_type(input_ids, list):
-            return [list(x) for x in input_ids], True
-        raise ValueError("input_ids must be a non-empty list of ints or a list of such lists")
+        return normalize_inputs(self.tokenizer, prompt, input_ids)
 
     @staticmethod
     def _normalize_rids(rid: str | list[str] | None, n: int) -> list[str | None]:
@@ -333,19 +329,7 @@ class Engine:
 
     def validate_prompt(self, ids: list[int], sp: SamplingParams) -> None:
         """ValueError with the reason when a prompt can never be served."""
-        if not ids:
-            raise ValueError("the prompt is empty")
-        vocab = self.runner.args.vocab_size
-        if min(ids) < 0 or max(ids) >= vocab:  # C-level scans: no Python per prompt token
-            bad = next(t for t in ids if not 0 <= t < vocab)
-            raise ValueError(f"token id {bad} is outside the vocabulary [0, {vocab})")
-        limit = self.max_context_len - (1 if sp.max_new_tokens > 0 else 0)
-        if len(ids) > limit:
-            raise ValueError(f"the prompt has {len(ids)} tokens but max_model_len is {self.max_context_len}"
-                             f" (at most {limit} prompt tokens when generating)")
-        if len(ids) >= self.runner.kv_pool.capacity:
-            raise ValueError(f"the prompt has {len(ids)} tokens but the KV cache holds only "
-                             f"{self.runner.kv_pool.capacity}")
+        check_prompt(ids, sp, self.runner.args.vocab_size, self.max_context_len, self.runner.kv_pool.capacity)
 
     def _make_req(self, ids: list[int], sp: SamplingParams, opts: LogprobOptions, rid: str | None,
                   lora_path: str | None, on_output: Callable[[Req, bool], None] | None,
@@ -579,6 +563,38 @@ class Engine:
             slo_violations=dict(g.violations), num_sessions=g.num_sessions, num_bad_sessions=g.num_bad_sessions,
             **({} if self.loras is None else self.loras.stats()),
             by_lora=None if self._by_adapter is None else self._by_adapter.snapshot())
+
+
+def normalize_inputs(tokenizer: Tokenizer, prompt: Prompt, input_ids: InputIds) -> tuple[list[list[int]], bool]:
+    """The prompts as token id lists, and whether a list of prompts was given."""
+    if (prompt is None) == (input_ids is None):
+        raise ValueError("give exactly one of prompt (text) and input_ids")
+    if prompt is not None:
+        if isinstance(prompt, str):
+            return [tokenizer.encode(prompt)], False
+        if not prompt or not all(isinstance(p, str) for p in prompt):
+            raise ValueError("prompt must be a string or a non-empty list of strings")
+        return [tokenizer.encode(p) for p in prompt], True
+    if input_ids and _all_of_type(input_ids, int):
+        return [list(input_ids)], False
+    if input_ids and _all_of_type(input_ids, list):
+        return [list(x) for x in input_ids], True
+    raise ValueError("input_ids must be a non-empty list of ints or a list of such lists")
+
+
+def check_prompt(ids: list[int], sp: SamplingParams, vocab: int, max_context_len: int, kv_capacity: int) -> None:
+    """ValueError with the reason when a prompt can never be served by an engine of that shape."""
+    if not ids:
+        raise ValueError("the prompt is empty")
+    if min(ids) < 0 or max(ids) >= vocab:  # C-level scans: no Python per prompt token
+        bad = next(t for t in ids if not 0 <= t < vocab)
+        raise ValueError(f"token id {bad} is outside the vocabulary [0, {vocab})")
+    limit = max_context_len - (1 if sp.max_new_tokens > 0 else 0)
+    if len(ids) > limit:
+        raise ValueError(f"the prompt has {len(ids)} tokens but max_model_len is {max_context_len}"
+                         f" (at most {limit} prompt tokens when generating)")
+    if len(ids) >= kv_capacity:
+        raise ValueError(f"the prompt has {len(ids)} tokens but the KV cache holds only {kv_capacity}")
 
 
 def _all_of_type(items: list, cls: type) -> bool:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from typing import Any
 
 from radixflow.runtime.core.messages import RequestOutput, StepOutput
 
@@ -20,7 +21,7 @@ class OutputChannel:
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self._queues: dict[str, asyncio.Queue[RequestOutput]] = {}
-        self._pending: list[StepOutput] = []
+        self._pending: list[list[Any]] = []
         self._lock = threading.Lock()
 
     def open(self, rid: str) -> asyncio.Queue[RequestOutput]:
@@ -36,8 +37,13 @@ class OutputChannel:
     def post(self, step: StepOutput) -> None:
         """Engine thread: deliver `step` on the loop soon. A closed loop drops it (its consumers
         are gone; their aborts are queued)."""
+        self.post_items(step.outputs)
+
+    def post_items(self, items: list[Any]) -> None:
+        """Any thread: deliver each item (a RequestOutput, or anything with a `rid`: the core
+        client's refusals) to its request's queue on the loop soon."""
         with self._lock:
-            self._pending.append(step)
+            self._pending.append(items)
             wake = len(self._pending) == 1
         if wake and not self.loop.is_closed():
             try:
@@ -49,8 +55,8 @@ class OutputChannel:
         with self._lock:
             pending, self._pending = self._pending, []
         queues = self._queues
-        for step in pending:
-            for out in step.outputs:
+        for items in pending:
+            for out in items:
                 queue = queues.get(out.rid)
                 if queue is not None:
                     queue.put_nowait(out)

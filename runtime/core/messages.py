@@ -1,15 +1,21 @@
-"""The messages that leave the engine core, declared once: per step, each request's new tokens.
+"""The messages that cross the engine core's boundary, declared once.
 
-Today they travel in-process (runtime/output_channel.py hands them from the engine thread to an
-asyncio loop); the engine-process split will send the same structs over a socket with msgspec.
-Each carries O(new tokens), never a request's whole output: cumulative text and `output_ids`
-are rebuilt on the consumer side (runtime/stream_chunks.py).
+Out of the core: per step, each request's new tokens (`StepOutput`); each finished request's
+timeline (`Timings`); replies. Into it: requests as token ids (`SubmitRequest`), aborts, control
+calls. In-process (`Engine`) the StepOutputs travel through runtime/output_channel.py; with the
+core in its own process (runtime/core_client.py, runtime/core_process.py) every message here is
+msgpack-encoded with msgspec over one ZMQ socket. A step's message carries O(new tokens), never
+a request's whole output: cumulative text and `output_ids` are rebuilt on the consumer side
+(runtime/stream_chunks.py).
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Union
 
 import msgspec
+
+from radixflow.runtime.sampling_params import SamplingParams
+from radixflow.runtime.stats import RequestTiming
 
 # (token, its logprob or None, its top alternatives [(token, logprob)] or None)
 LogprobEntry = tuple[int, float | None, list[tuple[int, float]] | None]
@@ -35,7 +41,85 @@ class RequestOutput(msgspec.Struct, frozen=True, kw_only=True):
     finished_stats: dict[str, Any] | None = None
 
 
-class StepOutput(msgspec.Struct, frozen=True):
+class StepOutput(msgspec.Struct, frozen=True, tag="step"):
     """One step's outputs for one consumer: a single message however many requests it holds."""
 
     outputs: list[RequestOutput]
+
+
+# -- into the core process --------------------------------------------------------------------------
+
+class Hello(msgspec.Struct, frozen=True, tag="hello"):
+    """A client's first message: the core answers with CoreInfo and from then on sends it the
+    Timings of every finished request (each API server keeps complete histograms)."""
+
+
+class SubmitRequest(msgspec.Struct, frozen=True, kw_only=True, tag="submit"):
+    """One request, already tokenized and validated by the client (the core checks again)."""
+
+    rid: str
+    input_ids: list[int]
+    sampling: SamplingParams
+    return_logprob: bool = False
+    logprob_start_len: int | None = None
+    top_logprobs_num: int = 0
+    lora: str | None = None
+    session_id: str | None = None
+
+
+class AbortRequest(msgspec.Struct, frozen=True, tag="abort"):
+    rid: str
+
+
+class ControlCall(msgspec.Struct, frozen=True, tag="call"):
+    """A rare call (stats, flush_cache, adapters, abort_all, test hooks): `args` is a pickle of
+    (args, kwargs), since its values are engine objects; requests and outputs never use pickle."""
+
+    call_id: int
+    method: str
+    args: bytes
+
+
+# -- out of the core process ------------------------------------------------------------------------
+
+class CoreInfo(msgspec.Struct, frozen=True, kw_only=True, tag="info"):
+    """The answer to Hello: what a client needs to validate prompts on its side."""
+
+    vocab_size: int
+    max_context_len: int
+    kv_capacity: int
+    healthy: bool
+    pid: int
+
+
+class Rejected(msgspec.Struct, frozen=True, kw_only=True, tag="rejected"):
+    """A SubmitRequest the core refused; `kind` names the exception the caller gets."""
+
+    rid: str
+    kind: str  # value | queue_full | closed | dead
+    message: str
+
+
+class ControlReply(msgspec.Struct, frozen=True, tag="reply"):
+    """`value` is a pickle of the call's return value, or of its exception when not `ok`."""
+
+    call_id: int
+    ok: bool
+    value: bytes
+
+
+class Timings(msgspec.Struct, frozen=True, tag="timings"):
+    """Finished requests' timelines, for the client's finish listeners (metrics)."""
+
+    timings: list[RequestTiming]
+
+
+class Health(msgspec.Struct, frozen=True, tag="health"):
+    """Sent when the core stops serving (its loop died or it shut down)."""
+
+    healthy: bool
+    message: str
+
+
+ToCore = Union[Hello, SubmitRequest, AbortRequest, ControlCall]
+FromCore = Union[StepOutput, CoreInfo, Rejected, ControlReply, Timings, Health]

@@ -51,11 +51,20 @@ class LiveServer:
         self._sock.close()
 
 
-@pytest.fixture(scope="package")
-def engine() -> Iterator[Any]:
-    from radixflow.runtime import Engine
+@pytest.fixture(scope="session")
+def live_server() -> type[LiveServer]:
+    """The LiveServer class, for tests that serve an engine of their own."""
+    return LiveServer
 
-    with Engine(demo_model("tiny"), kv_cache_tokens=4096, check_invariants=True) as eng:
+
+@pytest.fixture(scope="package", params=["core-thread", "core-process"])
+def engine(request: pytest.FixtureRequest) -> Iterator[Any]:
+    """Every server test runs twice: on the in-process Engine (its core on a thread) and on an
+    EngineClient (its core in its own process, over ZMQ), as `radixflow serve` runs it."""
+    from radixflow.runtime import Engine, EngineClient
+
+    kind = EngineClient if request.param == "core-process" else Engine
+    with kind(demo_model("tiny"), kv_cache_tokens=4096, check_invariants=True) as eng:
         yield eng
 
 

@@ -104,7 +104,7 @@ def test_engine_keeps_serving_after_errors(client, engine):
     assert engine.invariant_violations == []
 
 
-def test_queue_full_is_429_and_others_are_served(request):
+def test_queue_full_is_429_and_others_are_served(live_server):
     """Past max_num_seqs + max_queued_requests in flight, a request gets 429 (rate_limit_error)."""
     import threading
 
@@ -113,7 +113,6 @@ def test_queue_full_is_429_and_others_are_served(request):
     from radixflow.frontend.server import create_app
     from radixflow.runtime import Engine
 
-    live_server = request.getfixturevalue("server").__class__
     with Engine(demo_model("tiny"), kv_cache_tokens=4096, max_num_seqs=1, max_queued_requests=1) as eng:
         live = live_server(create_app(eng, "tiny")).start()
         statuses: list[int] = []

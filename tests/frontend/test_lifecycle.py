@@ -22,8 +22,7 @@ class Borrowed:
         self.was_shut_down = True
 
 
-def test_503_while_starting_then_ready_then_stopping(engine, request):
-    live_server = request.getfixturevalue("server").__class__
+def test_503_while_starting_then_ready_then_stopping(engine, live_server):
     release = threading.Event()
     borrowed = Borrowed(engine)
 
@@ -52,8 +51,7 @@ def test_503_while_starting_then_ready_then_stopping(engine, request):
     assert borrowed.was_shut_down
 
 
-def test_engine_that_fails_to_start(request):
-    live_server = request.getfixturevalue("server").__class__
+def test_engine_that_fails_to_start(live_server):
     failed = []
 
     def factory():
@@ -71,12 +69,11 @@ def test_engine_that_fails_to_start(request):
         live.stop()
 
 
-def test_dead_engine_loop_answers_503_and_fails_streams(request):
+def test_dead_engine_loop_answers_503_and_fails_streams(live_server):
     """The loop thread dies: the stream in flight ends with an error, /health and new requests 503."""
     from radixflow.runtime import Engine
     from radixflow.runtime.model.demo import demo_model
 
-    live_server = request.getfixturevalue("server").__class__
     engine = Engine(demo_model("tiny"), kv_cache_tokens=512)
     app = create_app(engine, "tiny-dead")
     live = live_server(app).start()

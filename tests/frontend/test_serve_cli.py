@@ -61,3 +61,40 @@ def test_limit_flags_reach_the_server_limits():
     readme = open(__file__.rsplit("/tests/", 1)[0] + "/README.md").read()
     for flag, _, _ in limit_table():  # the README's limits table lists every flag
         assert f"`{flag}`" in readme, flag
+
+
+def test_two_api_servers_share_one_engine_core():
+    """`--api-server-count 2`: two HTTP server processes on one port, one engine core process; both
+    serve, both read the same core (its counters), and SIGINT stops all three."""
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "radixflow.frontend.cli", "serve", "--demo-size", "tiny", "--port",
+                             str(port), "--kv-cache-tokens", "2048", "--api-server-count", "2"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        seen: dict[int, int] = {}
+        while len(seen) < 2:  # new connections land on either server
+            assert proc.poll() is None, proc.stdout.read()
+            assert time.monotonic() < deadline, f"two servers did not answer: {seen}"
+            try:
+                with httpx.Client(base_url=url, timeout=30) as c:
+                    info = c.get("/get_server_info")
+                    if info.status_code == 200:
+                        seen[info.json()["api_server_pid"]] = info.json()["engine_core_pid"]
+            except httpx.TransportError:
+                time.sleep(0.1)
+        assert len(set(seen.values())) == 1 and set(seen.values()).isdisjoint(seen)  # one core, not a server
+        generated = []
+        for _ in range(4):
+            with httpx.Client(base_url=url, timeout=30) as c:
+                out = c.post("/generate", json={"text": "Hi", "sampling_params": {"max_new_tokens": 3,
+                                                                                  "ignore_eos": True}})
+                assert out.status_code == 200 and out.json()["meta_info"]["completion_tokens"] == 3
+                generated.append(c.get("/get_server_info").json()["stats"]["generated_tokens"])
+        assert generated == sorted(generated) and generated[-1] - generated[0] == 9  # one shared counter
+    finally:
+        proc.send_signal(signal.SIGINT)
+        log, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, log
+    assert "2 API server processes" in log
