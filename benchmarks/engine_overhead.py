@@ -9,8 +9,10 @@ times only engine work in (1) and (3). The model is a random-weight tiny Llama (
 tokenizer, `load_format="dummy"`, 131072 positions so a 100K-token prefix fits).
 
 1. `decode_step`: ms per decode step at batch B, with the fake runner, through `generate`
-   (callers wait on events) and through `generate_stream` (an asyncio loop consumes every
-   chunk, as the HTTP server does). `sample_ms` is the part spent in the sampler. The machine
+   (callers wait on events), through `generate_stream` (an asyncio loop consumes every chunk,
+   as a server with `--engine-core thread` does), and as the engine core process runs requests
+   (`core_process`: token ids only, each step's outputs msgpack-encoded for the socket; the
+   server process's detokenizing and chunk building run on another core). `sample_ms` is the part spent in the sampler. The machine
    these ran on is shared: each figure is the median of `repeats` runs.
 2. `prefix_ttft`: wall time of `generate` for a 16-token turn after a P-token cached prefix, over
    that of a 16-token prompt with no prefix (real tiny forward; the prefix is cached with the
@@ -108,6 +110,40 @@ def make_engine(model_dir: Path, **kw):
     return Engine(str(model_dir), load_format="dummy", device="cpu", dtype="float32", **kw)
 
 
+MODES = ("generate", "generate_stream", "core_process")
+
+
+class EncodingSink:
+    """The engine process's side of a step's output: the StepOutput msgpack-encoded as its IO
+    thread sends it (the socket itself and the server process are left out)."""
+
+    def __init__(self, n: int) -> None:
+        import msgspec
+
+        self.encode = msgspec.msgpack.Encoder().encode
+        self.left = n
+        self.done = threading.Event()
+
+    def post(self, step) -> None:
+        self.encode(step)
+        self.left -= sum(out.finish_reason is not None for out in step.outputs)
+        if self.left == 0:
+            self.done.set()
+
+
+def run_tokens_only(engine, ps: list[list[int]], params: dict, rids: list[str]) -> None:
+    """Requests as the engine process runs them: token ids only (no detokenizing, no stop
+    strings: the server process does those), each step's outputs encoded for the socket."""
+    from radixflow.runtime import SamplingParams
+    from radixflow.runtime.core.request import LogprobOptions
+
+    sink = EncodingSink(len(ps))
+    sp = SamplingParams.from_dict(params)
+    for p, rid in zip(ps, rids):
+        engine.start_stream(p, sp, LogprobOptions(), rid, None, None, sink, with_text=False)
+    sink.done.wait()
+
+
 def bench_decode_step(model_dir: Path, batch: int, decode_len: int, repeats: int) -> dict:
     rng = random.Random(0)
     out: dict = {"batch": batch, "decode_len": decode_len, "repeats": repeats}
@@ -116,12 +152,14 @@ def bench_decode_step(model_dir: Path, batch: int, decode_len: int, repeats: int
         fake_forward(engine)
         params = {**GREEDY, "max_new_tokens": decode_len}
         engine.generate(input_ids=prompts(rng, 4, 16), sampling_params=params)  # warm-up
-        for mode, rep in [(m, r) for r in range(repeats) for m in ("generate", "generate_stream")]:
+        for mode, rep in [(m, r) for r in range(repeats) for m in MODES]:
             rids = [f"{mode}-{rep}-{i}" for i in range(batch)]
             ps = prompts(rng, batch, 16)
             timer.reset()
             if mode == "generate":
                 engine.generate(input_ids=ps, sampling_params=params, rid=rids)
+            elif mode == "core_process":
+                run_tokens_only(engine, ps, params, rids)
             else:
                 async def consume(p, rid):
                     async for _ in engine.generate_stream(input_ids=p, sampling_params=params, rid=rid):
@@ -136,7 +174,7 @@ def bench_decode_step(model_dir: Path, batch: int, decode_len: int, repeats: int
                    "engine_ms_per_step": 1e3 * wall / steps - sample_ms, "steps": steps}
             print(f"decode_step {mode}: {run}", flush=True)
             out.setdefault(f"{mode}_runs", []).append(run)
-    for mode in ("generate", "generate_stream"):  # the median run: the machine is shared
+    for mode in MODES:  # the median run: the machine is shared
         out[mode] = _median_run(out[f"{mode}_runs"])
     timer.close()
     return out

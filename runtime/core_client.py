@@ -1,8 +1,9 @@
 """EngineClient: the Engine API with the engine core in another process (runtime/core_process.py).
 
 The HTTP server's process keeps what is per-request text work (tokenizing, prompt validation,
-stream chunks and their text, response shaping) and talks to the core over one ZMQ DEALER
-socket with msgspec messages that carry token ids (runtime/core/messages.py). The core runs the
+detokenizing, stop strings and stop regexes, stream chunks, response shaping) and talks to the
+core over one ZMQ DEALER socket with msgspec messages that carry token ids only
+(runtime/core/messages.py). The core runs the
 scheduler, radix cache, pools, model, sampler and grammar masks with a GIL of its own, so HTTP
 and JSON work never stalls a step and a step never stalls HTTP.
 
@@ -48,12 +49,52 @@ from radixflow.runtime.output_channel import OutputChannel
 from radixflow.runtime.sampling_params import SamplingParams
 from radixflow.runtime.stats import EngineStats, RequestTiming
 from radixflow.runtime.stream_chunks import StreamChunks
+from radixflow.runtime.text.output_text import OutputText
 from radixflow.runtime.text.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
 _REJECTIONS: dict[str, type[Exception]] = {"value": ValueError, "queue_full": QueueFullError,
                                            "closed": EngineClosedError, "dead": EngineDeadError}
+
+
+class ClientText:
+    """A request's text on the server side: the core sends token ids only; this detokenizes them
+    and finds stop strings and stop regexes (OutputText). At a stop, the tokens after the one
+    that completed it are dropped and the request's finish reason is that stop once the core,
+    told to end it, reports it finished (its final message carries the request's stats)."""
+
+    def __init__(self, text: OutputText) -> None:
+        self.text = text
+        self.sent = 0
+        self.stop: dict[str, Any] | None = None
+
+    def apply(self, out: RequestOutput) -> RequestOutput:
+        """`out` as the consumer sees it: its tokens up to a stop, with their visible text."""
+        tokens, logprobs = out.new_token_ids, out.new_logprobs
+        if self.stop is not None:
+            tokens, logprobs = [], []
+        else:
+            reason = out.finish_reason
+            # a stop token or EOS ends the output before any stop string is looked for, as in-process
+            eos = reason is not None and reason.get("type") == "stop" and isinstance(reason.get("matched"), int)
+            for k, token in enumerate(tokens):
+                prev_len = self.text.add(token)
+                if eos and k == len(tokens) - 1:
+                    break
+                stop = self.text.match_stop(prev_len)
+                if stop is not None:
+                    self.stop = stop
+                    tokens, logprobs = tokens[: k + 1], logprobs[: k + 1]
+                    break
+        finished = out.finish_reason is not None
+        if finished:
+            self.text.finalize()
+        end = self.text.visible_len(finished or self.text.is_final)
+        delta, self.sent = self.text.text[self.sent: end], max(self.sent, end)
+        reason = (self.stop or out.finish_reason) if finished else None
+        return msgspec.structs.replace(out, new_token_ids=tokens, new_logprobs=logprobs, text_delta=delta,
+                                       finish_reason=reason)
 
 
 class EngineClient:
@@ -140,6 +181,7 @@ class EngineClient:
                                  lora=lora if lora is not None else lora_path, session_id=session_id))
         chunks = StreamChunks(rid, len(ids), opts, self._decode_token if return_text_in_logprobs else None,
                               return_text_in_logprobs)
+        text = ClientText(OutputText(self.tokenizer, sp, ids))
         done = False
         try:
             while not done:
@@ -149,6 +191,10 @@ class EngineClient:
                 if isinstance(batch[0], Rejected):
                     done = True
                     raise _REJECTIONS.get(batch[0].kind, RuntimeError)(batch[0].message)
+                stopped = text.stop is not None
+                batch = [text.apply(out) for out in batch]
+                if not stopped and text.stop is not None:  # the core ends it with this reason
+                    self._send(AbortRequest(rid, text.stop))
                 done = batch[-1].finish_reason is not None
                 yield chunks.chunk(batch)
         finally:

@@ -116,7 +116,7 @@ class CoreServer:
         self.decoder = msgspec.msgpack.Decoder(ToCore)
         self.clients: dict[bytes, ClientSink] = {}
         self.workers = ThreadPoolExecutor(max_workers=16, thread_name_prefix="rf-core-call")
-        self._compiling: dict[tuple[bytes, str], bool] = {}  # grammar compiling → aborted meanwhile
+        self._compiling: dict[tuple[bytes, str], AbortRequest | None] = {}  # grammar compiling → its abort
         self._lock = threading.Lock()
         self._stop = False
         self._healthy = True
@@ -164,7 +164,7 @@ class CoreServer:
             if isinstance(message, SubmitRequest):
                 self._submit(identity, message)
             elif isinstance(message, AbortRequest):
-                self._abort(identity, message.rid)
+                self._abort(identity, message.rid, message.reason)
             elif isinstance(message, ControlCall):
                 self._call(identity, message)
             elif isinstance(message, Hello):
@@ -200,7 +200,7 @@ class CoreServer:
     def _submit(self, identity: bytes, m: SubmitRequest) -> None:
         if m.sampling.is_constrained:  # a grammar compiles on a worker: the IO thread goes on
             with self._lock:
-                self._compiling[(identity, m.rid)] = False
+                self._compiling[(identity, m.rid)] = None
             self.workers.submit(self._start, identity, m)
         else:
             self._start(identity, m)
@@ -209,7 +209,8 @@ class CoreServer:
         try:
             sp = SamplingParams.from_dict(m.sampling)
             opts = LogprobOptions(m.return_logprob, m.logprob_start_len, m.top_logprobs_num)
-            self.engine.start_stream(m.input_ids, sp, opts, m.rid, m.lora, m.session_id, self._sink(identity))
+            self.engine.start_stream(m.input_ids, sp, opts, m.rid, m.lora, m.session_id, self._sink(identity),
+                                     with_text=False)  # the client detokenizes and checks stop strings
         except Exception as exc:  # bad input, a full queue, a stopped engine: the client raises it
             self.outbox.put(identity, Rejected(rid=m.rid, kind=rejection_kind(exc), message=str(exc)))
             started = False
@@ -217,16 +218,16 @@ class CoreServer:
             started = True
         finally:
             with self._lock:
-                aborted = self._compiling.pop((identity, m.rid), False)
-        if started and aborted:
-            self.engine.abort(m.rid)
+                aborted = self._compiling.pop((identity, m.rid), None)
+        if started and aborted is not None:
+            self.engine.abort(m.rid, aborted.reason)
 
-    def _abort(self, identity: bytes, rid: str) -> None:
+    def _abort(self, identity: bytes, rid: str, reason: dict | None) -> None:
         with self._lock:
             if (identity, rid) in self._compiling:
-                self._compiling[(identity, rid)] = True
+                self._compiling[(identity, rid)] = AbortRequest(rid, reason)
                 return
-        self.engine.abort(rid)
+        self.engine.abort(rid, reason)
 
     def _call(self, identity: bytes, m: ControlCall) -> None:
         if m.method in QUICK_CALLS:

@@ -27,7 +27,6 @@ import torch
 
 from radixflow.radix import NullCache, RadixCache
 from radixflow.runtime.config import EngineConfig
-from radixflow.runtime.text.detokenizer import IncrementalDetokenizer
 from radixflow.runtime.grammar.compiler import GrammarCompiler
 from radixflow.runtime.core.faults import NO_FAULTS, FaultInjector
 from radixflow.runtime.model.model_path import resolve_model_path
@@ -46,6 +45,7 @@ from radixflow.runtime.lora.service import LoraService, check_lora_request
 from radixflow.runtime.slo import SLOs, Goodput
 from radixflow.runtime.stats import EngineStats, RequestTiming
 from radixflow.runtime.core.step import StepRunner, error_reason, notify
+from radixflow.runtime.text.output_text import OutputText
 from radixflow.runtime.text.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -208,11 +208,12 @@ class Engine:
                 self.abort(req.rid)
 
     def start_stream(self, ids: list[int], sp: SamplingParams, opts: LogprobOptions, rid: str | None,
-                     lora: str | None, session_id: str | None, sink: OutputSink) -> Req:
+                     lora: str | None, session_id: str | None, sink: OutputSink, with_text: bool = True) -> Req:
         """Submit one request whose outputs go to `sink` (one StepOutput per step, posted on the
         engine thread); returns it. Raises what validation or a full queue raises; a grammar
-        compiles here, so call it off any event loop when `sp.is_constrained`."""
-        req = self._make_req(ids, sp, opts, rid, lora, None)
+        compiles here, so call it off any event loop when `sp.is_constrained`. `with_text=False`:
+        its outputs carry token ids only (no detokenizing, no stop strings: the caller's)."""
+        req = self._make_req(ids, sp, opts, rid, lora, None, with_text=with_text)
         req.sink, req.cursor, req.session_id = sink, StreamCursor(), session_id
         self._submit(req)
         return req
@@ -228,9 +229,10 @@ class Engine:
     def _decode_token(self, token: int) -> str:
         return self.tokenizer.decode([token], skip_special_tokens=False)
 
-    def abort(self, rid: str) -> None:
-        """Finish `rid` with reason abort and free all it holds (no-op if unknown/finished)."""
-        self._inbox.put(("abort", rid))
+    def abort(self, rid: str, reason: dict | None = None) -> None:
+        """Finish `rid` with reason abort (or `reason`) and free all it holds (no-op if
+        unknown/finished)."""
+        self._inbox.put(("abort", (rid, reason)))
 
     def abort_all(self) -> None:
         """Finish every request in flight with reason abort (returns once done)."""
@@ -333,8 +335,9 @@ class Engine:
 
     def _make_req(self, ids: list[int], sp: SamplingParams, opts: LogprobOptions, rid: str | None,
                   lora_path: str | None, on_output: Callable[[Req, bool], None] | None,
-                  checked: bool = False) -> Req:
-        """`checked`: the caller already ran validate_prompt(ids, sp) (an O(prompt) scan)."""
+                  checked: bool = False, with_text: bool = True) -> Req:
+        """`checked`: the caller already ran validate_prompt(ids, sp) (an O(prompt) scan);
+        `with_text=False`: tokens only, its text and stop strings are the caller's."""
         if not checked:
             self.validate_prompt(ids, sp)
         check_lora_request(self.loras, lora_path)
@@ -344,8 +347,8 @@ class Engine:
             orphan = self.loras.attach(req, lora_path)
             if orphan is not None:  # its file changed on disk: drop the old content's KV (no waiting here)
                 self._inbox.put(("drop", orphan))
-        req.detokenizer = IncrementalDetokenizer(self.tokenizer, skip_special_tokens=sp.skip_special_tokens,
-                                                 prefix_ids=ids)
+        if with_text:
+            req.output_text = OutputText(self.tokenizer, sp, ids)
         if sp.seed is not None:
             req.generator = torch.Generator(self.runner.device).manual_seed(sp.seed)
         req.grammar = self.grammar.new_state(sp, opts.return_logprob)
@@ -494,7 +497,7 @@ class Engine:
             if kind == "add":
                 self.scheduler.add(payload)
             elif kind == "abort":
-                self.scheduler.abort(payload)
+                self.scheduler.abort(payload[0], reason=payload[1])
                 self._hand_out()
             elif kind == "call":
                 payload.run()

@@ -25,8 +25,8 @@ class RequestOutput(msgspec.Struct, frozen=True, kw_only=True):
     """What one request produced since its previous RequestOutput.
 
     `new_token_ids` / `new_logprobs`: its output tokens since then (logprob entries only when
-    asked for); `text_delta`: the visible text they completed (NOTE: detokenization and stop
-    strings still run in the core until the process split moves them out). The first message
+    asked for); `text_delta`: the visible text they completed (in-process only: the engine
+    process sends token ids alone, its client makes the text). The first message
     of a request carries `input_logprobs` when asked for; the last one its `finish_reason` and
     `finished_stats` (miss tokens, timings). `cached_tokens`: its prefix-cache hit.
     """
@@ -68,7 +68,11 @@ class SubmitRequest(msgspec.Struct, frozen=True, kw_only=True, tag="submit"):
 
 
 class AbortRequest(msgspec.Struct, frozen=True, tag="abort"):
+    """End `rid`: a client gone (reason abort), or a stop string or regex the client found in
+    the text (`reason` is that stop: the core finishes the request with it)."""
+
     rid: str
+    reason: dict[str, Any] | None = None
 
 
 class ControlCall(msgspec.Struct, frozen=True, tag="call"):

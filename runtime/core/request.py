@@ -99,15 +99,18 @@ class Req:
     miss_tokens: dict[str, int] = field(default_factory=dict)  # prefill tokens computed, by reason
     session_id: str | None = None  # requests of one conversation or program run (session goodput)
     finish_reason: dict[str, Any] | None = None
-    text: str = ""               # detokenized output (stop strings trimmed at finish)
-    detokenizer: Any = None
+    output_text: Any = None      # an OutputText (runtime/text/output_text.py); None: tokens only
     generator: torch.Generator | None = None
     sampler_state: Any = None    # runtime/core/penalties.py RowState, set at the first sampled step
     grammar: Any = None
-    stop_matcher: Any = None     # a StopMatcher (runtime/text/stop_regex.py) once stop_regex text arrives
     input_logprobs: list[tuple[int, float, list[tuple[int, float]]]] = field(default_factory=list)
     output_logprobs: list[tuple[int, float, list[tuple[int, float]]]] = field(default_factory=list)
     times: Timestamps = field(default_factory=Timestamps)
+
+    @property
+    def text(self) -> str:
+        """The detokenized output so far (stop strings trimmed); "" for a tokens-only request."""
+        return "" if self.output_text is None else self.output_text.text
 
     @property
     def all_ids(self) -> list[int]:

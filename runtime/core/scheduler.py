@@ -115,12 +115,13 @@ class Scheduler:
         self.waiting.append(req)
         self._blocked_until = None
 
-    def abort(self, rid: str, message: str = "aborted") -> bool:
-        """Finish `rid` with reason abort; False if it is unknown or already finished."""
+    def abort(self, rid: str, message: str = "aborted", reason: dict | None = None) -> bool:
+        """Finish `rid` with reason abort (or `reason`: a stop string the server side found);
+        False if it is unknown or already finished."""
         req = next((r for r in self.waiting + self.holding() if r.rid == rid), None)
         if req is None:
             return False
-        self.finish(req, {"type": "abort", "message": message})
+        self.finish(req, reason or {"type": "abort", "message": message})
         return True
 
     def finish(self, req: Req, reason: dict) -> None:

@@ -1,0 +1,84 @@
+"""A request's output text: incremental detokenization, stop strings and stop regexes.
+
+One class serves both places text is made: the in-process engine (runtime/core/output.py, on the
+engine thread) and the server side of the engine-process split (runtime/core_client.py), where
+the core sends token ids only and a stop string found here ends the request in the core.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from radixflow.runtime.sampling_params import SamplingParams
+from radixflow.runtime.text.detokenizer import IncrementalDetokenizer
+from radixflow.runtime.text.stop_regex import StopMatcher, compile_stop_regexes
+
+
+class OutputText:
+    """The text of one request's output tokens so far, and whether a stop string or stop regex
+    completed in it. Stop strings are searched across token boundaries; at a match the text is
+    trimmed (unless `no_stop_trim`) and final."""
+
+    def __init__(self, tokenizer: Any, sampling: SamplingParams, prompt_ids: list[int]) -> None:
+        self.sampling = sampling
+        self.text = ""
+        self._detokenizer: IncrementalDetokenizer | None = IncrementalDetokenizer(
+            tokenizer, skip_special_tokens=sampling.skip_special_tokens, prefix_ids=prompt_ids)
+        self._stops = sampling.stop_strings
+        self._longest_stop = max((len(s) for s in self._stops), default=0)
+        self.stop_matcher: StopMatcher | None = None
+        if sampling.stop_regexes:
+            self.stop_matcher = StopMatcher(compile_stop_regexes(tuple(sampling.stop_regexes)))
+
+    @property
+    def is_final(self) -> bool:
+        return self._detokenizer is None
+
+    def add(self, token: int) -> int:
+        """Append `token`'s text; returns the text's length before it (for `match_stop`)."""
+        prev_len = len(self.text)
+        if self._detokenizer is not None:
+            self.text += self._detokenizer.step([token])
+        return prev_len
+
+    def match_stop(self, prev_len: int) -> dict[str, Any] | None:
+        """The stop reason if a stop string or regex completed in the text after `prev_len`
+        (the text is then trimmed and final), else None. Regexes see only the new text (linear
+        time; see stop_regex.py)."""
+        if self._detokenizer is None:
+            return None
+        if self._stops:
+            start = max(0, prev_len - self._longest_stop + 1)
+            hits = [(i, s) for s in self._stops if (i := self.text.find(s, start)) != -1]
+            if hits:
+                idx, stop = min(hits)
+                return self._stop_at(idx, stop)
+        if self.stop_matcher is not None:
+            hit = self.stop_matcher.feed(self.text[prev_len:])
+            if hit is not None:
+                return self._stop_at(hit[0], self.text[hit[0]:hit[1]])
+        return None
+
+    def _stop_at(self, idx: int, matched: str) -> dict[str, Any]:
+        if not self.sampling.no_stop_trim:
+            self.text = self.text[:idx]
+        self._detokenizer = None  # nothing after the stop is added
+        return {"type": "stop", "matched": matched}
+
+    def finalize(self) -> None:
+        """Flush the detokenizer's held-back bytes into the text (once, at finish)."""
+        if self._detokenizer is not None:
+            self.text += self._detokenizer.flush()
+            self._detokenizer = None
+
+    def visible_len(self, finished: bool) -> int:
+        """How much of the text is safe to stream: while running, hold back a tail that could
+        begin a stop string, and everything from the earliest start of a stop-regex match still
+        forming, so streamed text only ever grows."""
+        end = len(self.text)
+        if finished:
+            return end
+        if self._stops:
+            end -= self._longest_stop - 1
+        if self.stop_matcher is not None:
+            end = min(end, self.stop_matcher.hold_from)
+        return max(0, end)

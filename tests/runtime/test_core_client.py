@@ -1,0 +1,83 @@
+"""The engine core in its own process gives what the in-process engine gives: the core sends token
+ids only, the client detokenizes and finds stop strings and regexes (runtime/core_client.py)."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from radixflow.runtime import Engine, EngineClient
+from radixflow.runtime.model.demo import demo_model
+
+GREEDY = {"temperature": 0, "ignore_eos": True}
+PROMPTS = ["Once upon a time", "The list: 1, 2,", "Numbers and words"]
+
+
+@pytest.fixture(scope="module")
+def engines():
+    model = demo_model("tiny")
+    with Engine(model, dtype="float32", kv_cache_tokens=4096) as local, \
+            EngineClient(model, dtype="float32", kv_cache_tokens=4096) as remote:
+        yield local, remote
+
+
+def _stream(engine, prompt: str, sp: dict, **kw) -> list[dict]:
+    async def run() -> list[dict]:
+        return [c async for c in engine.generate_stream(prompt, sp, **kw)]
+    return asyncio.run(run())
+
+
+def _cases(local) -> list[dict]:
+    """Sampling params that end at stop strings and regexes found in the greedy text."""
+    cases = []
+    for prompt in PROMPTS:
+        text = local.generate(prompt, {**GREEDY, "max_new_tokens": 24})["text"]
+        middle = text[len(text) // 3: len(text) // 3 + 3]
+        assert middle.strip(), text
+        cases += [
+            (prompt, {**GREEDY, "max_new_tokens": 24}),
+            (prompt, {**GREEDY, "max_new_tokens": 24, "stop": [middle]}),
+            (prompt, {**GREEDY, "max_new_tokens": 24, "stop": [middle, "zzz"], "no_stop_trim": True}),
+            (prompt, {**GREEDY, "max_new_tokens": 24, "stop_regex": "[0-9]{2}|" + "".join(
+                f"[{c}]" if c not in "\\^]" else f"\\{c}" for c in middle)}),
+            (prompt, {**GREEDY, "max_new_tokens": 24, "stop": [text[-2:]]}),  # at the last token
+            (prompt, {"temperature": 0, "max_new_tokens": 24}),  # may end at EOS
+            (prompt, {**GREEDY, "max_new_tokens": 12, "regex": "[a-z ]{3,30}"}),
+            (prompt, {**GREEDY, "max_new_tokens": 6, "stop": ["e"], "min_new_tokens": 2}),
+        ]
+    return cases
+
+
+def test_streams_match_the_in_process_engine(engines):
+    local, remote = engines
+    reasons = []
+    for prompt, sp in _cases(local):
+        kw = {"return_logprob": True, "top_logprobs_num": 2}
+        want, got = _stream(local, prompt, sp, **kw), _stream(remote, prompt, sp, **kw)
+        w, g = want[-1], got[-1]
+        assert (g["text"], g["output_ids"], g["meta_info"]["finish_reason"]) == \
+            (w["text"], w["output_ids"], w["meta_info"]["finish_reason"]), (prompt, sp)
+        assert g["meta_info"]["completion_tokens"] == len(w["output_ids"])
+        assert sum(len(c["meta_info"]["output_token_logprobs"]) for c in got) == len(w["output_ids"])
+        texts = [c["text"] for c in got]
+        assert all(b.startswith(a) for a, b in zip(texts, texts[1:])), texts  # streamed text only grows
+        reasons.append((sorted(sp), g["meta_info"]["finish_reason"]))
+    stopped = [keys for keys, r in reasons if r["type"] == "stop" and isinstance(r["matched"], str)]
+    assert sum("stop" in k for k in stopped) >= 6 and sum("stop_regex" in k for k in stopped) >= 2, reasons
+
+
+def test_a_stop_found_by_the_client_ends_the_request_in_the_core(engines):
+    """The core is told the stop: it finishes the request with it (counted as stop, not abort)
+    and frees its slot; nothing keeps running behind the stopped stream."""
+    local, remote = engines
+    text = local.generate(PROMPTS[0], {**GREEDY, "max_new_tokens": 24})["text"]
+    stop = text[len(text) // 3: len(text) // 3 + 3]
+    before = remote.stats()
+    sp = {**GREEDY, "max_new_tokens": 1500, "stop": [stop]}
+    last = _stream(remote, PROMPTS[0], sp)[-1]
+    assert last["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
+    assert "timings" in last["meta_info"]  # the core's own final message came through
+    remote.check_accounting()
+    s = remote.stats()
+    assert s.finish_counts.get("stop", 0) == before.finish_counts.get("stop", 0) + 1 and s.num_running == 0
+    assert s.generated_tokens - before.generated_tokens < 100  # it did not run on to max_new_tokens
