@@ -24,7 +24,9 @@ tokenizer, `load_format="dummy"`, 131072 positions so a 100K-token prefix fits).
 4. `http`: 256 concurrent streaming native /generate requests to `radixflow serve` in a child
    process, tokens/s, over the same workload through `Engine.generate` in-process (real tiny
    forward, one torch thread in both): with the engine core in its own process (`ratio`, the
-   default) and on a thread of the server's process (`--engine-core thread`).
+   default) and on a thread of the server's process (`--engine-core thread`); each with the
+   httpx client and with a raw-socket client that parses only each response's last event (the
+   client runs on the same two cores: httpx alone takes ~4x the server's CPU).
 """
 from __future__ import annotations
 
@@ -287,10 +289,32 @@ async def _stream_all(url: str, ps: list[list[int]], params: dict) -> int:
         return sum(await asyncio.gather(*(one(client, p) for p in ps)))
 
 
+async def _stream_all_raw(url: str, ps: list[list[int]], params: dict) -> int:
+    """As _stream_all with a load generator's client: one raw HTTP/1.1 connection per request,
+    the whole SSE response read as bytes, only its last event parsed. The httpx client spends
+    about four times the server's CPU parsing 256 streams, on the same two cores."""
+    host, port = url.removeprefix("http://").split(":")
+
+    async def one(p) -> int:
+        body = json.dumps({"input_ids": p, "sampling_params": params, "stream": True}).encode()
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(b"POST /generate HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (host.encode(), len(body), body))
+        data = await reader.read(-1)
+        writer.close()
+        start = data.rindex(b"data: {")
+        return len(json.loads(data[start + 6: data.index(b"\n", start)])["output_ids"])
+
+    return sum(await asyncio.gather(*(one(p) for p in ps)))
+
+
+CLIENTS = {"httpx": _stream_all, "raw": _stream_all_raw}
+
+
 def _http_runs(model_dir: Path, core: str, num_requests: int, warm: list, ps: list, params: dict,
-               repeats: int) -> list[float]:
+               repeats: int) -> dict[str, list[float]]:
     """tokens/s of `repeats` runs of `ps` through `radixflow serve --engine-core core` (one torch
-    thread, as in-process)."""
+    thread, as in-process), with each client."""
     import httpx
 
     port = _free_port()
@@ -312,11 +336,13 @@ def _http_runs(model_dir: Path, core: str, num_requests: int, warm: list, ps: li
                 raise RuntimeError("the server did not come up")
             time.sleep(0.5)
         asyncio.run(_stream_all(url, warm, params))
-        runs = []
+        runs: dict[str, list[float]] = {name: [] for name in CLIENTS}
         for _ in range(repeats):
-            t0 = time.perf_counter()
-            tokens = asyncio.run(_stream_all(url, ps, params))
-            runs.append(tokens / (time.perf_counter() - t0))
+            for name, client in CLIENTS.items():
+                t0 = time.perf_counter()
+                tokens = asyncio.run(client(url, ps, params))
+                assert tokens == len(ps) * params["max_new_tokens"], tokens
+                runs[name].append(tokens / (time.perf_counter() - t0))
         return runs
     finally:
         proc.terminate()
@@ -342,10 +368,11 @@ def bench_http(model_dir: Path, num_requests: int, decode_len: int, repeats: int
     inproc = statistics.median(inproc_runs)
     out: dict = {"num_requests": num_requests, "decode_len": decode_len, "repeats": repeats,
                  "inprocess_tok_per_s": inproc, "inprocess_runs": inproc_runs}
-    for core, runs in by_core.items():
-        out[f"http_core_{core}"] = {"tok_per_s": statistics.median(runs), "runs": runs,
-                                    "ratio": statistics.median(runs) / inproc}
-    out["ratio"] = out["http_core_process"]["ratio"]  # `radixflow serve`'s default
+    for core, by_client in by_core.items():
+        for client, runs in by_client.items():
+            out[f"http_core_{core}_{client}"] = {"tok_per_s": statistics.median(runs), "runs": runs,
+                                                 "ratio": statistics.median(runs) / inproc}
+    out["ratio"] = out["http_core_process_raw"]["ratio"]  # `radixflow serve`'s default, a light client
     print(f"http: {out}", flush=True)
     return out
 

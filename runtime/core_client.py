@@ -426,7 +426,7 @@ class EngineClient:
         """The core stopped serving: fail every request and call in flight, refuse new ones."""
         if self._dead is not None:
             return
-        log.error("the engine core stopped serving: %s", why)
+        (log.info if self._closed else log.error)("the engine core stopped serving: %s", why)
         self._dead = why
         message = f"the engine core died: {why}"
         self._fail_all({"type": "error", "message": message}, EngineDeadError(message))

@@ -102,7 +102,7 @@ def sample(logits: torch.Tensor, rows: list[SampleRow], generator: torch.Generat
     logits hold a NaN (the model broke for that request) gets token -1.
     """
     device = logits.device
-    broken = torch.isnan(logits).any(dim=-1)  # [B]
+    broken = torch.isnan(logits.amax(dim=-1))  # [B]; amax propagates NaN (one vectorized pass)
     want = [i for i, r in enumerate(rows) if r.want_logprob]
     want_idx = torch.tensor(want, device=device, dtype=torch.long)
     raw = logits.index_select(0, want_idx) if want else None  # [len(want), vocab], a copy
@@ -155,9 +155,33 @@ def _block(logits: torch.Tensor, rows: list[SampleRow]) -> None:
     logits[idx[:, 0], idx[:, 1]] = torch.where(dead[idx[:, 0]], before, float("-inf"))
 
 
+ARGMAX_BLOCK = 64
+
+
+def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
+    """`logits.argmax(dim=-1)` [B] int64, same result (first maximal index; a NaN counts as the
+    maximum). On CPU torch's argmax is not vectorized (~15 ms for 256 x 49,152 fp32 on one
+    thread): there, the maximum of each block of 64 (a vectorized amax), the first block holding
+    the row's maximum, and the argmax within it, ~6x faster. Earlier blocks hold only smaller
+    values, so the first maximal index lies in that block."""
+    rows, vocab = logits.shape
+    blocks = vocab // ARGMAX_BLOCK
+    if logits.is_cuda or blocks < 2:
+        return logits.argmax(dim=-1)
+    head = logits[:, : blocks * ARGMAX_BLOCK].view(rows, blocks, ARGMAX_BLOCK)
+    block = head.amax(dim=-1).argmax(dim=-1)  # [B]
+    picked = block * ARGMAX_BLOCK + head[torch.arange(rows, device=logits.device), block].argmax(dim=-1)
+    if blocks * ARGMAX_BLOCK == vocab:
+        return picked
+    tail_value, tail_index = logits[:, blocks * ARGMAX_BLOCK:].max(dim=-1)
+    head_value = logits.gather(1, picked[:, None])[:, 0]
+    later = (tail_value > head_value) | (torch.isnan(tail_value) & ~torch.isnan(head_value))
+    return torch.where(later, blocks * ARGMAX_BLOCK + tail_index, picked)
+
+
 def choose(logits: torch.Tensor, rows: list[SampleRow], generator: torch.Generator | None) -> torch.Tensor:
     """Token ids [B] int64 (device): argmax for greedy rows, a filtered draw for the others."""
-    tokens = logits.argmax(dim=-1)
+    tokens = argmax_rows(logits)
     sampled = [i for i, r in enumerate(rows) if not r.sampling.is_greedy]
     if not sampled:
         return tokens

@@ -366,10 +366,9 @@ class Scheduler:
         """One new token per running request; more for one whose grammar appended forced tokens
         (jump-forward), which makes the step an extend step (the model runner still replays the
         one-token rows from its CUDA graphs)."""
-        self._make_room_for_decode()
+        news = self._make_room_for_decode()
         if not self.running:
             return None
-        news = [r.seq_len - r.kv_len for r in self.running]
         slots = self._alloc(sum(news))
         assert slots is not None, "decode room was made above"
         self.new_token_ratio = max(NEW_TOKEN_RATIO_MIN, self.new_token_ratio - NEW_TOKEN_RATIO_DECAY)
@@ -403,11 +402,15 @@ class Scheduler:
         return ScheduledBatch(reqs, starts, [1] * n, [True] * n, [True] * n, is_decode=True,
                               is_decode_round=True, misses=[{} for _ in range(n)])
 
-    def _make_room_for_decode(self) -> None:
+    def _make_room_for_decode(self) -> list[int]:
         """Retract until every running request can get its new slots: a chunked prefill first
         (it has made the least progress), then the least-advanced running request. A request
-        left alone that still cannot get a slot can never fit: it finishes with a reason."""
-        while sum(r.seq_len - r.kv_len for r in self.running) > self.kv.num_free + self.cache.evictable_size():
+        left alone that still cannot get a slot can never fit: it finishes with a reason.
+        Returns each running request's count of new tokens."""
+        while True:
+            news = [r.seq_len - r.kv_len for r in self.running]
+            if sum(news) <= self.kv.num_free + self.cache.evictable_size():
+                return news
             if self.prefilling:
                 self._retract(self.prefilling[0])
             elif len(self.running) == 1:

@@ -14,7 +14,7 @@ def test_engine_overhead_smoke(tmp_path):
     subprocess.run([sys.executable, str(SCRIPT), "--smoke", "--only", "decode_step,prefix_ttft,blocked",
                     "--out", str(out)], check=True, timeout=600)
     doc = json.loads(out.read_text())
-    for mode in ("generate", "generate_stream"):
+    for mode in ("generate", "generate_stream", "core_process"):
         assert doc["decode_step"][mode]["steps"] > 0 and doc["decode_step"][mode]["ms_per_step"] > 0
     ttft = doc["prefix_ttft"]
     assert ttft["cached_tokens"] == ttft["prefix_len"] and ttft["fake_runner"]["cached_prefix_ms"] > 0

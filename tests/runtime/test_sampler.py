@@ -223,3 +223,22 @@ def test_score_tokens_in_chunks_equals_log_softmax(monkeypatch):
     lp = torch.log_softmax(logits, -1)
     torch.testing.assert_close(torch.tensor(chosen), lp.gather(1, toks[:, None])[:, 0])
     assert [[t for t, _ in row] for row in tops] == lp.topk(2).indices.tolist()
+
+
+@pytest.mark.parametrize("vocab", [3, 64, 130, 3072, 49152 + 17])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_blocked_argmax_equals_torch_argmax(vocab, dtype):
+    """argmax_rows (blocked on CPU) gives torch's argmax: first maximal index on ties, a NaN's
+    index when a row holds one, a maximum in the ragged tail."""
+    from radixflow.runtime.core.sampler import argmax_rows
+
+    g = torch.Generator().manual_seed(vocab)
+    x = torch.randn(9, vocab, generator=g).to(dtype)
+    x[1, vocab // 2] = x[1, -1] = 50.0  # a tie: the first wins
+    x[2, -1] = 60.0  # the maximum in the last (possibly partial) block
+    x[3, vocab // 3] = float("nan")
+    x[4, :] = 0.0
+    x[5, 0] = float("inf")
+    x[6, -1] = float("nan")
+    x[7, :] = float("-inf")
+    assert argmax_rows(x).tolist() == x.argmax(dim=-1).tolist()
