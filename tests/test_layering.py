@@ -62,3 +62,25 @@ def test_lang_imports_runtime_only_lazily():
                     [node.module] if isinstance(node, ast.ImportFrom) and node.module else [])
                 bad += [f"{f}: {m}" for m in mods if m.startswith("radixflow.runtime")]
     assert not bad, bad
+
+
+SERVER_SIDE = ("radixflow.runtime.text", "radixflow.runtime.core_client", "radixflow.runtime.stream_chunks",
+               "radixflow.runtime.output_channel", "radixflow.frontend", "radixflow.lang")
+
+
+def test_engine_core_imports_nothing_of_the_server_side():
+    """runtime/core/ (what runs in the engine process) never imports text handling, the core's
+    client, stream chunks or HTTP: the core works on token ids; text is the server side's."""
+    bad = []
+    for dirpath, _, files in os.walk(os.path.join(ROOT, "runtime", "core")):
+        for f in files:
+            if not f.endswith(".py"):
+                continue
+            path = os.path.join(dirpath, f)
+            with open(path, encoding="utf-8") as fh:
+                tree = ast.parse(fh.read(), path)
+            for node in ast.walk(tree):
+                mods = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                    [node.module] if isinstance(node, ast.ImportFrom) and node.module else [])
+                bad += [f"{f}: {m}" for m in mods if m.startswith(SERVER_SIDE)]
+    assert not bad, bad
