@@ -49,52 +49,13 @@ from radixflow.runtime.output_channel import OutputChannel
 from radixflow.runtime.sampling_params import SamplingParams
 from radixflow.runtime.stats import EngineStats, RequestTiming
 from radixflow.runtime.stream_chunks import StreamChunks
-from radixflow.runtime.text.output_text import OutputText
+from radixflow.runtime.text.output_text import ClientText, OutputText
 from radixflow.runtime.text.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
 _REJECTIONS: dict[str, type[Exception]] = {"value": ValueError, "queue_full": QueueFullError,
                                            "closed": EngineClosedError, "dead": EngineDeadError}
-
-
-class ClientText:
-    """A request's text on the server side: the core sends token ids only; this detokenizes them
-    and finds stop strings and stop regexes (OutputText). At a stop, the tokens after the one
-    that completed it are dropped and the request's finish reason is that stop once the core,
-    told to end it, reports it finished (its final message carries the request's stats)."""
-
-    def __init__(self, text: OutputText) -> None:
-        self.text = text
-        self.sent = 0
-        self.stop: dict[str, Any] | None = None
-
-    def apply(self, out: RequestOutput) -> RequestOutput:
-        """`out` as the consumer sees it: its tokens up to a stop, with their visible text."""
-        tokens, logprobs = out.new_token_ids, out.new_logprobs
-        if self.stop is not None:
-            tokens, logprobs = [], []
-        else:
-            reason = out.finish_reason
-            # a stop token or EOS ends the output before any stop string is looked for, as in-process
-            eos = reason is not None and reason.get("type") == "stop" and isinstance(reason.get("matched"), int)
-            for k, token in enumerate(tokens):
-                prev_len = self.text.add(token)
-                if eos and k == len(tokens) - 1:
-                    break
-                stop = self.text.match_stop(prev_len)
-                if stop is not None:
-                    self.stop = stop
-                    tokens, logprobs = tokens[: k + 1], logprobs[: k + 1]
-                    break
-        finished = out.finish_reason is not None
-        if finished:
-            self.text.finalize()
-        end = self.text.visible_len(finished or self.text.is_final)
-        delta, self.sent = self.text.text[self.sent: end], max(self.sent, end)
-        reason = (self.stop or out.finish_reason) if finished else None
-        return msgspec.structs.replace(out, new_token_ids=tokens, new_logprobs=logprobs, text_delta=delta,
-                                       finish_reason=reason)
 
 
 class EngineClient:

@@ -1,13 +1,17 @@
 """A request's output text: incremental detokenization, stop strings and stop regexes.
 
-One class serves both places text is made: the in-process engine (runtime/core/output.py, on the
-engine thread) and the server side of the engine-process split (runtime/core_client.py), where
-the core sends token ids only and a stop string found here ends the request in the core.
+OutputText serves both places text is made: the in-process engine (runtime/core/output.py, on the
+engine thread) and the server side of the engine-process split, where the core sends token ids
+only and ClientText (used by runtime/core_client.py) turns its messages into text and finds the
+stops, which end the request in the core.
 """
 from __future__ import annotations
 
 from typing import Any
 
+import msgspec
+
+from radixflow.runtime.core.messages import RequestOutput
 from radixflow.runtime.sampling_params import SamplingParams
 from radixflow.runtime.text.detokenizer import IncrementalDetokenizer
 from radixflow.runtime.text.stop_regex import StopMatcher, compile_stop_regexes
@@ -82,3 +86,42 @@ class OutputText:
         if self.stop_matcher is not None:
             end = min(end, self.stop_matcher.hold_from)
         return max(0, end)
+
+
+class ClientText:
+    """A request's text on the server side: the core sends token ids only; this detokenizes them
+    and finds stop strings and stop regexes (OutputText). At a stop, the tokens after the one
+    that completed it are dropped and the request's finish reason is that stop once the core,
+    told to end it, reports it finished (its final message carries the request's stats)."""
+
+    def __init__(self, text: OutputText) -> None:
+        self.text = text
+        self.sent = 0
+        self.stop: dict[str, Any] | None = None
+
+    def apply(self, out: RequestOutput) -> RequestOutput:
+        """`out` as the consumer sees it: its tokens up to a stop, with their visible text."""
+        tokens, logprobs = out.new_token_ids, out.new_logprobs
+        if self.stop is not None:
+            tokens, logprobs = [], []
+        else:
+            reason = out.finish_reason
+            # a stop token or EOS ends the output before any stop string is looked for, as in-process
+            eos = reason is not None and reason.get("type") == "stop" and isinstance(reason.get("matched"), int)
+            for k, token in enumerate(tokens):
+                prev_len = self.text.add(token)
+                if eos and k == len(tokens) - 1:
+                    break
+                stop = self.text.match_stop(prev_len)
+                if stop is not None:
+                    self.stop = stop
+                    tokens, logprobs = tokens[: k + 1], logprobs[: k + 1]
+                    break
+        finished = out.finish_reason is not None
+        if finished:
+            self.text.finalize()
+        end = self.text.visible_len(finished or self.text.is_final)
+        delta, self.sent = self.text.text[self.sent: end], max(self.sent, end)
+        reason = (self.stop or out.finish_reason) if finished else None
+        return msgspec.structs.replace(out, new_token_ids=tokens, new_logprobs=logprobs, text_delta=delta,
+                                       finish_reason=reason)
