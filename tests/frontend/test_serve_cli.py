@@ -6,6 +6,7 @@ import socket
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
@@ -74,16 +75,21 @@ def test_two_api_servers_share_one_engine_core():
     try:
         deadline = time.monotonic() + 60
         seen: dict[int, int] = {}
-        while len(seen) < 2:  # new connections land on either server
-            assert proc.poll() is None, proc.stdout.read()
-            assert time.monotonic() < deadline, f"two servers did not answer: {seen}"
+
+        def ask(_: int) -> None:
             try:
-                with httpx.Client(base_url=url, timeout=30) as c:
+                with httpx.Client(base_url=url, timeout=30) as c:  # a new connection each time
                     info = c.get("/get_server_info")
                     if info.status_code == 200:
                         seen[info.json()["api_server_pid"]] = info.json()["engine_core_pid"]
             except httpx.TransportError:
                 time.sleep(0.1)
+
+        with ThreadPoolExecutor(8) as pool:
+            while len(seen) < 2:  # concurrent new connections land on either server
+                assert proc.poll() is None, proc.stdout.read()
+                assert time.monotonic() < deadline, f"two servers did not answer: {seen}"
+                list(pool.map(ask, range(8)))
         assert len(set(seen.values())) == 1 and set(seen.values()).isdisjoint(seen)  # one core, not a server
         generated = []
         for _ in range(4):
