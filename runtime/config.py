@@ -43,6 +43,7 @@ class EngineConfig:
     attention_backend: str = _opt("auto", "Attention kernels; auto = triton on CUDA, torch on CPU. Env: RADIXFLOW_ATTENTION_BACKEND.", ATTENTION_BACKENDS)
     disable_cuda_graph: bool = _opt(False, "Run decode steps eagerly instead of replaying captured CUDA graphs.")
     cuda_graph_max_bs: int = _opt(256, "Largest decode batch captured in a CUDA graph.")
+    enable_overlap: bool = _opt(False, "Overlap scheduling: while the device (on CPU a worker thread) runs decode step N, process step N-1's tokens; only for steady decode of plain requests (no grammar, penalties, logprobs, seed). Off by default: tested on CPU only, not yet validated on a GPU.")
     max_queued_requests: int = _opt(4096, "Requests waiting beyond the running batch are rejected past this (HTTP 429).")
     grammar_backend: str = _opt("outlines", "Constrained decoding backend.", GRAMMAR_BACKENDS)
     grammar_timeout_s: float = _opt(10.0, "Longest time one grammar may take to compile before the request is rejected.")

@@ -101,7 +101,8 @@ class Engine:
                                        self.config.grammar_backend, self.config.grammar_timeout_s,
                                        self.config.jump_forward)
         self._step = StepRunner(self.runner, self.scheduler, self.eos_ids, self.max_context_len,
-                                torch.Generator(self.runner.device).manual_seed(self.config.seed))
+                                torch.Generator(self.runner.device).manual_seed(self.config.seed),
+                                overlap=self.config.enable_overlap)
         # with LoRA: per-request counters by adapter too, for series labelled lora_name
         self._by_adapter = None if self.loras is None else AdapterRequestCounts()
         self._step.by_adapter = self._by_adapter
@@ -423,6 +424,7 @@ class Engine:
                 stepped = self._step.run_one()
             except Exception as exc:  # a scheduling bug: fail what is in flight, keep serving
                 log.exception("engine step failed outside its fault isolation; failing all requests")
+                self._step.discard()
                 self.scheduler.finish_all(error_reason(exc))
                 stepped = True
             self._hand_out()
@@ -434,6 +436,8 @@ class Engine:
 
     def _close_out(self) -> None:
         """After a stop: abort what the scheduler holds and whatever is still queued."""
+        self._step.drain()
+        self._step.close()
         self.scheduler.finish_all(_SHUTDOWN)
         self._hand_out()
         for req in self._drain_queued(EngineClosedError("the engine is shut down")):
@@ -446,6 +450,7 @@ class Engine:
         Engine state may be inconsistent here, so KV is not given back."""
         with self._active_lock:
             self._dead = exc
+        self._step.close(wait=False)
         reason = {"type": "error", "message": f"the engine loop died: {exc!r}"}
         reqs = list(self.scheduler.waiting) + self.scheduler.holding() + self.scheduler.done
         reqs += self._drain_queued(EngineDeadError(reason["message"]))
@@ -494,6 +499,8 @@ class Engine:
             kind, payload = item
             if kind == "stop":
                 return False
+            if kind != "add":  # it changes or reads requests between steps: none may be in flight
+                self._step.drain()
             if kind == "add":
                 self.scheduler.add(payload)
             elif kind == "abort":

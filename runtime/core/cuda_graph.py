@@ -148,14 +148,18 @@ class DecodeGraphRunner:
         choose = getattr(self.attention, "kv_splits_for", None)
         return None if choose is None else choose(bs, self.req_to_token.shape[1])
 
-    def run(self, input_ids: list[int], positions: list[int], out_slots: list[int],
+    def run(self, input_ids: list[int] | torch.Tensor, positions: list[int], out_slots: list[int],
             req_rows: list[int], lora_slots: list[int] | None = None) -> torch.Tensor:
-        """Logits [bs, vocab] fp32 of one decode step; bs must be <= max_bs."""
-        bs = len(input_ids)
+        """Logits [bs, vocab] fp32 of one decode step; bs must be <= max_bs. `input_ids` may be
+        a device tensor [bs] int64 (overlap scheduling: tokens not yet read back)."""
+        bs = len(positions)
         padded = padded_batch_size(bs, self.batch_sizes)
         assert padded is not None, f"decode batch {bs} exceeds the largest captured size {self.max_bs}"
-        host = pack_decode_inputs(input_ids, positions, out_slots, req_rows, padded)
+        on_device = isinstance(input_ids, torch.Tensor)
+        host = pack_decode_inputs([0] * bs if on_device else input_ids, positions, out_slots, req_rows, padded)
         self.packed[:, :padded].copy_(host)
+        if on_device:
+            self.packed[INPUT_IDS, :bs].copy_(input_ids)
         if self.lora_slots is not None and lora_slots is not None:
             ids = torch.full((padded,), -1, dtype=torch.int64)
             ids[:bs] = torch.tensor(lora_slots, dtype=torch.int64)

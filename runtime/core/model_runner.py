@@ -1,8 +1,10 @@
 """Loads the model, sizes the KV memory, and runs one forward step for a ScheduledBatch."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,6 +30,7 @@ CPU_DEFAULT_KV_TOKENS = 65536  # CPU cap: more slots than a CPU can fill only co
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 # GPU memory kept out of the KV budget for activations, logits and the CUDA graph pool.
 GPU_ACTIVATION_RESERVE_BYTES = 2 << 30
+_IDS_LATER = torch.empty(0, dtype=torch.int64)  # prepare_decode's placeholder until run(input_ids)
 
 
 @dataclass(frozen=True)
@@ -149,6 +152,27 @@ class ModelRunner:
         fb = self.make_forward_batch(batch, logit_offsets)
         return self.model(fb, self.attention)
 
+    def prepare_decode(self, batch: ScheduledBatch) -> Callable[[torch.Tensor], torch.Tensor]:
+        """For a plain decode batch (one token each, one logit row each) whose input tokens may
+        not be on the host yet (overlap scheduling: the previous step's samples). Reads all it
+        needs of the requests now, on the engine thread, and returns `run(input_ids)`:
+        input_ids [len(batch.reqs)] int64 on the device -> logits [len(batch.reqs), vocab] fp32,
+        which reads no request state, so it may run on another thread while the engine thread
+        goes on. On CUDA without graphs or on CPU it runs eagerly; with graphs it replays them
+        (the graph-output NOTE of `forward` applies)."""
+        assert batch.is_decode and all(n == 1 for n in batch.extend_lens)
+        self._maybe_capture_graphs()
+        offsets = [[0]] * len(batch.reqs)
+        if self._can_replay(batch, offsets):
+            graphs = self.graph_runner
+            assert graphs is not None
+            positions, rows = list(batch.prefix_lens), [r.row for r in batch.reqs]
+            out_slots = [r.slots[p] for r, p in zip(batch.reqs, batch.prefix_lens)]
+            loras = [r.lora_id for r in batch.reqs]
+            return lambda ids: graphs.run(ids, positions, out_slots, rows, lora_slots=loras)
+        fb = self.make_forward_batch(batch, offsets, input_ids=_IDS_LATER)
+        return lambda ids: self.model(dataclasses.replace(fb, input_ids=ids), self.attention)
+
     def _replay(self, reqs: list[Req], prefix_lens: list[int]) -> torch.Tensor:
         """Logits [len(reqs), vocab] of one decode token per request, from the graphs."""
         assert self.graph_runner is not None
@@ -194,12 +218,18 @@ class ModelRunner:
         out[[r for i in eager for r in range(starts[i], starts[i + 1])]] = eager_logits
         return out
 
-    def make_forward_batch(self, batch: ScheduledBatch, logit_offsets: list[list[int]]) -> ForwardBatch:
+    def make_forward_batch(self, batch: ScheduledBatch, logit_offsets: list[list[int]],
+                           input_ids: torch.Tensor | None = None) -> ForwardBatch:
+        """The ForwardBatch of `batch`; its input ids are the requests' tokens, or `input_ids`
+        (on the device, one per new token) when given."""
         ids, positions, slots, logit_rows, starts = [], [], [], [], []
+        num_tokens = 0
         for req, prefix, n, offs in zip(batch.reqs, batch.prefix_lens, batch.extend_lens, logit_offsets):
-            starts.append(len(ids))
-            logit_rows.extend(len(ids) + o for o in offs)
-            ids.extend(req.ids_range(prefix, prefix + n))
+            starts.append(num_tokens)
+            logit_rows.extend(num_tokens + o for o in offs)
+            if input_ids is None:
+                ids.extend(req.ids_range(prefix, prefix + n))
+            num_tokens += n
             positions.extend(range(prefix, prefix + n))
             slots.append(req.slots[prefix: prefix + n])
         dev = self.device
@@ -209,7 +239,8 @@ class ModelRunner:
 
         out_slots = torch.from_numpy(np.concatenate(slots).astype(np.int64)).to(dev)
         return ForwardBatch(
-            is_decode=batch.is_decode, input_ids=t(ids), positions=t(positions), out_slots=out_slots,
+            is_decode=batch.is_decode, input_ids=t(ids) if input_ids is None else input_ids,
+            positions=t(positions), out_slots=out_slots,
             req_to_token=self.req_pool.table, req_rows=t([r.row for r in batch.reqs]),
             prefix_lens=t(batch.prefix_lens), extend_lens=t(batch.extend_lens),
             seq_lens=t([p + n for p, n in zip(batch.prefix_lens, batch.extend_lens)]),

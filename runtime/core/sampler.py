@@ -22,7 +22,8 @@ TOP_P_CANDIDATES = 1024
 # Logit rows scored at once by `score_tokens`: bounds its fp32 temporaries to [chunk, vocab].
 LOGPROB_CHUNK_ROWS = 256
 
-__all__ = ["RowState", "SampleResult", "SampleRow", "logprobs_of", "sample", "score_tokens", "top_logprobs"]
+__all__ = ["RowState", "SampleResult", "SampleRow", "logprobs_of", "sample", "sample_on_device", "score_tokens",
+           "top_logprobs"]
 
 
 @dataclass
@@ -115,6 +116,16 @@ def sample(logits: torch.Tensor, rows: list[SampleRow], generator: torch.Generat
     if raw is None:
         return SampleResult(tokens.tolist(), None, None)
     return _with_logprobs(raw, tokens, want, rows)
+
+
+def sample_on_device(logits: torch.Tensor, rows: list[SampleRow], generator: torch.Generator | None) -> torch.Tensor:
+    """Token ids [B] int64 on the logits' device, -1 where a row's logits hold a NaN, with no
+    host sync (except a top_p redraw wider than TOP_P_CANDIDATES). Only for rows without
+    grammar, penalties, blocked ids, logprobs or seed: the overlapped decode steps' rows
+    (runtime/core/overlap.py), whose tokens the host reads a step later. For such rows it
+    picks what `sample` picks."""
+    broken = torch.isnan(logits.amax(dim=-1))  # [B]
+    return choose(logits, rows, generator).masked_fill(broken, -1)
 
 
 def _with_logprobs(raw: torch.Tensor, tokens: torch.Tensor, want: list[int], rows: list[SampleRow]) -> SampleResult:

@@ -200,16 +200,28 @@ class Scheduler:
         (their KV was never written), and send requests whose prefill it was part of back to
         the head of the queue. KV committed before the step stays."""
         for req, prefix in zip(batch.reqs, batch.prefix_lens):
-            if req.status is Status.FINISHED:
-                continue
-            self.kv.free(req.slots[prefix:])
-            req.slots.truncate(prefix)
+            if req.status is not Status.FINISHED:
+                self._free_from(req, prefix)
         requeue = [r for r in batch.reqs if r in self.prefilling]
         for req in requeue:
             self._release(req)
             req.status = Status.WAITING
         self.waiting[:0] = requeue
         self._blocked_until = None
+
+    def drop_ahead(self, batch: ScheduledBatch) -> None:
+        """Overlap scheduling: `batch` was scheduled before the previous step's tokens were
+        appended; its rows whose request finished on that token (not yet released) compute KV
+        past the request's end. Free those new slots uncached, before the release hands the
+        request's KV to the tree: the forward writing them may still fail."""
+        for req, prefix in zip(batch.reqs, batch.prefix_lens):
+            if req.is_finished and req.status is not Status.FINISHED:
+                self._free_from(req, prefix)
+
+    def _free_from(self, req: Req, prefix: int) -> None:
+        """Free req's slots from position `prefix` on, uncached (their KV is not to be kept)."""
+        self.kv.free(req.slots[prefix:])
+        req.slots.truncate(prefix)
 
     def shrink_prefill_budget(self) -> None:
         """After an out-of-memory prefill: halve the prefill token budget until the queue drains."""
@@ -391,6 +403,21 @@ class Scheduler:
             req.slots.extend(mine)
         self.req_pool.write(rows, starts, new_slots)
         return batch
+
+    def schedule_decode_ahead(self) -> ScheduledBatch | None:
+        """Overlap scheduling: the next decode step while the previous step's tokens are still
+        on the device (each running request has `seq_len == kv_len`: its last token pending).
+        One new slot each, at position kv_len, for the pending token. None, allocating nothing,
+        when anything waits or prefills or a slot each is not free or evictable (the engine
+        then finishes the previous step and schedules as usual: admission, retraction)."""
+        if self.waiting or self.prefilling or not self.running:
+            return None
+        if len(self.running) > self.kv.num_free + self.cache.evictable_size():
+            return None
+        slots = self._alloc(len(self.running))
+        assert slots is not None, "the room was checked above"
+        self.new_token_ratio = max(NEW_TOKEN_RATIO_MIN, self.new_token_ratio - NEW_TOKEN_RATIO_DECAY)
+        return self._one_token_each(slots)
 
     def _one_token_each(self, slots: SlotIds) -> ScheduledBatch:
         reqs = list(self.running)

@@ -17,6 +17,7 @@ from radixflow.runtime.grammar.mask import grammar_bitmask
 from radixflow.runtime.grammar.state import advance as advance_grammar
 from radixflow.runtime.core.model_runner import ModelRunner
 from radixflow.runtime.core.output import append_token
+from radixflow.runtime.core.overlap import InFlight, Launcher, is_plain
 from radixflow.runtime.core.publish import publish
 from radixflow.runtime.core.request import Req
 from radixflow.runtime.core.sampler import RowState, SampleRow, sample, score_tokens
@@ -81,10 +82,14 @@ class StepRunner:
     """Runs steps for the engine thread; counts prefill tokens, generated tokens, steps.
 
     `faults` is the test-only fault injector (runtime/core/faults.py); serving uses NO_FAULTS.
+    `overlap`: overlap scheduling (runtime/core/overlap.py). A plain decode step is then
+    launched and left in flight; the next run_one launches the step after it and only then
+    appends its tokens. Between run_one calls a step may be in flight (its requests' last KV
+    slot still being written): `drain` before changing requests outside a step.
     """
 
     def __init__(self, runner: ModelRunner, scheduler: Scheduler, eos_ids: frozenset[int],
-                 max_context_len: int, generator: torch.Generator) -> None:
+                 max_context_len: int, generator: torch.Generator, overlap: bool = False) -> None:
         self.runner, self.scheduler = runner, scheduler
         self.eos_ids, self.max_context_len = eos_ids, max_context_len
         self.generator = generator
@@ -95,13 +100,21 @@ class StepRunner:
         self.generated_tokens = 0
         self.num_steps = 0
         self.num_failed_steps = 0
+        self.num_overlapped_steps = 0  # steps launched while the one before was in flight
+        self.launcher = Launcher(runner, generator) if overlap else None
+        self._in_flight: InFlight | None = None
 
     def run_one(self) -> bool:
         """Schedule and run one step; finished requests land in `scheduler.done`.
         Returns whether a step ran."""
+        if self._in_flight is not None:
+            return self._run_overlapped(self._in_flight)
         batch = self.scheduler.schedule()
         if batch is None:
             return False
+        if self.launcher is not None and batch.is_decode and all(is_plain(r, 0) for r in batch.reqs):
+            self._in_flight = self.launcher.launch(batch, None, self.num_steps)  # appended next run_one
+            return True
         if batch.is_decode:  # one token each, sampled; prompt logprobs were all taken at prefill
             plans = [_DECODE_PLAN] * len(batch.reqs)
         else:
@@ -127,6 +140,89 @@ class StepRunner:
         self.scheduler.finish_step(batch)
         publish([r for r in batch.reqs if not r.is_finished])  # finished ones: at their hand-out
         return True
+
+    # -- overlap scheduling ---------------------------------------------------------------------
+
+    def drain(self) -> None:
+        """Append the tokens of the step in flight, if any, and release what finished."""
+        step, self._in_flight = self._in_flight, None
+        if step is not None:
+            self._finish_in_flight(step, None)
+
+    def discard(self) -> None:
+        """Before the loop fails every request after an error outside the steps' isolation: wait
+        for the step in flight and free its new slots uncached; its tokens are dropped."""
+        step, self._in_flight = self._in_flight, None
+        if step is not None:
+            step.wait()
+            self.scheduler.undo_step(step.batch)
+
+    def close(self, wait: bool = True) -> None:
+        if self.launcher is not None:
+            self.launcher.close(wait)
+
+    def _run_overlapped(self, prev: InFlight) -> bool:
+        """Launch the decode step after `prev` from its tokens still on the device, then append
+        prev's tokens while it runs; when the next step cannot overlap, only finish prev."""
+        batch = None
+        assert self.launcher is not None
+        if not prev.has_failed and all(is_plain(r, 1) for r in self.scheduler.running):
+            batch = self.scheduler.schedule_decode_ahead()
+        if batch is None:
+            self.drain()
+            return True
+        ahead = self._in_flight = self.launcher.launch(batch, prev, self.num_steps + 1)  # prev uncounted
+        self.num_overlapped_steps += 1
+        self._finish_in_flight(prev, ahead)
+        if self._in_flight is not None and all(r.is_finished for r in ahead.batch.reqs):
+            self.drain()  # nothing of it is wanted; nothing would run it out either
+        return True
+
+    def _finish_in_flight(self, step: InFlight, ahead: InFlight | None) -> None:
+        """Append `step`'s tokens and release what finished. `ahead`: the step launched after
+        it, whose rows of requests that finish now are dropped (or which is undone with
+        `step` when step's forward failed). Injected faults see only the rows still wanted."""
+        live = [r for r in step.batch.reqs if not r.is_finished]
+        try:
+            self.faults.check("forward", live, step.step)
+            tokens = step.host_tokens()
+        except Exception as exc:  # step's forward failed, and ahead's with it (its input)
+            step.wait()
+            if ahead is not None:
+                ahead.wait()
+                self.scheduler.undo_step(ahead.batch)
+                self._in_flight = None
+            self._forward_failed(step.batch, exc)
+            return
+        self.num_steps += 1
+        try:
+            self._check_batch_faults(live)
+            self._append_tokens(step.batch.reqs, tokens)
+        except Exception as exc:  # batch-wide handling failed: no one request owns the error
+            log.exception("step %d failed after its forward; failing its %d requests", self.num_steps,
+                          len(step.batch.reqs))
+            for req in step.batch.reqs:
+                req.finish(error_reason(exc))
+        if ahead is not None:
+            self.scheduler.drop_ahead(ahead.batch)
+        self.scheduler.finish_step(step.batch)
+        publish([r for r in step.batch.reqs if not r.is_finished])
+
+    def _append_tokens(self, reqs: list[Req], tokens: list[int]) -> None:
+        """Append each unfinished request's sampled token (-1: its logits held a NaN)."""
+        step = self.num_steps - 1
+        for req, token in zip(reqs, tokens):
+            if req.is_finished:
+                continue  # finished on the token before (its row computed past its end), or aborted
+            try:
+                self.faults.check("sampler", (req,), step)
+                if token < 0:
+                    raise ValueError("the model produced NaN logits for this request")
+                self._append(req, token, None, None)
+            except Exception as exc:  # its sampling row, detokenizer or stop checks
+                self._fail(req, exc)
+
+    # -- the steps' parts ------------------------------------------------------------------------
 
     def _count_misses(self, batch: ScheduledBatch) -> None:
         """Credit the step's prefill tokens, by miss reason, to their requests and the totals."""

@@ -1,0 +1,144 @@
+"""Overlap scheduling: a decode step computes on the device while the host appends the last one's tokens.
+
+    engine thread:   sched N │ launch N │ append N-1's tokens, stop checks, release, publish │ sched N+1 │ ...
+    device / worker: ── step N-1 ──────┴── step N: forward, sample (input: N-1's tokens, on the device) ──┴── ...
+
+Only decode steps of plain requests (`is_plain`) overlap, with nothing waiting or prefilling;
+before any other step, and before anything changes the requests between steps (aborts, calls),
+the engine finishes the step in flight (StepRunner.drain) and then runs steps as without it.
+On CPU the forward runs on one worker thread (torch ops release the GIL); on CUDA launching
+is asynchronous already, so it runs inline and the tokens come back through a pinned buffer.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+import torch
+
+from radixflow.runtime.core.model_runner import ModelRunner
+from radixflow.runtime.core.request import Req
+from radixflow.runtime.core.sampler import SampleRow, sample_on_device
+from radixflow.runtime.core.scheduler import ScheduledBatch
+
+# What a launched step's job returns: its tokens [B] int64 on the device (-1: NaN logits), the
+# same on the host (pinned, filled asynchronously on CUDA), and the event that marks the copy.
+StepTokens = tuple[torch.Tensor, torch.Tensor, "torch.cuda.Event | None"]
+
+
+def is_plain(req: Req, num_pending: int) -> bool:
+    """Whether req's next token can be sampled on the device with no host work
+    (`sample_on_device`): no grammar, penalties, logprobs or seed, and min_new_tokens no longer
+    holding stop tokens back once its `num_pending` tokens still on the device are appended."""
+    sp = req.sampling
+    return (req.grammar is None and req.generator is None and not req.logprob.return_logprob
+            and not req.logprob.top_logprobs_num and sp.repetition_penalty == 1.0
+            and not sp.frequency_penalty and not sp.presence_penalty
+            and len(req.output_ids) + num_pending >= sp.min_new_tokens)
+
+
+def plain_rows(reqs: list[Req]) -> list[SampleRow]:
+    """The sampler's rows of plain requests: their parameters only (no live token lists, which
+    the engine thread changes while the job runs)."""
+    return [SampleRow(r.sampling, [], [], None, []) for r in reqs]
+
+
+@dataclass
+class InFlight:
+    """A launched decode step whose tokens the host has not appended yet."""
+
+    batch: ScheduledBatch
+    step: int                  # its step number (the fault injector's)
+    result: Future             # -> StepTokens, or the forward's error
+
+    @property
+    def has_failed(self) -> bool:
+        """Whether it is known already that its forward failed (without waiting)."""
+        return self.result.done() and self.result.exception() is not None
+
+    def device_tokens(self) -> torch.Tensor:
+        """Its tokens [B] int64 on the device (the next step's input); raises its error."""
+        return self.result.result()[0]
+
+    def host_tokens(self) -> list[int]:
+        """Wait for the step; its tokens on the host, or its forward's error raised."""
+        _, host, copied = self.result.result()
+        if copied is not None:
+            copied.synchronize()
+        return host.tolist()
+
+    def wait(self) -> None:
+        """Wait until the step's job ended, whatever its outcome."""
+        concurrent.futures.wait([self.result])
+
+
+def failed(exc: Exception) -> Future:
+    """A step result that is `exc` (a launch that failed before anything ran)."""
+    fut: Future = Future()
+    fut.set_exception(exc)
+    return fut
+
+
+def run_step(run: Callable[[torch.Tensor], torch.Tensor], input_ids: Callable[[], torch.Tensor],
+             rows: list[SampleRow], generator: torch.Generator) -> StepTokens:
+    """The job of one launched step: forward, sample, start the copy of the tokens to the host."""
+    tokens = sample_on_device(run(input_ids()), rows, generator)  # [B] int64
+    if not tokens.is_cuda:
+        return tokens, tokens, None
+    host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
+    host.copy_(tokens, non_blocking=True)
+    copied = torch.cuda.Event()
+    copied.record()
+    return tokens, host, copied
+
+
+class Launcher:
+    """Starts overlapped decode steps, which run in launch order: on one worker thread on CPU
+    (torch ops release the GIL), inline on CUDA (kernel launches are asynchronous already)."""
+
+    def __init__(self, runner: ModelRunner, generator: torch.Generator) -> None:
+        self.runner, self.generator = runner, generator
+        self._worker = (None if runner.device.type == "cuda"
+                        else ThreadPoolExecutor(max_workers=1, thread_name_prefix="radixflow-forward"))
+
+    def launch(self, batch: ScheduledBatch, prev: InFlight | None, step: int) -> InFlight:
+        """Start the forward and sampling of `batch`, a plain decode batch (engine thread).
+        Its input ids are `prev`'s tokens, still on the device (prev decoded all of batch's
+        requests), or without `prev` the requests' last tokens."""
+        try:
+            run = self.runner.prepare_decode(batch)
+        except Exception as exc:  # the step's forward failed: reported where its tokens are read
+            return InFlight(batch, step, failed(exc))
+        input_ids, rows, generator = self._input_ids(batch, prev), plain_rows(batch.reqs), self.generator
+        return InFlight(batch, step, self._submit(lambda: run_step(run, input_ids, rows, generator)))
+
+    def close(self, wait: bool = True) -> None:
+        if self._worker is not None:
+            self._worker.shutdown(wait=wait)
+
+    def _input_ids(self, batch: ScheduledBatch, prev: InFlight | None) -> Callable[[], torch.Tensor]:
+        """The step's input ids [B] int64 on the device, as a function its job calls."""
+        dev = self.runner.device
+        if prev is None:
+            ids = torch.tensor([r.ids_range(p, p + 1)[0] for r, p in zip(batch.reqs, batch.prefix_lens)],
+                               dtype=torch.int64, device=dev)
+            return lambda: ids
+        where = {id(r): i for i, r in enumerate(prev.batch.reqs)}
+        picks = [where[id(r)] for r in batch.reqs]
+        # a NaN row's -1 becomes token 0: its request fails when prev's tokens are appended
+        if picks == list(range(len(prev.batch.reqs))):
+            return lambda: prev.device_tokens().clamp(min=0)
+        index = torch.tensor(picks, dtype=torch.int64, device=dev)
+        return lambda: prev.device_tokens().index_select(0, index).clamp(min=0)
+
+    def _submit(self, job: Callable[[], StepTokens]) -> Future:
+        if self._worker is not None:
+            return self._worker.submit(job)
+        fut: Future = Future()
+        try:
+            fut.set_result(job())
+        except Exception as exc:  # the step's error, raised where its tokens are read
+            fut.set_exception(exc)
+        return fut

@@ -1,0 +1,223 @@
+"""Overlap scheduling (runtime/core/overlap.py) on CPU: the same greedy outputs as without it,
+the overlapped path really taken, exact slot accounting, faults contained as without it."""
+from __future__ import annotations
+
+import threading
+import time
+
+import torch
+
+from radixflow.runtime import Engine
+from radixflow.runtime.core.faults import Fault, FaultInjector
+from radixflow.runtime.model.demo import demo_model
+from test_fault_isolation import BOUND_S, assert_idle_and_clean, bounded, ids, paused, reason
+
+GREEDY = {"temperature": 0}
+DATE = r"(19|20)[0-9]{2}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])"
+SMALL_SCHEMA = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 99}},
+                "required": ["n"], "additionalProperties": False}
+
+
+def tiny(enable_overlap: bool, **config) -> Engine:
+    return Engine(demo_model("tiny"), dtype="float32", check_invariants=True, kv_cache_tokens=4096,
+                  enable_overlap=enable_overlap, **config)
+
+
+def _summary(res: dict) -> tuple:
+    return res["output_ids"], res["text"], res["meta_info"]["finish_reason"]
+
+
+def _mixed_jobs(free_ids: list[int], free_text: str) -> list[tuple[str, list[int], dict, dict]]:
+    """(rid, prompt, sampling params, generate options): plain rows of several lengths and
+    budgets, EOS-enabled rows and rows that stop early on a token or a string, a regex and a
+    json_schema row, a row with logprobs."""
+    stop = free_text[len(free_text) // 2: len(free_text) // 2 + 3]
+    jobs = [(f"plain{i}", ids(n, 100 + i), {**GREEDY, "max_new_tokens": m, "ignore_eos": True}, {})
+            for i, (n, m) in enumerate([(5, 40), (17, 9), (33, 25), (9, 3), (60, 48), (12, 1)])]
+    # EOS on: eos0 samples EOS at its 25th token (found by search), eos1 does not
+    jobs += [("eos0", ids(13, 1070), {**GREEDY, "max_new_tokens": 40}, {}),
+             ("eos1", ids(21, 201), {**GREEDY, "max_new_tokens": 30}, {})]
+    jobs += [("stop_token", ids(11, 300), {**GREEDY, "max_new_tokens": 40,
+                                                           "stop_token_ids": [free_ids[5]]}, {}),
+             ("stop_token_free", [1, 2, 3], {**GREEDY, "max_new_tokens": 40, "ignore_eos": True,
+                                             "stop_token_ids": [free_ids[5]]}, {}),
+             ("stop_string", [1, 2, 3], {**GREEDY, "max_new_tokens": 40, "ignore_eos": True, "stop": [stop]}, {}),
+             # not plain until 6 tokens are out: joins the overlap mid-run
+             ("min_new", [1, 2, 3], {**GREEDY, "max_new_tokens": 20, "min_new_tokens": 6,
+                                     "stop_token_ids": [free_ids[2]]}, {}),
+             ("regex", ids(6, 302), {**GREEDY, "max_new_tokens": 16, "regex": DATE}, {}),
+             ("json", ids(6, 303), {**GREEDY, "max_new_tokens": 24, "json_schema": SMALL_SCHEMA}, {}),
+             ("logprobs", ids(10, 304), {**GREEDY, "max_new_tokens": 6, "ignore_eos": True},
+              {"return_logprob": True, "top_logprobs_num": 2})]
+    return jobs
+
+
+def run_mixed(enable_overlap: bool) -> tuple[dict[str, tuple], dict[str, list], int]:
+    """The mixed workload, admitted in one step, then a second wave arriving mid-decode.
+    Returns per rid (output ids, text, finish reason), the logprobs row's logprobs, and the
+    number of overlapped steps."""
+    with tiny(enable_overlap) as e:
+        free = e.generate(input_ids=[1, 2, 3], sampling_params={**GREEDY, "max_new_tokens": 40, "ignore_eos": True})
+        e.flush_cache()
+        jobs = _mixed_jobs(free["output_ids"], free["text"])
+        results: dict[str, dict] = {}
+
+        def submit(rid, prompt, sp, opts):
+            results[rid] = e.generate(input_ids=prompt, sampling_params=sp, rid=rid, **opts)
+
+        threads = [threading.Thread(target=submit, args=job) for job in jobs]
+        with paused(e):
+            for t in threads:
+                t.start()
+        time.sleep(0.05)  # a second wave while the first decodes (admission between overlapped steps)
+        late = [("late0", ids(14, 400), {**GREEDY, "max_new_tokens": 12, "ignore_eos": True}, {}),
+                ("late1", ids(3, 401), {**GREEDY, "max_new_tokens": 30}, {})]
+        late_threads = [threading.Thread(target=submit, args=job) for job in late]
+        for t in late_threads:
+            t.start()
+        for t in threads + late_threads:
+            t.join(BOUND_S)
+            assert not t.is_alive()
+        assert_idle_and_clean(e)
+        logprobs = results["logprobs"]["meta_info"]["output_token_logprobs"]
+        return {rid: _summary(r) for rid, r in results.items()}, logprobs, e._step.num_overlapped_steps
+
+
+def test_greedy_outputs_are_identical_with_and_without_overlap():
+    off, off_logprobs, none = run_mixed(False)
+    on, on_logprobs, overlapped = run_mixed(True)
+    assert none == 0 and overlapped > 0
+    assert sorted(on) == sorted(off)
+    for rid in off:
+        assert on[rid] == off[rid], rid
+    assert on_logprobs == off_logprobs
+    reasons = {rid: r[2]["type"] for rid, r in off.items()}
+    assert reasons["stop_string"] == reasons["stop_token_free"] == reasons["eos0"] == "stop"
+    assert len(off["eos0"][0]) == 25 and len(off["stop_token_free"][0]) < 40
+    assert reasons["regex"] == reasons["json"] == "stop"
+    assert reasons["plain5"] == "length" and len(off["plain4"][0]) == 48
+
+
+def test_requests_finishing_at_every_step_keep_accounting_exact():
+    """Budgets 1..24 in one batch: each overlapped step finishes one request, whose row of
+    the step in flight computed past its end; slots and tree stay exact after every step."""
+    prompts = [ids(4 + i % 7, 500 + i) for i in range(24)]
+    sps = [{**GREEDY, "max_new_tokens": i + 1, "ignore_eos": True} for i in range(24)]
+    with tiny(False) as e:
+        want = e.generate(input_ids=prompts, sampling_params=sps)
+    with tiny(True) as e:
+        got = bounded(e.generate, input_ids=prompts, sampling_params=sps)
+        assert e._step.num_overlapped_steps > 0
+        assert [r["output_ids"] for r in got] == [r["output_ids"] for r in want]
+        # the tree holds exactly what the requests computed: cached reruns give the same output
+        again = e.generate(input_ids=prompts, sampling_params=sps)
+        assert [r["output_ids"] for r in again] == [r["output_ids"] for r in want]
+        assert_idle_and_clean(e)
+
+
+def test_failed_overlapped_forward_undoes_both_steps_and_caches_nothing_uncomputed():
+    prompt = ids(30, 600)
+    sp = {**GREEDY, "max_new_tokens": 10, "ignore_eos": True}
+    with tiny(False) as clean:
+        want = clean.generate(input_ids=prompt, sampling_params=sp)["output_ids"]
+    with tiny(True) as e:
+        e.set_fault_injector(FaultInjector([Fault("forward", after_step=4, times=1, exc=RuntimeError)]))
+        failed = bounded(e.generate, input_ids=prompt, sampling_params=sp)
+        assert reason(failed) == "error" and "RuntimeError" in failed["meta_info"]["finish_reason"]["message"]
+        assert e._step.num_overlapped_steps > 0
+        assert_idle_and_clean(e)
+        again = bounded(e.generate, input_ids=prompt, sampling_params=sp)
+        assert again["output_ids"] == want
+        assert_idle_and_clean(e)
+
+
+def test_forward_failing_on_the_worker_undoes_the_step_launched_on_top_of_it():
+    """A forward error seen only when the step's tokens are read: the step launched from its
+    tokens meanwhile fails with it and is undone; the requests fail once, nothing leaks."""
+    prompts = [ids(20, 650), ids(7, 651)]
+    sp = {**GREEDY, "max_new_tokens": 12, "ignore_eos": True}
+    with tiny(True) as e:
+        real, launched = e.runner.prepare_decode, []
+
+        def prepare_decode(batch):
+            run = real(batch)
+            launched.append(batch)
+            if len(launched) != 4:
+                return run
+
+            def broken(input_ids):
+                time.sleep(0.05)  # still running when the next step is launched on top
+                raise RuntimeError("device fault")
+            return broken
+
+        e.runner.prepare_decode = prepare_decode
+        results = bounded(e.generate, input_ids=prompts, sampling_params=sp)
+        assert [reason(r) for r in results] == ["error", "error"]
+        assert len(launched) == 5 and e.stats().failed_steps == 1
+        assert_idle_and_clean(e)
+        e.runner.prepare_decode = real
+        again = bounded(e.generate, input_ids=prompts, sampling_params=sp)
+    with tiny(False) as clean:
+        assert [r["output_ids"] for r in again] == [r["output_ids"] for r in clean.generate(
+            input_ids=prompts, sampling_params=sp)]
+
+
+def test_out_of_memory_in_an_overlapped_decode_is_retried():
+    prompts = [ids(12, 700 + i) for i in range(4)]
+    sp = {**GREEDY, "max_new_tokens": 12, "ignore_eos": True}
+    with tiny(False) as clean:
+        want = [r["output_ids"] for r in clean.generate(input_ids=prompts, sampling_params=sp)]
+    with tiny(True) as e:
+        e.set_fault_injector(FaultInjector([Fault("forward", after_step=5, times=2, exc=torch.cuda.OutOfMemoryError)]))
+        got = bounded(e.generate, input_ids=prompts, sampling_params=sp)
+        assert [r["output_ids"] for r in got] == want
+        assert e.stats().failed_steps == 2
+        assert_idle_and_clean(e)
+
+
+def test_abort_while_a_step_is_in_flight_leaks_nothing():
+    with tiny(True) as e:
+        sp = {**GREEDY, "max_new_tokens": 200, "ignore_eos": True}
+        box: dict = {}
+        t = threading.Thread(target=lambda: box.setdefault("r", e.generate(
+            input_ids=[ids(9, 800), ids(9, 801)], sampling_params=sp, rid=["a", "b"])))
+        t.start()
+        deadline = time.monotonic() + BOUND_S
+        while e._step.num_overlapped_steps < 5 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        e.abort("a")
+        t.join(BOUND_S)
+        a, b = box["r"]
+        assert reason(a) == "abort" and reason(b) == "length"
+        assert len(b["output_ids"]) == 200
+        assert_idle_and_clean(e)
+
+
+def test_per_request_fault_in_an_overlapped_step_fails_that_request_alone():
+    with tiny(True) as e:
+        e.set_fault_injector(FaultInjector([Fault("detokenizer", rids={"victim"}, after_step=4)]))
+        sp = {**GREEDY, "max_new_tokens": 10, "ignore_eos": True}
+        with paused(e):
+            box: dict = {}
+            t = threading.Thread(target=lambda: box.setdefault("r", e.generate(
+                input_ids=[ids(9, 8), ids(9, 9), ids(9, 10)], sampling_params=sp, rid=["r0", "victim", "r2"])))
+            t.start()
+        t.join(BOUND_S)
+        assert [reason(r) for r in box["r"]] == ["length", "error", "length"]
+        assert e._step.num_overlapped_steps > 0
+        assert_idle_and_clean(e)
+
+
+def test_sample_on_device_picks_what_sample_picks_for_plain_rows():
+    from radixflow.runtime.core.sampler import SampleRow, sample, sample_on_device
+    from radixflow.runtime.sampling_params import SamplingParams
+
+    params = [{"temperature": 0}, {"temperature": 0.8}, {"temperature": 1.0, "top_k": 5},
+              {"temperature": 0.7, "top_p": 0.9}, {"temperature": 1.0, "min_p": 0.05}, {"temperature": 0}]
+    rows = [SampleRow(SamplingParams.from_dict(p), [], [], None, []) for p in params]
+    logits = torch.randn(len(rows), 997, generator=torch.Generator().manual_seed(0)) * 3
+    logits[5, 17] = float("nan")
+    want = sample(logits.clone(), rows, torch.Generator().manual_seed(1)).tokens
+    got = sample_on_device(logits.clone(), rows, torch.Generator().manual_seed(1))
+    assert got.dtype == torch.int64 and got.tolist() == want
+    assert want[5] == -1
