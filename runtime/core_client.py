@@ -29,7 +29,6 @@ import subprocess
 import tempfile
 import threading
 import uuid
-import weakref
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -43,9 +42,10 @@ from radixflow.runtime.core.messages import (
 from radixflow.runtime.core.request import LogprobOptions
 from radixflow.runtime.core_process import Outbox, start_core
 from radixflow.runtime.engine import (
-    EngineClosedError, EngineDeadError, InputIds, Prompt, QueueFullError, check_prompt, normalize_inputs)
+    EngineClosedError, EngineDeadError, InputIds, Prompt, QueueFullError, check_prompt, normalize_inputs,
+    stream_inputs)
 from radixflow.runtime.model.model_path import resolve_model_path
-from radixflow.runtime.output_channel import OutputChannel
+from radixflow.runtime.output_channel import ChannelsByLoop, OutputChannel
 from radixflow.runtime.sampling_params import SamplingParams
 from radixflow.runtime.stats import EngineStats, RequestTiming
 from radixflow.runtime.stream_chunks import StreamChunks
@@ -81,8 +81,7 @@ class EngineClient:
         self._calls: dict[int, concurrent.futures.Future] = {}
         self._call_ids = itertools.count()
         self._finish_listeners: list[Callable[[RequestTiming], None]] = []
-        self._channels: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, OutputChannel] = (
-            weakref.WeakKeyDictionary())
+        self._channels = ChannelsByLoop()
         self._closed = False
         self._dead: str | None = None
         self._stopping = False
@@ -119,18 +118,12 @@ class EngineClient:
                               lora_path: str | None = None, session_id: str | None = None,
                               lora: str | None = None) -> AsyncIterator[dict]:
         """As Engine.generate_stream: cumulative chunks; closing the iterator early aborts."""
-        prompts, is_batch = normalize_inputs(self.tokenizer, prompt, input_ids)
-        if is_batch:
-            raise ValueError("generate_stream takes one prompt, not a list")
-        sp = SamplingParams.from_dict(sampling_params)
-        if sp.n != 1:
-            raise ValueError("generate_stream supports n=1; start n streams instead")
-        ids = prompts[0]
+        ids, sp = stream_inputs(self.tokenizer, prompt, input_ids, sampling_params)
         opts = LogprobOptions(return_logprob, logprob_start_len, top_logprobs_num)
         self.validate_prompt(ids, sp)
         opts.validate(len(ids), self.vocab_size)
         rid = rid or uuid.uuid4().hex
-        channel = self._channel(asyncio.get_running_loop())
+        channel = self._channels.get(asyncio.get_running_loop())
         with self._lock:
             self._refuse_if_stopped()
             if rid in self._routes:
@@ -273,13 +266,6 @@ class EngineClient:
         if self._closed:
             raise EngineClosedError("the engine is shut down")
 
-    def _channel(self, loop: asyncio.AbstractEventLoop) -> OutputChannel:
-        with self._lock:
-            channel = self._channels.get(loop)
-            if channel is None:
-                channel = self._channels[loop] = OutputChannel(loop)
-            return channel
-
     def _decode_token(self, token: int) -> str:
         return self.tokenizer.decode([token], skip_special_tokens=False)
 
@@ -352,7 +338,7 @@ class EngineClient:
                 self._info_ready.set()
 
     def _deliver(self, items: list[Any]) -> None:
-        by_channel: dict[int, tuple[OutputChannel, list[Any]]] = {}
+        routed = []
         with self._lock:
             for item in items:
                 channel = self._routes.get(item.rid)
@@ -360,9 +346,8 @@ class EngineClient:
                     continue
                 if isinstance(item, Rejected) or item.finish_reason is not None:
                     del self._routes[item.rid]
-                by_channel.setdefault(id(channel), (channel, []))[1].append(item)
-        for channel, outs in by_channel.values():
-            channel.post_items(outs)
+                routed.append((channel, item))
+        _post(routed)
 
     def _reply(self, message: ControlReply) -> None:
         with self._lock:
@@ -396,12 +381,17 @@ class EngineClient:
         with self._lock:
             routes, self._routes = self._routes, {}
             calls, self._calls = self._calls, {}
-        by_channel: dict[int, tuple[OutputChannel, list[Any]]] = {}
-        for rid, channel in routes.items():
-            by_channel.setdefault(id(channel), (channel, []))[1].append(
-                RequestOutput(rid=rid, new_token_ids=[], finish_reason=reason))
-        for channel, outs in by_channel.values():
-            channel.post_items(outs)
+        _post([(channel, RequestOutput(rid=rid, new_token_ids=[], finish_reason=reason))
+               for rid, channel in routes.items()])
         for future in calls.values():
             if not future.done():
                 future.set_exception(error)
+
+
+def _post(routed: list[tuple[OutputChannel, Any]]) -> None:
+    """Post each item to its channel: one post (one wake-up of its loop) per channel."""
+    by_channel: dict[int, tuple[OutputChannel, list[Any]]] = {}
+    for channel, item in routed:
+        by_channel.setdefault(id(channel), (channel, []))[1].append(item)
+    for channel, items in by_channel.values():
+        channel.post_items(items)

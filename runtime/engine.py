@@ -18,7 +18,6 @@ import logging
 import queue
 import threading
 import uuid
-import weakref
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -35,7 +34,7 @@ from radixflow.runtime.core.output import finalize_text
 from radixflow.runtime.core.request import MAX_TOP_LOGPROBS, LogprobOptions, Req
 from radixflow.runtime.result import make_result
 from radixflow.runtime.core.publish import OutputSink, StreamCursor, publish
-from radixflow.runtime.output_channel import OutputChannel
+from radixflow.runtime.output_channel import ChannelsByLoop
 from radixflow.runtime.stream_chunks import StreamChunks
 from radixflow.runtime.sampling_params import SamplingParams
 from radixflow.runtime.core.scheduler import Scheduler, SchedulerLimits
@@ -110,9 +109,7 @@ class Engine:
         self._active: set[str] = set()
         self._active_lock = threading.Lock()
         self._finish_listeners: list[Callable[[RequestTiming], None]] = []
-        self._channels: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, OutputChannel] = (
-            weakref.WeakKeyDictionary())
-        self._channels_lock = threading.Lock()
+        self._channels = ChannelsByLoop()
         self.recent_timings: deque[RequestTiming] = deque(maxlen=10000)
         self._stats = EngineStats(kv_slots_total=self.runner.kv_pool.capacity,
                                   by_lora=None if self._by_adapter is None else self._by_adapter.snapshot())
@@ -176,17 +173,12 @@ class Engine:
         """Yield SGLang-style stream chunks: cumulative `text` and `output_ids`; logprob lists
         hold only the entries new since the previous chunk. Closing the iterator early (a
         client gone away) aborts the request."""
-        prompts, is_batch = self._normalize_inputs(prompt, input_ids)
+        ids, sp = stream_inputs(self.tokenizer, prompt, input_ids, sampling_params)
         lora_path = lora if lora is not None else lora_path
-        if is_batch:
-            raise ValueError("generate_stream takes one prompt, not a list")
-        sp = SamplingParams.from_dict(sampling_params)
-        if sp.n != 1:
-            raise ValueError("generate_stream supports n=1; start n streams instead")
         loop = asyncio.get_running_loop()
         opts = LogprobOptions(return_logprob, logprob_start_len, top_logprobs_num)
-        channel = self._channel(loop)
-        start = functools.partial(self.start_stream, prompts[0], sp, opts, self._normalize_rids(rid, 1)[0],
+        channel = self._channels.get(loop)
+        start = functools.partial(self.start_stream, ids, sp, opts, self._normalize_rids(rid, 1)[0],
                                   lora_path, session_id, channel)
         # A grammar compiles in a worker thread: the event loop must not wait for it.
         req = await loop.run_in_executor(None, start) if sp.is_constrained else start()
@@ -218,14 +210,6 @@ class Engine:
         req.sink, req.cursor, req.session_id = sink, StreamCursor(), session_id
         self._submit(req)
         return req
-
-    def _channel(self, loop: asyncio.AbstractEventLoop) -> OutputChannel:
-        """The output channel of `loop` (one per event loop, made on first use)."""
-        with self._channels_lock:
-            channel = self._channels.get(loop)
-            if channel is None:
-                channel = self._channels[loop] = OutputChannel(loop)
-            return channel
 
     def _decode_token(self, token: int) -> str:
         return self.tokenizer.decode([token], skip_special_tokens=False)
@@ -590,6 +574,18 @@ def normalize_inputs(tokenizer: Tokenizer, prompt: Prompt, input_ids: InputIds) 
     if input_ids and _all_of_type(input_ids, list):
         return [list(x) for x in input_ids], True
     raise ValueError("input_ids must be a non-empty list of ints or a list of such lists")
+
+
+def stream_inputs(tokenizer: Tokenizer, prompt: str | None, input_ids: list[int] | None,
+                  sampling_params: dict | SamplingParams | None) -> tuple[list[int], SamplingParams]:
+    """generate_stream's one prompt as token ids and its sampling parameters (n = 1)."""
+    prompts, is_batch = normalize_inputs(tokenizer, prompt, input_ids)
+    if is_batch:
+        raise ValueError("generate_stream takes one prompt, not a list")
+    sp = SamplingParams.from_dict(sampling_params)
+    if sp.n != 1:
+        raise ValueError("generate_stream supports n=1; start n streams instead")
+    return prompts[0], sp
 
 
 def check_prompt(ids: list[int], sp: SamplingParams, vocab: int, max_context_len: int, kv_capacity: int) -> None:

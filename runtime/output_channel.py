@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import weakref
 from typing import Any
 
 from radixflow.runtime.core.messages import RequestOutput, StepOutput
@@ -60,3 +61,19 @@ class OutputChannel:
                 queue = queues.get(out.rid)
                 if queue is not None:
                     queue.put_nowait(out)
+
+
+class ChannelsByLoop:
+    """One OutputChannel per asyncio loop, made on first use; any thread."""
+
+    def __init__(self) -> None:
+        self._channels: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, OutputChannel] = (
+            weakref.WeakKeyDictionary())
+        self._lock = threading.Lock()
+
+    def get(self, loop: asyncio.AbstractEventLoop) -> OutputChannel:
+        with self._lock:
+            channel = self._channels.get(loop)
+            if channel is None:
+                channel = self._channels[loop] = OutputChannel(loop)
+            return channel
