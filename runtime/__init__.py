@@ -1,4 +1,5 @@
-"""radixflow.runtime: the engine. Public surface: Engine, EngineClient (the core in its own process), EngineConfig, SamplingParams, demo_model.
+"""radixflow.runtime: the engine. Public surface: Engine, EngineClient (the core in its own
+process), EngineConfig, SamplingParams, demo_model.
 
 Names resolve lazily so that importing a light submodule (sampling parameters, say) does not
 pull in torch and the whole engine.
