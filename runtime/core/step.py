@@ -20,6 +20,7 @@ from radixflow.runtime.core.output import append_token
 from radixflow.runtime.core.overlap import InFlight, Launcher, is_plain
 from radixflow.runtime.core.publish import publish
 from radixflow.runtime.core.request import Req
+from radixflow.runtime.core.penalties import has_penalty
 from radixflow.runtime.core.sampler import RowState, SampleRow, sample, score_tokens
 from radixflow.runtime.core.scheduler import MAX_STEP_RETRIES, ScheduledBatch, Scheduler
 from radixflow.runtime.lora.request_counts import AdapterRequestCounts
@@ -332,7 +333,8 @@ class StepRunner:
         step = self.num_steps - 1
         try:
             self.faults.check("sampler", reqs, step)
-            return _unpack(sample(logits[idx], sample_rows, self.generator, bitmask=bitmask))
+            return _unpack(sample(_rows_to_sample(logits, rows, idx, sample_rows, bitmask), sample_rows,
+                                  self.generator, bitmask=bitmask))
         except Exception as exc:
             if len(reqs) == 1:
                 return [exc]
@@ -368,6 +370,17 @@ class StepRunner:
             req.sampler_state = RowState()
         return SampleRow(sp, req.prompt_ids, req.output_ids, req.generator, blocked,
                          req.logprob.top_logprobs_num, req.logprob.return_logprob, req.sampler_state)
+
+
+def _rows_to_sample(logits: torch.Tensor, rows: list[int], idx: torch.Tensor, sample_rows: list[SampleRow],
+                    bitmask: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+    """The logit rows to sample, which `sample` may change in place: a copy, unless they are all
+    the rows (ascending: a decode step) and nothing will change them (no grammar mask, penalty or
+    blocked id), so a row-by-row retry after a failure still reads the model's logits."""
+    whole = len(rows) == logits.shape[0] and rows[-1] == len(rows) - 1
+    if whole and bitmask is None and not any(r.blocked_ids or has_penalty(r) for r in sample_rows):
+        return logits
+    return logits[idx]
 
 
 def _unpack(result) -> list[Sampled]:
