@@ -102,6 +102,7 @@ class Req:
     output_text: Any = None      # an OutputText (runtime/text/output_text.py); None: tokens only
     generator: torch.Generator | None = None
     sampler_state: Any = None    # runtime/core/penalties.py RowState, set at the first sampled step
+    sample_row: Any = None       # its SampleRow (runtime/core/sampler.py) once nothing is blocked
     grammar: Any = None
     input_logprobs: list[tuple[int, float, list[tuple[int, float]]]] = field(default_factory=list)
     output_logprobs: list[tuple[int, float, list[tuple[int, float]]]] = field(default_factory=list)

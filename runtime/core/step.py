@@ -362,14 +362,21 @@ class StepRunner:
             self.generated_tokens += advance_grammar(req, token, self.eos_ids, self.max_context_len)
 
     def _sample_row(self, req: Req) -> SampleRow:
+        """req's sampler row: made once and reused (it reads the live token lists), except while
+        min_new_tokens still blocks stop tokens (then a row with those blocked, each step)."""
+        if req.sample_row is not None:
+            return req.sample_row
         sp = req.sampling
         blocked = []
         if len(req.output_ids) < sp.min_new_tokens:
             blocked = sorted(set(sp.stop_token_ids or ()) | (set() if sp.ignore_eos else set(self.eos_ids)))
         if req.sampler_state is None:
             req.sampler_state = RowState()
-        return SampleRow(sp, req.prompt_ids, req.output_ids, req.generator, blocked,
-                         req.logprob.top_logprobs_num, req.logprob.return_logprob, req.sampler_state)
+        row = SampleRow(sp, req.prompt_ids, req.output_ids, req.generator, blocked,
+                        req.logprob.top_logprobs_num, req.logprob.return_logprob, req.sampler_state)
+        if not blocked:
+            req.sample_row = row
+        return row
 
 
 def _rows_to_sample(logits: torch.Tensor, rows: list[int], idx: torch.Tensor, sample_rows: list[SampleRow],
