@@ -244,7 +244,8 @@ class EngineClient:
             except subprocess.TimeoutExpired:
                 self._process.kill()
                 self._process.wait(timeout=10)
-        self._fail_all({"type": "abort", "message": "the engine shut down"}, EngineClosedError("the engine is shut down"))
+        self._fail_all({"type": "abort", "message": "the engine shut down"},
+                       EngineClosedError("the engine is shut down"))
         self._sock.close(linger=0)
         self._monitor.close(linger=0)
         self._ctx.term()
@@ -298,7 +299,7 @@ class EngineClient:
                 connected = self._on_monitor(connected)
             for _, message in self._outbox.take():
                 if message is not None and self._dead is None:
-                    self._sock.send(self._encoder.encode(message), copy=False)
+                    self._send_now(message)
             if self._dead is None and self._process is not None and self._process.poll() is not None:
                 self._core_gone(f"its process exited with code {self._process.returncode}")
 
@@ -315,27 +316,46 @@ class EngineClient:
             elif event["event"] == zmq.EVENT_DISCONNECTED and connected and not self._stopping:
                 self._core_gone("its socket closed")
 
+    def _send_now(self, message: Any) -> None:
+        """Encode and send; a message that cannot be encoded fails its own caller only."""
+        try:
+            data = self._encoder.encode(message)
+        except Exception as exc:  # e.g. a value msgpack cannot carry: refuse that request or call
+            log.exception("a message for the engine core could not be encoded")
+            if isinstance(message, SubmitRequest):
+                self._deliver([Rejected(rid=message.rid, kind="value",
+                                        message=f"the request could not be sent: {exc}")])
+            elif isinstance(message, ControlCall):
+                self._reply(ControlReply(message.call_id, False, pickle.dumps(RuntimeError(repr(exc)))))
+            return
+        self._sock.send(data, copy=False)
+
     def _receive(self) -> None:
         for _ in range(1024):
             try:
                 payload = self._sock.recv(zmq.NOBLOCK, copy=True)
             except zmq.Again:
                 return
-            message = self._decoder.decode(payload)
-            if isinstance(message, StepOutput):
-                self._deliver(message.outputs)
-            elif isinstance(message, Rejected):
-                self._deliver([message])
-            elif isinstance(message, ControlReply):
-                self._reply(message)
-            elif isinstance(message, Timings):
-                self._on_timings(message.timings)
-            elif isinstance(message, Health):
-                if not message.healthy and not self._closed:
-                    self._core_gone(message.message)
-            elif isinstance(message, CoreInfo):
-                self._info = message
-                self._info_ready.set()
+            try:
+                self._handle(self._decoder.decode(payload))
+            except Exception:  # one bad message must not end this thread (every caller would hang)
+                log.exception("dropping a message from the engine core that could not be handled")
+
+    def _handle(self, message: Any) -> None:
+        if isinstance(message, StepOutput):
+            self._deliver(message.outputs)
+        elif isinstance(message, Rejected):
+            self._deliver([message])
+        elif isinstance(message, ControlReply):
+            self._reply(message)
+        elif isinstance(message, Timings):
+            self._on_timings(message.timings)
+        elif isinstance(message, Health):
+            if not message.healthy and not self._closed:
+                self._core_gone(message.message)
+        elif isinstance(message, CoreInfo):
+            self._info = message
+            self._info_ready.set()
 
     def _deliver(self, items: list[Any]) -> None:
         routed = []
@@ -354,7 +374,11 @@ class EngineClient:
             future = self._calls.pop(message.call_id, None)
         if future is None:
             return
-        value = pickle.loads(message.value)
+        try:
+            value = pickle.loads(message.value)
+        except Exception as exc:  # e.g. an exception class this process cannot import
+            future.set_exception(RuntimeError(f"the engine core's reply could not be read: {exc!r}"))
+            return
         if message.ok:
             future.set_result(value)
         else:

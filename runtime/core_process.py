@@ -30,7 +30,7 @@ import msgspec
 import zmq
 
 from radixflow.runtime.core.messages import (
-    AbortRequest, ControlCall, ControlReply, CoreInfo, Health, Hello, Rejected, StepOutput,
+    AbortRequest, ControlCall, ControlReply, CoreInfo, Health, Hello, Rejected, RequestOutput, StepOutput,
     SubmitRequest, Timings, ToCore)
 from radixflow.runtime.core.request import LogprobOptions
 from radixflow.runtime.sampling_params import SamplingParams
@@ -157,22 +157,23 @@ class CoreServer:
             except zmq.Again:
                 return
             try:
-                message = self.decoder.decode(payload)
-            except msgspec.DecodeError:
-                log.exception("dropping an undecodable message from a client")
-                continue
-            if isinstance(message, SubmitRequest):
-                self._submit(identity, message)
-            elif isinstance(message, AbortRequest):
-                self._abort(identity, message.rid, message.reason)
-            elif isinstance(message, ControlCall):
-                self._call(identity, message)
-            elif isinstance(message, Hello):
-                self._sink(identity)
-                e = self.engine
-                self._send([(identity, CoreInfo(vocab_size=e.runner.args.vocab_size, max_context_len=e.max_context_len,
-                                                kv_capacity=e.runner.kv_pool.capacity, healthy=e.is_healthy,
-                                                pid=os.getpid()))])
+                self._handle(identity, self.decoder.decode(payload))
+            except Exception:  # one bad message must not end this thread (every client would hang)
+                log.exception("dropping a client's message that could not be handled")
+
+    def _handle(self, identity: bytes, message: Any) -> None:
+        if isinstance(message, SubmitRequest):
+            self._submit(identity, message)
+        elif isinstance(message, AbortRequest):
+            self._abort(identity, message.rid, message.reason)
+        elif isinstance(message, ControlCall):
+            self._call(identity, message)
+        elif isinstance(message, Hello):
+            self._sink(identity)
+            e = self.engine
+            self._send([(identity, CoreInfo(vocab_size=e.runner.args.vocab_size, max_context_len=e.max_context_len,
+                                            kv_capacity=e.runner.kv_pool.capacity, healthy=e.is_healthy,
+                                            pid=os.getpid()))])
 
     def _send(self, items: list[tuple[bytes, Any]]) -> None:
         timings: list[RequestTiming] = []
@@ -182,9 +183,25 @@ class CoreServer:
             elif identity == _BROADCAST:
                 self._broadcast(message)
             else:
-                self.sock.send_multipart([identity, self.encoder.encode(message)], copy=False)
+                self._send_to(identity, message)
         if timings:
             self._broadcast(Timings(timings))
+
+    def _send_to(self, identity: bytes, message: Any) -> None:
+        """Encode and send one message; a step's outputs that cannot be encoded end those
+        requests with an error (and in the engine), so no client waits for them forever."""
+        try:
+            data = self.encoder.encode(message)
+        except Exception as exc:
+            log.exception("a message for a client could not be encoded")
+            if not isinstance(message, StepOutput):
+                return
+            reason = {"type": "error", "message": f"its output could not be sent: {exc!r}"}
+            for out in message.outputs:
+                self.engine.abort(out.rid, reason)
+            data = self.encoder.encode(StepOutput([RequestOutput(rid=out.rid, new_token_ids=[], finish_reason=reason)
+                                                   for out in message.outputs]))
+        self.sock.send_multipart([identity, data], copy=False)
 
     def _broadcast(self, message: Any) -> None:
         data = self.encoder.encode(message)

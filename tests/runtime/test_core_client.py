@@ -81,3 +81,98 @@ def test_a_stop_found_by_the_client_ends_the_request_in_the_core(engines):
     s = remote.stats()
     assert s.finish_counts.get("stop", 0) == before.finish_counts.get("stop", 0) + 1 and s.num_running == 0
     assert s.generated_tokens - before.generated_tokens < 100  # it did not run on to max_new_tokens
+
+
+def test_a_message_the_client_cannot_read_is_dropped_not_fatal(tmp_path):
+    """Against a fake core: an unreadable message and an unreadable reply leave the client's IO
+    thread serving; the stream still ends with what the core sent next."""
+    import os
+    import threading
+
+    import msgspec
+    import zmq
+
+    from radixflow.runtime.core.messages import (
+        ControlReply, CoreInfo, RequestOutput, StepOutput, SubmitRequest, ToCore)
+
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    address = f"ipc://{tmp_path}/fake-core.sock"
+    router.bind(address)
+    encode, decode = msgspec.msgpack.Encoder().encode, msgspec.msgpack.Decoder(ToCore).decode
+
+    def fake_core() -> None:
+        who, _ = router.recv_multipart()  # Hello
+        router.send_multipart([who, encode(CoreInfo(vocab_size=3072, max_context_len=2048, kv_capacity=4096,
+                                                    healthy=True, pid=os.getpid()))])
+        while True:
+            who, payload = router.recv_multipart()
+            message = decode(payload)
+            if isinstance(message, SubmitRequest):
+                break
+            router.send_multipart([who, encode(ControlReply(message.call_id, True, b"not a pickle"))])
+        router.send_multipart([who, b"\xc1 not msgpack"])
+        router.send_multipart([who, encode(StepOutput([RequestOutput(
+            rid=message.rid, new_token_ids=[5, 6], finish_reason={"type": "length", "length": 2})]))])
+
+    core = threading.Thread(target=fake_core, daemon=True)
+    core.start()
+    client = EngineClient(demo_model("tiny"), address=address)
+    try:
+        with pytest.raises(RuntimeError, match="could not be read"):
+            client.lora_adapters()
+
+        async def run() -> list[dict]:
+            return [c async for c in client.generate_stream(input_ids=[1, 2, 3], sampling_params={"max_new_tokens": 2})]
+        last = asyncio.run(asyncio.wait_for(run(), 30))[-1]  # a dead IO thread: TimeoutError, not a hang
+        assert last["output_ids"] == [5, 6] and last["meta_info"]["finish_reason"]["type"] == "length"
+        assert client.is_healthy
+    finally:
+        client.shutdown()
+        core.join(timeout=10)
+        router.close(linger=0)
+        ctx.term()
+
+
+def test_a_step_output_the_core_cannot_encode_ends_those_requests_with_an_error(tmp_path):
+    """The core's IO thread: an output that msgpack cannot carry ends its requests with an error
+    (sent to the client and applied in the engine) instead of leaving the client waiting."""
+    import msgspec
+    import zmq
+
+    from radixflow.runtime.core.messages import AbortRequest, FromCore, RequestOutput, StepOutput
+    from radixflow.runtime.core_process import CoreServer
+
+    class FakeEngine:
+        def __init__(self) -> None:
+            self.aborted: list = []
+
+        def add_finish_listener(self, fn) -> None:
+            pass
+
+        def abort(self, rid, reason=None) -> None:
+            self.aborted.append((rid, reason))
+
+    engine = FakeEngine()
+    address = f"ipc://{tmp_path}/core.sock"
+    server = CoreServer(engine, address)
+    client = server.ctx.socket(zmq.DEALER)
+    client.setsockopt(zmq.IDENTITY, b"c1")
+    client.connect(address)
+    try:
+        client.send(msgspec.msgpack.encode(AbortRequest("warm-up")))  # the router learns "c1"
+        assert server.sock.poll(5000)
+        server._receive()
+        bad = StepOutput([RequestOutput(rid="r", new_token_ids=[1],
+                                        finish_reason={"type": "stop", "matched": object()})])
+        server._send_to(b"c1", bad)
+        assert client.poll(5000)
+        got = msgspec.msgpack.Decoder(FromCore).decode(client.recv())
+        (out,) = got.outputs
+        assert out.rid == "r" and out.finish_reason["type"] == "error"
+        assert "could not be sent" in out.finish_reason["message"]
+        assert engine.aborted[0] == ("warm-up", None) and engine.aborted[1][0] == "r"
+        assert engine.aborted[1][1]["type"] == "error"
+    finally:
+        client.close(linger=0)
+        server.close()
