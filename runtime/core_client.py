@@ -40,7 +40,7 @@ from radixflow.runtime.core.messages import (
     AbortRequest, ControlCall, ControlReply, CoreInfo, FromCore, Health, Hello, Rejected, RequestOutput, StepOutput,
     SubmitRequest, Timings)
 from radixflow.runtime.core.request import LogprobOptions
-from radixflow.runtime.core_process import Outbox, start_core
+from radixflow.runtime.core_process import QUICK_CALLS, Outbox, start_core
 from radixflow.runtime.engine import (
     EngineClosedError, EngineDeadError, InputIds, Prompt, QueueFullError, check_prompt, normalize_inputs,
     stream_inputs)
@@ -54,6 +54,7 @@ from radixflow.runtime.text.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
+QUICK_CALL_TIMEOUT_S = 10.0
 _REJECTIONS: dict[str, type[Exception]] = {"value": ValueError, "queue_full": QueueFullError,
                                            "closed": EngineClosedError, "dead": EngineDeadError}
 
@@ -281,7 +282,14 @@ class EngineClient:
             call_id = next(self._call_ids)
             self._calls[call_id] = future
         self._send(ControlCall(call_id, method, pickle.dumps((args, kwargs))))
-        return future.result()
+        try:
+            # quick calls are made on event loops (metrics, server info): a stuck core (stopped,
+            # not dead) must not freeze the server; the others wait as long as they take
+            return future.result(timeout=QUICK_CALL_TIMEOUT_S if method in QUICK_CALLS else None)
+        except concurrent.futures.TimeoutError:
+            with self._lock:
+                self._calls.pop(call_id, None)
+            raise TimeoutError(f"the engine core did not answer {method} within {QUICK_CALL_TIMEOUT_S:.0f} s") from None
 
     # -- the IO thread --------------------------------------------------------------------------------
 

@@ -176,3 +176,25 @@ def test_a_step_output_the_core_cannot_encode_ends_those_requests_with_an_error(
     finally:
         client.close(linger=0)
         server.close()
+
+
+def test_a_stopped_core_times_out_quick_calls_instead_of_freezing_the_caller(engines, monkeypatch):
+    """stats() runs on the server's event loop (metrics, server info): a core that is stopped, not
+    dead, answers TimeoutError after QUICK_CALL_TIMEOUT_S; once it runs again, calls work."""
+    import os
+    import signal
+    import time
+
+    from radixflow.runtime import core_client
+
+    _, remote = engines
+    monkeypatch.setattr(core_client, "QUICK_CALL_TIMEOUT_S", 0.5)
+    os.kill(remote.core_pid, signal.SIGSTOP)
+    try:
+        t = time.monotonic()
+        with pytest.raises(TimeoutError, match="did not answer stats"):
+            remote.stats()
+        assert time.monotonic() - t < 5
+    finally:
+        os.kill(remote.core_pid, signal.SIGCONT)
+    assert remote.stats().kv_slots_total == 4096 and remote.is_healthy
