@@ -47,20 +47,27 @@ def test_imports_point_one_way(package):
     assert not bad, "\n".join(bad)
 
 
-def test_lang_imports_runtime_only_lazily():
-    """Module-level imports in lang/ never reach the runtime (importing lang loads no torch)."""
-    bad = []
-    for dirpath, _, files in os.walk(os.path.join(ROOT, "lang")):
+def _imported_modules(folder: str, top_level_only: bool) -> list[tuple[str, str]]:
+    """(file name, module) for every import in the .py files below `folder` (only the module-level
+    statements with `top_level_only`)."""
+    found = []
+    for dirpath, _, files in os.walk(os.path.join(ROOT, folder)):
         for f in files:
             if not f.endswith(".py"):
                 continue
             path = os.path.join(dirpath, f)
             with open(path, encoding="utf-8") as fh:
                 tree = ast.parse(fh.read(), path)
-            for node in tree.body:
+            for node in tree.body if top_level_only else ast.walk(tree):
                 mods = [a.name for a in node.names] if isinstance(node, ast.Import) else (
                     [node.module] if isinstance(node, ast.ImportFrom) and node.module else [])
-                bad += [f"{f}: {m}" for m in mods if m.startswith("radixflow.runtime")]
+                found += [(f, m) for m in mods]
+    return found
+
+
+def test_lang_imports_runtime_only_lazily():
+    """Module-level imports in lang/ never reach the runtime (importing lang loads no torch)."""
+    bad = [f"{f}: {m}" for f, m in _imported_modules("lang", top_level_only=True) if m.startswith("radixflow.runtime")]
     assert not bad, bad
 
 
@@ -71,16 +78,6 @@ SERVER_SIDE = ("radixflow.runtime.text", "radixflow.runtime.core_client", "radix
 def test_engine_core_imports_nothing_of_the_server_side():
     """runtime/core/ (what runs in the engine process) never imports text handling, the core's
     client, stream chunks or HTTP: the core works on token ids; text is the server side's."""
-    bad = []
-    for dirpath, _, files in os.walk(os.path.join(ROOT, "runtime", "core")):
-        for f in files:
-            if not f.endswith(".py"):
-                continue
-            path = os.path.join(dirpath, f)
-            with open(path, encoding="utf-8") as fh:
-                tree = ast.parse(fh.read(), path)
-            for node in ast.walk(tree):
-                mods = [a.name for a in node.names] if isinstance(node, ast.Import) else (
-                    [node.module] if isinstance(node, ast.ImportFrom) and node.module else [])
-                bad += [f"{f}: {m}" for m in mods if m.startswith(SERVER_SIDE)]
+    bad = [f"{f}: {m}" for f, m in _imported_modules(os.path.join("runtime", "core"), top_level_only=False)
+           if m.startswith(SERVER_SIDE)]
     assert not bad, bad

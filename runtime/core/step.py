@@ -329,11 +329,10 @@ class StepRunner:
                 bitmask: tuple[torch.Tensor, torch.Tensor] | None) -> list[Sampled]:
         """Sample all rows at once; if that raises, row by row, so the error stays with the
         rows that cause it (e.g. NaN logits, a bad sampling option)."""
-        idx = torch.tensor(rows, device=logits.device)
         step = self.num_steps - 1
         try:
             self.faults.check("sampler", reqs, step)
-            return _unpack(sample(_rows_to_sample(logits, rows, idx, sample_rows, bitmask), sample_rows,
+            return _unpack(sample(_rows_to_sample(logits, rows, sample_rows, bitmask), sample_rows,
                                   self.generator, bitmask=bitmask))
         except Exception as exc:
             if len(reqs) == 1:
@@ -343,7 +342,7 @@ class StepRunner:
         for i, (req, row) in enumerate(zip(reqs, sample_rows)):
             try:
                 self.faults.check("sampler", (req,), step)
-                out.extend(_unpack(sample(logits[idx[i: i + 1]], [row], self.generator,
+                out.extend(_unpack(sample(logits[rows[i]: rows[i] + 1].clone(), [row], self.generator,
                                           bitmask=_bitmask_row(bitmask, i))))
             except Exception as exc:  # this row's own error
                 out.append(exc)
@@ -379,7 +378,7 @@ class StepRunner:
         return row
 
 
-def _rows_to_sample(logits: torch.Tensor, rows: list[int], idx: torch.Tensor, sample_rows: list[SampleRow],
+def _rows_to_sample(logits: torch.Tensor, rows: list[int], sample_rows: list[SampleRow],
                     bitmask: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
     """The logit rows to sample, which `sample` may change in place: a copy, unless they are all
     the rows (ascending: a decode step) and nothing will change them (no grammar mask, penalty or
@@ -387,7 +386,7 @@ def _rows_to_sample(logits: torch.Tensor, rows: list[int], idx: torch.Tensor, sa
     whole = len(rows) == logits.shape[0] and rows[-1] == len(rows) - 1
     if whole and bitmask is None and not any(r.blocked_ids or has_penalty(r) for r in sample_rows):
         return logits
-    return logits[idx]
+    return logits[torch.tensor(rows, device=logits.device)]
 
 
 def _unpack(result) -> list[Sampled]:
