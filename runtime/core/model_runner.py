@@ -145,7 +145,7 @@ class ModelRunner:
         """
         self._maybe_capture_graphs()
         if self._can_replay(batch, logit_offsets):
-            return self._replay(batch.reqs, batch.prefix_lens)
+            return self._replay(batch.reqs, batch.prefix_lens, batch.new_slots)
         graph_rows = self._graph_rows(batch, logit_offsets)
         if graph_rows:
             return self._forward_split(batch, logit_offsets, graph_rows)
@@ -167,18 +167,20 @@ class ModelRunner:
             graphs = self.graph_runner
             assert graphs is not None
             positions, rows = list(batch.prefix_lens), [r.row for r in batch.reqs]
-            out_slots = [r.slots[p] for r, p in zip(batch.reqs, batch.prefix_lens)]
+            out_slots = (batch.new_slots.tolist() if batch.new_slots is not None
+                         else [r.slots[p] for r, p in zip(batch.reqs, batch.prefix_lens)])
             loras = [r.lora_id for r in batch.reqs]
             return lambda ids: graphs.run(ids, positions, out_slots, rows, lora_slots=loras)
         fb = self.make_forward_batch(batch, offsets, input_ids=_IDS_LATER)
         return lambda ids: self.model(dataclasses.replace(fb, input_ids=ids), self.attention)
 
-    def _replay(self, reqs: list[Req], prefix_lens: list[int]) -> torch.Tensor:
-        """Logits [len(reqs), vocab] of one decode token per request, from the graphs."""
+    def _replay(self, reqs: list[Req], prefix_lens: list[int], new_slots: np.ndarray | None = None) -> torch.Tensor:
+        """Logits [len(reqs), vocab] of one decode token per request, from the graphs.
+        `new_slots`: each request's slot at its position (read from the requests if None)."""
         assert self.graph_runner is not None
+        out_slots = new_slots.tolist() if new_slots is not None else [r.slots[p] for r, p in zip(reqs, prefix_lens)]
         return self.graph_runner.run(
-            input_ids=[r.ids_range(p, p + 1)[0] for r, p in zip(reqs, prefix_lens)],
-            positions=list(prefix_lens), out_slots=[r.slots[p] for r, p in zip(reqs, prefix_lens)],
+            input_ids=last_ids(reqs), positions=list(prefix_lens), out_slots=out_slots,
             req_rows=[r.row for r in reqs], lora_slots=[r.lora_id for r in reqs])
 
     def _can_replay(self, batch: ScheduledBatch, logit_offsets: list[list[int]]) -> bool:
@@ -218,10 +220,34 @@ class ModelRunner:
         out[[r for i in eager for r in range(starts[i], starts[i + 1])]] = eager_logits
         return out
 
+    def _decode_forward_batch(self, batch: ScheduledBatch, input_ids: torch.Tensor | None) -> ForwardBatch:
+        """`make_forward_batch` of a decode step (one new token and one logit row each): a few
+        passes over the requests and one host-to-device copy of the per-row numbers."""
+        reqs, prefix = batch.reqs, batch.prefix_lens
+        assert batch.new_slots is not None
+        n, dev = len(reqs), self.device
+        host = np.empty((5, n), dtype=np.int64)
+        host[0] = last_ids(reqs) if input_ids is None else 0
+        host[1] = prefix
+        host[2] = [r.row for r in reqs]
+        np.add(host[1], 1, out=host[3])
+        host[4] = np.arange(n)
+        rows = torch.from_numpy(host).to(dev)
+        return ForwardBatch(
+            is_decode=True, input_ids=rows[0] if input_ids is None else input_ids, positions=rows[1],
+            out_slots=torch.from_numpy(batch.new_slots.astype(np.int64)).to(dev),
+            req_to_token=self.req_pool.table, req_rows=rows[2], prefix_lens=rows[1],
+            extend_lens=torch.ones(n, dtype=torch.int64, device=dev), seq_lens=rows[3], extend_starts=rows[4],
+            logit_rows=rows[4], prefix_lens_cpu=list(prefix), extend_lens_cpu=[1] * n,
+            lora=None if self.lora_slots is None else make_lora_batch(
+                self.lora_slots, [r.lora_id for r in reqs], [1] * n, dev, dev.type == "cuda"))
+
     def make_forward_batch(self, batch: ScheduledBatch, logit_offsets: list[list[int]],
                            input_ids: torch.Tensor | None = None) -> ForwardBatch:
         """The ForwardBatch of `batch`; its input ids are the requests' tokens, or `input_ids`
         (on the device, one per new token) when given."""
+        if batch.new_slots is not None and all(o == [0] for o in logit_offsets):
+            return self._decode_forward_batch(batch, input_ids)
         ids, positions, slots, logit_rows, starts = [], [], [], [], []
         num_tokens = 0
         for req, prefix, n, offs in zip(batch.reqs, batch.prefix_lens, batch.extend_lens, logit_offsets):
@@ -248,3 +274,9 @@ class ModelRunner:
             prefix_lens_cpu=list(batch.prefix_lens), extend_lens_cpu=list(batch.extend_lens),
             lora=None if self.lora_slots is None else make_lora_batch(
                 self.lora_slots, [r.lora_id for r in batch.reqs], list(batch.extend_lens), dev, dev.type == "cuda"))
+
+
+def last_ids(reqs: list[Req]) -> list[int]:
+    """Each request's last known token: a decode step's input (at position kv_len, the one
+    token whose KV the step computes)."""
+    return [r.output_ids[-1] if r.output_ids else r.prompt_ids[-1] for r in reqs]

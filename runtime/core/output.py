@@ -6,30 +6,50 @@ import time
 from radixflow.runtime.core.request import Req
 
 
-def append_token(req: Req, token: int, eos_ids: frozenset[int], max_context_len: int) -> None:
+def append_token(req: Req, token: int, eos_ids: frozenset[int], max_context_len: int,
+                 now: float | None = None) -> None:
     """Record `token` as req's next output token and set its finish reason if it ends here.
+    `now`: the step's time (one clock read per step), else read here.
 
     A request with output text (`req.output_text`: the in-process engine) is detokenized here
     and its stop strings and regexes checked (runtime/text/output_text.py); a tokens-only
     request (the engine process's) has them checked on the server side, which aborts it with
     the stop reason.
     """
-    sp = req.sampling
-    req.output_ids.append(token)
-    now = time.monotonic()
-    req.times.tokens.append(now)
-    if req.times.first_token is None:
-        req.times.first_token = now
+    if req.finish_ids is None:
+        finish_limits(req, eos_ids, max_context_len)
+    out = req.output_ids
+    out.append(token)
+    times = req.times
+    if now is None:
+        now = time.monotonic()
+    times.tokens.append(now)
+    if times.first_token is None:
+        times.first_token = now
     text = req.output_text
-    prev_len = 0 if text is None else text.add(token)
-    if token in (sp.stop_token_ids or ()) or (token in eos_ids and not sp.ignore_eos):
+    if text is None:
+        if token in req.finish_ids:
+            req.finish({"type": "stop", "matched": token})
+        elif len(out) >= req.output_limit:
+            req.finish({"type": "length", "length": len(out)})
+        return
+    prev_len = text.add(token)
+    if token in req.finish_ids:
         req.finish({"type": "stop", "matched": token})
-    elif text is not None and (stop := text.match_stop(prev_len)) is not None:
+    elif (stop := text.match_stop(prev_len)) is not None:
         req.finish(stop)
-    elif len(req.output_ids) >= sp.max_new_tokens or req.seq_len >= max_context_len:
-        req.finish({"type": "length", "length": len(req.output_ids)})
-    if req.is_finished:
+    elif len(out) >= req.output_limit:
+        req.finish({"type": "length", "length": len(out)})
+    if req.finish_reason is not None:
         finalize_text(req)
+
+
+def finish_limits(req: Req, eos_ids: frozenset[int], max_context_len: int) -> None:
+    """Set what ends req by token (its stop token ids, and EOS unless ignored) and by length
+    (max_new_tokens, or the context length), read once per request by `append_token`."""
+    sp = req.sampling
+    req.finish_ids = frozenset(sp.stop_token_ids or ()) | (frozenset() if sp.ignore_eos else eos_ids)
+    req.output_limit = min(sp.max_new_tokens, max_context_len - len(req.prompt_ids))
 
 
 def finalize_text(req: Req) -> None:

@@ -26,11 +26,6 @@ class RowState:
     num_draws: int = 0
 
 
-def has_penalty(row: SampleRow) -> bool:
-    sp = row.sampling
-    return bool(sp.frequency_penalty or sp.presence_penalty or sp.repetition_penalty != 1.0)
-
-
 def _fresh(row: SampleRow, vocab: int, device: torch.device) -> bool:
     """Whether row.state's counts fit this vocab/device and its history (else it restarts)."""
     st = row.state
@@ -77,7 +72,7 @@ def apply_penalties(logits: torch.Tensor, rows: list[SampleRow]) -> None:
     On CUDA dense masked ops over the penalized rows (no host sync); on CPU, where those full
     passes dominate and a sync is free, only the (row, token) entries that carry a penalty.
     """
-    pen = [i for i, r in enumerate(rows) if has_penalty(r)]
+    pen = [i for i, r in enumerate(rows) if r.penalized]
     if not pen:
         return
     device, vocab = logits.device, logits.shape[1]

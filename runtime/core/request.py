@@ -103,6 +103,8 @@ class Req:
     generator: torch.Generator | None = None
     sampler_state: Any = None    # runtime/core/penalties.py RowState, set at the first sampled step
     sample_row: Any = None       # its SampleRow (runtime/core/sampler.py) once nothing is blocked
+    finish_ids: frozenset[int] | None = None  # token ids that end it (runtime/core/output.py finish_limits)
+    output_limit: int = 0        # output tokens that end it by length (the same)
     grammar: Any = None
     input_logprobs: list[tuple[int, float, list[tuple[int, float]]]] = field(default_factory=list)
     output_logprobs: list[tuple[int, float, list[tuple[int, float]]]] = field(default_factory=list)

@@ -42,6 +42,13 @@ class SampleRow:
     top_logprobs_num: int = 0
     want_logprob: bool = False
     state: RowState = field(default_factory=RowState)
+    penalized: bool = field(init=False)  # a frequency, presence or repetition penalty
+    plain: bool = field(init=False)      # greedy, nothing blocked or penalized, no logprob: an argmax
+
+    def __post_init__(self) -> None:
+        sp = self.sampling
+        self.penalized = bool(sp.frequency_penalty or sp.presence_penalty or sp.repetition_penalty != 1.0)
+        self.plain = sp.is_greedy and not (self.penalized or self.blocked_ids or self.want_logprob)
 
 
 @dataclass
@@ -104,12 +111,14 @@ def sample(logits: torch.Tensor, rows: list[SampleRow], generator: torch.Generat
     """
     device = logits.device
     broken = torch.isnan(logits.amax(dim=-1))  # [B]; amax propagates NaN (one vectorized pass)
-    want = [i for i, r in enumerate(rows) if r.want_logprob]
-    want_idx = torch.tensor(want, device=device, dtype=torch.long)
-    raw = logits.index_select(0, want_idx) if want else None  # [len(want), vocab], a copy
+    plain = all(r.plain for r in rows)
+    want = [] if plain else [i for i, r in enumerate(rows) if r.want_logprob]
+    raw = logits.index_select(0, torch.tensor(want, device=device)) if want else None  # [len(want), vocab], a copy
     if bitmask is not None:
         apply = apply_token_bitmask if logits.is_cuda else apply_token_bitmask_ref
         apply(logits, bitmask[0], bitmask[1])
+    if plain:  # an argmax each (a grammar's mask, if any, applied above)
+        return SampleResult(argmax_rows(logits).masked_fill(broken, -1).tolist(), None, None)
     apply_penalties(logits, rows)
     _block(logits, rows)
     tokens = choose(logits, rows, generator).masked_fill(broken, -1)  # [B] int64, on device

@@ -27,7 +27,7 @@ from radixflow.radix import MatchResult, Node, RadixCache
 from radixflow.runtime.core.kv_pool import KVPool, ReqToTokenPool, SlotIds
 from radixflow.runtime.core.request import Req, Status
 from radixflow.runtime.core.schedule_policy import match_key, order_waiting
-from radixflow.runtime.core.slot_list import SlotList
+from radixflow.runtime.core.slot_list import SlotList, append_one_each
 from radixflow.runtime.lora.capacity import NO_ADAPTERS, AdapterAdmission
 
 log = logging.getLogger(__name__)
@@ -56,7 +56,8 @@ class ScheduledBatch:
     `prefix_lens[i]` cached ones. `completes[i]`: this step computes the rest of its known
     tokens (its prefill ends here); `sample[i]`: a token is then sampled from its last position.
     `misses[i]`: why the prefill tokens of row i were not cached, reason -> tokens (empty for a
-    decode row); the counts are for the engine to record once the step succeeded.
+    decode round's rows, and no list at all for a decode step); the counts are for the engine to
+    record once the step succeeded.
     `is_decode`: every row adds one token. `is_decode_round`: every row is a running request
     (one new token, or several its grammar's jump-forward appended)."""
 
@@ -68,6 +69,7 @@ class ScheduledBatch:
     is_decode: bool
     misses: list[dict[str, int]] = field(default_factory=list)
     is_decode_round: bool = False
+    new_slots: SlotIds | None = None  # a decode step's: each row's one new slot (else None)
 
 
 @dataclass(frozen=True)
@@ -180,20 +182,27 @@ class Scheduler:
     def finish_step(self, batch: ScheduledBatch) -> None:
         """After the engine appended sampled tokens and set finish reasons: cache fresh prefill
         KV, move completed prefills to running, release finished requests (to `done`)."""
+        if batch.is_decode:  # nothing to cache or move: release the finished
+            for req in batch.reqs:
+                if req.finish_reason is not None and req.status is not Status.FINISHED:
+                    self._retire(req)
+        else:
+            self._finish_prefill_step(batch)
+        if not self.waiting and not self.prefilling:
+            self.prefill_budget_scale = 1.0
+
+    def _finish_prefill_step(self, batch: ScheduledBatch) -> None:
         for req, completes in zip(batch.reqs, batch.completes):
             if req.status is Status.FINISHED:
                 continue  # failed and retired already
             if req.is_finished:
                 self._retire(req)
                 continue
-            if not batch.is_decode:
-                self._blocked_until = None  # the tree grew: waiting requests may match more
-                self._cache_unfinished(req)
-                if completes and req in self.prefilling:
-                    self.prefilling.remove(req)
-                    self.running.append(req)
-        if not self.waiting and not self.prefilling:
-            self.prefill_budget_scale = 1.0
+            self._blocked_until = None  # the tree grew: waiting requests may match more
+            self._cache_unfinished(req)
+            if completes and req in self.prefilling:
+                self.prefilling.remove(req)
+                self.running.append(req)
 
     def undo_step(self, batch: ScheduledBatch) -> None:
         """The forward of `batch` failed: free the slots it allocated without caching them
@@ -421,13 +430,11 @@ class Scheduler:
 
     def _one_token_each(self, slots: SlotIds) -> ScheduledBatch:
         reqs = list(self.running)
-        starts = [r.kv_len for r in reqs]
-        for req, slot in zip(reqs, slots.tolist()):
-            req.slots.append(slot)
+        starts = append_one_each([r.slots for r in reqs], slots.tolist())
         self.req_pool.write_one_each([r.row for r in reqs], starts, slots)
         n = len(reqs)
-        return ScheduledBatch(reqs, starts, [1] * n, [True] * n, [True] * n, is_decode=True,
-                              is_decode_round=True, misses=[{} for _ in range(n)])
+        return ScheduledBatch(reqs, starts, [1] * n, [True] * n, [True] * n, is_decode=True, is_decode_round=True,
+                              new_slots=slots)
 
     def _make_room_for_decode(self) -> list[int]:
         """Retract until every running request can get its new slots: a chunked prefill first
@@ -435,7 +442,7 @@ class Scheduler:
         left alone that still cannot get a slot can never fit: it finishes with a reason.
         Returns each running request's count of new tokens."""
         while True:
-            news = [r.seq_len - r.kv_len for r in self.running]
+            news = [len(r.prompt_ids) + len(r.output_ids) - len(r.slots) for r in self.running]
             if sum(news) <= self.kv.num_free + self.cache.evictable_size():
                 return news
             if self.prefilling:

@@ -53,9 +53,12 @@ class SlotList:
 
     def append(self, slot: int) -> None:
         if self._len == len(self._buf):
-            self._buf = np.concatenate([self._buf, np.empty(len(self._buf), dtype=np.int32)])
+            self._grow()
         self._buf[self._len] = slot
         self._len += 1
+
+    def _grow(self) -> None:
+        self._buf = np.concatenate([self._buf, np.empty(len(self._buf), dtype=np.int32)])
 
     def extend(self, values: Sequence[int] | SlotIds) -> None:
         arr = np.asarray(values, dtype=np.int32)
@@ -73,3 +76,17 @@ class SlotList:
 
     def __repr__(self) -> str:
         return f"SlotList({self.tolist()!r})" if self._len <= 16 else f"SlotList(<{self._len} slots>)"
+
+
+def append_one_each(lists: list[SlotList], slots: list[int]) -> list[int]:
+    """Append `slots[i]` to `lists[i]` (a decode step's new slot per request); returns each
+    list's length before. The engine's per-step loop: no method call per list."""
+    starts = []
+    for sl, slot in zip(lists, slots):
+        n = sl._len
+        if n == len(sl._buf):
+            sl._grow()
+        sl._buf[n] = slot
+        sl._len = n + 1
+        starts.append(n)
+    return starts

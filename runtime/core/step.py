@@ -8,6 +8,7 @@ its detokenization) fails that request alone with reason `error`; the others go 
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 
 import torch
@@ -20,7 +21,6 @@ from radixflow.runtime.core.output import append_token
 from radixflow.runtime.core.overlap import InFlight, Launcher, is_plain
 from radixflow.runtime.core.publish import publish
 from radixflow.runtime.core.request import Req
-from radixflow.runtime.core.penalties import has_penalty
 from radixflow.runtime.core.sampler import RowState, SampleRow, sample, score_tokens
 from radixflow.runtime.core.scheduler import MAX_STEP_RETRIES, ScheduledBatch, Scheduler
 from radixflow.runtime.lora.request_counts import AdapterRequestCounts
@@ -139,7 +139,7 @@ class StepRunner:
             for req in batch.reqs:
                 req.finish(error_reason(exc))
         self.scheduler.finish_step(batch)
-        publish([r for r in batch.reqs if not r.is_finished])  # finished ones: at their hand-out
+        publish([r for r in batch.reqs if r.finish_reason is None])  # finished ones: at their hand-out
         return True
 
     # -- overlap scheduling ---------------------------------------------------------------------
@@ -227,6 +227,8 @@ class StepRunner:
 
     def _count_misses(self, batch: ScheduledBatch) -> None:
         """Credit the step's prefill tokens, by miss reason, to their requests and the totals."""
+        if batch.is_decode:
+            return  # no prefill tokens
         for req, misses in zip(batch.reqs, batch.misses):
             for reason, n in misses.items():
                 req.miss_tokens[reason] = req.miss_tokens.get(reason, 0) + n
@@ -280,6 +282,31 @@ class StepRunner:
             req.input_logprobs.append((req.prompt_ids[pos], c, t if req.logprob.top_logprobs_num else None))
 
     def _sample_and_append(self, batch: ScheduledBatch, plans: list[_LogitPlan], logits: torch.Tensor) -> None:
+        if batch.is_decode:  # one sampled row each, in order
+            reqs = [r for r in batch.reqs if r.finish_reason is None]
+            rows = list(range(len(batch.reqs))) if len(reqs) == len(batch.reqs) else [
+                i for i, r in enumerate(batch.reqs) if r.finish_reason is None]
+        else:
+            rows, reqs = self._rows_of_prefill(batch, plans)
+        if any(r.grammar is not None for r in reqs):
+            rows, reqs = self._prepare_grammars(rows, reqs)
+        if not reqs:
+            return
+        sample_rows = [r.sample_row or self._sample_row(r) for r in reqs]
+        bitmask = grammar_bitmask(reqs, logits.device, on_error=self._fail)
+        now = time.monotonic()
+        for req, outcome in zip(reqs, self._sample(logits, rows, reqs, sample_rows, bitmask)):
+            if isinstance(outcome, Exception):
+                self._fail(req, outcome)
+            elif req.finish_reason is None:
+                try:
+                    self._append(req, *outcome, now)
+                except Exception as exc:  # its detokenizer, stop checks or grammar
+                    self._fail(req, exc)
+
+    def _rows_of_prefill(self, batch: ScheduledBatch, plans: list[_LogitPlan]) -> tuple[list[int], list[Req]]:
+        """The logit rows to sample and their requests; a prefill-only request whose prompt is
+        all computed finishes here."""
         rows, reqs, base = [], [], 0
         for req, plan in zip(batch.reqs, plans):
             base += len(plan.offsets)
@@ -290,19 +317,7 @@ class StepRunner:
                 reqs.append(req)
             elif req.kv_len == req.seq_len and not req.wants_sample:
                 req.finish({"type": "length", "length": 0})  # prefill-only request is done
-        rows, reqs = self._prepare_grammars(rows, reqs)
-        if not reqs:
-            return
-        sample_rows = [self._sample_row(r) for r in reqs]
-        bitmask = grammar_bitmask(reqs, logits.device, on_error=self._fail)
-        for req, outcome in zip(reqs, self._sample(logits, rows, reqs, sample_rows, bitmask)):
-            if isinstance(outcome, Exception):
-                self._fail(req, outcome)
-            elif not req.is_finished:
-                try:
-                    self._append(req, *outcome)
-                except Exception as exc:  # its detokenizer, stop checks or grammar
-                    self._fail(req, exc)
+        return rows, reqs
 
     def _check_batch_faults(self, reqs: list[Req]) -> None:
         """Test hook: step-level faults of the per-request points, outside isolation."""
@@ -348,16 +363,19 @@ class StepRunner:
                 out.append(exc)
         return out
 
-    def _append(self, req: Req, token: int, logprob: float | None, tops: list | None) -> None:
-        if req.grammar is not None and req.grammar.error is not None:
-            req.finish({"type": "abort", "message": req.grammar.error})
+    def _append(self, req: Req, token: int, logprob: float | None, tops: list | None,
+                now: float | None = None) -> None:
+        grammar = req.grammar
+        if grammar is not None and grammar.error is not None:
+            req.finish({"type": "abort", "message": grammar.error})
             return
-        self.faults.check("detokenizer", (req,), self.num_steps - 1)
+        if self.faults is not NO_FAULTS:
+            self.faults.check("detokenizer", (req,), self.num_steps - 1)
         if logprob is not None and req.logprob.return_logprob:
             req.output_logprobs.append((token, logprob, tops if req.logprob.top_logprobs_num else None))
-        append_token(req, token, self.eos_ids, self.max_context_len)
+        append_token(req, token, self.eos_ids, self.max_context_len, now)
         self.generated_tokens += 1
-        if req.grammar is not None:  # may finish req, or append forced tokens (jump-forward)
+        if grammar is not None:  # may finish req, or append forced tokens (jump-forward)
             self.generated_tokens += advance_grammar(req, token, self.eos_ids, self.max_context_len)
 
     def _sample_row(self, req: Req) -> SampleRow:
@@ -384,7 +402,7 @@ def _rows_to_sample(logits: torch.Tensor, rows: list[int], sample_rows: list[Sam
     the rows (ascending: a decode step) and nothing will change them (no grammar mask, penalty or
     blocked id), so a row-by-row retry after a failure still reads the model's logits."""
     whole = len(rows) == logits.shape[0] and rows[-1] == len(rows) - 1
-    if whole and bitmask is None and not any(r.blocked_ids or has_penalty(r) for r in sample_rows):
+    if whole and bitmask is None and not any(r.blocked_ids or r.penalized for r in sample_rows):
         return logits
     return logits[torch.tensor(rows, device=logits.device)]
 
