@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+import torch
 
 from radixflow.runtime import Engine
 from radixflow.runtime.core.messages import StepOutput
@@ -73,3 +74,34 @@ def test_stream_chunks_keep_the_native_shape(engine):
     assert meta["output_token_logprobs_length"] == len(full["output_ids"])
     assert all(c["meta_info"]["completion_tokens"] == len(c["output_ids"]) for c in chunks)
     assert [c["meta_info"]["finish_reason"] is None for c in chunks] == [True] * (len(chunks) - 1) + [False]
+
+
+def test_decode_forward_batch_equals_the_general_one(engine):
+    """A decode step's ForwardBatch, built from one host array and the step's new slots, holds
+    the numbers the general per-request build gives (the input token, position, slot and table
+    row of each request), for requests at different lengths."""
+    import dataclasses
+
+    runner = engine.runner
+    seen: list[tuple] = []
+    real = runner.make_forward_batch
+
+    def compare(batch, offsets, input_ids=None):
+        fast = real(batch, offsets, input_ids)
+        if batch.is_decode and batch.new_slots is not None and not seen:
+            general = real(dataclasses.replace(batch, new_slots=None), offsets, input_ids)
+            seen.append((fast, general, len(batch.reqs)))
+        return fast
+    runner.make_forward_batch = compare
+    try:
+        engine.generate(["one", "a longer prompt than that", "x"], {**GREEDY, "max_new_tokens": 4})
+    finally:
+        del runner.make_forward_batch
+    fast, general, n = seen[0]
+    assert n == 3
+    for f in dataclasses.fields(fast):
+        a, b = getattr(fast, f.name), getattr(general, f.name)
+        if isinstance(a, torch.Tensor):
+            assert a.dtype == b.dtype and torch.equal(a, b), f.name
+        else:
+            assert a == b, f.name
