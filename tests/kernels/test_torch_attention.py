@@ -133,3 +133,90 @@ def test_decode_in_request_chunks_matches_ref(kv_layout, device, monkeypatch, se
     q = torch.randn(len(seq_lens), num_heads, head_dim, generator=torch.Generator().manual_seed(1)).to(device, dtype)
     args = _decode_args(lay, q, head_dim ** -0.5)
     torch.testing.assert_close(decode_attention_torch(*args), decode_attention_ref(*args), **TOL[dtype])
+
+
+def _as_runs(lay, broken_at: int | None = None):
+    """Give each request of `lay` one ascending run of slots, back to back from slot 1, as a fresh
+    pool hands out a long prefill. `broken_at`: position of the first request's run that takes the
+    pool's last slot instead (no run uses it), so the run is out of place there but keeps its ends."""
+    base = 1
+    for row, seq_len in zip(lay.req_rows.tolist(), lay.seq_lens.tolist()):
+        if seq_len:
+            lay.req_to_token[row, :seq_len] = torch.arange(base, base + seq_len, dtype=torch.int32)
+            base += seq_len
+    if broken_at is not None:
+        lay.req_to_token[int(lay.req_rows[0]), broken_at] = lay.k_cache.shape[0] - 1
+    return lay
+
+
+@pytest.fixture
+def force_path(monkeypatch):
+    """force_path("chunked" | "sdpa"): every request takes that path (small chunks, so a
+    5,000-token context spans several); returns the list of paths taken, one per request."""
+    def force(path: str) -> list[str]:
+        taken = []
+        chunked, sdpa = torch_attention._attend_chunked, torch_attention._attend_sdpa
+        monkeypatch.setattr(torch_attention, "MIN_CHUNKED_CONTEXT_FLOATS", 0 if path == "chunked" else 1 << 62)
+        monkeypatch.setattr(torch_attention, "MIN_CHUNK_TOKENS", 700)
+        monkeypatch.setattr(torch_attention, "_attend_chunked", lambda *a: taken.append("chunked") or chunked(*a))
+        monkeypatch.setattr(torch_attention, "_attend_sdpa", lambda *a: taken.append("sdpa") or sdpa(*a))
+        return taken
+    return force
+
+
+# (prefix_lens, extend_lens, num_heads, num_kv_heads, head_dim, dtype, fp8): a long prefix, none,
+# one new token and several, GQA 1/2/4, a request past MAX_CHUNKED_EXTEND (SDPA either way)
+CHUNKED_CASES = [
+    ([5000], [1], 4, 2, 16, torch.float32, False),
+    ([5000, 0, 37], [16, 9, 1], 4, 1, 16, torch.float32, False),
+    ([4999, 1], [64, 1], 8, 2, 64, torch.float32, True),
+    ([2100, 0], [5, 3], 3, 3, 32, torch.float16, False),
+    ([0, 700], [1, 200], 4, 2, 16, torch.float32, False),
+]
+
+
+@pytest.mark.parametrize("path", ["chunked", "sdpa"])
+@pytest.mark.parametrize("slots", ["shuffled", "runs", "run with one slot out of place"])
+@pytest.mark.parametrize("prefix_lens, extend_lens, num_heads, num_kv_heads, head_dim, dtype, fp8", CHUNKED_CASES)
+def test_extend_paths_match_ref(kv_layout, force_path, path, slots, prefix_lens, extend_lens, num_heads,
+                                num_kv_heads, head_dim, dtype, fp8):
+    lay = kv_layout(prefix_lens, extend_lens, num_kv_heads, head_dim, dtype, fp8, torch.device("cpu"))
+    if slots != "shuffled":
+        _as_runs(lay, broken_at=prefix_lens[0] // 2 if slots != "runs" else None)
+    q = torch.randn(sum(extend_lens), num_heads, head_dim, generator=torch.Generator().manual_seed(1)).to(dtype)
+    args = _extend_args(lay, q, head_dim ** -0.5)
+    taken = force_path(path)
+    out = extend_attention_torch(*args)
+    expected = [path if e <= torch_attention.MAX_CHUNKED_EXTEND else "sdpa" for e in extend_lens if e]
+    assert taken == expected
+    assert out.isfinite().all()
+    torch.testing.assert_close(out, extend_attention_ref(*args), **TOL[dtype])
+
+
+def test_run_start():
+    run = torch.arange(7, 7 + 300, dtype=torch.int32)
+    assert torch_attention._run_start(run) == 7
+    assert torch_attention._run_start(run[:1]) == 7
+    assert torch_attention._run_start(run.long()) == 7
+    moved = run.clone()
+    moved[150] = 1000  # one slot out of place: first, last and length still match a run
+    assert torch_attention._run_start(moved) is None
+    assert torch_attention._run_start(run.flip(0)) is None
+    assert torch_attention._run_start(run[::2].contiguous()) is None
+
+
+@pytest.mark.parametrize("extend_len, num_kv_heads, head_dim, context_len, path", [
+    (16, 2, 16, 100_016, "chunked"),  # a short turn after a long prefix
+    (16, 2, 16, 20_016, "sdpa"),  # below MIN_CHUNKED_CONTEXT_FLOATS
+    (1, 4, 64, 4_097, "chunked"),
+    (129, 4, 64, 30_000, "sdpa"),  # past MAX_CHUNKED_EXTEND
+])
+def test_path_rule(monkeypatch, extend_len, num_kv_heads, head_dim, context_len, path):
+    taken = []
+    monkeypatch.setattr(torch_attention, "_attend_chunked", lambda *a: taken.append("chunked"))
+    monkeypatch.setattr(torch_attention, "_attend_sdpa", lambda *a: taken.append("sdpa") or a[0])
+    cache = torch.zeros(context_len, num_kv_heads, head_dim)
+    q = torch.zeros(extend_len, 2 * num_kv_heads, head_dim)
+    torch_attention._attend_request(q, cache, cache, torch.arange(context_len), context_len - extend_len,
+                                    1.0, 1.0, 1.0)
+    assert taken == [path]
