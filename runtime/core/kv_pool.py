@@ -25,8 +25,10 @@ class KVPool:
     Slot 0 is a padding dummy that is never handed out, so `num_slots - 1` slots are usable.
     With the fp8 cache the tensors are uint8 holding e4m3 bits, read with per-layer scales.
     The free list is an int32 stack on the host (`_free[:_num_free]`, top last): alloc and free
-    are one array copy each, whatever their size. The scheduler (CPU) owns it; kernels only see
-    slot ids.
+    are one array copy each, whatever their size. Runs are pushed reversed and taken reversed, so
+    a fresh pool hands out ascending runs and a freed run comes back in its order: a long
+    prefill's slots are then one run, which CPU attention reads as a view (kernels/torch_attention.py).
+    The scheduler (CPU) owns it; kernels only see slot ids.
     """
 
     def __init__(self, num_slots: int, num_layers: int, num_kv_heads: int, head_dim: int,
@@ -94,14 +96,14 @@ class KVPool:
         if n > self._num_free:
             return None
         self._num_free -= n
-        return self._free[self._num_free: self._num_free + n].copy()
+        return self._free[self._num_free: self._num_free + n][::-1].copy()
 
     def free(self, slots: SlotIds | list[int]) -> None:
         """Give `slots` back. Raises ValueError when that would exceed the capacity (a double free)."""
         n = len(slots)
         if self._num_free + n > len(self._free):
             raise ValueError(f"freeing {n} slots with {self._num_free} of {len(self._free)} free: a double free")
-        self._free[self._num_free: self._num_free + n] = slots
+        self._free[self._num_free: self._num_free + n] = np.asarray(slots, dtype=np.int32)[::-1]
         self._num_free += n
 
     def free_slots(self) -> list[int]:

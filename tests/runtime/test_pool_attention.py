@@ -74,3 +74,16 @@ def test_kv_splits_for_uses_fixed_count_or_choice():
     assert PoolAttention(pool, ops, 1.0, 3).kv_splits_for(1, 10_000) == 3
     per_step = PoolAttention(pool, ops, 1.0, None)
     assert per_step.kv_splits_for(1, 10_000) == kernels.choose_kv_splits(1, 8, 10_000, per_step.num_sms)
+
+
+def test_pool_hands_out_ascending_runs_and_a_freed_run_comes_back_in_order():
+    """A fresh pool's allocations are ascending runs, back to back (a long prefill in chunks is
+    one run, which CPU attention reads as a view); a freed run is handed out again in its order."""
+    pool = KVPool(100, 1, 1, 1, torch.float32, torch.device("cpu"))
+    a, b = pool.alloc(10), pool.alloc(5)
+    assert a.tolist() == list(range(1, 11)) and b.tolist() == list(range(11, 16))
+    pool.free(a)
+    assert pool.alloc(10).tolist() == list(range(1, 11))
+    pool.free(b[::-1])  # freed in any order: handed out as freed
+    assert pool.alloc(5).tolist() == list(range(15, 10, -1))
+    assert pool.num_free == 99 - 15
