@@ -1,13 +1,20 @@
 """Request and response bodies: a size cap (413), strict msgspec decoding (400), JSON encoding."""
 from __future__ import annotations
 
-from typing import Any
+import asyncio
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
 from radixflow.frontend.errors import APIError, bad_request
+
+T = TypeVar("T")
+# Bodies up to this size are tokenized on the event loop (well under a millisecond); larger
+# ones on a worker thread, so a long prompt never stalls the other streams.
+INLINE_PARSE_BYTES = 8192
 
 
 async def read_body(request: Request) -> bytes:
@@ -44,3 +51,12 @@ async def read_json(request: Request, schema: Any = dict, rename: dict[str, str]
 def json_response(obj: Any, status: int = 200) -> Response:
     """A JSON response from a Struct or plain data, encoded by msgspec."""
     return Response(msgspec.json.encode(obj), status_code=status, media_type="application/json")
+
+
+async def off_loop_if_large(request: Request, fn: Callable[..., T], *args: Any) -> T:
+    """`fn(*args)` (the body's parsing and tokenization): inline for a small body, else on a
+    worker thread. A body of unknown length (chunked) counts as large."""
+    size = request.headers.get("content-length")
+    if size is not None and size.isdigit() and int(size) <= INLINE_PARSE_BYTES:
+        return fn(*args)
+    return await asyncio.to_thread(fn, *args)

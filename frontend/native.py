@@ -14,7 +14,7 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
-from radixflow.frontend.body import json_response, read_json
+from radixflow.frontend.body import json_response, off_loop_if_large, read_json
 from radixflow.frontend.errors import RETRY_AFTER_S, APIError, bad_request
 from radixflow.frontend.limits import RequestLimits
 from radixflow.frontend.streams import SSE_DONE, EventStream, Fanout, launch, sse
@@ -175,7 +175,7 @@ async def generate(request: Request) -> Response:
     engine = server.engine
     req = await read_json(request, GenerateRequest)
     check_generate(req, server.limits)
-    job = await asyncio.to_thread(parse_generate, req, engine.tokenizer)
+    job = await off_loop_if_large(request, parse_generate, req, engine.tokenizer)
     if not req.stream:
         return json_response(await generate_result(request.receive, engine, job))
     fanout = await start_generate(request.receive, engine, job)
@@ -187,6 +187,9 @@ async def _events(fanout: Fanout, single: bool) -> AsyncIterator[bytes]:
     try:
         async for index, chunk in fanout:
             check_failed(chunk)
+            if single and chunk["meta_info"]["finish_reason"] is not None:
+                yield sse(chunk) + SSE_DONE  # the last event and the end in one write
+                return
             yield sse(chunk if single else {**chunk, "index": index})
     except APIError as exc:  # the response has begun: report in-band
         yield sse(exc.body())

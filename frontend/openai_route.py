@@ -7,7 +7,6 @@ OpenAI objects. Everything else (limits, max_tokens against the context, engine 
 """
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -17,7 +16,7 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
-from radixflow.frontend.body import json_response, read_json
+from radixflow.frontend.body import json_response, off_loop_if_large, read_json
 from radixflow.frontend.errors import APIError
 from radixflow.frontend.openai_common import check_model, new_id, now, start, usage
 from radixflow.frontend.openai_sampling import RENAMED, sampling_params
@@ -103,7 +102,7 @@ async def handle(request: Request, shape: Shape) -> Response:
     shape.check(req, request)
     requested = shape.max_tokens(req)
     sp = sampling_params(req, engine, requested, server.limits)
-    prompts = await asyncio.to_thread(shape.prompts, req, engine.tokenizer)
+    prompts = await off_loop_if_large(request, shape.prompts, req, engine.tokenizer)
     per_prompt = fit_context(prompts.ids, sp, requested, engine, shape.prompt_param)
     job = Job(req, prompts, sp, {"id": new_id(shape.id_prefix), "created": now(), "model": req.model})
     fanout, job.shared = await start(request, prompts.ids, per_prompt, {**shape.options(req), "lora_path": lora})

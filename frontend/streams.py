@@ -69,7 +69,11 @@ _END = object()
 class Fanout:
     """Runs jobs concurrently; iterate for (index, chunk) in arrival order. `start()` returns once
     every job produced its first chunk, so input errors (ValueError) surface before a response
-    begins. `close()` cancels what is still running (the engine aborts those requests)."""
+    begins. `close()` cancels what is still running (the engine aborts those requests).
+
+    One job (most requests) is read directly from its engine stream by whoever iterates; several
+    are pumped by a task each into one queue.
+    """
 
     def __init__(self, engine: Any, jobs: list[Job]) -> None:
         self.engine, self.jobs = engine, jobs
@@ -77,8 +81,23 @@ class Fanout:
         self._started = [asyncio.Event() for _ in jobs]
         self._tasks: list[asyncio.Task] = []
         self._errors: list[Exception] = []
+        self._stream: Any = None  # one job: its engine stream
+        self._first: Any = _END   # one job: its first chunk, until iterated
+
+    def _open(self, job: Job) -> Any:
+        return self.engine.generate_stream(input_ids=job.input_ids, sampling_params=job.sampling, **job.options)
 
     async def start(self) -> None:
+        if len(self.jobs) == 1:
+            self._stream = self._open(self.jobs[0])
+            try:
+                self._first = await self._stream.__anext__()
+            except StopAsyncIteration:
+                pass
+            except BaseException:
+                await self.close()
+                raise
+            return
         self._tasks = [asyncio.create_task(self._pump(job, ev)) for job, ev in zip(self.jobs, self._started)]
         try:
             await asyncio.gather(*(ev.wait() for ev in self._started))
@@ -90,7 +109,7 @@ class Fanout:
             raise self._errors[0]
 
     async def _pump(self, job: Job, started: asyncio.Event) -> None:
-        stream = self.engine.generate_stream(input_ids=job.input_ids, sampling_params=job.sampling, **job.options)
+        stream = self._open(job)
         try:
             async for chunk in stream:
                 self._queue.put_nowait((job.index, chunk))
@@ -104,6 +123,14 @@ class Fanout:
             await stream.aclose()
 
     async def __aiter__(self) -> AsyncIterator[tuple[int, dict]]:
+        if self._stream is not None:
+            index = self.jobs[0].index
+            first, self._first = self._first, _END
+            if first is not _END:
+                yield index, first
+            async for chunk in self._stream:
+                yield index, chunk
+            return
         remaining = len(self.jobs)
         while remaining:
             index, item = await self._queue.get()
@@ -129,6 +156,8 @@ class Fanout:
             await self.close()
 
     async def close(self) -> None:
+        if self._stream is not None:
+            await self._stream.aclose()  # the engine aborts it if it still runs
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
