@@ -222,23 +222,20 @@ class ModelRunner:
 
     def _decode_forward_batch(self, batch: ScheduledBatch, input_ids: torch.Tensor | None) -> ForwardBatch:
         """`make_forward_batch` of a decode step (one new token and one logit row each): a few
-        passes over the requests and one host-to-device copy of the per-row numbers."""
+        passes over the requests, no per-token work."""
         reqs, prefix = batch.reqs, batch.prefix_lens
         assert batch.new_slots is not None
         n, dev = len(reqs), self.device
-        host = np.empty((5, n), dtype=np.int64)
-        host[0] = last_ids(reqs) if input_ids is None else 0
-        host[1] = prefix
-        host[2] = [r.row for r in reqs]
-        np.add(host[1], 1, out=host[3])
-        host[4] = np.arange(n)
-        rows = torch.from_numpy(host).to(dev)
+        after = np.asarray(prefix, dtype=np.int64) + 1
+        rows = np.arange(n)
+        ids, positions, out_slots, req_rows, extend_lens, seq_lens, starts = upload(
+            [last_ids(reqs) if input_ids is None else (), prefix, batch.new_slots, [r.row for r in reqs],
+             np.ones(n, dtype=np.int64), after, rows], dev)
         return ForwardBatch(
-            is_decode=True, input_ids=rows[0] if input_ids is None else input_ids, positions=rows[1],
-            out_slots=torch.from_numpy(batch.new_slots.astype(np.int64)).to(dev),
-            req_to_token=self.req_pool.table, req_rows=rows[2], prefix_lens=rows[1],
-            extend_lens=torch.ones(n, dtype=torch.int64, device=dev), seq_lens=rows[3], extend_starts=rows[4],
-            logit_rows=rows[4], prefix_lens_cpu=list(prefix), extend_lens_cpu=[1] * n,
+            is_decode=True, input_ids=ids if input_ids is None else input_ids, positions=positions,
+            out_slots=out_slots, req_to_token=self.req_pool.table, req_rows=req_rows, prefix_lens=positions,
+            extend_lens=extend_lens, seq_lens=seq_lens, extend_starts=starts, logit_rows=starts,
+            prefix_lens_cpu=list(prefix), extend_lens_cpu=[1] * n,
             lora=None if self.lora_slots is None else make_lora_batch(
                 self.lora_slots, [r.lora_id for r in reqs], [1] * n, dev, dev.type == "cuda"))
 
@@ -259,19 +256,15 @@ class ModelRunner:
             positions.extend(range(prefix, prefix + n))
             slots.append(req.slots[prefix: prefix + n])
         dev = self.device
-
-        def t(x: list[int]) -> torch.Tensor:
-            return torch.tensor(x, dtype=torch.int64, device=dev)
-
-        out_slots = torch.from_numpy(np.concatenate(slots).astype(np.int64)).to(dev)
+        seq_lens = [p + n for p, n in zip(batch.prefix_lens, batch.extend_lens)]
+        (ids_t, positions_t, out_slots, req_rows, prefix_lens, extend_lens, seq_lens_t, starts_t,
+         logit_rows_t) = upload([ids, positions, np.concatenate(slots), [r.row for r in batch.reqs],
+                                 batch.prefix_lens, batch.extend_lens, seq_lens, starts, logit_rows], dev)
         return ForwardBatch(
-            is_decode=batch.is_decode, input_ids=t(ids) if input_ids is None else input_ids,
-            positions=t(positions), out_slots=out_slots,
-            req_to_token=self.req_pool.table, req_rows=t([r.row for r in batch.reqs]),
-            prefix_lens=t(batch.prefix_lens), extend_lens=t(batch.extend_lens),
-            seq_lens=t([p + n for p, n in zip(batch.prefix_lens, batch.extend_lens)]),
-            extend_starts=t(starts), logit_rows=t(logit_rows),
-            prefix_lens_cpu=list(batch.prefix_lens), extend_lens_cpu=list(batch.extend_lens),
+            is_decode=batch.is_decode, input_ids=ids_t if input_ids is None else input_ids,
+            positions=positions_t, out_slots=out_slots, req_to_token=self.req_pool.table, req_rows=req_rows,
+            prefix_lens=prefix_lens, extend_lens=extend_lens, seq_lens=seq_lens_t, extend_starts=starts_t,
+            logit_rows=logit_rows_t, prefix_lens_cpu=list(batch.prefix_lens), extend_lens_cpu=list(batch.extend_lens),
             lora=None if self.lora_slots is None else make_lora_batch(
                 self.lora_slots, [r.lora_id for r in batch.reqs], list(batch.extend_lens), dev, dev.type == "cuda"))
 
@@ -280,3 +273,16 @@ def last_ids(reqs: list[Req]) -> list[int]:
     """Each request's last known token: a decode step's input (at position kv_len, the one
     token whose KV the step computes)."""
     return [r.output_ids[-1] if r.output_ids else r.prompt_ids[-1] for r in reqs]
+
+
+def upload(parts: list, device: torch.device) -> list[torch.Tensor]:
+    """int64 tensors on `device` of `parts` (sequences of ints), with one host-to-device copy:
+    packed into one host buffer, pinned on CUDA so the copy does not block the host (the caching
+    host allocator keeps the buffer until the copy is done), then split into views."""
+    sizes = [len(part) for part in parts]
+    host_t = torch.empty(sum(sizes), dtype=torch.int64, pin_memory=device.type == "cuda")
+    host, pos = host_t.numpy(), 0
+    for part, n in zip(parts, sizes):
+        host[pos: pos + n] = part
+        pos += n
+    return list(host_t.to(device, non_blocking=True).split(sizes))
