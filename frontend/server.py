@@ -148,6 +148,13 @@ class _Server(uvicorn.Server):
         super().__init__(config)
         self._state = state
 
+    async def startup(self, sockets: Any = None) -> None:
+        await super().startup(sockets=sockets)
+        if not self.should_exit:  # the app started (the engine is up): its heap is long-lived
+            from radixflow.runtime.core_process import freeze_heap
+
+            freeze_heap()
+
     def handle_exit(self, sig: int, frame: Any) -> None:
         self._state.phase = "stopping"
         super().handle_exit(sig, frame)
