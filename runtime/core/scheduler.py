@@ -257,16 +257,21 @@ class Scheduler:
             token_budget -= n
             if req.kv_len < req.seq_len:
                 return batch  # still chunking: nothing else joins
-        if not self.waiting or self.num_running >= self.limits.max_num_seqs:
-            # Nothing could be admitted: skip ordering the queue (a prefix match per waiting
-            # request), which would otherwise run on every decode step of a full batch.
+        if not self.waiting or self._admits_nothing():
+            # Skip ordering the queue (a prefix match per waiting request), which would
+            # otherwise run on every decode step of a full or memory-blocked batch.
             return batch if batch.reqs else None
-        reserved = self._reserved_decode()
-        if self._blocked_until is not None and self._available(reserved) < self._blocked_until:
-            return batch if batch.reqs else None  # still blocked: skip ordering and matching
         self._blocked_until = None
-        self._admit_waiting(batch, token_budget, chunk, reserved)
+        self._admit_waiting(batch, token_budget, chunk, self._reserved_decode())
         return batch if batch.reqs else None
+
+    def _admits_nothing(self) -> bool:
+        """Whether admission would take no waiting request now, known without ordering the
+        queue: the batch is full, or the queue is memory-blocked and availability has not reached
+        what its head needs."""
+        if self.num_running >= self.limits.max_num_seqs:
+            return True
+        return self._blocked_until is not None and self._available(self._reserved_decode()) < self._blocked_until
 
     def _admit_waiting(self, batch: ScheduledBatch, token_budget: int, chunk: int | None, reserved: int) -> None:
         """Admit waiting requests into `batch` in policy order, each with the one prefix match
@@ -417,9 +422,10 @@ class Scheduler:
         """Overlap scheduling: the next decode step while the previous step's tokens are still
         on the device (each running request has `seq_len == kv_len`: its last token pending).
         One new slot each, at position kv_len, for the pending token. None, allocating nothing,
-        when anything waits or prefills or a slot each is not free or evictable (the engine
-        then finishes the previous step and schedules as usual: admission, retraction)."""
-        if self.waiting or self.prefilling or not self.running:
+        when something prefills, a waiting request could be admitted, or a slot each is not free
+        or evictable (the engine then finishes the previous step and schedules as usual:
+        admission, retraction). A full batch or a memory-blocked queue goes on overlapping."""
+        if self.prefilling or not self.running or (self.waiting and not self._admits_nothing()):
             return None
         if len(self.running) > self.kv.num_free + self.cache.evictable_size():
             return None

@@ -19,8 +19,9 @@ SMALL_SCHEMA = {"type": "object", "properties": {"n": {"type": "integer", "minim
 
 
 def tiny(enable_overlap: bool, **config) -> Engine:
-    return Engine(demo_model("tiny"), dtype="float32", check_invariants=True, kv_cache_tokens=4096,
-                  enable_overlap=enable_overlap, **config)
+    config = {"kv_cache_tokens": 4096, **config}
+    return Engine(demo_model("tiny"), dtype="float32", check_invariants=True, enable_overlap=enable_overlap,
+                  **config)
 
 
 def _summary(res: dict) -> tuple:
@@ -113,6 +114,32 @@ def test_requests_finishing_at_every_step_keep_accounting_exact():
         again = e.generate(input_ids=prompts, sampling_params=sps)
         assert [r["output_ids"] for r in again] == [r["output_ids"] for r in want]
         assert_idle_and_clean(e)
+
+
+def test_overlap_goes_on_while_the_queue_cannot_be_admitted():
+    """A full batch (max_num_seqs 2) with requests waiting, and a queue blocked on memory:
+    decode steps still overlap while nothing can be admitted, the waiting requests are admitted
+    as room frees, and every output equals the one without overlap."""
+    prompts = [ids(6 + i, 700 + i) for i in range(6)]
+    sps = [{**GREEDY, "max_new_tokens": 8 + 3 * i, "ignore_eos": True} for i in range(6)]
+    for config in ({"max_num_seqs": 2}, {"kv_cache_tokens": 96}):
+        with tiny(False, **config) as e:
+            want = [r["output_ids"] for r in e.generate(input_ids=prompts, sampling_params=sps)]
+        with tiny(True, **config) as e:
+            waiting_when_overlapped = []
+            sched = e.scheduler
+            ahead = sched.schedule_decode_ahead
+
+            def record():
+                batch = ahead()
+                if batch is not None:
+                    waiting_when_overlapped.append(len(sched.waiting))
+                return batch
+            sched.schedule_decode_ahead = record
+            got = bounded(e.generate, input_ids=prompts, sampling_params=sps)
+            assert [r["output_ids"] for r in got] == want, config
+            assert max(waiting_when_overlapped, default=0) > 0, config
+            assert_idle_and_clean(e)
 
 
 def test_failed_overlapped_forward_undoes_both_steps_and_caches_nothing_uncomputed():
