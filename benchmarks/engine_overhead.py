@@ -108,8 +108,15 @@ def step_window(engine, rids: set[str], since: float = 0.0) -> tuple[float, int]
 
 
 def make_engine(model_dir: Path, **kw):
+    """The engine, with this process's heap frozen once it is loaded, as `radixflow serve`'s
+    processes do (runtime/core_process.py::freeze_heap): otherwise a full garbage collection
+    (~200 ms over the imported modules) lands in some runs and not others."""
     from radixflow.runtime import Engine
-    return Engine(str(model_dir), load_format="dummy", device="cpu", dtype="float32", **kw)
+    from radixflow.runtime.core_process import freeze_heap
+
+    engine = Engine(str(model_dir), load_format="dummy", device="cpu", dtype="float32", **kw)
+    freeze_heap()
+    return engine
 
 
 MODES = ("generate", "generate_stream", "core_process")
@@ -384,6 +391,7 @@ def main() -> int:
     ap.add_argument("--only", default="decode_step,prefix_ttft,blocked,http",
                     help="comma-separated subset of the four measurements")
     ap.add_argument("--label", default="", help="free text stored with the results (e.g. the commit)")
+    ap.add_argument("--repeats", type=int, default=None, help="runs per figure (default 3; 1 with --smoke)")
     ns = ap.parse_args()
     only = set(ns.only.split(","))
     torch.set_num_threads(1)
@@ -391,6 +399,8 @@ def main() -> int:
                  http_requests=16, http_decode=8, repeats=1) if ns.smoke else dict(
         batch=256, decode_len=64, prefix_len=100_000, turns=7, num_blocked=128, blocked_len=2048,
         http_requests=256, http_decode=32, repeats=3)
+    if ns.repeats is not None:
+        sizes["repeats"] = ns.repeats
     import radixflow.runtime  # the commit of the code measured (PYTHONPATH may point at another checkout)
     code_dir = os.path.dirname(os.path.realpath(radixflow.runtime.__file__))
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
