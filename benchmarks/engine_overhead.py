@@ -356,11 +356,13 @@ def _http_runs(model_dir: Path, core: str, num_requests: int, warm: list, ps: li
         proc.wait(timeout=60)
 
 
-def bench_http(model_dir: Path, num_requests: int, decode_len: int, repeats: int) -> dict:
+def bench_http(model_dir: Path, num_requests: int, decode_len: int, repeats: int, stream_interval: int = 1) -> dict:
     """The server with its engine core in its own process (the default) and on a thread of the
     server's process, each over in-process `Engine.generate` on the same workload."""
     rng = random.Random(3)
     params = {**GREEDY, "max_new_tokens": decode_len}
+    if stream_interval != 1:
+        params["stream_interval"] = stream_interval  # over HTTP only: in-process generate does not stream
     warm = prompts(rng, 8, 16)
     ps = prompts(rng, num_requests, 16)
     by_core = {core: _http_runs(model_dir, core, num_requests, warm, ps, params, repeats)
@@ -373,7 +375,7 @@ def bench_http(model_dir: Path, num_requests: int, decode_len: int, repeats: int
             res = engine.generate(input_ids=ps, sampling_params=params)
             inproc_runs.append(sum(len(r["output_ids"]) for r in res) / (time.perf_counter() - t0))
     inproc = statistics.median(inproc_runs)
-    out: dict = {"num_requests": num_requests, "decode_len": decode_len, "repeats": repeats,
+    out: dict = {"num_requests": num_requests, "decode_len": decode_len, "repeats": repeats, "stream_interval": stream_interval,
                  "inprocess_tok_per_s": inproc, "inprocess_runs": inproc_runs}
     for core, by_client in by_core.items():
         for client, runs in by_client.items():
@@ -392,6 +394,8 @@ def main() -> int:
                     help="comma-separated subset of the four measurements")
     ap.add_argument("--label", default="", help="free text stored with the results (e.g. the commit)")
     ap.add_argument("--repeats", type=int, default=None, help="runs per figure (default 3; 1 with --smoke)")
+    ap.add_argument("--http-stream-interval", type=int, default=1,
+                    help="the HTTP requests' sampling_params.stream_interval (a chunk per this many tokens)")
     ns = ap.parse_args()
     only = set(ns.only.split(","))
     torch.set_num_threads(1)
@@ -416,7 +420,8 @@ def main() -> int:
         if "blocked" in only:
             result["blocked"] = bench_blocked(model_dir, sizes["num_blocked"], sizes["blocked_len"], sizes["repeats"])
         if "http" in only:
-            result["http"] = bench_http(model_dir, sizes["http_requests"], sizes["http_decode"], sizes["repeats"])
+            result["http"] = bench_http(model_dir, sizes["http_requests"], sizes["http_decode"], sizes["repeats"],
+                                        ns.http_stream_interval)
     Path(ns.out).parent.mkdir(parents=True, exist_ok=True)
     Path(ns.out).write_text(json.dumps(result, indent=1) + "\n")
     return 0

@@ -44,6 +44,7 @@ class EngineConfig:
     disable_cuda_graph: bool = _opt(False, "Run decode steps eagerly instead of replaying captured CUDA graphs.")
     cuda_graph_max_bs: int = _opt(256, "Largest decode batch captured in a CUDA graph.")
     enable_overlap: bool = _opt(False, "Overlap scheduling: while the device (on CPU a worker thread) runs decode step N, process step N-1's tokens; only for steady decode of plain requests (no grammar, penalties, logprobs, seed). Off by default: tested on CPU only, not yet validated on a GPU.")
+    stream_interval: int = _opt(1, "Streaming sends a chunk every this many new tokens (the first token and the end at once); larger: fewer, bigger events and less server CPU per token. A request's sampling_params.stream_interval overrides it.")
     max_queued_requests: int = _opt(4096, "Requests waiting beyond the running batch are rejected past this (HTTP 429).")
     grammar_backend: str = _opt("outlines", "Constrained decoding backend.", GRAMMAR_BACKENDS)
     grammar_timeout_s: float = _opt(10.0, "Longest time one grammar may take to compile before the request is rejected.")
@@ -70,7 +71,7 @@ class EngineConfig:
             choices = f.metadata.get("choices")
             if choices and getattr(self, f.name) not in choices:
                 raise ValueError(f"{f.name}={getattr(self, f.name)!r} is not one of {', '.join(choices)}")
-        positive = ("max_num_seqs", "max_prefill_tokens", "max_queued_requests", "cuda_graph_max_bs")
+        positive = ("max_num_seqs", "max_prefill_tokens", "max_queued_requests", "cuda_graph_max_bs", "stream_interval")
         for name in positive:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

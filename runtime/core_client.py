@@ -135,7 +135,7 @@ class EngineClient:
                                  logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num,
                                  lora=lora if lora is not None else lora_path, session_id=session_id))
         chunks = StreamChunks(rid, len(ids), opts, self._decode_token if return_text_in_logprobs else None,
-                              return_text_in_logprobs)
+                              return_text_in_logprobs, sp.stream_interval or self.config.stream_interval)
         text = ClientText(OutputText(self.tokenizer, sp, ids))
         done = False
         try:
@@ -151,7 +151,9 @@ class EngineClient:
                 if not stopped and text.stop is not None:  # the core ends it with this reason
                     self._send(AbortRequest(rid, text.stop))
                 done = batch[-1].finish_reason is not None
-                yield chunks.chunk(batch)
+                chunk = chunks.add(batch)
+                if chunk is not None:
+                    yield chunk
         finally:
             channel.close(rid)
             if not done:

@@ -183,7 +183,8 @@ class Engine:
         # A grammar compiles in a worker thread: the event loop must not wait for it.
         req = await loop.run_in_executor(None, start) if sp.is_constrained else start()
         chunks = StreamChunks(req.rid, len(req.prompt_ids), opts,
-                              self._decode_token if return_text_in_logprobs else None, return_text_in_logprobs)
+                              self._decode_token if return_text_in_logprobs else None, return_text_in_logprobs,
+                              sp.stream_interval or self.config.stream_interval)
         # Opened after the submit succeeded (a rid in use must not take another stream's queue),
         # before this coroutine yields: outputs are delivered on this loop's thread only.
         outputs = channel.open(req.rid)
@@ -194,7 +195,9 @@ class Engine:
                 while not outputs.empty():  # fell behind: one chunk for all that arrived
                     batch.append(outputs.get_nowait())
                 done = batch[-1].finish_reason is not None
-                yield chunks.chunk(batch)
+                chunk = chunks.add(batch)
+                if chunk is not None:
+                    yield chunk
         finally:
             channel.close(req.rid)
             if not done:

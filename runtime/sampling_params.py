@@ -14,6 +14,8 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     `temperature=0` is greedy. `top_k=-1`, `top_p=1`, `min_p=0` disable those filters.
     `stop` strings end generation at their first occurrence and are trimmed from the text
     (unless `no_stop_trim`). At most one of `regex`, `json_schema`, `choices` constrains output.
+    `stream_interval`: a streamed request gets a chunk every this many new tokens (the first
+    token and the end at once); None: the engine's `stream_interval` setting.
     """
 
     max_new_tokens: int = 128
@@ -37,6 +39,7 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     regex: str | None = None
     json_schema: str | dict[str, Any] | None = None
     choices: list[str] | None = None
+    stream_interval: int | None = None
 
     @classmethod
     def from_dict(cls, params: dict[str, Any] | SamplingParams | None) -> SamplingParams:
@@ -58,6 +61,7 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     def validate(self) -> None:
         """Raise ValueError naming the field when a value is out of range."""
         _check(self.max_new_tokens >= 0, "max_new_tokens", "must be >= 0")
+        _check(self.stream_interval is None or self.stream_interval >= 1, "stream_interval", "must be >= 1")
         _check(self.min_new_tokens >= 0, "min_new_tokens", "must be >= 0")
         _check(self.temperature >= 0.0, "temperature", "must be >= 0")
         _check(0.0 < self.top_p <= 1.0, "top_p", "must be in (0, 1]")
@@ -102,7 +106,7 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 # SGLang sampling keys radixflow reads under another name, ignores (no effect on output), or
 # refuses because honouring them matters.
 ALIASES = {"sampling_seed": "seed"}
-IGNORED = ("custom_params", "stream_interval")
+IGNORED = ("custom_params",)
 UNSUPPORTED = {"ebnf": "EBNF grammars are not supported; use regex or json_schema",
                "structural_tag": "structural_tag is not supported; use json_schema"}
 

@@ -13,17 +13,32 @@ class StreamChunks:
 
     A chunk is SGLang's stream shape: cumulative `text` and `output_ids`, `meta_info` with only
     the logprob entries new since the previous chunk (input logprobs in the first). Several
-    outputs that arrived together make one chunk. Loop thread only.
+    outputs that arrived together make one chunk. `interval`: outputs are held until that many
+    new tokens since the previous chunk (the first output and the finish go at once). Loop
+    thread only.
     """
 
     def __init__(self, rid: str, prompt_tokens: int, logprob: LogprobOptions, decode: Any,
-                 with_text: bool) -> None:
+                 with_text: bool, interval: int = 1) -> None:
         self.rid, self.prompt_tokens, self.logprob = rid, prompt_tokens, logprob
-        self.decode, self.with_text = decode, with_text
+        self.decode, self.with_text, self.interval = decode, with_text, interval
         self.output_ids: list[int] = []
         self.text = ""
         self.num_logprobs = 0
         self.is_first = True
+        self._held: list[RequestOutput] = []
+        self._held_tokens = 0
+
+    def add(self, outputs: list[RequestOutput]) -> dict[str, Any] | None:
+        """Take outputs that arrived together: the chunk when one is due, else None (held)."""
+        if self.interval == 1:
+            return self.chunk(outputs)
+        self._held.extend(outputs)
+        self._held_tokens += sum(len(out.new_token_ids) for out in outputs)
+        if self.is_first or outputs[-1].finish_reason is not None or self._held_tokens >= self.interval:
+            held, self._held, self._held_tokens = self._held, [], 0
+            return self.chunk(held)
+        return None
 
     def chunk(self, outputs: list[RequestOutput]) -> dict[str, Any]:
         new_logprobs: list = []

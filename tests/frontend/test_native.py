@@ -77,6 +77,24 @@ def test_generate_stream_cumulative(client):
     assert whole["text"] == texts[-1]
 
 
+def test_generate_stream_interval(client):
+    """sampling_params.stream_interval (SGLang's): a chunk per 4 new tokens after the first, the
+    logprob entries of the held tokens in the next chunk, the same end as without it."""
+    body = {"text": "Stream me", "sampling_params": {"max_new_tokens": 13, "temperature": 0, "ignore_eos": True,
+                                                     "stream_interval": 4},
+            "stream": True, "return_logprob": True, "logprob_start_len": -1}
+    with client.stream("POST", "/generate", json=body) as r:
+        chunks = _sse(r)
+    counts = [c["meta_info"]["completion_tokens"] for c in chunks]
+    assert counts[0] == 1 and counts[-1] == 13 and len(chunks) <= 5
+    assert all(b - a >= 4 for a, b in zip(counts, counts[1:-1])), counts
+    assert sum(len(c["meta_info"]["output_token_logprobs"]) for c in chunks) == 13
+    whole = client.post("/generate", json={**body, "stream": False}).json()
+    assert whole["output_ids"] == chunks[-1]["output_ids"]
+    bad = client.post("/generate", json={**body, "sampling_params": {"stream_interval": 0}})
+    assert bad.status_code == 400 and "stream_interval" in bad.json()["error"]["message"]
+
+
 def test_info_routes(client, engine):
     info = client.get("/get_model_info").json()
     assert info["model_path"] == engine.model_path and info["is_generation"] is True

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 import torch
 
-from radixflow.runtime import Engine
+from radixflow.runtime import Engine, SamplingParams
 from radixflow.runtime.core.messages import StepOutput
 from radixflow.runtime.model.demo import demo_model
 from radixflow.runtime.output_channel import OutputChannel
@@ -105,3 +105,39 @@ def test_decode_forward_batch_equals_the_general_one(engine):
             assert a.dtype == b.dtype and torch.equal(a, b), f.name
         else:
             assert a == b, f.name
+
+
+def _stream_chunks(engine, prompt: str, sp: dict) -> list[dict]:
+    async def run() -> list[dict]:
+        return [c async for c in engine.generate_stream(prompt, sp)]
+    return asyncio.run(run())
+
+
+@pytest.mark.parametrize("interval", [1, 3, 5, 40])
+def test_stream_interval_holds_chunks_to_every_n_tokens(engine, interval):
+    """sampling_params.stream_interval: the first token at once, then a chunk per `interval`
+    new tokens (or more, when outputs arrived together), the end at once; the final chunk
+    equals the one of a stream without it."""
+    plain = _stream_chunks(engine, "Once upon a time", {**GREEDY, "max_new_tokens": 23})
+    chunks = _stream_chunks(engine, "Once upon a time", {**GREEDY, "max_new_tokens": 23, "stream_interval": interval})
+    assert chunks[-1]["output_ids"] == plain[-1]["output_ids"] and chunks[-1]["text"] == plain[-1]["text"]
+    assert chunks[-1]["meta_info"]["finish_reason"]["type"] == "length"
+    counts = [len(c["output_ids"]) for c in chunks]
+    assert counts[0] == 1
+    steps = [b - a for a, b in zip(counts, counts[1:])]
+    assert all(s >= interval for s in steps[:-1]), counts
+    assert len(chunks) <= 2 + 22 // interval
+    if interval == 1:
+        assert len(chunks) == len(plain)
+
+
+def test_engine_stream_interval_is_the_default_a_request_overrides():
+    with Engine(demo_model("tiny"), kv_cache_tokens=4096, stream_interval=6) as e:
+        default = _stream_chunks(e, "Once upon a time", {**GREEDY, "max_new_tokens": 19})
+        every = _stream_chunks(e, "Once upon a time", {**GREEDY, "max_new_tokens": 19, "stream_interval": 1})
+    assert len(default) <= 2 + 18 // 6 < len(every)
+    assert default[-1]["output_ids"] == every[-1]["output_ids"]
+    with pytest.raises(ValueError, match="stream_interval"):
+        Engine(demo_model("tiny"), stream_interval=0)
+    with pytest.raises(ValueError, match="stream_interval"):
+        SamplingParams.from_dict({"stream_interval": 0})
