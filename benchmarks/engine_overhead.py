@@ -375,8 +375,8 @@ def bench_http(model_dir: Path, num_requests: int, decode_len: int, repeats: int
             res = engine.generate(input_ids=ps, sampling_params=params)
             inproc_runs.append(sum(len(r["output_ids"]) for r in res) / (time.perf_counter() - t0))
     inproc = statistics.median(inproc_runs)
-    out: dict = {"num_requests": num_requests, "decode_len": decode_len, "repeats": repeats, "stream_interval": stream_interval,
-                 "inprocess_tok_per_s": inproc, "inprocess_runs": inproc_runs}
+    out: dict = {"num_requests": num_requests, "decode_len": decode_len, "repeats": repeats,
+                 "stream_interval": stream_interval, "inprocess_tok_per_s": inproc, "inprocess_runs": inproc_runs}
     for core, by_client in by_core.items():
         for client, runs in by_client.items():
             out[f"http_core_{core}_{client}"] = {"tok_per_s": statistics.median(runs), "runs": runs,
