@@ -26,12 +26,14 @@ tokenizer, `load_format="dummy"`, 131072 positions so a 100K-token prefix fits).
    forward, one torch thread in both): with the engine core in its own process (`ratio`, the
    default) and on a thread of the server's process (`--engine-core thread`); each with the
    httpx client and with a raw-socket client that parses only each response's last event (the
-   client runs on the same two cores: httpx alone takes ~4x the server's CPU).
+   client runs on the same two cores: httpx alone takes ~4x the server's CPU). Rounds run the
+   in-process engine and every server in turn; ratios are medians of per-round ratios.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
@@ -318,10 +320,10 @@ async def _stream_all_raw(url: str, ps: list[list[int]], params: dict) -> int:
 CLIENTS = {"httpx": _stream_all, "raw": _stream_all_raw}
 
 
-def _http_runs(model_dir: Path, core: str, num_requests: int, warm: list, ps: list, params: dict,
-               repeats: int) -> dict[str, list[float]]:
-    """tokens/s of `repeats` runs of `ps` through `radixflow serve --engine-core core` (one torch
-    thread, as in-process), with each client."""
+@contextlib.contextmanager
+def _server(model_dir: Path, core: str, num_requests: int):
+    """`radixflow serve --engine-core core` in a child process (one torch thread, as in-process);
+    yields its URL once healthy."""
     import httpx
 
     port = _free_port()
@@ -342,15 +344,7 @@ def _http_runs(model_dir: Path, core: str, num_requests: int, warm: list, ps: li
             if time.monotonic() > deadline or proc.poll() is not None:
                 raise RuntimeError("the server did not come up")
             time.sleep(0.5)
-        asyncio.run(_stream_all(url, warm, params))
-        runs: dict[str, list[float]] = {name: [] for name in CLIENTS}
-        for _ in range(repeats):
-            for name, client in CLIENTS.items():
-                t0 = time.perf_counter()
-                tokens = asyncio.run(client(url, ps, params))
-                assert tokens == len(ps) * params["max_new_tokens"], tokens
-                runs[name].append(tokens / (time.perf_counter() - t0))
-        return runs
+        yield url
     finally:
         proc.terminate()
         proc.wait(timeout=60)
@@ -358,29 +352,42 @@ def _http_runs(model_dir: Path, core: str, num_requests: int, warm: list, ps: li
 
 def bench_http(model_dir: Path, num_requests: int, decode_len: int, repeats: int, stream_interval: int = 1) -> dict:
     """The server with its engine core in its own process (the default) and on a thread of the
-    server's process, each over in-process `Engine.generate` on the same workload."""
+    server's process, each over in-process `Engine.generate` on the same workload. Both servers
+    and the in-process engine are up at once and every round runs each of them in turn, so a
+    round's figures share the machine's state (its speed drifts by up to 2x over minutes); the
+    ratios are medians of the rounds' ratios."""
     rng = random.Random(3)
     params = {**GREEDY, "max_new_tokens": decode_len}
     if stream_interval != 1:
         params["stream_interval"] = stream_interval  # over HTTP only: in-process generate does not stream
     warm = prompts(rng, 8, 16)
     ps = prompts(rng, num_requests, 16)
-    by_core = {core: _http_runs(model_dir, core, num_requests, warm, ps, params, repeats)
-               for core in ("process", "thread")}
-    with make_engine(model_dir, max_num_seqs=num_requests, kv_cache_tokens=65536) as engine:
+    names = [f"http_core_{core}_{client}" for core in ("process", "thread") for client in CLIENTS]
+    runs: dict[str, list[float]] = {name: [] for name in ["inprocess", *names]}
+    with contextlib.ExitStack() as stack:
+        urls = {core: stack.enter_context(_server(model_dir, core, num_requests)) for core in ("process", "thread")}
+        engine = stack.enter_context(make_engine(model_dir, max_num_seqs=num_requests, kv_cache_tokens=65536))
         engine.generate(input_ids=warm, sampling_params=params)
-        inproc_runs = []
+        for url in urls.values():
+            asyncio.run(_stream_all(url, warm, params))
         for _ in range(repeats):
             t0 = time.perf_counter()
             res = engine.generate(input_ids=ps, sampling_params=params)
-            inproc_runs.append(sum(len(r["output_ids"]) for r in res) / (time.perf_counter() - t0))
-    inproc = statistics.median(inproc_runs)
+            runs["inprocess"].append(sum(len(r["output_ids"]) for r in res) / (time.perf_counter() - t0))
+            for core, url in urls.items():
+                for client_name, client in CLIENTS.items():
+                    t0 = time.perf_counter()
+                    tokens = asyncio.run(client(url, ps, params))
+                    assert tokens == len(ps) * params["max_new_tokens"], tokens
+                    runs[f"http_core_{core}_{client_name}"].append(tokens / (time.perf_counter() - t0))
+    inproc = runs["inprocess"]
     out: dict = {"num_requests": num_requests, "decode_len": decode_len, "repeats": repeats,
-                 "stream_interval": stream_interval, "inprocess_tok_per_s": inproc, "inprocess_runs": inproc_runs}
-    for core, by_client in by_core.items():
-        for client, runs in by_client.items():
-            out[f"http_core_{core}_{client}"] = {"tok_per_s": statistics.median(runs), "runs": runs,
-                                                 "ratio": statistics.median(runs) / inproc}
+                 "stream_interval": stream_interval, "inprocess_tok_per_s": statistics.median(inproc),
+                 "inprocess_runs": inproc}
+    for name in names:
+        ratios = [h / i for h, i in zip(runs[name], inproc)]
+        out[name] = {"tok_per_s": statistics.median(runs[name]), "runs": runs[name],
+                     "ratio": statistics.median(ratios), "round_ratios": ratios}
     out["ratio"] = out["http_core_process_raw"]["ratio"]  # `radixflow serve`'s default, a light client
     print(f"http: {out}", flush=True)
     return out
