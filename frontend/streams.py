@@ -77,8 +77,7 @@ class Fanout:
 
     def __init__(self, engine: Any, jobs: list[Job]) -> None:
         self.engine, self.jobs = engine, jobs
-        self._queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
-        self._started = [asyncio.Event() for _ in jobs]
+        self._queue: asyncio.Queue[tuple[int, Any]] | None = None  # several jobs: their chunks
         self._tasks: list[asyncio.Task] = []
         self._errors: list[Exception] = []
         self._stream: Any = None  # one job: its engine stream
@@ -98,9 +97,11 @@ class Fanout:
                 await self.close()
                 raise
             return
-        self._tasks = [asyncio.create_task(self._pump(job, ev)) for job, ev in zip(self.jobs, self._started)]
+        self._queue = asyncio.Queue()
+        started = [asyncio.Event() for _ in self.jobs]
+        self._tasks = [asyncio.create_task(self._pump(job, ev)) for job, ev in zip(self.jobs, started)]
         try:
-            await asyncio.gather(*(ev.wait() for ev in self._started))
+            await asyncio.gather(*(ev.wait() for ev in started))
         except BaseException:
             await self.close()
             raise
@@ -109,6 +110,7 @@ class Fanout:
             raise self._errors[0]
 
     async def _pump(self, job: Job, started: asyncio.Event) -> None:
+        assert self._queue is not None
         stream = self._open(job)
         try:
             async for chunk in stream:
@@ -133,6 +135,7 @@ class Fanout:
             return
         remaining = len(self.jobs)
         while remaining:
+            assert self._queue is not None, "start() first"
             index, item = await self._queue.get()
             if item is _END:
                 remaining -= 1

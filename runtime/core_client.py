@@ -28,7 +28,6 @@ import shutil
 import subprocess
 import tempfile
 import threading
-import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -39,7 +38,7 @@ from radixflow.runtime.config import EngineConfig
 from radixflow.runtime.core.messages import (
     AbortRequest, ControlCall, ControlReply, CoreInfo, FromCore, Health, Hello, Rejected, RequestOutput, StepOutput,
     SubmitRequest, Timings)
-from radixflow.runtime.core.request import LogprobOptions
+from radixflow.runtime.core.request import LogprobOptions, new_rid
 from radixflow.runtime.core_process import QUICK_CALLS, Outbox, start_core
 from radixflow.runtime.engine import (
     EngineClosedError, EngineDeadError, InputIds, Prompt, QueueFullError, check_prompt, normalize_inputs,
@@ -123,7 +122,7 @@ class EngineClient:
         opts = LogprobOptions(return_logprob, logprob_start_len, top_logprobs_num)
         self.validate_prompt(ids, sp)
         opts.validate(len(ids), self.vocab_size)
-        rid = rid or uuid.uuid4().hex
+        rid = rid or new_rid()
         channel = self._channels.get(asyncio.get_running_loop())
         with self._lock:
             self._refuse_if_stopped()

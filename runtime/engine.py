@@ -17,7 +17,6 @@ import functools
 import logging
 import queue
 import threading
-import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -31,7 +30,7 @@ from radixflow.runtime.core.faults import NO_FAULTS, FaultInjector
 from radixflow.runtime.model.model_path import resolve_model_path
 from radixflow.runtime.core.model_runner import ModelRunner
 from radixflow.runtime.core.output import finalize_text
-from radixflow.runtime.core.request import MAX_TOP_LOGPROBS, LogprobOptions, Req
+from radixflow.runtime.core.request import MAX_TOP_LOGPROBS, LogprobOptions, Req, new_rid
 from radixflow.runtime.result import make_result
 from radixflow.runtime.core.publish import OutputSink, StreamCursor, publish
 from radixflow.runtime.output_channel import ChannelsByLoop
@@ -330,7 +329,7 @@ class Engine:
             self.validate_prompt(ids, sp)
         check_lora_request(self.loras, lora_path)
         opts.validate(len(ids), self.runner.args.vocab_size)
-        req = Req(rid=rid or uuid.uuid4().hex, prompt_ids=ids, sampling=sp, logprob=opts, on_output=on_output)
+        req = Req(rid=rid or new_rid(), prompt_ids=ids, sampling=sp, logprob=opts, on_output=on_output)
         if self.loras is not None and lora_path is not None:
             orphan = self.loras.attach(req, lora_path)
             if orphan is not None:  # its file changed on disk: drop the old content's KV (no waiting here)

@@ -2,7 +2,10 @@
 from __future__ import annotations
 
 import enum
+import itertools
+import os
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +23,27 @@ class Status(enum.Enum):
 
 
 MAX_TOP_LOGPROBS = 20  # the most alternatives per position a request may ask for (as OpenAI)
+
+
+class _RidSource:
+    """Request ids: a random prefix per process (made again after a fork) and a counter. A
+    uuid4 per request read os.urandom each time, ~40 µs on this machine's kernel."""
+
+    def __init__(self) -> None:
+        self.pid, self.prefix, self.counter = -1, "", itertools.count()
+
+    def new(self) -> str:
+        if self.pid != os.getpid():
+            self.pid, self.prefix, self.counter = os.getpid(), uuid.uuid4().hex[:20], itertools.count()
+        return f"{self.prefix}{next(self.counter):x}"
+
+
+_RIDS = _RidSource()
+
+
+def new_rid() -> str:
+    """A request id no other request of any process shares."""
+    return _RIDS.new()
 
 
 @dataclass
