@@ -139,9 +139,7 @@ class EngineClient:
         done = False
         try:
             while not done:
-                batch = [await outputs.get()]
-                while not outputs.empty():
-                    batch.append(outputs.get_nowait())
+                batch = await outputs.take()
                 if isinstance(batch[0], Rejected):
                     done = True
                     raise _REJECTIONS.get(batch[0].kind, RuntimeError)(batch[0].message)

@@ -190,9 +190,7 @@ class Engine:
         done = False
         try:
             while not done:
-                batch = [await outputs.get()]
-                while not outputs.empty():  # fell behind: one chunk for all that arrived
-                    batch.append(outputs.get_nowait())
+                batch = await outputs.take()  # fell behind: one chunk for all that arrived
                 done = batch[-1].finish_reason is not None
                 chunk = chunks.add(batch)
                 if chunk is not None:

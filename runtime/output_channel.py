@@ -6,7 +6,37 @@ import threading
 import weakref
 from typing import Any
 
-from radixflow.runtime.core.messages import RequestOutput, StepOutput
+from radixflow.runtime.core.messages import StepOutput
+
+
+class OutputQueue:
+    """One request's outputs on its loop: put by the channel's delivery, taken all at once by
+    the request's stream. Lighter than an asyncio.Queue (no getter queue, no join event): a
+    stream has one reader."""
+
+    __slots__ = ("_items", "_waiter", "_loop")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._items: list[Any] = []
+        self._waiter: asyncio.Future | None = None
+        self._loop = loop
+
+    def put(self, item: Any) -> None:
+        self._items.append(item)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def take(self) -> list[Any]:
+        """Everything that arrived since the last take, in order; waits for at least one."""
+        while not self._items:
+            self._waiter = self._loop.create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        items, self._items = self._items, []
+        return items
 
 
 class OutputChannel:
@@ -21,14 +51,13 @@ class OutputChannel:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self._queues: dict[str, asyncio.Queue[RequestOutput]] = {}
+        self._queues: dict[str, OutputQueue] = {}
         self._pending: list[list[Any]] = []
         self._lock = threading.Lock()
 
-    def open(self, rid: str) -> asyncio.Queue[RequestOutput]:
+    def open(self, rid: str) -> OutputQueue:
         """Loop thread: the queue `rid`'s outputs will arrive on."""
-        queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
-        self._queues[rid] = queue
+        queue = self._queues[rid] = OutputQueue(self.loop)
         return queue
 
     def close(self, rid: str) -> None:
@@ -60,7 +89,7 @@ class OutputChannel:
             for out in items:
                 queue = queues.get(out.rid)
                 if queue is not None:
-                    queue.put_nowait(out)
+                    queue.put(out)
 
 
 class ChannelsByLoop:
