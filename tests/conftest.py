@@ -1,10 +1,20 @@
-"""Shared pytest setup: Triton interpreter on CPU, skip `gpu` tests without CUDA."""
+"""Shared pytest setup: the repository root off sys.path, Triton interpreter on CPU, skip `gpu`
+tests without CUDA."""
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 
 import pytest
 import torch
+
+# `python -m pytest` puts the working directory, the repository root, first on sys.path. There
+# the project's folders (kernels/, runtime/, radix/, ...) would shadow installed packages with
+# the same top-level name: transformers 5.25 imports Hugging Face's `kernels` package and got
+# this project's. The project is imported as the installed `radixflow`, never by folder name.
+_ROOT = Path(__file__).resolve().parents[1]
+sys.path[:] = [p for p in sys.path if Path(p or os.curdir).resolve() != _ROOT]
 
 if not torch.cuda.is_available():
     # Must be set before anything imports triton: the interpreter swaps triton.language at import.

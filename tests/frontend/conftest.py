@@ -79,3 +79,19 @@ def server(engine: Any) -> Iterator[LiveServer]:
 def client(server: LiveServer) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {API_KEY}"}, timeout=60) as c:
         yield c
+
+
+@pytest.fixture()
+def wait_idle() -> Any:
+    """wait_idle(engine, kv=False): wait (at most 5 s) until nothing runs or waits in the engine,
+    and with `kv` until no KV slot is held either: requests of earlier tests (aborted streams,
+    deadlines) may still be finishing."""
+    def wait(engine: Any, kv: bool = False) -> None:
+        deadline = time.monotonic() + 5
+        while True:
+            s = engine.stats()
+            if not (s.num_running or s.num_waiting or (kv and s.kv_slots_used)):
+                return
+            assert time.monotonic() < deadline, s
+            time.sleep(0.01)
+    return wait

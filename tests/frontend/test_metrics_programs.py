@@ -29,7 +29,8 @@ def _value(text: str, sample: str) -> float:
     return float(m.group(1))
 
 
-def test_metrics(client, engine):
+def test_metrics(client, engine, wait_idle):
+    wait_idle(engine)  # an earlier test's aborted stream may still be finishing: counters would move
     prompt = "Metrics prompt shared by two requests"
     for _ in range(2):
         r = client.post("/generate", json={"text": prompt, "sampling_params": {"max_new_tokens": 3, "ignore_eos": True}})

@@ -27,25 +27,18 @@ def limited(engine) -> Iterator[tuple[LiveServer, httpx.Client]]:
     live.stop()
 
 
-def _wait_idle(engine) -> None:
-    deadline = time.monotonic() + 5
-    while engine.stats().num_running or engine.stats().num_waiting or engine.stats().kv_slots_used:
-        assert time.monotonic() < deadline, engine.stats()
-        time.sleep(0.01)
-
-
-def test_deadline_is_504_and_aborts_what_it_started(limited, engine):
+def test_deadline_is_504_and_aborts_what_it_started(limited, engine, wait_idle):
     _, client = limited
     start = time.monotonic()
     r = client.post("/v1/programs", json=SLOW)
     assert r.status_code == 504, r.text
     assert "deadline_s" in r.json()["error"]["message"]
     assert time.monotonic() - start < 3
-    _wait_idle(engine)
+    wait_idle(engine, kv=True)
     assert client.post("/v1/programs", json={"program": {"ops": [{"op": "text", "text": "ok"}]}}).json()["text"] == "ok"
 
 
-def test_concurrent_programs_past_the_limit_get_429(limited, engine):
+def test_concurrent_programs_past_the_limit_get_429(limited, engine, wait_idle):
     _, client = limited
     statuses: list[int] = []
     first = threading.Thread(target=lambda: statuses.append(client.post("/v1/programs", json=SLOW).status_code))
@@ -56,7 +49,7 @@ def test_concurrent_programs_past_the_limit_get_429(limited, engine):
     assert r.status_code == 429 and r.headers["retry-after"] == "1"
     assert "max_concurrent" in r.json()["error"]["message"]
     assert statuses == [504]
-    _wait_idle(engine)
+    wait_idle(engine, kv=True)
 
 
 def test_full_engine_inside_a_program_is_429(engine):
@@ -73,7 +66,7 @@ def test_full_engine_inside_a_program_is_429(engine):
         live.stop()
 
 
-def test_streamed_program_past_the_deadline_ends_in_band_and_aborts(limited, engine):
+def test_streamed_program_past_the_deadline_ends_in_band_and_aborts(limited, engine, wait_idle):
     _, client = limited
     long_gen = {"program": {"ops": [{"op": "gen", "name": "g", "params": {"max_new_tokens": 1500,
                                                                           "ignore_eos": True}}]},
@@ -85,4 +78,4 @@ def test_streamed_program_past_the_deadline_ends_in_band_and_aborts(limited, eng
     assert time.monotonic() - start < 3  # one long gen does not outlive the deadline
     assert events[-1] == "[DONE]"
     assert json.loads(events[-2])["error"]["code"] == "program_timeout"
-    _wait_idle(engine)
+    wait_idle(engine, kv=True)
