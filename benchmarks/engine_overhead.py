@@ -320,18 +320,22 @@ async def _stream_all_raw(url: str, ps: list[list[int]], params: dict) -> int:
 CLIENTS = {"httpx": _stream_all, "raw": _stream_all_raw}
 
 
+SERVE = "import sys; from radixflow.frontend.cli import main; sys.exit(main())"
+
+
 @contextlib.contextmanager
-def _server(model_dir: Path, core: str, num_requests: int):
-    """`radixflow serve --engine-core core` in a child process (one torch thread, as in-process);
-    yields its URL once healthy."""
+def _server(model_dir: Path, core: str, num_requests: int, launch: str = SERVE, env: dict | None = None):
+    """`radixflow serve --engine-core core` in a child process (one torch thread, as in-process),
+    started by the Python code `launch` with `env` added to the environment; yields its URL once
+    healthy."""
     import httpx
 
     port = _free_port()
-    cmd = [sys.executable, "-c", "import sys; from radixflow.frontend.cli import main; sys.exit(main())",
+    cmd = [sys.executable, "-c", launch,
            "serve", "--model", str(model_dir), "--load-format", "dummy", "--device", "cpu", "--dtype", "float32",
            "--port", str(port), "--log-level", "warning", "--max-num-seqs", str(num_requests),
            "--kv-cache-tokens", "65536", "--engine-core", core]
-    proc = subprocess.Popen(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc = subprocess.Popen(cmd, env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 180

@@ -15,18 +15,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+import httpx
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from engine_decode import TINY, write_model_dir  # noqa: E402
-from engine_overhead import GREEDY, _free_port, _stream_all_raw, prompts  # noqa: E402
+from engine_overhead import GREEDY, _server, _stream_all_raw, prompts  # noqa: E402
 
 # Starts `radixflow serve` with uvicorn's http and loop taken from the environment.
 LAUNCH = ("import os, sys, uvicorn\n"
@@ -44,28 +46,10 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def start(model_dir: Path, setup: str, num_requests: int) -> tuple[subprocess.Popen, str]:
+def server(model_dir: Path, setup: str, num_requests: int) -> contextlib.AbstractContextManager[str]:
     http, loop, *path = setup.split("+")
-    port = _free_port()
-    cmd = [sys.executable, "-c", LAUNCH, "serve", "--model", str(model_dir), "--load-format", "dummy",
-           "--device", "cpu", "--dtype", "float32", "--port", str(port), "--log-level", "warning",
-           "--max-num-seqs", str(num_requests), "--kv-cache-tokens", "65536"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "AB_HTTP": http, "AB_LOOP": loop, "PYTHONPATH": "+".join(path)}
-    return subprocess.Popen(cmd, env=env), f"http://127.0.0.1:{port}"
-
-
-def wait_ready(proc: subprocess.Popen, url: str) -> dict:
-    import httpx
-
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            if httpx.get(f"{url}/health", timeout=5).status_code == 200:
-                return httpx.get(f"{url}/get_server_info").json()
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    raise RuntimeError(f"the server at {url} did not come up")
+    return _server(model_dir, "process", num_requests, LAUNCH,
+                   {"AB_HTTP": http, "AB_LOOP": loop, "PYTHONPATH": "+".join(path)})
 
 
 def main() -> int:
@@ -80,17 +64,17 @@ def main() -> int:
     ps = prompts(rng, ns.requests, 16)
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = write_model_dir({**TINY, "max_position_embeddings": 4096}, Path(tmp) / "tiny")
-        servers = {setup: start(model_dir, setup, ns.requests) for setup in ns.setups}
-        try:
+        with contextlib.ExitStack() as stack:
+            urls = {setup: stack.enter_context(server(model_dir, setup, ns.requests)) for setup in ns.setups}
             pids = {}
-            for setup, (proc, url) in servers.items():
-                info = wait_ready(proc, url)
+            for setup, url in urls.items():
+                info = httpx.get(f"{url}/get_server_info").json()
                 pids[setup] = (info["api_server_pid"], info["engine_core_pid"])
                 asyncio.run(_stream_all_raw(url, prompts(rng, 8, 16), params))  # warm-up
             runs: dict[str, dict[str, list[float]]] = {s: {"tok_s": [], "api_cpu_s": [], "core_cpu_s": []}
-                                                      for s in servers}
+                                                      for s in urls}
             for _ in range(ns.rounds):
-                for setup, (_, url) in servers.items():
+                for setup, url in urls.items():
                     api, core = pids[setup]
                     a0, c0, t0 = cpu_seconds(api), cpu_seconds(core), time.perf_counter()
                     tokens = asyncio.run(_stream_all_raw(url, ps, params))
@@ -102,10 +86,6 @@ def main() -> int:
             for setup, r in runs.items():
                 print(setup, " ".join(f"{k} {statistics.median(v):.2f}" for k, v in r.items()),
                       "| api_cpu_s runs", " ".join(f"{x:.2f}" for x in r["api_cpu_s"]))
-        finally:
-            for proc, _ in servers.values():
-                proc.send_signal(2)
-                proc.wait(timeout=60)
     return 0
 
 

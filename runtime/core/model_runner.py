@@ -167,8 +167,7 @@ class ModelRunner:
             graphs = self.graph_runner
             assert graphs is not None
             positions, rows = list(batch.prefix_lens), [r.row for r in batch.reqs]
-            out_slots = (batch.new_slots.tolist() if batch.new_slots is not None
-                         else [r.slots[p] for r, p in zip(batch.reqs, batch.prefix_lens)])
+            out_slots = _decode_slots(batch.reqs, batch.prefix_lens, batch.new_slots)
             loras = [r.lora_id for r in batch.reqs]
             return lambda ids: graphs.run(ids, positions, out_slots, rows, lora_slots=loras)
         fb = self.make_forward_batch(batch, offsets, input_ids=_IDS_LATER)
@@ -178,10 +177,10 @@ class ModelRunner:
         """Logits [len(reqs), vocab] of one decode token per request, from the graphs.
         `new_slots`: each request's slot at its position (read from the requests if None)."""
         assert self.graph_runner is not None
-        out_slots = new_slots.tolist() if new_slots is not None else [r.slots[p] for r, p in zip(reqs, prefix_lens)]
         return self.graph_runner.run(
-            input_ids=last_ids(reqs), positions=list(prefix_lens), out_slots=out_slots,
-            req_rows=[r.row for r in reqs], lora_slots=[r.lora_id for r in reqs])
+            input_ids=last_ids(reqs), positions=list(prefix_lens),
+            out_slots=_decode_slots(reqs, prefix_lens, new_slots), req_rows=[r.row for r in reqs],
+            lora_slots=[r.lora_id for r in reqs])
 
     def _can_replay(self, batch: ScheduledBatch, logit_offsets: list[list[int]]) -> bool:
         """A decode batch that fits a captured graph and wants exactly each request's one logit row."""
@@ -273,6 +272,11 @@ def last_ids(reqs: list[Req]) -> list[int]:
     """Each request's last known token: a decode step's input (at position kv_len, the one
     token whose KV the step computes)."""
     return [r.output_ids[-1] if r.output_ids else r.prompt_ids[-1] for r in reqs]
+
+
+def _decode_slots(reqs: list[Req], prefix_lens: list[int], new_slots: np.ndarray | None) -> list[int]:
+    """Each request's slot at its decode position: the step's `new_slots`, or read from the requests."""
+    return new_slots.tolist() if new_slots is not None else [r.slots[p] for r, p in zip(reqs, prefix_lens)]
 
 
 def upload(parts: list, device: torch.device) -> list[torch.Tensor]:
