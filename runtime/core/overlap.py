@@ -3,18 +3,29 @@
     engine thread:   sched N │ launch N │ append N-1's tokens, stop checks, release, publish │ sched N+1 │ ...
     device / worker: ── step N-1 ──────┴── step N: forward, sample (input: N-1's tokens, on the device) ──┴── ...
 
-Only decode steps of plain requests (`is_plain`) overlap, with nothing waiting or prefilling;
-before any other step, and before anything changes the requests between steps (aborts, calls),
-the engine finishes the step in flight (StepRunner.drain) and then runs steps as without it.
-On CPU the forward runs on one worker thread (torch ops release the GIL); on CUDA launching
-is asynchronous already, so it runs inline and the tokens come back through a pinned buffer.
+Decode steps overlap while nothing prefills and no waiting request can be admitted; before any
+other step, and before anything changes the requests between steps (aborts, calls), the engine
+finishes the step in flight (StepRunner.drain) and then runs steps as without it. On CPU the
+forward runs on one worker thread (torch ops release the GIL); on CUDA launching is asynchronous
+already, so it runs inline and the tokens come back through a pinned buffer.
+
+Rows of plain requests (`is_plain`) are sampled on the device by the step's job. The others
+(grammar, penalties, logprobs, a seed, stop tokens held back by min_new_tokens) are host rows:
+their sampling needs the request's state after its previous token (the grammar advanced, the
+penalty counts, the output count), so the engine thread samples them from the step's logits
+once that token is appended and the forward is done, and writes their tokens into the step's
+device tokens before the next step is launched from them (StepRunner._resolve). Only those rows
+wait for the previous token; appending, stop checks, releasing and publishing still overlap.
+A jump-forward appends forced tokens after a sampled one: the step launched on that token
+computed its KV (kept) but sampled after the wrong position, so its row is dropped unsampled
+and the forced tokens are extended by the next, ordinary step.
 """
 from __future__ import annotations
 
 import concurrent.futures
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -23,9 +34,10 @@ from radixflow.runtime.core.request import Req
 from radixflow.runtime.core.sampler import SampleRow, sample_on_device
 from radixflow.runtime.core.scheduler import ScheduledBatch
 
-# What a launched step's job returns: its tokens [B] int64 on the device (-1: NaN logits), the
-# same on the host (pinned, filled asynchronously on CUDA), and the event that marks the copy.
-StepTokens = tuple[torch.Tensor, torch.Tensor, "torch.cuda.Event | None"]
+# What a launched step's job returns: its tokens [B] int64 on the device (-1: NaN logits; 0 on
+# host rows until the engine thread samples them), the same on the host (pinned, filled
+# asynchronously on CUDA), the event that marks the copy, and the logits when there are host rows.
+StepTokens = tuple[torch.Tensor, torch.Tensor, "torch.cuda.Event | None", "torch.Tensor | None"]
 
 
 def is_plain(req: Req, num_pending: int) -> bool:
@@ -37,6 +49,11 @@ def is_plain(req: Req, num_pending: int) -> bool:
             and not req.logprob.top_logprobs_num and sp.repetition_penalty == 1.0
             and not sp.frequency_penalty and not sp.presence_penalty
             and len(req.output_ids) + num_pending >= sp.min_new_tokens)
+
+
+def host_rows(reqs: list[Req], num_pending: int) -> list[int]:
+    """Indices of the requests whose next token is sampled on the host (not `is_plain`)."""
+    return [i for i, r in enumerate(reqs) if not is_plain(r, num_pending)]
 
 
 def plain_rows(reqs: list[Req]) -> list[SampleRow]:
@@ -52,11 +69,21 @@ class InFlight:
     batch: ScheduledBatch
     step: int                  # its step number (the fault injector's)
     result: Future             # -> StepTokens, or the forward's error
+    host_rows: list[int] = field(default_factory=list)  # rows the engine thread samples
+    # once sampled, by host row: its outcome (step.Sampled), or None for a row not sampled (its
+    # request finished, or its input was not its last token: a jump-forward); None before
+    outcomes: dict[int, object] | None = None
+    checked: bool = False               # whether its forward's outcome is known (StepRunner)
+    error: Exception | None = None      # its forward's error, injected or raised, once checked
 
     @property
     def has_failed(self) -> bool:
         """Whether it is known already that its forward failed (without waiting)."""
-        return self.result.done() and self.result.exception() is not None
+        return self.error is not None or (self.result.done() and self.result.exception() is not None)
+
+    def logits(self) -> torch.Tensor:
+        """Its logits [B, vocab] (kept when it has host rows); raises its error."""
+        return self.result.result()[3]
 
     def device_tokens(self) -> torch.Tensor:
         """Its tokens [B] int64 on the device (the next step's input); raises its error."""
@@ -64,7 +91,7 @@ class InFlight:
 
     def host_tokens(self) -> list[int]:
         """Wait for the step; its tokens on the host, or its forward's error raised."""
-        _, host, copied = self.result.result()
+        _, host, copied, _ = self.result.result()
         if copied is not None:
             copied.synchronize()
         return host.tolist()
@@ -82,16 +109,23 @@ def failed(exc: Exception) -> Future:
 
 
 def run_step(run: Callable[[torch.Tensor], torch.Tensor], input_ids: Callable[[], torch.Tensor],
-             rows: list[SampleRow], generator: torch.Generator) -> StepTokens:
-    """The job of one launched step: forward, sample, start the copy of the tokens to the host."""
-    tokens = sample_on_device(run(input_ids()), rows, generator)  # [B] int64
+             plain: torch.Tensor | None, rows: list[SampleRow], generator: torch.Generator) -> StepTokens:
+    """The job of one launched step: forward, sample the plain rows (`plain`: their indices,
+    None for all rows; `rows`: theirs), start the copy of the tokens to the host."""
+    logits = run(input_ids())
+    if plain is None:
+        tokens, kept = sample_on_device(logits, rows, generator), None  # [B] int64
+    else:
+        tokens, kept = torch.zeros(logits.shape[0], dtype=torch.int64, device=logits.device), logits
+        if rows:
+            tokens.index_copy_(0, plain, sample_on_device(logits.index_select(0, plain), rows, generator))
     if not tokens.is_cuda:
-        return tokens, tokens, None
+        return tokens, tokens, None, kept
     host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
     host.copy_(tokens, non_blocking=True)
     copied = torch.cuda.Event()
     copied.record()
-    return tokens, host, copied
+    return tokens, host, copied, kept
 
 
 class Launcher:
@@ -103,16 +137,22 @@ class Launcher:
         self._worker = (None if runner.device.type == "cuda"
                         else ThreadPoolExecutor(max_workers=1, thread_name_prefix="radixflow-forward"))
 
-    def launch(self, batch: ScheduledBatch, prev: InFlight | None, step: int) -> InFlight:
-        """Start the forward and sampling of `batch`, a plain decode batch (engine thread).
-        Its input ids are `prev`'s tokens, still on the device (prev decoded all of batch's
-        requests), or without `prev` the requests' last tokens."""
+    def launch(self, batch: ScheduledBatch, prev: InFlight | None, step: int, host: list[int]) -> InFlight:
+        """Start the forward of `batch`, a decode batch, and the sampling of its rows but `host`
+        (engine thread). Its input ids are `prev`'s tokens, still on the device (prev decoded
+        all of batch's requests; its host rows sampled), or without `prev` the requests' last
+        tokens."""
         try:
             run = self.runner.prepare_decode(batch)
         except Exception as exc:  # the step's forward failed: reported where its tokens are read
-            return InFlight(batch, step, failed(exc))
-        input_ids, rows, generator = self._input_ids(batch, prev), plain_rows(batch.reqs), self.generator
-        return InFlight(batch, step, self._submit(lambda: run_step(run, input_ids, rows, generator)))
+            return InFlight(batch, step, failed(exc), host)
+        plain, reqs = None, batch.reqs
+        if host:
+            skip = set(host)
+            picks = [i for i in range(len(reqs)) if i not in skip]
+            plain, reqs = torch.tensor(picks, dtype=torch.int64, device=self.runner.device), [reqs[i] for i in picks]
+        input_ids, rows, generator = self._input_ids(batch, prev), plain_rows(reqs), self.generator
+        return InFlight(batch, step, self._submit(lambda: run_step(run, input_ids, plain, rows, generator)), host)
 
     def close(self, wait: bool = True) -> None:
         if self._worker is not None:

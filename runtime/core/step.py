@@ -18,7 +18,7 @@ from radixflow.runtime.grammar.mask import grammar_bitmask
 from radixflow.runtime.grammar.state import advance as advance_grammar
 from radixflow.runtime.core.model_runner import ModelRunner
 from radixflow.runtime.core.output import append_token
-from radixflow.runtime.core.overlap import InFlight, Launcher, is_plain
+from radixflow.runtime.core.overlap import InFlight, Launcher, host_rows
 from radixflow.runtime.core.publish import publish
 from radixflow.runtime.core.request import Req
 from radixflow.runtime.core.sampler import RowState, SampleRow, sample, score_tokens
@@ -83,10 +83,10 @@ class StepRunner:
     """Runs steps for the engine thread; counts prefill tokens, generated tokens, steps.
 
     `faults` is the test-only fault injector (runtime/core/faults.py); serving uses NO_FAULTS.
-    `overlap`: overlap scheduling (runtime/core/overlap.py). A plain decode step is then
-    launched and left in flight; the next run_one launches the step after it and only then
-    appends its tokens. Between run_one calls a step may be in flight (its requests' last KV
-    slot still being written): `drain` before changing requests outside a step.
+    `overlap`: overlap scheduling (runtime/core/overlap.py). A decode step is then launched
+    and left in flight; the next run_one samples its host rows, launches the step after it and
+    only then appends its tokens. Between run_one calls a step may be in flight (its requests'
+    last KV slot still being written): `drain` before changing requests outside a step.
     """
 
     def __init__(self, runner: ModelRunner, scheduler: Scheduler, eos_ids: frozenset[int],
@@ -102,6 +102,8 @@ class StepRunner:
         self.num_steps = 0
         self.num_failed_steps = 0
         self.num_overlapped_steps = 0  # steps launched while the one before was in flight
+        self.num_host_rows = 0   # rows of launched steps the engine thread sampled (overlap.py)
+        self.num_stale_rows = 0  # rows of launched steps dropped unsampled after a jump-forward
         self.launcher = Launcher(runner, generator) if overlap else None
         self._in_flight: InFlight | None = None
 
@@ -113,8 +115,9 @@ class StepRunner:
         batch = self.scheduler.schedule()
         if batch is None:
             return False
-        if self.launcher is not None and batch.is_decode and all(is_plain(r, 0) for r in batch.reqs):
-            self._in_flight = self.launcher.launch(batch, None, self.num_steps)  # appended next run_one
+        if self.launcher is not None and batch.is_decode:
+            self._in_flight = self.launcher.launch(batch, None, self.num_steps,  # appended next run_one
+                                                   host_rows(batch.reqs, 0))
             return True
         if batch.is_decode:  # one token each, sampled; prompt logprobs were all taken at prefill
             plans = [_DECODE_PLAN] * len(batch.reqs)
@@ -163,16 +166,20 @@ class StepRunner:
             self.launcher.close(wait)
 
     def _run_overlapped(self, prev: InFlight) -> bool:
-        """Launch the decode step after `prev` from its tokens still on the device, then append
-        prev's tokens while it runs; when the next step cannot overlap, only finish prev."""
+        """Sample prev's host rows, launch the decode step after prev from its tokens on the
+        device, then append prev's tokens while it runs; when the next step cannot overlap
+        (something to prefill or admit, a jump-forward's tokens to extend), only finish prev."""
         batch = None
         assert self.launcher is not None
-        if not prev.has_failed and all(is_plain(r, 1) for r in self.scheduler.running):
+        if prev.host_rows:
+            self._resolve(prev)
+        if not prev.has_failed and all(r.seq_len == r.kv_len for r in self.scheduler.running):
             batch = self.scheduler.schedule_decode_ahead()
         if batch is None:
             self.drain()
             return True
-        ahead = self._in_flight = self.launcher.launch(batch, prev, self.num_steps + 1)  # prev uncounted
+        ahead = self._in_flight = self.launcher.launch(batch, prev, self.num_steps + 1,  # prev uncounted
+                                                       host_rows(batch.reqs, 1))
         self.num_overlapped_steps += 1
         self._finish_in_flight(prev, ahead)
         if self._in_flight is not None and all(r.is_finished for r in ahead.batch.reqs):
@@ -184,10 +191,13 @@ class StepRunner:
         it, whose rows of requests that finish now are dropped (or which is undone with
         `step` when step's forward failed). Injected faults see only the rows still wanted."""
         live = [r for r in step.batch.reqs if not r.is_finished]
-        try:
-            self.faults.check("forward", live, step.step)
-            tokens = step.host_tokens()
-        except Exception as exc:  # step's forward failed, and ahead's with it (its input)
+        exc = self._forward_error(step)
+        if exc is None:
+            try:
+                tokens = step.host_tokens()
+            except Exception as copy_error:  # the copy of its tokens to the host
+                exc = copy_error
+        if exc is not None:  # step's forward failed, and ahead's with it (its input)
             step.wait()
             if ahead is not None:
                 ahead.wait()
@@ -195,10 +205,12 @@ class StepRunner:
                 self._in_flight = None
             self._forward_failed(step.batch, exc)
             return
+        if step.host_rows:
+            self._resolve(step)
         self.num_steps += 1
         try:
             self._check_batch_faults(live)
-            self._append_tokens(step.batch.reqs, tokens)
+            self._append_tokens(step, tokens)
         except Exception as exc:  # batch-wide handling failed: no one request owns the error
             log.exception("step %d failed after its forward; failing its %d requests", self.num_steps,
                           len(step.batch.reqs))
@@ -209,12 +221,60 @@ class StepRunner:
         self.scheduler.finish_step(step.batch)
         publish([r for r in step.batch.reqs if not r.is_finished])
 
-    def _append_tokens(self, reqs: list[Req], tokens: list[int]) -> None:
-        """Append each unfinished request's sampled token (-1: its logits held a NaN)."""
+    def _forward_error(self, step: InFlight) -> Exception | None:
+        """Wait for `step`'s job; its forward's error (an injected one included), or None.
+        Checked once per step (an injected fault is drawn once)."""
+        if not step.checked:
+            step.checked = True
+            try:
+                self.faults.check("forward", [r for r in step.batch.reqs if not r.is_finished], step.step)
+                step.result.result()
+            except Exception as exc:  # reported by the caller: the whole step's fault
+                step.error = exc
+        return step.error
+
+    def _resolve(self, step: InFlight) -> None:
+        """Sample `step`'s host rows from its logits, once their requests' previous tokens are
+        appended, and write their tokens into its device tokens (the next step's input). A row
+        is skipped when its request finished or its input was not its last token (a jump-forward
+        appended tokens after it: its KV is right, its logits are for the wrong position)."""
+        if step.outcomes is not None or self._forward_error(step) is not None:
+            return  # sampled already, or failed: reported where its tokens are appended
+        step.outcomes = dict.fromkeys(step.host_rows)
+        rows, reqs = [], []
+        for i in step.host_rows:
+            req = step.batch.reqs[i]
+            if req.is_finished:
+                continue
+            if req.seq_len != step.batch.prefix_lens[i] + 1:
+                self.num_stale_rows += 1
+                continue
+            rows.append(i)
+            reqs.append(req)
+        if not rows:
+            return
+        self.num_host_rows += len(rows)
+        sampled = {id(r): o for r, o in self._sample_rows(step.logits(), rows, reqs, step.step)}  # a failed grammar's left out
+        values = []
+        for i, req in zip(rows, reqs):
+            outcome = step.outcomes[i] = sampled.get(id(req))
+            values.append(outcome[0] if isinstance(outcome, tuple) else 0)
+        tokens = step.device_tokens()
+        tokens.index_copy_(0, torch.tensor(rows, device=tokens.device),
+                           torch.tensor(values, dtype=tokens.dtype, device=tokens.device))
+
+    def _append_tokens(self, flight: InFlight, tokens: list[int]) -> None:
+        """Append each unfinished request's sampled token (-1: its logits held a NaN); a host
+        row's is its outcome, if it was sampled."""
         step = self.num_steps - 1
-        for req, token in zip(reqs, tokens):
+        host = flight.outcomes or {}
+        for i, (req, token) in enumerate(zip(flight.batch.reqs, tokens)):
             if req.is_finished:
                 continue  # finished on the token before (its row computed past its end), or aborted
+            if i in host:
+                if host[i] is not None:
+                    self._append_outcome(req, host[i])
+                continue
             try:
                 self.faults.check("sampler", (req,), step)
                 if token < 0:
@@ -288,21 +348,31 @@ class StepRunner:
                 i for i, r in enumerate(batch.reqs) if r.finish_reason is None]
         else:
             rows, reqs = self._rows_of_prefill(batch, plans)
+        now = time.monotonic()
+        for req, outcome in self._sample_rows(logits, rows, reqs, self.num_steps - 1):
+            self._append_outcome(req, outcome, now)
+
+    def _sample_rows(self, logits: torch.Tensor, rows: list[int], reqs: list[Req],
+                     step: int) -> list[tuple[Req, Sampled]]:
+        """Sample logit `rows` of `reqs` (grammar masks, penalties, logprobs): per request
+        sampled, its outcome. A request whose grammar fails is failed and left out."""
         if any(r.grammar is not None for r in reqs):
-            rows, reqs = self._prepare_grammars(rows, reqs)
+            rows, reqs = self._prepare_grammars(rows, reqs, step)
         if not reqs:
-            return
+            return []
         sample_rows = [r.sample_row or self._sample_row(r) for r in reqs]
         bitmask = grammar_bitmask(reqs, logits.device, on_error=self._fail)
-        now = time.monotonic()
-        for req, outcome in zip(reqs, self._sample(logits, rows, reqs, sample_rows, bitmask)):
-            if isinstance(outcome, Exception):
-                self._fail(req, outcome)
-            elif req.finish_reason is None:
-                try:
-                    self._append(req, *outcome, now)
-                except Exception as exc:  # its detokenizer, stop checks or grammar
-                    self._fail(req, exc)
+        return list(zip(reqs, self._sample(logits, rows, reqs, sample_rows, bitmask, step)))
+
+    def _append_outcome(self, req: Req, outcome: Sampled, now: float | None = None) -> None:
+        """Append a sampled token, or fail its request for the row's error."""
+        if isinstance(outcome, Exception):
+            self._fail(req, outcome)
+        elif req.finish_reason is None:
+            try:
+                self._append(req, *outcome, now)
+            except Exception as exc:  # its detokenizer, stop checks or grammar
+                self._fail(req, exc)
 
     def _rows_of_prefill(self, batch: ScheduledBatch, plans: list[_LogitPlan]) -> tuple[list[int], list[Req]]:
         """The logit rows to sample and their requests; a prefill-only request whose prompt is
@@ -324,7 +394,7 @@ class StepRunner:
         for point in ("sampler", "grammar", "detokenizer"):
             self.faults.check(point, reqs, self.num_steps - 1, step_level=True)
 
-    def _prepare_grammars(self, rows: list[int], reqs: list[Req]) -> tuple[list[int], list[Req]]:
+    def _prepare_grammars(self, rows: list[int], reqs: list[Req], step: int) -> tuple[list[int], list[Req]]:
         """Make each constrained request's forced-token plan; one that fails is failed and not
         sampled. Returns the rows and requests to sample."""
         keep = []
@@ -333,7 +403,7 @@ class StepRunner:
                 keep.append(i)
                 continue
             try:
-                self.faults.check("grammar", (req,), self.num_steps - 1)
+                self.faults.check("grammar", (req,), step)
                 req.grammar.pinned_token()
                 keep.append(i)
             except Exception as exc:  # its grammar's error
@@ -341,10 +411,9 @@ class StepRunner:
         return [rows[i] for i in keep], [reqs[i] for i in keep]
 
     def _sample(self, logits: torch.Tensor, rows: list[int], reqs: list[Req], sample_rows: list[SampleRow],
-                bitmask: tuple[torch.Tensor, torch.Tensor] | None) -> list[Sampled]:
+                bitmask: tuple[torch.Tensor, torch.Tensor] | None, step: int) -> list[Sampled]:
         """Sample all rows at once; if that raises, row by row, so the error stays with the
         rows that cause it (e.g. NaN logits, a bad sampling option)."""
-        step = self.num_steps - 1
         try:
             self.faults.check("sampler", reqs, step)
             return _unpack(sample(_rows_to_sample(logits, rows, sample_rows, bitmask), sample_rows,

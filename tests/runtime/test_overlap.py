@@ -2,9 +2,11 @@
 the overlapped path really taken, exact slot accounting, faults contained as without it."""
 from __future__ import annotations
 
+import json
 import threading
 import time
 
+import pytest
 import torch
 
 from radixflow.runtime import Engine
@@ -91,12 +93,75 @@ def test_greedy_outputs_are_identical_with_and_without_overlap():
     assert sorted(on) == sorted(off)
     for rid in off:
         assert on[rid] == off[rid], rid
-    assert on_logprobs == off_logprobs
+    # the logprob row now samples in overlapped steps, whose batches (rows of requests that just
+    # finished, a different batch size) may round its logits differently in the last bits
+    assert [(t, text) for _, t, text in on_logprobs] == [(t, text) for _, t, text in off_logprobs]
+    assert [lp for lp, _, _ in on_logprobs] == pytest.approx([lp for lp, _, _ in off_logprobs], abs=1e-4)
     reasons = {rid: r[2]["type"] for rid, r in off.items()}
     assert reasons["stop_string"] == reasons["stop_token_free"] == reasons["eos0"] == "stop"
     assert len(off["eos0"][0]) == 25 and len(off["stop_token_free"][0]) < 40
     assert reasons["regex"] == reasons["json"] == "stop"
     assert reasons["plain5"] == "length" and len(off["plain4"][0]) == 48
+
+
+PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 6},
+                                          "age": {"type": "integer", "minimum": 0, "maximum": 99},
+                                          "ok": {"type": "boolean"}},
+          "required": ["name", "age", "ok"], "additionalProperties": False}
+
+
+def _host_row_jobs() -> list[tuple[list[int], dict, dict]]:
+    """(prompt, sampling params, generate options) of requests sampled on the host: grammars
+    (forced keys: jump-forward runs), penalties, seeds at temperature 1, logprobs, min_new_tokens,
+    next to plain rows."""
+    jobs = [(ids(7, 800), {**GREEDY, "max_new_tokens": 80, "json_schema": PERSON}, {}),
+            (ids(5, 801), {**GREEDY, "max_new_tokens": 16, "regex": DATE}, {}),
+            (ids(9, 802), {**GREEDY, "max_new_tokens": 20, "ignore_eos": True, "repetition_penalty": 1.3,
+                           "frequency_penalty": 0.5}, {}),
+            (ids(6, 803), {"temperature": 1.0, "top_p": 0.9, "seed": 7, "max_new_tokens": 20, "ignore_eos": True}, {}),
+            (ids(6, 804), {"temperature": 1.0, "seed": 11, "max_new_tokens": 80, "ignore_eos": True,
+                           "json_schema": PERSON}, {}),
+            (ids(8, 805), {**GREEDY, "max_new_tokens": 12, "ignore_eos": True}, {"return_logprob": True,
+                                                                               "top_logprobs_num": 3}),
+            (ids(4, 806), {**GREEDY, "max_new_tokens": 14, "min_new_tokens": 9}, {})]
+    jobs += [(ids(5 + i, 810 + i), {**GREEDY, "max_new_tokens": 6 + 5 * i, "ignore_eos": True}, {})
+             for i in range(4)]
+    return jobs
+
+
+def _run_host_rows(enable_overlap: bool, jump_forward: bool) -> tuple[list[tuple], list, object]:
+    with tiny(enable_overlap, jump_forward=jump_forward) as e:
+        results: list = [None] * len(_host_row_jobs())
+
+        def submit(k, prompt, sp, opts):
+            results[k] = e.generate(input_ids=prompt, sampling_params=sp, **opts)
+
+        threads = [threading.Thread(target=submit, args=(k, *job)) for k, job in enumerate(_host_row_jobs())]
+        with paused(e):
+            for t in threads:
+                t.start()
+        for t in threads:
+            t.join(BOUND_S)
+            assert not t.is_alive()
+        assert_idle_and_clean(e)
+        tops = results[5]["meta_info"]["output_top_logprobs"]
+        return [_summary(r) for r in results], tops, e._step
+
+
+@pytest.mark.parametrize("jump_forward", [True, False])
+def test_host_rows_overlap_and_give_what_they_give_without_it(jump_forward):
+    """Grammar, penalty, seeded, logprob and min_new_tokens rows take overlapped steps (sampled
+    by the engine thread from the step's logits) and give the outputs of overlap off; with
+    jump-forward the row launched on a token that forced more is dropped and redone."""
+    off, off_tops, _ = _run_host_rows(False, jump_forward)
+    on, on_tops, step = _run_host_rows(True, jump_forward)
+    assert on == off
+    assert [[e[1] for e in top] for top in on_tops] == [[e[1] for e in top] for top in off_tops]
+    assert step.num_overlapped_steps > 10 and step.num_host_rows > 50
+    assert (step.num_stale_rows > 0) == jump_forward
+    json.loads(off[0][1]) and json.loads(off[4][1])  # the grammars completed
+    assert [r[2]["type"] for r in off[:2]] == ["stop", "stop"]
+    assert len(off[6][0]) >= 9
 
 
 def test_requests_finishing_at_every_step_keep_accounting_exact():
@@ -220,18 +285,23 @@ def test_abort_while_a_step_is_in_flight_leaks_nothing():
         assert_idle_and_clean(e)
 
 
-def test_per_request_fault_in_an_overlapped_step_fails_that_request_alone():
+@pytest.mark.parametrize("point,victim", [
+    ("detokenizer", {}), ("grammar", {"regex": "[a-z ]{0,60}"}), ("sampler", {"repetition_penalty": 1.2}),
+    ("detokenizer", {"regex": "[a-z ]{0,60}"})])
+def test_per_request_fault_in_an_overlapped_step_fails_that_request_alone(point, victim):
+    """A fault at one request's point, on a plain row or a host row, fails it alone."""
     with tiny(True) as e:
-        e.set_fault_injector(FaultInjector([Fault("detokenizer", rids={"victim"}, after_step=4)]))
+        e.set_fault_injector(FaultInjector([Fault(point, rids={"victim"}, after_step=4)]))
         sp = {**GREEDY, "max_new_tokens": 10, "ignore_eos": True}
         with paused(e):
             box: dict = {}
             t = threading.Thread(target=lambda: box.setdefault("r", e.generate(
-                input_ids=[ids(9, 8), ids(9, 9), ids(9, 10)], sampling_params=sp, rid=["r0", "victim", "r2"])))
+                input_ids=[ids(9, 8), ids(9, 9), ids(9, 10)], sampling_params=[sp, {**sp, **victim}, sp],
+                rid=["r0", "victim", "r2"])))
             t.start()
         t.join(BOUND_S)
         assert [reason(r) for r in box["r"]] == ["length", "error", "length"]
-        assert e._step.num_overlapped_steps > 0
+        assert e._step.num_overlapped_steps > 0 and (e._step.num_host_rows > 0) == bool(victim)
         assert_idle_and_clean(e)
 
 
