@@ -25,6 +25,7 @@ import logging
 import os
 import pickle
 import shutil
+import socket
 import subprocess
 import tempfile
 import threading
@@ -100,7 +101,7 @@ class EngineClient:
         self._sock.connect(address)
         self._thread = threading.Thread(target=self._io, name="radixflow-core-client", daemon=True)
         self._thread.start()
-        self._send(Hello())
+        self._send(Hello(pid=os.getpid(), host=socket.gethostname()))
         if not self._info_ready.wait(start_timeout_s) or self._info is None:
             self.shutdown()
             raise RuntimeError(f"no engine core answered at {address}" + (f": {self._dead}" if self._dead else ""))

@@ -6,7 +6,9 @@ loop thread steps the scheduler as in-process; an IO thread owns the socket: it 
 client's `SubmitRequest` into an engine request whose outputs (one `StepOutput` per step) go back
 to that client, applies aborts and control calls, and sends every finished request's timeline to
 every client (runtime/core/messages.py declares the messages). Clients are
-runtime/core_client.py's EngineClient, one per API-server process.
+runtime/core_client.py's EngineClient, one per API-server process. A client on this host whose
+process ends without shutting the core down (killed, crashed) has its requests aborted within
+CLIENT_CHECK_S: nobody else could abort them, and they would run to their token limit.
 
 The process ends when a client calls `shutdown`, or when its parent process is gone. It runs
 `python -m radixflow.runtime.core_process` with its settings pickled on stdin.
@@ -20,9 +22,11 @@ import os
 import pickle
 import select
 import signal
+import socket
 import subprocess
 import sys
 import threading
+import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -44,6 +48,7 @@ BLOCKING_CALLS = frozenset({"generate", "abort_all", "flush_cache", "load_lora_a
                             "check_accounting", "set_fault_injector", "shutdown"})
 QUICK_CALLS = frozenset({"stats", "lora_adapters", "invariant_violations"})
 _BROADCAST = b""  # the outbox identity of a message for every client
+CLIENT_CHECK_S = 0.5  # how often the IO thread checks that the clients' processes are alive
 
 
 class Outbox:
@@ -118,6 +123,8 @@ class CoreServer:
         self.clients: dict[bytes, ClientSink] = {}
         self.workers = ThreadPoolExecutor(max_workers=16, thread_name_prefix="rf-core-call")
         self._compiling: dict[tuple[bytes, str], AbortRequest | None] = {}  # grammar compiling → its abort
+        self._local_pids: dict[bytes, int] = {}  # clients on this host: identity → process id
+        self._host = socket.gethostname()
         self._lock = threading.Lock()
         self._stop = False
         self._healthy = True
@@ -128,11 +135,15 @@ class CoreServer:
         poller.register(self.sock, zmq.POLLIN)
         poller.register(self.outbox.fd, zmq.POLLIN)
         parent = os.getppid()
+        checked = time.monotonic()
         while True:
             events = dict(poller.poll(100))
             if self.sock in events:
                 self._receive()
             self._send(self.outbox.take())
+            if time.monotonic() - checked >= CLIENT_CHECK_S:
+                checked = time.monotonic()
+                self._forget_gone_clients()
             if self._stop:
                 self._send(self.outbox.take())  # what was put while the last batch went out
                 return
@@ -171,6 +182,8 @@ class CoreServer:
             self._call(identity, message)
         elif isinstance(message, Hello):
             self._sink(identity)
+            if message.pid and message.host == self._host:
+                self._local_pids[identity] = message.pid
             e = self.engine
             self._send([(identity, CoreInfo(vocab_size=e.runner.args.vocab_size, max_context_len=e.max_context_len,
                                             kv_capacity=e.runner.kv_pool.capacity, healthy=e.is_healthy,
@@ -214,6 +227,25 @@ class CoreServer:
         if sink is None:
             sink = self.clients[identity] = ClientSink(self.outbox, identity)
         return sink
+
+    def _forget_gone_clients(self) -> None:
+        for identity, pid in list(self._local_pids.items()):
+            if not process_alive(pid):
+                self.forget(identity, f"its client (process {pid}) is gone")
+
+    def forget(self, identity: bytes, why: str) -> None:
+        """A client is gone: abort its requests (started, or still compiling a grammar) and
+        stop sending to it."""
+        log.warning("aborting the requests of a client: %s", why)
+        self._local_pids.pop(identity, None)
+        sink = self.clients.pop(identity, None)
+        reason = {"type": "abort", "message": why}
+        with self._lock:
+            for key in self._compiling:
+                if key[0] == identity:
+                    self._compiling[key] = AbortRequest(key[1], reason)
+        if sink is not None:
+            self.engine.abort_sink(sink, reason)
 
     def _submit(self, identity: bytes, m: SubmitRequest) -> None:
         if m.sampling.is_constrained:  # a grammar compiles on a worker: the IO thread goes on
@@ -308,6 +340,21 @@ def run_core(address: str, model: str | None, config: dict[str, Any], report: An
     finally:
         engine.shutdown()
         server.close()
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process `pid` (on this host) still runs: not gone, not a zombie."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, as another user's
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return True  # no procfs: existing is all that is known
 
 
 def freeze_heap() -> None:

@@ -219,6 +219,11 @@ class Engine:
         unknown/finished)."""
         self._inbox.put(("abort", (rid, reason)))
 
+    def abort_sink(self, sink: OutputSink, reason: dict) -> None:
+        """Finish with `reason` every request in flight whose outputs go to `sink` (its consumer
+        is gone)."""
+        self._inbox.put(("abort_sink", (sink, reason)))
+
     def abort_all(self) -> None:
         """Finish every request in flight with reason abort (returns once done)."""
         def abort() -> None:
@@ -489,6 +494,10 @@ class Engine:
                 self.scheduler.add(payload)
             elif kind == "abort":
                 self.scheduler.abort(payload[0], reason=payload[1])
+                self._hand_out()
+            elif kind == "abort_sink":
+                sink, reason = payload
+                self.scheduler.finish_where(lambda r: r.sink is sink, reason)
                 self._hand_out()
             elif kind == "call":
                 payload.run()

@@ -49,9 +49,14 @@ class StepOutput(msgspec.Struct, frozen=True, tag="step"):
 
 # -- into the core process --------------------------------------------------------------------------
 
-class Hello(msgspec.Struct, frozen=True, tag="hello"):
+class Hello(msgspec.Struct, frozen=True, kw_only=True, tag="hello"):
     """A client's first message: the core answers with CoreInfo and from then on sends it the
-    Timings of every finished request (each API server keeps complete histograms)."""
+    Timings of every finished request (each API server keeps complete histograms). `pid` and
+    `host` name the client's process: a client on the core's host whose process is gone has
+    its requests aborted (it can no longer abort them itself)."""
+
+    pid: int = 0
+    host: str = ""
 
 
 class SubmitRequest(msgspec.Struct, frozen=True, kw_only=True, tag="submit"):

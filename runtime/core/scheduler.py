@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -138,7 +139,11 @@ class Scheduler:
             self._retire(req)
 
     def finish_all(self, reason: dict) -> None:
-        for req in self.waiting + self.holding():
+        self.finish_where(lambda _: True, reason)
+
+    def finish_where(self, pick: Callable[[Req], bool], reason: dict) -> None:
+        """Finish with `reason` every request, waiting or holding, that `pick` picks."""
+        for req in [r for r in self.waiting + self.holding() if pick(r)]:
             self.finish(req, reason)
 
     def take_finished(self) -> list[Req]:

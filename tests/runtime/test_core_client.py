@@ -198,3 +198,84 @@ def test_a_stopped_core_times_out_quick_calls_instead_of_freezing_the_caller(eng
     finally:
         os.kill(remote.core_pid, signal.SIGCONT)
     assert remote.stats().kv_slots_total == 4096 and remote.is_healthy
+
+
+VICTIM = """
+import asyncio, sys
+from radixflow.runtime import EngineClient
+client = EngineClient(sys.argv[1], address=sys.argv[2], dtype="float32")
+
+async def main():
+    streams = [client.generate_stream("a long one", {"max_new_tokens": 1000, "ignore_eos": True}, rid=f"victim{i}")
+               for i in range(12)]
+    first = [asyncio.ensure_future(s.__anext__()) for s in streams]
+    await asyncio.wait(first, return_when=asyncio.FIRST_COMPLETED)
+    print("streaming", flush=True)
+    await asyncio.sleep(3600)
+
+asyncio.run(main())
+"""
+
+
+def test_requests_of_a_client_whose_process_dies_are_aborted(tmp_path):
+    """A client attached by address that is killed cannot abort its requests: the core notices its
+    process is gone and aborts them all, running and waiting, freeing everything they held."""
+    import signal
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    model = demo_model("tiny")
+    with EngineClient(model, dtype="float32", kv_cache_tokens=4096, max_num_seqs=2) as owner:
+        finished: dict[str, tuple[str, int]] = {}
+        done = threading.Event()
+
+        def on_finish(t) -> None:
+            finished[t.rid] = (t.finish_type, t.completion_tokens)
+            if len(finished) == 12:
+                done.set()
+        owner.add_finish_listener(on_finish)
+        victim = subprocess.Popen([sys.executable, "-c", VICTIM, model, owner.address], stdout=subprocess.PIPE,
+                                  text=True)
+        try:
+            assert victim.stdout.readline().strip() == "streaming"
+            stats = owner.stats()
+            assert stats.num_running >= 1 and stats.num_running + stats.num_waiting == 12
+            victim.send_signal(signal.SIGKILL)
+            victim.wait()
+            killed = time.monotonic()
+            assert done.wait(10), finished
+            assert time.monotonic() - killed < 3
+        finally:
+            victim.kill()
+            victim.wait()
+        assert {rid for rid in finished} == {f"victim{i}" for i in range(12)}
+        assert all(kind == "abort" and n < 1000 for kind, n in finished.values()), finished
+        stats = owner.stats()
+        assert stats.num_running == 0 and stats.num_waiting == 0
+        owner.check_accounting()
+        # the core goes on serving its other client
+        out = owner.generate("still here", {"max_new_tokens": 4, "ignore_eos": True, "temperature": 0})
+        assert len(out["output_ids"]) == 4
+
+
+def test_process_alive_tells_running_gone_and_zombie_processes():
+    import subprocess
+    import sys
+    import time
+
+    from radixflow.runtime.core_process import process_alive
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert process_alive(child.pid)
+        child.kill()
+        deadline = time.monotonic() + 5
+        while process_alive(child.pid) and time.monotonic() < deadline:  # dead: a zombie until reaped
+            time.sleep(0.05)
+        assert not process_alive(child.pid)
+    finally:
+        child.kill()
+        child.wait()
+    assert not process_alive(child.pid)
