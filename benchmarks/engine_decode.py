@@ -9,7 +9,9 @@ random prompts of `--prompt-len` tokens with `--decode-len` greedy tokens (EOS i
 of them prefill first and then decode together. Decode throughput counts the tokens generated
 after the last request's first token, over the time until the last token: the whole batch
 decoding, with scheduling, sampling and detokenizing included. CUDA graphs on (the default)
-at every batch size, and off (run first) at the smallest ones. Results: OUT/engine_decode.json.
+at every batch size, off (run first) at the smallest ones, and overlap scheduling on
+(`--overlap-batch-sizes`, graphs on; compared with the graphs-on rows of the same batch).
+Results: OUT/engine_decode.json.
 """
 from __future__ import annotations
 
@@ -86,11 +88,12 @@ def free_device() -> None:
 
 
 def bench_engine(model_dir: Path, graphs: bool, batches: list[int], args: argparse.Namespace,
-                 deadline: float, rows: list[dict], save) -> None:
+                 deadline: float, rows: list[dict], save, overlap: bool = False) -> None:
     from radixflow.runtime import Engine
 
     max_bs = max(batches)
     config = dict(load_format="dummy", max_num_seqs=max_bs, cuda_graph_max_bs=max_bs, disable_cuda_graph=not graphs,
+                  enable_overlap=overlap,
                   kv_cache_tokens=max_bs * (args.prompt_len + args.decode_len) + 4096,
                   max_model_len=args.prompt_len + args.decode_len + 64)
     start = time.perf_counter()
@@ -99,7 +102,7 @@ def bench_engine(model_dir: Path, graphs: bool, batches: list[int], args: argpar
         runner = engine.runner
         common = {"cuda_graphs": runner.graph_runner is not None, "attention_backend": runner.shape.attention_backend,
                   "dtype": str(runner.shape.dtype).removeprefix("torch."), "device": str(runner.device),
-                  "engine_setup_s": setup_s}
+                  "engine_setup_s": setup_s, "graphs_asked": graphs, "overlap": overlap}
         run_batch(engine, min(2, max_bs), 16, 4, seed=0)  # warm-up: kernels compile here
         for batch in batches:
             if time.monotonic() > deadline:
@@ -108,7 +111,8 @@ def bench_engine(model_dir: Path, graphs: bool, batches: list[int], args: argpar
             row = {**common, **run_batch(engine, batch, args.prompt_len, args.decode_len, seed=batch)}
             rows.append(row)
             save()
-            print(f"batch {batch:>4} graphs {'on ' if row['cuda_graphs'] else 'off'}: "
+            print(f"batch {batch:>4} graphs {'on ' if row['cuda_graphs'] else 'off'} "
+                  f"overlap {'on ' if overlap else 'off'}: "
                   f"{row['decode_tok_per_s']:9.1f} tok/s, ITL {row['itl_median_ms']:7.2f} ms, "
                   f"TTFT {row['ttft_median_s']:.3f} s", flush=True)
     del engine, runner
@@ -121,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--smoke", action="store_true", help="a tiny random model on CPU")
     ap.add_argument("--batch-sizes", default="1,16,64,256", help="comma-separated, CUDA graphs on")
     ap.add_argument("--no-graph-batch-sizes", default="1,16", help="comma-separated, CUDA graphs off")
+    ap.add_argument("--overlap-batch-sizes", default="64,256", help="comma-separated, graphs and overlap on")
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--decode-len", type=int, default=96)
     ap.add_argument("--time-budget-s", type=float, default=240.0, help="start no run after this long")
@@ -130,8 +135,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     batches = [int(x) for x in args.batch_sizes.split(",") if x]
     eager_batches = [int(x) for x in args.no_graph_batch_sizes.split(",") if x]
+    overlap_batches = [int(x) for x in args.overlap_batch_sizes.split(",") if x]
     if args.smoke:
-        batches, eager_batches, args.prompt_len, args.decode_len = [1, 3], [1], 8, 4
+        batches, eager_batches, overlap_batches, args.prompt_len, args.decode_len = [1, 3], [1], [3], 8, 4
     deadline = time.monotonic() + args.time_budget_s
     args.out.mkdir(parents=True, exist_ok=True)
     rows: list[dict] = []
@@ -148,12 +154,21 @@ def main(argv: list[str] | None = None) -> int:
         if eager_batches:  # first: the graph speedup needs it, and it is the quicker engine to build
             bench_engine(model_dir, False, eager_batches, args, deadline, rows, save)
         bench_engine(model_dir, True, batches, args, deadline, rows, save)
-    on = {r["batch"]: r for r in rows if r.get("cuda_graphs") and "decode_tok_per_s" in r}
-    off = {r["batch"]: r for r in rows if r.get("cuda_graphs") is False and "decode_tok_per_s" in r}
+        if overlap_batches:
+            bench_engine(model_dir, True, overlap_batches, args, deadline, rows, save, overlap=True)
+    done = [r for r in rows if "decode_tok_per_s" in r]
+    on = {r["batch"]: r for r in done if r["cuda_graphs"] and not r["overlap"]}
+    off = {r["batch"]: r for r in done if not r["graphs_asked"]}
     meta["graph_speedup"] = {b: on[b]["decode_tok_per_s"] / off[b]["decode_tok_per_s"] for b in on if b in off}
+    plain = {r["batch"]: r for r in done if r["graphs_asked"] and not r["overlap"]}  # graphs as the overlap rows'
+    overlapped = {r["batch"]: r for r in done if r["overlap"]}
+    meta["overlap_speedup"] = {b: overlapped[b]["decode_tok_per_s"] / plain[b]["decode_tok_per_s"]
+                               for b in overlapped if b in plain}
     save()
     for b, x in meta["graph_speedup"].items():
         print(f"CUDA graph decode speedup at batch {b}: {x:.2f}x")
+    for b, x in meta["overlap_speedup"].items():
+        print(f"overlap scheduling decode speedup at batch {b}: {x:.2f}x")
     return 0
 
 

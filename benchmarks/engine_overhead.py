@@ -3,6 +3,7 @@ memory-blocked queues, and the HTTP streaming path, with the model taken out whe
 
     python benchmarks/engine_overhead.py --out benchmarks/results/engine_overhead_cpu.json
     python benchmarks/engine_overhead.py --smoke --out /tmp/eo.json      # small sizes, seconds
+    python benchmarks/engine_overhead.py --gpu --out OUT/engine_overhead.json   # CUDA, 8B shape
 
 A fake model runner (`fake_forward`: no forward at all, fixed logits whose argmax is one token)
 times only engine work in (1) and (3). The model is a random-weight tiny Llama (the demo
@@ -28,6 +29,10 @@ tokenizer, `load_format="dummy"`, 131072 positions so a 100K-token prefix fits).
    httpx client and with a raw-socket client that parses only each response's last event (the
    client runs on the same two cores: httpx alone takes ~4x the server's CPU). Rounds run the
    in-process engine and every server in turn; ratios are medians of per-round ratios.
+
+`--gpu`: the same on CUDA with a Llama-3-8B-shaped model (random bf16 weights, 131072 positions)
+in place of the tiny one; the fake runner's figures measure the same engine work, now beside a
+GPU's sampler.
 """
 from __future__ import annotations
 
@@ -50,17 +55,18 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from engine_decode import TINY, write_model_dir  # noqa: E402
+from engine_decode import LLAMA3_8B, TINY, write_model_dir  # noqa: E402
 
 PROMPT_VOCAB = 3000
 FAKE_TOKEN = 100
 GREEDY = {"temperature": 0, "ignore_eos": True}
+PLACEMENT = {"device": "cpu", "dtype": "float32"}  # `--gpu`: cuda, bfloat16
 
 
 def fake_forward(engine, token: int = FAKE_TOKEN) -> None:
     """Replace the engine's forward by one that computes nothing: logits favour `token`."""
     vocab = engine.runner.args.vocab_size
-    row = torch.zeros(vocab)
+    row = torch.zeros(vocab, device=engine.runner.device)
     row[token] = 1.0
 
     def forward(batch, logit_offsets):
@@ -116,7 +122,7 @@ def make_engine(model_dir: Path, **kw):
     from radixflow.runtime import Engine
     from radixflow.runtime.core_process import freeze_heap
 
-    engine = Engine(str(model_dir), load_format="dummy", device="cpu", dtype="float32", **kw)
+    engine = Engine(str(model_dir), load_format="dummy", **PLACEMENT, **kw)
     freeze_heap()
     return engine
 
@@ -332,7 +338,8 @@ def _server(model_dir: Path, core: str, num_requests: int, launch: str = SERVE, 
 
     port = _free_port()
     cmd = [sys.executable, "-c", launch,
-           "serve", "--model", str(model_dir), "--load-format", "dummy", "--device", "cpu", "--dtype", "float32",
+           "serve", "--model", str(model_dir), "--load-format", "dummy", "--device", PLACEMENT["device"],
+           "--dtype", PLACEMENT["dtype"],
            "--port", str(port), "--log-level", "warning", "--max-num-seqs", str(num_requests),
            "--kv-cache-tokens", "65536", "--engine-core", core]
     proc = subprocess.Popen(cmd, env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
@@ -401,6 +408,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True, help="result JSON path")
     ap.add_argument("--smoke", action="store_true", help="small sizes: a run in seconds")
+    ap.add_argument("--gpu", action="store_true", help="CUDA and a Llama-3-8B-shaped random model")
     ap.add_argument("--only", default="decode_step,prefix_ttft,blocked,http",
                     help="comma-separated subset of the four measurements")
     ap.add_argument("--label", default="", help="free text stored with the results (e.g. the commit)")
@@ -420,10 +428,16 @@ def main() -> int:
     code_dir = os.path.dirname(os.path.realpath(radixflow.runtime.__file__))
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=code_dir).stdout.strip()
+    shape = TINY
+    if ns.gpu:
+        PLACEMENT.update(device="cuda", dtype="bfloat16")
+        shape = {**LLAMA3_8B, "torch_dtype": "bfloat16"}
     result: dict = {"label": ns.label, "commit": commit, "machine": platform.processor() or platform.machine(),
-                    "cpus": os.cpu_count(), "torch_threads": 1, "sizes": sizes}
+                    "cpus": os.cpu_count(), "torch_threads": 1, "sizes": sizes, "placement": dict(PLACEMENT),
+                    "model": "Llama-3-8B shape" if ns.gpu else "tiny",
+                    "gpu": torch.cuda.get_device_name() if ns.gpu else None}
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir = write_model_dir({**TINY, "max_position_embeddings": 131072}, Path(tmp) / "tiny")
+        model_dir = write_model_dir({**shape, "max_position_embeddings": 131072}, Path(tmp) / "model")
         if "decode_step" in only:
             result["decode_step"] = bench_decode_step(model_dir, sizes["batch"], sizes["decode_len"], sizes["repeats"])
         if "prefix_ttft" in only:

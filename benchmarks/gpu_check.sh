@@ -1,13 +1,19 @@
 #!/usr/bin/env bash
-# The GPU check of issue 4, one command on a CUDA machine without network (~6-8 minutes on an H200):
-# install (wheels from .whl/ when present, see fetch_gpu_wheels.sh), `pytest -m gpu`, the kernel
-# benchmark, the engine decode benchmark. Writes into OUT_DIR (flat, at most 8 files, so the device
-# tool brings all of them back):
-#   summary.txt          GPU (nvidia-smi), commit, install notes, step exit codes, benchmark tables
-#   pytest_gpu.log/.xml  `pytest -m gpu` output and junit report
-#   kernels.json/.log    benchmarks/kernels.py
-#   engine_decode.json/.log  benchmarks/engine_decode.py
+# The GPU check, on a CUDA machine without network: install (wheels from .whl/ when present, see
+# fetch_gpu_wheels.sh), then the steps named in RADIXFLOW_GPU_STEPS (default: all four; each has a
+# time limit, ~10 minutes in all at worst, so a device call of at most 10 minutes takes two calls,
+# e.g. "pytest_gpu kernels" then "engine_decode engine_overhead"):
+#   pytest_gpu       `pytest -m gpu` (kernels in bf16, CUDA graphs on/off, overlap on/off)
+#   kernels          benchmarks/kernels.py
+#   engine_decode    benchmarks/engine_decode.py: decode tok/s, graphs on/off, overlap on/off at 64 and 256
+#   engine_overhead  benchmarks/engine_overhead.py --gpu: engine work per step, 100K-prefix TTFT
+#                    ratio, memory-blocked steps, on the 8B shape (not its HTTP part)
+# Writes into OUT_DIR (flat, at most 8 files, so the device tool brings all of them back):
+#   summary.txt      GPU (nvidia-smi), commit, install notes, step exit codes, benchmark tables
+#   pytest_gpu.xml, kernels.json, engine_decode.json, engine_overhead.json
+#   logs.tar.gz      every step's log
 # Usage: benchmarks/gpu_check.sh OUT_DIR
+#   RADIXFLOW_GPU_STEPS="..."   the steps to run, in their order above
 #   RADIXFLOW_COMMIT=<sha>      names the commit where .git is absent
 #   RADIXFLOW_SKIP_INSTALL=1    use the radixflow already importable (a dry run of the script's flow)
 set -uo pipefail
@@ -62,21 +68,32 @@ step() {  # step NAME LIMIT_S COMMAND...
   local rc=$?
   note "step $name: exit $rc after $((SECONDS - start)) s (limit $limit s)"
 }
-step pytest_gpu 150 $PY -m pytest -m gpu -q -p no:cacheprovider --continue-on-collection-errors \
-  --junitxml="$OUT/pytest_gpu.xml" tests
-step kernels 170 $PY benchmarks/kernels.py --out "$OUT" --time-budget-s 120
-step engine_decode 150 $PY benchmarks/engine_decode.py --out "$OUT" --time-budget-s 100
+STEPS=" ${RADIXFLOW_GPU_STEPS:-pytest_gpu kernels engine_decode engine_overhead} "
+wanted() { [[ "$STEPS" == *" $1 "* ]]; }
+wanted pytest_gpu && step pytest_gpu 150 $PY -m pytest -m gpu -q -p no:cacheprovider \
+  --continue-on-collection-errors --junitxml="$OUT/pytest_gpu.xml" tests
+wanted kernels && step kernels 150 $PY benchmarks/kernels.py --out "$OUT" --time-budget-s 100
+wanted engine_decode && step engine_decode 170 $PY benchmarks/engine_decode.py --out "$OUT" --time-budget-s 120
+wanted engine_overhead && step engine_overhead 170 $PY benchmarks/engine_overhead.py --gpu --repeats 1 \
+  --only decode_step,prefix_ttft,blocked --out "$OUT/engine_overhead.json"
 
 note ""
 note "== pytest -m gpu"
-tail -n 15 "$OUT/pytest_gpu.log" | tee -a "$SUMMARY"
+[ -f "$OUT/pytest_gpu.log" ] && tail -n 15 "$OUT/pytest_gpu.log" | tee -a "$SUMMARY"
 note "== kernels"
-if [ -f "$OUT/kernels_summary.txt" ]; then
+if ! wanted kernels; then
+  note "(not run)"
+elif [ -f "$OUT/kernels_summary.txt" ]; then
   cat "$OUT/kernels_summary.txt" | tee -a "$SUMMARY"
   rm -f "$OUT/kernels_summary.txt"  # its text is in summary.txt; keeps OUT within 8 files
 else
   tail -n 20 "$OUT/kernels.log" | tee -a "$SUMMARY"
 fi
 note "== engine decode"
-grep -E "tok/s|speedup" "$OUT/engine_decode.log" | tee -a "$SUMMARY" || tail -n 20 "$OUT/engine_decode.log" | tee -a "$SUMMARY"
+[ -f "$OUT/engine_decode.log" ] && { grep -E "tok/s|speedup" "$OUT/engine_decode.log" | tee -a "$SUMMARY" \
+  || tail -n 20 "$OUT/engine_decode.log" | tee -a "$SUMMARY"; }
+note "== engine overhead"
+[ -f "$OUT/engine_overhead.log" ] && { grep -E "^(decode_step|prefix_ttft|blocked)" "$OUT/engine_overhead.log" \
+  | tee -a "$SUMMARY" || tail -n 20 "$OUT/engine_overhead.log" | tee -a "$SUMMARY"; }
+(cd "$OUT" && compgen -G "*.log" >/dev/null && tar czf logs.tar.gz ./*.log && rm -f ./*.log)
 note "== done after $SECONDS s"

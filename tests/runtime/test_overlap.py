@@ -21,9 +21,8 @@ SMALL_SCHEMA = {"type": "object", "properties": {"n": {"type": "integer", "minim
 
 
 def tiny(enable_overlap: bool, **config) -> Engine:
-    config = {"kv_cache_tokens": 4096, **config}
-    return Engine(demo_model("tiny"), dtype="float32", check_invariants=True, enable_overlap=enable_overlap,
-                  **config)
+    config = {"kv_cache_tokens": 4096, "dtype": "float32", **config}
+    return Engine(demo_model("tiny"), check_invariants=True, enable_overlap=enable_overlap, **config)
 
 
 def _summary(res: dict) -> tuple:
@@ -55,11 +54,11 @@ def _mixed_jobs(free_ids: list[int], free_text: str) -> list[tuple[str, list[int
     return jobs
 
 
-def run_mixed(enable_overlap: bool) -> tuple[dict[str, tuple], dict[str, list], int]:
+def run_mixed(enable_overlap: bool, **config) -> tuple[dict[str, tuple], dict[str, list], int]:
     """The mixed workload, admitted in one step, then a second wave arriving mid-decode.
     Returns per rid (output ids, text, finish reason), the logprobs row's logprobs, and the
     number of overlapped steps."""
-    with tiny(enable_overlap) as e:
+    with tiny(enable_overlap, **config) as e:
         free = e.generate(input_ids=[1, 2, 3], sampling_params={**GREEDY, "max_new_tokens": 40, "ignore_eos": True})
         e.flush_cache()
         jobs = _mixed_jobs(free["output_ids"], free["text"])
@@ -129,8 +128,8 @@ def _host_row_jobs() -> list[tuple[list[int], dict, dict]]:
     return jobs
 
 
-def _run_host_rows(enable_overlap: bool, jump_forward: bool) -> tuple[list[tuple], list, object]:
-    with tiny(enable_overlap, jump_forward=jump_forward) as e:
+def _run_host_rows(enable_overlap: bool, jump_forward: bool, **config) -> tuple[list[tuple], list, object]:
+    with tiny(enable_overlap, jump_forward=jump_forward, **config) as e:
         results: list = [None] * len(_host_row_jobs())
 
         def submit(k, prompt, sp, opts):
@@ -318,3 +317,19 @@ def test_sample_on_device_picks_what_sample_picks_for_plain_rows():
     got = sample_on_device(logits.clone(), rows, torch.Generator().manual_seed(1))
     assert got.dtype == torch.int64 and got.tolist() == want
     assert want[5] == -1
+
+
+@pytest.mark.gpu
+def test_gpu_overlap_gives_the_outputs_of_overlap_off():
+    """On CUDA (launches asynchronous, tokens read back through pinned buffers, CUDA graphs on):
+    the mixed workload and the host-row workload give what they give with overlap off. fp32, so
+    batch composition cannot flip a greedy choice through rounding."""
+    cuda = {"device": "cuda", "max_num_seqs": 32, "cuda_graph_max_bs": 32}
+    off, off_logprobs, _ = run_mixed(False, **cuda)
+    on, on_logprobs, overlapped = run_mixed(True, **cuda)
+    assert overlapped > 0 and on == off
+    assert [lp for lp, _, _ in on_logprobs] == pytest.approx([lp for lp, _, _ in off_logprobs], abs=1e-4)
+    for jump_forward in (True, False):
+        off_rows, _, _ = _run_host_rows(False, jump_forward, **cuda)
+        on_rows, _, step = _run_host_rows(True, jump_forward, **cuda)
+        assert on_rows == off_rows and step.num_host_rows > 0
