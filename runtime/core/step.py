@@ -19,6 +19,7 @@ from radixflow.runtime.grammar.state import advance as advance_grammar
 from radixflow.runtime.core.model_runner import ModelRunner
 from radixflow.runtime.core.output import append_token
 from radixflow.runtime.core.overlap import InFlight, Launcher, host_rows
+from radixflow.runtime.core.overlap_steps import OverlappedSteps
 from radixflow.runtime.core.publish import publish
 from radixflow.runtime.core.request import Req
 from radixflow.runtime.core.sampler import RowState, SampleRow, sample, score_tokens
@@ -79,7 +80,7 @@ def is_out_of_memory(exc: BaseException) -> bool:
 Sampled = tuple[int, float | None, list | None] | Exception
 
 
-class StepRunner:
+class StepRunner(OverlappedSteps):
     """Runs steps for the engine thread; counts prefill tokens, generated tokens, steps.
 
     `faults` is the test-only fault injector (runtime/core/faults.py); serving uses NO_FAULTS.
@@ -137,151 +138,10 @@ class StepRunner:
             self._record_prompt_logprobs(batch, plans, logits)
             self._sample_and_append(batch, plans, logits)
         except Exception as exc:  # batch-wide handling failed: no one request owns the error
-            log.exception("step %d failed after its forward; failing its %d requests", self.num_steps,
-                          len(batch.reqs))
-            for req in batch.reqs:
-                req.finish(error_reason(exc))
+            self._fail_batch(batch, exc)
         self.scheduler.finish_step(batch)
         publish([r for r in batch.reqs if r.finish_reason is None])  # finished ones: at their hand-out
         return True
-
-    # -- overlap scheduling ---------------------------------------------------------------------
-
-    def drain(self) -> None:
-        """Append the tokens of the step in flight, if any, and release what finished."""
-        step, self._in_flight = self._in_flight, None
-        if step is not None:
-            self._finish_in_flight(step, None)
-
-    def discard(self) -> None:
-        """Before the loop fails every request after an error outside the steps' isolation: wait
-        for the step in flight and free its new slots uncached; its tokens are dropped."""
-        step, self._in_flight = self._in_flight, None
-        if step is not None:
-            step.wait()
-            self.scheduler.undo_step(step.batch)
-
-    def close(self, wait: bool = True) -> None:
-        if self.launcher is not None:
-            self.launcher.close(wait)
-
-    def _run_overlapped(self, prev: InFlight) -> bool:
-        """Sample prev's host rows, launch the decode step after prev from its tokens on the
-        device, then append prev's tokens while it runs; when the next step cannot overlap
-        (something to prefill or admit, a jump-forward's tokens to extend), only finish prev."""
-        batch = None
-        assert self.launcher is not None
-        if prev.host_rows:
-            self._resolve(prev)
-        if not prev.has_failed and all(r.seq_len == r.kv_len for r in self.scheduler.running):
-            batch = self.scheduler.schedule_decode_ahead()
-        if batch is None:
-            self.drain()
-            return True
-        ahead = self._in_flight = self.launcher.launch(batch, prev, self.num_steps + 1,  # prev uncounted
-                                                       host_rows(batch.reqs, 1))
-        self.num_overlapped_steps += 1
-        self._finish_in_flight(prev, ahead)
-        if self._in_flight is not None and all(r.is_finished for r in ahead.batch.reqs):
-            self.drain()  # nothing of it is wanted; nothing would run it out either
-        return True
-
-    def _finish_in_flight(self, step: InFlight, ahead: InFlight | None) -> None:
-        """Append `step`'s tokens and release what finished. `ahead`: the step launched after
-        it, whose rows of requests that finish now are dropped (or which is undone with
-        `step` when step's forward failed). Injected faults see only the rows still wanted."""
-        live = [r for r in step.batch.reqs if not r.is_finished]
-        exc = self._forward_error(step)
-        if exc is None:
-            try:
-                tokens = step.host_tokens()
-            except Exception as copy_error:  # the copy of its tokens to the host
-                exc = copy_error
-        if exc is not None:  # step's forward failed, and ahead's with it (its input)
-            step.wait()
-            if ahead is not None:
-                ahead.wait()
-                self.scheduler.undo_step(ahead.batch)
-                self._in_flight = None
-            self._forward_failed(step.batch, exc)
-            return
-        if step.host_rows:
-            self._resolve(step)
-        self.num_steps += 1
-        try:
-            self._check_batch_faults(live)
-            self._append_tokens(step, tokens)
-        except Exception as exc:  # batch-wide handling failed: no one request owns the error
-            log.exception("step %d failed after its forward; failing its %d requests", self.num_steps,
-                          len(step.batch.reqs))
-            for req in step.batch.reqs:
-                req.finish(error_reason(exc))
-        if ahead is not None:
-            self.scheduler.drop_ahead(ahead.batch)
-        self.scheduler.finish_step(step.batch)
-        publish([r for r in step.batch.reqs if not r.is_finished])
-
-    def _forward_error(self, step: InFlight) -> Exception | None:
-        """Wait for `step`'s job; its forward's error (an injected one included), or None.
-        Checked once per step (an injected fault is drawn once)."""
-        if not step.checked:
-            step.checked = True
-            try:
-                self.faults.check("forward", [r for r in step.batch.reqs if not r.is_finished], step.step)
-                step.result.result()
-            except Exception as exc:  # reported by the caller: the whole step's fault
-                step.error = exc
-        return step.error
-
-    def _resolve(self, step: InFlight) -> None:
-        """Sample `step`'s host rows from its logits, once their requests' previous tokens are
-        appended, and write their tokens into its device tokens (the next step's input). A row
-        is skipped when its request finished or its input was not its last token (a jump-forward
-        appended tokens after it: its KV is right, its logits are for the wrong position)."""
-        if step.outcomes is not None or self._forward_error(step) is not None:
-            return  # sampled already, or failed: reported where its tokens are appended
-        step.outcomes = dict.fromkeys(step.host_rows)
-        rows, reqs = [], []
-        for i in step.host_rows:
-            req = step.batch.reqs[i]
-            if req.is_finished:
-                continue
-            if req.seq_len != step.batch.prefix_lens[i] + 1:
-                self.num_stale_rows += 1
-                continue
-            rows.append(i)
-            reqs.append(req)
-        if not rows:
-            return
-        self.num_host_rows += len(rows)
-        sampled = {id(r): o for r, o in self._sample_rows(step.logits(), rows, reqs, step.step)}  # a failed grammar's left out
-        values = []
-        for i, req in zip(rows, reqs):
-            outcome = step.outcomes[i] = sampled.get(id(req))
-            values.append(outcome[0] if isinstance(outcome, tuple) else 0)
-        tokens = step.device_tokens()
-        tokens.index_copy_(0, torch.tensor(rows, device=tokens.device),
-                           torch.tensor(values, dtype=tokens.dtype, device=tokens.device))
-
-    def _append_tokens(self, flight: InFlight, tokens: list[int]) -> None:
-        """Append each unfinished request's sampled token (-1: its logits held a NaN); a host
-        row's is its outcome, if it was sampled."""
-        step = self.num_steps - 1
-        host = flight.outcomes or {}
-        for i, (req, token) in enumerate(zip(flight.batch.reqs, tokens)):
-            if req.is_finished:
-                continue  # finished on the token before (its row computed past its end), or aborted
-            if i in host:
-                if host[i] is not None:
-                    self._append_outcome(req, host[i])
-                continue
-            try:
-                self.faults.check("sampler", (req,), step)
-                if token < 0:
-                    raise ValueError("the model produced NaN logits for this request")
-                self._append(req, token, None, None)
-            except Exception as exc:  # its sampling row, detokenizer or stop checks
-                self._fail(req, exc)
 
     # -- the steps' parts ------------------------------------------------------------------------
 
@@ -312,6 +172,13 @@ class StepRunner:
                 self.scheduler.finish(req, error_reason(exc))
         if retry and not batch.is_decode:
             self.scheduler.shrink_prefill_budget()
+
+    def _fail_batch(self, batch: ScheduledBatch, exc: Exception) -> None:
+        """Fail every request of a step whose batch-wide handling failed after its forward."""
+        log.exception("step %d failed after its forward; failing its %d requests", self.num_steps,
+                      len(batch.reqs), exc_info=exc)
+        for req in batch.reqs:
+            req.finish(error_reason(exc))
 
     def _fail(self, req: Req, exc: Exception) -> None:
         """Fail one request for an error of its own; its batch-mates are not affected."""
