@@ -503,7 +503,7 @@ def _soak_faults(rng: random.Random, jobs: list[tuple[str, list[int], dict, bool
     ]
 
 
-def run_soak(num_requests: int, seed: int, monkeypatch) -> None:
+def run_soak(num_requests: int, seed: int, monkeypatch, overlap: bool = False) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
     from radixflow.runtime.core import scheduler
@@ -513,7 +513,7 @@ def run_soak(num_requests: int, seed: int, monkeypatch) -> None:
     monkeypatch.setattr(scheduler, "NEW_TOKEN_RATIO_INIT", 0.0)
     monkeypatch.setattr(scheduler, "NEW_TOKEN_RATIO_MIN", 0.0)
     rng = random.Random(seed)
-    with tiny(kv_cache_tokens=256, max_num_seqs=24, chunked_prefill_size=24) as e:
+    with tiny(kv_cache_tokens=256, max_num_seqs=24, chunked_prefill_size=24, enable_overlap=overlap) as e:
         jobs = _soak_workload(rng, num_requests, e.runner.args.vocab_size)
         faults = _soak_faults(rng, jobs)
         e.set_fault_injector(FaultInjector(faults, seed=seed))
@@ -550,6 +550,8 @@ def run_soak(num_requests: int, seed: int, monkeypatch) -> None:
                     assert res["meta_info"]["completion_tokens"] == sp["max_new_tokens"]
         assert_idle_and_clean(e)
         assert e.stats().failed_steps > 0 and e.stats().num_preemptions > 0
+        if overlap:  # overlapped steps ran, regex rows among them (sampled on the engine thread)
+            assert e._step.num_overlapped_steps > 0 and e._step.num_host_rows > 0, vars(e._step)
         # The tree holds only computed KV: cached prompts give a clean engine's greedy output.
         probes = [prompt for _, prompt, _, _ in jobs[:24]]
         cached = e.generate(input_ids=probes, sampling_params={**GREEDY, "max_new_tokens": 6})
@@ -563,7 +565,12 @@ def test_soak_with_injected_faults(monkeypatch):
     run_soak(300, seed=0, monkeypatch=monkeypatch)
 
 
+def test_soak_with_injected_faults_and_overlap(monkeypatch):
+    run_soak(300, seed=7, monkeypatch=monkeypatch, overlap=True)
+
+
 @pytest.mark.slow
+@pytest.mark.parametrize("overlap", [False, True])
 @pytest.mark.parametrize("seed", range(1, 6))
-def test_soak_with_injected_faults_long(seed, monkeypatch):
-    run_soak(1500, seed=seed, monkeypatch=monkeypatch)
+def test_soak_with_injected_faults_long(seed, overlap, monkeypatch):
+    run_soak(1500, seed=seed, monkeypatch=monkeypatch, overlap=overlap)
