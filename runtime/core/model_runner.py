@@ -153,7 +153,7 @@ class ModelRunner:
         return self.model(fb, self.attention)
 
     def prepare_decode(self, batch: ScheduledBatch) -> Callable[[torch.Tensor], torch.Tensor]:
-        """For a plain decode batch (one token each, one logit row each) whose input tokens may
+        """For a decode batch (one token each, one logit row each) whose input tokens may
         not be on the host yet (overlap scheduling: the previous step's samples). Reads all it
         needs of the requests now, on the engine thread, and returns `run(input_ids)`:
         input_ids [len(batch.reqs)] int64 on the device -> logits [len(batch.reqs), vocab] fp32,

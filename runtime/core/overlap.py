@@ -12,9 +12,10 @@ already, so it runs inline and the tokens come back through a pinned buffer.
 Rows of plain requests (`is_plain`) are sampled on the device by the step's job. The others
 (grammar, penalties, logprobs, a seed, stop tokens held back by min_new_tokens) are host rows:
 their sampling needs the request's state after its previous token (the grammar advanced, the
-penalty counts, the output count), so the engine thread samples them from the step's logits
-once that token is appended and the forward is done, and writes their tokens into the step's
-device tokens before the next step is launched from them (StepRunner._resolve). Only those rows
+penalty counts, the output count), so the engine thread prepares them (grammar plans and
+masks) once that token is appended, while the step's forward runs, samples them from the
+step's logits once it is done, and writes their tokens into the step's device tokens before
+the next step is launched from them (runtime/core/overlap_steps.py). Only those rows
 wait for the previous token; appending, stop checks, releasing and publishing still overlap.
 A jump-forward appends forced tokens after a sampled one: the step launched on that token
 computed its KV (kept) but sampled after the wrong position, so its row is dropped unsampled
@@ -73,6 +74,7 @@ class InFlight:
     # once sampled, by host row: its outcome (step.Sampled), or None for a row not sampled (its
     # request finished, or its input was not its last token: a jump-forward); None before
     outcomes: dict[int, object] | None = None
+    prepared: object = None  # its host rows ready to sample (step.RowsToSample), once made
     checked: bool = False               # whether its forward's outcome is known (StepRunner)
     error: Exception | None = None      # its forward's error, injected or raised, once checked
 

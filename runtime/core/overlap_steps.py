@@ -12,7 +12,7 @@ from radixflow.runtime.core.publish import publish
 class OverlappedSteps:
     """The overlap half of StepRunner (runtime/core/step.py). It relies on StepRunner for the
     state (`scheduler`, `faults`, `launcher`, `_in_flight`, the step counters) and the parts
-    both kinds of step share: `_sample_rows`, `_append_outcome`, `_append`, `_fail`,
+    both kinds of step share: `_prepare_rows`, `_sample_rows`, `_append_outcome`, `_append`, `_fail`,
     `_forward_failed`, `_fail_batch`, `_check_batch_faults`."""
 
     def drain(self) -> None:
@@ -35,8 +35,9 @@ class OverlappedSteps:
 
     def _run_overlapped(self, prev: InFlight) -> bool:
         """Sample prev's host rows, launch the decode step after prev from its tokens on the
-        device, then append prev's tokens while it runs; when the next step cannot overlap
-        (something to prefill or admit, a jump-forward's tokens to extend), only finish prev."""
+        device, then append prev's tokens and prepare the new step's host rows while it runs;
+        when the next step cannot overlap (something to prefill or admit, a jump-forward's
+        tokens to extend), only finish prev."""
         batch = None
         assert self.launcher is not None
         if prev.host_rows:
@@ -52,6 +53,8 @@ class OverlappedSteps:
         self._finish_in_flight(prev, ahead)
         if self._in_flight is not None and all(r.is_finished for r in ahead.batch.reqs):
             self.drain()  # nothing of it is wanted; nothing would run it out either
+        elif self._in_flight is not None and ahead.host_rows:
+            self._prepare_host_rows(ahead)  # its masks are filled while its forward runs
         return True
 
     def _finish_in_flight(self, step: InFlight, ahead: InFlight | None) -> None:
@@ -98,14 +101,14 @@ class OverlappedSteps:
                 step.error = exc
         return step.error
 
-    def _resolve(self, step: InFlight) -> None:
-        """Sample `step`'s host rows from its logits, once their requests' previous tokens are
-        appended, and write their tokens into its device tokens (the next step's input). A row
-        is skipped when its request finished or its input was not its last token (a jump-forward
-        appended tokens after it: its KV is right, its logits are for the wrong position)."""
-        if step.outcomes is not None or self._forward_error(step) is not None:
-            return  # sampled already, or failed: reported where its tokens are appended
-        step.outcomes = dict.fromkeys(step.host_rows)
+    def _prepare_host_rows(self, step: InFlight) -> None:
+        """Make `step`'s host rows ready to sample: grammar plans, sampler rows, the grammar
+        bitmask. Needs only their requests' previous tokens appended, so it runs while the
+        step's forward does. A row is left out when its request finished or its input was not
+        its last token (a jump-forward appended tokens after it: its KV is right, its logits are
+        for the wrong position)."""
+        if step.prepared is not None:
+            return
         rows, reqs = [], []
         for i in step.host_rows:
             req = step.batch.reqs[i]
@@ -116,16 +119,25 @@ class OverlappedSteps:
                 continue
             rows.append(i)
             reqs.append(req)
-        if not rows:
+        step.prepared = self._prepare_rows(rows, reqs, step.step)
+
+    def _resolve(self, step: InFlight) -> None:
+        """Sample `step`'s host rows from its logits and write their tokens into its device
+        tokens (the next step's input)."""
+        if step.outcomes is not None or self._forward_error(step) is not None:
+            return  # sampled already, or failed: reported where its tokens are appended
+        self._prepare_host_rows(step)
+        step.outcomes = dict.fromkeys(step.host_rows)
+        prepared = step.prepared
+        if not prepared.reqs:
             return
-        self.num_host_rows += len(rows)
-        sampled = {id(r): o for r, o in self._sample_rows(step.logits(), rows, reqs, step.step)}  # a failed grammar's left out
+        self.num_host_rows += len(prepared.reqs)
         values = []
-        for i, req in zip(rows, reqs):
-            outcome = step.outcomes[i] = sampled.get(id(req))
+        for i, (req, outcome) in zip(prepared.rows, self._sample_rows(step.logits(), prepared, step.step)):
+            step.outcomes[i] = outcome
             values.append(outcome[0] if isinstance(outcome, tuple) else 0)
         tokens = step.device_tokens()
-        tokens.index_copy_(0, torch.tensor(rows, device=tokens.device),
+        tokens.index_copy_(0, torch.tensor(prepared.rows, device=tokens.device),
                            torch.tensor(values, dtype=tokens.dtype, device=tokens.device))
 
     def _append_tokens(self, flight: InFlight, tokens: list[int]) -> None:

@@ -80,6 +80,17 @@ def is_out_of_memory(exc: BaseException) -> bool:
 Sampled = tuple[int, float | None, list | None] | Exception
 
 
+@dataclass
+class RowsToSample:
+    """Logit rows ready to sample: their requests, sampler rows and grammar bitmask. Made from
+    the requests' state once their previous tokens are appended (`StepRunner._prepare_rows`)."""
+
+    rows: list[int]
+    reqs: list[Req]
+    sample_rows: list[SampleRow]
+    bitmask: tuple[torch.Tensor, torch.Tensor] | None
+
+
 class StepRunner(OverlappedSteps):
     """Runs steps for the engine thread; counts prefill tokens, generated tokens, steps.
 
@@ -117,8 +128,10 @@ class StepRunner(OverlappedSteps):
         if batch is None:
             return False
         if self.launcher is not None and batch.is_decode:
-            self._in_flight = self.launcher.launch(batch, None, self.num_steps,  # appended next run_one
-                                                   host_rows(batch.reqs, 0))
+            flight = self._in_flight = self.launcher.launch(batch, None, self.num_steps,  # appended next run_one
+                                                            host_rows(batch.reqs, 0))
+            if flight.host_rows:
+                self._prepare_host_rows(flight)  # while its forward runs
             return True
         if batch.is_decode:  # one token each, sampled; prompt logprobs were all taken at prefill
             plans = [_DECODE_PLAN] * len(batch.reqs)
@@ -216,20 +229,25 @@ class StepRunner(OverlappedSteps):
         else:
             rows, reqs = self._rows_of_prefill(batch, plans)
         now = time.monotonic()
-        for req, outcome in self._sample_rows(logits, rows, reqs, self.num_steps - 1):
+        step = self.num_steps - 1
+        for req, outcome in self._sample_rows(logits, self._prepare_rows(rows, reqs, step), step):
             self._append_outcome(req, outcome, now)
 
-    def _sample_rows(self, logits: torch.Tensor, rows: list[int], reqs: list[Req],
-                     step: int) -> list[tuple[Req, Sampled]]:
-        """Sample logit `rows` of `reqs` (grammar masks, penalties, logprobs): per request
-        sampled, its outcome. A request whose grammar fails is failed and left out."""
+    def _prepare_rows(self, rows: list[int], reqs: list[Req], step: int) -> RowsToSample:
+        """Grammar plans, sampler rows and the grammar bitmask for logit `rows` of `reqs`. A
+        request whose grammar fails is failed and left out."""
         if any(r.grammar is not None for r in reqs):
             rows, reqs = self._prepare_grammars(rows, reqs, step)
-        if not reqs:
-            return []
         sample_rows = [r.sample_row or self._sample_row(r) for r in reqs]
-        bitmask = grammar_bitmask(reqs, logits.device, on_error=self._fail)
-        return list(zip(reqs, self._sample(logits, rows, reqs, sample_rows, bitmask, step)))
+        bitmask = grammar_bitmask(reqs, self.runner.device, on_error=self._fail) if reqs else None
+        return RowsToSample(rows, reqs, sample_rows, bitmask)
+
+    def _sample_rows(self, logits: torch.Tensor, prepared: RowsToSample, step: int) -> list[tuple[Req, Sampled]]:
+        """Sample the prepared rows (masks, penalties, logprobs): per request, its outcome."""
+        if not prepared.reqs:
+            return []
+        return list(zip(prepared.reqs, self._sample(logits, prepared.rows, prepared.reqs, prepared.sample_rows,
+                                                    prepared.bitmask, step)))
 
     def _append_outcome(self, req: Req, outcome: Sampled, now: float | None = None) -> None:
         """Append a sampled token, or fail its request for the row's error."""

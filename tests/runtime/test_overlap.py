@@ -163,6 +163,33 @@ def test_host_rows_overlap_and_give_what_they_give_without_it(jump_forward):
     assert len(off[6][0]) >= 9
 
 
+def test_host_rows_are_prepared_while_their_forward_runs(monkeypatch):
+    """Grammar plans and masks of an overlapped step's host rows are made while its forward
+    runs (a forward slowed to 20 ms on the worker thread), not after it."""
+    from radixflow.runtime.core.step import StepRunner
+
+    seen: list[bool] = []  # per preparation: whether the step's forward was still running
+    prepare = StepRunner._prepare_host_rows
+
+    def spy(self, step):
+        if step.prepared is None:
+            seen.append(not step.result.done())
+        prepare(self, step)
+    monkeypatch.setattr(StepRunner, "_prepare_host_rows", spy)
+    with tiny(True) as e:
+        decode = e.runner.prepare_decode
+
+        def slow(batch):
+            run = decode(batch)
+            return lambda ids: (time.sleep(0.02), run(ids))[1]
+        e.runner.prepare_decode = slow
+        sps = [{**GREEDY, "max_new_tokens": 16, "regex": "[a-z]{16}"}] * 3
+        out = bounded(e.generate, input_ids=[ids(5, 900), ids(6, 901), ids(7, 902)], sampling_params=sps)
+        assert all(len(r["text"]) == 16 for r in out)
+        assert_idle_and_clean(e)
+    assert len(seen) >= 5 and sum(seen) >= len(seen) - 1, seen
+
+
 def test_requests_finishing_at_every_step_keep_accounting_exact():
     """Budgets 1..24 in one batch: each overlapped step finishes one request, whose row of
     the step in flight computed past its end; slots and tree stay exact after every step."""
