@@ -56,7 +56,7 @@ def bad_request(exc: Exception, rename: dict[str, str] | None = None) -> APIErro
 
     `rename` maps engine sampling names back to the names the client used (max_new_tokens →
     max_tokens for OpenAI routes)."""
-    from radixflow.runtime.engine import QueueFullError
+    from radixflow.runtime.errors import QueueFullError
 
     message = str(exc)
     if isinstance(exc, QueueFullError):

@@ -41,11 +41,10 @@ from radixflow.runtime.core.messages import (
     SubmitRequest, Timings)
 from radixflow.runtime.core.request import LogprobOptions, new_rid
 from radixflow.runtime.core_process import QUICK_CALLS, Outbox, start_core
-from radixflow.runtime.engine import (
-    EngineClosedError, EngineDeadError, InputIds, Prompt, QueueFullError, check_prompt, normalize_inputs,
-    stream_inputs)
+from radixflow.runtime.errors import EngineClosedError, EngineDeadError, QueueFullError
 from radixflow.runtime.model.model_path import resolve_model_path
 from radixflow.runtime.output_channel import ChannelsByLoop, OutputChannel
+from radixflow.runtime.request_inputs import InputIds, Prompt, check_prompt, normalize_inputs, stream_inputs
 from radixflow.runtime.sampling_params import SamplingParams
 from radixflow.runtime.stats import EngineStats, RequestTiming
 from radixflow.runtime.stream_chunks import StreamChunks

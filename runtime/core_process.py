@@ -95,7 +95,7 @@ class ClientSink:
 
 
 def rejection_kind(exc: BaseException) -> str:
-    from radixflow.runtime.engine import EngineClosedError, EngineDeadError, QueueFullError
+    from radixflow.runtime.errors import EngineClosedError, EngineDeadError, QueueFullError
 
     if isinstance(exc, QueueFullError):
         return "queue_full"

@@ -30,7 +30,7 @@ from radixflow.runtime.core.faults import NO_FAULTS, FaultInjector
 from radixflow.runtime.model.model_path import resolve_model_path
 from radixflow.runtime.core.model_runner import ModelRunner
 from radixflow.runtime.core.output import finalize_text
-from radixflow.runtime.core.request import MAX_TOP_LOGPROBS, LogprobOptions, Req, new_rid
+from radixflow.runtime.core.request import LogprobOptions, Req, new_rid
 from radixflow.runtime.result import make_result
 from radixflow.runtime.core.publish import OutputSink, StreamCursor, publish
 from radixflow.runtime.output_channel import ChannelsByLoop
@@ -43,29 +43,14 @@ from radixflow.runtime.lora.service import LoraService, check_lora_request
 from radixflow.runtime.slo import SLOs, Goodput
 from radixflow.runtime.stats import EngineStats, RequestTiming
 from radixflow.runtime.core.step import StepRunner, error_reason, notify
+from radixflow.runtime.errors import EngineClosedError, EngineDeadError, QueueFullError
+from radixflow.runtime.request_inputs import InputIds, Prompt, check_prompt, normalize_inputs, stream_inputs
 from radixflow.runtime.text.output_text import OutputText
 from radixflow.runtime.text.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
-Prompt = str | list[str] | None
-
-
-class QueueFullError(ValueError):
-    """More requests are waiting than `max_queued_requests` allows; retry later."""
-
-
-class EngineClosedError(RuntimeError):
-    """The engine was shut down: it takes no more work."""
-
-
-class EngineDeadError(RuntimeError):
-    """The engine loop thread died: every request in flight failed, new ones are refused."""
-
-
 _SHUTDOWN = {"type": "abort", "message": "the engine shut down"}
-
-InputIds = list[int] | list[list[int]] | None
 
 
 class Engine:
@@ -566,56 +551,6 @@ class Engine:
             slo_violations=dict(g.violations), num_sessions=g.num_sessions, num_bad_sessions=g.num_bad_sessions,
             **({} if self.loras is None else self.loras.stats()),
             by_lora=None if self._by_adapter is None else self._by_adapter.snapshot())
-
-
-def normalize_inputs(tokenizer: Tokenizer, prompt: Prompt, input_ids: InputIds) -> tuple[list[list[int]], bool]:
-    """The prompts as token id lists, and whether a list of prompts was given."""
-    if (prompt is None) == (input_ids is None):
-        raise ValueError("give exactly one of prompt (text) and input_ids")
-    if prompt is not None:
-        if isinstance(prompt, str):
-            return [tokenizer.encode(prompt)], False
-        if not prompt or not all(isinstance(p, str) for p in prompt):
-            raise ValueError("prompt must be a string or a non-empty list of strings")
-        return [tokenizer.encode(p) for p in prompt], True
-    if input_ids and _all_of_type(input_ids, int):
-        return [list(input_ids)], False
-    if input_ids and _all_of_type(input_ids, list):
-        return [list(x) for x in input_ids], True
-    raise ValueError("input_ids must be a non-empty list of ints or a list of such lists")
-
-
-def stream_inputs(tokenizer: Tokenizer, prompt: str | None, input_ids: list[int] | None,
-                  sampling_params: dict | SamplingParams | None) -> tuple[list[int], SamplingParams]:
-    """generate_stream's one prompt as token ids and its sampling parameters (n = 1)."""
-    prompts, is_batch = normalize_inputs(tokenizer, prompt, input_ids)
-    if is_batch:
-        raise ValueError("generate_stream takes one prompt, not a list")
-    sp = SamplingParams.from_dict(sampling_params)
-    if sp.n != 1:
-        raise ValueError("generate_stream supports n=1; start n streams instead")
-    return prompts[0], sp
-
-
-def check_prompt(ids: list[int], sp: SamplingParams, vocab: int, max_context_len: int, kv_capacity: int) -> None:
-    """ValueError with the reason when a prompt can never be served by an engine of that shape."""
-    if not ids:
-        raise ValueError("the prompt is empty")
-    if min(ids) < 0 or max(ids) >= vocab:  # C-level scans: no Python per prompt token
-        bad = next(t for t in ids if not 0 <= t < vocab)
-        raise ValueError(f"token id {bad} is outside the vocabulary [0, {vocab})")
-    limit = max_context_len - (1 if sp.max_new_tokens > 0 else 0)
-    if len(ids) > limit:
-        raise ValueError(f"the prompt has {len(ids)} tokens but max_model_len is {max_context_len}"
-                         f" (at most {limit} prompt tokens when generating)")
-    if len(ids) >= kv_capacity:
-        raise ValueError(f"the prompt has {len(ids)} tokens but the KV cache holds only {kv_capacity}")
-
-
-def _all_of_type(items: list, cls: type) -> bool:
-    """isinstance(x, cls) for every item, scanned at C speed (a 100K-token prompt is checked in
-    about a millisecond instead of running Python per token)."""
-    return all(issubclass(t, cls) for t in set(map(type, items)))
 
 
 class _Call:

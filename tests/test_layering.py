@@ -72,12 +72,14 @@ def test_lang_imports_runtime_only_lazily():
 
 
 SERVER_SIDE = ("radixflow.runtime.text", "radixflow.runtime.core_client", "radixflow.runtime.stream_chunks",
-               "radixflow.runtime.output_channel", "radixflow.frontend", "radixflow.lang")
+               "radixflow.runtime.output_channel", "radixflow.runtime.request_inputs", "radixflow.frontend",
+               "radixflow.lang")
 
 
 def test_engine_core_imports_nothing_of_the_server_side():
-    """runtime/core/ (what runs in the engine process) never imports text handling, the core's
-    client, stream chunks or HTTP: the core works on token ids; text is the server side's."""
+    """runtime/core/ (what runs in the engine process) never imports text handling (prompt inputs
+    included), the core's client, stream chunks or HTTP: the core works on token ids; text is the
+    server side's."""
     bad = [f"{f}: {m}" for f, m in _imported_modules(os.path.join("runtime", "core"), top_level_only=False)
            if m.startswith(SERVER_SIDE)]
     assert not bad, bad

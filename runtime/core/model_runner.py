@@ -19,7 +19,7 @@ from radixflow.runtime.core.kv_pool import KVPool, ReqToTokenPool
 from radixflow.runtime.model.model_config import ModelArgs, load_model_args
 from radixflow.runtime.model.random_weights import build_random_model
 from radixflow.runtime.core.request import Req
-from radixflow.runtime.core.scheduler import ScheduledBatch
+from radixflow.runtime.core.scheduled_batch import ScheduledBatch
 from radixflow.runtime.lora.batch import make_lora_batch
 from radixflow.runtime.lora.slots import LoraSlots
 from radixflow.runtime.model.weights import build_model, read_kv_scales

@@ -33,7 +33,7 @@ import torch
 from radixflow.runtime.core.model_runner import ModelRunner
 from radixflow.runtime.core.request import Req
 from radixflow.runtime.core.sampler import SampleRow, sample_on_device
-from radixflow.runtime.core.scheduler import ScheduledBatch
+from radixflow.runtime.core.scheduled_batch import ScheduledBatch
 
 # What a launched step's job returns: its tokens [B] int64 on the device (-1: NaN logits; 0 on
 # host rows until the engine thread samples them), the same on the host (pinned, filled

@@ -12,22 +12,21 @@ Every request it was given is, at any moment, in exactly one place:
        └──── retract / undo ┴──────────────────────────────────────────┘
     any of them ──finish──▶ done (released; the engine takes it with take_finished())
 
-so the one finish path (`_retire`) sees every request, whatever step it was in.
+so the one finish path (`_retire`) sees every request, whatever step it was in. Prefill admission
+is in admission.py and the slot accounting checks in slot_accounting.py (mixins of Scheduler).
 """
 from __future__ import annotations
 
 import logging
-import sys
-import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-import numpy as np
-
-from radixflow.radix import MatchResult, Node, RadixCache
+from radixflow.radix import Node, RadixCache
+from radixflow.runtime.core.admission import Admission
 from radixflow.runtime.core.kv_pool import KVPool, ReqToTokenPool, SlotIds
 from radixflow.runtime.core.request import Req, Status
-from radixflow.runtime.core.schedule_policy import match_key, order_waiting
+from radixflow.runtime.core.scheduled_batch import ScheduledBatch
+from radixflow.runtime.core.slot_accounting import SlotAccounting
 from radixflow.runtime.core.slot_list import SlotList, append_one_each
 from radixflow.runtime.lora.capacity import NO_ADAPTERS, AdapterAdmission
 
@@ -38,48 +37,10 @@ log = logging.getLogger(__name__)
 NEW_TOKEN_RATIO_INIT = 0.7
 NEW_TOKEN_RATIO_MIN = 0.1
 NEW_TOKEN_RATIO_DECAY = 0.001
-# The future decode reserved per request counts at most this many tokens (as SGLang's
-# CLIP_MAX_NEW_TOKENS): a huge max_new_tokens must not starve admission. Requests that really
-# generate that long are retracted if memory runs out.
-CLIP_MAX_NEW_TOKENS = 4096
 # Faulted steps a request may take part in before it fails (out-of-memory retries).
 MAX_STEP_RETRIES = 3
 # Smallest fraction of the prefill token budget that out-of-memory retries shrink it to.
 MIN_PREFILL_BUDGET_SCALE = 1 / 16
-# A waiting request whose new prefix is shared with one admitted this round waits one round
-# when the sharing exceeds this many tokens, so it hits the cache instead of recomputing.
-IN_BATCH_DEDUP_MIN_TOKENS = 32
-
-
-@dataclass
-class ScheduledBatch:
-    """What one step computes: for each request, `extend_lens[i]` new tokens after its
-    `prefix_lens[i]` cached ones. `completes[i]`: this step computes the rest of its known
-    tokens (its prefill ends here); `sample[i]`: a token is then sampled from its last position.
-    `misses[i]`: why the prefill tokens of row i were not cached, reason -> tokens (empty for a
-    decode round's rows, and no list at all for a decode step); the counts are for the engine to
-    record once the step succeeded.
-    `is_decode`: every row adds one token. `is_decode_round`: every row is a running request
-    (one new token, or several its grammar's jump-forward appended)."""
-
-    reqs: list[Req]
-    prefix_lens: list[int]
-    extend_lens: list[int]
-    completes: list[bool]
-    sample: list[bool]
-    is_decode: bool
-    misses: list[dict[str, int]] = field(default_factory=list)
-    is_decode_round: bool = False
-    new_slots: SlotIds | None = None  # a decode step's: each row's one new slot (else None)
-
-
-@dataclass(frozen=True)
-class _Blocked:
-    """Why `_admit` did not admit: `need` is the availability (free + evictable - reserved, before
-    locking its prefix) at which the request would fit; 0 when it was not memory (the step's
-    token budget), which the next step renews anyway."""
-
-    need: int
 
 
 @dataclass(frozen=True)
@@ -92,7 +53,7 @@ class SchedulerLimits:
     lpm_fcfs_threshold: int
 
 
-class Scheduler:
+class Scheduler(Admission, SlotAccounting):
     def __init__(self, limits: SchedulerLimits, kv_pool: KVPool, req_pool: ReqToTokenPool,
                  cache: RadixCache, adapters: AdapterAdmission = NO_ADAPTERS) -> None:
         self.limits = limits
@@ -241,156 +202,6 @@ class Scheduler:
         """After an out-of-memory prefill: halve the prefill token budget until the queue drains."""
         self.prefill_budget_scale = max(MIN_PREFILL_BUDGET_SCALE, self.prefill_budget_scale / 2)
 
-    # -- prefill admission -----------------------------------------------------------------
-
-    def _prefill_budget(self) -> tuple[int, int | None]:
-        """(token budget of one prefill step, chunk size or None), shrunk after an OOM."""
-        chunk = self.limits.chunked_prefill_size if self.limits.chunked_prefill_size > 0 else None
-        if self.prefill_budget_scale >= 1.0:
-            return self.limits.max_prefill_tokens, chunk
-        budget = max(1, int(self.limits.max_prefill_tokens * self.prefill_budget_scale))
-        return budget, min(chunk or budget, budget)
-
-    def _schedule_prefill(self) -> ScheduledBatch | None:
-        token_budget, chunk = self._prefill_budget()
-        batch = ScheduledBatch([], [], [], [], [], is_decode=False)
-        if self.chunked is not None:
-            req = self.chunked
-            n = min(req.seq_len - req.kv_len, token_budget, chunk or token_budget)
-            if not self._grow(req, n, batch, {"chunk": n}):
-                return None
-            token_budget -= n
-            if req.kv_len < req.seq_len:
-                return batch  # still chunking: nothing else joins
-        if not self.waiting or self._admits_nothing():
-            # Skip ordering the queue (a prefix match per waiting request), which would
-            # otherwise run on every decode step of a full or memory-blocked batch.
-            return batch if batch.reqs else None
-        self._blocked_until = None
-        self._admit_waiting(batch, token_budget, chunk, self._reserved_decode())
-        return batch if batch.reqs else None
-
-    def _admits_nothing(self) -> bool:
-        """Whether admission would take no waiting request now, known without ordering the
-        queue: the batch is full, or the queue is memory-blocked and availability has not reached
-        what its head needs."""
-        if self.num_running >= self.limits.max_num_seqs:
-            return True
-        return self._blocked_until is not None and self._available(self._reserved_decode()) < self._blocked_until
-
-    def _admit_waiting(self, batch: ScheduledBatch, token_budget: int, chunk: int | None, reserved: int) -> None:
-        """Admit waiting requests into `batch` in policy order, each with the one prefix match
-        the ordering took, until one does not fit (remembered when memory is why)."""
-        dedup = RadixCache()
-        admitted = []
-        for req, match in order_waiting(self.waiting, self.limits.policy, self.cache,
-                                        self.limits.lpm_fcfs_threshold):
-            if self.num_running >= self.limits.max_num_seqs or token_budget <= 0:
-                break
-            if not self.adapters.can_admit(req):
-                continue  # its adapter would exceed the batch's adapter cap: it waits
-            key = match_key(req)
-            if match is None or match.node.is_evicted:  # fcfs, or evicted for an earlier admission
-                match = self.cache.match_prefix(key, req.namespace)
-            if self.limits.policy != "fcfs" and admitted:
-                shared = dedup.match_prefix(key, req.namespace).length
-                if shared - match.length > IN_BATCH_DEDUP_MIN_TOKENS:
-                    continue
-            n = self._admit(req, key, match, token_budget, chunk, reserved, batch)
-            if isinstance(n, _Blocked):
-                if n.need > 0 and not admitted:
-                    self._blocked_until = n.need
-                break
-            admitted.append(req)
-            dedup.insert(key, np.arange(len(key), dtype=np.int32), req.namespace)
-            reserved += self._future_decode(req)
-            token_budget -= n
-            if req.kv_len < req.seq_len:
-                break  # chunked: it is the last of this batch
-        for req in admitted:
-            self.waiting.remove(req)
-
-    def _admit(self, req: Req, key: tuple[int, ...], match: MatchResult, token_budget: int, chunk: int | None,
-               reserved: int, batch: ScheduledBatch) -> int | _Blocked:
-        """Give `req` a table row, its cached prefix `match` (locked) and slots for its first
-        part, and add it to `batch`; returns how many tokens it extends, or why it does not fit.
-        Costs O(new tokens) in Python whatever the prefix: the prefix's slot ids are one array.
-
-        The fit is judged after locking the prefix, whose slots then stop being evictable:
-        the whole uncached part plus the request's future decode must fit in what stays free
-        or evictable once running requests' reserved decode is set aside.
-        """
-        if self.req_pool.num_free_rows == 0:
-            return _Blocked(sys.maxsize)  # until a row is freed (a release resets the block)
-        extend = req.seq_len - match.length
-        n = extend
-        if n > token_budget:
-            if chunk is None and batch.reqs:
-                return _Blocked(0)
-            n = min(token_budget, chunk) if chunk is not None else n
-        elif chunk is not None and n > chunk:
-            n = chunk
-        moved = self.cache.inc_lock_ref(match.node)
-        need = extend + self._future_decode(req)
-        if (self.holding() or batch.reqs) and need > self._available(reserved):
-            self.cache.dec_lock_ref(match.node)
-            return _Blocked(need + moved)
-        req.row, req.last_node = self.req_pool.alloc_row(), match.node
-        req.slots, req.tree_len = SlotList(match.slots), match.length
-        self.req_pool.write([req.row], [0], [match.slots])
-        runs, diverged_at = self.cache.explain_miss(key, req.namespace, match)
-        if not self._grow(req, n, batch, _first_chunk(runs, req.seq_len - len(key), n)):
-            self.cache.dec_lock_ref(match.node)
-            self.req_pool.free_row(req.row)
-            req.row, req.last_node, req.slots, req.tree_len = None, None, SlotList(), 0
-            return _Blocked(self._available(reserved) + 1)
-        if not req.prefix_counted:
-            self.cache.record_query(len(key), match.length, match.node)
-            req.prefix_counted, req.divergent_at = True, diverged_at
-        if req.num_retractions == 0 and not req.output_ids:
-            req.cached_len = match.length
-        req.status = Status.RUNNING
-        if req.times.scheduled is None:
-            req.times.scheduled = time.monotonic()
-        self.prefilling.append(req)
-        self.adapters.acquire(req)
-        return n
-
-    def _grow(self, req: Req, n: int, batch: ScheduledBatch, misses: dict[str, int]) -> bool:
-        """Allocate `n` slots after req's KV, write them to its row and add it to `batch`
-        (a prefill row: `misses` says why its tokens were not cached)."""
-        slots = self._alloc(n)
-        if slots is None:
-            return False
-        start = req.kv_len
-        self.req_pool.write([req.row], [start], [slots])
-        req.slots.extend(slots)
-        batch.reqs.append(req)
-        batch.prefix_lens.append(start)
-        batch.extend_lens.append(n)
-        completes = start + n == req.seq_len
-        batch.completes.append(completes)
-        batch.sample.append(completes and req.wants_sample)
-        batch.misses.append(misses)
-        return True
-
-    def _alloc(self, n: int) -> SlotIds | None:
-        if n > self.kv.num_free:
-            self.cache.evict(n - self.kv.num_free, self.kv.free)
-        return self.kv.alloc(n)
-
-    def _future_decode(self, req: Req) -> int:
-        remaining = max(req.sampling.max_new_tokens - len(req.output_ids), 0)
-        remaining = min(remaining, self.limits.max_context_len - req.seq_len, CLIP_MAX_NEW_TOKENS)
-        return int(remaining * self.new_token_ratio)
-
-    def _reserved_decode(self) -> int:
-        return sum(self._future_decode(r) for r in self.holding())
-
-    def _available(self, reserved: int) -> int:
-        """Slots admission may hand out: free or evictable, minus running requests' future decode."""
-        return self.kv.num_free + self.cache.evictable_size() - reserved
-
     # -- decode ----------------------------------------------------------------------------
 
     def _schedule_decode(self) -> ScheduledBatch | None:
@@ -518,47 +329,6 @@ class Scheduler:
         if req in self.prefilling:
             self.prefilling.remove(req)
         req.row, req.last_node, req.slots, req.tree_len = None, None, SlotList(), 0
-
-    # -- accounting ----------------------------------------------------------------------------
-
-    def owned_by_running(self) -> int:
-        return sum(len(r.slots) - r.tree_len for r in self.holding())
-
-    def check_accounting(self) -> None:
-        """free + evictable + locked-in-tree + owned-by-running == usable slots."""
-        total = (self.kv.num_free + self.cache.evictable_size() + self.cache.protected_size()
-                 + self.owned_by_running())
-        if total != self.kv.capacity:
-            raise AssertionError(
-                f"KV accounting broken: free {self.kv.num_free} + evictable {self.cache.evictable_size()}"
-                f" + locked {self.cache.protected_size()} + running {self.owned_by_running()}"
-                f" = {total} != {self.kv.capacity}")
-
-    def check_slots(self) -> None:
-        """Stronger than check_accounting (O(pool)): every usable slot is in exactly one place,
-        free, in the tree, or owned by one holding request; requests hold rows of their own."""
-        places = [self.kv.free_slots(), self.cache.all_slots()] + [r.owned_slots().tolist() for r in self.holding()]
-        flat = [slot for place in places for slot in place]
-        if len(flat) != len(set(flat)) or set(flat) != set(range(1, self.kv.capacity + 1)):
-            raise AssertionError(f"KV slots misplaced: {len(flat)} placed, {len(set(flat))} distinct, "
-                                 f"{self.kv.capacity} usable")
-        rows = [r.row for r in self.holding()]
-        if None in rows or len(rows) != len(set(rows)) or len(rows) + self.req_pool.num_free_rows != self.req_pool.num_rows:
-            raise AssertionError(f"slot-table rows misplaced: holding {rows}, {self.req_pool.num_free_rows} free")
-        if any(r.row is not None or len(r.slots) for r in self.waiting):
-            raise AssertionError("a waiting request still holds a row or slots")
-
-
-def _first_chunk(runs: list[tuple[str, int]], logits_tail: int, n: int) -> dict[str, int]:
-    """Reasons of the first `n` tokens of an admission: the tree's runs, then the prompt tail
-    kept out of the match for its logits (`logits`). Later chunks count as `chunk`."""
-    out: dict[str, int] = {}
-    for reason, count in (*runs, ("logits", logits_tail)):
-        take = min(count, n)
-        if take > 0:
-            out[reason] = out.get(reason, 0) + take
-            n -= take
-    return out
 
 
 _NO_FIT = {"type": "abort", "message": "the KV cache is too small for this request to continue"}

@@ -23,7 +23,8 @@ from radixflow.runtime.core.overlap_steps import OverlappedSteps
 from radixflow.runtime.core.publish import publish
 from radixflow.runtime.core.request import Req
 from radixflow.runtime.core.sampler import RowState, SampleRow, sample, score_tokens
-from radixflow.runtime.core.scheduler import MAX_STEP_RETRIES, ScheduledBatch, Scheduler
+from radixflow.runtime.core.scheduled_batch import ScheduledBatch
+from radixflow.runtime.core.scheduler import MAX_STEP_RETRIES, Scheduler
 from radixflow.runtime.lora.request_counts import AdapterRequestCounts
 
 log = logging.getLogger(__name__)

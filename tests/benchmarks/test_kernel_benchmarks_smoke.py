@@ -40,8 +40,11 @@ def test_kernels_smoke(tmp_path):
 def test_engine_decode_smoke(tmp_path):
     bench = _load("engine_decode")
     assert bench.main(["--smoke", "--out", str(tmp_path)]) == 0
-    rows = json.loads((tmp_path / "engine_decode.json").read_text())["rows"]
-    assert [r["batch"] for r in rows] == [1, 1, 3]  # graphs off first, then on (both eager on CPU)
+    result = json.loads((tmp_path / "engine_decode.json").read_text())
+    rows = result["rows"]
+    # graphs off first, then on (both eager on CPU), then overlap on
+    assert [(r["batch"], r["overlap"]) for r in rows] == [(1, False), (1, False), (3, False), (3, True)]
+    assert list(result["meta"]["overlap_speedup"]) == ["3"] and result["meta"]["overlap_speedup"]["3"] > 0
     for r in rows:
         assert r["decode_tokens"] == r["batch"] * (r["decode_len"] - 1)  # every token after the first
         assert r["decode_tok_per_s"] > 0 and r["preemptions"] == 0

@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from radixflow.frontend.server import create_app
-from radixflow.runtime.engine import QueueFullError
+from radixflow.runtime.errors import QueueFullError
 
 from .conftest import API_KEY, MODEL_NAME, LiveServer
 

@@ -13,7 +13,7 @@ import pytest
 
 from radixflow.frontend.server import create_app
 from radixflow.runtime import EngineClient
-from radixflow.runtime.engine import EngineDeadError
+from radixflow.runtime.errors import EngineDeadError
 from radixflow.runtime.model.demo import demo_model
 
 LONG = {"max_new_tokens": 1900, "ignore_eos": True}  # the tiny model: a 2,048-token context
@@ -91,7 +91,7 @@ def test_client_refusals_and_core_start_errors(tmp_path):
                 await engine.generate_stream(input_ids=[5], sampling_params=LONG, rid="same").__anext__()
             with pytest.raises(ValueError, match="regex"):
                 await engine.generate_stream(input_ids=[5], sampling_params={"regex": "(["}).__anext__()
-            from radixflow.runtime.engine import QueueFullError
+            from radixflow.runtime.errors import QueueFullError
             b = engine.generate_stream(input_ids=[6], sampling_params=LONG)
             queued = asyncio.ensure_future(b.__anext__())  # waits behind "same": the queue is full
             await asyncio.sleep(0)  # b's submit goes out first

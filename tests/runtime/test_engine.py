@@ -321,7 +321,7 @@ def test_prompt_larger_than_pool_rejected():
 def test_queue_limit_rejects_with_a_reason_and_serves_on():
     import threading
 
-    from radixflow.runtime.engine import QueueFullError
+    from radixflow.runtime.errors import QueueFullError
 
     with Engine(demo_model("tiny"), dtype="float32", kv_cache_tokens=4096, max_num_seqs=1, max_queued_requests=1) as e:
         gate = threading.Event()

@@ -13,7 +13,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from radixflow.runtime import Engine
 from radixflow.runtime.model.demo import demo_model
-from radixflow.runtime.engine import EngineClosedError
+from radixflow.runtime.errors import EngineClosedError
 from radixflow.runtime.core.faults import Fault, FaultInjector
 from radixflow.runtime.core.request import LogprobOptions
 from radixflow.runtime.sampling_params import SamplingParams

@@ -400,7 +400,7 @@ def test_dead_loop_fails_waiters_and_refuses_new_requests():
         assert not t.is_alive()
         assert reason(box["r"]) == "error"
         assert not e.is_healthy
-        from radixflow.runtime.engine import EngineDeadError
+        from radixflow.runtime.errors import EngineDeadError
         with pytest.raises(EngineDeadError):
             e.generate(input_ids=ids(4, 1), sampling_params={"max_new_tokens": 1})
         with pytest.raises(EngineDeadError):
@@ -410,7 +410,7 @@ def test_dead_loop_fails_waiters_and_refuses_new_requests():
 
 
 def test_shutdown_wakes_every_waiter_and_later_calls_raise():
-    from radixflow.runtime.engine import EngineClosedError
+    from radixflow.runtime.errors import EngineClosedError
 
     e = tiny()
     results: list = []
