@@ -331,44 +331,7 @@ def _last_event_tokens(data: bytes) -> int:
     return len(json.loads(data[start + 6: data.index(b"\n", start)])["output_ids"])
 
 
-async def _stream_all_epoll(url: str, ps: list[list[int]], params: dict) -> int:
-    """As _stream_all_raw with the least client CPU: non-blocking sockets on one epoll, no
-    event loop or stream objects (about a third of the raw client's CPU; the client shares the
-    server's two cores, so what it spends, the server does not get)."""
-    import select
-
-    host, port = url.removeprefix("http://").split(":")
-    poll = select.epoll()
-    conns: dict[int, list] = {}  # fd -> [socket, bytes left to send, bytes received]
-    for p in ps:
-        sock = socket.socket()
-        sock.setblocking(False)
-        sock.connect_ex((host, int(port)))
-        conns[sock.fileno()] = [sock, _request_bytes(host, p, params), []]
-        poll.register(sock.fileno(), select.EPOLLOUT)
-    tokens, left = 0, len(conns)
-    while left:
-        for fd, _ in poll.poll():
-            conn = conns[fd]
-            sock = conn[0]
-            if conn[1]:
-                conn[1] = conn[1][sock.send(conn[1]):]
-                if not conn[1]:
-                    poll.modify(fd, select.EPOLLIN)
-                continue
-            data = sock.recv(1 << 16)
-            if data:
-                conn[2].append(data)
-                continue
-            poll.unregister(fd)
-            sock.close()
-            left -= 1
-            tokens += _last_event_tokens(b"".join(conn[2]))
-    poll.close()
-    return tokens
-
-
-CLIENTS = {"httpx": _stream_all, "raw": _stream_all_raw, "epoll": _stream_all_epoll}
+CLIENTS = {"httpx": _stream_all, "raw": _stream_all_raw}
 
 
 SERVE = "import sys; from radixflow.frontend.cli import main; sys.exit(main())"
