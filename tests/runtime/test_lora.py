@@ -270,3 +270,19 @@ def test_host_lru_reread_of_changed_file_drops_the_old_namespace(model, adapters
         assert old not in eng.loras.capacity.slots.holder
         eng.load_lora_adapter("old", adapters[1])  # the old content again: the old namespace
         assert eng.generate(prompt, GREEDY, lora="old")["meta_info"]["cached_tokens"] == 0
+
+
+def test_overlap_scheduling_keeps_adapter_outputs(model, adapters):
+    """Overlapped decode steps carry each row's adapter: a mixed batch of five adapters and the
+    base model gives what it gives with overlap off."""
+    names = [f"a{i}" for i in range(len(adapters))]
+    jobs = [(PROMPTS[i], names[i]) for i in range(5)] + [(PROMPTS[5], None)]
+    sp = {**GREEDY, "max_new_tokens": 16, "ignore_eos": True}
+    outs = {}
+    for overlap in (False, True):
+        with Engine(model, dtype="float32", max_loras=5, enable_overlap=overlap, check_invariants=True,
+                    lora_modules=[f"{n}={p}" for n, p in zip(names, adapters)]) as eng:
+            outs[overlap] = [r["output_ids"] for r in concurrent(eng, jobs, sp)]
+            assert (eng._step.num_overlapped_steps > 0) == overlap
+            assert not eng.invariant_violations
+    assert outs[True] == outs[False]
