@@ -332,6 +332,13 @@ def _last_event_tokens(data: bytes) -> int:
 
 
 CLIENTS = {"httpx": _stream_all, "raw": _stream_all_raw}
+SETTLE_S = 1.0  # idle time before each timed run: the last run's connections close, its requests end
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds process `pid` has used (/proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 SERVE = "import sys; from radixflow.frontend.cli import main; sys.exit(main())"
@@ -389,16 +396,27 @@ def bench_http(model_dir: Path, num_requests: int, decode_len: int, repeats: int
         engine.generate(input_ids=warm, sampling_params=params)
         for url in urls.values():
             asyncio.run(_stream_all(url, warm, params))
+        import httpx
+
+        info = httpx.get(f"{urls['process']}/get_server_info").json()
+        pids = {"api_server": info["api_server_pid"], "core": info["engine_core_pid"]}
+        cpu: dict[str, list[float]] = {name: [] for name in pids}  # per raw-client run of the process core
         for _ in range(repeats):
+            time.sleep(SETTLE_S)
             t0 = time.perf_counter()
             res = engine.generate(input_ids=ps, sampling_params=params)
             runs["inprocess"].append(sum(len(r["output_ids"]) for r in res) / (time.perf_counter() - t0))
             for core, url in urls.items():
                 for client_name, client in CLIENTS.items():
+                    time.sleep(SETTLE_S)
+                    before = {name: cpu_seconds(pid) for name, pid in pids.items()}
                     t0 = time.perf_counter()
                     tokens = asyncio.run(client(url, ps, params))
-                    assert tokens == len(ps) * params["max_new_tokens"], tokens
                     runs[f"http_core_{core}_{client_name}"].append(tokens / (time.perf_counter() - t0))
+                    assert tokens == len(ps) * params["max_new_tokens"], tokens
+                    if (core, client_name) == ("process", "raw"):
+                        for name, pid in pids.items():
+                            cpu[name].append(cpu_seconds(pid) - before[name])
     inproc = runs["inprocess"]
     out: dict = {"num_requests": num_requests, "decode_len": decode_len, "repeats": repeats,
                  "stream_interval": stream_interval, "inprocess_tok_per_s": statistics.median(inproc),
@@ -408,6 +426,7 @@ def bench_http(model_dir: Path, num_requests: int, decode_len: int, repeats: int
         out[name] = {"tok_per_s": statistics.median(runs[name]), "runs": runs[name],
                      "ratio": statistics.median(ratios), "round_ratios": ratios}
     out["ratio"] = out["http_core_process_raw"]["ratio"]  # `radixflow serve`'s default, a light client
+    out["http_core_process_raw"]["cpu_s_per_run"] = {name: statistics.median(v) for name, v in cpu.items()}
     print(f"http: {out}", flush=True)
     return out
 

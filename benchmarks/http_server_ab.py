@@ -28,7 +28,7 @@ import httpx
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from engine_decode import TINY, write_model_dir  # noqa: E402
-from engine_overhead import GREEDY, _server, _stream_all_raw, prompts  # noqa: E402
+from engine_overhead import GREEDY, _server, _stream_all_raw, cpu_seconds, prompts  # noqa: E402
 
 # Starts `radixflow serve` with uvicorn's http and loop taken from the environment.
 LAUNCH = ("import os, sys, uvicorn\n"
@@ -39,11 +39,6 @@ LAUNCH = ("import os, sys, uvicorn\n"
           "uvicorn.Config.__init__ = config\n"
           "from radixflow.frontend.cli import main\n"
           "sys.exit(main())\n")
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def server(model_dir: Path, setup: str, num_requests: int) -> contextlib.AbstractContextManager[str]:
