@@ -12,7 +12,7 @@ from radixflow.runtime.core.publish import publish
 class OverlappedSteps:
     """The overlap half of StepRunner (runtime/core/step.py). It relies on StepRunner for the
     state (`scheduler`, `faults`, `launcher`, `_in_flight`, the step counters) and the parts
-    both kinds of step share: `_prepare_rows`, `_sample_rows`, `_append_outcome`, `_append`, `_fail`,
+    both kinds of step share: `_prepare_rows`, `_sample_rows`, `_append_outcomes`, `_append`, `_fail`,
     `_forward_failed`, `_fail_batch`, `_check_batch_faults`."""
 
     def drain(self) -> None:
@@ -150,7 +150,7 @@ class OverlappedSteps:
                 continue  # finished on the token before (its row computed past its end), or aborted
             if i in host:
                 if host[i] is not None:
-                    self._append_outcome(req, host[i])
+                    self._append_outcomes([(req, host[i])])
                 continue
             try:
                 self.faults.check("sampler", (req,), step)

@@ -229,10 +229,8 @@ class StepRunner(OverlappedSteps):
                 i for i, r in enumerate(batch.reqs) if r.finish_reason is None]
         else:
             rows, reqs = self._rows_of_prefill(batch, plans)
-        now = time.monotonic()
         step = self.num_steps - 1
-        for req, outcome in self._sample_rows(logits, self._prepare_rows(rows, reqs, step), step):
-            self._append_outcome(req, outcome, now)
+        self._append_outcomes(self._sample_rows(logits, self._prepare_rows(rows, reqs, step), step), time.monotonic())
 
     def _prepare_rows(self, rows: list[int], reqs: list[Req], step: int) -> RowsToSample:
         """Grammar plans, sampler rows and the grammar bitmask for logit `rows` of `reqs`. A
@@ -250,15 +248,16 @@ class StepRunner(OverlappedSteps):
         return list(zip(prepared.reqs, self._sample(logits, prepared.rows, prepared.reqs, prepared.sample_rows,
                                                     prepared.bitmask, step)))
 
-    def _append_outcome(self, req: Req, outcome: Sampled, now: float | None = None) -> None:
-        """Append a sampled token, or fail its request for the row's error."""
-        if isinstance(outcome, Exception):
-            self._fail(req, outcome)
-        elif req.finish_reason is None:
-            try:
-                self._append(req, *outcome, now)
-            except Exception as exc:  # its detokenizer, stop checks or grammar
-                self._fail(req, exc)
+    def _append_outcomes(self, sampled: list[tuple[Req, Sampled]], now: float | None = None) -> None:
+        """Append each sampled token, or fail its request for its row's error."""
+        for req, outcome in sampled:
+            if isinstance(outcome, Exception):
+                self._fail(req, outcome)
+            elif req.finish_reason is None:
+                try:
+                    self._append(req, *outcome, now)
+                except Exception as exc:  # its detokenizer, stop checks or grammar
+                    self._fail(req, exc)
 
     def _rows_of_prefill(self, batch: ScheduledBatch, plans: list[_LogitPlan]) -> tuple[list[int], list[Req]]:
         """The logit rows to sample and their requests; a prefill-only request whose prompt is
