@@ -123,7 +123,7 @@ class CoreServer:
         self.clients: dict[bytes, ClientSink] = {}
         self.workers = ThreadPoolExecutor(max_workers=16, thread_name_prefix="rf-core-call")
         self._compiling: dict[tuple[bytes, str], AbortRequest | None] = {}  # grammar compiling → its abort
-        self._local_pids: dict[bytes, int] = {}  # clients on this host: identity → process id
+        self._local_pids: dict[bytes, tuple[int, bytes | None]] = {}  # clients on this host: identity → process
         self._host = socket.gethostname()
         self._lock = threading.Lock()
         self._stop = False
@@ -183,7 +183,7 @@ class CoreServer:
         elif isinstance(message, Hello):
             self._sink(identity)
             if message.pid and message.host == self._host:
-                self._local_pids[identity] = message.pid
+                self._local_pids[identity] = (message.pid, process_start(message.pid))
             e = self.engine
             self._send([(identity, CoreInfo(vocab_size=e.runner.args.vocab_size, max_context_len=e.max_context_len,
                                             kv_capacity=e.runner.kv_pool.capacity, healthy=e.is_healthy,
@@ -229,8 +229,8 @@ class CoreServer:
         return sink
 
     def _forget_gone_clients(self) -> None:
-        for identity, pid in list(self._local_pids.items()):
-            if not process_alive(pid):
+        for identity, (pid, start) in list(self._local_pids.items()):
+            if not process_alive(pid, start):
                 self.forget(identity, f"its client (process {pid}) is gone")
 
     def forget(self, identity: bytes, why: str) -> None:
@@ -342,19 +342,35 @@ def run_core(address: str, model: str | None, config: dict[str, Any], report: An
         server.close()
 
 
-def process_alive(pid: int) -> bool:
-    """Whether process `pid` (on this host) still runs: not gone, not a zombie."""
+def _proc_stat(pid: int) -> list[bytes] | None:
+    """The fields of /proc/PID/stat after the command name (state first), or None."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def process_start(pid: int) -> bytes | None:
+    """When process `pid` started (clock ticks since boot, from procfs), or None if unknown:
+    with its pid, it names the process even after the pid is reused."""
+    fields = _proc_stat(pid)
+    return fields[19] if fields is not None and len(fields) > 19 else None
+
+
+def process_alive(pid: int, start: bytes | None = None) -> bool:
+    """Whether process `pid` (on this host) still runs: not gone, not a zombie, and (given
+    `start`, its `process_start`) not another process that was given the same pid."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:  # it exists, as another user's
         return True
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except (OSError, IndexError):
+    fields = _proc_stat(pid)
+    if fields is None:
         return True  # no procfs: existing is all that is known
+    return fields[0] != b"Z" and (start is None or process_start(pid) == start)
 
 
 def freeze_heap() -> None:

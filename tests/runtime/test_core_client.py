@@ -265,11 +265,13 @@ def test_process_alive_tells_running_gone_and_zombie_processes():
     import sys
     import time
 
-    from radixflow.runtime.core_process import process_alive
+    from radixflow.runtime.core_process import process_alive, process_start
 
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        assert process_alive(child.pid)
+        start = process_start(child.pid)
+        assert start is not None and process_alive(child.pid) and process_alive(child.pid, start)
+        assert not process_alive(child.pid, b"0")  # the pid now names a process started at another time
         child.kill()
         deadline = time.monotonic() + 5
         while process_alive(child.pid) and time.monotonic() < deadline:  # dead: a zombie until reaped
