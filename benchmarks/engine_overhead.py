@@ -376,20 +376,33 @@ def _server(model_dir: Path, core: str, num_requests: int, launch: str = SERVE, 
         proc.wait(timeout=60)
 
 
+async def _stream_inprocess(engine, ps: list[list[int]], params: dict) -> int:
+    """The HTTP workload's streams consumed in-process: one async consumer per request."""
+    async def one(p) -> int:
+        last: dict = {}
+        async for last in engine.generate_stream(input_ids=p, sampling_params=params):
+            pass
+        return len(last["output_ids"])
+
+    return sum(await asyncio.gather(*(one(p) for p in ps)))
+
+
 def bench_http(model_dir: Path, num_requests: int, decode_len: int, repeats: int, stream_interval: int = 1) -> dict:
     """The server with its engine core in its own process (the default) and on a thread of the
-    server's process, each over in-process `Engine.generate` on the same workload. Both servers
-    and the in-process engine are up at once and every round runs each of them in turn, so a
-    round's figures share the machine's state (its speed drifts by up to 2x over minutes); the
-    ratios are medians of the rounds' ratios."""
+    server's process, each over in-process `Engine.generate` on the same requests (`ratio`: the
+    strict comparison, no streaming in-process), and the core-process server with the raw client
+    over the same streams consumed in-process (`Engine.generate_stream` from one asyncio loop:
+    `ratio_vs_inprocess_stream`). Both servers and the in-process engine are up at once and
+    every round runs each of them in turn, so a round's figures share the machine's state (its
+    speed drifts by up to 2x over minutes); the ratios are medians of the rounds' ratios."""
     rng = random.Random(3)
     params = {**GREEDY, "max_new_tokens": decode_len}
     if stream_interval != 1:
-        params["stream_interval"] = stream_interval  # over HTTP only: in-process generate does not stream
+        params["stream_interval"] = stream_interval  # the streams, over HTTP and in-process (generate ignores it)
     warm = prompts(rng, 8, 16)
     ps = prompts(rng, num_requests, 16)
     names = [f"http_core_{core}_{client}" for core in ("process", "thread") for client in CLIENTS]
-    runs: dict[str, list[float]] = {name: [] for name in ["inprocess", *names]}
+    runs: dict[str, list[float]] = {name: [] for name in ["inprocess", "inprocess_stream", *names]}
     with contextlib.ExitStack() as stack:
         urls = {core: stack.enter_context(_server(model_dir, core, num_requests)) for core in ("process", "thread")}
         engine = stack.enter_context(make_engine(model_dir, max_num_seqs=num_requests, kv_cache_tokens=65536))
@@ -406,6 +419,10 @@ def bench_http(model_dir: Path, num_requests: int, decode_len: int, repeats: int
             t0 = time.perf_counter()
             res = engine.generate(input_ids=ps, sampling_params=params)
             runs["inprocess"].append(sum(len(r["output_ids"]) for r in res) / (time.perf_counter() - t0))
+            time.sleep(SETTLE_S)
+            t0 = time.perf_counter()
+            tokens = asyncio.run(_stream_inprocess(engine, ps, params))
+            runs["inprocess_stream"].append(tokens / (time.perf_counter() - t0))
             for core, url in urls.items():
                 for client_name, client in CLIENTS.items():
                     time.sleep(SETTLE_S)
@@ -426,6 +443,10 @@ def bench_http(model_dir: Path, num_requests: int, decode_len: int, repeats: int
         out[name] = {"tok_per_s": statistics.median(runs[name]), "runs": runs[name],
                      "ratio": statistics.median(ratios), "round_ratios": ratios}
     out["ratio"] = out["http_core_process_raw"]["ratio"]  # `radixflow serve`'s default, a light client
+    out["inprocess_stream_tok_per_s"] = statistics.median(runs["inprocess_stream"])
+    out["inprocess_stream_runs"] = runs["inprocess_stream"]
+    out["ratio_vs_inprocess_stream"] = statistics.median(
+        [h / i for h, i in zip(runs["http_core_process_raw"], runs["inprocess_stream"])])
     out["http_core_process_raw"]["cpu_s_per_run"] = {name: statistics.median(v) for name, v in cpu.items()}
     print(f"http: {out}", flush=True)
     return out
