@@ -23,12 +23,14 @@ tokenizer, `load_format="dummy"`, 131072 positions so a 100K-token prefix fits).
    memory (a 4,096-token pool), over the same without them (fake runner), from the moment the
    queue is in place.
 4. `http`: 256 concurrent streaming native /generate requests to `radixflow serve` in a child
-   process, tokens/s, over the same workload through `Engine.generate` in-process (real tiny
-   forward, one torch thread in both): with the engine core in its own process (`ratio`, the
-   default) and on a thread of the server's process (`--engine-core thread`); each with the
-   httpx client and with a raw-socket client that parses only each response's last event (the
-   client runs on the same two cores: httpx alone takes ~4x the server's CPU). Rounds run the
-   in-process engine and every server in turn; ratios are medians of per-round ratios.
+   process (benchmarks/http_load.py), tokens/s, over the same workload through `Engine.generate`
+   in-process (real tiny forward, one torch thread in both): with the engine core in its own
+   process (`ratio`, the default) and on a thread of the server's process (`--engine-core
+   thread`); each with the httpx client and with a raw-socket client that parses only each
+   response's last event (the client runs on the same two cores: httpx alone takes ~4x the
+   server's CPU); and the default server over the same streams consumed in-process
+   (`ratio_vs_inprocess_stream`). Rounds run the in-process engine and every server in turn;
+   ratios are medians of per-round ratios.
 
 `--gpu`: the same on CUDA with a Llama-3-8B-shaped model (random bf16 weights, 131072 positions)
 in place of the tiny one; the fake runner's figures measure the same engine work, now beside a
@@ -43,7 +45,6 @@ import json
 import os
 import platform
 import random
-import socket
 import statistics
 import subprocess
 import sys
@@ -56,6 +57,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from engine_decode import LLAMA3_8B, TINY, write_model_dir  # noqa: E402
+from http_load import cpu_seconds, server, stream_all_httpx, stream_all_raw  # noqa: E402
 
 PROMPT_VOCAB = 3000
 FAKE_TOKEN = 100
@@ -280,100 +282,8 @@ def _median_run(runs: list[dict]) -> dict:
     return sorted(runs, key=lambda r: r["ms_per_step"])[len(runs) // 2]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-async def _stream_all(url: str, ps: list[list[int]], params: dict) -> int:
-    import httpx
-
-    async def one(client, p) -> int:
-        body = {"input_ids": p, "sampling_params": params, "stream": True}
-        last = None
-        async with client.stream("POST", f"{url}/generate", json=body) as resp:
-            resp.raise_for_status()
-            async for line in resp.aiter_lines():
-                if line.startswith("data: ") and line != "data: [DONE]":
-                    last = line
-        return len(json.loads(last[6:])["output_ids"])
-
-    limits = httpx.Limits(max_connections=len(ps) + 8, max_keepalive_connections=len(ps) + 8)
-    async with httpx.AsyncClient(timeout=600, limits=limits) as client:
-        return sum(await asyncio.gather(*(one(client, p) for p in ps)))
-
-
-async def _stream_all_raw(url: str, ps: list[list[int]], params: dict) -> int:
-    """As _stream_all with a load generator's client: one raw HTTP/1.1 connection per request,
-    the whole SSE response read as bytes, only its last event parsed. The httpx client spends
-    about four times the server's CPU parsing 256 streams, on the same two cores."""
-    host, port = url.removeprefix("http://").split(":")
-
-    async def one(p) -> int:
-        reader, writer = await asyncio.open_connection(host, int(port))
-        writer.write(_request_bytes(host, p, params))
-        data = await reader.read(-1)
-        writer.close()
-        return _last_event_tokens(data)
-
-    return sum(await asyncio.gather(*(one(p) for p in ps)))
-
-
-def _request_bytes(host: str, p: list[int], params: dict) -> bytes:
-    body = json.dumps({"input_ids": p, "sampling_params": params, "stream": True}).encode()
-    return (b"POST /generate HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
-            b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (host.encode(), len(body), body))
-
-
-def _last_event_tokens(data: bytes) -> int:
-    start = data.rindex(b"data: {")
-    return len(json.loads(data[start + 6: data.index(b"\n", start)])["output_ids"])
-
-
-CLIENTS = {"httpx": _stream_all, "raw": _stream_all_raw}
+CLIENTS = {"httpx": stream_all_httpx, "raw": stream_all_raw}
 SETTLE_S = 1.0  # idle time before each timed run: the last run's connections close, its requests end
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds process `pid` has used (/proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-SERVE = "import sys; from radixflow.frontend.cli import main; sys.exit(main())"
-
-
-@contextlib.contextmanager
-def _server(model_dir: Path, core: str, num_requests: int, launch: str = SERVE, env: dict | None = None):
-    """`radixflow serve --engine-core core` in a child process (one torch thread, as in-process),
-    started by the Python code `launch` with `env` added to the environment; yields its URL once
-    healthy."""
-    import httpx
-
-    port = _free_port()
-    cmd = [sys.executable, "-c", launch,
-           "serve", "--model", str(model_dir), "--load-format", "dummy", "--device", PLACEMENT["device"],
-           "--dtype", PLACEMENT["dtype"],
-           "--port", str(port), "--log-level", "warning", "--max-num-seqs", str(num_requests),
-           "--kv-cache-tokens", "65536", "--engine-core", core]
-    proc = subprocess.Popen(cmd, env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 180
-        while True:
-            try:
-                if httpx.get(f"{url}/health", timeout=5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline or proc.poll() is not None:
-                raise RuntimeError("the server did not come up")
-            time.sleep(0.5)
-        yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=60)
 
 
 async def _stream_inprocess(engine, ps: list[list[int]], params: dict) -> int:
@@ -404,11 +314,12 @@ def bench_http(model_dir: Path, num_requests: int, decode_len: int, repeats: int
     names = [f"http_core_{core}_{client}" for core in ("process", "thread") for client in CLIENTS]
     runs: dict[str, list[float]] = {name: [] for name in ["inprocess", "inprocess_stream", *names]}
     with contextlib.ExitStack() as stack:
-        urls = {core: stack.enter_context(_server(model_dir, core, num_requests)) for core in ("process", "thread")}
+        urls = {core: stack.enter_context(server(model_dir, core, num_requests, **PLACEMENT))
+                for core in ("process", "thread")}
         engine = stack.enter_context(make_engine(model_dir, max_num_seqs=num_requests, kv_cache_tokens=65536))
         engine.generate(input_ids=warm, sampling_params=params)
         for url in urls.values():
-            asyncio.run(_stream_all(url, warm, params))
+            asyncio.run(stream_all_httpx(url, warm, params))
         import httpx
 
         info = httpx.get(f"{urls['process']}/get_server_info").json()

@@ -28,7 +28,8 @@ import httpx
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from engine_decode import TINY, write_model_dir  # noqa: E402
-from engine_overhead import GREEDY, _server, _stream_all_raw, cpu_seconds, prompts  # noqa: E402
+from engine_overhead import GREEDY, prompts  # noqa: E402
+from http_load import cpu_seconds, server as serve, stream_all_raw  # noqa: E402
 
 # Starts `radixflow serve` with uvicorn's http and loop taken from the environment.
 LAUNCH = ("import os, sys, uvicorn\n"
@@ -43,8 +44,8 @@ LAUNCH = ("import os, sys, uvicorn\n"
 
 def server(model_dir: Path, setup: str, num_requests: int) -> contextlib.AbstractContextManager[str]:
     http, loop, *path = setup.split("+")
-    return _server(model_dir, "process", num_requests, LAUNCH,
-                   {"AB_HTTP": http, "AB_LOOP": loop, "PYTHONPATH": "+".join(path)})
+    return serve(model_dir, "process", num_requests, launch=LAUNCH,
+                 env={"AB_HTTP": http, "AB_LOOP": loop, "PYTHONPATH": "+".join(path)})
 
 
 def main() -> int:
@@ -65,14 +66,14 @@ def main() -> int:
             for setup, url in urls.items():
                 info = httpx.get(f"{url}/get_server_info").json()
                 pids[setup] = (info["api_server_pid"], info["engine_core_pid"])
-                asyncio.run(_stream_all_raw(url, prompts(rng, 8, 16), params))  # warm-up
+                asyncio.run(stream_all_raw(url, prompts(rng, 8, 16), params))  # warm-up
             runs: dict[str, dict[str, list[float]]] = {s: {"tok_s": [], "api_cpu_s": [], "core_cpu_s": []}
                                                       for s in urls}
             for _ in range(ns.rounds):
                 for setup, url in urls.items():
                     api, core = pids[setup]
                     a0, c0, t0 = cpu_seconds(api), cpu_seconds(core), time.perf_counter()
-                    tokens = asyncio.run(_stream_all_raw(url, ps, params))
+                    tokens = asyncio.run(stream_all_raw(url, ps, params))
                     wall = time.perf_counter() - t0
                     assert tokens == ns.requests * ns.tokens, tokens
                     runs[setup]["tok_s"].append(tokens / wall)

@@ -38,6 +38,7 @@ from radixflow.runtime.core.messages import (
     AbortRequest, ControlCall, ControlReply, CoreInfo, Health, Hello, Rejected, RequestOutput, StepOutput,
     SubmitRequest, Timings, ToCore)
 from radixflow.runtime.core.request import LogprobOptions
+from radixflow.runtime.process_liveness import process_alive, process_start
 from radixflow.runtime.sampling_params import SamplingParams
 from radixflow.runtime.stats import RequestTiming
 
@@ -340,37 +341,6 @@ def run_core(address: str, model: str | None, config: dict[str, Any], report: An
     finally:
         engine.shutdown()
         server.close()
-
-
-def _proc_stat(pid: int) -> list[bytes] | None:
-    """The fields of /proc/PID/stat after the command name (state first), or None."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-
-
-def process_start(pid: int) -> bytes | None:
-    """When process `pid` started (clock ticks since boot, from procfs), or None if unknown:
-    with its pid, it names the process even after the pid is reused."""
-    fields = _proc_stat(pid)
-    return fields[19] if fields is not None and len(fields) > 19 else None
-
-
-def process_alive(pid: int, start: bytes | None = None) -> bool:
-    """Whether process `pid` (on this host) still runs: not gone, not a zombie, and (given
-    `start`, its `process_start`) not another process that was given the same pid."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # it exists, as another user's
-        return True
-    fields = _proc_stat(pid)
-    if fields is None:
-        return True  # no procfs: existing is all that is known
-    return fields[0] != b"Z" and (start is None or process_start(pid) == start)
 
 
 def freeze_heap() -> None:

@@ -99,6 +99,11 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
         return self.temperature == 0.0 or self.top_k == 1
 
     @property
+    def is_penalized(self) -> bool:
+        """A frequency, presence or repetition penalty applies."""
+        return bool(self.frequency_penalty or self.presence_penalty or self.repetition_penalty != 1.0)
+
+    @property
     def is_constrained(self) -> bool:
         return self.regex is not None or self.json_schema is not None or self.choices is not None
 

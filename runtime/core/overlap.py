@@ -47,8 +47,7 @@ def is_plain(req: Req, num_pending: int) -> bool:
     holding stop tokens back once its `num_pending` tokens still on the device are appended."""
     sp = req.sampling
     return (req.grammar is None and req.generator is None and not req.logprob.return_logprob
-            and not req.logprob.top_logprobs_num and sp.repetition_penalty == 1.0
-            and not sp.frequency_penalty and not sp.presence_penalty
+            and not req.logprob.top_logprobs_num and not sp.is_penalized
             and len(req.output_ids) + num_pending >= sp.min_new_tokens)
 
 

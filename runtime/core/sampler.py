@@ -47,7 +47,7 @@ class SampleRow:
 
     def __post_init__(self) -> None:
         sp = self.sampling
-        self.penalized = bool(sp.frequency_penalty or sp.presence_penalty or sp.repetition_penalty != 1.0)
+        self.penalized = sp.is_penalized
         self.plain = sp.is_greedy and not (self.penalized or self.blocked_ids or self.want_logprob)
 
 

@@ -265,7 +265,7 @@ def test_process_alive_tells_running_gone_and_zombie_processes():
     import sys
     import time
 
-    from radixflow.runtime.core_process import process_alive, process_start
+    from radixflow.runtime.process_liveness import process_alive, process_start
 
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:

@@ -1,0 +1,106 @@
+"""HTTP load for the benchmarks: `radixflow serve` in a child process, streaming /generate clients,
+and a process's CPU time (used by engine_overhead.py and http_server_ab.py)."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def stream_all_httpx(url: str, ps: list[list[int]], params: dict) -> int:
+    import httpx
+
+    async def one(client, p) -> int:
+        body = {"input_ids": p, "sampling_params": params, "stream": True}
+        last = None
+        async with client.stream("POST", f"{url}/generate", json=body) as resp:
+            resp.raise_for_status()
+            async for line in resp.aiter_lines():
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    last = line
+        return len(json.loads(last[6:])["output_ids"])
+
+    limits = httpx.Limits(max_connections=len(ps) + 8, max_keepalive_connections=len(ps) + 8)
+    async with httpx.AsyncClient(timeout=600, limits=limits) as client:
+        return sum(await asyncio.gather(*(one(client, p) for p in ps)))
+
+
+async def stream_all_raw(url: str, ps: list[list[int]], params: dict) -> int:
+    """As stream_all_httpx with a load generator's client: one raw HTTP/1.1 connection per request,
+    the whole SSE response read as bytes, only its last event parsed. The httpx client spends
+    about four times the server's CPU parsing 256 streams, on the same two cores."""
+    host, port = url.removeprefix("http://").split(":")
+
+    async def one(p) -> int:
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(request_bytes(host, p, params))
+        data = await reader.read(-1)
+        writer.close()
+        return last_event_tokens(data)
+
+    return sum(await asyncio.gather(*(one(p) for p in ps)))
+
+
+def request_bytes(host: str, p: list[int], params: dict) -> bytes:
+    body = json.dumps({"input_ids": p, "sampling_params": params, "stream": True}).encode()
+    return (b"POST /generate HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (host.encode(), len(body), body))
+
+
+def last_event_tokens(data: bytes) -> int:
+    start = data.rindex(b"data: {")
+    return len(json.loads(data[start + 6: data.index(b"\n", start)])["output_ids"])
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds process `pid` has used (/proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+SERVE = "import sys; from radixflow.frontend.cli import main; sys.exit(main())"
+
+
+@contextlib.contextmanager
+def server(model_dir: Path, core: str, num_requests: int, device: str = "cpu", dtype: str = "float32",
+           launch: str = SERVE, env: dict | None = None):
+    """`radixflow serve --engine-core core` in a child process (one torch thread, as in-process),
+    started by the Python code `launch` with `env` added to the environment; yields its URL once
+    healthy."""
+    import httpx
+
+    port = free_port()
+    cmd = [sys.executable, "-c", launch,
+           "serve", "--model", str(model_dir), "--load-format", "dummy", "--device", device,
+           "--dtype", dtype,
+           "--port", str(port), "--log-level", "warning", "--max-num-seqs", str(num_requests),
+           "--kv-cache-tokens", "65536", "--engine-core", core]
+    proc = subprocess.Popen(cmd, env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                if httpx.get(f"{url}/health", timeout=5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline or proc.poll() is not None:
+                raise RuntimeError("the server did not come up")
+            time.sleep(0.5)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
