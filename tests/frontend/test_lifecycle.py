@@ -80,7 +80,7 @@ def test_dead_engine_loop_answers_503_and_fails_streams(live_server):
     try:
         with httpx.Client(base_url=live.url, timeout=30) as c:
             assert c.get("/health").status_code == 200
-            real = engine._step.run_one
+            real = engine.loop.step.run_one
             calls = []
 
             def run_one():
@@ -89,7 +89,7 @@ def test_dead_engine_loop_answers_503_and_fails_streams(live_server):
                     raise SystemExit("the loop thread dies")
                 return real()
 
-            engine._step.run_one = run_one
+            engine.loop.step.run_one = run_one
             body = {"text": "hello", "stream": True,
                     "sampling_params": {"max_new_tokens": 200, "ignore_eos": True}}
             with c.stream("POST", "/generate", json=body) as r:

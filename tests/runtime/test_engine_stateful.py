@@ -57,11 +57,11 @@ class EngineLifecycle(RuleBasedStateMachine):
         req = e._make_req(ids, sp, LogprobOptions(), rid, None, self._on_output)
         if self.closed:
             try:
-                e._submit(req)
+                e.loop.submit(req)
             except EngineClosedError:
                 return
             raise AssertionError("a closed engine accepted a request")
-        e._submit(req)
+        e.loop.submit(req)
         self.submitted.append(rid)
 
     @precondition(lambda self: self.submitted)
@@ -76,12 +76,12 @@ class EngineLifecycle(RuleBasedStateMachine):
         e = self.engine
 
         def progress() -> tuple[int, bool]:
-            return e._step.num_steps + e._step.num_failed_steps, e.scheduler.has_work()
+            return e.loop.step.num_steps + e.loop.step.num_failed_steps, e.scheduler.has_work()
 
-        before, busy = e._call_on_loop(progress)
+        before, busy = e.loop.call(progress)
         deadline = time.monotonic() + WAIT_S
         while busy:
-            now, busy = e._call_on_loop(progress)
+            now, busy = e.loop.call(progress)
             if now != before:
                 return
             assert time.monotonic() < deadline, "the engine has work but takes no step"

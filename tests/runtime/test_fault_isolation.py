@@ -58,7 +58,7 @@ def assert_idle_and_clean(e: Engine) -> None:
     e.check_accounting()
     assert e.stats().num_running == 0 and e.stats().num_waiting == 0
     assert e.scheduler.cache.protected_size() == 0
-    assert not e._active
+    assert not e.loop.active
     assert e.invariant_violations == []
 
 
@@ -71,7 +71,7 @@ class paused:
 
     def __enter__(self) -> None:
         entered = threading.Event()
-        self.thread = threading.Thread(target=self.e._call_on_loop,
+        self.thread = threading.Thread(target=self.e.loop.call,
                                        args=(lambda: (entered.set(), self.gate.wait(BOUND_S)),))
         self.thread.start()
         entered.wait(BOUND_S)
@@ -370,10 +370,10 @@ def test_failing_output_callback_does_not_stop_the_engine():
         sp = SamplingParams.from_dict({**GREEDY, "max_new_tokens": 4})
         req = e._make_req(ids(6, 17), sp, LogprobOptions(), "broken-consumer", None, on_output)
         req.stream = True
-        e._submit(req)
+        e.loop.submit(req)
         other = bounded(e.generate, input_ids=ids(6, 18), sampling_params={**GREEDY, "max_new_tokens": 4})
         assert reason(other) == "length"
-        e._call_on_loop(lambda: None)
+        e.loop.call(lambda: None)
         assert req.finish_reason == {"type": "length", "length": 4}
         assert e.is_healthy
         assert_idle_and_clean(e)
@@ -383,14 +383,14 @@ def test_dead_loop_fails_waiters_and_refuses_new_requests():
     e = tiny()
     try:
         started = threading.Event()
-        real = e._step.run_one
+        real = e.loop.step.run_one
 
         def run_one():
             if started.is_set():
                 raise SystemExit("the loop thread dies")
             return real()
 
-        e._step.run_one = run_one
+        e.loop.step.run_one = run_one
         box = {}
         t = threading.Thread(target=lambda: box.setdefault("r", e.generate(
             input_ids=ids(8, 13), sampling_params={**GREEDY, "max_new_tokens": 50})))
@@ -460,14 +460,14 @@ def test_invariant_mode_logs_and_counts_a_violation(caplog):
     with tiny() as e:
         sp = {**GREEDY, "max_new_tokens": 2}
         e.generate(input_ids=ids(8, 15), sampling_params=sp)
-        leaked = e._call_on_loop(lambda: e.runner.kv_pool.alloc(1))  # allocated, owned by no one
+        leaked = e.loop.call(lambda: e.runner.kv_pool.alloc(1))  # allocated, owned by no one
         with caplog.at_level(logging.ERROR, logger="radixflow.runtime.engine"):
             e.generate(input_ids=ids(8, 16), sampling_params=sp)
-            e._call_on_loop(lambda: None)  # the step's check and stats refresh have run
+            e.loop.call(lambda: None)  # the step's check and stats refresh have run
         assert e.invariant_violations and "KV accounting broken" in e.invariant_violations[0]
         assert e.stats().invariant_violations == len(e.invariant_violations)
         assert "engine invariant violated" in caplog.text
-        e._call_on_loop(lambda: e.runner.kv_pool.free(leaked))
+        e.loop.call(lambda: e.runner.kv_pool.free(leaked))
         e.check_accounting()
 
 
@@ -551,7 +551,7 @@ def run_soak(num_requests: int, seed: int, monkeypatch, overlap: bool = False) -
         assert_idle_and_clean(e)
         assert e.stats().failed_steps > 0 and e.stats().num_preemptions > 0
         if overlap:  # overlapped steps ran, regex rows among them (sampled on the engine thread)
-            assert e._step.num_overlapped_steps > 0 and e._step.num_host_rows > 0, vars(e._step)
+            assert e.loop.step.num_overlapped_steps > 0 and e.loop.step.num_host_rows > 0, vars(e.loop.step)
         # The tree holds only computed KV: cached prompts give a clean engine's greedy output.
         probes = [prompt for _, prompt, _, _ in jobs[:24]]
         cached = e.generate(input_ids=probes, sampling_params={**GREEDY, "max_new_tokens": 6})

@@ -283,6 +283,6 @@ def test_overlap_scheduling_keeps_adapter_outputs(model, adapters):
         with Engine(model, dtype="float32", max_loras=5, enable_overlap=overlap, check_invariants=True,
                     lora_modules=[f"{n}={p}" for n, p in zip(names, adapters)]) as eng:
             outs[overlap] = [r["output_ids"] for r in concurrent(eng, jobs, sp)]
-            assert (eng._step.num_overlapped_steps > 0) == overlap
+            assert (eng.loop.step.num_overlapped_steps > 0) == overlap
             assert not eng.invariant_violations
     assert outs[True] == outs[False]

@@ -65,7 +65,7 @@ def test_namespace_miss():
         req = e._make_req(prompt, SamplingParams.from_dict({**GREEDY, "max_new_tokens": 1}), LogprobOptions(),
                           "other-ns", None, lambda r, finished: done.set() if finished else None)
         req.namespace = "adapter-x"
-        e._submit(req)
+        e.loop.submit(req)
         assert done.wait(20)
         assert req.miss_tokens == {"namespace": 29, "logits": 1}
 

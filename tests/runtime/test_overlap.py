@@ -82,7 +82,7 @@ def run_mixed(enable_overlap: bool, **config) -> tuple[dict[str, tuple], dict[st
             assert not t.is_alive()
         assert_idle_and_clean(e)
         logprobs = results["logprobs"]["meta_info"]["output_token_logprobs"]
-        return {rid: _summary(r) for rid, r in results.items()}, logprobs, e._step.num_overlapped_steps
+        return {rid: _summary(r) for rid, r in results.items()}, logprobs, e.loop.step.num_overlapped_steps
 
 
 def test_greedy_outputs_are_identical_with_and_without_overlap():
@@ -144,7 +144,7 @@ def _run_host_rows(enable_overlap: bool, jump_forward: bool, **config) -> tuple[
             assert not t.is_alive()
         assert_idle_and_clean(e)
         tops = results[5]["meta_info"]["output_top_logprobs"]
-        return [_summary(r) for r in results], tops, e._step
+        return [_summary(r) for r in results], tops, e.loop.step
 
 
 @pytest.mark.parametrize("jump_forward", [True, False])
@@ -199,7 +199,7 @@ def test_requests_finishing_at_every_step_keep_accounting_exact():
         want = e.generate(input_ids=prompts, sampling_params=sps)
     with tiny(True) as e:
         got = bounded(e.generate, input_ids=prompts, sampling_params=sps)
-        assert e._step.num_overlapped_steps > 0
+        assert e.loop.step.num_overlapped_steps > 0
         assert [r["output_ids"] for r in got] == [r["output_ids"] for r in want]
         # the tree holds exactly what the requests computed: cached reruns give the same output
         again = e.generate(input_ids=prompts, sampling_params=sps)
@@ -242,7 +242,7 @@ def test_failed_overlapped_forward_undoes_both_steps_and_caches_nothing_uncomput
         e.set_fault_injector(FaultInjector([Fault("forward", after_step=4, times=1, exc=RuntimeError)]))
         failed = bounded(e.generate, input_ids=prompt, sampling_params=sp)
         assert reason(failed) == "error" and "RuntimeError" in failed["meta_info"]["finish_reason"]["message"]
-        assert e._step.num_overlapped_steps > 0
+        assert e.loop.step.num_overlapped_steps > 0
         assert_idle_and_clean(e)
         again = bounded(e.generate, input_ids=prompt, sampling_params=sp)
         assert again["output_ids"] == want
@@ -301,7 +301,7 @@ def test_abort_while_a_step_is_in_flight_leaks_nothing():
             input_ids=[ids(9, 800), ids(9, 801)], sampling_params=sp, rid=["a", "b"])))
         t.start()
         deadline = time.monotonic() + BOUND_S
-        while e._step.num_overlapped_steps < 5 and time.monotonic() < deadline:
+        while e.loop.step.num_overlapped_steps < 5 and time.monotonic() < deadline:
             time.sleep(0.005)
         e.abort("a")
         t.join(BOUND_S)
@@ -327,7 +327,7 @@ def test_per_request_fault_in_an_overlapped_step_fails_that_request_alone(point,
             t.start()
         t.join(BOUND_S)
         assert [reason(r) for r in box["r"]] == ["length", "error", "length"]
-        assert e._step.num_overlapped_steps > 0 and (e._step.num_host_rows > 0) == bool(victim)
+        assert e.loop.step.num_overlapped_steps > 0 and (e.loop.step.num_host_rows > 0) == bool(victim)
         assert_idle_and_clean(e)
 
 

@@ -1,0 +1,340 @@
+"""The engine thread: one thread owns the scheduler, the step runner and every request in flight.
+
+    callers (any thread) ── submit / call / post ──▶ inbox ──▶ engine thread: apply, step, hand out
+                                                                     │
+    waiters ◀── notify / publish (events, loops' channels) ◀─────────┘ finished: `_on_finished`
+
+Every submitted request is answered exactly once, through `_on_finished`, with a finish reason:
+`stop`, `length`, `abort` (with a message: a client abort, a request that outgrew the KV cache,
+shutdown) or `error` (with a message: a fault of its own or of its step). If the thread dies
+anyway, every waiter is failed at once and new work is refused (EngineDeadError).
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from radixflow.runtime.config import EngineConfig
+from radixflow.runtime.core.model_runner import ModelRunner
+from radixflow.runtime.core.output import finalize_text
+from radixflow.runtime.core.publish import OutputSink, publish
+from radixflow.runtime.core.request import Req
+from radixflow.runtime.core.scheduler import Scheduler
+from radixflow.runtime.core.step import StepRunner, error_reason, notify
+from radixflow.runtime.errors import EngineClosedError, EngineDeadError, QueueFullError
+from radixflow.runtime.lora.request_counts import AdapterRequestCounts
+from radixflow.runtime.lora.service import LoraService
+from radixflow.runtime.slo import SLOs, Goodput
+from radixflow.runtime.stats import EngineStats, RequestTiming
+
+log = logging.getLogger(__name__)
+
+SHUTDOWN_REASON = {"type": "abort", "message": "the engine shut down"}
+
+
+class EngineLoop:
+    """Runs the engine thread (started on construction). Callers only hand work over: `submit`
+    a request, `call` a function on the thread and wait for its value, `post` an abort or a
+    namespace to drop; `stop` ends the thread after aborting what is in flight."""
+
+    def __init__(self, config: EngineConfig, runner: ModelRunner, scheduler: Scheduler, step: StepRunner,
+                 loras: LoraService | None, by_adapter: AdapterRequestCounts | None) -> None:
+        self.config, self.runner, self.scheduler, self.step = config, runner, scheduler, step
+        self.loras, self.by_adapter = loras, by_adapter
+        self.inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
+        self.active: set[str] = set()  # rids submitted and not yet finished
+        self.lock = threading.Lock()   # guards `active` and the stopped state
+        self.finish_listeners: list[Callable[[RequestTiming], None]] = []
+        self.recent_timings: deque[RequestTiming] = deque(maxlen=10000)
+        self.invariant_violations: list[str] = []  # with check_invariants: what broke, per step
+        self.stats = EngineStats(kv_slots_total=runner.kv_pool.capacity,
+                                 by_lora=None if by_adapter is None else by_adapter.snapshot())
+        self._goodput = Goodput(SLOs.from_ms(config.slo_ttft_ms, config.slo_itl_ms, config.slo_e2e_ms))
+        self._finished_counts: dict[str, int] = {}
+        self._finished_prompt_tokens = 0
+        self._num_listener_errors = 0
+        self._closed = False
+        self._dead: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="radixflow-engine", daemon=True)
+        self._thread.start()
+
+    # -- callers' side ----------------------------------------------------------------------------
+
+    def submit(self, req: Req) -> None:
+        """Queue `req`; ValueError for a rid in flight, QueueFullError past the in-flight cap."""
+        limit = self.config.max_queued_requests + self.config.max_num_seqs
+        with self.lock:
+            self._refuse_if_stopped()
+            if req.rid in self.active:
+                raise ValueError(f"request id {req.rid!r} is already in use")
+            if len(self.active) >= limit:
+                raise QueueFullError(f"{len(self.active)} requests are in flight (max_num_seqs + "
+                                     f"max_queued_requests = {limit}); retry later")
+            self.active.add(req.rid)
+            self.inbox.put(("add", req))
+
+    def call(self, fn: Callable[[], Any]) -> Any:
+        """Run `fn` on the engine thread between steps (none in flight); its value or error."""
+        call = _Call(fn)
+        with self.lock:
+            self._refuse_if_stopped()
+            self.inbox.put(("call", call))
+        return call.result()
+
+    def post(self, kind: str, payload: Any) -> None:
+        """Queue without waiting: ("abort", (rid, reason)), ("abort_sink", (sink, reason)) or
+        ("drop", namespace)."""
+        self.inbox.put((kind, payload))
+
+    def stop(self) -> None:
+        """Abort everything in flight and end the thread. Idempotent; later calls and submits
+        raise EngineClosedError."""
+        with self.lock:
+            if self._closed:
+                return
+            self._closed = True
+            self.inbox.put(("stop", None))
+        self._thread.join(timeout=30)
+
+    @property
+    def is_healthy(self) -> bool:
+        """False once the thread died or stopped."""
+        return self._dead is None and not self._closed and self._thread.is_alive()
+
+    def _refuse_if_stopped(self) -> None:
+        """Raise when no more work is taken (call with `lock` held)."""
+        if self._dead is not None:
+            raise EngineDeadError(f"the engine loop died: {self._dead!r}")
+        if self._closed:
+            raise EngineClosedError("the engine is shut down")
+
+    # -- engine thread: requests between steps --------------------------------------------------
+
+    def finish_all(self, reason: dict) -> None:
+        """Finish every request in flight with `reason`."""
+        self.scheduler.finish_all(reason)
+        self.hand_out()
+
+    def hand_out(self) -> None:
+        """Answer the requests that finished."""
+        for req in self.scheduler.take_finished():
+            self._on_finished(req)
+
+    def drop_namespace(self, namespace: str) -> None:
+        """Free the cached KV and adapter slot of a LoRA namespace no name refers to. A no-op when
+        a name was loaded with that content again meanwhile."""
+        assert self.loras is not None
+        if self.loras.registry.is_loaded(namespace):
+            return
+        self.scheduler.cache.evict_namespace(namespace, self.runner.kv_pool.free)
+        self.loras.capacity.forget(namespace)
+
+    def check_invariants_now(self) -> None:
+        """Raise AssertionError when the KV slot accounting (and with check_invariants, the slot
+        tables and the cache) is broken."""
+        self.scheduler.check_accounting()
+        if self.config.check_invariants:
+            self.scheduler.check_slots()
+            self.scheduler.cache.check()
+
+    # -- engine thread: the loop ------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            self._serve()
+            self._close_out()
+        except BaseException as exc:  # noqa: BLE001 - the thread's last word: fail everyone, then end
+            log.critical("the engine loop died; failing every request in flight", exc_info=exc)
+            self._die(exc)
+
+    def _serve(self) -> None:
+        """Step while there is work; return when asked to stop."""
+        while True:
+            if not self._drain_inbox(block=not self.scheduler.has_work()):
+                return
+            if not self.scheduler.has_work():
+                continue
+            try:
+                stepped = self.step.run_one()
+            except Exception as exc:  # a scheduling bug: fail what is in flight, keep serving
+                log.exception("engine step failed outside its fault isolation; failing all requests")
+                self.step.discard()
+                self.scheduler.finish_all(error_reason(exc))
+                stepped = True
+            self.hand_out()
+            if self.config.check_invariants:
+                self._check_invariants()
+            self._refresh_stats()
+            if not stepped:
+                self._drain_inbox(block=True, timeout=0.005)
+
+    def _drain_inbox(self, block: bool, timeout: float | None = None) -> bool:
+        """Apply queued commands; False once asked to stop."""
+        try:
+            item = self.inbox.get(block=block, timeout=timeout)
+        except queue.Empty:
+            return True
+        while True:
+            kind, payload = item
+            if kind == "stop":
+                return False
+            if kind == "add":
+                self.scheduler.add(payload)
+            else:  # it changes or reads requests between steps: none may be in flight
+                self.step.drain()
+                self._apply(kind, payload)
+            try:
+                item = self.inbox.get_nowait()
+            except queue.Empty:
+                self._refresh_stats()
+                return True
+
+    def _apply(self, kind: str, payload: Any) -> None:
+        if kind == "abort":
+            self.scheduler.abort(payload[0], reason=payload[1])
+            self.hand_out()
+        elif kind == "abort_sink":
+            sink, reason = payload
+            self._abort_sink(sink, reason)
+        elif kind == "call":
+            payload.run()
+        elif kind == "drop":
+            self.drop_namespace(payload)
+
+    def _abort_sink(self, sink: OutputSink, reason: dict) -> None:
+        self.scheduler.finish_where(lambda r: r.sink is sink, reason)
+        self.hand_out()
+
+    def _close_out(self) -> None:
+        """After a stop: abort what the scheduler holds and whatever is still queued."""
+        self.step.drain()
+        self.step.close()
+        self.finish_all(SHUTDOWN_REASON)
+        for req in self._drain_queued(EngineClosedError("the engine is shut down")):
+            req.finish(SHUTDOWN_REASON)
+            self._on_finished(req)
+        self._refresh_stats()
+
+    def _die(self, exc: BaseException) -> None:
+        """The loop cannot go on: answer every request and call in flight with an error.
+        Engine state may be inconsistent here, so KV is not given back."""
+        with self.lock:
+            self._dead = exc
+        self.step.close(wait=False)
+        reason = {"type": "error", "message": f"the engine loop died: {exc!r}"}
+        reqs = list(self.scheduler.waiting) + self.scheduler.holding() + self.scheduler.done
+        reqs += self._drain_queued(EngineDeadError(reason["message"]))
+        for req in reqs:
+            req.finish(reason)
+            self._on_finished(req)
+
+    def _drain_queued(self, error: Exception) -> list[Req]:
+        """Empty the inbox once the loop stops serving: calls fail with `error`; returns the
+        requests that were queued but never added."""
+        queued = []
+        while True:
+            try:
+                kind, payload = self.inbox.get_nowait()
+            except queue.Empty:
+                return queued
+            if kind == "add":
+                queued.append(payload)
+            elif kind == "call":
+                payload.fail(error)
+
+    def _check_invariants(self) -> None:
+        try:
+            self.check_invariants_now()
+        except AssertionError as exc:
+            log.error("engine invariant violated after step %d: %s", self.step.num_steps, exc)
+            self.invariant_violations.append(str(exc))
+
+    # -- engine thread: the way out ---------------------------------------------------------------
+
+    def _on_finished(self, req: Req) -> None:
+        """The one way out: every request passes here exactly once."""
+        try:
+            finalize_text(req)
+        except Exception as exc:  # its detokenizer failed on the held-back tail
+            log.error("request %s: final detokenization failed", req.rid, exc_info=exc)
+            req.finish_reason = error_reason(exc)
+        with self.lock:
+            if req.rid not in self.active:
+                self.invariant_violations.append(f"request {req.rid!r} finished more than once")
+                log.error("request %s finished more than once", req.rid)
+                return
+            self.active.discard(req.rid)
+        timing = self._timing(req)
+        self.recent_timings.append(timing)
+        good, missed = self._goodput.observe(timing)
+        if self.by_adapter is not None:
+            self.by_adapter.finished(timing, good, missed)
+        for fn in self.finish_listeners:
+            try:
+                fn(timing)
+            except Exception:  # the listener's bug: log it, keep serving
+                self._num_listener_errors += 1
+                log.exception("finish listener %r failed for request %s", fn, req.rid)
+        notify(req, True)
+        publish([req])
+
+    def _timing(self, req: Req) -> RequestTiming:
+        """A finished request's timing record; counts it by finish reason."""
+        t = req.times
+        reason = (req.finish_reason or {}).get("type", "abort")
+        self._finished_counts[reason] = self._finished_counts.get(reason, 0) + 1
+        self._finished_prompt_tokens += len(req.prompt_ids)
+        return RequestTiming(req.rid, t.arrival, t.scheduled, t.first_token, t.finished or t.arrival,
+                             tuple(t.tokens), len(req.prompt_ids), len(req.output_ids), req.cached_len, reason,
+                             tuple(req.miss_tokens.items()), req.divergent_at, req.session_id,
+                             None if self.loras is None else req.lora_name or "")
+
+    def _refresh_stats(self) -> None:
+        s, pool, cache, g, step = self.scheduler, self.runner.kv_pool, self.scheduler.cache, self._goodput, self.step
+        self.stats = EngineStats(
+            num_running=s.num_running, num_waiting=s.num_waiting,
+            kv_slots_used=pool.capacity - pool.num_free - cache.evictable_size(),
+            kv_slots_total=pool.capacity, num_preemptions=s.num_preemptions,
+            prefix_hit_tokens=cache.hit_tokens, prefix_query_tokens=cache.query_tokens,
+            prefill_tokens_computed=step.prefill_tokens, prompt_tokens=self._finished_prompt_tokens,
+            generated_tokens=step.generated_tokens,
+            num_steps=step.num_steps, num_finished=sum(self._finished_counts.values()),
+            finish_counts=dict(self._finished_counts),
+            invariant_violations=len(self.invariant_violations), listener_errors=self._num_listener_errors,
+            failed_steps=step.num_failed_steps, miss_tokens=dict(step.miss_tokens),
+            evicted_tokens=cache.evicted_tokens, kv_lifetime=cache.lifetime.snapshot(),
+            reuse_gap=cache.reuse_gap.snapshot(), good_requests=g.good_requests,
+            slo_violations=dict(g.violations), num_sessions=g.num_sessions, num_bad_sessions=g.num_bad_sessions,
+            **({} if self.loras is None else self.loras.stats()),
+            by_lora=None if self.by_adapter is None else self.by_adapter.snapshot())
+
+
+class _Call:
+    """A function to run on the engine thread, and its caller waiting for the outcome."""
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self.fn = fn
+        self._done = threading.Event()
+        self._value: Any = None
+        self._error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self._value = self.fn()
+        except Exception as exc:  # handed back to the calling thread
+            self._error = exc
+        self._done.set()
+
+    def fail(self, exc: BaseException) -> None:
+        self._error = exc
+        self._done.set()
+
+    def result(self) -> Any:
+        self._done.wait()
+        if self._error is not None:
+            raise self._error
+        return self._value
