@@ -29,8 +29,10 @@ tokenizer, `load_format="dummy"`, 131072 positions so a 100K-token prefix fits).
    thread`); each with the httpx client and with a raw-socket client that parses only each
    response's last event (the client runs on the same two cores: httpx alone takes ~4x the
    server's CPU); and the default server over the same streams consumed in-process
-   (`ratio_vs_inprocess_stream`). Rounds run the in-process engine and every server in turn;
-   ratios are medians of per-round ratios.
+   (`ratio_vs_inprocess_stream`); and, as the floor of any Python ASGI front end, the same
+   streams from a bare starlette app with no engine (benchmarks/http_floor.py, every chunk at
+   once: `floor_raw`). Rounds run the in-process engine and every server in turn; ratios are
+   medians of per-round ratios.
 
 `--gpu`: the same on CUDA with a Llama-3-8B-shaped model (random bf16 weights, 131072 positions)
 in place of the tiny one; the fake runner's figures measure the same engine work, now beside a
@@ -57,6 +59,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from engine_decode import LLAMA3_8B, TINY, write_model_dir  # noqa: E402
+from http_floor import bare_server  # noqa: E402
 from http_load import cpu_seconds, server, stream_all_httpx, stream_all_raw  # noqa: E402
 
 PROMPT_VOCAB = 3000
@@ -312,10 +315,11 @@ def bench_http(model_dir: Path, num_requests: int, decode_len: int, repeats: int
     warm = prompts(rng, 8, 16)
     ps = prompts(rng, num_requests, 16)
     names = [f"http_core_{core}_{client}" for core in ("process", "thread") for client in CLIENTS]
-    runs: dict[str, list[float]] = {name: [] for name in ["inprocess", "inprocess_stream", *names]}
+    runs: dict[str, list[float]] = {name: [] for name in ["inprocess", "inprocess_stream", "floor_raw", *names]}
     with contextlib.ExitStack() as stack:
         urls = {core: stack.enter_context(server(model_dir, core, num_requests, **PLACEMENT))
                 for core in ("process", "thread")}
+        floor_url, floor_pid = stack.enter_context(bare_server(0.0))
         engine = stack.enter_context(make_engine(model_dir, max_num_seqs=num_requests, kv_cache_tokens=65536))
         engine.generate(input_ids=warm, sampling_params=params)
         for url in urls.values():
@@ -325,6 +329,7 @@ def bench_http(model_dir: Path, num_requests: int, decode_len: int, repeats: int
         info = httpx.get(f"{urls['process']}/get_server_info").json()
         pids = {"api_server": info["api_server_pid"], "core": info["engine_core_pid"]}
         cpu: dict[str, list[float]] = {name: [] for name in pids}  # per raw-client run of the process core
+        floor_cpu: list[float] = []
         for _ in range(repeats):
             time.sleep(SETTLE_S)
             t0 = time.perf_counter()
@@ -334,6 +339,11 @@ def bench_http(model_dir: Path, num_requests: int, decode_len: int, repeats: int
             t0 = time.perf_counter()
             tokens = asyncio.run(_stream_inprocess(engine, ps, params))
             runs["inprocess_stream"].append(tokens / (time.perf_counter() - t0))
+            time.sleep(SETTLE_S)
+            before_floor, t0 = cpu_seconds(floor_pid), time.perf_counter()
+            tokens = asyncio.run(stream_all_raw(floor_url, ps, params))
+            runs["floor_raw"].append(tokens / (time.perf_counter() - t0))
+            floor_cpu.append(cpu_seconds(floor_pid) - before_floor)
             for core, url in urls.items():
                 for client_name, client in CLIENTS.items():
                     time.sleep(SETTLE_S)
@@ -359,6 +369,9 @@ def bench_http(model_dir: Path, num_requests: int, decode_len: int, repeats: int
     out["ratio_vs_inprocess_stream"] = statistics.median(
         [h / i for h, i in zip(runs["http_core_process_raw"], runs["inprocess_stream"])])
     out["http_core_process_raw"]["cpu_s_per_run"] = {name: statistics.median(v) for name, v in cpu.items()}
+    out["floor_raw"] = {"tok_per_s": statistics.median(runs["floor_raw"]), "runs": runs["floor_raw"],
+                        "ratio": statistics.median([f / i for f, i in zip(runs["floor_raw"], inproc)]),
+                        "server_cpu_s_per_run": statistics.median(floor_cpu)}
     print(f"http: {out}", flush=True)
     return out
 

@@ -20,3 +20,14 @@ def test_engine_overhead_smoke(tmp_path):
     assert ttft["cached_tokens"] == ttft["prefix_len"] and ttft["fake_runner"]["cached_prefix_ms"] > 0
     blocked = doc["blocked"]
     assert blocked["blocked"]["steps"] > 0 and blocked["none"]["steps"] > 0 and blocked["ratio"] > 0
+
+
+def test_http_floor_smoke(tmp_path):
+    """The bare ASGI server streams every token the client asks for (the script asserts the count)."""
+    out = tmp_path / "floor.json"
+    subprocess.run([sys.executable, str(SCRIPT.parent / "http_floor.py"), "--requests", "4", "--decode", "3",
+                    "--repeats", "1", "--out", str(out)], check=True, timeout=300)
+    doc = json.loads(out.read_text())
+    assert [s["step_s"] for s in doc["settings"]] == [0.0, 0.005, 0.01]
+    for setting in doc["settings"]:
+        assert setting["tok_per_s"] > 0 and setting["server_cpu_s"] >= 0 and len(setting["runs"]) == 1
