@@ -6,7 +6,7 @@ engine at all.
 A bare starlette app on uvicorn (httptools, uvloop: what `radixflow serve` runs) answers each
 POST /generate with `max_new_tokens` SSE chunks of the native stream's shape (cumulative text and
 output ids, meta_info), every request's next chunk released at once every `step_s` (as engine
-steps release them; 0: as fast as the loop goes). The same raw-socket client as
+steps release them; 0: as fast as the loop goes, the streams taking turns). The same raw-socket client as
 engine_overhead.py's HTTP part reads 256 streams of 32 tokens. Reported per setting: tokens/s and
 the CPU seconds of the server process and of the client per run. Nothing of radixflow runs in
 the server: this is the cost any Python ASGI front end pays for the workload on this machine.
@@ -53,7 +53,10 @@ def serve(port: int, step_s: float) -> None:
         async def events():
             ids: list[int] = []
             for i in range(n):
-                await released["step"].wait()
+                if step_s:
+                    await released["step"].wait()
+                else:
+                    await asyncio.sleep(0)  # the other streams' chunks go out in turn
                 ids.append(100 + i)
                 meta = {"id": "req", "finish_reason": None if i < n - 1 else {"type": "length", "length": n},
                         "prompt_tokens": len(body["input_ids"]), "completion_tokens": len(ids), "cached_tokens": 0}
@@ -70,11 +73,12 @@ def serve(port: int, step_s: float) -> None:
 
     async def main() -> None:
         released["step"] = asyncio.Event()
-        clock = asyncio.get_running_loop().create_task(step_clock())
+        clock = asyncio.get_running_loop().create_task(step_clock()) if step_s else None
         config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", http="httptools",
                                 loop="uvloop")
         await uvicorn.Server(config).serve()
-        clock.cancel()
+        if clock is not None:
+            clock.cancel()
 
     uvloop.run(main())
 
