@@ -1,6 +1,7 @@
 """radixflow.kernels: Triton kernels (CUDA, or the interpreter) beside same-signature torch references.
 
-kernels/torch_attention.py adds CPU-fast torch twins of the attention ops (the engine's CPU path).
+kernels/torch_attention.py and torch_decode.py add CPU-fast torch twins of the attention ops (the engine's
+CPU path).
 """
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ from .logits_mask import apply_token_bitmask, apply_token_bitmask_ref
 from .rmsnorm import rmsnorm, rmsnorm_ref
 from .rope import rope, rope_cos_sin, rope_inv_freq, rope_ref
 from .store_kv import store_kv, store_kv_ref
-from .torch_attention import (DecodeGather, decode_attention_gathered, decode_attention_torch,
-                              extend_attention_torch, plan_decode)
+from .torch_attention import extend_attention_torch
+from .torch_decode import DecodeGather, decode_attention_gathered, decode_attention_torch, plan_decode
 
 __all__ = [
     "FP8_E4M3_MAX",

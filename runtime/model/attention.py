@@ -1,7 +1,7 @@
 """Attention over the slot pool: store the new K/V, then extend or decode attention.
 
 Which implementation runs is chosen once: the Triton kernels on CUDA, their CPU-fast torch twins
-(kernels/torch_attention.py; store_kv keeps its reference) on CPU; `attention_backend` /
+(kernels/torch_attention.py, torch_decode.py; store_kv keeps its reference) on CPU; `attention_backend` /
 RADIXFLOW_ATTENTION_BACKEND override (with TRITON_INTERPRET=1 the Triton kernels run on CPU too, slowly).
 """
 from __future__ import annotations

@@ -4,10 +4,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from radixflow.kernels import torch_attention
+from radixflow.kernels import torch_attention, torch_decode
 from radixflow.kernels.decode_attention import decode_attention_ref
 from radixflow.kernels.extend_attention import extend_attention_ref
-from radixflow.kernels.torch_attention import decode_attention_torch, extend_attention_torch
+from radixflow.kernels.torch_attention import extend_attention_torch
+from radixflow.kernels.torch_decode import decode_attention_torch
 
 # Both sides do fp32 math, summing in another order (chunked, scales folded); fp16 outputs
 # can then round one fp16 ulp apart (~1e-3 near 1).
@@ -128,7 +129,7 @@ def test_validation_errors(kv_layout):
 @pytest.mark.parametrize("seq_lens, num_heads, num_kv_heads, head_dim, dtype, fp8", DECODE_CASES[1:4] + DECODE_CASES[7:])
 def test_decode_in_request_chunks_matches_ref(kv_layout, device, monkeypatch, seq_lens, num_heads, num_kv_heads,
                                              head_dim, dtype, fp8):
-    monkeypatch.setattr(torch_attention, "GATHER_CHUNK_TOKENS", 300)  # 1-2 requests per gather
+    monkeypatch.setattr(torch_decode, "GATHER_CHUNK_TOKENS", 300)  # 1-2 requests per gather
     lay = _decode_layout(kv_layout, seq_lens, num_kv_heads, head_dim, dtype, fp8, device)
     q = torch.randn(len(seq_lens), num_heads, head_dim, generator=torch.Generator().manual_seed(1)).to(device, dtype)
     args = _decode_args(lay, q, head_dim ** -0.5)
@@ -220,3 +221,58 @@ def test_path_rule(monkeypatch, extend_len, num_kv_heads, head_dim, context_len,
     torch_attention._attend_request(q, cache, cache, torch.arange(context_len), context_len - extend_len,
                                     1.0, 1.0, 1.0)
     assert taken == [path]
+
+
+def _share_prefixes(lay, groups: list[tuple[list[int], int]]) -> None:
+    """Make the requests at batch indices `members` begin with the first `prefix_len` slots of the
+    first member (as the radix cache hands requests the KV of a prefix they share)."""
+    for members, prefix_len in groups:
+        lead = lay.req_to_token[int(lay.req_rows[members[0]]), :prefix_len]
+        for i in members[1:]:
+            lay.req_to_token[int(lay.req_rows[i]), :prefix_len] = lead
+
+
+# (seq_lens, groups of (batch indices, shared prefix length), num_heads, num_kv_heads, head_dim, dtype, fp8)
+SHARED_CASES = [
+    ([300, 300, 300], [([0, 1, 2], 200)], 4, 2, 16, torch.float32, False),
+    ([300, 0, 90, 301, 250], [([0, 3, 4], 249)], 8, 2, 64, torch.float16, False),  # one member's last-but-one token
+    ([100, 140, 0, 170, 200, 65], [([0, 1], 99), ([3, 4], 120)], 6, 2, 32, torch.float32, True),  # two groups, fp8
+    ([9000, 8800], [([0, 1], 8700)], 4, 1, 16, torch.float32, False),  # prefix over several shared chunks
+    ([500, 400, 300], [([0, 1, 2], 70)], 12, 4, 64, torch.bfloat16, False),
+]
+
+
+@pytest.mark.parametrize("seq_lens, groups, num_heads, num_kv_heads, head_dim, dtype, fp8", SHARED_CASES)
+def test_decode_over_shared_prefixes_matches_ref(kv_layout, device, seq_lens, groups, num_heads, num_kv_heads,
+                                                 head_dim, dtype, fp8):
+    lay = _decode_layout(kv_layout, seq_lens, num_kv_heads, head_dim, dtype, fp8, device)
+    _share_prefixes(lay, groups)
+    plan = torch_decode.plan_decode(lay.req_to_token, lay.req_rows, lay.seq_lens)
+    assert sorted((p.rows.tolist(), p.slots.shape[0]) for p in plan.shared) == sorted(groups)  # found, exactly
+    q = torch.randn(len(seq_lens), num_heads, head_dim, generator=torch.Generator().manual_seed(1)).to(device, dtype)
+    args = _decode_args(lay, q, head_dim ** -0.5)
+    out = decode_attention_torch(*args)
+    assert out.isfinite().all()
+    torch.testing.assert_close(out, decode_attention_ref(*args), **TOL[dtype])
+    padding = lay.seq_lens == 0
+    assert torch.equal(out[padding], torch.zeros_like(out[padding]))
+
+
+def test_short_or_unshared_prefixes_take_the_plain_gather(kv_layout):
+    lay = _decode_layout(kv_layout, [300, 300, 40, 40, 200], 2, 16, torch.float32, False, torch.device("cpu"))
+    _share_prefixes(lay, [([0, 1], torch_decode.MIN_SHARED_PREFIX_TOKENS - 1), ([2, 3], 39)])
+    assert torch_decode.plan_decode(lay.req_to_token, lay.req_rows, lay.seq_lens).shared == []
+
+
+def test_shared_prefix_plan_reads_only_each_rows_own_slots(kv_layout):
+    """After a shared prefix, a row's gathered slots are its own context past the prefix."""
+    lay = _decode_layout(kv_layout, [150, 120], 2, 16, torch.float32, False, torch.device("cpu"))
+    _share_prefixes(lay, [([0, 1], 100)])
+    plan = torch_decode.plan_decode(lay.req_to_token, lay.req_rows, lay.seq_lens)
+    assert plan.max_len == 50
+    rows = plan.slots.view(2, 50)
+    table = lay.req_to_token[lay.req_rows]
+    assert torch.equal(rows[0], table[0, 100:150].long())
+    assert torch.equal(rows[1, :20], table[1, 100:120].long())
+    assert torch.equal(rows[1, 20:], table[1, 100].long().expand(30))  # padding: its first own slot, hidden
+    assert plan.visible.view(2, 50).sum(dim=1).tolist() == [50, 20]

@@ -1,0 +1,60 @@
+"""Decode on CPU reads a prefix the radix cache shares once for the requests that share it
+(kernels/torch_decode.py): greedy outputs equal those of every request reading its own context."""
+from __future__ import annotations
+
+import random
+
+import torch
+
+from radixflow.kernels import torch_decode
+from radixflow.runtime.engine import Engine
+from radixflow.runtime.model.demo import demo_model
+
+GREEDY = {"temperature": 0, "ignore_eos": True}
+
+
+def _prompts(num_groups: int, per_group: int, prefix_len: int, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    out = []
+    for _ in range(num_groups):
+        prefix = [rng.randrange(3, 3000) for _ in range(prefix_len)]
+        out += [prefix + [rng.randrange(3, 3000) for _ in range(rng.randrange(1, 9))] for _ in range(per_group)]
+    return out + [[rng.randrange(3, 3000) for _ in range(90)]]  # and one that shares nothing
+
+
+def test_greedy_outputs_equal_with_shared_prefix_reads_on_and_off(monkeypatch):
+    prompts = _prompts(num_groups=2, per_group=3, prefix_len=120)
+    taken = []
+    real = torch_decode._prefix_parts
+    monkeypatch.setattr(torch_decode, "_prefix_parts", lambda *a: taken.append(a[0].shape[0]) or real(*a))
+    outputs = {}
+    for name, threshold in (("on", torch_decode.MIN_SHARED_PREFIX_TOKENS), ("off", 1 << 62)):
+        monkeypatch.setattr(torch_decode, "MIN_SHARED_PREFIX_TOKENS", threshold)
+        with Engine(demo_model("tiny"), dtype="float32", kv_cache_tokens=8192, check_invariants=True) as e:
+            e.generate(input_ids=prompts, sampling_params={**GREEDY, "max_new_tokens": 0})  # cache the prefixes
+            results = e.generate(input_ids=prompts, sampling_params={**GREEDY, "max_new_tokens": 12})
+            assert not e.invariant_violations
+        outputs[name] = [r["output_ids"] for r in results]
+        assert all(len(o) == 12 for o in outputs[name])
+        if name == "on":  # each decode step of each layer read each group's prefix once, for its 3 requests
+            assert taken and set(taken) == {3}
+            taken.clear()
+    assert not taken
+    assert outputs["on"] == outputs["off"]
+
+
+def test_plan_decode_on_the_engine_s_slot_table(monkeypatch):
+    """Requests that hit one cached prefix share its slots in the slot table: the plan finds them
+    (decode_attention_torch plans each step's layer 0)."""
+    prompts = _prompts(num_groups=1, per_group=4, prefix_len=100, seed=1)[:4]
+    plans = []
+    real = torch_decode.plan_decode
+    monkeypatch.setattr(torch_decode, "plan_decode", lambda *a: plans.append(real(*a)) or plans[-1])
+    with Engine(demo_model("tiny"), dtype="float32", kv_cache_tokens=4096) as e:
+        e.generate(input_ids=prompts[:1], sampling_params={**GREEDY, "max_new_tokens": 0})
+        e.generate(input_ids=prompts, sampling_params={**GREEDY, "max_new_tokens": 3})
+    shared = [p.shared for p in plans if p.shared]
+    assert shared, "no decode step found the shared prefix"
+    (prefix,), = shared[:1]
+    assert prefix.rows.numel() == 4 and prefix.slots.shape[0] >= 100
+    assert prefix.slots.dtype == torch.int64
