@@ -26,7 +26,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from http_load import cpu_seconds, free_port, stream_all_raw  # noqa: E402
+from http_load import cpu_seconds, free_port, stream_all_raw, wait_healthy  # noqa: E402
 
 
 def serve(port: int, step_s: float) -> None:
@@ -85,22 +85,12 @@ def serve(port: int, step_s: float) -> None:
 
 @contextlib.contextmanager
 def bare_server(step_s: float):
-    import httpx
-
+    """The bare server in a child process; yields its URL and pid once healthy."""
     port = free_port()
     proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--serve", str(port), "--step-s", str(step_s)])
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{url}/health", timeout=5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline or proc.poll() is not None:
-                raise RuntimeError("the bare server did not come up")
-            time.sleep(0.2)
+        wait_healthy(url, proc, 60)
         yield url, proc.pid
     finally:
         proc.terminate()

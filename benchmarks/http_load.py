@@ -79,8 +79,6 @@ def server(model_dir: Path, core: str, num_requests: int, device: str = "cpu", d
     """`radixflow serve --engine-core core` in a child process (one torch thread, as in-process),
     started by the Python code `launch` with `env` added to the environment; yields its URL once
     healthy."""
-    import httpx
-
     port = free_port()
     cmd = [sys.executable, "-c", launch,
            "serve", "--model", str(model_dir), "--load-format", "dummy", "--device", device,
@@ -90,17 +88,24 @@ def server(model_dir: Path, core: str, num_requests: int, device: str = "cpu", d
     proc = subprocess.Popen(cmd, env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 180
-        while True:
-            try:
-                if httpx.get(f"{url}/health", timeout=5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline or proc.poll() is not None:
-                raise RuntimeError("the server did not come up")
-            time.sleep(0.5)
+        wait_healthy(url, proc, 180)
         yield url
     finally:
         proc.terminate()
         proc.wait(timeout=60)
+
+
+def wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float) -> None:
+    """Return once `url`/health answers 200; RuntimeError if `proc` exits or time runs out first."""
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if httpx.get(f"{url}/health", timeout=5).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline or proc.poll() is not None:
+            raise RuntimeError(f"the server at {url} did not come up")
+        time.sleep(0.2)

@@ -22,6 +22,7 @@ from radixflow.runtime.core.request import Req
 from radixflow.runtime.core.scheduled_batch import ScheduledBatch
 from radixflow.runtime.lora.batch import make_lora_batch
 from radixflow.runtime.lora.slots import LoraSlots
+from radixflow.runtime.model.packed_linear import can_prepack, prepack_linears
 from radixflow.runtime.model.weights import build_model, read_kv_scales
 
 log = logging.getLogger(__name__)
@@ -96,6 +97,8 @@ class ModelRunner:
             self.model = build_random_model(self.args, self.shape.dtype, dev, self.shape.max_context_len, cfg.seed)
         else:
             self.model = build_model(self.args, model_dir, self.shape.dtype, dev, self.shape.max_context_len)
+        if can_prepack(dev, self.shape.dtype):
+            log.info("%d projections on oneDNN's prepacked bf16 layout", prepack_linears(self.model))
         # adapter slots, allocated once and before the KV pool is sized from what is left;
         # None: the engine serves no adapters
         self.lora_slots = LoraSlots(self.args, cfg.lora_targets, cfg.max_loras, cfg.max_lora_rank,
