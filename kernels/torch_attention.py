@@ -6,7 +6,6 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
-from . import shared_prefix
 from .extend_attention import _check_extend
 
 # Short extends over long contexts take _attend_chunked: extend_len up to MAX_CHUNKED_EXTEND,
@@ -152,70 +151,16 @@ def extend_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            num_kv_splits: int | None = None) -> torch.Tensor:
     """CPU-fast twin of `extend_attention_ref` (same contract); the launch hints are unused.
 
-    Per request, exact-length gathers and one causal SDPA call (see `_attend_request`); requests
-    with a few new tokens after a cached prefix they share read it once together (`_attend_group`).
-    Rows no request covers are zero.
+    Per request, exact-length gathers and one causal SDPA call (see `_attend`). Rows no request covers are zero.
     """
     _check_extend(q, k_cache, v_cache, req_to_token, req_rows, prefix_lens, extend_lens, extend_starts,
                   sm_scale, k_scale, v_scale, max_extend_len, max_seq_len, num_kv_splits)
     out = torch.zeros_like(q, memory_format=torch.contiguous_format)
-    groups = _shared_extend_groups(req_to_token, req_rows, prefix_lens, extend_lens)
-    grouped = {i for group in groups for i in group.rows.tolist()}
     per_req = zip(req_rows.tolist(), prefix_lens.tolist(), extend_lens.tolist(), extend_starts.tolist())
-    for i, (row, prefix_len, extend_len, start) in enumerate(per_req):
-        if extend_len == 0 or i in grouped:
+    for row, prefix_len, extend_len, start in per_req:
+        if extend_len == 0:
             continue
         slots = req_to_token[row, :prefix_len + extend_len]
         out[start:start + extend_len] = _attend_request(q[start:start + extend_len], k_cache, v_cache, slots,
                                                         prefix_len, sm_scale, k_scale, v_scale)
-    for group in groups:
-        _attend_group(out, q, k_cache, v_cache, req_to_token, group, req_rows, prefix_lens, extend_lens,
-                      extend_starts, sm_scale, k_scale, v_scale)
     return out
-
-
-def _shared_extend_groups(req_to_token: torch.Tensor, req_rows: torch.Tensor, prefix_lens: torch.Tensor,
-                          extend_lens: torch.Tensor) -> list[shared_prefix.SharedPrefix]:
-    """Requests with at most MAX_CHUNKED_EXTEND new tokens whose cached prefixes begin with the same
-    slots (shared_prefix.find over their prefixes)."""
-    caps = torch.where((extend_lens > 0) & (extend_lens <= MAX_CHUNKED_EXTEND), prefix_lens, 0)
-    if caps.numel() < 2 or int(caps.max()) < shared_prefix.MIN_SHARED_PREFIX_TOKENS:
-        return []
-    table = req_to_token[req_rows.long(), :int(caps.max())].long()
-    return shared_prefix.find(table, caps)[0]
-
-
-def _attend_group(out: torch.Tensor, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                  req_to_token: torch.Tensor, group: shared_prefix.SharedPrefix, req_rows: torch.Tensor,
-                  prefix_lens: torch.Tensor, extend_lens: torch.Tensor, extend_starts: torch.Tensor,
-                  sm_scale: float, k_scale: float, v_scale: float) -> None:
-    """Extend attention of a group's requests into `out`: every new token of theirs over the shared
-    prefix in one matmul per KV head (all of them come after it), then per request over its own
-    keys (the rest of its prefix and its new tokens, causal), merged by softmax parts."""
-    num_heads, head_dim = q.shape[1:]
-    num_kv_heads = k_cache.shape[1]
-    group_size, shared_len = num_heads // num_kv_heads, group.slots.shape[0]
-    members = [(int(req_rows[i]), int(prefix_lens[i]), int(extend_lens[i]), int(extend_starts[i]))
-               for i in group.rows.tolist()]
-    tokens = torch.cat([torch.arange(start, start + n, device=q.device) for _, _, n, start in members])
-    qg = q[tokens].to(torch.float32).view(-1, num_kv_heads, group_size, head_dim)  # [tokens, num_kv_heads, group, head_dim]
-    m, l, o = shared_prefix.prefix_parts(qg, k_cache, v_cache, group.slots, sm_scale, k_scale, v_scale)
-    a = 0
-    for row, prefix_len, extend_len, start in members:
-        b = a + extend_len
-        own = req_to_token[row, shared_len:prefix_len + extend_len].long()  # [own_len]
-        k = shared_prefix.gather_padded(k_cache, own, own.shape[0], torch.float32, k_scale)[0]  # [num_kv_heads, own_len, head_dim]
-        v = shared_prefix.gather_padded(v_cache, own, own.shape[0], torch.float32, v_scale)[0]
-        rows = qg[a:b].permute(1, 0, 2, 3).reshape(num_kv_heads, extend_len * group_size, head_dim)
-        scores = torch.matmul(rows, k.transpose(-1, -2)).mul_(sm_scale)  # [num_kv_heads, extend_len * group, own_len]
-        # new token t sits at own position prefix_len - shared_len + t: it sees own keys up to there
-        seen = prefix_len - shared_len + torch.arange(extend_len, device=q.device)
-        hidden = torch.arange(own.shape[0], device=q.device)[None, :] > seen[:, None]  # [extend_len, own_len]
-        scores.view(num_kv_heads, extend_len, group_size, -1).masked_fill_(hidden[None, :, None, :], float("-inf"))
-        om, ol, oo = shared_prefix.softmax_parts(scores, v)
-        own_parts = (om.view(num_kv_heads, extend_len, group_size).transpose(0, 1),
-                     ol.view(num_kv_heads, extend_len, group_size).transpose(0, 1),
-                     oo.view(num_kv_heads, extend_len, group_size, head_dim).transpose(0, 1))
-        pm, pl, po = shared_prefix.merge_parts((m[a:b], l[a:b], o[a:b]), own_parts)
-        out[start:start + extend_len] = po.div_(pl[..., None]).reshape(extend_len, num_heads, head_dim).to(out.dtype)
-        a = b

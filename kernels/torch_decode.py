@@ -16,12 +16,22 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import shared_prefix
 from .decode_attention import _check_decode
-from .shared_prefix import SharedPrefix, gather_padded, merge_parts, prefix_parts, softmax_parts
 
 # Context tokens gathered at once by decode (see decode_attention_gathered).
 GATHER_CHUNK_TOKENS = 1024
+# A prefix is read once for its requests when at least this many of their leading slots are the
+# same (and at least two requests share it). Shared prefixes are read in chunks of this many tokens.
+MIN_SHARED_PREFIX_TOKENS = 64
+SHARED_CHUNK_TOKENS = 4096
+
+
+@dataclass(frozen=True)
+class SharedPrefix:
+    """Batch rows `rows` whose contexts all begin with the KV at `slots`."""
+
+    rows: torch.Tensor   # [n] int64, n >= 2
+    slots: torch.Tensor  # [prefix_len] int64
 
 
 @dataclass(frozen=True)
@@ -49,7 +59,7 @@ def plan_decode(req_to_token: torch.Tensor, req_rows: torch.Tensor, seq_lens: to
     batch = seq_lens.shape[0]
     max_len = max(int(seq_lens.max()), 1) if batch else 1
     table = req_to_token[req_rows.long(), :max_len].long()  # [batch, max_len]
-    shared, starts = shared_prefix.find(table, (seq_lens - 1).clamp(min=0))
+    shared, starts = _shared_prefixes(table, seq_lens)
     own_lens = seq_lens
     if shared:  # each row's own part: the columns after its shared prefix
         own_lens = seq_lens - starts
@@ -60,6 +70,42 @@ def plan_decode(req_to_token: torch.Tensor, req_rows: torch.Tensor, seq_lens: to
     slots = torch.where(visible, table, table[:, :1])
     return DecodeGather(slots.reshape(-1), visible[:, None, None, :], (seq_lens == 0)[:, None, None], max_len,
                         shared)
+
+
+def _shared_prefixes(table: torch.Tensor, seq_lens: torch.Tensor) -> tuple[list[SharedPrefix], torch.Tensor]:
+    """Groups of rows whose first MIN_SHARED_PREFIX_TOKENS or more slots are the same, each with
+    its longest common prefix (short of every member's last token), and each row's prefix length
+    (0 outside the groups). Rows are grouped by their first slot."""
+    starts = torch.zeros_like(seq_lens)
+    candidates = (seq_lens > MIN_SHARED_PREFIX_TOKENS).nonzero().flatten()
+    if candidates.numel() < 2:
+        return [], starts
+    firsts, group_of, counts = torch.unique(table[candidates, 0], return_inverse=True, return_counts=True)
+    shared = []
+    for g in (counts >= 2).nonzero().flatten().tolist():
+        rows = candidates[group_of == g]
+        cap = int(seq_lens[rows].min()) - 1  # every member's last token is its own
+        same = (table[rows, :cap] == table[rows[:1], :cap]).all(dim=0)
+        differs = (~same).nonzero()
+        prefix_len = int(differs[0]) if differs.numel() else cap
+        if prefix_len >= MIN_SHARED_PREFIX_TOKENS:
+            shared.append(SharedPrefix(rows, table[rows[0], :prefix_len].clone()))
+            starts[rows] = prefix_len
+    return shared, starts
+
+
+def _gather_padded(cache: torch.Tensor, slots: torch.Tensor, max_len: int, dtype: torch.dtype,
+                   scale: float) -> torch.Tensor:
+    """cache rows at slots [rows * max_len] as a contiguous [rows, num_kv_heads, max_len, head_dim]
+    of `dtype`: the conversion and the head-major transpose in one copy (a matmul over a permuted
+    view would copy it again)."""
+    num_kv_heads, head_dim = cache.shape[1:]
+    rows = cache.index_select(0, slots)  # [rows * max_len, num_kv_heads, head_dim]
+    if cache.dtype == torch.uint8:
+        rows = rows.view(torch.float8_e4m3fn)
+    heads = rows.view(-1, max_len, num_kv_heads, head_dim).transpose(1, 2)
+    out = torch.empty(heads.shape, dtype=dtype, device=cache.device).copy_(heads)
+    return out.mul_(scale) if cache.dtype == torch.uint8 and scale != 1.0 else out
 
 
 def decode_attention_gathered(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: DecodeGather,
@@ -92,10 +138,10 @@ def decode_attention_gathered(q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     for a, b, k, v in _own_chunks(k_cache, v_cache, plan, k_scale, v_scale):
         scores = torch.matmul(qg[a:b], k.transpose(-1, -2)).mul_(sm_scale)
         scores.masked_fill_(~plan.visible[a:b], float("-inf"))
-        m[a:b], l[a:b], o[a:b] = softmax_parts(scores, v)
+        m[a:b], l[a:b], o[a:b] = _softmax_parts(scores, v)
     for prefix in plan.shared:
-        part = prefix_parts(qg[prefix.rows], k_cache, v_cache, prefix.slots, sm_scale, k_scale, v_scale)
-        m[prefix.rows], l[prefix.rows], o[prefix.rows] = merge_parts((m[prefix.rows], l[prefix.rows], o[prefix.rows]), part)
+        part = _prefix_parts(qg[prefix.rows], k_cache, v_cache, prefix.slots, sm_scale, k_scale, v_scale)
+        m[prefix.rows], l[prefix.rows], o[prefix.rows] = _merge((m[prefix.rows], l[prefix.rows], o[prefix.rows]), part)
     out = o.div_(l[..., None]).view(batch, num_heads, head_dim).to(q.dtype)
     return out.masked_fill_(plan.empty, 0.0)
 
@@ -108,8 +154,45 @@ def _own_chunks(k_cache: torch.Tensor, v_cache: torch.Tensor, plan: DecodeGather
     for a in range(0, batch, step):
         b = min(a + step, batch)
         slots = plan.slots[a * max_len: b * max_len]
-        yield (a, b, gather_padded(k_cache, slots, max_len, torch.float32, k_scale),
-               gather_padded(v_cache, slots, max_len, torch.float32, v_scale))
+        yield (a, b, _gather_padded(k_cache, slots, max_len, torch.float32, k_scale),
+               _gather_padded(v_cache, slots, max_len, torch.float32, v_scale))
+
+
+Parts = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (row max, sum of exp, unnormalized output)
+
+
+def _softmax_parts(scores: torch.Tensor, v: torch.Tensor) -> Parts:
+    """softmax(scores) @ v kept apart as (m, l, o): o / l is the attention output. scores [..., n]
+    with at least one finite entry per row; v [..., n, head_dim]."""
+    m = scores.amax(dim=-1)
+    p = scores.sub_(m[..., None]).exp_()
+    return m, p.sum(dim=-1), torch.matmul(p, v)
+
+
+def _merge(x: Parts, y: Parts) -> Parts:
+    """The parts of attention over two disjoint sets of keys, combined."""
+    m = torch.maximum(x[0], y[0])
+    a, b = (x[0] - m).exp_(), (y[0] - m).exp_()
+    return m, x[1] * a + y[1] * b, x[2] * a[..., None] + y[2] * b[..., None]
+
+
+def _prefix_parts(qg: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
+                  sm_scale: float, k_scale: float, v_scale: float) -> Parts:
+    """Attention parts of qg [n, num_kv_heads, group, head_dim] over the shared prefix at `slots`:
+    per KV head one matmul with every request's query heads as rows, in chunks of the prefix."""
+    n, num_kv_heads, group, head_dim = qg.shape
+    rows = qg.permute(1, 0, 2, 3).reshape(num_kv_heads, n * group, head_dim)  # row = request * group + g
+    parts = None
+    for a in range(0, slots.shape[0], SHARED_CHUNK_TOKENS):
+        chunk = slots[a: a + SHARED_CHUNK_TOKENS]
+        k = _gather_padded(k_cache, chunk, chunk.shape[0], torch.float32, k_scale)[0]  # [num_kv_heads, len, head_dim]
+        v = _gather_padded(v_cache, chunk, chunk.shape[0], torch.float32, v_scale)[0]
+        part = _softmax_parts(torch.matmul(rows, k.transpose(-1, -2)).mul_(sm_scale), v)
+        parts = part if parts is None else _merge(parts, part)
+    assert parts is not None
+    m, l, o = parts  # [num_kv_heads, n * group] ...
+    return (m.view(num_kv_heads, n, group).transpose(0, 1), l.view(num_kv_heads, n, group).transpose(0, 1),
+            o.view(num_kv_heads, n, group, head_dim).transpose(0, 1))
 
 
 def decode_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from radixflow.kernels import shared_prefix, torch_attention, torch_decode
+from radixflow.kernels import torch_attention, torch_decode
 from radixflow.kernels.decode_attention import decode_attention_ref
 from radixflow.kernels.extend_attention import extend_attention_ref
 from radixflow.kernels.torch_attention import extend_attention_torch
@@ -260,7 +260,7 @@ def test_decode_over_shared_prefixes_matches_ref(kv_layout, device, seq_lens, gr
 
 def test_short_or_unshared_prefixes_take_the_plain_gather(kv_layout):
     lay = _decode_layout(kv_layout, [300, 300, 40, 40, 200], 2, 16, torch.float32, False, torch.device("cpu"))
-    _share_prefixes(lay, [([0, 1], shared_prefix.MIN_SHARED_PREFIX_TOKENS - 1), ([2, 3], 39)])
+    _share_prefixes(lay, [([0, 1], torch_decode.MIN_SHARED_PREFIX_TOKENS - 1), ([2, 3], 39)])
     assert torch_decode.plan_decode(lay.req_to_token, lay.req_rows, lay.seq_lens).shared == []
 
 
@@ -276,32 +276,3 @@ def test_shared_prefix_plan_reads_only_each_rows_own_slots(kv_layout):
     assert torch.equal(rows[1, :20], table[1, 100:120].long())
     assert torch.equal(rows[1, 20:], table[1, 100].long().expand(30))  # padding: its first own slot, hidden
     assert plan.visible.view(2, 50).sum(dim=1).tolist() == [50, 20]
-
-
-# (prefix_lens, extend_lens, groups sharing (batch indices, length), the groups expected, heads, kv heads,
-# head_dim, dtype, fp8): a request past MAX_CHUNKED_EXTEND or without a prefix stays out of its group
-SHARED_EXTEND_CASES = [
-    ([300, 300, 250], [5, 1, 20], [([0, 1, 2], 200)], [([0, 1, 2], 200)], 4, 2, 16, torch.float32, False),
-    ([100, 0, 140, 90], [3, 7, 128, 2], [([0, 2, 3], 80)], [([0, 2, 3], 80)], 8, 2, 64, torch.float16, True),
-    ([200, 200, 200], [4, 200, 6], [([0, 1, 2], 150)], [([0, 2], 150)], 6, 3, 32, torch.float32, False),
-    ([5000, 4800], [3, 2], [([0, 1], 4500)], [([0, 1], 4500)], 4, 1, 16, torch.float32, False),
-    ([120, 130, 64], [9, 1, 4], [([0, 1, 2], 64)], [([0, 1, 2], 64)], 12, 4, 64, torch.bfloat16, False),
-]
-
-
-@pytest.mark.parametrize("prefix_lens, extend_lens, groups, expected, num_heads, num_kv_heads, head_dim, dtype, fp8",
-                         SHARED_EXTEND_CASES)
-def test_extend_over_shared_prefixes_matches_ref(kv_layout, device, monkeypatch, prefix_lens, extend_lens, groups,
-                                                 expected, num_heads, num_kv_heads, head_dim, dtype, fp8):
-    lay = kv_layout(prefix_lens, extend_lens, num_kv_heads, head_dim, dtype, fp8, device)
-    _share_prefixes(lay, groups)
-    taken = []
-    real = torch_attention._attend_group
-    monkeypatch.setattr(torch_attention, "_attend_group",
-                        lambda *a: taken.append((a[5].rows.tolist(), a[5].slots.shape[0])) or real(*a))
-    q = torch.randn(sum(extend_lens), num_heads, head_dim, generator=torch.Generator().manual_seed(1)).to(device, dtype)
-    args = _extend_args(lay, q, head_dim ** -0.5)
-    out = extend_attention_torch(*args)
-    assert sorted(taken) == sorted(expected)
-    assert out.isfinite().all()
-    torch.testing.assert_close(out, extend_attention_ref(*args), **TOL[dtype])
