@@ -40,6 +40,7 @@ from radixflow.runtime.request_inputs import InputIds, Prompt, check_prompt, nor
 from radixflow.runtime.text.output_text import OutputText
 from radixflow.runtime.text.tokenizer import Tokenizer
 
+
 class Engine:
     """An LLM engine with a persistent radix prefix cache and continuous batching.
 
