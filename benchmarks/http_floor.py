@@ -38,7 +38,7 @@ def serve(port: int, step_s: float) -> None:
     from starlette.responses import PlainTextResponse, StreamingResponse
     from starlette.routing import Route
 
-    released = {"step": asyncio.Event}  # replaced by the running loop's event below
+    released: dict[str, asyncio.Event] = {}  # "step": set when the streams' next chunks go out
 
     async def step_clock() -> None:
         while True:

@@ -15,7 +15,8 @@ from .rmsnorm import rmsnorm, rmsnorm_ref
 from .rope import rope, rope_cos_sin, rope_inv_freq, rope_ref
 from .store_kv import store_kv, store_kv_ref
 from .torch_attention import extend_attention_torch
-from .torch_decode import DecodeGather, decode_attention_gathered, decode_attention_torch, plan_decode
+from .torch_decode import (DecodeGather, decode_attention_gathered, decode_attention_torch, plan_checked_decode,
+                           plan_decode)
 
 __all__ = [
     "FP8_E4M3_MAX",
@@ -36,6 +37,7 @@ __all__ = [
     "lora_expand_ref",
     "lora_shrink",
     "lora_shrink_ref",
+    "plan_checked_decode",
     "plan_decode",
     "quantize_fp8",
     "rmsnorm",

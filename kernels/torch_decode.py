@@ -205,6 +205,14 @@ def decode_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     and the shared prefixes. The engine plans once per step and calls `decode_attention_gathered`
     per layer.
     """
-    _check_decode(q, k_cache, v_cache, req_to_token, req_rows, seq_lens, sm_scale, k_scale, v_scale, num_kv_splits)
-    plan = plan_decode(req_to_token, req_rows, seq_lens)
+    plan = plan_checked_decode(q, k_cache, v_cache, req_to_token, req_rows, seq_lens, sm_scale, k_scale, v_scale,
+                               num_kv_splits)
     return decode_attention_gathered(q, k_cache, v_cache, plan, sm_scale, k_scale, v_scale)
+
+
+def plan_checked_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to_token: torch.Tensor,
+                        req_rows: torch.Tensor, seq_lens: torch.Tensor, sm_scale: float, k_scale: float = 1.0,
+                        v_scale: float = 1.0, num_kv_splits: int = 8) -> DecodeGather:
+    """`plan_decode` after the checks of `decode_attention_torch` (ValueError on a bad input)."""
+    _check_decode(q, k_cache, v_cache, req_to_token, req_rows, seq_lens, sm_scale, k_scale, v_scale, num_kv_splits)
+    return plan_decode(req_to_token, req_rows, seq_lens)

@@ -100,10 +100,9 @@ class PoolAttention:
         ks, vs = pool.k_scales[layer_id], pool.v_scales[layer_id]
         if layer_id == 0 or self._plan is None:
             kernels.store_kv_ref(kc, vc, fb.out_slots, k, v, ks, vs)  # checks the step's shapes once
-            out = kernels.decode_attention_torch(q, kc, vc, fb.req_to_token, fb.req_rows, fb.seq_lens,
-                                                 self.sm_scale, ks, vs)
-            self._plan = kernels.plan_decode(fb.req_to_token, fb.req_rows, fb.seq_lens)
-            return out
+            self._plan = kernels.plan_checked_decode(q, kc, vc, fb.req_to_token, fb.req_rows, fb.seq_lens,
+                                                     self.sm_scale, ks, vs)
+            return kernels.decode_attention_gathered(q, kc, vc, self._plan, self.sm_scale, ks, vs)
         if kc.dtype == torch.uint8:
             kc.index_copy_(0, fb.out_slots, kernels.quantize_fp8(k, ks))
             vc.index_copy_(0, fb.out_slots, kernels.quantize_fp8(v, vs))

@@ -45,7 +45,7 @@ def test_greedy_outputs_equal_with_shared_prefix_reads_on_and_off(monkeypatch):
 
 def test_plan_decode_on_the_engine_s_slot_table(monkeypatch):
     """Requests that hit one cached prefix share its slots in the slot table: the plan finds them
-    (decode_attention_torch plans each step's layer 0)."""
+    (plan_checked_decode plans each step at layer 0)."""
     prompts = _prompts(num_groups=1, per_group=4, prefix_len=100, seed=1)[:4]
     plans = []
     real = torch_decode.plan_decode
