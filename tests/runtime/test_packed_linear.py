@@ -8,6 +8,7 @@ from torch import nn
 from radixflow.runtime.core import model_runner
 from radixflow.runtime.engine import Engine
 from radixflow.runtime.model.demo import demo_model
+from radixflow.runtime.model.model import project_logits
 from radixflow.runtime.model.packed_linear import PACKED_PROJECTIONS, PackedLinear, can_prepack, prepack_linears
 
 needs_onednn_bf16 = pytest.mark.skipif(not can_prepack(torch.device("cpu"), torch.bfloat16),
@@ -24,12 +25,22 @@ def test_only_cpu_bf16_prepacks():
 def test_packed_linear_equals_linear(bias):
     torch.manual_seed(0)
     linear = nn.Linear(96, 200, bias=bias).to(torch.bfloat16)
-    packed = PackedLinear(linear)
+    packed = PackedLinear.of(linear)
     for rows in (1, 7, 16, 300):
         x = torch.randn(rows, 96).to(torch.bfloat16)
         assert torch.equal(packed(x), linear(x)), rows
     x = torch.randn(8, 130).to(torch.bfloat16)[:, 17:113]  # a strided view, as a fused projection's slice
     assert torch.equal(packed(x), linear(x))
+
+
+@needs_onednn_bf16
+def test_packed_lm_head_equals_the_chunked_logits():
+    torch.manual_seed(0)
+    weight = torch.randn(1500, 64).to(torch.bfloat16)  # 1,500 vocabulary rows: chunks of 512 and a rest
+    packed = PackedLinear(weight)
+    for rows in (1, 16, 70):
+        x = torch.randn(rows, 64).to(torch.bfloat16)
+        assert torch.equal(packed(x).float(), project_logits(x, weight)), rows
 
 
 class _Block(nn.Module):
@@ -43,7 +54,7 @@ class _Block(nn.Module):
 @needs_onednn_bf16
 def test_prepack_swaps_the_named_projections_only():
     block = _Block().to(torch.bfloat16)
-    assert prepack_linears(block) == 2
+    assert prepack_linears(block) == 2  # no LM head: no packed copy of one
     assert isinstance(block.qkv_proj, PackedLinear) and isinstance(block.mlp.down_proj, PackedLinear)
     assert isinstance(block.other, nn.Linear)
     assert "other" not in PACKED_PROJECTIONS
@@ -61,5 +72,6 @@ def test_engine_outputs_equal_with_and_without_prepacking(monkeypatch):
             layers = e.runner.model.layers
             kinds = {type(layers[0].self_attn.qkv_proj), type(layers[0].mlp.down_proj)}
             assert kinds == ({PackedLinear} if prepack else {nn.Linear})
+            assert isinstance(e.runner.model.packed_lm_head, PackedLinear) == prepack
             outputs[prepack] = [r["output_ids"] for r in e.generate(input_ids=prompts, sampling_params=params)]
     assert outputs[True] == outputs[False]
