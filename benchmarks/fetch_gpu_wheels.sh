@@ -12,10 +12,13 @@ WHEELS=(
   starlette==1.10.0          # frontend
   uvicorn==0.55.0            # frontend
   outlines-core==0.2.14      # constrained decoding
+  pyzmq==27.3.0              # the engine-core process boundary
+  gguf==0.19.0               # GGUF checkpoints
+  httptools==0.9.0           # uvicorn's HTTP parser
   jsonschema==4.26.0         # test extra (and its dependencies, next three)
   jsonschema-specifications==2025.9.1
   referencing==0.37.0
-  rpds-py==0.30.0
+  rpds-py==2026.9.1
 )
 mkdir -p .whl
 for spec in "${WHEELS[@]}"; do

@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # The GPU check, on a CUDA machine without network: install (wheels from .whl/ when present, see
-# fetch_gpu_wheels.sh), then the steps named in RADIXFLOW_GPU_STEPS (default: all four; each has a
-# time limit, ~10 minutes in all at worst, so a device call of at most 10 minutes takes two calls,
-# e.g. "pytest_gpu kernels" then "engine_decode engine_overhead"):
+# fetch_gpu_wheels.sh), then the steps named in RADIXFLOW_GPU_STEPS (default: all five; each has a
+# time limit, 9 minutes in all at worst, so one device call of 9.5 minutes holds them):
 #   pytest_gpu       `pytest -m gpu` (kernels in bf16, CUDA graphs on/off, overlap on/off)
+#   kernel_tests     every test in tests/kernels, on the device
 #   kernels          benchmarks/kernels.py
 #   engine_decode    benchmarks/engine_decode.py: decode tok/s, graphs on/off, overlap on/off at 64 and 256
 #   engine_overhead  benchmarks/engine_overhead.py --gpu: engine work per step, 100K-prefix TTFT
 #                    ratio, memory-blocked steps, on the 8B shape (not its HTTP part)
+# The limits: RADIXFLOW_GPU_SCALE multiplies each step's (default 1).
 # Writes into OUT_DIR (flat, at most 8 files, so the device tool brings all of them back):
 #   summary.txt      GPU (nvidia-smi), commit, install notes, step exit codes, benchmark tables
-#   pytest_gpu.xml, kernels.json, engine_decode.json, engine_overhead.json
+#   pytest_gpu.xml, kernel_tests.xml, kernels.json, engine_decode.json, engine_overhead.json
 #   logs.tar.gz      every step's log
 # Usage: benchmarks/gpu_check.sh OUT_DIR
 #   RADIXFLOW_GPU_STEPS="..."   the steps to run, in their order above
@@ -68,18 +69,29 @@ step() {  # step NAME LIMIT_S COMMAND...
   local rc=$?
   note "step $name: exit $rc after $((SECONDS - start)) s (limit $limit s)"
 }
-STEPS=" ${RADIXFLOW_GPU_STEPS:-pytest_gpu kernels engine_decode engine_overhead} "
+STEPS=" ${RADIXFLOW_GPU_STEPS:-pytest_gpu kernel_tests kernels engine_decode engine_overhead} "
 wanted() { [[ "$STEPS" == *" $1 "* ]]; }
-wanted pytest_gpu && step pytest_gpu 150 $PY -m pytest -m gpu -q -p no:cacheprovider \
+# the step limits, scaled by RADIXFLOW_GPU_SCALE (default 1: ~7 minutes at worst, so one device call
+# of 9.5 minutes holds the whole check)
+scale=${RADIXFLOW_GPU_SCALE:-1}
+lim() { $PY -c "print(int($1 * $scale))"; }
+# the gpu tests compile many Triton kernels: in 4 processes when pytest-xdist is there
+xdist=$($PY -c 'import xdist' 2>/dev/null && echo "-n 4")
+wanted pytest_gpu && step pytest_gpu "$(lim 120)" $PY -m pytest -m gpu -q -p no:cacheprovider $xdist \
   --continue-on-collection-errors --junitxml="$OUT/pytest_gpu.xml" tests
-wanted kernels && step kernels 150 $PY benchmarks/kernels.py --out "$OUT" --time-budget-s 100
-wanted engine_decode && step engine_decode 170 $PY benchmarks/engine_decode.py --out "$OUT" --time-budget-s 120
-wanted engine_overhead && step engine_overhead 170 $PY benchmarks/engine_overhead.py --gpu --repeats 1 \
+# every kernel test (not only the gpu-marked ones) on the device, against the torch references
+wanted kernel_tests && step kernel_tests "$(lim 80)" $PY -m pytest -q -p no:cacheprovider $xdist \
+  --junitxml="$OUT/kernel_tests.xml" tests/kernels
+wanted kernels && step kernels "$(lim 100)" $PY benchmarks/kernels.py --out "$OUT" --time-budget-s "$(lim 60)"
+wanted engine_decode && step engine_decode "$(lim 130)" $PY benchmarks/engine_decode.py --out "$OUT" \
+  --time-budget-s "$(lim 80)"
+wanted engine_overhead && step engine_overhead "$(lim 100)" $PY benchmarks/engine_overhead.py --gpu --repeats 1 \
   --only decode_step,prefix_ttft,blocked --out "$OUT/engine_overhead.json"
-
 note ""
 note "== pytest -m gpu"
 [ -f "$OUT/pytest_gpu.log" ] && tail -n 15 "$OUT/pytest_gpu.log" | tee -a "$SUMMARY"
+note "== tests/kernels on the device"
+[ -f "$OUT/kernel_tests.log" ] && grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/kernel_tests.log" | tail -n 25 | tee -a "$SUMMARY"
 note "== kernels"
 if ! wanted kernels; then
   note "(not run)"
