@@ -372,6 +372,57 @@ def extend_case(r: Runner, batch: int, prefix_len: int, extend_len: int) -> None
         r.free()
 
 
+# Extend launch configurations timed by --extend-sweep (the engine's is the first): tile rows and
+# KV block, warps, pipeline stages, and the KV-split count as a multiple of the engine's choice.
+EXTEND_SWEEP = (
+    dict(BLOCK_M=64, BLOCK_N=32, num_warps=8, num_stages=2, split_mult=1),
+    dict(BLOCK_M=64, BLOCK_N=32, num_warps=8, num_stages=3, split_mult=1),
+    dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=2, split_mult=1),
+    dict(BLOCK_M=64, BLOCK_N=64, num_warps=8, num_stages=2, split_mult=1),
+    dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3, split_mult=1),
+    dict(BLOCK_M=128, BLOCK_N=32, num_warps=8, num_stages=2, split_mult=1),
+    dict(BLOCK_M=64, BLOCK_N=32, num_warps=8, num_stages=2, split_mult=2),
+    dict(BLOCK_M=64, BLOCK_N=64, num_warps=8, num_stages=3, split_mult=2),
+)
+
+
+def extend_sweep_case(r: Runner, batch: int, prefix_len: int, extend_len: int) -> None:
+    """Our bf16 extend kernel at one shape under each EXTEND_SWEEP configuration (patched in)."""
+    from radixflow.kernels import extend_attention
+
+    mod = sys.modules["radixflow.kernels.extend_attention"]
+    g, dev = r.grid, r.device
+    sm_scale = 1.0 / math.sqrt(g.head_dim)
+    seq_len = prefix_len + extend_len
+    q = torch.randn(batch * extend_len, g.num_heads, g.head_dim, dtype=g.dtype, device=dev)
+    as_long = lambda xs: torch.tensor(xs, dtype=torch.int64, device=dev)  # noqa: E731
+    prefix_lens, extend_lens = as_long([prefix_len] * batch), as_long([extend_len] * batch)
+    starts = as_long([i * extend_len for i in range(batch)])
+    visible = batch * (extend_len * prefix_len + extend_len * (extend_len + 1) // 2)
+    flops = 4.0 * g.num_heads * g.head_dim * visible
+    pool = make_pool(g, [seq_len] * batch, dev, False, seed=batch * 131 + seq_len)
+    args = (q, pool.k_cache, pool.v_cache, pool.req_to_token, pool.req_rows, prefix_lens, extend_lens, starts,
+            sm_scale, pool.k_scale, pool.v_scale)
+    base = dict(kind="extend_sweep", batch=batch, prefix_len=prefix_len, extend_len=extend_len)
+    orig_cfg, orig_splits = mod._launch_config, mod.choose_extend_splits
+    want = None
+    try:
+        for cfg in EXTEND_SWEEP if dev.type == "cuda" else EXTEND_SWEEP[:1]:
+            launch = {k: v for k, v in cfg.items() if k != "split_mult"}
+            mult = cfg["split_mult"]
+            mod._launch_config = lambda *a, launch=launch: dict(launch) if dev.type == "cuda" else orig_cfg(*a)
+            mod.choose_extend_splits = lambda *a, mult=mult: min(256, mult * orig_splits(*a))
+            out = r.measure({**base, "config": cfg}, lambda: extend_attention(
+                *args, max_extend_len=extend_len, max_seq_len=seq_len), kv_bytes_of(g, batch * seq_len, False),
+                flops, want)
+            if want is None:
+                want = out  # the engine's configuration: the others are checked against it
+    finally:
+        mod._launch_config, mod.choose_extend_splits = orig_cfg, orig_splits
+    del pool
+    r.free()
+
+
 # -- report ----------------------------------------------------------------------------------------
 
 def _find(rows: list[dict], **match: object) -> dict | None:
@@ -423,6 +474,19 @@ def summary(r: Runner) -> str:
     errors = [x for x in r.rows if "error" in x]
     if errors:
         lines.append(f"{len(errors)} measurement(s) failed, first: {errors[0]}")
+    sweep = [row for row in r.rows if row.get("kind") == "extend_sweep"]
+    if sweep:
+        lines.append("extend configurations (BLOCK_M/BLOCK_N/warps/stages/split x): ms per shape (batch/prefix/extend)")
+        shapes = list(dict.fromkeys((row["batch"], row["prefix_len"], row["extend_len"]) for row in sweep))
+        lines.append("  " + " ".join(f"{b}/{p}/{e}".rjust(14) for b, p, e in shapes) + "  config")
+        for cfg in EXTEND_SWEEP:
+            cells = []
+            for b, p, e in shapes:
+                row = next((x for x in sweep if x.get("config") == cfg and (x["batch"], x["prefix_len"],
+                            x["extend_len"]) == (b, p, e)), None)
+                cells.append(f"{row['ms']:.3f}".rjust(14) if row and "ms" in row else "-".rjust(14))
+            label = "/".join(str(cfg[k]) for k in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "split_mult"))
+            lines.append("  " + " ".join(cells) + "  " + label)
     return "\n".join(lines)
 
 
@@ -431,6 +495,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, required=True, help="folder for kernels.json")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes; runs on CPU through the Triton interpreter")
     ap.add_argument("--time-budget-s", type=float, default=240.0, help="start no measurement after this long")
+    ap.add_argument("--extend-sweep", action="store_true",
+                    help="then time the extend kernel at every EXTEND_SWEEP launch configuration")
     args = ap.parse_args(argv)
     if args.smoke and not torch.cuda.is_available():
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before radixflow.kernels imports triton
@@ -452,6 +518,9 @@ def main(argv: list[str] | None = None) -> int:
             r.run_case(extend_case, b, p, e)
         for b, c in grid.split_sweep:
             r.run_case(decode_case, b, c, tuple(s for s in grid.splits if s != grid.default_splits), "decode_splits")
+        if args.extend_sweep:
+            for b, p, e in grid.extend:
+                r.run_case(extend_sweep_case, b, p, e)
     # the sweep skips the default count: copy those rows in so each sweep reads complete
     for b, c in grid.split_sweep:
         row = _find(r.rows, kind="decode", impl="ours", batch=b, context_len=c, num_kv_splits=grid.default_splits)

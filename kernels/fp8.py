@@ -17,7 +17,11 @@ FP8_E4M3_MAX = 448.0
 
 def quantize_fp8(x: torch.Tensor, scale: float) -> torch.Tensor:
     """[...] float -> [...] uint8: e4m3fn bits of `x / scale`, saturating to +-448."""
-    scaled = x.to(torch.float32) / scale
+    # The divisor as a tensor on x's device: CUDA turns division by a host scalar into
+    # multiplication by its reciprocal, which rounds differently from `x / scale` (the kernels'
+    # IEEE division) for some inputs. torch.full fills on the device: no host copy, so it also
+    # runs inside CUDA graph capture.
+    scaled = x.to(torch.float32) / torch.full((), scale, dtype=torch.float32, device=x.device)
     return scaled.clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn).view(torch.uint8)
 
 

@@ -94,13 +94,14 @@ class Admission:
         the ordering took, until one does not fit (remembered when memory is why)."""
         dedup = RadixCache()
         admitted = []
-        for req, match in order_waiting(self.waiting, self.limits.policy, self.cache,
-                                        self.limits.lpm_fcfs_threshold):
+        for req, key, match in order_waiting(self.waiting, self.limits.policy, self.cache,
+                                             self.limits.lpm_fcfs_threshold):
             if self.num_running >= self.limits.max_num_seqs or token_budget <= 0:
                 break
             if not self.adapters.can_admit(req):
                 continue  # its adapter would exceed the batch's adapter cap: it waits
-            key = match_key(req)
+            if key is None:
+                key = match_key(req)
             if match is None or match.node.is_evicted:  # fcfs, or evicted for an earlier admission
                 match = self.cache.match_prefix(key, req.namespace)
             if self.limits.policy != "fcfs" and admitted:

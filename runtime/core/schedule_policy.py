@@ -20,18 +20,19 @@ def match_key(req: Req) -> tuple[int, ...]:
 
 
 def order_waiting(waiting: list[Req], policy: str, cache: Any,
-                  fcfs_threshold: int) -> list[tuple[Req, MatchResult | None]]:
+                  fcfs_threshold: int) -> list[tuple[Req, tuple[int, ...] | None, MatchResult | None]]:
     """Return `waiting` in the order admission should try them (stable; does not mutate), each
-    with the prefix match the ordering took (None for fcfs: no match was needed), so that
-    admission does not match again."""
+    with the match key and prefix match the ordering took (None for fcfs: neither was needed),
+    so that admission builds neither again."""
     if policy == "fcfs" or len(waiting) > fcfs_threshold:
-        return [(r, None) for r in waiting]
-    matches = {id(r): cache.match_prefix(match_key(r), r.namespace) for r in waiting}
+        return [(r, None, None) for r in waiting]
+    keys = {id(r): match_key(r) for r in waiting}
+    matches = {id(r): cache.match_prefix(keys[id(r)], r.namespace) for r in waiting}
     if policy == "lpm":
         ordered = sorted(waiting, key=lambda r: -matches[id(r)].length)
     else:
         ordered = _dfs_weight_order(waiting, {id(r): matches[id(r)].node for r in waiting})
-    return [(r, matches[id(r)]) for r in ordered]
+    return [(r, keys[id(r)], matches[id(r)]) for r in ordered]
 
 
 def _dfs_weight_order(waiting: list[Req], nodes: dict[int, Any]) -> list[Req]:

@@ -251,6 +251,24 @@ def test_prompt_too_long_rejected(engine):
     assert engine.generate("still alive", {"max_new_tokens": 2, "ignore_eos": True})["meta_info"]["completion_tokens"] == 2
 
 
+@pytest.mark.parametrize("ids, match", [
+    ([1, 2.5], "got float 2.5"),
+    ([1, "a"], "got str 'a'"),
+    ([1, True], "got bool True"),
+    ([1, None], "got NoneType None"),
+    ([1, -1], "token id -1 is outside the vocabulary"),
+    ([1, 2**70], "outside the vocabulary"),
+    ([[1, 2], 3], "list of ints or a list of such lists"),
+    ([[1, 2], [3, 2.0]], "got float 2.0"),
+    ([], "non-empty"),
+])
+def test_malformed_input_ids_rejected(engine, ids, match):
+    with pytest.raises(ValueError, match=match):
+        engine.generate(input_ids=ids, sampling_params={"max_new_tokens": 1})
+    assert engine.generate(input_ids=[1, 2], sampling_params={"max_new_tokens": 1})["meta_info"]["completion_tokens"] == 1
+    engine.check_accounting()
+
+
 def test_engine_without_arguments_generates():
     with Engine(demo_model("tiny"), dtype="float32") as e:
         res = e.generate("Hello", {"max_new_tokens": 4, "ignore_eos": True})
