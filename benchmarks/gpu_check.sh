@@ -15,7 +15,7 @@
 #   logs.tar.gz      every step's log
 # Usage: benchmarks/gpu_check.sh OUT_DIR
 #   RADIXFLOW_GPU_STEPS="..."   the steps to run, in their order above
-#   RADIXFLOW_COMMIT=<sha>      names the commit where .git is absent
+#   RADIXFLOW_COMMIT=<sha>      names the commit measured (else .git's HEAD)
 #   RADIXFLOW_SKIP_INSTALL=1    use the radixflow already importable (a dry run of the script's flow)
 set -uo pipefail
 if [ $# -ne 1 ]; then echo "usage: $0 OUT_DIR" >&2; exit 2; fi
@@ -30,7 +30,8 @@ note() { echo "$*" | tee -a "$SUMMARY"; }
 
 note "== radixflow GPU check, $(date -u +%Y-%m-%dT%H:%M:%SZ)"
 note "gpu: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | head -1)"
-commit=$(git rev-parse HEAD 2>/dev/null || echo "${RADIXFLOW_COMMIT:-unknown}")
+# RADIXFLOW_COMMIT first: a copied working tree can carry an older .git than its files
+commit=${RADIXFLOW_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
 dirty=$(git status --porcelain 2>/dev/null | wc -l)
 note "commit: $commit (uncommitted changes: $dirty files)"
 
