@@ -145,17 +145,19 @@ def _extend_attention_kernel(
         tl.store(part_lse + part, lse, mask=mask_r)
 
 
-def _launch_config(dtype: torch.dtype, block_d: int, is_cuda: bool) -> dict[str, int]:
-    """Tile sizes. NOTE: chosen from sm90 AOT compiles (no register spills, see
-    tests/kernels/test_compile_sm90.py), not timed on a GPU yet."""
+def _launch_config(dtype: torch.dtype, block_d: int, is_cuda: bool, fp8_kv: bool = False) -> dict[str, int]:
+    """Tile sizes. head_dim <= 128, bf16/fp16 K/V: timed on an H200 (triton 3.6, benchmarks/kernels.py
+    --extend-sweep, results/gpu_h200_s25/), the fastest of eight at five of its six shapes and
+    1.4-1.9x faster than the 64 x 32 tile of 8 warps at all six. fp8 K/V keeps that older tile
+    (chosen from sm90 compiles without spills, tests/kernels/test_compile_sm90.py): the new one
+    spills more there and was not timed with it."""
     if not is_cuda:  # interpreter: fewer, larger blocks run faster
         return dict(BLOCK_M=32, BLOCK_N=64, num_warps=4, num_stages=1)
     if dtype == torch.float32 or block_d > 128:  # larger tiles spill
         return dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2)
-    # head_dim 128, bf16 or fp8 K/V, GQA 4/8, split or not: 150-212 registers and no spills
-    # with triton 3.6 and 3.9; 128-row tiles took all 255 and spilled, and so did BLOCK_N 64
-    # with triton 3.6
-    return dict(BLOCK_M=64, BLOCK_N=32, num_warps=8, num_stages=2)
+    if fp8_kv:
+        return dict(BLOCK_M=64, BLOCK_N=32, num_warps=8, num_stages=2)
+    return dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3)
 
 
 def stack_heads(group: int, block_m: int) -> tuple[int, int, int]:
@@ -212,7 +214,7 @@ def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         return torch.zeros((num_tokens, num_heads, head_dim), dtype=q.dtype, device=q.device)
     is_fp8 = k_cache.dtype == torch.uint8
     block_d = max(16, triton.next_power_of_2(head_dim))  # tl.dot needs K >= 16
-    cfg = _launch_config(q.dtype, block_d, q.is_cuda)
+    cfg = _launch_config(q.dtype, block_d, q.is_cuda, is_fp8)
     head_blocks, heads_per_tile, tokens_per_tile = stack_heads(group, cfg["BLOCK_M"])
     num_tiles = batch * num_kv_heads * head_blocks * triton.cdiv(max_extend_len, tokens_per_tile)
     if num_kv_splits is None:
