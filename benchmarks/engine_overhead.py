@@ -398,8 +398,8 @@ def main() -> int:
         sizes["repeats"] = ns.repeats
     import radixflow.runtime  # the commit of the code measured (PYTHONPATH may point at another checkout)
     code_dir = os.path.dirname(os.path.realpath(radixflow.runtime.__file__))
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=code_dir).stdout.strip()
+    commit = os.environ.get("RADIXFLOW_COMMIT") or subprocess.run(  # gpu_check.sh names it: see kernels.py
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=code_dir).stdout.strip()
     shape = TINY
     if ns.gpu:
         PLACEMENT.update(device="cuda", dtype="bfloat16")

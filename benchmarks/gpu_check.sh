@@ -32,6 +32,7 @@ note "== radixflow GPU check, $(date -u +%Y-%m-%dT%H:%M:%SZ)"
 note "gpu: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | head -1)"
 # RADIXFLOW_COMMIT first: a copied working tree can carry an older .git than its files
 commit=${RADIXFLOW_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
+export RADIXFLOW_COMMIT=$commit  # the benchmarks' JSONs record it too
 dirty=$(git status --porcelain 2>/dev/null | wc -l)
 note "commit: $commit (uncommitted changes: $dirty files)"
 

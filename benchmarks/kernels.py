@@ -132,7 +132,8 @@ def environment(device: torch.device) -> dict[str, object]:
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
                                 cwd=Path(__file__).resolve().parent)
-        info["commit"] = commit.stdout.strip() or None
+        # RADIXFLOW_COMMIT (gpu_check.sh) first: a copied tree can carry an older .git than its files
+        info["commit"] = os.environ.get("RADIXFLOW_COMMIT") or commit.stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         info["commit"] = None
     return info
