@@ -333,21 +333,28 @@ def decode_case(r: Runner, batch: int, context_len: int, splits: tuple[int, ...]
         r.free()
 
 
+def extend_inputs(r: Runner, batch: int, prefix_len: int, extend_len: int) -> tuple:
+    """(q, prefix_lens, extend_lens, extend_starts, FLOPs) of `batch` equal requests: `extend_len`
+    new tokens each after `prefix_len` cached ones."""
+    g, dev = r.grid, r.device
+    q = torch.randn(batch * extend_len, g.num_heads, g.head_dim, dtype=g.dtype, device=dev)
+    as_long = lambda xs: torch.tensor(xs, dtype=torch.int64, device=dev)  # noqa: E731
+    prefix_lens, extend_lens = as_long([prefix_len] * batch), as_long([extend_len] * batch)
+    starts = as_long([i * extend_len for i in range(batch)])
+    # causal: query j of a request sees prefix_len + j + 1 keys; 2 FLOPs per MAC, QK and PV
+    visible = batch * (extend_len * prefix_len + extend_len * (extend_len + 1) // 2)
+    return q, prefix_lens, extend_lens, starts, 4.0 * g.num_heads * g.head_dim * visible
+
+
 def extend_case(r: Runner, batch: int, prefix_len: int, extend_len: int) -> None:
     from radixflow.kernels import extend_attention, extend_attention_ref
 
     g, dev = r.grid, r.device
     sm_scale = 1.0 / math.sqrt(g.head_dim)
     seq_len = prefix_len + extend_len
-    q = torch.randn(batch * extend_len, g.num_heads, g.head_dim, dtype=g.dtype, device=dev)
-    as_long = lambda xs: torch.tensor(xs, dtype=torch.int64, device=dev)  # noqa: E731
-    prefix_lens, extend_lens = as_long([prefix_len] * batch), as_long([extend_len] * batch)
-    starts = as_long([i * extend_len for i in range(batch)])
+    q, prefix_lens, extend_lens, starts, flops = extend_inputs(r, batch, prefix_len, extend_len)
     base = dict(kind="extend", batch=batch, prefix_len=prefix_len, extend_len=extend_len, num_heads=g.num_heads,
                 num_kv_heads=g.num_kv_heads, head_dim=g.head_dim, dtype=str(g.dtype).removeprefix("torch."))
-    # causal: query j of a request sees prefix_len + j + 1 keys; 2 FLOPs per MAC, QK and PV
-    visible = batch * (extend_len * prefix_len + extend_len * (extend_len + 1) // 2)
-    flops = 4.0 * g.num_heads * g.head_dim * visible
     qb = q.view(batch, extend_len, g.num_heads, g.head_dim).transpose(1, 2)  # [batch, heads, extend_len, dim]
     for fp8 in (False, True):
         pool = make_pool(g, [seq_len] * batch, dev, fp8, seed=batch * 131 + seq_len)
@@ -395,12 +402,7 @@ def extend_sweep_case(r: Runner, batch: int, prefix_len: int, extend_len: int) -
     g, dev = r.grid, r.device
     sm_scale = 1.0 / math.sqrt(g.head_dim)
     seq_len = prefix_len + extend_len
-    q = torch.randn(batch * extend_len, g.num_heads, g.head_dim, dtype=g.dtype, device=dev)
-    as_long = lambda xs: torch.tensor(xs, dtype=torch.int64, device=dev)  # noqa: E731
-    prefix_lens, extend_lens = as_long([prefix_len] * batch), as_long([extend_len] * batch)
-    starts = as_long([i * extend_len for i in range(batch)])
-    visible = batch * (extend_len * prefix_len + extend_len * (extend_len + 1) // 2)
-    flops = 4.0 * g.num_heads * g.head_dim * visible
+    q, prefix_lens, extend_lens, starts, flops = extend_inputs(r, batch, prefix_len, extend_len)
     pool = make_pool(g, [seq_len] * batch, dev, False, seed=batch * 131 + seq_len)
     args = (q, pool.k_cache, pool.v_cache, pool.req_to_token, pool.req_rows, prefix_lens, extend_lens, starts,
             sm_scale, pool.k_scale, pool.v_scale)
