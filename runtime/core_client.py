@@ -350,7 +350,7 @@ class EngineClient:
 
     def _handle(self, message: Any) -> None:
         if isinstance(message, StepOutput):
-            self._deliver(message.outputs)
+            self._deliver(message.request_outputs())
         elif isinstance(message, Rejected):
             self._deliver([message])
         elif isinstance(message, ControlReply):

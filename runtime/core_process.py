@@ -212,10 +212,11 @@ class CoreServer:
             if not isinstance(message, StepOutput):
                 return
             reason = {"type": "error", "message": f"its output could not be sent: {exc!r}"}
-            for out in message.outputs:
+            outputs = message.request_outputs()
+            for out in outputs:
                 self.engine.abort(out.rid, reason)
             data = self.encoder.encode(StepOutput([RequestOutput(rid=out.rid, new_token_ids=[], finish_reason=reason)
-                                                   for out in message.outputs]))
+                                                   for out in outputs]))
         self.sock.send_multipart([identity, data], copy=False)
 
     def _broadcast(self, message: Any) -> None:

@@ -52,7 +52,7 @@ class OutputChannel:
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self._queues: dict[str, OutputQueue] = {}
-        self._pending: list[list[Any]] = []
+        self._pending: list[list[Any] | StepOutput] = []
         self._lock = threading.Lock()
 
     def open(self, rid: str) -> OutputQueue:
@@ -66,12 +66,12 @@ class OutputChannel:
 
     def post(self, step: StepOutput) -> None:
         """Engine thread: deliver `step` on the loop soon. A closed loop drops it (its consumers
-        are gone; their aborts are queued)."""
-        self.post_items(step.outputs)
+        are gone; their aborts are queued). Its columns become RequestOutputs on the loop."""
+        self.post_items(step)
 
-    def post_items(self, items: list[Any]) -> None:
+    def post_items(self, items: list[Any] | StepOutput) -> None:
         """Any thread: deliver each item (a RequestOutput, or anything with a `rid`: the core
-        client's refusals) to its request's queue on the loop soon."""
+        client's refusals; or a StepOutput's) to its request's queue on the loop soon."""
         with self._lock:
             self._pending.append(items)
             wake = len(self._pending) == 1
@@ -86,6 +86,8 @@ class OutputChannel:
             pending, self._pending = self._pending, []
         queues = self._queues
         for items in pending:
+            if isinstance(items, StepOutput):
+                items = items.request_outputs()
             for out in items:
                 queue = queues.get(out.rid)
                 if queue is not None:

@@ -42,9 +42,25 @@ class RequestOutput(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class StepOutput(msgspec.Struct, frozen=True, tag="step"):
-    """One step's outputs for one consumer: a single message however many requests it holds."""
+    """One step's outputs for one consumer: a single message however many requests it holds.
 
-    outputs: list[RequestOutput]
+    The common decode case travels in columns: a request whose only news is one token (tokens
+    only, no logprobs, neither its first message nor its last) is `token_rids[i]`, `tokens[i]`
+    and `cached_tokens[i]`, with no RequestOutput of its own to build, encode and decode. The
+    others are `outputs`. Consumers read both through `request_outputs()`.
+    """
+
+    outputs: list[RequestOutput] = []
+    token_rids: list[str] = []
+    tokens: list[int] = []
+    cached_tokens: list[int] = []
+
+    def request_outputs(self) -> list[RequestOutput]:
+        """Every request's output, the columns' made into RequestOutputs (on the consumer's side)."""
+        if not self.token_rids:
+            return self.outputs
+        return self.outputs + [RequestOutput(rid=rid, new_token_ids=[token], cached_tokens=cached)
+                               for rid, token, cached in zip(self.token_rids, self.tokens, self.cached_tokens)]
 
 
 # -- into the core process --------------------------------------------------------------------------

@@ -44,6 +44,35 @@ def append_token(req: Req, token: int, eos_ids: frozenset[int], max_context_len:
         finalize_text(req)
 
 
+def append_plain(sampled: list[tuple[Req, object]], now: float) -> tuple[int, list[tuple[Req, object]]]:
+    """`append_token` for each (req, outcome) pair of a step whose request needs nothing but
+    its token appended and its finish checked: a token (outcome `(token, None, None)`), no
+    text, grammar or logprob, its limits read. In one loop, no call per request: the engine's
+    per-step loop. Returns how many it appended and the pairs it left (in order) for the
+    general path: the others, and requests already finished."""
+    rest = []
+    count = 0
+    for pair in sampled:
+        req, outcome = pair
+        if (outcome.__class__ is not tuple or outcome[1] is not None or req.output_text is not None
+                or req.grammar is not None or req.finish_ids is None or req.finish_reason is not None):
+            rest.append(pair)
+            continue
+        token = outcome[0]
+        out = req.output_ids
+        out.append(token)
+        times = req.times
+        times.tokens.append(now)
+        if times.first_token is None:
+            times.first_token = now
+        if token in req.finish_ids:
+            req.finish({"type": "stop", "matched": token})
+        elif len(out) >= req.output_limit:
+            req.finish({"type": "length", "length": len(out)})
+        count += 1
+    return count, rest
+
+
 def finish_limits(req: Req, eos_ids: frozenset[int], max_context_len: int) -> None:
     """Set what ends req by token (its stop token ids, and EOS unless ignored) and by length
     (max_new_tokens, or the context length), read once per request by `append_token`."""

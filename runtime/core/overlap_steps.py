@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from radixflow.runtime.core.faults import NO_FAULTS
 from radixflow.runtime.core.overlap import InFlight, host_rows
 from radixflow.runtime.core.publish import publish
 
@@ -145,17 +146,21 @@ class OverlappedSteps:
         row's is its outcome, if it was sampled."""
         step = self.num_steps - 1
         host = flight.outcomes or {}
+        faults = self.faults is not NO_FAULTS
+        sampled: list = []
         for i, (req, token) in enumerate(zip(flight.batch.reqs, tokens)):
-            if req.is_finished:
+            if req.finish_reason is not None:
                 continue  # finished on the token before (its row computed past its end), or aborted
             if i in host:
                 if host[i] is not None:
-                    self._append_outcomes([(req, host[i])])
+                    sampled.append((req, host[i]))
                 continue
             try:
-                self.faults.check("sampler", (req,), step)
+                if faults:
+                    self.faults.check("sampler", (req,), step)
                 if token < 0:
                     raise ValueError("the model produced NaN logits for this request")
-                self._append(req, token, None, None)
-            except Exception as exc:  # its sampling row, detokenizer or stop checks
-                self._fail(req, exc)
+                sampled.append((req, (token, None, None)))
+            except Exception as exc:  # its sampling row's error
+                sampled.append((req, exc))
+        self._append_outcomes(sampled)  # its detokenizer, stop checks or grammar failing fail it alone

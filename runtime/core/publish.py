@@ -22,12 +22,15 @@ class OutputSink(Protocol):
 
 @dataclass
 class StreamCursor:
-    """How much of a request's output its RequestOutputs have carried so far."""
+    """How much of a request's output its RequestOutputs have carried so far. `plain`: after its
+    first message, a step's one new token goes in its StepOutput's columns (tokens only, no
+    logprobs: see messages.StepOutput)."""
 
     tokens: int = 0
     logprobs: int = 0
     text_len: int = 0
     is_first: bool = True
+    plain: bool = False
 
 
 def take_output(req: Req, cursor: StreamCursor) -> RequestOutput:
@@ -36,8 +39,8 @@ def take_output(req: Req, cursor: StreamCursor) -> RequestOutput:
     new_ids = req.output_ids[cursor.tokens:]
     cursor.tokens += len(new_ids)
     finished = req.finish_reason is not None
-    if req.output_text is None and not req.logprob.return_logprob and not (finished or cursor.is_first):
-        return RequestOutput(rid=req.rid, new_token_ids=new_ids, cached_tokens=req.cached_len)  # the common case
+    if cursor.plain and not finished:
+        return RequestOutput(rid=req.rid, new_token_ids=new_ids, cached_tokens=req.cached_len)  # a jump-forward's
     end = visible_len(req)
     asked = req.logprob.return_logprob
     out = RequestOutput(
@@ -48,29 +51,68 @@ def take_output(req: Req, cursor: StreamCursor) -> RequestOutput:
         finished_stats=finished_stats(req) if finished else None)
     cursor.logprobs, cursor.is_first = len(req.output_logprobs), False
     cursor.text_len = max(cursor.text_len, end)
+    cursor.plain = req.output_text is None and not asked
     return out
+
+
+class _SinkStep:
+    """One sink's part of a step, while `publish` builds it."""
+
+    __slots__ = ("sink", "outputs", "rids", "tokens", "cached")
+
+    def __init__(self, sink: OutputSink) -> None:
+        self.sink = sink
+        self.outputs: list[RequestOutput] = []
+        self.rids: list[str] = []
+        self.tokens: list[int] = []
+        self.cached: list[int] = []
 
 
 def publish(reqs: list[Req]) -> None:
     """Post the new output of each streaming request in `reqs` (new tokens, or its finish), one
-    StepOutput per sink. A failing sink never stops the engine loop."""
-    batches: dict[int, tuple[OutputSink, list[RequestOutput]]] = {}
+    StepOutput per sink. A failing sink never stops the engine loop. The engine's per-step
+    loop: a plain request's one new token costs three list appends (the StepOutput's columns)."""
+    steps: dict[int, _SinkStep] = {}
     current: OutputSink | None = None
-    outputs: list[RequestOutput] = []
+    rids = tokens = cached = outputs = None
     for req in reqs:
-        if req.sink is None or (req.finish_reason is None and len(req.output_ids) == req.cursor.tokens):
+        sink = req.sink
+        if sink is None:
             continue
+        cursor = req.cursor
+        ids = req.output_ids
+        n = len(ids)
+        if req.finish_reason is None:
+            if n == cursor.tokens:
+                continue
+            if cursor.plain and n == cursor.tokens + 1:
+                if sink is not current:
+                    rids, tokens, cached, outputs = _step_of(steps, sink)
+                    current = sink
+                rids.append(req.rid)
+                tokens.append(ids[-1])
+                cached.append(req.cached_len)
+                cursor.tokens = n
+                continue
         try:
-            out = take_output(req, req.cursor)
+            out = take_output(req, cursor)
         except Exception:  # its text or stats: log it, the others still get theirs
             log.exception("building the output of request %s failed", req.rid)
             continue
-        if req.sink is not current:  # one sink's requests are usually all of them, or come in runs
-            current = req.sink
-            outputs = batches.setdefault(id(current), (current, []))[1]
+        if sink is not current:  # one sink's requests are usually all of them, or come in runs
+            rids, tokens, cached, outputs = _step_of(steps, sink)
+            current = sink
         outputs.append(out)
-    for sink, outputs in batches.values():
+    for step in steps.values():
         try:
-            sink.post(StepOutput(outputs))
+            step.sink.post(StepOutput(step.outputs, step.rids, step.tokens, step.cached))
         except Exception:  # the consumer's side: log it, keep serving everyone else
-            log.exception("posting a step's output to %r failed", sink)
+            log.exception("posting a step's output to %r failed", step.sink)
+
+
+def _step_of(steps: dict[int, _SinkStep], sink: OutputSink) -> tuple[list, list, list, list]:
+    """`sink`'s part of the step: its columns and outputs."""
+    step = steps.get(id(sink))
+    if step is None:
+        step = steps[id(sink)] = _SinkStep(sink)
+    return step.rids, step.tokens, step.cached, step.outputs

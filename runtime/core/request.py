@@ -82,9 +82,11 @@ class Timestamps:
     finished: float | None = None
 
 
-@dataclass
+@dataclass(eq=False)
 class Req:
-    """One sequence being generated. The scheduler and engine thread own it exclusively.
+    """One sequence being generated. The scheduler and engine thread own it exclusively. Two
+    requests are equal only when they are the same object (the scheduler's lists find and remove
+    requests by identity).
 
     Token layout (`all_ids` = prompt + output):
 

@@ -100,18 +100,20 @@ def score_tokens(logits: torch.Tensor, token_ids: torch.Tensor, top_n: int) -> t
 
 
 def sample(logits: torch.Tensor, rows: list[SampleRow], generator: torch.Generator | None,
-           bitmask: tuple[torch.Tensor, torch.Tensor] | None = None) -> SampleResult:
+           bitmask: tuple[torch.Tensor, torch.Tensor] | None = None, plain: bool | None = None) -> SampleResult:
     """Choose one token per row of `logits` [B, vocab] (fp32, modified in place).
 
     `bitmask`, when given, marks the allowed tokens (grammar), packed: (int32 [R, >= vocab/32]
     bits, int64 [R] logits rows they apply to), see kernels/logits_mask.py. It applies before
     everything else. Logprobs are of the raw distribution, before the grammar, penalties and
     filters, computed only for rows with `want_logprob`. Mutates each row's `state`. A row whose
-    logits hold a NaN (the model broke for that request) gets token -1.
+    logits hold a NaN (the model broke for that request) gets token -1. `plain`: whether every
+    row is `plain`, when the caller knows (else it is found here).
     """
     device = logits.device
     broken = torch.isnan(logits.amax(dim=-1))  # [B]; amax propagates NaN (one vectorized pass)
-    plain = all(r.plain for r in rows)
+    if plain is None:
+        plain = all(r.plain for r in rows)
     want = [] if plain else [i for i, r in enumerate(rows) if r.want_logprob]
     raw = logits.index_select(0, torch.tensor(want, device=device)) if want else None  # [len(want), vocab], a copy
     if bitmask is not None:

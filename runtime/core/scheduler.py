@@ -211,10 +211,10 @@ class Scheduler(Admission, SlotAccounting):
         news = self._make_room_for_decode()
         if not self.running:
             return None
-        slots = self._alloc(sum(news))
+        slots = self._alloc(len(self.running) if news is None else sum(news))
         assert slots is not None, "decode room was made above"
         self.new_token_ratio = max(NEW_TOKEN_RATIO_MIN, self.new_token_ratio - NEW_TOKEN_RATIO_DECAY)
-        if len(slots) == len(news):  # the common case, one token each: no per-request arrays
+        if news is None or len(slots) == len(news):  # the common case, one token each: no per-request arrays
             return self._one_token_each(slots)
         batch = ScheduledBatch([], [], [], [], [], is_decode=False, is_decode_round=True)
         rows, starts, new_slots = [], [], []
@@ -262,10 +262,15 @@ class Scheduler(Admission, SlotAccounting):
         """Retract until every running request can get its new slots: a chunked prefill first
         (it has made the least progress), then the least-advanced running request. A request
         left alone that still cannot get a slot can never fit: it finishes with a reason.
-        Returns each running request's count of new tokens."""
+        Returns each running request's count of new tokens, or None for one each: only a
+        grammar's jump-forward appends more than the one sampled token (`check_slots`)."""
         while True:
-            news = [len(r.prompt_ids) + len(r.output_ids) - len(r.slots) for r in self.running]
-            if sum(news) <= self.kv.num_free + self.cache.evictable_size():
+            if any(r.grammar is not None for r in self.running):
+                news = [len(r.prompt_ids) + len(r.output_ids) - len(r.slots) for r in self.running]
+                need = sum(news)
+            else:
+                news, need = None, len(self.running)
+            if need <= self.kv.num_free + self.cache.evictable_size():
                 return news
             if self.prefilling:
                 self._retract(self.prefilling[0])

@@ -14,6 +14,7 @@ class SlotAccounting:
     req_pool: ReqToTokenPool
     cache: RadixCache
     waiting: list[Req]
+    running: list[Req]
 
     # -- accounting ----------------------------------------------------------------------------
 
@@ -43,3 +44,6 @@ class SlotAccounting:
             raise AssertionError(f"slot-table rows misplaced: holding {rows}, {self.req_pool.num_free_rows} free")
         if any(r.row is not None or len(r.slots) for r in self.waiting):
             raise AssertionError("a waiting request still holds a row or slots")
+        pending = {r.rid: r.seq_len - r.kv_len for r in self.running if r.grammar is None}
+        if any(n not in (0, 1) for n in pending.values()):  # 0: its token still on the device (overlap)
+            raise AssertionError(f"running requests without a grammar with other than one token to extend: {pending}")

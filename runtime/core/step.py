@@ -17,7 +17,7 @@ from radixflow.runtime.core.faults import NO_FAULTS, FaultInjector, NoFaults
 from radixflow.runtime.grammar.mask import grammar_bitmask
 from radixflow.runtime.grammar.state import advance as advance_grammar
 from radixflow.runtime.core.model_runner import ModelRunner
-from radixflow.runtime.core.output import append_token
+from radixflow.runtime.core.output import append_plain, append_token
 from radixflow.runtime.core.overlap import InFlight, Launcher, host_rows
 from radixflow.runtime.core.overlap_steps import OverlappedSteps
 from radixflow.runtime.core.publish import publish
@@ -90,6 +90,7 @@ class RowsToSample:
     reqs: list[Req]
     sample_rows: list[SampleRow]
     bitmask: tuple[torch.Tensor, torch.Tensor] | None
+    plain: bool  # every sampler row is `plain` (an argmax; nothing blocked or penalized)
 
 
 class StepRunner(OverlappedSteps):
@@ -235,21 +236,25 @@ class StepRunner(OverlappedSteps):
     def _prepare_rows(self, rows: list[int], reqs: list[Req], step: int) -> RowsToSample:
         """Grammar plans, sampler rows and the grammar bitmask for logit `rows` of `reqs`. A
         request whose grammar fails is failed and left out."""
-        if any(r.grammar is not None for r in reqs):
+        constrained = any(r.grammar is not None for r in reqs)
+        if constrained:
             rows, reqs = self._prepare_grammars(rows, reqs, step)
         sample_rows = [r.sample_row or self._sample_row(r) for r in reqs]
-        bitmask = grammar_bitmask(reqs, self.runner.device, on_error=self._fail) if reqs else None
-        return RowsToSample(rows, reqs, sample_rows, bitmask)
+        bitmask = grammar_bitmask(reqs, self.runner.device, on_error=self._fail) if constrained and reqs else None
+        return RowsToSample(rows, reqs, sample_rows, bitmask, all(r.plain for r in sample_rows))
 
     def _sample_rows(self, logits: torch.Tensor, prepared: RowsToSample, step: int) -> list[tuple[Req, Sampled]]:
         """Sample the prepared rows (masks, penalties, logprobs): per request, its outcome."""
         if not prepared.reqs:
             return []
-        return list(zip(prepared.reqs, self._sample(logits, prepared.rows, prepared.reqs, prepared.sample_rows,
-                                                    prepared.bitmask, step)))
+        return list(zip(prepared.reqs, self._sample(logits, prepared, step)))
 
     def _append_outcomes(self, sampled: list[tuple[Req, Sampled]], now: float | None = None) -> None:
-        """Append each sampled token, or fail its request for its row's error."""
+        """Append each sampled token, or fail its request for its row's error. Plain rows (most
+        decode rows) in one loop (`append_plain`), the rest one by one."""
+        if self.faults is NO_FAULTS:
+            count, sampled = append_plain(sampled, time.monotonic() if now is None else now)
+            self.generated_tokens += count
         for req, outcome in sampled:
             if isinstance(outcome, Exception):
                 self._fail(req, outcome)
@@ -295,14 +300,14 @@ class StepRunner(OverlappedSteps):
                 self._fail(req, exc)
         return [rows[i] for i in keep], [reqs[i] for i in keep]
 
-    def _sample(self, logits: torch.Tensor, rows: list[int], reqs: list[Req], sample_rows: list[SampleRow],
-                bitmask: tuple[torch.Tensor, torch.Tensor] | None, step: int) -> list[Sampled]:
+    def _sample(self, logits: torch.Tensor, prepared: RowsToSample, step: int) -> list[Sampled]:
         """Sample all rows at once; if that raises, row by row, so the error stays with the
         rows that cause it (e.g. NaN logits, a bad sampling option)."""
+        rows, reqs, sample_rows, bitmask = prepared.rows, prepared.reqs, prepared.sample_rows, prepared.bitmask
         try:
             self.faults.check("sampler", reqs, step)
-            return _unpack(sample(_rows_to_sample(logits, rows, sample_rows, bitmask), sample_rows,
-                                  self.generator, bitmask=bitmask))
+            return _unpack(sample(_rows_to_sample(logits, prepared), sample_rows, self.generator, bitmask=bitmask,
+                                  plain=prepared.plain))
         except Exception as exc:
             if len(reqs) == 1:
                 return [exc]
@@ -350,13 +355,14 @@ class StepRunner(OverlappedSteps):
         return row
 
 
-def _rows_to_sample(logits: torch.Tensor, rows: list[int], sample_rows: list[SampleRow],
-                    bitmask: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+def _rows_to_sample(logits: torch.Tensor, prepared: RowsToSample) -> torch.Tensor:
     """The logit rows to sample, which `sample` may change in place: a copy, unless they are all
     the rows (ascending: a decode step) and nothing will change them (no grammar mask, penalty or
     blocked id), so a row-by-row retry after a failure still reads the model's logits."""
+    rows = prepared.rows
     whole = len(rows) == logits.shape[0] and rows[-1] == len(rows) - 1
-    if whole and bitmask is None and not any(r.blocked_ids or r.penalized for r in sample_rows):
+    if whole and prepared.bitmask is None and (prepared.plain or not any(
+            r.blocked_ids or r.penalized for r in prepared.sample_rows)):
         return logits
     return logits[torch.tensor(rows, device=logits.device)]
 
@@ -364,6 +370,8 @@ def _rows_to_sample(logits: torch.Tensor, rows: list[int], sample_rows: list[Sam
 def _unpack(result) -> list[Sampled]:
     """Per row (token, logprob, tops), or the row's error (token -1: its logits held a NaN)."""
     n = len(result.tokens)
+    if result.logprobs is None and result.top_logprobs is None and (not n or min(result.tokens) >= 0):
+        return [(t, None, None) for t in result.tokens]  # the common case: tokens alone
     lps = result.logprobs if result.logprobs is not None else [None] * n
     tops = result.top_logprobs if result.top_logprobs is not None else [None] * n
     return [(t, lp, top) if t >= 0 else ValueError("the model produced NaN logits for this request")

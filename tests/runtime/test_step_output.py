@@ -3,6 +3,7 @@ streaming request's new tokens only; generate_stream rebuilds the cumulative chu
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 import torch
@@ -43,15 +44,15 @@ def test_each_step_posts_one_message_with_only_new_tokens(engine, monkeypatch):
     streams = _stream_all(engine, prompts)
     per_rid: dict[str, list[int]] = {}
     for step in posted:
-        rids = [out.rid for out in step.outputs]
+        rids = [out.rid for out in step.request_outputs()]
         assert len(rids) == len(set(rids)), "a request appears twice in one step's message"
-        for out in step.outputs:
+        for out in step.request_outputs():
             assert len(out.new_token_ids) <= 1, "a message carried more than the step's new token"
             per_rid.setdefault(out.rid, []).extend(out.new_token_ids)
-    assert any(len(step.outputs) > 1 for step in posted), "concurrent requests were not batched"
+    assert any(len(step.request_outputs()) > 1 for step in posted), "concurrent requests were not batched"
     finals = {chunks[-1]["meta_info"]["id"]: chunks[-1]["output_ids"] for chunks in streams}
     assert per_rid == finals
-    assert sum(1 for step in posted for out in step.outputs if out.finish_reason) == len(prompts)
+    assert sum(1 for step in posted for out in step.request_outputs() if out.finish_reason) == len(prompts)
 
 
 def test_stream_chunks_keep_the_native_shape(engine):
@@ -141,3 +142,82 @@ def test_engine_stream_interval_is_the_default_a_request_overrides():
         Engine(demo_model("tiny"), stream_interval=0)
     with pytest.raises(ValueError, match="stream_interval"):
         SamplingParams.from_dict({"stream_interval": 0})
+
+
+def test_plain_decode_tokens_travel_as_columns():
+    """A request whose only news in a step is one token (tokens only: no text or logprobs, not
+    its first message, not finished) goes in the StepOutput's columns, no RequestOutput of its
+    own; its consumer sees the same RequestOutput either way, through msgpack too."""
+    import msgspec
+
+    from radixflow.runtime.core.messages import FromCore, RequestOutput
+    from radixflow.runtime.core.publish import StreamCursor, publish
+    from radixflow.runtime.core.request import LogprobOptions, Req
+
+    class Sink:
+        def __init__(self):
+            self.steps: list[StepOutput] = []
+
+        def post(self, step):
+            self.steps.append(step)
+
+    sinks = [Sink(), Sink()]
+    sp = SamplingParams.from_dict({"max_new_tokens": 8})
+    reqs = [Req(f"r{i}", [1, 2, 3], sp, sink=sinks[i % 2], cursor=StreamCursor(), cached_len=i) for i in range(4)]
+    reqs[3].logprob = LogprobOptions(return_logprob=True)
+    for req in reqs:
+        req.output_ids.append(10)
+    publish(reqs)  # every first message is a RequestOutput (it starts the stream)
+    assert all(not s.steps[0].token_rids and len(s.steps[0].outputs) == 2 for s in sinks)
+    for i, req in enumerate(reqs):
+        req.output_ids.append(20 + i)
+    reqs[2].output_ids.append(30)  # two new tokens (a jump-forward): a RequestOutput
+    reqs[1].finish({"type": "length", "length": 2})
+    publish(reqs)
+    even, odd = sinks[0].steps[1], sinks[1].steps[1]
+    assert (even.token_rids, even.tokens, even.cached_tokens) == (["r0"], [20], [0])
+    assert [o.rid for o in even.outputs] == ["r2"] and even.outputs[0].new_token_ids == [22, 30]
+    assert not odd.token_rids and [o.rid for o in odd.outputs] == ["r1", "r3"]  # finished; logprobs
+    assert even.request_outputs()[-1] == RequestOutput(rid="r0", new_token_ids=[20], cached_tokens=0)
+    wire = msgspec.msgpack.Decoder(FromCore).decode(msgspec.msgpack.encode(even))
+    assert wire == even and wire.request_outputs() == even.request_outputs()
+    assert StepOutput([]).request_outputs() == []
+
+
+def test_a_plain_decode_step_builds_no_output_struct_per_request(engine, monkeypatch):
+    """The regression guard of the O(1)-structs decode step: streaming tokens-only requests,
+    the RequestOutputs the engine builds are their first and last messages only."""
+    import radixflow.runtime.core.publish as publish_mod
+    from radixflow.runtime.core.request import LogprobOptions
+
+    built = []
+    real = publish_mod.RequestOutput
+
+    def counting(*args, **kwargs):
+        built.append(kwargs.get("rid"))
+        return real(*args, **kwargs)
+    monkeypatch.setattr(publish_mod, "RequestOutput", counting)
+
+    class Sink:
+        def __init__(self):
+            self.tokens: dict[str, list[int]] = {}
+            self.done = 0
+
+        def post(self, step):
+            for out in step.request_outputs():
+                self.tokens.setdefault(out.rid, []).extend(out.new_token_ids)
+                self.done += out.finish_reason is not None
+
+    sink = Sink()
+    sp = SamplingParams.from_dict({**GREEDY, "max_new_tokens": 12})
+    prompts = [engine.tokenizer.encode(f"columns {i}") for i in range(6)]
+    for i, ids in enumerate(prompts):
+        engine.start_stream(ids, sp, LogprobOptions(), f"col-{i}", None, None, sink, with_text=False)
+    deadline = time.monotonic() + 60
+    while sink.done < len(prompts) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert sink.done == len(prompts)
+    assert all(len(t) == 12 for t in sink.tokens.values())
+    assert len(built) == 2 * len(prompts), built
+    full = engine.generate(input_ids=prompts, sampling_params={**GREEDY, "max_new_tokens": 12})
+    assert [sink.tokens[f"col-{i}"] for i in range(6)] == [f["output_ids"] for f in full]
