@@ -56,17 +56,19 @@ def padded_batch_size(bs: int, sizes: list[int]) -> int | None:
 
 
 def pack_decode_inputs(input_ids: list[int], positions: list[int], out_slots: list[int], req_rows: list[int],
-                       padded_bs: int) -> torch.Tensor:
-    """Host tensor [NUM_FIELDS, padded_bs] int64: one decode batch plus its padding rows (all zeros)."""
+                       padded_bs: int, pin: bool = False) -> torch.Tensor:
+    """Host tensor [NUM_FIELDS, padded_bs] int64: one decode batch plus its padding rows (all
+    zeros); `pin`: in pinned memory, for an asynchronous copy (runtime/core/upload.py)."""
     bs = len(input_ids)
     assert bs == len(positions) == len(out_slots) == len(req_rows) and bs <= padded_bs
-    packed = torch.zeros((NUM_FIELDS, padded_bs), dtype=torch.int64)
+    packed = torch.zeros((NUM_FIELDS, padded_bs), dtype=torch.int64, pin_memory=pin)
+    host = packed.numpy()
     for field, values in ((INPUT_IDS, input_ids), (POSITIONS, positions), (OUT_SLOTS, out_slots),
                           (REQ_ROWS, req_rows)):
-        packed[field, :bs] = torch.tensor(values, dtype=torch.int64)
+        host[field, :bs] = values
     # the new token sits at `position`, so its context holds position + 1 tokens
-    packed[SEQ_LENS, :bs] = packed[POSITIONS, :bs] + 1
-    packed[PREFIX_LENS, :bs] = packed[POSITIONS, :bs]
+    host[SEQ_LENS, :bs] = host[POSITIONS, :bs] + 1
+    host[PREFIX_LENS, :bs] = host[POSITIONS, :bs]
     return packed
 
 
@@ -156,14 +158,15 @@ class DecodeGraphRunner:
         padded = padded_batch_size(bs, self.batch_sizes)
         assert padded is not None, f"decode batch {bs} exceeds the largest captured size {self.max_bs}"
         on_device = isinstance(input_ids, torch.Tensor)
-        host = pack_decode_inputs([0] * bs if on_device else input_ids, positions, out_slots, req_rows, padded)
-        self.packed[:, :padded].copy_(host)
+        pin = self.packed.is_cuda  # asynchronous copies: the host never waits for a step in flight
+        host = pack_decode_inputs([0] * bs if on_device else input_ids, positions, out_slots, req_rows, padded, pin)
+        self.packed[:, :padded].copy_(host, non_blocking=True)
         if on_device:
             self.packed[INPUT_IDS, :bs].copy_(input_ids)
         if self.lora_slots is not None and lora_slots is not None:
-            ids = torch.full((padded,), -1, dtype=torch.int64)
-            ids[:bs] = torch.tensor(lora_slots, dtype=torch.int64)
-            self.lora_slot_ids[:padded].copy_(ids)
+            ids = torch.full((padded,), -1, dtype=torch.int64, pin_memory=pin)
+            ids.numpy()[:bs] = lora_slots
+            self.lora_slot_ids[:padded].copy_(ids, non_blocking=True)
         replay, out = self.replays[padded]
         replay()
         return out[:bs]

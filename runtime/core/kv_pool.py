@@ -7,6 +7,7 @@ import numpy as np
 import torch
 
 from radixflow.kernels.fp8 import FP8_E4M3_MAX
+from radixflow.runtime.core.upload import upload
 
 FP8_DTYPE_NAME = "fp8_e4m3"
 SlotIds = np.ndarray  # [n] int32
@@ -139,12 +140,12 @@ class ReqToTokenPool:
 
     def write_one_each(self, rows: list[int], cols: list[int], slots: SlotIds) -> None:
         """Write `slots[i]` at (`rows[i]`, `cols[i]`): a decode step's one new slot per request."""
-        if self._host is not None:
-            self._host[rows, cols] = slots
+        n = len(rows)
+        if self._host is not None:  # arrays first: numpy indexes with lists of ints far slower
+            self._host[np.fromiter(rows, np.intp, n), np.fromiter(cols, np.intp, n)] = slots
             return
-        device = self.table.device
-        idx = (torch.tensor(rows, device=device), torch.tensor(cols, device=device))
-        self.table.index_put_(idx, torch.from_numpy(slots).to(device))
+        rows_t, cols_t, slots_t = upload([rows, cols, slots], self.table.device)
+        self.table.index_put_((rows_t, cols_t), slots_t.to(torch.int32))
 
     def write(self, rows: list[int], starts: list[int], slots: list[SlotIds] | list[list[int]]) -> None:
         """Write `slots[i]` into row `rows[i]` from column `starts[i]`, as one indexed copy built
@@ -158,7 +159,7 @@ class ReqToTokenPool:
             if self._host is not None:
                 self._host[rows[0], starts[0]: starts[0] + total] = vals
             else:
-                self.table[rows[0], starts[0]: starts[0] + total] = torch.from_numpy(vals).to(self.table.device)
+                self.table[rows[0], starts[0]: starts[0] + total] = upload([vals], self.table.device)[0]
             return
         # column of flat item k (in row i): starts[i] + (k - first item of row i)
         firsts = np.cumsum(lens) - lens
@@ -167,6 +168,5 @@ class ReqToTokenPool:
         if self._host is not None:
             self._host[flat_rows, cols] = vals
             return
-        device = self.table.device
-        idx = (torch.from_numpy(flat_rows).to(device), torch.from_numpy(cols).to(device))
-        self.table.index_put_(idx, torch.from_numpy(vals).to(device))
+        rows_t, cols_t, vals_t = upload([flat_rows, cols, vals], self.table.device)
+        self.table.index_put_((rows_t, cols_t), vals_t.to(torch.int32))

@@ -20,6 +20,7 @@ from radixflow.runtime.model.model_config import ModelArgs, load_model_args
 from radixflow.runtime.model.random_weights import build_random_model
 from radixflow.runtime.core.request import Req
 from radixflow.runtime.core.scheduled_batch import ScheduledBatch
+from radixflow.runtime.core.upload import upload
 from radixflow.runtime.lora.batch import make_lora_batch
 from radixflow.runtime.lora.slots import LoraSlots
 from radixflow.runtime.model.packed_linear import can_prepack, prepack_linears
@@ -280,16 +281,3 @@ def last_ids(reqs: list[Req]) -> list[int]:
 def _decode_slots(reqs: list[Req], prefix_lens: list[int], new_slots: np.ndarray | None) -> list[int]:
     """Each request's slot at its decode position: the step's `new_slots`, or read from the requests."""
     return new_slots.tolist() if new_slots is not None else [r.slots[p] for r, p in zip(reqs, prefix_lens)]
-
-
-def upload(parts: list, device: torch.device) -> list[torch.Tensor]:
-    """int64 tensors on `device` of `parts` (sequences of ints), with one host-to-device copy:
-    packed into one host buffer, pinned on CUDA so the copy does not block the host (the caching
-    host allocator keeps the buffer until the copy is done), then split into views."""
-    sizes = [len(part) for part in parts]
-    host_t = torch.empty(sum(sizes), dtype=torch.int64, pin_memory=device.type == "cuda")
-    host, pos = host_t.numpy(), 0
-    for part, n in zip(parts, sizes):
-        host[pos: pos + n] = part
-        pos += n
-    return list(host_t.to(device, non_blocking=True).split(sizes))

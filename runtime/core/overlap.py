@@ -34,6 +34,7 @@ from radixflow.runtime.core.model_runner import ModelRunner
 from radixflow.runtime.core.request import Req
 from radixflow.runtime.core.sampler import SampleRow, sample_on_device
 from radixflow.runtime.core.scheduled_batch import ScheduledBatch
+from radixflow.runtime.core.upload import upload
 
 # What a launched step's job returns: its tokens [B] int64 on the device (-1: NaN logits; 0 on
 # host rows until the engine thread samples them), the same on the host (pinned, filled
@@ -151,7 +152,7 @@ class Launcher:
         if host:
             skip = set(host)
             picks = [i for i in range(len(reqs)) if i not in skip]
-            plain, reqs = torch.tensor(picks, dtype=torch.int64, device=self.runner.device), [reqs[i] for i in picks]
+            plain, reqs = upload([picks], self.runner.device)[0], [reqs[i] for i in picks]
         input_ids, rows, generator = self._input_ids(batch, prev), plain_rows(reqs), self.generator
         return InFlight(batch, step, self._submit(lambda: run_step(run, input_ids, plain, rows, generator)), host)
 
@@ -163,15 +164,14 @@ class Launcher:
         """The step's input ids [B] int64 on the device, as a function its job calls."""
         dev = self.runner.device
         if prev is None:
-            ids = torch.tensor([r.ids_range(p, p + 1)[0] for r, p in zip(batch.reqs, batch.prefix_lens)],
-                               dtype=torch.int64, device=dev)
+            ids = upload([[r.ids_range(p, p + 1)[0] for r, p in zip(batch.reqs, batch.prefix_lens)]], dev)[0]
             return lambda: ids
         where = {id(r): i for i, r in enumerate(prev.batch.reqs)}
         picks = [where[id(r)] for r in batch.reqs]
         # a NaN row's -1 becomes token 0: its request fails when prev's tokens are appended
         if picks == list(range(len(prev.batch.reqs))):
             return lambda: prev.device_tokens().clamp(min=0)
-        index = torch.tensor(picks, dtype=torch.int64, device=dev)
+        index = upload([picks], dev)[0]
         return lambda: prev.device_tokens().index_select(0, index).clamp(min=0)
 
     def _submit(self, job: Callable[[], StepTokens]) -> Future:

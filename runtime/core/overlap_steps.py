@@ -3,11 +3,10 @@ before it is in flight, sample its host rows once their previous tokens are appe
 its tokens a step late."""
 from __future__ import annotations
 
-import torch
-
 from radixflow.runtime.core.faults import NO_FAULTS
 from radixflow.runtime.core.overlap import InFlight, host_rows
 from radixflow.runtime.core.publish import publish
+from radixflow.runtime.core.upload import upload
 
 
 class OverlappedSteps:
@@ -138,8 +137,8 @@ class OverlappedSteps:
             step.outcomes[i] = outcome
             values.append(outcome[0] if isinstance(outcome, tuple) else 0)
         tokens = step.device_tokens()
-        tokens.index_copy_(0, torch.tensor(prepared.rows, device=tokens.device),
-                           torch.tensor(values, dtype=tokens.dtype, device=tokens.device))
+        rows_t, values_t = upload([prepared.rows, values], tokens.device)
+        tokens.index_copy_(0, rows_t, values_t.to(tokens.dtype))
 
     def _append_tokens(self, flight: InFlight, tokens: list[int]) -> None:
         """Append each unfinished request's sampled token (-1: its logits held a NaN); a host

@@ -14,6 +14,7 @@ from radixflow.kernels.logits_mask import apply_token_bitmask, apply_token_bitma
 from radixflow.runtime.core.penalties import RowState, apply_penalties
 from radixflow.runtime.sampling_params import SamplingParams
 from radixflow.runtime.core.seeded import counter_uniforms
+from radixflow.runtime.core.upload import to_device, upload
 
 TopLogprobs = list[tuple[int, float]]
 # Candidates taken for a top_p row without top_k; a nucleus wider than this (rare: a very flat
@@ -131,7 +132,8 @@ def sample(logits: torch.Tensor, rows: list[SampleRow], generator: torch.Generat
 
 def sample_on_device(logits: torch.Tensor, rows: list[SampleRow], generator: torch.Generator | None) -> torch.Tensor:
     """Token ids [B] int64 on the logits' device, -1 where a row's logits hold a NaN, with no
-    host sync (except a top_p redraw wider than TOP_P_CANDIDATES). Only for rows without
+    host sync, except where a row has top_p without top_k (checking whether its nucleus is wider
+    than TOP_P_CANDIDATES reads one flag back). Only for rows without
     grammar, penalties, blocked ids, logprobs or seed: the overlapped decode steps' rows
     (runtime/core/overlap.py), whose tokens the host reads a step later. For such rows it
     picks what `sample` picks."""
@@ -210,25 +212,26 @@ def choose(logits: torch.Tensor, rows: list[SampleRow], generator: torch.Generat
     device, vocab = logits.device, logits.shape[1]
     params = [rows[i].sampling for i in sampled]
     top_ks = [p.top_k if p.top_k > 0 else 0 for p in params]
-    table = torch.tensor([[p.temperature, k, p.top_p, p.min_p] for p, k in zip(params, top_ks)],
-                         device=device, dtype=torch.float32)  # [S, 4], one host-to-device copy
+    table = to_device(torch.tensor([[p.temperature, k, p.top_p, p.min_p] for p, k in zip(params, top_ks)],
+                                   dtype=torch.float32), device)  # [S, 4]
     u = _uniforms([rows[i] for i in sampled], generator, device)  # [S]
-    scaled = logits.index_select(0, torch.tensor(sampled, device=device)) / table[:, :1]  # [S, vocab]
-    picks = torch.empty(len(sampled), dtype=torch.long, device=device)
     plain = [j for j, p in enumerate(params) if top_ks[j] == 0 and p.top_p >= 1.0]
     ranked = [j for j, p in enumerate(params) if top_ks[j] > 0 or p.top_p < 1.0]
+    sampled_t, plain_t, ranked_t = upload([sampled, plain, ranked], device)  # one asynchronous copy
+    scaled = logits.index_select(0, sampled_t) / table[:, :1]  # [S, vocab]
+    picks = torch.empty(len(sampled), dtype=torch.long, device=device)
     if plain:
-        j = torch.tensor(plain, device=device)
+        j = plain_t
         picks[j] = _draw_unsorted(scaled[j], table[j, 3], u[j], any(params[x].min_p > 0 for x in plain))
     if ranked:
-        j = torch.tensor(ranked, device=device)
+        j = ranked_t
         width = min(vocab, max(top_ks[x] or TOP_P_CANDIDATES for x in ranked))
         picked, uncovered = _draw_ranked(scaled[j], table[j], u[j], width)
         if width < vocab and any(top_ks[x] == 0 for x in ranked) and bool(uncovered.any()):
             wide = j[uncovered]  # nucleus wider than the candidates: sort those rows in full
             picked[uncovered] = _draw_ranked(scaled[wide], table[wide], u[wide], vocab)[0]
         picks[j] = picked
-    tokens[torch.tensor(sampled, device=device)] = picks
+    tokens[sampled_t] = picks
     return tokens
 
 

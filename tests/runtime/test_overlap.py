@@ -6,6 +6,7 @@ import json
 import threading
 import time
 
+import numpy as np
 import pytest
 import torch
 
@@ -360,3 +361,45 @@ def test_gpu_overlap_gives_the_outputs_of_overlap_off():
         off_rows, _, _ = _run_host_rows(False, jump_forward, **cuda)
         on_rows, _, step = _run_host_rows(True, jump_forward, **cuda)
         assert on_rows == off_rows and step.num_host_rows > 0
+
+
+def test_slot_table_device_writes_equal_the_host_ones():
+    """The slot table's device path (asynchronous uploads, runtime/core/upload.py), forced on CPU,
+    writes what the host path writes: one slot per row, one run, and several runs."""
+    from radixflow.runtime.core.kv_pool import ReqToTokenPool
+
+    pools = [ReqToTokenPool(4, 32, torch.device("cpu")) for _ in range(2)]
+    pools[1]._host = None  # the CUDA code path
+    for pool in pools:
+        pool.write_one_each([0, 2, 3], [5, 0, 31], np.array([7, 8, 9], dtype=np.int32))
+        pool.write([1], [3], [np.arange(10, 20, dtype=np.int32)])
+        pool.write([0, 3], [6, 1], [[1, 2], np.array([3, 4, 5], dtype=np.int32)])
+    assert pools[0].table.dtype == pools[1].table.dtype == torch.int32
+    assert torch.equal(pools[0].table, pools[1].table)
+    assert pools[0].table[3, :4].tolist() == [0, 3, 4, 5] and pools[0].table[0, 5:8].tolist() == [7, 1, 2]
+
+
+@pytest.mark.gpu
+def test_gpu_step_inputs_reach_the_device_without_waiting_for_it():
+    """Overlap needs the host to prepare step N+1 while step N runs: the slot-table writes and a
+    CUDA graph's inputs are copied asynchronously (pinned), so none of them waits for the kernels
+    already queued (a pageable copy would synchronize the stream)."""
+    from radixflow.runtime.core.kv_pool import ReqToTokenPool
+
+    cuda = torch.device("cuda")
+    pool = ReqToTokenPool(4, 64, cuda)
+    with Engine(demo_model("tiny"), device="cuda", dtype="float32", kv_cache_tokens=4096, max_num_seqs=8,
+                cuda_graph_max_bs=8) as engine:
+        engine.generate("warm the graphs up", {"temperature": 0, "max_new_tokens": 4})
+        graphs = engine.runner.graph_runner
+        assert graphs is not None
+        torch.cuda.synchronize()
+        torch.cuda._sleep(200_000_000)  # ~0.1 s of device time queued ahead of the copies
+        pool.write_one_each([0, 1], [3, 4], np.array([7, 8], dtype=np.int32))
+        pool.write([2], [0], [np.arange(5, dtype=np.int32)])
+        pool.write([0, 3], [0, 1], [[1, 2], [3, 4, 5]])
+        graphs.run([1, 2], [0, 0], [1, 2], [0, 1])
+        waited = torch.cuda.current_stream().query()
+        torch.cuda.synchronize()
+    assert not waited, "a host-to-device copy waited for the device"
+    assert pool.table[0, :5].tolist() == [1, 2, 0, 7, 0] and pool.table[3, 1:4].tolist() == [3, 4, 5]
