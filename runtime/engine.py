@@ -164,7 +164,7 @@ class Engine:
         engine thread); returns it. Raises what validation or a full queue raises; a grammar
         compiles here, so call it off any event loop when `sp.is_constrained`. `with_text=False`:
         its outputs carry token ids only (no detokenizing, no stop strings: the caller's)."""
-        req = self._make_req(ids, sp, opts, rid, lora, None, with_text=with_text)
+        req = self._make_req(ids, sp, opts, rid, lora, None, with_text=with_text, streamed=True)
         req.sink, req.cursor, req.session_id = sink, StreamCursor(), session_id
         self.loop.submit(req)
         return req
@@ -279,9 +279,11 @@ class Engine:
 
     def _make_req(self, ids: list[int], sp: SamplingParams, opts: LogprobOptions, rid: str | None,
                   lora_path: str | None, on_output: Callable[[Req, bool], None] | None,
-                  checked: bool = False, with_text: bool = True) -> Req:
+                  checked: bool = False, with_text: bool = True, streamed: bool = False) -> Req:
         """`checked`: the caller already ran validate_prompt(ids, sp) (an O(prompt) scan);
-        `with_text=False`: tokens only, its text and stop strings are the caller's."""
+        `with_text=False`: tokens only, its text and stop strings are the caller's. The text of
+        a request nobody streams and no stop string or regex ends is made once, at its finish
+        (`Req.deferred_text`): its steps append tokens only."""
         if not checked:
             self.validate_prompt(ids, sp)
         check_lora_request(self.loras, lora_path)
@@ -292,7 +294,11 @@ class Engine:
             if orphan is not None:  # its file changed on disk: drop the old content's KV (no waiting here)
                 self.loop.post("drop", orphan)
         if with_text:
-            req.output_text = OutputText(self.tokenizer, sp, ids)
+            text = OutputText(self.tokenizer, sp, ids)
+            if streamed or sp.stop_strings or sp.stop_regexes:
+                req.output_text = text
+            else:
+                req.deferred_text = text
         if sp.seed is not None:
             req.generator = torch.Generator(self.runner.device).manual_seed(sp.seed)
         req.grammar = self.grammar.new_state(sp, opts.return_logprob)

@@ -149,7 +149,7 @@ class ModelRunner:
         """
         self._maybe_capture_graphs()
         if self._can_replay(batch, logit_offsets):
-            return self._replay(batch.reqs, batch.prefix_lens, batch.new_slots)
+            return self._replay(batch)
         graph_rows = self._graph_rows(batch, logit_offsets)
         if graph_rows:
             return self._forward_split(batch, logit_offsets, graph_rows)
@@ -170,20 +170,20 @@ class ModelRunner:
         if self._can_replay(batch, offsets):
             graphs = self.graph_runner
             assert graphs is not None
-            positions, rows = list(batch.prefix_lens), [r.row for r in batch.reqs]
+            positions, rows = list(batch.prefix_lens), _rows(batch)
             out_slots = _decode_slots(batch.reqs, batch.prefix_lens, batch.new_slots)
             loras = [r.lora_id for r in batch.reqs]
             return lambda ids: graphs.run(ids, positions, out_slots, rows, lora_slots=loras)
         fb = self.make_forward_batch(batch, offsets, input_ids=_IDS_LATER)
         return lambda ids: self.model(dataclasses.replace(fb, input_ids=ids), self.attention)
 
-    def _replay(self, reqs: list[Req], prefix_lens: list[int], new_slots: np.ndarray | None = None) -> torch.Tensor:
-        """Logits [len(reqs), vocab] of one decode token per request, from the graphs.
-        `new_slots`: each request's slot at its position (read from the requests if None)."""
+    def _replay(self, batch: ScheduledBatch) -> torch.Tensor:
+        """Logits [len(batch.reqs), vocab] of a decode step (one token per request), from the graphs."""
         assert self.graph_runner is not None
+        reqs = batch.reqs
         return self.graph_runner.run(
-            input_ids=last_ids(reqs), positions=list(prefix_lens),
-            out_slots=_decode_slots(reqs, prefix_lens, new_slots), req_rows=[r.row for r in reqs],
+            input_ids=last_ids(reqs), positions=list(batch.prefix_lens),
+            out_slots=_decode_slots(reqs, batch.prefix_lens, batch.new_slots), req_rows=_rows(batch),
             lora_slots=[r.lora_id for r in reqs])
 
     def _can_replay(self, batch: ScheduledBatch, logit_offsets: list[list[int]]) -> bool:
@@ -214,7 +214,10 @@ class ModelRunner:
         sub = ScheduledBatch(pick(batch.reqs), pick(batch.prefix_lens), pick(batch.extend_lens),
                              pick(batch.completes), pick(batch.sample), is_decode=False)
         eager_logits = self.model(self.make_forward_batch(sub, [logit_offsets[i] for i in eager]), self.attention)
-        graph_logits = self._replay([batch.reqs[i] for i in graph_rows], [batch.prefix_lens[i] for i in graph_rows])
+        graph_part = ScheduledBatch([batch.reqs[i] for i in graph_rows], [batch.prefix_lens[i] for i in graph_rows],
+                                    [1] * len(graph_rows), [True] * len(graph_rows), [True] * len(graph_rows),
+                                    is_decode=True)
+        graph_logits = self._replay(graph_part)
         starts = [0]
         for offs in logit_offsets:
             starts.append(starts[-1] + len(offs))
@@ -232,7 +235,7 @@ class ModelRunner:
         after = np.asarray(prefix, dtype=np.int64) + 1
         rows = np.arange(n)
         ids, positions, out_slots, req_rows, extend_lens, seq_lens, starts = upload(
-            [last_ids(reqs) if input_ids is None else (), prefix, batch.new_slots, [r.row for r in reqs],
+            [last_ids(reqs) if input_ids is None else (), prefix, batch.new_slots, _rows(batch),
              np.ones(n, dtype=np.int64), after, rows], dev)
         return ForwardBatch(
             is_decode=True, input_ids=ids if input_ids is None else input_ids, positions=positions,
@@ -276,6 +279,11 @@ def last_ids(reqs: list[Req]) -> list[int]:
     """Each request's last known token: a decode step's input (at position kv_len, the one
     token whose KV the step computes)."""
     return [r.output_ids[-1] if r.output_ids else r.prompt_ids[-1] for r in reqs]
+
+
+def _rows(batch: ScheduledBatch) -> list[int]:
+    """Each request's slot-table row (the scheduler's list for a decode step)."""
+    return batch.rows if batch.rows is not None else [r.row for r in batch.reqs]
 
 
 def _decode_slots(reqs: list[Req], prefix_lens: list[int], new_slots: np.ndarray | None) -> list[int]:

@@ -82,7 +82,13 @@ def finish_limits(req: Req, eos_ids: frozenset[int], max_context_len: int) -> No
 
 
 def finalize_text(req: Req) -> None:
-    """Flush the detokenizer's held-back bytes into the text (once, at finish)."""
+    """Flush the detokenizer's held-back bytes into the text (once, at finish); a deferred text
+    is made here from all the output tokens, in one detokenizer step."""
+    deferred = req.deferred_text
+    if deferred is not None:
+        req.deferred_text = None
+        deferred.add_all(req.output_ids)
+        req.output_text = deferred
     if req.output_text is not None:
         req.output_text.finalize()
 

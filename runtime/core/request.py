@@ -126,6 +126,7 @@ class Req:
     session_id: str | None = None  # requests of one conversation or program run (session goodput)
     finish_reason: dict[str, Any] | None = None
     output_text: Any = None      # an OutputText (runtime/text/output_text.py); None: tokens only
+    deferred_text: Any = None    # an OutputText made from all output tokens at the finish (then output_text)
     generator: torch.Generator | None = None
     sampler_state: Any = None    # runtime/core/penalties.py RowState, set at the first sampled step
     sample_row: Any = None       # its SampleRow (runtime/core/sampler.py) once nothing is blocked

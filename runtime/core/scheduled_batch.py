@@ -27,3 +27,4 @@ class ScheduledBatch:
     misses: list[dict[str, int]] = field(default_factory=list)
     is_decode_round: bool = False
     new_slots: SlotIds | None = None  # a decode step's: each row's one new slot (else None)
+    rows: list[int] | None = None     # with new_slots: each request's slot-table row

@@ -252,11 +252,11 @@ class Scheduler(Admission, SlotAccounting):
 
     def _one_token_each(self, slots: SlotIds) -> ScheduledBatch:
         reqs = list(self.running)
-        starts = append_one_each([r.slots for r in reqs], slots.tolist())
-        self.req_pool.write_one_each([r.row for r in reqs], starts, slots)
+        starts, rows = append_one_each(reqs, slots.tolist())
+        self.req_pool.write_one_each(rows, starts, slots)
         n = len(reqs)
         return ScheduledBatch(reqs, starts, [1] * n, [True] * n, [True] * n, is_decode=True, is_decode_round=True,
-                              new_slots=slots)
+                              new_slots=slots, rows=rows)
 
     def _make_room_for_decode(self) -> list[int]:
         """Retract until every running request can get its new slots: a chunked prefill first

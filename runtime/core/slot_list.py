@@ -82,11 +82,14 @@ class SlotList:
         return f"SlotList({self.tolist()!r})" if self._len <= 16 else f"SlotList(<{self._len} slots>)"
 
 
-def append_one_each(lists: list[SlotList], slots: list[int]) -> list[int]:
-    """Append `slots[i]` to `lists[i]` (a decode step's new slot per request); returns each
-    list's length before. The engine's per-step loop: no method call per list."""
-    starts = []
-    for sl, slot in zip(lists, slots):
+def append_one_each(reqs: list, slots: list[int]) -> tuple[list[int], list[int]]:
+    """Append `slots[i]` to `reqs[i].slots` (a decode step's new slot per request: a SlotList
+    each); returns each list's length before, and each request's slot-table `row`. The engine's
+    per-step loop: no method call per request."""
+    starts, rows = [], []
+    for req, slot in zip(reqs, slots):
+        sl = req.slots
+        rows.append(req.row)
         n = sl._len
         items = sl._items
         if n == len(items):
@@ -95,4 +98,4 @@ def append_one_each(lists: list[SlotList], slots: list[int]) -> list[int]:
         items[n] = slot
         sl._len = n + 1
         starts.append(n)
-    return starts
+    return starts, rows

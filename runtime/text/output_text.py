@@ -44,6 +44,11 @@ class OutputText:
             self.text += self._detokenizer.step([token])
         return prev_len
 
+    def add_all(self, tokens: list[int]) -> None:
+        """Append the text of `tokens` at once (a request with no stops to look for)."""
+        if self._detokenizer is not None and tokens:
+            self.text += self._detokenizer.step(tokens)
+
     def match_stop(self, prev_len: int) -> dict[str, Any] | None:
         """The stop reason if a stop string or regex completed in the text after `prev_len`
         (the text is then trimmed and final), else None. Regexes see only the new text (linear

@@ -221,3 +221,30 @@ def test_a_plain_decode_step_builds_no_output_struct_per_request(engine, monkeyp
     assert len(built) == 2 * len(prompts), built
     full = engine.generate(input_ids=prompts, sampling_params={**GREEDY, "max_new_tokens": 12})
     assert [sink.tokens[f"col-{i}"] for i in range(6)] == [f["output_ids"] for f in full]
+
+
+def test_non_streamed_text_is_made_once_at_the_finish(engine, monkeypatch):
+    """A `generate` request with no stop string or regex is detokenized once, when it finishes
+    (the engine step appends its tokens only); its text is the incrementally made one: the same
+    request with a stop string that never matches (detokenized token by token) gives the same."""
+    from radixflow.runtime.text.output_text import OutputText
+
+    adds = []
+    real_add = OutputText.add
+
+    def counting_add(self, token):
+        adds.append(token)
+        return real_add(self, token)
+    monkeypatch.setattr(OutputText, "add", counting_add)
+    prompts = [f"deferred text {i}:" for i in range(6)] + ["é€😀 ünïcödé"]
+    sp = {"temperature": 0, "max_new_tokens": 24, "ignore_eos": True, "skip_special_tokens": False}
+    once = engine.generate(prompts, sp)
+    assert adds == []
+    incremental = engine.generate(prompts, {**sp, "stop": ["\x00never"]})
+    assert len(adds) == sum(len(r["output_ids"]) for r in incremental)
+    assert [r["output_ids"] for r in once] == [r["output_ids"] for r in incremental]
+    assert [r["text"] for r in once] == [r["text"] for r in incremental]
+    assert any(r["text"] for r in once)
+    eos = engine.generate(prompts[:3], {"temperature": 0, "max_new_tokens": 24})  # EOS may end these
+    again = engine.generate(prompts[:3], {"temperature": 0, "max_new_tokens": 24, "stop": ["\x00never"]})
+    assert [r["text"] for r in eos] == [r["text"] for r in again]
