@@ -88,19 +88,20 @@ class SampleTimer:
 
     def __init__(self) -> None:
         import radixflow.runtime.core.step as step_mod
-        self.mod, self.orig, self.total_s, self.calls = step_mod, step_mod.sample, 0.0, 0
+        self.mod, self.orig, self.total_s, self.cpu_s, self.calls = step_mod, step_mod.sample, 0.0, 0.0, 0
 
         def timed(*args, **kwargs):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             try:
                 return self.orig(*args, **kwargs)
             finally:
                 self.total_s += time.perf_counter() - t0
+                self.cpu_s += time.thread_time() - c0
                 self.calls += 1
         step_mod.sample = timed
 
     def reset(self) -> None:
-        self.total_s, self.calls = 0.0, 0
+        self.total_s, self.cpu_s, self.calls = 0.0, 0.0, 0
 
     def close(self) -> None:
         self.mod.sample = self.orig
@@ -178,6 +179,8 @@ def bench_decode_step(model_dir: Path, batch: int, decode_len: int, repeats: int
             rids = [f"{mode}-{rep}-{i}" for i in range(batch)]
             ps = prompts(rng, batch, 16)
             timer.reset()
+            clock = time.pthread_getcpuclockid(engine.loop._thread.ident)  # the engine thread's CPU time
+            cpu0, steps0 = time.clock_gettime(clock), engine.stats().num_steps
             if mode == "generate":
                 engine.generate(input_ids=ps, sampling_params=params, rid=rids)
             elif mode == "core_process":
@@ -190,10 +193,15 @@ def bench_decode_step(model_dir: Path, batch: int, decode_len: int, repeats: int
                 async def run_all():
                     await asyncio.gather(*(consume(p, r) for p, r in zip(ps, rids)))
                 asyncio.run(run_all())
+            cpu_s, all_steps = time.clock_gettime(clock) - cpu0, engine.stats().num_steps - steps0
             wall, steps = step_window(engine, set(rids))
             sample_ms = 1e3 * timer.total_s / max(timer.calls, 1)
             run = {"ms_per_step": 1e3 * wall / steps, "sample_ms_per_step": sample_ms,
-                   "engine_ms_per_step": 1e3 * wall / steps - sample_ms, "steps": steps}
+                   "engine_ms_per_step": 1e3 * wall / steps - sample_ms, "steps": steps,
+                   # the engine thread's CPU time over the whole run (admission and finishes
+                   # included) per step, less the sampler's: steadier than wall time on a
+                   # shared machine, which the other threads and processes do not enter
+                   "engine_cpu_ms_per_step": 1e3 * (cpu_s - timer.cpu_s) / all_steps}
             print(f"decode_step {mode}: {run}", flush=True)
             out.setdefault(f"{mode}_runs", []).append(run)
     for mode in MODES:  # the median run: the machine is shared
