@@ -393,12 +393,16 @@ def test_gpu_step_inputs_reach_the_device_without_waiting_for_it():
         engine.generate("warm the graphs up", {"temperature": 0, "max_new_tokens": 4})
         graphs = engine.runner.graph_runner
         assert graphs is not None
+
+        def prepare_a_step() -> None:
+            pool.write_one_each([0, 1], [3, 4], np.array([7, 8], dtype=np.int32))
+            pool.write([2], [0], [np.arange(5, dtype=np.int32)])
+            pool.write([0, 3], [0, 1], [[1, 2], [3, 4, 5]])
+            graphs.run([1, 2], [0, 0], [1, 2], [0, 1])
+        prepare_a_step()  # pinned blocks enter the host allocator's cache, as in serving
         torch.cuda.synchronize()
         torch.cuda._sleep(200_000_000)  # ~0.1 s of device time queued ahead of the copies
-        pool.write_one_each([0, 1], [3, 4], np.array([7, 8], dtype=np.int32))
-        pool.write([2], [0], [np.arange(5, dtype=np.int32)])
-        pool.write([0, 3], [0, 1], [[1, 2], [3, 4, 5]])
-        graphs.run([1, 2], [0, 0], [1, 2], [0, 1])
+        prepare_a_step()
         waited = torch.cuda.current_stream().query()
         torch.cuda.synchronize()
     assert not waited, "a host-to-device copy waited for the device"
