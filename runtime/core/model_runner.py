@@ -149,7 +149,7 @@ class ModelRunner:
         """
         self._maybe_capture_graphs()
         if self._can_replay(batch, logit_offsets):
-            return self._replay(batch)
+            return self._replay(batch.reqs, batch.prefix_lens, batch.new_slots, _rows(batch))
         graph_rows = self._graph_rows(batch, logit_offsets)
         if graph_rows:
             return self._forward_split(batch, logit_offsets, graph_rows)
@@ -177,14 +177,16 @@ class ModelRunner:
         fb = self.make_forward_batch(batch, offsets, input_ids=_IDS_LATER)
         return lambda ids: self.model(dataclasses.replace(fb, input_ids=ids), self.attention)
 
-    def _replay(self, batch: ScheduledBatch) -> torch.Tensor:
-        """Logits [len(batch.reqs), vocab] of a decode step (one token per request), from the graphs."""
+    def _replay(self, reqs: list[Req], prefix_lens: list[int], new_slots: np.ndarray | None = None,
+                rows: list[int] | None = None) -> torch.Tensor:
+        """Logits [len(reqs), vocab] of one decode token per request, from the graphs.
+        `new_slots` / `rows`: each request's slot at its position and its slot-table row (read
+        from the requests if None)."""
         assert self.graph_runner is not None
-        reqs = batch.reqs
         return self.graph_runner.run(
-            input_ids=last_ids(reqs), positions=list(batch.prefix_lens),
-            out_slots=_decode_slots(reqs, batch.prefix_lens, batch.new_slots), req_rows=_rows(batch),
-            lora_slots=[r.lora_id for r in reqs])
+            input_ids=last_ids(reqs), positions=list(prefix_lens),
+            out_slots=_decode_slots(reqs, prefix_lens, new_slots),
+            req_rows=[r.row for r in reqs] if rows is None else rows, lora_slots=[r.lora_id for r in reqs])
 
     def _can_replay(self, batch: ScheduledBatch, logit_offsets: list[list[int]]) -> bool:
         """A decode batch that fits a captured graph and wants exactly each request's one logit row."""
@@ -214,10 +216,7 @@ class ModelRunner:
         sub = ScheduledBatch(pick(batch.reqs), pick(batch.prefix_lens), pick(batch.extend_lens),
                              pick(batch.completes), pick(batch.sample), is_decode=False)
         eager_logits = self.model(self.make_forward_batch(sub, [logit_offsets[i] for i in eager]), self.attention)
-        graph_part = ScheduledBatch([batch.reqs[i] for i in graph_rows], [batch.prefix_lens[i] for i in graph_rows],
-                                    [1] * len(graph_rows), [True] * len(graph_rows), [True] * len(graph_rows),
-                                    is_decode=True)
-        graph_logits = self._replay(graph_part)
+        graph_logits = self._replay([batch.reqs[i] for i in graph_rows], [batch.prefix_lens[i] for i in graph_rows])
         starts = [0]
         for offs in logit_offsets:
             starts.append(starts[-1] + len(offs))
