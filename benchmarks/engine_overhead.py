@@ -163,7 +163,7 @@ def run_tokens_only(engine, ps: list[list[int]], params: dict, rids: list[str]) 
     sink = EncodingSink(len(ps))
     sp = SamplingParams.from_dict(params)
     for p, rid in zip(ps, rids):
-        engine.start_stream(p, sp, LogprobOptions(), rid, None, None, sink, with_text=False)
+        engine.start_stream(p, sp, LogprobOptions(), rid, None, None, sink)
     sink.done.wait()
 
 

@@ -134,26 +134,21 @@ class EngineClient:
                                  logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num,
                                  lora=lora if lora is not None else lora_path, session_id=session_id))
         chunks = StreamChunks(rid, len(ids), opts, self._decode_token if return_text_in_logprobs else None,
-                              return_text_in_logprobs, sp.stream_interval or self.config.stream_interval)
-        text = ClientText(OutputText(self.tokenizer, sp, ids))
-        done = False
+                              return_text_in_logprobs, sp.stream_interval or self.config.stream_interval,
+                              ClientText(OutputText(self.tokenizer, sp, ids)),
+                              lambda reason: self._send(AbortRequest(rid, reason)))
         try:
-            while not done:
+            while not chunks.done:
                 batch = await outputs.take()
                 if isinstance(batch[0], Rejected):
-                    done = True
+                    chunks.done = True
                     raise _REJECTIONS.get(batch[0].kind, RuntimeError)(batch[0].message)
-                stopped = text.stop is not None
-                batch = [text.apply(out) for out in batch]
-                if not stopped and text.stop is not None:  # the core ends it with this reason
-                    self._send(AbortRequest(rid, text.stop))
-                done = batch[-1].finish_reason is not None
                 chunk = chunks.add(batch)
                 if chunk is not None:
                     yield chunk
         finally:
             channel.close(rid)
-            if not done:
+            if not chunks.done:
                 with self._lock:
                     self._routes.pop(rid, None)
                 self.abort(rid)

@@ -261,8 +261,8 @@ class CoreServer:
         try:
             sp = SamplingParams.from_dict(m.sampling)
             opts = LogprobOptions(m.return_logprob, m.logprob_start_len, m.top_logprobs_num)
-            self.engine.start_stream(m.input_ids, sp, opts, m.rid, m.lora, m.session_id, self._sink(identity),
-                                     with_text=False)  # the client detokenizes and checks stop strings
+            # tokens only: the client detokenizes and checks stop strings
+            self.engine.start_stream(m.input_ids, sp, opts, m.rid, m.lora, m.session_id, self._sink(identity))
         except Exception as exc:  # bad input, a full queue, a stopped engine: the client raises it
             self.outbox.put(identity, Rejected(rid=m.rid, kind=rejection_kind(exc), message=str(exc)))
             started = False

@@ -37,7 +37,7 @@ from radixflow.runtime.stats import EngineStats, RequestTiming
 from radixflow.runtime.core.engine_loop import EngineLoop
 from radixflow.runtime.core.step import StepRunner
 from radixflow.runtime.request_inputs import InputIds, Prompt, check_prompt, normalize_inputs, stream_inputs
-from radixflow.runtime.text.output_text import OutputText
+from radixflow.runtime.text.output_text import ClientText, OutputText
 from radixflow.runtime.text.tokenizer import Tokenizer
 
 
@@ -135,36 +135,38 @@ class Engine:
         loop = asyncio.get_running_loop()
         opts = LogprobOptions(return_logprob, logprob_start_len, top_logprobs_num)
         channel = self._channels.get(loop)
+        # The engine thread sends token ids only; the text is made here, on this loop (StreamChunks).
         start = functools.partial(self.start_stream, ids, sp, opts, self._normalize_rids(rid, 1)[0],
                                   lora_path, session_id, channel)
         # A grammar compiles in a worker thread: the event loop must not wait for it.
         req = await loop.run_in_executor(None, start) if sp.is_constrained else start()
-        chunks = StreamChunks(req.rid, len(req.prompt_ids), opts,
+        rid = req.rid
+        chunks = StreamChunks(rid, len(req.prompt_ids), opts,
                               self._decode_token if return_text_in_logprobs else None, return_text_in_logprobs,
-                              sp.stream_interval or self.config.stream_interval)
+                              sp.stream_interval or self.config.stream_interval,
+                              ClientText(OutputText(self.tokenizer, sp, req.prompt_ids)),
+                              lambda reason: self.abort(rid, reason))
         # Opened after the submit succeeded (a rid in use must not take another stream's queue),
         # before this coroutine yields: outputs are delivered on this loop's thread only.
-        outputs = channel.open(req.rid)
-        done = False
+        outputs = channel.open(rid)
         try:
-            while not done:
-                batch = await outputs.take()  # fell behind: one chunk for all that arrived
-                done = batch[-1].finish_reason is not None
-                chunk = chunks.add(batch)
+            while not chunks.done:
+                chunk = chunks.add(await outputs.take())  # fell behind: one chunk for all that arrived
                 if chunk is not None:
                     yield chunk
         finally:
-            channel.close(req.rid)
-            if not done:
-                self.abort(req.rid)
+            channel.close(rid)
+            if not chunks.done:
+                self.abort(rid)
 
     def start_stream(self, ids: list[int], sp: SamplingParams, opts: LogprobOptions, rid: str | None,
-                     lora: str | None, session_id: str | None, sink: OutputSink, with_text: bool = True) -> Req:
+                     lora: str | None, session_id: str | None, sink: OutputSink) -> Req:
         """Submit one request whose outputs go to `sink` (one StepOutput per step, posted on the
         engine thread); returns it. Raises what validation or a full queue raises; a grammar
-        compiles here, so call it off any event loop when `sp.is_constrained`. `with_text=False`:
-        its outputs carry token ids only (no detokenizing, no stop strings: the caller's)."""
-        req = self._make_req(ids, sp, opts, rid, lora, None, with_text=with_text, streamed=True)
+        compiles here, so call it off any event loop when `sp.is_constrained`. Its outputs carry
+        token ids only: detokenizing and stop strings are the caller's (ClientText), which ends
+        the request with `abort(rid, reason)` at a stop."""
+        req = self._make_req(ids, sp, opts, rid, lora, None, with_text=False)
         req.sink, req.cursor, req.session_id = sink, StreamCursor(), session_id
         self.loop.submit(req)
         return req
@@ -279,7 +281,7 @@ class Engine:
 
     def _make_req(self, ids: list[int], sp: SamplingParams, opts: LogprobOptions, rid: str | None,
                   lora_path: str | None, on_output: Callable[[Req, bool], None] | None,
-                  checked: bool = False, with_text: bool = True, streamed: bool = False) -> Req:
+                  checked: bool = False, with_text: bool = True) -> Req:
         """`checked`: the caller already ran validate_prompt(ids, sp) (an O(prompt) scan);
         `with_text=False`: tokens only, its text and stop strings are the caller's. The text of
         a request nobody streams and no stop string or regex ends is made once, at its finish
@@ -295,7 +297,7 @@ class Engine:
                 self.loop.post("drop", orphan)
         if with_text:
             text = OutputText(self.tokenizer, sp, ids)
-            if streamed or sp.stop_strings or sp.stop_regexes:
+            if sp.stop_strings or sp.stop_regexes:
                 req.output_text = text
             else:
                 req.deferred_text = text

@@ -1,11 +1,12 @@
 """Builds `generate_stream`'s cumulative chunks from RequestOutputs, on the consumer's side."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from radixflow.runtime.core.messages import RequestOutput
 from radixflow.runtime.core.request import LogprobOptions
 from radixflow.runtime.result import logprob_triples
+from radixflow.runtime.text.output_text import ClientText
 
 
 class StreamChunks:
@@ -16,12 +17,19 @@ class StreamChunks:
     outputs that arrived together make one chunk. `interval`: outputs are held until that many
     new tokens since the previous chunk (the first output and the finish go at once). Loop
     thread only.
+
+    `text`: the engine sends token ids only and the text is made here (a ClientText: both
+    `generate_stream`s, in-process and through the core process); a stop string or regex it finds
+    is handed to `end`, which ends the request in the engine with that reason. `done` once the
+    request's last output was taken.
     """
 
     def __init__(self, rid: str, prompt_tokens: int, logprob: LogprobOptions, decode: Any,
-                 with_text: bool, interval: int = 1) -> None:
+                 with_text: bool, interval: int = 1, text: ClientText | None = None,
+                 end: Callable[[dict[str, Any]], None] | None = None) -> None:
         self.rid, self.prompt_tokens, self.logprob = rid, prompt_tokens, logprob
         self.decode, self.with_text, self.interval = decode, with_text, interval
+        self.client_text, self.end, self.done = text, end, False
         self.output_ids: list[int] = []
         self.text = ""
         self.num_logprobs = 0
@@ -31,6 +39,13 @@ class StreamChunks:
 
     def add(self, outputs: list[RequestOutput]) -> dict[str, Any] | None:
         """Take outputs that arrived together: the chunk when one is due, else None (held)."""
+        text = self.client_text
+        if text is not None:
+            stopped = text.stop is not None
+            outputs = [text.apply(out) for out in outputs]
+            if not stopped and text.stop is not None and self.end is not None:
+                self.end(text.stop)
+        self.done = outputs[-1].finish_reason is not None
         if self.interval == 1:
             return self.chunk(outputs)
         self._held.extend(outputs)

@@ -11,10 +11,9 @@ def append_token(req: Req, token: int, eos_ids: frozenset[int], max_context_len:
     """Record `token` as req's next output token and set its finish reason if it ends here.
     `now`: the step's time (one clock read per step), else read here.
 
-    A request with output text (`req.output_text`: the in-process engine) is detokenized here
-    and its stop strings and regexes checked (runtime/text/output_text.py); a tokens-only
-    request (the engine process's) has them checked on the server side, which aborts it with
-    the stop reason.
+    A request with output text (`req.output_text`: a non-streamed `generate` request with stop
+    strings or regexes) is detokenized here and its stops checked (runtime/text/output_text.py);
+    a streamed request is tokens only: its consumer makes the text and ends it at a stop.
     """
     if req.finish_ids is None:
         finish_limits(req, eos_ids, max_context_len)
@@ -94,10 +93,6 @@ def finalize_text(req: Req) -> None:
 
 
 def visible_text(req: Req) -> str:
-    """Text safe to stream (see OutputText.visible_len); "" for a tokens-only request."""
-    return "" if req.output_text is None else req.output_text.text[: visible_len(req)]
-
-
-def visible_len(req: Req) -> int:
-    """Length of `visible_text(req)`, without building it."""
-    return 0 if req.output_text is None else req.output_text.visible_len(req.is_finished)
+    """Text safe to show (see OutputText.visible_len); "" for a tokens-only request."""
+    text = req.output_text
+    return "" if text is None else text.text[: text.visible_len(req.is_finished)]

@@ -6,7 +6,6 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from radixflow.runtime.core.messages import RequestOutput, StepOutput
-from radixflow.runtime.core.output import visible_len
 from radixflow.runtime.core.request import Req
 from radixflow.runtime.result import finished_stats
 
@@ -22,13 +21,12 @@ class OutputSink(Protocol):
 
 @dataclass
 class StreamCursor:
-    """How much of a request's output its RequestOutputs have carried so far. `plain`: after its
-    first message, a step's one new token goes in its StepOutput's columns (tokens only, no
-    logprobs: see messages.StepOutput)."""
+    """How much of a request's output its RequestOutputs have carried so far (token ids only:
+    its text is made by the consumer). `plain`: after its first message, a step's one new token
+    goes in its StepOutput's columns (no logprobs asked: see messages.StepOutput)."""
 
     tokens: int = 0
     logprobs: int = 0
-    text_len: int = 0
     is_first: bool = True
     plain: bool = False
 
@@ -41,17 +39,15 @@ def take_output(req: Req, cursor: StreamCursor) -> RequestOutput:
     finished = req.finish_reason is not None
     if cursor.plain and not finished:
         return RequestOutput(rid=req.rid, new_token_ids=new_ids, cached_tokens=req.cached_len)  # a jump-forward's
-    end = visible_len(req)
     asked = req.logprob.return_logprob
     out = RequestOutput(
-        rid=req.rid, new_token_ids=new_ids, text_delta=req.text[cursor.text_len: end],
+        rid=req.rid, new_token_ids=new_ids,
         new_logprobs=req.output_logprobs[cursor.logprobs:] if asked else [], cached_tokens=req.cached_len,
         finish_reason=req.finish_reason,
         input_logprobs=list(req.input_logprobs) if asked and cursor.is_first else None,
         finished_stats=finished_stats(req) if finished else None)
     cursor.logprobs, cursor.is_first = len(req.output_logprobs), False
-    cursor.text_len = max(cursor.text_len, end)
-    cursor.plain = req.output_text is None and not asked
+    cursor.plain = not asked
     return out
 
 

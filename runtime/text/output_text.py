@@ -1,9 +1,10 @@
 """A request's output text: incremental detokenization, stop strings and stop regexes.
 
-OutputText serves both places text is made: the in-process engine (runtime/core/output.py, on the
-engine thread) and the server side of the engine-process split, where the core sends token ids
-only and ClientText (used by runtime/core_client.py) turns its messages into text and finds the
-stops, which end the request in the core.
+OutputText serves both places text is made: a non-streamed `generate` request's, on the engine
+thread (runtime/core/output.py), and every stream's, on its consumer's side: the engine sends
+token ids only and ClientText (used by runtime/stream_chunks.py, for `Engine.generate_stream` and
+`EngineClient.generate_stream` alike) turns its messages into text and finds the stops, which end
+the request in the engine.
 """
 from __future__ import annotations
 
@@ -94,7 +95,7 @@ class OutputText:
 
 
 class ClientText:
-    """A request's text on the server side: the core sends token ids only; this detokenizes them
+    """A stream's text on its consumer's side: the engine sends token ids only; this detokenizes them
     and finds stop strings and stop regexes (OutputText). At a stop, the tokens after the one
     that completed it are dropped and the request's finish reason is that stop once the core,
     told to end it, reports it finished (its final message carries the request's stats)."""

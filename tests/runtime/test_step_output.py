@@ -212,7 +212,7 @@ def test_a_plain_decode_step_builds_no_output_struct_per_request(engine, monkeyp
     sp = SamplingParams.from_dict({**GREEDY, "max_new_tokens": 12})
     prompts = [engine.tokenizer.encode(f"columns {i}") for i in range(6)]
     for i, ids in enumerate(prompts):
-        engine.start_stream(ids, sp, LogprobOptions(), f"col-{i}", None, None, sink, with_text=False)
+        engine.start_stream(ids, sp, LogprobOptions(), f"col-{i}", None, None, sink)
     deadline = time.monotonic() + 60
     while sink.done < len(prompts) and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -248,3 +248,49 @@ def test_non_streamed_text_is_made_once_at_the_finish(engine, monkeypatch):
     eos = engine.generate(prompts[:3], {"temperature": 0, "max_new_tokens": 24})  # EOS may end these
     again = engine.generate(prompts[:3], {"temperature": 0, "max_new_tokens": 24, "stop": ["\x00never"]})
     assert [r["text"] for r in eos] == [r["text"] for r in again]
+
+
+def test_generate_stream_makes_its_text_on_the_consumer_side(engine, monkeypatch):
+    """Item 2 of issue 15 for the in-process stream: the engine thread sends a streamed request's
+    token ids only (plain decode columns: no RequestOutput per request per step, no detokenizing
+    there); the text, stop strings included, is made where the chunks are, on the consumer's
+    loop, and equals `generate`'s."""
+    import threading
+
+    import radixflow.runtime.core.publish as publish_mod
+    from radixflow.runtime.text.output_text import OutputText
+
+    built = []
+    real = publish_mod.RequestOutput
+    monkeypatch.setattr(publish_mod, "RequestOutput", lambda *a, **k: built.append(k.get("rid")) or real(*a, **k))
+    adders = set()
+    real_add = OutputText.add
+
+    def add(self, token):
+        adders.add(threading.current_thread().name)
+        return real_add(self, token)
+    monkeypatch.setattr(OutputText, "add", add)
+    prompts = [f"consumer text {i}:" for i in range(5)] + ["é€😀 ünïcödé"]
+    streams = _stream_all(engine, prompts)
+    assert len(built) == 2 * len(prompts), built
+    assert adders == {threading.current_thread().name}
+    full = engine.generate(prompts, GREEDY)
+    assert [s[-1]["text"] for s in streams] == [f["text"] for f in full]
+    assert [s[-1]["output_ids"] for s in streams] == [f["output_ids"] for f in full]
+    assert [s[-1]["meta_info"]["completion_tokens"] for s in streams] == [16] * len(prompts)
+
+    # a stop string found on the consumer side ends the request in the engine, as `generate` does
+    stop_at = full[0]["text"][3:6]
+    stop = {**GREEDY, "stop": [stop_at]}
+    chunks = asyncio.run(_collect(engine.generate_stream(prompts[0], stop)))
+    expect = engine.generate(prompts[0], stop)
+    last = chunks[-1]
+    assert last["text"] == expect["text"] and last["output_ids"] == expect["output_ids"]
+    assert last["meta_info"]["finish_reason"] == expect["meta_info"]["finish_reason"]
+    assert last["meta_info"]["finish_reason"]["matched"] == stop_at
+    assert last["meta_info"]["completion_tokens"] == expect["meta_info"]["completion_tokens"]
+    assert all(a["text"] == b["text"][: len(a["text"])] for a, b in zip(chunks, chunks[1:]))
+
+
+async def _collect(stream) -> list[dict]:
+    return [c async for c in stream]
