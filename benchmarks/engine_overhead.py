@@ -336,13 +336,17 @@ def bench_http(model_dir: Path, num_requests: int, decode_len: int, repeats: int
 
         info = httpx.get(f"{urls['process']}/get_server_info").json()
         pids = {"api_server": info["api_server_pid"], "core": info["engine_core_pid"]}
-        cpu: dict[str, list[float]] = {name: [] for name in pids}  # per raw-client run of the process core
+        # per raw-client run of the process core; `client`: this process (the raw client, the
+        # in-process engine idle)
+        cpu: dict[str, list[float]] = {name: [] for name in [*pids, "client"]}
         floor_cpu: list[float] = []
+        inprocess_cpu: list[float] = []
         for _ in range(repeats):
             time.sleep(SETTLE_S)
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             res = engine.generate(input_ids=ps, sampling_params=params)
             runs["inprocess"].append(sum(len(r["output_ids"]) for r in res) / (time.perf_counter() - t0))
+            inprocess_cpu.append(time.process_time() - c0)
             time.sleep(SETTLE_S)
             t0 = time.perf_counter()
             tokens = asyncio.run(_stream_inprocess(engine, ps, params))
@@ -356,11 +360,12 @@ def bench_http(model_dir: Path, num_requests: int, decode_len: int, repeats: int
                 for client_name, client in CLIENTS.items():
                     time.sleep(SETTLE_S)
                     before = {name: cpu_seconds(pid) for name, pid in pids.items()}
-                    t0 = time.perf_counter()
+                    before["client"], t0 = time.process_time(), time.perf_counter()
                     tokens = asyncio.run(client(url, ps, params))
                     runs[f"http_core_{core}_{client_name}"].append(tokens / (time.perf_counter() - t0))
                     assert tokens == len(ps) * params["max_new_tokens"], tokens
                     if (core, client_name) == ("process", "raw"):
+                        cpu["client"].append(time.process_time() - before["client"])
                         for name, pid in pids.items():
                             cpu[name].append(cpu_seconds(pid) - before[name])
     inproc = runs["inprocess"]
@@ -376,7 +381,15 @@ def bench_http(model_dir: Path, num_requests: int, decode_len: int, repeats: int
     out["inprocess_stream_runs"] = runs["inprocess_stream"]
     out["ratio_vs_inprocess_stream"] = statistics.median(
         [h / i for h, i in zip(runs["http_core_process_raw"], runs["inprocess_stream"])])
-    out["http_core_process_raw"]["cpu_s_per_run"] = {name: statistics.median(v) for name, v in cpu.items()}
+    raw = out["http_core_process_raw"]
+    raw["cpu_s_per_run"] = {name: statistics.median(v) for name, v in cpu.items()}
+    out["inprocess_cpu_s_per_run"] = statistics.median(inprocess_cpu)
+    # The ratio the machine's cores allow at best: the three processes' CPU seconds spread evenly
+    # over them, against the in-process run's wall time (per round, median).
+    cores = len(os.sched_getaffinity(0))
+    tokens = len(ps) * params["max_new_tokens"]
+    raw["cpu_bound_ratio"] = statistics.median(
+        [(tokens / i) / (sum(c) / cores) for i, c in zip(inproc, zip(*cpu.values()))])
     out["floor_raw"] = {"tok_per_s": statistics.median(runs["floor_raw"]), "runs": runs["floor_raw"],
                         "ratio": statistics.median([f / i for f, i in zip(runs["floor_raw"], inproc)]),
                         "server_cpu_s_per_run": statistics.median(floor_cpu)}
