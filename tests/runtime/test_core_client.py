@@ -49,27 +49,35 @@ def _cases(local) -> list[dict]:
 
 
 def test_streams_match_the_in_process_engine(engines):
+    """Streams, in-process and through the core process (both make their text on the consumer's
+    side), against the in-process `generate`, whose text and stops the engine thread makes."""
     local, remote = engines
     reasons = []
     for prompt, sp in _cases(local):
         kw = {"return_logprob": True, "top_logprobs_num": 2}
-        want, got = _stream(local, prompt, sp, **kw), _stream(remote, prompt, sp, **kw)
-        w, g = want[-1], got[-1]
-        assert (g["text"], g["output_ids"], g["meta_info"]["finish_reason"]) == \
-            (w["text"], w["output_ids"], w["meta_info"]["finish_reason"]), (prompt, sp)
-        assert g["meta_info"]["completion_tokens"] == len(w["output_ids"])
-        assert sum(len(c["meta_info"]["output_token_logprobs"]) for c in got) == len(w["output_ids"])
-        texts = [c["text"] for c in got]
-        assert all(b.startswith(a) for a, b in zip(texts, texts[1:])), texts  # streamed text only grows
+        w = local.generate(prompt, sp, **kw)
+        for engine in (local, remote):
+            got = _stream(engine, prompt, sp, **kw)
+            g = got[-1]
+            assert (g["text"], g["output_ids"], g["meta_info"]["finish_reason"]) == \
+                (w["text"], w["output_ids"], w["meta_info"]["finish_reason"]), (engine, prompt, sp)
+            assert g["meta_info"]["completion_tokens"] == len(w["output_ids"])
+            assert sum(len(c["meta_info"]["output_token_logprobs"]) for c in got) == len(w["output_ids"])
+            texts = [c["text"] for c in got]
+            assert all(b.startswith(a) for a, b in zip(texts, texts[1:])), texts  # streamed text only grows
         reasons.append((sorted(sp), g["meta_info"]["finish_reason"]))
     stopped = [keys for keys, r in reasons if r["type"] == "stop" and isinstance(r["matched"], str)]
     assert sum("stop" in k for k in stopped) >= 6 and sum("stop_regex" in k for k in stopped) >= 2, reasons
 
 
-def test_a_stop_found_by_the_client_ends_the_request_in_the_core(engines):
-    """The core is told the stop: it finishes the request with it (counted as stop, not abort)
-    and frees its slot; nothing keeps running behind the stopped stream."""
+@pytest.mark.parametrize("side", ["in-process", "core process"])
+def test_a_stop_found_by_the_client_ends_the_request_in_the_core(engines, side):
+    """The core is told the stop its stream's consumer found: it finishes the request with it
+    (counted as stop, not abort) and frees its slot; nothing keeps running behind the stopped
+    stream. The same for the in-process engine, whose streams find their stops on the loop too."""
     local, remote = engines
+    if side == "in-process":
+        remote = local
     text = local.generate(PROMPTS[0], {**GREEDY, "max_new_tokens": 24})["text"]
     stop = text[len(text) // 3: len(text) // 3 + 3]
     before = remote.stats()
