@@ -123,6 +123,10 @@ class EngineClient:
         self.validate_prompt(ids, sp)
         opts.validate(len(ids), self.vocab_size)
         rid = rid or new_rid()
+        chunks = StreamChunks(rid, len(ids), opts, self._decode_token if return_text_in_logprobs else None,
+                              return_text_in_logprobs, sp.stream_interval or self.config.stream_interval,
+                              ClientText(OutputText(self.tokenizer, sp, ids)),
+                              lambda reason: self._send(AbortRequest(rid, reason)))
         channel = self._channels.get(asyncio.get_running_loop())
         with self._lock:
             self._refuse_if_stopped()
@@ -133,10 +137,6 @@ class EngineClient:
         self._send(SubmitRequest(rid=rid, input_ids=ids, sampling=sp, return_logprob=return_logprob,
                                  logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num,
                                  lora=lora if lora is not None else lora_path, session_id=session_id))
-        chunks = StreamChunks(rid, len(ids), opts, self._decode_token if return_text_in_logprobs else None,
-                              return_text_in_logprobs, sp.stream_interval or self.config.stream_interval,
-                              ClientText(OutputText(self.tokenizer, sp, ids)),
-                              lambda reason: self._send(AbortRequest(rid, reason)))
         try:
             while not chunks.done:
                 batch = await outputs.take()

@@ -135,17 +135,15 @@ class Engine:
         loop = asyncio.get_running_loop()
         opts = LogprobOptions(return_logprob, logprob_start_len, top_logprobs_num)
         channel = self._channels.get(loop)
-        # The engine thread sends token ids only; the text is made here, on this loop (StreamChunks).
-        start = functools.partial(self.start_stream, ids, sp, opts, self._normalize_rids(rid, 1)[0],
-                                  lora_path, session_id, channel)
+        rid = self._normalize_rids(rid, 1)[0] or new_rid()
+        # The engine thread sends token ids only; the text is made here, on this loop. Made
+        # before the submit: nothing that can fail stands between it and the `try` below.
+        chunks = StreamChunks(rid, len(ids), opts, self._decode_token if return_text_in_logprobs else None,
+                              return_text_in_logprobs, sp.stream_interval or self.config.stream_interval,
+                              ClientText(OutputText(self.tokenizer, sp, ids)), lambda reason: self.abort(rid, reason))
+        start = functools.partial(self.start_stream, ids, sp, opts, rid, lora_path, session_id, channel)
         # A grammar compiles in a worker thread: the event loop must not wait for it.
-        req = await loop.run_in_executor(None, start) if sp.is_constrained else start()
-        rid = req.rid
-        chunks = StreamChunks(rid, len(req.prompt_ids), opts,
-                              self._decode_token if return_text_in_logprobs else None, return_text_in_logprobs,
-                              sp.stream_interval or self.config.stream_interval,
-                              ClientText(OutputText(self.tokenizer, sp, req.prompt_ids)),
-                              lambda reason: self.abort(rid, reason))
+        await loop.run_in_executor(None, start) if sp.is_constrained else start()
         # Opened after the submit succeeded (a rid in use must not take another stream's queue),
         # before this coroutine yields: outputs are delivered on this loop's thread only.
         outputs = channel.open(rid)

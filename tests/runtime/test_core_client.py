@@ -3,6 +3,7 @@ ids only, the client detokenizes and finds stop strings and regexes (runtime/cor
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -289,3 +290,22 @@ def test_process_alive_tells_running_gone_and_zombie_processes():
         child.kill()
         child.wait()
     assert not process_alive(child.pid)
+
+
+def test_a_stream_whose_text_cannot_be_set_up_sends_nothing_to_the_core(engines, monkeypatch):
+    """As in-process (tests/runtime/test_step_output.py): the client's text state is made before
+    the request is sent, so its failure leaves nothing running in the core and no route behind."""
+    import radixflow.runtime.core_client as client_mod
+
+    _, remote = engines
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no detokenizer")
+    monkeypatch.setattr(client_mod, "OutputText", broken)
+    before = remote.stats().num_finished
+    with pytest.raises(RuntimeError, match="no detokenizer"):
+        _stream(remote, PROMPTS[0], {**GREEDY, "max_new_tokens": 400})
+    time.sleep(0.3)
+    stats = remote.stats()
+    assert (stats.num_running, stats.num_waiting, stats.num_finished) == (0, 0, before)
+    assert not remote._routes

@@ -294,3 +294,20 @@ def test_generate_stream_makes_its_text_on_the_consumer_side(engine, monkeypatch
 
 async def _collect(stream) -> list[dict]:
     return [c async for c in stream]
+
+
+def test_a_stream_whose_text_cannot_be_set_up_submits_nothing(engine, monkeypatch):
+    """The consumer's text state is made before the request reaches the engine: if making it
+    fails, the caller gets the error and no request is left running with nobody to read it."""
+    import radixflow.runtime.engine as engine_mod
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no detokenizer")
+    monkeypatch.setattr(engine_mod, "OutputText", broken)
+    before = engine.stats().num_finished
+    with pytest.raises(RuntimeError, match="no detokenizer"):
+        asyncio.run(_collect(engine.generate_stream("never submitted", {**GREEDY, "max_new_tokens": 400})))
+    time.sleep(0.2)
+    stats = engine.stats()
+    assert (stats.num_running, stats.num_waiting, stats.num_finished) == (0, 0, before)
+    engine.check_accounting()
