@@ -141,12 +141,16 @@ class Engine:
         chunks = StreamChunks(rid, len(ids), opts, self._decode_token if return_text_in_logprobs else None,
                               return_text_in_logprobs, sp.stream_interval or self.config.stream_interval,
                               ClientText(OutputText(self.tokenizer, sp, ids)), lambda reason: self.abort(rid, reason))
+        # Opened before the submit: a constrained request is submitted from a worker thread while
+        # this loop runs on, and its first outputs may be delivered before that call returns.
+        outputs = channel.open(rid)  # ValueError if a stream of this loop has the rid
         start = functools.partial(self.start_stream, ids, sp, opts, rid, lora_path, session_id, channel)
-        # A grammar compiles in a worker thread: the event loop must not wait for it.
-        await loop.run_in_executor(None, start) if sp.is_constrained else start()
-        # Opened after the submit succeeded (a rid in use must not take another stream's queue),
-        # before this coroutine yields: outputs are delivered on this loop's thread only.
-        outputs = channel.open(rid)
+        try:
+            # A grammar compiles in a worker thread: the event loop must not wait for it.
+            await loop.run_in_executor(None, start) if sp.is_constrained else start()
+        except BaseException:
+            channel.close(rid)
+            raise
         try:
             while not chunks.done:
                 chunk = chunks.add(await outputs.take())  # fell behind: one chunk for all that arrived

@@ -56,7 +56,10 @@ class OutputChannel:
         self._lock = threading.Lock()
 
     def open(self, rid: str) -> OutputQueue:
-        """Loop thread: the queue `rid`'s outputs will arrive on."""
+        """Loop thread: the queue `rid`'s outputs will arrive on (open it before submitting the
+        request). ValueError if a queue is open for `rid`: another stream's."""
+        if rid in self._queues:
+            raise ValueError(f"request id {rid!r} is already in use")
         queue = self._queues[rid] = OutputQueue(self.loop)
         return queue
 

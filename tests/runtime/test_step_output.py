@@ -311,3 +311,39 @@ def test_a_stream_whose_text_cannot_be_set_up_submits_nothing(engine, monkeypatc
     stats = engine.stats()
     assert (stats.num_running, stats.num_waiting, stats.num_finished) == (0, 0, before)
     engine.check_accounting()
+
+
+def test_a_stream_sees_outputs_posted_before_its_submit_returned(engine, monkeypatch):
+    """A constrained stream is submitted from a worker thread (its grammar compiles there) while
+    the loop runs on: outputs the engine posts before the submit call returns must reach the
+    stream, not be dropped for want of an open queue (the caller would wait forever)."""
+    real = Engine.start_stream
+
+    def slow_return(self, *args, **kwargs):
+        req = real(self, *args, **kwargs)
+        time.sleep(0.5)  # the engine runs the request meanwhile, its outputs reach the loop first
+        return req
+    monkeypatch.setattr(Engine, "start_stream", slow_return)
+    sp = {**GREEDY, "max_new_tokens": 4, "regex": "[a-z]{4}"}
+    chunks = asyncio.run(asyncio.wait_for(_collect(engine.generate_stream("race", sp)), 20))
+    want = engine.generate("race", sp)
+    assert chunks[-1]["output_ids"] == want["output_ids"] and chunks[-1]["text"] == want["text"]
+    assert chunks[-1]["meta_info"]["finish_reason"] == want["meta_info"]["finish_reason"]
+
+
+def test_a_stream_rid_in_use_is_refused_and_the_first_stream_goes_on(engine):
+    """The queue is opened before the submit, so a second stream with a rid in use on the same
+    loop is refused there, without taking the first one's queue; the first ends as it would."""
+    sp = {**GREEDY, "max_new_tokens": 8}
+
+    async def run() -> list[dict]:
+        first = engine.generate_stream("same rid", sp, rid="dup")
+        chunks = [await first.__anext__()]
+        with pytest.raises(ValueError, match="already in use"):
+            await engine.generate_stream("other", sp, rid="dup").__anext__()
+        chunks += [c async for c in first]
+        return chunks
+    chunks = asyncio.run(run())
+    want = engine.generate("same rid", sp)
+    assert chunks[-1]["output_ids"] == want["output_ids"] and chunks[-1]["text"] == want["text"]
+    engine.check_accounting()
