@@ -149,15 +149,17 @@ class Engine:
             # A grammar compiles in a worker thread: the event loop must not wait for it.
             await loop.run_in_executor(None, start) if sp.is_constrained else start()
         except BaseException:
-            channel.close(rid)
+            channel.close(rid, outputs)
             raise
         try:
             while not chunks.done:
                 chunk = chunks.add(await outputs.take())  # fell behind: one chunk for all that arrived
+                if chunks.done:  # the rid is free for a new stream, even if this one is closed later
+                    channel.close(rid, outputs)
                 if chunk is not None:
                     yield chunk
         finally:
-            channel.close(rid)
+            channel.close(rid, outputs)
             if not chunks.done:
                 self.abort(rid)
 

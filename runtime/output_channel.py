@@ -63,9 +63,11 @@ class OutputChannel:
         queue = self._queues[rid] = OutputQueue(self.loop)
         return queue
 
-    def close(self, rid: str) -> None:
-        """Loop thread: stop delivering to `rid`."""
-        self._queues.pop(rid, None)
+    def close(self, rid: str, queue: OutputQueue) -> None:
+        """Loop thread: stop delivering to `rid` if `queue` is still its queue (a stream closed
+        late leaves a newer stream of the same rid alone)."""
+        if self._queues.get(rid) is queue:
+            del self._queues[rid]
 
     def post(self, step: StepOutput) -> None:
         """Engine thread: deliver `step` on the loop soon. A closed loop drops it (its consumers

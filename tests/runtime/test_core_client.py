@@ -309,3 +309,27 @@ def test_a_stream_whose_text_cannot_be_set_up_sends_nothing_to_the_core(engines,
     stats = remote.stats()
     assert (stats.num_running, stats.num_waiting, stats.num_finished) == (0, 0, before)
     assert not remote._routes
+
+
+@pytest.mark.parametrize("side", ["in-process", "core process"])
+def test_a_finished_stream_frees_its_rid_before_it_is_closed(engines, side):
+    """A consumer may stop reading at the finish chunk and close the stream later: the rid is free
+    for a new stream meanwhile, and the old stream's late close leaves the new one's queue alone."""
+    engine = engines[0] if side == "in-process" else engines[1]
+    sp = {**GREEDY, "max_new_tokens": 6}
+
+    async def run() -> tuple[list[dict], list[dict]]:
+        old = engine.generate_stream("rid reuse", sp, rid="reused")
+        first = []
+        async for chunk in old:
+            first.append(chunk)
+            if chunk["meta_info"]["finish_reason"] is not None:
+                break  # `old` stays suspended at its last yield
+        new = engine.generate_stream("rid reuse", sp, rid="reused")
+        second = [await new.__anext__()]
+        await old.aclose()  # the old stream's cleanup runs now, with the new one open
+        second += [c async for c in new]
+        return first, second
+    first, second = asyncio.run(asyncio.wait_for(run(), 30))
+    assert first[-1]["output_ids"] == second[-1]["output_ids"] == engine.generate("rid reuse", sp)["output_ids"]
+    engine.check_accounting()

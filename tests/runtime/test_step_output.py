@@ -347,3 +347,4 @@ def test_a_stream_rid_in_use_is_refused_and_the_first_stream_goes_on(engine):
     want = engine.generate("same rid", sp)
     assert chunks[-1]["output_ids"] == want["output_ids"] and chunks[-1]["text"] == want["text"]
     engine.check_accounting()
+
