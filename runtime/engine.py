@@ -145,12 +145,20 @@ class Engine:
         # this loop runs on, and its first outputs may be delivered before that call returns.
         outputs = channel.open(rid)  # ValueError if a stream of this loop has the rid
         start = functools.partial(self.start_stream, ids, sp, opts, rid, lora_path, session_id, channel)
-        try:
-            # A grammar compiles in a worker thread: the event loop must not wait for it.
-            await loop.run_in_executor(None, start) if sp.is_constrained else start()
-        except BaseException:
-            channel.close(rid, outputs)
-            raise
+        if not sp.is_constrained:
+            try:
+                start()
+            except BaseException:
+                channel.close(rid, outputs)
+                raise
+        else:  # the grammar compiles in a worker thread: the event loop must not wait for it
+            submitted = loop.run_in_executor(None, start)
+            try:
+                await asyncio.shield(submitted)
+            except BaseException:  # the submit failed, or this stream was cancelled meanwhile
+                channel.close(rid, outputs)
+                submitted.add_done_callback(lambda done: self._abort_submitted(done, rid))
+                raise
         try:
             while not chunks.done:
                 chunk = chunks.add(await outputs.take())  # fell behind: one chunk for all that arrived
@@ -162,6 +170,11 @@ class Engine:
             channel.close(rid, outputs)
             if not chunks.done:
                 self.abort(rid)
+
+    def _abort_submitted(self, submitted: asyncio.Future, rid: str) -> None:
+        """A stream gave up before its worker-thread submit returned: abort what it submitted."""
+        if not submitted.cancelled() and submitted.exception() is None:
+            self.abort(rid)
 
     def start_stream(self, ids: list[int], sp: SamplingParams, opts: LogprobOptions, rid: str | None,
                      lora: str | None, session_id: str | None, sink: OutputSink) -> Req:
