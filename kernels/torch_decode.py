@@ -24,6 +24,10 @@ GATHER_CHUNK_TOKENS = 1024
 # same (and at least two requests share it). Shared prefixes are read in chunks of this many tokens.
 MIN_SHARED_PREFIX_TOKENS = 64
 SHARED_CHUNK_TOKENS = 4096
+# A row whose own context (past any shared prefix) is longer is read by itself in chunks of
+# SHARED_CHUNK_TOKENS, not padded into the batch's layout: one long request among short ones made
+# every row gather its length per layer.
+LONG_CONTEXT_TOKENS = 4096
 
 
 @dataclass(frozen=True)
@@ -44,7 +48,9 @@ class DecodeGather:
     A request's own slots are its whole context, or what follows its group's shared prefix
     (`shared`). Padding repeats a slot the request owns, so no stale table entry or the dummy
     slot 0 (whose bytes may be anything) is ever read; the hidden columns get probability 0.
-    A seq_len 0 row (CUDA-graph padding) reads its column 0 and is zeroed afterwards.
+    A seq_len 0 row (CUDA-graph padding) reads its column 0 and is zeroed afterwards. A row
+    whose own part is longer than LONG_CONTEXT_TOKENS (`long`) keeps one column here (its first
+    own slot, a placeholder) and is read by itself.
     """
 
     slots: torch.Tensor    # [batch * max_len] int64, row-major [batch, max_len]
@@ -52,6 +58,7 @@ class DecodeGather:
     empty: torch.Tensor    # [batch, 1, 1] bool, rows with seq_len 0
     max_len: int
     shared: list[SharedPrefix] = field(default_factory=list)
+    long: list[tuple[int, torch.Tensor]] = field(default_factory=list)  # (batch row, its own slots [n] int64)
 
 
 def plan_decode(req_to_token: torch.Tensor, req_rows: torch.Tensor, seq_lens: torch.Tensor) -> DecodeGather:
@@ -60,16 +67,21 @@ def plan_decode(req_to_token: torch.Tensor, req_rows: torch.Tensor, seq_lens: to
     max_len = max(int(seq_lens.max()), 1) if batch else 1
     table = req_to_token[req_rows.long(), :max_len].long()  # [batch, max_len]
     shared, starts = _shared_prefixes(table, seq_lens)
-    own_lens = seq_lens
-    if shared:  # each row's own part: the columns after its shared prefix
-        own_lens = seq_lens - starts
+    own_lens = seq_lens - starts  # each row's own part: the columns after its shared prefix
+    long = []
+    if batch and int(own_lens.max()) > LONG_CONTEXT_TOKENS:
+        rows = (own_lens > LONG_CONTEXT_TOKENS).nonzero().flatten().tolist()
+        long = [(r, table[r, int(starts[r]): int(seq_lens[r])].clone()) for r in rows]
+        own_lens = own_lens.clone()
+        own_lens[rows] = 1  # a placeholder column; the row's parts come from its own chunks
+    if shared or long:
         max_len = max(int(own_lens.max()), 1)
         cols = (starts[:, None] + torch.arange(max_len, device=table.device)[None, :]).clamp_(max=table.shape[1] - 1)
         table = table.gather(1, cols)
     visible = torch.arange(max_len, device=seq_lens.device)[None, :] < own_lens.clamp(min=1)[:, None]
     slots = torch.where(visible, table, table[:, :1])
     return DecodeGather(slots.reshape(-1), visible[:, None, None, :], (seq_lens == 0)[:, None, None], max_len,
-                        shared)
+                        shared, long)
 
 
 def _shared_prefixes(table: torch.Tensor, seq_lens: torch.Tensor) -> tuple[list[SharedPrefix], torch.Tensor]:
@@ -112,7 +124,8 @@ def decode_attention_gathered(q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
                               sm_scale: float, k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
     """Decode attention of q [batch, num_heads, head_dim] over the contexts of `plan`: per chunk of
     requests, one gather per cache (to fp32) and two matmuls with a KV head's query heads stacked
-    as rows (GQA); each shared prefix once for its requests, merged by softmax statistics.
+    as rows (GQA); each shared prefix once for its requests, merged by softmax statistics; a row
+    with a long own context by itself, in chunks (as a shared prefix of one).
     Unchecked: the engine's per-layer hot path, with inputs `decode_attention_torch` validates.
     Math in fp32 whatever the cache dtype; returns q's dtype.
 
@@ -125,7 +138,7 @@ def decode_attention_gathered(q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     batch, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[1]
     qg = q.to(torch.float32).view(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
-    if not plan.shared:
+    if not plan.shared and not plan.long:
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
         for a, b, k, v in _own_chunks(k_cache, v_cache, plan, k_scale, v_scale):
             scores = torch.matmul(qg[a:b], k.transpose(-1, -2)).mul_(sm_scale)  # [rows, num_kv_heads, group, max_len]
@@ -139,6 +152,9 @@ def decode_attention_gathered(q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
         scores = torch.matmul(qg[a:b], k.transpose(-1, -2)).mul_(sm_scale)
         scores.masked_fill_(~plan.visible[a:b], float("-inf"))
         m[a:b], l[a:b], o[a:b] = _softmax_parts(scores, v)
+    for row, slots in plan.long:  # in place of its placeholder column's parts
+        m[row:row + 1], l[row:row + 1], o[row:row + 1] = _prefix_parts(
+            qg[row:row + 1], k_cache, v_cache, slots, sm_scale, k_scale, v_scale)
     for prefix in plan.shared:
         part = _prefix_parts(qg[prefix.rows], k_cache, v_cache, prefix.slots, sm_scale, k_scale, v_scale)
         m[prefix.rows], l[prefix.rows], o[prefix.rows] = _merge((m[prefix.rows], l[prefix.rows], o[prefix.rows]), part)

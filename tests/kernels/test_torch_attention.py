@@ -276,3 +276,43 @@ def test_shared_prefix_plan_reads_only_each_rows_own_slots(kv_layout):
     assert torch.equal(rows[1, :20], table[1, 100:120].long())
     assert torch.equal(rows[1, 20:], table[1, 100].long().expand(30))  # padding: its first own slot, hidden
     assert plan.visible.view(2, 50).sum(dim=1).tolist() == [50, 20]
+
+
+# (seq_lens, shared-prefix groups, num_heads, num_kv_heads, head_dim, dtype, fp8), with
+# LONG_CONTEXT_TOKENS at 500: one long row among short ones, two long rows, a long own part after
+# a shared prefix, every row long, and a long row beside a padding row
+LONG_CASES = [
+    ([2000, 40, 7], [], 4, 2, 16, torch.float32, False),
+    ([900, 30, 1300, 0], [], 8, 2, 64, torch.float16, False),
+    ([1500, 1400, 60], [([0, 1], 300)], 6, 2, 32, torch.float32, True),
+    ([700, 800], [], 12, 4, 64, torch.bfloat16, False),
+    ([0, 5000], [], 4, 1, 16, torch.float32, False),
+]
+
+
+@pytest.mark.parametrize("seq_lens, groups, num_heads, num_kv_heads, head_dim, dtype, fp8", LONG_CASES)
+def test_a_long_context_is_read_alone_not_padded_into_the_batch(kv_layout, device, monkeypatch, seq_lens, groups,
+                                                                 num_heads, num_kv_heads, head_dim, dtype, fp8):
+    """A row whose own context is past LONG_CONTEXT_TOKENS is read by itself, in chunks; the
+    other rows are padded to the longest of the rest, not to it (one 100K-token request in a batch
+    of short ones had every row gather 100K slots per layer)."""
+    monkeypatch.setattr(torch_decode, "LONG_CONTEXT_TOKENS", 500)
+    monkeypatch.setattr(torch_decode, "SHARED_CHUNK_TOKENS", 256)  # a long row spans several chunks
+    lay = _decode_layout(kv_layout, seq_lens, num_kv_heads, head_dim, dtype, fp8, device)
+    _share_prefixes(lay, groups)
+    plan = torch_decode.plan_decode(lay.req_to_token, lay.req_rows, lay.seq_lens)
+    starts = {row: length for rows, length in groups for row in rows}
+    own = [s - starts.get(i, 0) for i, s in enumerate(seq_lens)]
+    long_rows = [i for i, n in enumerate(own) if n > 500]
+    assert [row for row, _ in plan.long] == long_rows
+    table = lay.req_to_token[lay.req_rows].long()
+    for row, slots in plan.long:
+        assert torch.equal(slots, table[row, starts.get(row, 0): seq_lens[row]])
+    assert plan.max_len == max([n for i, n in enumerate(own) if i not in long_rows] + [1])
+    q = torch.randn(len(seq_lens), num_heads, head_dim, generator=torch.Generator().manual_seed(1)).to(device, dtype)
+    args = _decode_args(lay, q, head_dim ** -0.5)
+    out = decode_attention_torch(*args)
+    assert out.isfinite().all()
+    torch.testing.assert_close(out, decode_attention_ref(*args), **TOL[dtype])
+    padding = lay.seq_lens == 0
+    assert torch.equal(out[padding], torch.zeros_like(out[padding]))
