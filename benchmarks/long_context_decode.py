@@ -1,0 +1,108 @@
+"""Decode steps on CPU with one long context among short ones, side by side: the long row read
+by itself in chunks (kernels/torch_decode.py, LONG_CONTEXT_TOKENS) or padded into the batch's
+layout with the others (every row then gathers the long row's length per layer).
+
+    python benchmarks/long_context_decode.py --out benchmarks/results/long_context_decode_cpu.json
+
+One engine in this process (a random-weight tiny Llama, the demo tokenizer, float32, 131,072
+positions, one torch thread; or `--model DIR` with `--dtype`). One prompt of `--context` tokens and
+`--short` prompts of 100 are prefilled once (cached), then decoded `--decode` tokens each, greedy,
+EOS ignored, the two settings alternating for `--rounds` rounds ("padded": the module's
+LONG_CONTEXT_TOKENS set past any context, the layout before the long-row split). A decode step is
+the wall time while every request of the batch was decoding over the steps in it; reported per
+setting as the median of the rounds, with whether both settings produced the same tokens.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from engine_decode import TINY, write_model_dir  # noqa: E402
+
+GREEDY = {"temperature": 0, "ignore_eos": True}
+
+
+def decode_step_ms(engine, rids: set[str]) -> float:
+    """ms per step while every one of `rids` was decoding."""
+    timings = [t for t in engine.recent_timings if t.rid in rids]
+    start = max(t.token_times[0] for t in timings)
+    end = min(t.token_times[-1] for t in timings)
+    steps = min(sum(1 for x in t.token_times if start < x <= end) for t in timings)
+    return 1e3 * (end - start) / steps
+
+
+def run(model_dir: str, load_format: str, dtype: str, context: int, short: int, decode: int, rounds: int) -> dict:
+    from radixflow.kernels import torch_decode
+    from radixflow.runtime import Engine
+
+    rng = random.Random(0)
+    prompts = [[rng.randrange(3000) for _ in range(context)]]
+    prompts += [[rng.randrange(3000) for _ in range(100)] for _ in range(short)]
+    settings = {"alone": torch_decode.LONG_CONTEXT_TOKENS, "padded": 1 << 62}
+    out: dict = {"context": context, "short": short, "decode": decode, "rounds": rounds,
+                 "long_context_tokens": settings["alone"], "step_ms_runs": {name: [] for name in settings}}
+    tokens: dict[str, list] = {}
+    kv = context + 100 * short + 2 * decode * (short + 1) + 4096
+    with Engine(model_dir, load_format=load_format, device="cpu", dtype=dtype, kv_cache_tokens=kv,
+                max_num_seqs=short + 1) as engine:
+        engine.generate(input_ids=prompts, sampling_params={**GREEDY, "max_new_tokens": 0})  # cached from here on
+        try:
+            for r in range(rounds):
+                for name, threshold in settings.items():
+                    torch_decode.LONG_CONTEXT_TOKENS = threshold
+                    rids = [f"{name}-{r}-{i}" for i in range(len(prompts))]
+                    res = engine.generate(input_ids=prompts, sampling_params={**GREEDY, "max_new_tokens": decode},
+                                          rid=rids)
+                    out["step_ms_runs"][name].append(decode_step_ms(engine, set(rids)))
+                    tokens.setdefault(name, [x["output_ids"] for x in res])
+                    print(f"round {r} {name}: {out['step_ms_runs'][name][-1]:.2f} ms per decode step", flush=True)
+        finally:
+            torch_decode.LONG_CONTEXT_TOKENS = settings["alone"]
+    out["step_ms"] = {name: statistics.median(v) for name, v in out["step_ms_runs"].items()}
+    out["speedup"] = out["step_ms"]["padded"] / out["step_ms"]["alone"]
+    out["same_tokens"] = sum(a == b for a, b in zip(tokens["alone"], tokens["padded"]))
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=None, help="a model directory (default: a random-weight tiny Llama)")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--context", type=int, default=20000, help="the long prompt's tokens")
+    ap.add_argument("--short", type=int, default=15, help="how many 100-token prompts beside it")
+    ap.add_argument("--decode", type=int, default=48)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.model is None:
+            model_dir, load_format = str(write_model_dir({**TINY, "max_position_embeddings": 131072},
+                                                         Path(tmp) / "model")), "dummy"
+        else:
+            model_dir, load_format = args.model, "auto"
+        result = run(model_dir, load_format, args.dtype, args.context, args.short, args.decode, args.rounds)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
+    doc = {"command": " ".join(["python benchmarks/long_context_decode.py", *sys.argv[1:]]), "commit": commit,
+           "machine": platform.processor() or platform.machine(), "torch": torch.__version__,
+           "model": args.model or "tiny (random weights)", "dtype": args.dtype, **result}
+    print(json.dumps({k: v for k, v in doc.items() if k != "step_ms_runs"}), flush=True)
+    if args.out:
+        Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
