@@ -145,20 +145,18 @@ class Engine:
         # this loop runs on, and its first outputs may be delivered before that call returns.
         outputs = channel.open(rid)  # ValueError if a stream of this loop has the rid
         start = functools.partial(self.start_stream, ids, sp, opts, rid, lora_path, session_id, channel)
-        if not sp.is_constrained:
-            try:
-                start()
-            except BaseException:
-                channel.close(rid, outputs)
-                raise
-        else:  # the grammar compiles in a worker thread: the event loop must not wait for it
-            submitted = loop.run_in_executor(None, start)
-            try:
+        submitted = None
+        try:
+            if sp.is_constrained:  # the grammar compiles in a worker thread: the loop must not wait for it
+                submitted = loop.run_in_executor(None, start)
                 await asyncio.shield(submitted)
-            except BaseException:  # the submit failed, or this stream was cancelled meanwhile
-                channel.close(rid, outputs)
+            else:
+                start()
+        except BaseException:  # the submit failed, or this stream was cancelled while it ran
+            channel.close(rid, outputs)
+            if submitted is not None:  # what the worker submits after all is aborted
                 submitted.add_done_callback(lambda done: self._abort_submitted(done, rid))
-                raise
+            raise
         try:
             while not chunks.done:
                 chunk = chunks.add(await outputs.take())  # fell behind: one chunk for all that arrived
