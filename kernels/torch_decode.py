@@ -24,10 +24,12 @@ GATHER_CHUNK_TOKENS = 1024
 # same (and at least two requests share it). Shared prefixes are read in chunks of this many tokens.
 MIN_SHARED_PREFIX_TOKENS = 64
 SHARED_CHUNK_TOKENS = 4096
-# A row whose own context (past any shared prefix) is longer is read by itself in chunks of
-# SHARED_CHUNK_TOKENS, not padded into the batch's layout: one long request among short ones made
-# every row gather its length per layer.
-LONG_CONTEXT_TOKENS = 4096
+# Rows much longer than the rest are read by themselves in chunks of SHARED_CHUNK_TOKENS, not
+# padded into the batch's layout (one long request among short ones made every row gather its
+# length per layer): see _padded_length. A row read alone costs about this many tokens' reading
+# more than its length (its own calls): measured ~800 at 4 x 16 heads over 2 KV heads in fp32,
+# ~70 at 9 x 64 over 3 in bf16 (one core; 16 equal rows read alone vs padded).
+ALONE_ROW_TOKENS = 1024
 
 
 @dataclass(frozen=True)
@@ -48,9 +50,9 @@ class DecodeGather:
     A request's own slots are its whole context, or what follows its group's shared prefix
     (`shared`). Padding repeats a slot the request owns, so no stale table entry or the dummy
     slot 0 (whose bytes may be anything) is ever read; the hidden columns get probability 0.
-    A seq_len 0 row (CUDA-graph padding) reads its column 0 and is zeroed afterwards. A row
-    whose own part is longer than LONG_CONTEXT_TOKENS (`long`) keeps one column here (its first
-    own slot, a placeholder) and is read by itself.
+    A seq_len 0 row (CUDA-graph padding) reads its column 0 and is zeroed afterwards. A row whose
+    own part is longer than the others are padded to (`long`, see _padded_length) keeps one column
+    here (its first own slot, a placeholder) and is read by itself.
     """
 
     slots: torch.Tensor    # [batch * max_len] int64, row-major [batch, max_len]
@@ -69,8 +71,10 @@ def plan_decode(req_to_token: torch.Tensor, req_rows: torch.Tensor, seq_lens: to
     shared, starts = _shared_prefixes(table, seq_lens)
     own_lens = seq_lens - starts  # each row's own part: the columns after its shared prefix
     long = []
-    if batch and int(own_lens.max()) > LONG_CONTEXT_TOKENS:
-        rows = (own_lens > LONG_CONTEXT_TOKENS).nonzero().flatten().tolist()
+    lengths = own_lens.tolist()
+    pad = _padded_length(lengths) if batch else 1
+    if pad < max(lengths, default=0):
+        rows = [r for r, n in enumerate(lengths) if n > pad]
         long = [(r, table[r, int(starts[r]): int(seq_lens[r])].clone()) for r in rows]
         own_lens = own_lens.clone()
         own_lens[rows] = 1  # a placeholder column; the row's parts come from its own chunks
@@ -82,6 +86,20 @@ def plan_decode(req_to_token: torch.Tensor, req_rows: torch.Tensor, seq_lens: to
     slots = torch.where(visible, table, table[:, :1])
     return DecodeGather(slots.reshape(-1), visible[:, None, None, :], (seq_lens == 0)[:, None, None], max_len,
                         shared, long)
+
+
+def _padded_length(lengths: list[int]) -> int:
+    """The length a decode batch's rows are padded to; longer rows are read alone. The one that
+    reads the fewest tokens: rows padded to it count it each, a row read alone its own length plus
+    ALONE_ROW_TOKENS. Equal rows stay padded; one 20K-token row among 100-token ones is alone."""
+    order = sorted((max(n, 1) for n in lengths), reverse=True)
+    best, best_cost, alone = order[0], len(order) * order[0], 0
+    for i in range(len(order) - 1):  # rows 0..i alone, the rest padded to order[i + 1]
+        alone += order[i] + ALONE_ROW_TOKENS
+        cost = alone + (len(order) - i - 1) * order[i + 1]
+        if cost < best_cost:
+            best, best_cost = order[i + 1], cost
+    return best
 
 
 def _shared_prefixes(table: torch.Tensor, seq_lens: torch.Tensor) -> tuple[list[SharedPrefix], torch.Tensor]:

@@ -278,37 +278,37 @@ def test_shared_prefix_plan_reads_only_each_rows_own_slots(kv_layout):
     assert plan.visible.view(2, 50).sum(dim=1).tolist() == [50, 20]
 
 
-# (seq_lens, shared-prefix groups, num_heads, num_kv_heads, head_dim, dtype, fp8), with
-# LONG_CONTEXT_TOKENS at 500: one long row among short ones, two long rows, a long own part after
-# a shared prefix, every row long, and a long row beside a padding row
+# (seq_lens, shared-prefix groups, rows read alone, num_heads, num_kv_heads, head_dim, dtype, fp8),
+# with ALONE_ROW_TOKENS at 64: one long row among short ones, two long rows and a padding row, long
+# own parts after a shared prefix, a longer row beside a long one, a long row beside a padding row
 LONG_CASES = [
-    ([2000, 40, 7], [], 4, 2, 16, torch.float32, False),
-    ([900, 30, 1300, 0], [], 8, 2, 64, torch.float16, False),
-    ([1500, 1400, 60], [([0, 1], 300)], 6, 2, 32, torch.float32, True),
-    ([700, 800], [], 12, 4, 64, torch.bfloat16, False),
-    ([0, 5000], [], 4, 1, 16, torch.float32, False),
+    ([2000, 40, 7], [], [0], 4, 2, 16, torch.float32, False),
+    ([900, 30, 1300, 0], [], [0, 2], 8, 2, 64, torch.float16, False),
+    ([1500, 1400, 60], [([0, 1], 300)], [0, 1], 6, 2, 32, torch.float32, True),
+    ([700, 800], [], [1], 12, 4, 64, torch.bfloat16, False),
+    ([0, 5000], [], [1], 4, 1, 16, torch.float32, False),
 ]
 
 
-@pytest.mark.parametrize("seq_lens, groups, num_heads, num_kv_heads, head_dim, dtype, fp8", LONG_CASES)
+@pytest.mark.parametrize("seq_lens, groups, alone, num_heads, num_kv_heads, head_dim, dtype, fp8", LONG_CASES)
 def test_a_long_context_is_read_alone_not_padded_into_the_batch(kv_layout, device, monkeypatch, seq_lens, groups,
-                                                                 num_heads, num_kv_heads, head_dim, dtype, fp8):
-    """A row whose own context is past LONG_CONTEXT_TOKENS is read by itself, in chunks; the
-    other rows are padded to the longest of the rest, not to it (one 100K-token request in a batch
-    of short ones had every row gather 100K slots per layer)."""
-    monkeypatch.setattr(torch_decode, "LONG_CONTEXT_TOKENS", 500)
+                                                                 alone, num_heads, num_kv_heads, head_dim, dtype,
+                                                                 fp8):
+    """Rows much longer than the rest are read by themselves, in chunks; the other rows are padded
+    to the longest of the rest, not to them (one 100K-token request in a batch of short ones had
+    every row gather 100K slots per layer)."""
+    monkeypatch.setattr(torch_decode, "ALONE_ROW_TOKENS", 64)
     monkeypatch.setattr(torch_decode, "SHARED_CHUNK_TOKENS", 256)  # a long row spans several chunks
     lay = _decode_layout(kv_layout, seq_lens, num_kv_heads, head_dim, dtype, fp8, device)
     _share_prefixes(lay, groups)
     plan = torch_decode.plan_decode(lay.req_to_token, lay.req_rows, lay.seq_lens)
     starts = {row: length for rows, length in groups for row in rows}
     own = [s - starts.get(i, 0) for i, s in enumerate(seq_lens)]
-    long_rows = [i for i, n in enumerate(own) if n > 500]
-    assert [row for row, _ in plan.long] == long_rows
+    assert [row for row, _ in plan.long] == alone
     table = lay.req_to_token[lay.req_rows].long()
     for row, slots in plan.long:
         assert torch.equal(slots, table[row, starts.get(row, 0): seq_lens[row]])
-    assert plan.max_len == max([n for i, n in enumerate(own) if i not in long_rows] + [1])
+    assert plan.max_len == max([n for i, n in enumerate(own) if i not in alone] + [1])
     q = torch.randn(len(seq_lens), num_heads, head_dim, generator=torch.Generator().manual_seed(1)).to(device, dtype)
     args = _decode_args(lay, q, head_dim ** -0.5)
     out = decode_attention_torch(*args)
@@ -316,3 +316,17 @@ def test_a_long_context_is_read_alone_not_padded_into_the_batch(kv_layout, devic
     torch.testing.assert_close(out, decode_attention_ref(*args), **TOL[dtype])
     padding = lay.seq_lens == 0
     assert torch.equal(out[padding], torch.zeros_like(out[padding]))
+
+
+@pytest.mark.parametrize("lengths, padded_to", [
+    ([1000] * 16, 1000),                # equal rows stay padded
+    ([3000] + [200] * 15, 200),         # 16 x 3000 = 48000 against 4024 + 15 x 200 = 7024
+    ([5000] * 4, 5000),                 # 20000 against 4 x 6024
+    ([2048] * 8 + [300] * 8, 300),      # 32768 against 8 x 3072 + 8 x 300 = 26976
+    ([1200, 1100, 60], 1200),           # 3600 against 2224 + 2200 and 4348 + 60
+    ([0, 5000], 1),                     # a padding row counts one column
+    ([7], 7),
+])
+def test_padded_length_reads_the_fewest_tokens(lengths, padded_to):
+    assert torch_decode.ALONE_ROW_TOKENS == 1024
+    assert torch_decode._padded_length(lengths) == padded_to

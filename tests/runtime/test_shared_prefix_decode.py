@@ -62,7 +62,7 @@ def test_plan_decode_on_the_engine_s_slot_table(monkeypatch):
 
 def test_greedy_outputs_equal_with_long_rows_read_alone_and_padded(monkeypatch):
     """A request with a long context beside short ones: read by itself in chunks
-    (LONG_CONTEXT_TOKENS, lowered here) or padded into the batch, greedy outputs are the same,
+    (ALONE_ROW_TOKENS lowered here) or padded into the batch, greedy outputs are the same,
     shared prefixes included."""
     rng = random.Random(2)
     prompts = _prompts(num_groups=1, per_group=2, prefix_len=80, seed=3)
@@ -71,8 +71,8 @@ def test_greedy_outputs_equal_with_long_rows_read_alone_and_padded(monkeypatch):
     real = torch_decode.plan_decode
     monkeypatch.setattr(torch_decode, "plan_decode", lambda *a: plans.append(real(*a)) or plans[-1])
     outputs = {}
-    for name, threshold in (("alone", 200), ("padded", 1 << 62)):
-        monkeypatch.setattr(torch_decode, "LONG_CONTEXT_TOKENS", threshold)
+    for name, overhead in (("alone", 64), ("padded", 1 << 62)):
+        monkeypatch.setattr(torch_decode, "ALONE_ROW_TOKENS", overhead)
         monkeypatch.setattr(torch_decode, "SHARED_CHUNK_TOKENS", 256)
         plans.clear()
         with Engine(demo_model("tiny"), dtype="float32", kv_cache_tokens=8192, check_invariants=True) as e:
@@ -80,5 +80,6 @@ def test_greedy_outputs_equal_with_long_rows_read_alone_and_padded(monkeypatch):
             assert not e.invariant_violations
         outputs[name] = [r["output_ids"] for r in results]
         long_rows = {len(slots) for p in plans for _, slots in p.long}
-        assert bool(long_rows) == (name == "alone") and all(n > 700 for n in long_rows)
+        assert bool(long_rows) == (name == "alone")
+        assert name == "padded" or max(long_rows) > 700  # the long prompt's row among them
     assert outputs["alone"] == outputs["padded"]
