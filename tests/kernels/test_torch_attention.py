@@ -242,6 +242,17 @@ SHARED_CASES = [
 ]
 
 
+def _check_decode_matches_ref(lay, num_heads: int, head_dim: int, dtype: torch.dtype, device) -> None:
+    """decode_attention_torch over `lay` equals the reference; padding rows (seq_len 0) are zero."""
+    q = torch.randn(len(lay.seq_lens), num_heads, head_dim, generator=torch.Generator().manual_seed(1)).to(device, dtype)
+    args = _decode_args(lay, q, head_dim ** -0.5)
+    out = decode_attention_torch(*args)
+    assert out.isfinite().all()
+    torch.testing.assert_close(out, decode_attention_ref(*args), **TOL[dtype])
+    padding = lay.seq_lens == 0
+    assert torch.equal(out[padding], torch.zeros_like(out[padding]))
+
+
 @pytest.mark.parametrize("seq_lens, groups, num_heads, num_kv_heads, head_dim, dtype, fp8", SHARED_CASES)
 def test_decode_over_shared_prefixes_matches_ref(kv_layout, device, seq_lens, groups, num_heads, num_kv_heads,
                                                  head_dim, dtype, fp8):
@@ -249,13 +260,7 @@ def test_decode_over_shared_prefixes_matches_ref(kv_layout, device, seq_lens, gr
     _share_prefixes(lay, groups)
     plan = torch_decode.plan_decode(lay.req_to_token, lay.req_rows, lay.seq_lens)
     assert sorted((p.rows.tolist(), p.slots.shape[0]) for p in plan.shared) == sorted(groups)  # found, exactly
-    q = torch.randn(len(seq_lens), num_heads, head_dim, generator=torch.Generator().manual_seed(1)).to(device, dtype)
-    args = _decode_args(lay, q, head_dim ** -0.5)
-    out = decode_attention_torch(*args)
-    assert out.isfinite().all()
-    torch.testing.assert_close(out, decode_attention_ref(*args), **TOL[dtype])
-    padding = lay.seq_lens == 0
-    assert torch.equal(out[padding], torch.zeros_like(out[padding]))
+    _check_decode_matches_ref(lay, num_heads, head_dim, dtype, device)
 
 
 def test_short_or_unshared_prefixes_take_the_plain_gather(kv_layout):
@@ -309,13 +314,7 @@ def test_a_long_context_is_read_alone_not_padded_into_the_batch(kv_layout, devic
     for row, slots in plan.long:
         assert torch.equal(slots, table[row, starts.get(row, 0): seq_lens[row]])
     assert plan.max_len == max([n for i, n in enumerate(own) if i not in alone] + [1])
-    q = torch.randn(len(seq_lens), num_heads, head_dim, generator=torch.Generator().manual_seed(1)).to(device, dtype)
-    args = _decode_args(lay, q, head_dim ** -0.5)
-    out = decode_attention_torch(*args)
-    assert out.isfinite().all()
-    torch.testing.assert_close(out, decode_attention_ref(*args), **TOL[dtype])
-    padding = lay.seq_lens == 0
-    assert torch.equal(out[padding], torch.zeros_like(out[padding]))
+    _check_decode_matches_ref(lay, num_heads, head_dim, dtype, device)
 
 
 @pytest.mark.parametrize("lengths, padded_to", [
