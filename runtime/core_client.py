@@ -144,8 +144,6 @@ class EngineClient:
                     chunks.done = True
                     raise _REJECTIONS.get(batch[0].kind, RuntimeError)(batch[0].message)
                 chunk = chunks.add(batch)
-                if chunks.done:  # the rid is free for a new stream, even if this one is closed later
-                    channel.close(rid, outputs)
                 if chunk is not None:
                     yield chunk
         finally:

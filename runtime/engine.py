@@ -160,8 +160,6 @@ class Engine:
         try:
             while not chunks.done:
                 chunk = chunks.add(await outputs.take())  # fell behind: one chunk for all that arrived
-                if chunks.done:  # the rid is free for a new stream, even if this one is closed later
-                    channel.close(rid, outputs)
                 if chunk is not None:
                     yield chunk
         finally:

@@ -47,6 +47,7 @@ class OutputChannel:
     request is submitted, reads RequestOutputs from it, and `close`s it. Posts that arrive while
     a delivery is pending join it, so a loop that falls behind is woken once, not once per
     request per step. Outputs for a request id with no open queue (a consumer gone) are dropped.
+    A request's queue closes once its last output (a finish, or a refusal) is delivered.
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -97,6 +98,8 @@ class OutputChannel:
                 queue = queues.get(out.rid)
                 if queue is not None:
                     queue.put(out)
+                    if getattr(out, "finish_reason", True) is not None:  # its last (a refusal has none)
+                        del queues[out.rid]  # the rid is free for a new stream, read or not
 
 
 class ChannelsByLoop:
