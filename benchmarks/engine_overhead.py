@@ -297,12 +297,16 @@ CLIENTS = {"httpx": stream_all_httpx, "raw": stream_all_raw}
 SETTLE_S = 1.0  # idle time before each timed run: the last run's connections close, its requests end
 
 
-async def _stream_inprocess(engine, ps: list[list[int]], params: dict) -> int:
-    """The HTTP workload's streams consumed in-process: one async consumer per request."""
+async def _stream_inprocess(engine, ps: list[list[int]], params: dict, first_chunks: list[float] | None = None) -> int:
+    """The HTTP workload's streams consumed in-process: one async consumer per request.
+    `first_chunks`: each stream's first chunk's arrival, seconds after the start, appended."""
+    t0 = time.perf_counter()
+
     async def one(p) -> int:
         last: dict = {}
         async for last in engine.generate_stream(input_ids=p, sampling_params=params):
-            pass
+            if first_chunks is not None and len(last["output_ids"]) == 1:
+                first_chunks.append(time.perf_counter() - t0)
         return len(last["output_ids"])
 
     return sum(await asyncio.gather(*(one(p) for p in ps)))
@@ -341,6 +345,8 @@ def bench_http(model_dir: Path, num_requests: int, decode_len: int, repeats: int
         cpu: dict[str, list[float]] = {name: [] for name in [*pids, "client"]}
         floor_cpu: list[float] = []
         inprocess_cpu: list[float] = []
+        # per run: each stream's first chunk, seconds after the run began (the burst's intake)
+        first_chunk: dict[str, list[list[float]]] = {"inprocess_stream": [], "http_core_process_raw": []}
         for _ in range(repeats):
             time.sleep(SETTLE_S)
             t0, c0 = time.perf_counter(), time.process_time()
@@ -349,8 +355,10 @@ def bench_http(model_dir: Path, num_requests: int, decode_len: int, repeats: int
             inprocess_cpu.append(time.process_time() - c0)
             time.sleep(SETTLE_S)
             t0 = time.perf_counter()
-            tokens = asyncio.run(_stream_inprocess(engine, ps, params))
+            first = []
+            tokens = asyncio.run(_stream_inprocess(engine, ps, params, first))
             runs["inprocess_stream"].append(tokens / (time.perf_counter() - t0))
+            first_chunk["inprocess_stream"].append(first)
             time.sleep(SETTLE_S)
             before_floor, t0 = cpu_seconds(floor_pid), time.perf_counter()
             tokens = asyncio.run(stream_all_raw(floor_url, ps, params))
@@ -361,10 +369,13 @@ def bench_http(model_dir: Path, num_requests: int, decode_len: int, repeats: int
                     time.sleep(SETTLE_S)
                     before = {name: cpu_seconds(pid) for name, pid in pids.items()}
                     before["client"], t0 = time.process_time(), time.perf_counter()
-                    tokens = asyncio.run(client(url, ps, params))
+                    light = (core, client_name) == ("process", "raw")
+                    first = []
+                    tokens = asyncio.run(client(url, ps, params, first) if light else client(url, ps, params))
                     runs[f"http_core_{core}_{client_name}"].append(tokens / (time.perf_counter() - t0))
                     assert tokens == len(ps) * params["max_new_tokens"], tokens
-                    if (core, client_name) == ("process", "raw"):
+                    if light:
+                        first_chunk["http_core_process_raw"].append(first)
                         cpu["client"].append(time.process_time() - before["client"])
                         for name, pid in pids.items():
                             cpu[name].append(cpu_seconds(pid) - before[name])
@@ -393,6 +404,15 @@ def bench_http(model_dir: Path, num_requests: int, decode_len: int, repeats: int
     out["floor_raw"] = {"tok_per_s": statistics.median(runs["floor_raw"]), "runs": runs["floor_raw"],
                         "ratio": statistics.median([f / i for f, i in zip(runs["floor_raw"], inproc)]),
                         "server_cpu_s_per_run": statistics.median(floor_cpu)}
+    # A burst of streams waits on the front end's intake: the last stream's first chunk comes
+    # once every request was read, parsed and submitted; `generate` submits the batch at once.
+    for name, per_run in first_chunk.items():
+        spread = {"median": 1e3 * statistics.median(statistics.median(r) for r in per_run),
+                  "last": 1e3 * statistics.median(max(r) for r in per_run)}
+        if name in out:
+            out[name]["first_chunk_ms"] = spread
+        else:
+            out[f"{name}_first_chunk_ms"] = spread
     print(f"http: {out}", flush=True)
     return out
 
@@ -406,6 +426,8 @@ def main() -> int:
                     help="comma-separated subset of the four measurements")
     ap.add_argument("--label", default="", help="free text stored with the results (e.g. the commit)")
     ap.add_argument("--repeats", type=int, default=None, help="runs per figure (default 3; 1 with --smoke)")
+    ap.add_argument("--http-decode", type=int, default=None,
+                    help="tokens per HTTP request (default 32; 8 with --smoke)")
     ap.add_argument("--http-stream-interval", type=int, default=1,
                     help="the HTTP requests' sampling_params.stream_interval (a chunk per this many tokens)")
     ns = ap.parse_args()
@@ -417,6 +439,8 @@ def main() -> int:
         http_requests=256, http_decode=32, repeats=3)
     if ns.repeats is not None:
         sizes["repeats"] = ns.repeats
+    if ns.http_decode is not None:
+        sizes["http_decode"] = ns.http_decode
     import radixflow.runtime  # the commit of the code measured (PYTHONPATH may point at another checkout)
     code_dir = os.path.dirname(os.path.realpath(radixflow.runtime.__file__))
     commit = os.environ.get("RADIXFLOW_COMMIT") or subprocess.run(  # gpu_check.sh names it: see kernels.py

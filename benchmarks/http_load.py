@@ -37,16 +37,24 @@ async def stream_all_httpx(url: str, ps: list[list[int]], params: dict) -> int:
         return sum(await asyncio.gather(*(one(client, p) for p in ps)))
 
 
-async def stream_all_raw(url: str, ps: list[list[int]], params: dict) -> int:
+async def stream_all_raw(url: str, ps: list[list[int]], params: dict, first_bytes: list[float] | None = None) -> int:
     """As stream_all_httpx with a load generator's client: one raw HTTP/1.1 connection per request,
     the whole SSE response read as bytes, only its last event parsed. The httpx client spends
-    about four times the server's CPU parsing 256 streams, on the same two cores."""
+    about four times the server's CPU parsing 256 streams, on the same two cores. `first_bytes`:
+    each response's first bytes' arrival, seconds after the start, are appended to it (the
+    server sends a stream's headers with its first chunk)."""
     host, port = url.removeprefix("http://").split(":")
+    t0 = time.perf_counter()
 
     async def one(p) -> int:
         reader, writer = await asyncio.open_connection(host, int(port))
         writer.write(request_bytes(host, p, params))
-        data = await reader.read(-1)
+        if first_bytes is None:
+            data = await reader.read(-1)
+        else:
+            data = await reader.read(1)
+            first_bytes.append(time.perf_counter() - t0)
+            data += await reader.read(-1)
         writer.close()
         return last_event_tokens(data)
 

@@ -31,3 +31,17 @@ def test_http_floor_smoke(tmp_path):
     assert [s["step_s"] for s in doc["settings"]] == [0.0, 0.005, 0.01]
     for setting in doc["settings"]:
         assert setting["tok_per_s"] > 0 and setting["server_cpu_s"] >= 0 and len(setting["runs"]) == 1
+
+
+def test_engine_overhead_http_smoke(tmp_path):
+    """The HTTP part: both servers, the floor and the in-process runs stream every token (the
+    script asserts the counts); the burst's first-chunk times are reported for both sides."""
+    out = tmp_path / "eo_http.json"
+    subprocess.run([sys.executable, str(SCRIPT), "--smoke", "--only", "http", "--http-decode", "3",
+                    "--out", str(out)], check=True, timeout=600)
+    doc = json.loads(out.read_text())
+    http = doc["http"]
+    assert doc["sizes"]["http_decode"] == http["decode_len"] == 3
+    assert http["ratio"] > 0 and http["ratio_vs_inprocess_stream"] > 0
+    for spread in (http["http_core_process_raw"]["first_chunk_ms"], http["inprocess_stream_first_chunk_ms"]):
+        assert 0 < spread["median"] <= spread["last"]
