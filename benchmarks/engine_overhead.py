@@ -312,6 +312,12 @@ async def _stream_inprocess(engine, ps: list[list[int]], params: dict, first_chu
     return sum(await asyncio.gather(*(one(p) for p in ps)))
 
 
+def core_num_steps(url: str) -> int:
+    import httpx
+
+    return httpx.get(f"{url}/get_server_info").json()["stats"]["num_steps"]
+
+
 def bench_http(model_dir: Path, num_requests: int, decode_len: int, repeats: int, stream_interval: int = 1) -> dict:
     """The server with its engine core in its own process (the default) and on a thread of the
     server's process, each over in-process `Engine.generate` on the same requests (`ratio`: the
@@ -347,12 +353,14 @@ def bench_http(model_dir: Path, num_requests: int, decode_len: int, repeats: int
         inprocess_cpu: list[float] = []
         # per run: each stream's first chunk, seconds after the run began (the burst's intake)
         first_chunk: dict[str, list[list[float]]] = {"inprocess_stream": [], "http_core_process_raw": []}
+        steps: dict[str, list[int]] = {"inprocess": [], "http_core_process_raw": []}  # engine steps per run
         for _ in range(repeats):
             time.sleep(SETTLE_S)
-            t0, c0 = time.perf_counter(), time.process_time()
+            t0, c0, s0 = time.perf_counter(), time.process_time(), engine.stats().num_steps
             res = engine.generate(input_ids=ps, sampling_params=params)
             runs["inprocess"].append(sum(len(r["output_ids"]) for r in res) / (time.perf_counter() - t0))
             inprocess_cpu.append(time.process_time() - c0)
+            steps["inprocess"].append(engine.stats().num_steps - s0)
             time.sleep(SETTLE_S)
             t0 = time.perf_counter()
             first = []
@@ -367,18 +375,19 @@ def bench_http(model_dir: Path, num_requests: int, decode_len: int, repeats: int
             for core, url in urls.items():
                 for client_name, client in CLIENTS.items():
                     time.sleep(SETTLE_S)
+                    light = (core, client_name) == ("process", "raw")
+                    first, core_steps = [], core_num_steps(url) if light else 0
                     before = {name: cpu_seconds(pid) for name, pid in pids.items()}
                     before["client"], t0 = time.process_time(), time.perf_counter()
-                    light = (core, client_name) == ("process", "raw")
-                    first = []
                     tokens = asyncio.run(client(url, ps, params, first) if light else client(url, ps, params))
                     runs[f"http_core_{core}_{client_name}"].append(tokens / (time.perf_counter() - t0))
                     assert tokens == len(ps) * params["max_new_tokens"], tokens
                     if light:
-                        first_chunk["http_core_process_raw"].append(first)
                         cpu["client"].append(time.process_time() - before["client"])
                         for name, pid in pids.items():
                             cpu[name].append(cpu_seconds(pid) - before[name])
+                        first_chunk["http_core_process_raw"].append(first)
+                        steps["http_core_process_raw"].append(core_num_steps(url) - core_steps)
     inproc = runs["inprocess"]
     out: dict = {"num_requests": num_requests, "decode_len": decode_len, "repeats": repeats,
                  "stream_interval": stream_interval, "inprocess_tok_per_s": statistics.median(inproc),
@@ -395,6 +404,9 @@ def bench_http(model_dir: Path, num_requests: int, decode_len: int, repeats: int
     raw = out["http_core_process_raw"]
     raw["cpu_s_per_run"] = {name: statistics.median(v) for name, v in cpu.items()}
     out["inprocess_cpu_s_per_run"] = statistics.median(inprocess_cpu)
+    # a burst that reaches the core in groups runs more steps: a prefill step per group
+    out["inprocess_steps_per_run"] = statistics.median(steps["inprocess"])
+    raw["steps_per_run"] = statistics.median(steps["http_core_process_raw"])
     # The ratio the machine's cores allow at best: the three processes' CPU seconds spread evenly
     # over them, against the in-process run's wall time (per round, median).
     cores = len(os.sched_getaffinity(0))

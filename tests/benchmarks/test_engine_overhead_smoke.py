@@ -43,5 +43,6 @@ def test_engine_overhead_http_smoke(tmp_path):
     http = doc["http"]
     assert doc["sizes"]["http_decode"] == http["decode_len"] == 3
     assert http["ratio"] > 0 and http["ratio_vs_inprocess_stream"] > 0
+    assert http["inprocess_steps_per_run"] >= 3 and http["http_core_process_raw"]["steps_per_run"] >= 3
     for spread in (http["http_core_process_raw"]["first_chunk_ms"], http["inprocess_stream_first_chunk_ms"]):
         assert 0 < spread["median"] <= spread["last"]
