@@ -119,9 +119,7 @@ class ChatShape:
 
     def delta(self, job: Job, index: int, chunk: dict, reason: str | None,
               tokenizer: Any) -> ChatCompletionChunk | None:
-        state = job.streams.setdefault(index, {"text": ""})
-        delta = chunk["text"][len(state["text"]):]
-        state["text"] = chunk["text"]
+        delta = chunk["text"]  # the stream is incremental: only what is new
         lp = to_logprobs(chunk["meta_info"], tokenizer)
         if not (delta or reason is not None or (lp is not None and lp.content)):
             return None

@@ -60,6 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
                             "server's process (debugging)")
     serve.add_argument("--api-server-count", type=int, default=1,
                        help="HTTP server processes sharing the port and one engine core (default: 1)")
+    serve.add_argument("--incremental-streaming-output", action="store_true",
+                       help="native /generate streams send each chunk's new text and output_ids only, not the "
+                            "whole output so far (SGLang's flag; OpenAI streams always send deltas)")
     add_engine_flags(serve)
     from radixflow.frontend.limits import add_limit_flags
 

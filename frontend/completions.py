@@ -111,11 +111,10 @@ class CompletionShape:
         return []
 
     def delta(self, job: Job, index: int, chunk: dict, reason: str | None, tokenizer: Any) -> Completion | None:
-        state = job.streams.setdefault(index, {"text": "", "offset": 0, "first": True})
+        state = job.streams.setdefault(index, {"offset": 0, "first": True})
         echo = self._echo(job, index) if state["first"] else None
         state["first"] = False
-        delta = (echo or "") + chunk["text"][len(state["text"]):]
-        state["text"] = chunk["text"]
+        delta = (echo or "") + chunk["text"]  # the stream is incremental: only what is new
         lp = chunk_logprobs(chunk["meta_info"], state["offset"], echo, tokenizer)
         if lp is not None and lp.text_offset:
             last = chunk["meta_info"]["output_token_logprobs"]

@@ -178,12 +178,16 @@ async def generate(request: Request) -> Response:
     job = await off_loop_if_large(request, parse_generate, req, engine.tokenizer)
     if not req.stream:
         return json_response(await generate_result(request.receive, engine, job))
+    if server.incremental_streaming_output:
+        for opts in job.options:
+            opts["incremental"] = True
     fanout = await start_generate(request.receive, engine, job)
     return EventStream(_events(fanout, job.single))
 
 
 async def _events(fanout: Fanout, single: bool) -> AsyncIterator[bytes]:
-    """SSE chunks: cumulative text; output logprobs only new ones; `index` when several."""
+    """SSE chunks: cumulative text and output_ids (only new ones with --incremental-streaming-output);
+    output logprobs only new ones; `index` when several."""
     try:
         async for index, chunk in fanout:
             check_failed(chunk)

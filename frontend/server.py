@@ -110,16 +110,18 @@ async def _start(server: ServerState, engine_or_factory: EngineOrFactory) -> Non
 def create_app(engine_or_factory: EngineOrFactory, served_model_name: str | None = None,
                api_key: str | None = None, *, limits: RequestLimits | None = None,
                max_body_bytes: int | None = None, program_limits: ProgramLimits | None = None,
-               health_timeout_s: float = 20.0, on_failure: Callable[[], None] | None = None) -> Starlette:
+               health_timeout_s: float = 20.0, on_failure: Callable[[], None] | None = None,
+               incremental_streaming_output: bool = False) -> Starlette:
     """The ASGI app. Given a factory, the engine is built in the background at start-up (requests
     get 503 until it is ready) and shut down when the app stops; given an Engine, the caller keeps
     ownership. `served_model_name` defaults to the engine's model path. `max_body_bytes`
-    overrides that one field of `limits`."""
+    overrides that one field of `limits`. `incremental_streaming_output`: native streams send
+    each chunk's new text and output_ids only."""
     limits = limits or RequestLimits()
     if max_body_bytes is not None:
         limits = dataclasses.replace(limits, max_body_bytes=max_body_bytes)
     server = ServerState(served_model_name, api_key, limits, program_limits or ProgramLimits(), health_timeout_s,
-                         on_failure=on_failure)
+                         on_failure=on_failure, incremental_streaming_output=incremental_streaming_output)
     owned = _is_factory(engine_or_factory)
 
     @contextlib.asynccontextmanager
@@ -207,7 +209,8 @@ def _serve_one(ns: argparse.Namespace, factory: Callable[[], Any], name: str, so
         holder["server"].should_exit = True
 
     limits, program_limits = limits_from_flags(ns)
-    app = create_app(factory, name, ns.api_key, on_failure=stop, limits=limits, program_limits=program_limits)
+    app = create_app(factory, name, ns.api_key, on_failure=stop, limits=limits, program_limits=program_limits,
+                     incremental_streaming_output=getattr(ns, "incremental_streaming_output", False))
     config = uvicorn.Config(app, host=ns.host, port=ns.port, log_level=ns.log_level.lower(), lifespan="on",
                             timeout_graceful_shutdown=10)  # then open streams are cancelled (= aborted)
     server = holder["server"] = _Server(config, app.state.server)

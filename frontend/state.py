@@ -36,6 +36,7 @@ class ServerState:
     phase: str = "starting"
     role_markers: dict[str, Any] | None = None
     on_failure: Callable[[], None] | None = None
+    incremental_streaming_output: bool = False  # native streams: each chunk's new text and ids only
     # programs block a thread for their whole run: their own pool (one thread per admitted
     # program, so nothing queues), never the default executor that tokenization uses
     program_pool: ThreadPoolExecutor = field(init=False)

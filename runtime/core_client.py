@@ -116,7 +116,7 @@ class EngineClient:
                               logprob_start_len: int | None = None, top_logprobs_num: int = 0,
                               return_text_in_logprobs: bool = False, rid: str | None = None,
                               lora_path: str | None = None, session_id: str | None = None,
-                              lora: str | None = None) -> AsyncIterator[dict]:
+                              lora: str | None = None, incremental: bool = False) -> AsyncIterator[dict]:
         """As Engine.generate_stream: cumulative chunks; closing the iterator early aborts."""
         ids, sp = stream_inputs(self.tokenizer, prompt, input_ids, sampling_params)
         opts = LogprobOptions(return_logprob, logprob_start_len, top_logprobs_num)
@@ -126,7 +126,7 @@ class EngineClient:
         chunks = StreamChunks(rid, len(ids), opts, self._decode_token if return_text_in_logprobs else None,
                               return_text_in_logprobs, sp.stream_interval or self.config.stream_interval,
                               ClientText(OutputText(self.tokenizer, sp, ids)),
-                              lambda reason: self._send(AbortRequest(rid, reason)))
+                              lambda reason: self._send(AbortRequest(rid, reason)), incremental)
         channel = self._channels.get(asyncio.get_running_loop())
         with self._lock:
             self._refuse_if_stopped()

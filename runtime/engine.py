@@ -126,9 +126,10 @@ class Engine:
                               logprob_start_len: int | None = None, top_logprobs_num: int = 0,
                               return_text_in_logprobs: bool = False, rid: str | None = None,
                               lora_path: str | None = None, session_id: str | None = None,
-                              lora: str | None = None) -> AsyncIterator[dict]:
-        """Yield SGLang-style stream chunks: cumulative `text` and `output_ids`; logprob lists
-        hold only the entries new since the previous chunk. Closing the iterator early (a
+                              lora: str | None = None, incremental: bool = False) -> AsyncIterator[dict]:
+        """Yield SGLang-style stream chunks: cumulative `text` and `output_ids` (`incremental`:
+        only those new since the previous chunk, `completion_tokens` still counting all); logprob
+        lists hold only the entries new since the previous chunk. Closing the iterator early (a
         client gone away) aborts the request."""
         ids, sp = stream_inputs(self.tokenizer, prompt, input_ids, sampling_params)
         lora_path = lora if lora is not None else lora_path
@@ -140,7 +141,8 @@ class Engine:
         # before the submit: nothing that can fail stands between it and the `try` below.
         chunks = StreamChunks(rid, len(ids), opts, self._decode_token if return_text_in_logprobs else None,
                               return_text_in_logprobs, sp.stream_interval or self.config.stream_interval,
-                              ClientText(OutputText(self.tokenizer, sp, ids)), lambda reason: self.abort(rid, reason))
+                              ClientText(OutputText(self.tokenizer, sp, ids)), lambda reason: self.abort(rid, reason),
+                              incremental)
         # Opened before the submit: a constrained request is submitted from a worker thread while
         # this loop runs on, and its first outputs may be delivered before that call returns.
         outputs = channel.open(rid)  # ValueError if a stream of this loop has the rid

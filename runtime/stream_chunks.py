@@ -14,7 +14,10 @@ class StreamChunks:
 
     A chunk is SGLang's stream shape: cumulative `text` and `output_ids`, `meta_info` with only
     the logprob entries new since the previous chunk (input logprobs in the first). Several
-    outputs that arrived together make one chunk. `interval`: outputs are held until that many
+    outputs that arrived together make one chunk. `incremental`: `text` and `output_ids` hold
+    only what is new since the previous chunk (SGLang's --incremental-streaming-output shape;
+    `completion_tokens` stays cumulative): a chunk then costs O(its new tokens), where the
+    cumulative shape copies the whole output into every chunk. `interval`: outputs are held until that many
     new tokens since the previous chunk (the first output and the finish go at once). Loop
     thread only.
 
@@ -26,12 +29,14 @@ class StreamChunks:
 
     def __init__(self, rid: str, prompt_tokens: int, logprob: LogprobOptions, decode: Any,
                  with_text: bool, interval: int = 1, text: ClientText | None = None,
-                 end: Callable[[dict[str, Any]], None] | None = None) -> None:
+                 end: Callable[[dict[str, Any]], None] | None = None, incremental: bool = False) -> None:
         self.rid, self.prompt_tokens, self.logprob = rid, prompt_tokens, logprob
         self.decode, self.with_text, self.interval = decode, with_text, interval
         self.client_text, self.end, self.done = text, end, False
-        self.output_ids: list[int] = []
+        self.incremental = incremental
+        self.output_ids: list[int] = []  # cumulative only: the incremental shape keeps nothing
         self.text = ""
+        self.num_output = 0
         self.num_logprobs = 0
         self.is_first = True
         self._held: list[RequestOutput] = []
@@ -58,22 +63,28 @@ class StreamChunks:
     def chunk(self, outputs: list[RequestOutput]) -> dict[str, Any]:
         new_logprobs: list = []
         input_logprobs: list = []
+        ids = [] if self.incremental else self.output_ids
+        text = ""
         for out in outputs:
-            self.output_ids.extend(out.new_token_ids)
-            self.text += out.text_delta
+            ids.extend(out.new_token_ids)
+            text += out.text_delta
             new_logprobs.extend(out.new_logprobs)
             if out.input_logprobs is not None:
                 input_logprobs = out.input_logprobs
+        self.num_output += sum(len(out.new_token_ids) for out in outputs)
+        if not self.incremental:
+            self.text += text
+            ids, text = list(ids), self.text
         last = outputs[-1]
         meta: dict[str, Any] = {"id": self.rid, "finish_reason": last.finish_reason,
-                                "prompt_tokens": self.prompt_tokens, "completion_tokens": len(self.output_ids),
+                                "prompt_tokens": self.prompt_tokens, "completion_tokens": self.num_output,
                                 "cached_tokens": last.cached_tokens}
         if last.finished_stats is not None:
             meta.update(last.finished_stats)
         if self.logprob.return_logprob:
             self._add_logprobs(meta, input_logprobs, new_logprobs)
         self.is_first = False
-        return {"text": self.text, "output_ids": list(self.output_ids), "meta_info": meta}
+        return {"text": text, "output_ids": ids, "meta_info": meta}
 
     def _add_logprobs(self, meta: dict[str, Any], input_logprobs: list, new_logprobs: list) -> None:
         top = self.logprob.top_logprobs_num > 0

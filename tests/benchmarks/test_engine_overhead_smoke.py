@@ -46,3 +46,14 @@ def test_engine_overhead_http_smoke(tmp_path):
     assert http["inprocess_steps_per_run"] >= 3 and http["http_core_process_raw"]["steps_per_run"] >= 3
     for spread in (http["http_core_process_raw"]["first_chunk_ms"], http["inprocess_stream_first_chunk_ms"]):
         assert 0 < spread["median"] <= spread["last"]
+
+
+def test_stream_shape_smoke(tmp_path):
+    """benchmarks/stream_shape.py: every server answers every stream (the script checks the
+    status) and the API server's CPU time is read for each (server, workload) pair."""
+    out = tmp_path / "ss.json"
+    subprocess.run([sys.executable, str(SCRIPT.parent / "stream_shape.py"), "--smoke", "--out", str(out)],
+                   check=True, timeout=300)
+    res = json.loads(out.read_text())["result"]
+    for key in ("default/native", "incremental/native", "default/openai"):
+        assert res[key]["events"] >= 4 and res[key]["api_cpu_s"] >= 0 and res[key]["wall_s"] > 0

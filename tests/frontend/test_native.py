@@ -121,3 +121,33 @@ def test_lang_endpoint_backend_runs_a_program(server):
     with rf.Endpoint(server.url, api_key=API_KEY) as backend:
         state = qa.run(question="Why?", backend=backend)
     assert isinstance(state["answer"], str) and "Why?" in state.text()
+
+
+def test_incremental_streaming_output(engine, live_server):
+    """`radixflow serve --incremental-streaming-output` (SGLang's flag): each native stream chunk
+    holds only its new text and output_ids (`completion_tokens` still counts them all); joined
+    they are the non-streamed answer. Batches stream per index; non-streamed answers are whole."""
+    import httpx
+
+    from radixflow.frontend.server import create_app
+
+    live = live_server(create_app(engine, "m", incremental_streaming_output=True)).start()
+    try:
+        with httpx.Client(base_url=live.url, timeout=60) as c:
+            body = {"text": "Stream me in parts", "stream": True, "return_logprob": True,
+                    "sampling_params": {"max_new_tokens": 9, "temperature": 0, "ignore_eos": True}}
+            with c.stream("POST", "/generate", json=body) as r:
+                chunks = _sse(r)
+            whole = c.post("/generate", json={**body, "stream": False}).json()
+            assert "".join(ch["text"] for ch in chunks) == whole["text"]
+            assert [t for ch in chunks for t in ch["output_ids"]] == whole["output_ids"]
+            assert all(len(ch["output_ids"]) == 1 for ch in chunks)  # one new token each, none repeated
+            assert [ch["meta_info"]["completion_tokens"] for ch in chunks] == list(range(1, 10))
+            batch = {**body, "text": ["one", "two"]}
+            with c.stream("POST", "/generate", json=batch) as r:
+                parts = _sse(r)
+            wholes = c.post("/generate", json={**batch, "stream": False}).json()
+            for i, w in enumerate(wholes):
+                assert [t for ch in parts if ch["index"] == i for t in ch["output_ids"]] == w["output_ids"]
+    finally:
+        live.stop()

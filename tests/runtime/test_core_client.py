@@ -3,6 +3,7 @@ ids only, the client detokenizes and finds stop strings and regexes (runtime/cor
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 
 import pytest
@@ -69,6 +70,29 @@ def test_streams_match_the_in_process_engine(engines):
         reasons.append((sorted(sp), g["meta_info"]["finish_reason"]))
     stopped = [keys for keys, r in reasons if r["type"] == "stop" and isinstance(r["matched"], str)]
     assert sum("stop" in k for k in stopped) >= 6 and sum("stop_regex" in k for k in stopped) >= 2, reasons
+
+
+def test_incremental_streams_carry_only_what_is_new(engines):
+    """`incremental=True` (what the OpenAI routes stream, SGLang's --incremental-streaming-output
+    shape): each chunk's `text` and `output_ids` are only what is new since the previous chunk,
+    so a chunk costs O(its new tokens), not O(the output so far); joined, they are the cumulative
+    stream's whole output, stops, regexes, logprobs and stream_interval included."""
+    local, remote = engines
+    cases = _cases(local) + [(PROMPTS[0], {**GREEDY, "max_new_tokens": 20, "stream_interval": 3})]
+    for prompt, sp in cases:
+        kw = {"return_logprob": True, "top_logprobs_num": 2}
+        w = local.generate(prompt, sp, **kw)
+        for engine in (local, remote):
+            parts = _stream(engine, prompt, sp, incremental=True, **kw)
+            assert "".join(c["text"] for c in parts) == w["text"], (engine, prompt, sp)
+            assert [t for c in parts for t in c["output_ids"]] == w["output_ids"], (engine, prompt, sp)
+            counts = [c["meta_info"]["completion_tokens"] for c in parts]
+            assert counts == list(itertools.accumulate(len(c["output_ids"]) for c in parts))
+            assert parts[-1]["meta_info"]["finish_reason"] == w["meta_info"]["finish_reason"]
+            assert all(c["meta_info"]["finish_reason"] is None for c in parts[:-1])
+            streamed = [e for c in parts for e in c["meta_info"]["output_token_logprobs"]]
+            assert [(e[1], e[0]) for e in streamed] == \
+                [(e[1], pytest.approx(e[0], abs=1e-4)) for e in w["meta_info"]["output_token_logprobs"]]
 
 
 @pytest.mark.parametrize("side", ["in-process", "core process"])

@@ -153,6 +153,23 @@ def test_stream_chunks_hold_outputs_to_the_interval(interval):
     assert sizes == [1, *range(1 + interval, 23, interval), 23], sizes
 
 
+def test_incremental_chunks_do_not_grow_with_the_output():
+    """An incremental chunk holds only its own outputs' ids and text, however long the output
+    grew: building it reads no earlier token (the cumulative shape copies all of them)."""
+    from radixflow.runtime.core.messages import RequestOutput
+    from radixflow.runtime.core.request import LogprobOptions
+    from radixflow.runtime.stream_chunks import StreamChunks
+
+    chunks = StreamChunks("r", 4, LogprobOptions(), None, False, incremental=True)
+    for i in range(1000):
+        out = RequestOutput(rid="r", new_token_ids=[i, i + 1], text_delta="ab", cached_tokens=0,
+                            finish_reason={"type": "length", "length": 2000} if i == 999 else None)
+        chunk = chunks.add([out])
+        assert (chunk["output_ids"], chunk["text"]) == ([i, i + 1], "ab")
+        assert chunk["meta_info"]["completion_tokens"] == 2 * (i + 1)
+    assert chunks.done and not chunks.output_ids and not chunks.text  # nothing cumulative kept
+
+
 def test_engine_stream_interval_is_the_default_a_request_overrides():
     with Engine(demo_model("tiny"), kv_cache_tokens=4096, stream_interval=6) as e:
         default = _stream_chunks(e, "Once upon a time", {**GREEDY, "max_new_tokens": 19})
