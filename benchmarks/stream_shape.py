@@ -1,7 +1,8 @@
-"""What a long stream's chunks cost the API server: native `/generate` streams with cumulative
+"""What a long answer's chunks cost the API server: native `/generate` streams with cumulative
 chunks (SGLang's default shape: every chunk repeats the text and output_ids so far) and with
-`--incremental-streaming-output` (each chunk its new tokens only), and OpenAI `/v1/completions`
-streams (deltas), optionally against a server run from an older checkout.
+`--incremental-streaming-output` (each chunk its new tokens only), OpenAI `/v1/completions`
+streams (deltas) and non-streamed native `/generate` answers (folded from the engine's chunks),
+the last two optionally against a server run from an older checkout.
 
     python benchmarks/stream_shape.py --out benchmarks/results/stream_shape_cpu.json
     python benchmarks/stream_shape.py --baseline /tmp/before/path --out /tmp/ss.json   # + an older checkout's OpenAI streams
@@ -10,10 +11,10 @@ streams (deltas), optionally against a server run from an older checkout.
 `radixflow serve` on the random-weight tiny model (the engine core in its own process, one torch
 thread), N concurrent streams of L tokens each (greedy, `ignore_eos`), read by raw sockets. Per
 server and workload: the API server process's CPU seconds per run (/proc), the run's wall time
-and the SSE events received. Rounds run every (server, workload) in turn, alternating the order;
+and the SSE events received (a non-streamed answer counts one). Rounds run every (server, workload) in turn, alternating the order;
 figures are medians over rounds. `--baseline PATH`: one more server started with PYTHONPATH=PATH
 (a directory holding a `radixflow` package, e.g. a symlink to an older checkout), its OpenAI
-streams measured beside this checkout's.
+streams and whole answers measured beside this checkout's.
 """
 from __future__ import annotations
 
@@ -45,7 +46,8 @@ def request(path: str, body: dict) -> bytes:
 
 
 async def stream_all(url: str, requests: list[bytes]) -> int:
-    """Send every request on its own connection at once; the SSE events received in all."""
+    """Send every request on its own connection at once; the SSE events received in all (a
+    response that is not a stream counts one)."""
     host, port = url.removeprefix("http://").split(":")
 
     async def one(req: bytes) -> int:
@@ -54,7 +56,8 @@ async def stream_all(url: str, requests: list[bytes]) -> int:
         data = await reader.read(-1)
         writer.close()
         assert b" 200 " in data[:16], data[:300]
-        return data.count(b"\ndata: {") + data.startswith(b"data: {")
+        events = data.count(b"\ndata: {")
+        return events if events else int(b'"output_ids"' in data)
 
     return sum(await asyncio.gather(*(one(r) for r in requests)))
 
@@ -66,7 +69,8 @@ def workloads(model: str, num: int, length: int, rng: random.Random) -> dict[str
                        for p in prompts],
             "openai": [request("/v1/completions", {"model": model, "prompt": p, "max_tokens": length,
                                                    "temperature": 0, "ignore_eos": True, "stream": True})
-                       for p in prompts]}
+                       for p in prompts],
+            "whole": [request("/generate", {"input_ids": p, "sampling_params": sp}) for p in prompts]}
 
 
 def measure(num: int, length: int, rounds: int, baseline: str | None) -> dict:
@@ -76,10 +80,10 @@ def measure(num: int, length: int, rounds: int, baseline: str | None) -> dict:
         loads = workloads(str(model_dir), num, length, rng)
         # (server, workload) pairs: the native stream in both shapes, OpenAI deltas (and the baseline's)
         setups = {"default": {}, "incremental": {"launch": INCREMENTAL}}
-        pairs = [("default", "native"), ("incremental", "native"), ("default", "openai")]
+        pairs = [("default", "native"), ("incremental", "native"), ("default", "openai"), ("default", "whole")]
         if baseline:
             setups["baseline"] = {"env": {"PYTHONPATH": baseline}}
-            pairs.append(("baseline", "openai"))
+            pairs += [("baseline", "openai"), ("baseline", "whole")]
         runs: dict[str, list[dict]] = {f"{s}/{w}": [] for s, w in pairs}
         with contextlib.ExitStack() as stack:
             urls = {name: stack.enter_context(server(model_dir, "process", num, **kw)) for name, kw in setups.items()}

@@ -178,9 +178,8 @@ async def generate(request: Request) -> Response:
     job = await off_loop_if_large(request, parse_generate, req, engine.tokenizer)
     if not req.stream:
         return json_response(await generate_result(request.receive, engine, job))
-    if server.incremental_streaming_output:
-        for opts in job.options:
-            opts["incremental"] = True
+    for opts in job.options:  # SGLang's stream shape: cumulative chunks, unless the server says otherwise
+        opts["incremental"] = server.incremental_streaming_output
     fanout = await start_generate(request.receive, engine, job)
     return EventStream(_events(fanout, job.single))
 

@@ -105,9 +105,8 @@ async def handle(request: Request, shape: Shape) -> Response:
     prompts = await off_loop_if_large(request, shape.prompts, req, engine.tokenizer)
     per_prompt = fit_context(prompts.ids, sp, requested, engine, shape.prompt_param)
     job = Job(req, prompts, sp, {"id": new_id(shape.id_prefix), "created": now(), "model": req.model})
-    # a stream's chunks carry only their new text (OpenAI sends deltas): O(new tokens) a chunk
-    fanout, job.shared = await start(request, prompts.ids, per_prompt,
-                                     {**shape.options(req), "lora_path": lora, "incremental": bool(req.stream)})
+    # the fan-out's chunks are incremental (O(new tokens) each): a stream sends them as deltas
+    fanout, job.shared = await start(request, prompts.ids, per_prompt, {**shape.options(req), "lora_path": lora})
     if req.stream:
         include_usage = req.stream_options is not None and req.stream_options.include_usage
         return EventStream(guarded(_events(fanout, shape, job, engine.tokenizer, include_usage), fanout,

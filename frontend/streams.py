@@ -84,7 +84,9 @@ class Fanout:
         self._first: Any = _END   # one job: its first chunk, until iterated
 
     def _open(self, job: Job) -> Any:
-        return self.engine.generate_stream(input_ids=job.input_ids, sampling_params=job.sampling, **job.options)
+        # incremental chunks unless a job asks otherwise (the native stream's cumulative shape)
+        return self.engine.generate_stream(input_ids=job.input_ids, sampling_params=job.sampling,
+                                           **{"incremental": True, **job.options})
 
     async def start(self) -> None:
         if len(self.jobs) == 1:
@@ -145,11 +147,12 @@ class Fanout:
                 yield index, item
 
     async def collect(self) -> list[dict]:
-        """Every job's final result (native shape, logprob lists complete), in index order."""
-        results: dict[int, dict] = {}
+        """Every job's final result (native shape, logprob lists complete), in index order. The
+        jobs' streams must be incremental (the default)."""
+        results: dict[int, ResultFold] = {}
         async for index, chunk in self:
-            results[index] = merge_chunk(results.get(index), chunk)
-        return [results[job.index] for job in sorted(self.jobs, key=lambda j: j.index)]
+            results.setdefault(index, ResultFold()).add(chunk)
+        return [results[job.index].result() for job in sorted(self.jobs, key=lambda j: j.index)]
 
     async def finish(self, receive: Receive | None) -> list[dict]:
         """collect(), aborted (ClientGone) if the client disconnects first; always closes."""
@@ -166,22 +169,36 @@ class Fanout:
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
 
-_INCREMENTAL = ("output_token_logprobs", "output_top_logprobs")
+_PER_CHUNK = ("output_token_logprobs", "output_top_logprobs")  # each chunk's own entries
+_FIRST_CHUNK = ("input_token_logprobs", "input_top_logprobs")  # in the first chunk only
 
 
-def merge_chunk(acc: dict | None, chunk: dict) -> dict:
-    """Fold a stream chunk into the result so far: text/ids/counts are cumulative, output
-    logprob lists are per-chunk (concatenated), input logprobs come only in the first chunk."""
-    if acc is None:
-        return {**chunk, "meta_info": dict(chunk["meta_info"])}
-    meta = dict(chunk["meta_info"])
-    for key in _INCREMENTAL:
-        if key in meta:
-            meta[key] = acc["meta_info"].get(key, []) + meta[key]
-    for key in ("input_token_logprobs", "input_top_logprobs"):
-        if key in acc["meta_info"] and key not in meta:
-            meta[key] = acc["meta_info"][key]
-    return {**chunk, "meta_info": meta}
+class ResultFold:
+    """One stream's whole result (the native non-streamed shape) from its incremental chunks, each
+    in O(its new tokens): text pieces joined once at the end, ids and output logprob entries
+    appended, input logprobs from the first chunk, the other fields from the last."""
+
+    def __init__(self) -> None:
+        self._text: list[str] = []
+        self._ids: list[int] = []
+        self._lists: dict[str, list] = {}
+        self._first: dict[str, Any] = {}
+        self._meta: dict[str, Any] = {}
+
+    def add(self, chunk: dict) -> None:
+        self._text.append(chunk["text"])
+        self._ids.extend(chunk["output_ids"])
+        meta = self._meta = chunk["meta_info"]
+        for key in _PER_CHUNK:
+            if key in meta:
+                self._lists.setdefault(key, []).extend(meta[key])
+        for key in _FIRST_CHUNK:
+            if key in meta:
+                self._first[key] = meta[key]
+
+    def result(self) -> dict:
+        return {"text": "".join(self._text), "output_ids": self._ids,
+                "meta_info": {**self._meta, **self._first, **self._lists}}
 
 
 async def _wait_disconnect(receive: Receive) -> None:

@@ -57,3 +57,4 @@ def test_stream_shape_smoke(tmp_path):
     res = json.loads(out.read_text())["result"]
     for key in ("default/native", "incremental/native", "default/openai"):
         assert res[key]["events"] >= 4 and res[key]["api_cpu_s"] >= 0 and res[key]["wall_s"] > 0
+    assert res["default/whole"]["events"] == 4  # one answer per request
