@@ -117,7 +117,8 @@ class EngineClient:
                               return_text_in_logprobs: bool = False, rid: str | None = None,
                               lora_path: str | None = None, session_id: str | None = None,
                               lora: str | None = None, incremental: bool = False) -> AsyncIterator[dict]:
-        """As Engine.generate_stream: cumulative chunks; closing the iterator early aborts."""
+        """As Engine.generate_stream: cumulative chunks (`incremental`: each chunk's new text and
+        ids only); closing the iterator early aborts."""
         ids, sp = stream_inputs(self.tokenizer, prompt, input_ids, sampling_params)
         opts = LogprobOptions(return_logprob, logprob_start_len, top_logprobs_num)
         self.validate_prompt(ids, sp)

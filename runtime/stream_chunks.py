@@ -17,9 +17,9 @@ class StreamChunks:
     outputs that arrived together make one chunk. `incremental`: `text` and `output_ids` hold
     only what is new since the previous chunk (SGLang's --incremental-streaming-output shape;
     `completion_tokens` stays cumulative): a chunk then costs O(its new tokens), where the
-    cumulative shape copies the whole output into every chunk. `interval`: outputs are held until that many
-    new tokens since the previous chunk (the first output and the finish go at once). Loop
-    thread only.
+    cumulative shape copies the whole output into every chunk. `interval`: outputs are held
+    until that many new tokens since the previous chunk (the first output and the finish go at
+    once). Loop thread only.
 
     `text`: the engine sends token ids only and the text is made here (a ClientText: both
     `generate_stream`s, in-process and through the core process); a stop string or regex it finds
