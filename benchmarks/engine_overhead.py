@@ -304,9 +304,11 @@ async def _stream_inprocess(engine, ps: list[list[int]], params: dict, first_chu
 
     async def one(p) -> int:
         last: dict = {}
+        first = first_chunks is not None
         async for last in engine.generate_stream(input_ids=p, sampling_params=params):
-            if first_chunks is not None and len(last["output_ids"]) == 1:
+            if first:  # its first chunk, however many tokens it holds (a consumer behind gets several)
                 first_chunks.append(time.perf_counter() - t0)
+                first = False
         return len(last["output_ids"])
 
     return sum(await asyncio.gather(*(one(p) for p in ps)))
