@@ -62,9 +62,14 @@ async def stream_all_raw(url: str, ps: list[list[int]], params: dict, first_byte
 
 
 def request_bytes(host: str, p: list[int], params: dict) -> bytes:
-    body = json.dumps({"input_ids": p, "sampling_params": params, "stream": True}).encode()
-    return (b"POST /generate HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
-            b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (host.encode(), len(body), body))
+    return post_bytes(host, "/generate", {"input_ids": p, "sampling_params": params, "stream": True})
+
+
+def post_bytes(host: str, path: str, body: dict) -> bytes:
+    """An HTTP/1.1 POST of `body` as JSON, on a connection the server closes after answering."""
+    data = json.dumps(body).encode()
+    return (b"POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (path.encode(), host.encode(), len(data), data))
 
 
 def last_event_tokens(data: bytes) -> int:

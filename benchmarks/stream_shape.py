@@ -34,15 +34,9 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from engine_decode import TINY, write_model_dir  # noqa: E402
-from http_load import SERVE, cpu_seconds, server  # noqa: E402
+from http_load import SERVE, cpu_seconds, post_bytes, server  # noqa: E402
 
 INCREMENTAL = SERVE.replace("import sys;", "import sys; sys.argv.append('--incremental-streaming-output');")
-
-
-def request(path: str, body: dict) -> bytes:
-    data = json.dumps(body).encode()
-    return (b"POST %s HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
-            b"Connection: close\r\n\r\n%s" % (path.encode(), len(data), data))
 
 
 async def stream_all(url: str, requests: list[bytes]) -> int:
@@ -65,12 +59,13 @@ async def stream_all(url: str, requests: list[bytes]) -> int:
 def workloads(model: str, num: int, length: int, rng: random.Random) -> dict[str, list[bytes]]:
     prompts = [[rng.randrange(3000) for _ in range(16)] for _ in range(num)]
     sp = {"max_new_tokens": length, "temperature": 0, "ignore_eos": True}
-    return {"native": [request("/generate", {"input_ids": p, "sampling_params": sp, "stream": True})
+    return {"native": [post_bytes("bench", "/generate", {"input_ids": p, "sampling_params": sp, "stream": True})
                        for p in prompts],
-            "openai": [request("/v1/completions", {"model": model, "prompt": p, "max_tokens": length,
+            "openai": [post_bytes("bench", "/v1/completions", {"model": model, "prompt": p, "max_tokens": length,
                                                    "temperature": 0, "ignore_eos": True, "stream": True})
                        for p in prompts],
-            "whole": [request("/generate", {"input_ids": p, "sampling_params": sp}) for p in prompts]}
+            "whole": [post_bytes("bench", "/generate", {"input_ids": p, "sampling_params": sp})
+                      for p in prompts]}
 
 
 def measure(num: int, length: int, rounds: int, baseline: str | None) -> dict:

@@ -48,7 +48,6 @@ from radixflow.runtime.request_inputs import InputIds, Prompt, check_prompt, nor
 from radixflow.runtime.sampling_params import SamplingParams
 from radixflow.runtime.stats import EngineStats, RequestTiming
 from radixflow.runtime.stream_chunks import StreamChunks
-from radixflow.runtime.text.output_text import ClientText, OutputText
 from radixflow.runtime.text.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -124,10 +123,9 @@ class EngineClient:
         self.validate_prompt(ids, sp)
         opts.validate(len(ids), self.vocab_size)
         rid = rid or new_rid()
-        chunks = StreamChunks(rid, len(ids), opts, self._decode_token if return_text_in_logprobs else None,
-                              return_text_in_logprobs, sp.stream_interval or self.config.stream_interval,
-                              ClientText(OutputText(self.tokenizer, sp, ids)),
-                              lambda reason: self._send(AbortRequest(rid, reason)), incremental)
+        chunks = StreamChunks.for_stream(self.tokenizer, rid, ids, sp, opts, self.config.stream_interval,
+                                         return_text_in_logprobs, lambda reason: self._send(AbortRequest(rid, reason)),
+                                         incremental)
         channel = self._channels.get(asyncio.get_running_loop())
         with self._lock:
             self._refuse_if_stopped()
@@ -262,9 +260,6 @@ class EngineClient:
             raise EngineDeadError(f"the engine core died: {self._dead}")
         if self._closed:
             raise EngineClosedError("the engine is shut down")
-
-    def _decode_token(self, token: int) -> str:
-        return self.tokenizer.decode([token], skip_special_tokens=False)
 
     def _send(self, message: Any) -> None:
         self._outbox.put(b"", message)

@@ -37,7 +37,7 @@ from radixflow.runtime.stats import EngineStats, RequestTiming
 from radixflow.runtime.core.engine_loop import EngineLoop
 from radixflow.runtime.core.step import StepRunner
 from radixflow.runtime.request_inputs import InputIds, Prompt, check_prompt, normalize_inputs, stream_inputs
-from radixflow.runtime.text.output_text import ClientText, OutputText
+from radixflow.runtime.text.output_text import OutputText
 from radixflow.runtime.text.tokenizer import Tokenizer
 
 
@@ -139,10 +139,8 @@ class Engine:
         rid = self._normalize_rids(rid, 1)[0] or new_rid()
         # The engine thread sends token ids only; the text is made here, on this loop. Made
         # before the submit: nothing that can fail stands between it and the `try` below.
-        chunks = StreamChunks(rid, len(ids), opts, self._decode_token if return_text_in_logprobs else None,
-                              return_text_in_logprobs, sp.stream_interval or self.config.stream_interval,
-                              ClientText(OutputText(self.tokenizer, sp, ids)), lambda reason: self.abort(rid, reason),
-                              incremental)
+        chunks = StreamChunks.for_stream(self.tokenizer, rid, ids, sp, opts, self.config.stream_interval,
+                                         return_text_in_logprobs, lambda reason: self.abort(rid, reason), incremental)
         # Opened before the submit: a constrained request is submitted from a worker thread while
         # this loop runs on, and its first outputs may be delivered before that call returns.
         outputs = channel.open(rid)  # ValueError if a stream of this loop has the rid

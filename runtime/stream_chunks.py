@@ -6,7 +6,8 @@ from typing import Any, Callable
 from radixflow.runtime.core.messages import RequestOutput
 from radixflow.runtime.core.request import LogprobOptions
 from radixflow.runtime.result import logprob_triples
-from radixflow.runtime.text.output_text import ClientText
+from radixflow.runtime.sampling_params import SamplingParams
+from radixflow.runtime.text.output_text import ClientText, OutputText
 
 
 class StreamChunks:
@@ -42,6 +43,18 @@ class StreamChunks:
         self._held: list[RequestOutput] = []
         self._held_tokens = 0
 
+    @classmethod
+    def for_stream(cls, tokenizer: Any, rid: str, ids: list[int], sp: SamplingParams, opts: LogprobOptions,
+                   default_interval: int, return_text_in_logprobs: bool, end: Callable[[dict[str, Any]], None],
+                   incremental: bool) -> StreamChunks:
+        """A `generate_stream`'s builder (Engine's and EngineClient's alike): its text made here
+        from `tokenizer`, a stop it finds handed to `end`; `sp.stream_interval` or else
+        `default_interval`."""
+        decode = ((lambda token: tokenizer.decode([token], skip_special_tokens=False))
+                  if return_text_in_logprobs else None)
+        return cls(rid, len(ids), opts, decode, return_text_in_logprobs, sp.stream_interval or default_interval,
+                   ClientText(OutputText(tokenizer, sp, ids)), end, incremental)
+
     def add(self, outputs: list[RequestOutput]) -> dict[str, Any] | None:
         """Take outputs that arrived together: the chunk when one is due, else None (held)."""
         text = self.client_text
@@ -67,11 +80,11 @@ class StreamChunks:
         text = ""
         for out in outputs:
             ids.extend(out.new_token_ids)
+            self.num_output += len(out.new_token_ids)
             text += out.text_delta
             new_logprobs.extend(out.new_logprobs)
             if out.input_logprobs is not None:
                 input_logprobs = out.input_logprobs
-        self.num_output += sum(len(out.new_token_ids) for out in outputs)
         if not self.incremental:
             self.text += text
             ids, text = list(ids), self.text

@@ -319,13 +319,13 @@ def test_process_alive_tells_running_gone_and_zombie_processes():
 def test_a_stream_whose_text_cannot_be_set_up_sends_nothing_to_the_core(engines, monkeypatch):
     """As in-process (tests/runtime/test_step_output.py): the client's text state is made before
     the request is sent, so its failure leaves nothing running in the core and no route behind."""
-    import radixflow.runtime.core_client as client_mod
+    import radixflow.runtime.stream_chunks as stream_chunks
 
     _, remote = engines
 
     def broken(*args, **kwargs):
         raise RuntimeError("no detokenizer")
-    monkeypatch.setattr(client_mod, "OutputText", broken)
+    monkeypatch.setattr(stream_chunks, "OutputText", broken)  # both streams build it there
     before = remote.stats().num_finished
     with pytest.raises(RuntimeError, match="no detokenizer"):
         _stream(remote, PROMPTS[0], {**GREEDY, "max_new_tokens": 400})

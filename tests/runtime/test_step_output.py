@@ -337,11 +337,11 @@ async def _collect(stream) -> list[dict]:
 def test_a_stream_whose_text_cannot_be_set_up_submits_nothing(engine, monkeypatch):
     """The consumer's text state is made before the request reaches the engine: if making it
     fails, the caller gets the error and no request is left running with nobody to read it."""
-    import radixflow.runtime.engine as engine_mod
+    import radixflow.runtime.stream_chunks as stream_chunks
 
     def broken(*args, **kwargs):
         raise RuntimeError("no detokenizer")
-    monkeypatch.setattr(engine_mod, "OutputText", broken)
+    monkeypatch.setattr(stream_chunks, "OutputText", broken)  # both streams build it there
     before = engine.stats().num_finished
     with pytest.raises(RuntimeError, match="no detokenizer"):
         asyncio.run(_collect(engine.generate_stream("never submitted", {**GREEDY, "max_new_tokens": 400})))
