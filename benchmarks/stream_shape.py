@@ -61,8 +61,9 @@ def workloads(model: str, num: int, length: int, rng: random.Random) -> dict[str
     sp = {"max_new_tokens": length, "temperature": 0, "ignore_eos": True}
     return {"native": [post_bytes("bench", "/generate", {"input_ids": p, "sampling_params": sp, "stream": True})
                        for p in prompts],
-            "openai": [post_bytes("bench", "/v1/completions", {"model": model, "prompt": p, "max_tokens": length,
-                                                   "temperature": 0, "ignore_eos": True, "stream": True})
+            "openai": [post_bytes("bench", "/v1/completions",
+                                  {"model": model, "prompt": p, "max_tokens": length, "temperature": 0,
+                                   "ignore_eos": True, "stream": True})
                        for p in prompts],
             "whole": [post_bytes("bench", "/generate", {"input_ids": p, "sampling_params": sp})
                       for p in prompts]}
