@@ -320,7 +320,8 @@ def core_num_steps(url: str) -> int:
     return httpx.get(f"{url}/get_server_info").json()["stats"]["num_steps"]
 
 
-def bench_http(model_dir: Path, num_requests: int, decode_len: int, repeats: int, stream_interval: int = 1) -> dict:
+def bench_http(model_dir: Path, num_requests: int, decode_len: int, repeats: int, stream_interval: int = 1,
+               mixed_chunk: bool = False) -> dict:
     """The server with its engine core in its own process (the default) and on a thread of the
     server's process, each over in-process `Engine.generate` on the same requests (`ratio`: the
     strict comparison, no streaming in-process), and the core-process server with the raw client
@@ -337,10 +338,12 @@ def bench_http(model_dir: Path, num_requests: int, decode_len: int, repeats: int
     names = [f"http_core_{core}_{client}" for core in ("process", "thread") for client in CLIENTS]
     runs: dict[str, list[float]] = {name: [] for name in ["inprocess", "inprocess_stream", "floor_raw", *names]}
     with contextlib.ExitStack() as stack:
-        urls = {core: stack.enter_context(server(model_dir, core, num_requests, **PLACEMENT))
+        flags = ("--enable-mixed-chunk",) if mixed_chunk else ()
+        urls = {core: stack.enter_context(server(model_dir, core, num_requests, **PLACEMENT, flags=flags))
                 for core in ("process", "thread")}
         floor_url, floor_pid = stack.enter_context(bare_server(0.0))
-        engine = stack.enter_context(make_engine(model_dir, max_num_seqs=num_requests, kv_cache_tokens=65536))
+        engine = stack.enter_context(make_engine(model_dir, max_num_seqs=num_requests, kv_cache_tokens=65536,
+                                                 enable_mixed_chunk=mixed_chunk))
         engine.generate(input_ids=warm, sampling_params=params)
         for url in urls.values():
             asyncio.run(stream_all_httpx(url, warm, params))
@@ -392,7 +395,8 @@ def bench_http(model_dir: Path, num_requests: int, decode_len: int, repeats: int
                         steps["http_core_process_raw"].append(core_num_steps(url) - core_steps)
     inproc = runs["inprocess"]
     out: dict = {"num_requests": num_requests, "decode_len": decode_len, "repeats": repeats,
-                 "stream_interval": stream_interval, "inprocess_tok_per_s": statistics.median(inproc),
+                 "stream_interval": stream_interval, "enable_mixed_chunk": mixed_chunk,
+                 "inprocess_tok_per_s": statistics.median(inproc),
                  "inprocess_runs": inproc}
     for name in names:
         ratios = [h / i for h, i in zip(runs[name], inproc)]
@@ -442,6 +446,8 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=None, help="runs per figure (default 3; 1 with --smoke)")
     ap.add_argument("--http-decode", type=int, default=None,
                     help="tokens per HTTP request (default 32; 8 with --smoke)")
+    ap.add_argument("--mixed-chunk", action="store_true",
+                    help="http: mixed steps (--enable-mixed-chunk) on the servers and the in-process engine")
     ap.add_argument("--http-stream-interval", type=int, default=1,
                     help="the HTTP requests' sampling_params.stream_interval (a chunk per this many tokens)")
     ns = ap.parse_args()
@@ -477,7 +483,7 @@ def main() -> int:
             result["blocked"] = bench_blocked(model_dir, sizes["num_blocked"], sizes["blocked_len"], sizes["repeats"])
         if "http" in only:
             result["http"] = bench_http(model_dir, sizes["http_requests"], sizes["http_decode"], sizes["repeats"],
-                                        ns.http_stream_interval)
+                                        ns.http_stream_interval, ns.mixed_chunk)
     Path(ns.out).parent.mkdir(parents=True, exist_ok=True)
     Path(ns.out).write_text(json.dumps(result, indent=1) + "\n")
     return 0

@@ -88,16 +88,16 @@ SERVE = "import sys; from radixflow.frontend.cli import main; sys.exit(main())"
 
 @contextlib.contextmanager
 def server(model_dir: Path, core: str, num_requests: int, device: str = "cpu", dtype: str = "float32",
-           launch: str = SERVE, env: dict | None = None):
+           launch: str = SERVE, env: dict | None = None, flags: tuple[str, ...] = ()):
     """`radixflow serve --engine-core core` in a child process (one torch thread, as in-process),
-    started by the Python code `launch` with `env` added to the environment; yields its URL once
-    healthy."""
+    started by the Python code `launch` with `env` added to the environment and `flags` added to
+    its command line; yields its URL once healthy."""
     port = free_port()
     cmd = [sys.executable, "-c", launch,
            "serve", "--model", str(model_dir), "--load-format", "dummy", "--device", device,
            "--dtype", dtype,
            "--port", str(port), "--log-level", "warning", "--max-num-seqs", str(num_requests),
-           "--kv-cache-tokens", "65536", "--engine-core", core]
+           "--kv-cache-tokens", "65536", "--engine-core", core, *flags]
     proc = subprocess.Popen(cmd, env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
     url = f"http://127.0.0.1:{port}"
     try:

@@ -62,7 +62,8 @@ class Engine:
         limits = SchedulerLimits(
             max_num_seqs=self.config.max_num_seqs, max_prefill_tokens=self.config.max_prefill_tokens,
             chunked_prefill_size=self.config.chunked_prefill_size, max_context_len=self.max_context_len,
-            policy=self.config.schedule_policy, lpm_fcfs_threshold=self.config.lpm_fcfs_threshold)
+            policy=self.config.schedule_policy, lpm_fcfs_threshold=self.config.lpm_fcfs_threshold,
+            mixed=self.config.enable_mixed_chunk)
         slots = self.runner.lora_slots
         self.loras = None if slots is None else LoraService(self.config, self.runner.args, slots)
         self.scheduler = Scheduler(limits, self.runner.kv_pool, self.runner.req_pool, cache,

@@ -62,8 +62,11 @@ class Admission:
         budget = max(1, int(self.limits.max_prefill_tokens * self.prefill_budget_scale))
         return budget, min(chunk or budget, budget)
 
-    def _schedule_prefill(self) -> ScheduledBatch | None:
+    def _schedule_prefill(self, reserved_tokens: int = 0) -> ScheduledBatch | None:
+        """A prefill batch of what can be admitted (None: nothing); `reserved_tokens` of the
+        step's token budget are taken already (a mixed step's decode rows)."""
         token_budget, chunk = self._prefill_budget()
+        token_budget = max(1, token_budget - reserved_tokens)
         batch = ScheduledBatch([], [], [], [], [], is_decode=False)
         if self.chunked is not None:
             req = self.chunked

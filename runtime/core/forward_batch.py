@@ -1,6 +1,7 @@
 """What one model step computes: the flat token batch plus the per-request KV layout."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -48,6 +49,9 @@ class ForwardBatch:
     # decode KV splits fixed for this batch (a CUDA graph's, sized for the longest context);
     # None: the attention backend picks them from the batch's lengths
     num_kv_splits: int | None = None
+    # a mixed step's (prefill rows, one-token decode rows after them), for an attention backend
+    # that attends to the two apart (`split`); None: attend to the batch as one extend
+    parts: tuple[ForwardBatch, ForwardBatch] | None = None
 
     @property
     def batch_size(self) -> int:
@@ -64,3 +68,21 @@ class ForwardBatch:
     @property
     def max_seq_len(self) -> int:
         return max((p + e for p, e in zip(self.prefix_lens_cpu, self.extend_lens_cpu)), default=0)
+
+    def split(self, rows: int) -> tuple[ForwardBatch, ForwardBatch]:
+        """This batch as two over the same flat tokens: its first `rows` requests, and the rest,
+        one new token each (a decode batch). Views where they can be: nothing is copied but
+        the tail's token offsets."""
+        tokens = sum(self.extend_lens_cpu[:rows])
+        assert all(n == 1 for n in self.extend_lens_cpu[rows:]), "the tail must be decode rows"
+
+        def part(r: slice, t: slice, starts: torch.Tensor, is_decode: bool) -> ForwardBatch:
+            return dataclasses.replace(
+                self, is_decode=is_decode, input_ids=self.input_ids[t], positions=self.positions[t],
+                out_slots=self.out_slots[t], req_rows=self.req_rows[r], prefix_lens=self.prefix_lens[r],
+                extend_lens=self.extend_lens[r], seq_lens=self.seq_lens[r], extend_starts=starts,
+                logit_rows=starts, prefix_lens_cpu=self.prefix_lens_cpu[r], extend_lens_cpu=self.extend_lens_cpu[r],
+                lora=None, parts=None)
+        head = part(slice(0, rows), slice(0, tokens), self.extend_starts[:rows], self.is_decode)
+        tail = part(slice(rows, None), slice(tokens, None), self.extend_starts[rows:] - tokens, True)
+        return head, tail

@@ -156,6 +156,18 @@ class ModelRunner:
         fb = self.make_forward_batch(batch, logit_offsets)
         return self.model(fb, self.attention)
 
+    def _decode_tail(self, batch: ScheduledBatch) -> int | None:
+        """Where a mixed step's trailing run of one-token decode rows starts, when the torch
+        backend is to attend to them apart (its extend attention runs request by request, its
+        decode attention batched); None: attend to the batch as one extend."""
+        if not batch.num_decode_rows or not self.attention.is_torch:
+            return None
+        first = len(batch.reqs) - batch.num_decode_rows
+        k = len(batch.reqs)
+        while k > first and batch.extend_lens[k - 1] == 1:
+            k -= 1
+        return k if 0 < k < len(batch.reqs) else None
+
     def prepare_decode(self, batch: ScheduledBatch) -> Callable[[torch.Tensor], torch.Tensor]:
         """For a decode batch (one token each, one logit row each) whose input tokens may
         not be on the host yet (overlap scheduling: the previous step's samples). Reads all it
@@ -265,13 +277,15 @@ class ModelRunner:
         (ids_t, positions_t, out_slots, req_rows, prefix_lens, extend_lens, seq_lens_t, starts_t,
          logit_rows_t) = upload([ids, positions, np.concatenate(slots), [r.row for r in batch.reqs],
                                  batch.prefix_lens, batch.extend_lens, seq_lens, starts, logit_rows], dev)
-        return ForwardBatch(
+        fb = ForwardBatch(
             is_decode=batch.is_decode, input_ids=ids_t if input_ids is None else input_ids,
             positions=positions_t, out_slots=out_slots, req_to_token=self.req_pool.table, req_rows=req_rows,
             prefix_lens=prefix_lens, extend_lens=extend_lens, seq_lens=seq_lens_t, extend_starts=starts_t,
             logit_rows=logit_rows_t, prefix_lens_cpu=list(batch.prefix_lens), extend_lens_cpu=list(batch.extend_lens),
             lora=None if self.lora_slots is None else make_lora_batch(
                 self.lora_slots, [r.lora_id for r in batch.reqs], list(batch.extend_lens), dev, dev.type == "cuda"))
+        tail = self._decode_tail(batch)
+        return fb if tail is None else dataclasses.replace(fb, parts=fb.split(tail))
 
 
 def last_ids(reqs: list[Req]) -> list[int]:

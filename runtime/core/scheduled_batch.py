@@ -16,7 +16,9 @@ class ScheduledBatch:
     decode round's rows, and no list at all for a decode step); the counts are for the engine to
     record once the step succeeded.
     `is_decode`: every row adds one token. `is_decode_round`: every row is a running request
-    (one new token, or several its grammar's jump-forward appended)."""
+    (one new token, or several its grammar's jump-forward appended). `num_decode_rows`: a mixed
+    step's last rows, running requests' decode rows next to the prefill rows before them
+    (`mixed`); 0 in any other step."""
 
     reqs: list[Req]
     prefix_lens: list[int]
@@ -28,3 +30,14 @@ class ScheduledBatch:
     is_decode_round: bool = False
     new_slots: SlotIds | None = None  # a decode step's: each row's one new slot (else None)
     rows: list[int] | None = None     # with new_slots: each request's slot-table row
+    num_decode_rows: int = 0
+
+
+def mixed(prefill: ScheduledBatch, decode: ScheduledBatch) -> ScheduledBatch:
+    """One step computing both: `prefill`'s rows, then `decode`'s (each a running request's
+    new token, or its jump-forward tokens)."""
+    n = len(decode.reqs)
+    return ScheduledBatch(prefill.reqs + decode.reqs, prefill.prefix_lens + decode.prefix_lens,
+                          prefill.extend_lens + decode.extend_lens, prefill.completes + decode.completes,
+                          prefill.sample + decode.sample, is_decode=False,
+                          misses=prefill.misses + [{} for _ in range(n)], num_decode_rows=n)

@@ -25,7 +25,7 @@ from radixflow.radix import Node, RadixCache
 from radixflow.runtime.core.admission import Admission
 from radixflow.runtime.core.kv_pool import KVPool, ReqToTokenPool, SlotIds
 from radixflow.runtime.core.request import Req, Status
-from radixflow.runtime.core.scheduled_batch import ScheduledBatch
+from radixflow.runtime.core.scheduled_batch import ScheduledBatch, mixed
 from radixflow.runtime.core.slot_accounting import SlotAccounting
 from radixflow.runtime.core.slot_list import SlotList, append_one_each
 from radixflow.runtime.lora.capacity import NO_ADAPTERS, AdapterAdmission
@@ -51,6 +51,7 @@ class SchedulerLimits:
     max_context_len: int
     policy: str
     lpm_fcfs_threshold: int
+    mixed: bool = False            # a prefill step also decodes the running requests
 
 
 class Scheduler(Admission, SlotAccounting):
@@ -135,8 +136,13 @@ class Scheduler(Admission, SlotAccounting):
     # -- one step --------------------------------------------------------------------------
 
     def schedule(self) -> ScheduledBatch | None:
-        """Pick the next step: a prefill batch when something can be admitted, else decode.
-        Requests that can never fit are finished here (see `done`)."""
+        """Pick the next step: a prefill batch when something can be admitted (with the running
+        requests' decode rows when mixing), else decode. Requests that can never fit are
+        finished here (see `done`)."""
+        if self.limits.mixed and self.running and (self.prefilling or self.waiting and not self._admits_nothing()):
+            batch = self._schedule_mixed()
+            if batch is not None:
+                return batch
         batch = self._schedule_prefill()
         if batch is None and self.running:
             batch = self._schedule_decode()
@@ -144,6 +150,18 @@ class Scheduler(Admission, SlotAccounting):
             # The chunked request cannot grow and nothing else holds KV: it can never fit.
             self.finish(self.prefilling[0], _NO_FIT)
         return batch
+
+    def _schedule_mixed(self) -> ScheduledBatch | None:
+        """A mixed step: every running request's decode tokens first, then what prefill admits
+        in what is left (its token budget less the decode tokens). None, allocating nothing,
+        when the decode rows need a retraction to fit: the step is then scheduled as unmixed."""
+        _, need = self._decode_need()
+        if need > self.kv.num_free + self.cache.evictable_size():
+            return None
+        decode = self._schedule_decode()  # retracts nothing: the room is there
+        assert decode is not None
+        prefill = self._schedule_prefill(reserved_tokens=need)
+        return decode if prefill is None else mixed(prefill, decode)
 
     def finish_step(self, batch: ScheduledBatch) -> None:
         """After the engine appended sampled tokens and set finish reasons: cache fresh prefill
@@ -158,7 +176,11 @@ class Scheduler(Admission, SlotAccounting):
             self.prefill_budget_scale = 1.0
 
     def _finish_prefill_step(self, batch: ScheduledBatch) -> None:
-        for req, completes in zip(batch.reqs, batch.completes):
+        split = len(batch.reqs) - batch.num_decode_rows
+        for req in batch.reqs[split:]:  # a mixed step's decode rows: as in a decode step
+            if req.finish_reason is not None and req.status is not Status.FINISHED:
+                self._retire(req)
+        for req, completes in zip(batch.reqs[:split], batch.completes):
             if req.status is Status.FINISHED:
                 continue  # failed and retired already
             if req.is_finished:
@@ -265,11 +287,7 @@ class Scheduler(Admission, SlotAccounting):
         Returns each running request's count of new tokens, or None for one each: only a
         grammar's jump-forward appends more than the one sampled token (`check_slots`)."""
         while True:
-            if any(r.grammar is not None for r in self.running):
-                news = [len(r.prompt_ids) + len(r.output_ids) - len(r.slots) for r in self.running]
-                need = sum(news)
-            else:
-                news, need = None, len(self.running)
+            news, need = self._decode_need()
             if need <= self.kv.num_free + self.cache.evictable_size():
                 return news
             if self.prefilling:
@@ -278,6 +296,13 @@ class Scheduler(Admission, SlotAccounting):
                 self.finish(self.running[0], _NO_FIT)
             else:
                 self._retract(min(self.running, key=lambda r: (len(r.output_ids), -len(r.prompt_ids))))
+
+    def _decode_need(self) -> tuple[list[int] | None, int]:
+        """Each running request's count of new tokens (None: one each) and their sum."""
+        if any(r.grammar is not None for r in self.running):
+            news = [len(r.prompt_ids) + len(r.output_ids) - len(r.slots) for r in self.running]
+            return news, sum(news)
+        return None, len(self.running)
 
     def _retract(self, req: Req) -> None:
         log.debug("retracting %s after %d output tokens", req.rid, len(req.output_ids))

@@ -116,6 +116,7 @@ class StepRunner(OverlappedSteps):
         self.num_steps = 0
         self.num_failed_steps = 0
         self.num_overlapped_steps = 0  # steps launched while the one before was in flight
+        self.num_mixed_steps = 0  # prefill steps that also decoded running requests
         self.num_host_rows = 0   # rows of launched steps the engine thread sampled (overlap.py)
         self.num_stale_rows = 0  # rows of launched steps dropped unsampled after a jump-forward
         self.launcher = Launcher(runner, generator) if overlap else None
@@ -147,6 +148,7 @@ class StepRunner(OverlappedSteps):
             self._forward_failed(batch, exc)
             return True
         self.num_steps += 1
+        self.num_mixed_steps += batch.num_decode_rows > 0
         self._count_misses(batch)
         try:
             self._check_batch_faults(batch.reqs)

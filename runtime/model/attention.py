@@ -69,6 +69,10 @@ class PoolAttention:
 
     def __call__(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  fb: ForwardBatch) -> torch.Tensor:
+        if fb.parts is not None:  # a mixed step: its decode rows through the batched decode path
+            head, tail = fb.parts
+            n = head.num_tokens
+            return torch.cat([self(layer_id, q[:n], k[:n], v[:n], head), self(layer_id, q[n:], k[n:], v[n:], tail)])
         pool = self.pool
         if not fb.is_decode and pool.needs_calibration(layer_id):  # fp8: the layer's first prefill
             pool.calibrate(layer_id, k, v)

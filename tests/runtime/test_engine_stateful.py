@@ -36,11 +36,14 @@ class EngineLifecycle(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.engine = Engine(demo_model("tiny"), kv_cache_tokens=96, max_num_seqs=4, chunked_prefill_size=8, check_invariants=True)
+        self.engine = self.make_engine()
         self.submitted: list[str] = []
         self.answers: dict[str, list[str]] = {}
         self.lock = threading.Lock()
         self.closed = False
+
+    def make_engine(self) -> Engine:
+        return Engine(demo_model("tiny"), kv_cache_tokens=96, max_num_seqs=4, chunked_prefill_size=8, check_invariants=True)
 
     def _on_output(self, req, finished: bool) -> None:
         if finished:

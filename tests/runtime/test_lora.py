@@ -286,3 +286,26 @@ def test_overlap_scheduling_keeps_adapter_outputs(model, adapters):
             assert (eng.loop.step.num_overlapped_steps > 0) == overlap
             assert not eng.invariant_violations
     assert outs[True] == outs[False]
+
+
+def test_mixed_steps_keep_adapter_outputs(model, adapters):
+    """Mixed steps carry each row's adapter, prefill and decode rows alike: requests of five
+    adapters and the base model arriving while others decode give what they give unmixed."""
+    names = [f"a{i}" for i in range(len(adapters))]
+    sp = {**GREEDY, "max_new_tokens": 16, "ignore_eos": True}
+    outs = {}
+    for mixed in (False, True):
+        with Engine(model, dtype="float32", max_loras=5, enable_mixed_chunk=mixed, chunked_prefill_size=4,
+                    check_invariants=True, lora_modules=[f"{n}={p}" for n, p in zip(names, adapters)]) as eng:
+            def decode_first(eng=eng, mixed=mixed):  # base rows and an adapter's, decoding when the rest arrive
+                base = eng.generate(PROMPTS[:2], sp)
+                outs[mixed, "first"] = [r["output_ids"] for r in base] + [eng.generate(PROMPTS[2], sp, lora="a4")["output_ids"]]
+            first = threading.Thread(target=decode_first)
+            first.start()
+            late = concurrent(eng, [(PROMPTS[i] + " and then", names[i]) for i in range(5)], sp)
+            first.join()
+            outs[mixed, "late"] = [r["output_ids"] for r in late]
+            assert (eng.loop.step.num_mixed_steps > 0) == mixed
+            assert not eng.invariant_violations
+    assert outs[True, "first"] == outs[False, "first"]
+    assert outs[True, "late"] == outs[False, "late"]

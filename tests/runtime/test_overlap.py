@@ -30,7 +30,7 @@ def _summary(res: dict) -> tuple:
     return res["output_ids"], res["text"], res["meta_info"]["finish_reason"]
 
 
-def _mixed_jobs(free_ids: list[int], free_text: str) -> list[tuple[str, list[int], dict, dict]]:
+def _varied_jobs(free_ids: list[int], free_text: str) -> list[tuple[str, list[int], dict, dict]]:
     """(rid, prompt, sampling params, generate options): plain rows of several lengths and
     budgets, EOS-enabled rows and rows that stop early on a token or a string, a regex and a
     json_schema row, a row with logprobs."""
@@ -55,14 +55,14 @@ def _mixed_jobs(free_ids: list[int], free_text: str) -> list[tuple[str, list[int
     return jobs
 
 
-def run_mixed(enable_overlap: bool, **config) -> tuple[dict[str, tuple], dict[str, list], int]:
+def run_workload(enable_overlap: bool, **config) -> tuple[dict[str, tuple], dict[str, list], object]:
     """The mixed workload, admitted in one step, then a second wave arriving mid-decode.
     Returns per rid (output ids, text, finish reason), the logprobs row's logprobs, and the
-    number of overlapped steps."""
+    engine's step runner (its step counters)."""
     with tiny(enable_overlap, **config) as e:
         free = e.generate(input_ids=[1, 2, 3], sampling_params={**GREEDY, "max_new_tokens": 40, "ignore_eos": True})
         e.flush_cache()
-        jobs = _mixed_jobs(free["output_ids"], free["text"])
+        jobs = _varied_jobs(free["output_ids"], free["text"])
         results: dict[str, dict] = {}
 
         def submit(rid, prompt, sp, opts):
@@ -83,13 +83,13 @@ def run_mixed(enable_overlap: bool, **config) -> tuple[dict[str, tuple], dict[st
             assert not t.is_alive()
         assert_idle_and_clean(e)
         logprobs = results["logprobs"]["meta_info"]["output_token_logprobs"]
-        return {rid: _summary(r) for rid, r in results.items()}, logprobs, e.loop.step.num_overlapped_steps
+        return {rid: _summary(r) for rid, r in results.items()}, logprobs, e.loop.step
 
 
 def test_greedy_outputs_are_identical_with_and_without_overlap():
-    off, off_logprobs, none = run_mixed(False)
-    on, on_logprobs, overlapped = run_mixed(True)
-    assert none == 0 and overlapped > 0
+    off, off_logprobs, plain = run_workload(False)
+    on, on_logprobs, overlapped = run_workload(True)
+    assert plain.num_overlapped_steps == 0 and overlapped.num_overlapped_steps > 0
     assert sorted(on) == sorted(off)
     for rid in off:
         assert on[rid] == off[rid], rid
@@ -350,12 +350,12 @@ def test_sample_on_device_picks_what_sample_picks_for_plain_rows():
 @pytest.mark.gpu
 def test_gpu_overlap_gives_the_outputs_of_overlap_off():
     """On CUDA (launches asynchronous, tokens read back through pinned buffers, CUDA graphs on):
-    the mixed workload and the host-row workload give what they give with overlap off. fp32, so
+    the varied workload and the host-row workload give what they give with overlap off. fp32, so
     batch composition cannot flip a greedy choice through rounding."""
     cuda = {"device": "cuda", "max_num_seqs": 32, "cuda_graph_max_bs": 32}
-    off, off_logprobs, _ = run_mixed(False, **cuda)
-    on, on_logprobs, overlapped = run_mixed(True, **cuda)
-    assert overlapped > 0 and on == off
+    off, off_logprobs, _ = run_workload(False, **cuda)
+    on, on_logprobs, overlapped = run_workload(True, **cuda)
+    assert overlapped.num_overlapped_steps > 0 and on == off
     assert [lp for lp, _, _ in on_logprobs] == pytest.approx([lp for lp, _, _ in off_logprobs], abs=1e-4)
     for jump_forward in (True, False):
         off_rows, _, _ = _run_host_rows(False, jump_forward, **cuda)

@@ -87,3 +87,54 @@ def test_pool_hands_out_ascending_runs_and_a_freed_run_comes_back_in_order():
     pool.free(b[::-1])  # freed in any order: handed out as freed
     assert pool.alloc(5).tolist() == list(range(15, 10, -1))
     assert pool.num_free == 99 - 15
+
+
+def _mixed_batch(pool: KVPool, prefill: list[tuple[int, int]], decode_lens: list[int], gen: torch.Generator) -> ForwardBatch:
+    """Prefill rows (prefix, new tokens) then decode rows (context after the new token), at
+    scattered slots: a mixed step's layout."""
+    rows = [(p, n) for p, n in prefill] + [(n - 1, 1) for n in decode_lens]
+    table = torch.zeros(len(rows) + 1, max(p + n for p, n in rows) + 2, dtype=torch.int32)
+    slots = (torch.randperm(pool.num_slots - 1, generator=gen) + 1).tolist()
+    out_slots, positions, starts, total = [], [], [], 0
+    for i, (p, n) in enumerate(rows):
+        table[i + 1, :p + n] = torch.tensor([slots.pop() for _ in range(p + n)], dtype=torch.int32)
+        out_slots += table[i + 1, p:p + n].tolist()
+        positions += list(range(p, p + n))
+        starts.append(total)
+        total += n
+    t = lambda xs: torch.tensor(xs, dtype=torch.int64)  # noqa: E731
+    return ForwardBatch(
+        is_decode=False, input_ids=t([0] * total), positions=t(positions), out_slots=t(out_slots),
+        req_to_token=table, req_rows=t(list(range(1, len(rows) + 1))), prefix_lens=t([p for p, _ in rows]),
+        extend_lens=t([n for _, n in rows]), seq_lens=t([p + n for p, n in rows]), extend_starts=t(starts),
+        logit_rows=t(starts), prefix_lens_cpu=[p for p, _ in rows], extend_lens_cpu=[n for _, n in rows])
+
+
+def test_mixed_step_attends_to_its_decode_rows_apart_as_to_the_whole_batch():
+    """The torch backend attends to a mixed step's decode rows through its batched decode path
+    (`ForwardBatch.parts`); the outputs and the stored K/V equal one extend over the batch."""
+    import dataclasses
+
+    outs = {}
+    for split in (False, True):
+        gen = torch.Generator().manual_seed(3)
+        pool = KVPool(900, 3, 2, 16, torch.float32, torch.device("cpu"))
+        for caches in (pool.k_caches, pool.v_caches):
+            for c in caches:
+                c.copy_(torch.randn(c.shape, generator=gen))
+        attn = PoolAttention(pool, AttentionOps.for_backend("torch"), 0.25, 1)
+        fb = _mixed_batch(pool, [(0, 9), (40, 5)], [300, 7, 1, 64], gen)
+        if split:
+            fb = dataclasses.replace(fb, parts=fb.split(2))
+            head, tail = fb.parts
+            assert head.num_tokens == 14 and tail.is_decode and tail.batch_size == 4
+        got = []
+        for layer in range(3):
+            q = torch.randn(fb.num_tokens, 4, 16, generator=gen)
+            kv = torch.randn(2, fb.num_tokens, 2, 16, generator=gen)
+            got.append(attn(layer, q, kv[0], kv[1], fb))
+        outs[split] = got, [c.clone() for c in pool.k_caches + pool.v_caches]
+    for a, b in zip(outs[False][0], outs[True][0]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    for a, b in zip(outs[False][1], outs[True][1]):
+        assert torch.equal(a, b)
