@@ -12,7 +12,6 @@ from hypothesis import HealthCheck, settings
 from radixflow.radix import RadixCache
 from radixflow.runtime import Engine
 from radixflow.runtime.config import EngineConfig
-from radixflow.runtime.core.faults import Fault, FaultInjector
 from radixflow.runtime.core.kv_pool import KVPool, ReqToTokenPool
 from radixflow.runtime.core.request import Req
 from radixflow.runtime.core.scheduler import Scheduler, SchedulerLimits
