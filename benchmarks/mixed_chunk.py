@@ -44,7 +44,7 @@ class Shape:
     arrival_out: int = 8
     gap_ms: float = 150.0
     chunk: int = 256
-    stall_ms: float = 100.0
+    stall_ms: float = 1000.0
 
 
 SMOKE = Shape(running=4, running_len=16, running_out=24, arrivals=3, arrival_len=96, arrival_out=4,
