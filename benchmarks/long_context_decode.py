@@ -1,14 +1,14 @@
 """Decode steps on CPU with one long context among short ones, side by side: the long row read
-by itself in chunks (kernels/torch_decode.py::_padded_length) or padded into the batch's
-layout with the others (every row then gathers the long row's length per layer).
+by itself in chunks of SHARED_CHUNK_TOKENS (kernels/torch_decode.py: past LONG_ROW_TOKENS) or
+gathered whole, in a chunk of its own (the short rows are gathered apart from it either way).
 
     python benchmarks/long_context_decode.py --out benchmarks/results/long_context_decode_cpu.json
 
 One engine in this process (a random-weight tiny Llama, the demo tokenizer, float32, 131,072
 positions, one torch thread; or `--model DIR` with `--dtype`). One prompt of `--context` tokens and
 `--short` prompts of 100 are prefilled once (cached), then decoded `--decode` tokens each, greedy,
-EOS ignored, the two settings alternating for `--rounds` rounds ("padded": the module's
-ALONE_ROW_TOKENS set past any context, the layout before the long-row split). A decode step is
+EOS ignored, the two settings alternating for `--rounds` rounds ("gathered": the module's
+LONG_ROW_TOKENS set past any context). A decode step is
 the wall time while every request of the batch was decoding over the steps in it; reported per
 setting as the median of the rounds, with whether both settings produced the same tokens.
 """
@@ -49,9 +49,9 @@ def run(model_dir: str, load_format: str, dtype: str, context: int, short: int, 
     rng = random.Random(0)
     prompts = [[rng.randrange(3000) for _ in range(context)]]
     prompts += [[rng.randrange(3000) for _ in range(100)] for _ in range(short)]
-    settings = {"alone": torch_decode.ALONE_ROW_TOKENS, "padded": 1 << 62}
+    settings = {"alone": torch_decode.LONG_ROW_TOKENS, "gathered": 1 << 62}
     out: dict = {"context": context, "short": short, "decode": decode, "rounds": rounds,
-                 "alone_row_tokens": settings["alone"], "step_ms_runs": {name: [] for name in settings}}
+                 "long_row_tokens": settings["alone"], "step_ms_runs": {name: [] for name in settings}}
     tokens: dict[str, list] = {}
     kv = context + 100 * short + 2 * decode * (short + 1) + 4096
     with Engine(model_dir, load_format=load_format, device="cpu", dtype=dtype, kv_cache_tokens=kv,
@@ -60,7 +60,7 @@ def run(model_dir: str, load_format: str, dtype: str, context: int, short: int, 
         try:
             for r in range(rounds):
                 for name, threshold in settings.items():
-                    torch_decode.ALONE_ROW_TOKENS = threshold
+                    torch_decode.LONG_ROW_TOKENS = threshold
                     rids = [f"{name}-{r}-{i}" for i in range(len(prompts))]
                     res = engine.generate(input_ids=prompts, sampling_params={**GREEDY, "max_new_tokens": decode},
                                           rid=rids)
@@ -68,10 +68,10 @@ def run(model_dir: str, load_format: str, dtype: str, context: int, short: int, 
                     tokens.setdefault(name, [x["output_ids"] for x in res])
                     print(f"round {r} {name}: {out['step_ms_runs'][name][-1]:.2f} ms per decode step", flush=True)
         finally:
-            torch_decode.ALONE_ROW_TOKENS = settings["alone"]
+            torch_decode.LONG_ROW_TOKENS = settings["alone"]
     out["step_ms"] = {name: statistics.median(v) for name, v in out["step_ms_runs"].items()}
-    out["speedup"] = out["step_ms"]["padded"] / out["step_ms"]["alone"]
-    out["same_tokens"] = sum(a == b for a, b in zip(tokens["alone"], tokens["padded"]))
+    out["speedup"] = out["step_ms"]["gathered"] / out["step_ms"]["alone"]
+    out["same_tokens"] = sum(a == b for a, b in zip(tokens["alone"], tokens["gathered"]))
     return out
 
 

@@ -14,6 +14,6 @@ def test_long_context_decode_smoke(tmp_path):
     subprocess.run([sys.executable, str(SCRIPT), "--context", "5000", "--short", "2", "--decode", "4", "--rounds", "1",
                     "--out", str(out)], check=True, timeout=600)
     doc = json.loads(out.read_text())
-    assert doc["context"] == 5000 and doc["alone_row_tokens"] == 1024
-    assert set(doc["step_ms"]) == {"alone", "padded"} and all(v > 0 for v in doc["step_ms"].values())
+    assert doc["context"] == 5000 and doc["long_row_tokens"] == 4096
+    assert set(doc["step_ms"]) == {"alone", "gathered"} and all(v > 0 for v in doc["step_ms"].values())
     assert doc["same_tokens"] == 3  # float32: both layouts give every request the same tokens

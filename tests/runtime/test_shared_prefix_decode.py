@@ -60,10 +60,10 @@ def test_plan_decode_on_the_engine_s_slot_table(monkeypatch):
     assert prefix.slots.dtype == torch.int64
 
 
-def test_greedy_outputs_equal_with_long_rows_read_alone_and_padded(monkeypatch):
+def test_greedy_outputs_equal_with_long_rows_read_alone_and_gathered(monkeypatch):
     """A request with a long context beside short ones: read by itself in chunks
-    (ALONE_ROW_TOKENS lowered here) or padded into the batch, greedy outputs are the same,
-    shared prefixes included."""
+    (LONG_ROW_TOKENS lowered here) or gathered whole with the others, greedy outputs are the
+    same, shared prefixes included."""
     rng = random.Random(2)
     prompts = _prompts(num_groups=1, per_group=2, prefix_len=80, seed=3)
     prompts += [[rng.randrange(3, 3000) for _ in range(700)], [rng.randrange(3, 3000) for _ in range(9)]]
@@ -71,8 +71,8 @@ def test_greedy_outputs_equal_with_long_rows_read_alone_and_padded(monkeypatch):
     real = torch_decode.plan_decode
     monkeypatch.setattr(torch_decode, "plan_decode", lambda *a: plans.append(real(*a)) or plans[-1])
     outputs = {}
-    for name, overhead in (("alone", 64), ("padded", 1 << 62)):
-        monkeypatch.setattr(torch_decode, "ALONE_ROW_TOKENS", overhead)
+    for name, threshold in (("alone", 256), ("gathered", 1 << 62)):
+        monkeypatch.setattr(torch_decode, "LONG_ROW_TOKENS", threshold)
         monkeypatch.setattr(torch_decode, "SHARED_CHUNK_TOKENS", 256)
         plans.clear()
         with Engine(demo_model("tiny"), dtype="float32", kv_cache_tokens=8192, check_invariants=True) as e:
@@ -81,5 +81,5 @@ def test_greedy_outputs_equal_with_long_rows_read_alone_and_padded(monkeypatch):
         outputs[name] = [r["output_ids"] for r in results]
         long_rows = {len(slots) for p in plans for _, slots in p.long}
         assert bool(long_rows) == (name == "alone")
-        assert name == "padded" or max(long_rows) > 700  # the long prompt's row among them
-    assert outputs["alone"] == outputs["padded"]
+        assert name == "gathered" or max(long_rows) > 700  # the long prompt's row among them
+    assert outputs["alone"] == outputs["gathered"]
