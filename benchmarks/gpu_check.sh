@@ -8,6 +8,8 @@
 #   engine_decode    benchmarks/engine_decode.py: decode tok/s, graphs on/off, overlap on/off at 64 and 256
 #   engine_overhead  benchmarks/engine_overhead.py --gpu: engine work per step, 100K-prefix TTFT
 #                    ratio, memory-blocked steps, on the 8B shape (not its HTTP part)
+#   mixed_chunk      (opt-in, not in the default list) benchmarks/mixed_chunk.py --gpu: mixed prefill +
+#                    decode steps against prefill-first on the 8B shape; writes mixed_chunk.json
 # The limits: RADIXFLOW_GPU_SCALE multiplies each step's (default 1).
 # Writes into OUT_DIR (flat, at most 8 files, so the device tool brings all of them back):
 #   summary.txt      GPU (nvidia-smi), commit, install notes, step exit codes, benchmark tables
@@ -89,6 +91,9 @@ wanted engine_decode && step engine_decode "$(lim 130)" $PY benchmarks/engine_de
   --time-budget-s "$(lim 80)"
 wanted engine_overhead && step engine_overhead "$(lim 100)" $PY benchmarks/engine_overhead.py --gpu --repeats 3 \
   --only decode_step,prefix_ttft,blocked --out "$OUT/engine_overhead.json"
+# opt-in (RADIXFLOW_GPU_STEPS=".. mixed_chunk"): mixed prefill + decode steps against prefill-first
+wanted mixed_chunk && step mixed_chunk "$(lim 200)" $PY benchmarks/mixed_chunk.py --gpu --rounds 2 \
+  --out "$OUT/mixed_chunk.json"
 note ""
 note "== pytest -m gpu"
 [ -f "$OUT/pytest_gpu.log" ] && tail -n 15 "$OUT/pytest_gpu.log" | tee -a "$SUMMARY"
@@ -106,6 +111,10 @@ fi
 note "== engine decode"
 [ -f "$OUT/engine_decode.log" ] && { grep -E "tok/s|speedup" "$OUT/engine_decode.log" | tee -a "$SUMMARY" \
   || tail -n 20 "$OUT/engine_decode.log" | tee -a "$SUMMARY"; }
+if wanted mixed_chunk; then
+  note "== mixed chunk"
+  [ -f "$OUT/mixed_chunk.log" ] && tail -n 30 "$OUT/mixed_chunk.log" | tee -a "$SUMMARY"
+fi
 note "== engine overhead"
 [ -f "$OUT/engine_overhead.log" ] && { grep -E "^(decode_step|prefix_ttft|blocked)" "$OUT/engine_overhead.log" \
   | tee -a "$SUMMARY" || tail -n 20 "$OUT/engine_overhead.log" | tee -a "$SUMMARY"; }

