@@ -74,6 +74,7 @@ class EngineStats:
     prompt_tokens: int = 0          # of finished requests
     generated_tokens: int = 0
     num_steps: int = 0
+    num_mixed_steps: int = 0        # prefill steps that also decoded running requests (enable_mixed_chunk)
     num_finished: int = 0
     finish_counts: dict[str, int] = field(default_factory=dict)
     invariant_violations: int = 0   # with check_invariants: steps after which a check failed
