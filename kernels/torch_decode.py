@@ -48,25 +48,14 @@ class GatherChunk:
                       0                        its own length                          length
 
     Padding repeats a slot the request owns, so no stale table entry or the dummy slot 0 (whose
-    bytes may be anything) is ever read; the hidden columns get probability 0. `span`: (a, b)
-    when the rows are the batch's a..b in order (read and written as slices), else None."""
+    bytes may be anything) is ever read; the hidden columns get probability 0. The rows are
+    positions span[0]..span[1] of the plan's `order`."""
 
     rows: torch.Tensor     # [n] int64 batch rows, longest first
     slots: torch.Tensor    # [n * length] int64, row-major [n, length]
     visible: torch.Tensor  # [n, 1, 1, length] bool
     length: int
-    span: tuple[int, int] | None
-
-    def of(self, x: torch.Tensor) -> torch.Tensor:
-        """x's rows of this chunk (x indexed by batch row)."""
-        return x[self.span[0]: self.span[1]] if self.span is not None else x[self.rows]
-
-    def put(self, x: torch.Tensor, value: torch.Tensor) -> None:
-        """Write `value` into x's rows of this chunk."""
-        if self.span is not None:
-            x[self.span[0]: self.span[1]] = value
-        else:
-            x[self.rows] = value
+    span: tuple[int, int]
 
 
 @dataclass(frozen=True)
@@ -74,7 +63,7 @@ class DecodeGather:
     """A decode step's context layout, computed once and shared by every layer.
 
     A request's own slots are its whole context, or what follows its group's shared prefix
-    (`shared`). Rows are sorted by own length and gathered in chunks of like length
+    (`shared`). Rows are sorted by own length (`order`) and gathered in chunks of like length
     (`chunks`, each about GATHER_CHUNK_TOKENS slots): a batch of mixed lengths reads close to the
     sum of its lengths, not its size times the longest (1.2-1.75x less attention time per step
     on batches spread over 100-2,000 tokens). A seq_len 0 row (CUDA-graph padding) reads one
@@ -86,6 +75,7 @@ class DecodeGather:
     empty: torch.Tensor  # [batch, 1, 1] bool, rows with seq_len 0
     shared: list[SharedPrefix] = field(default_factory=list)
     long: list[tuple[int, torch.Tensor]] = field(default_factory=list)  # (batch row, its own slots [n] int64)
+    order: torch.Tensor | None = None  # [batch] int64 batch rows, longest first; None: the batch's own order
 
 
 def plan_decode(req_to_token: torch.Tensor, req_rows: torch.Tensor, seq_lens: torch.Tensor) -> DecodeGather:
@@ -98,26 +88,26 @@ def plan_decode(req_to_token: torch.Tensor, req_rows: torch.Tensor, seq_lens: to
     own = (seq_lens - starts).tolist()
     long = [(r, table[r, first[r]: first[r] + n].clone()) for r, n in enumerate(own) if n > LONG_ROW_TOKENS]
     lengths = [1 if n > LONG_ROW_TOKENS else max(n, 1) for n in own]  # a long row: its placeholder column
-    return DecodeGather(_chunks(table, starts, lengths), (seq_lens == 0)[:, None, None], shared, long)
+    order = sorted(range(batch), key=lambda r: -lengths[r])
+    in_order = all(lengths[r] >= lengths[r + 1] for r in range(batch - 1))
+    return DecodeGather(_chunks(table, starts, lengths, order), (seq_lens == 0)[:, None, None], shared, long,
+                        None if in_order else torch.tensor(order, dtype=torch.int64, device=table.device))
 
 
-def _chunks(table: torch.Tensor, starts: torch.Tensor, lengths: list[int]) -> list[GatherChunk]:
-    """Rows in order of their own length (`lengths`, from `starts` on in `table`), longest first,
+def _chunks(table: torch.Tensor, starts: torch.Tensor, lengths: list[int], order: list[int]) -> list[GatherChunk]:
+    """The rows in `order` (longest own length first; `lengths`, from `starts` on in `table`),
     cut into chunks of about GATHER_CHUNK_TOKENS slots, each padded to its first row's length."""
-    order = sorted(range(len(lengths)), key=lambda r: -lengths[r])
-    in_order = all(lengths[r] >= lengths[r + 1] for r in range(len(lengths) - 1))
     chunks, i = [], 0
     while i < len(order):
         length = lengths[order[i]]
         j = min(len(order), i + max(1, GATHER_CHUNK_TOKENS // length))
-        rows = torch.tensor(order[i:j] if not in_order else range(i, j), dtype=torch.int64, device=table.device)
+        rows = torch.tensor(order[i:j], dtype=torch.int64, device=table.device)
         own = torch.tensor([lengths[r] for r in order[i:j]], device=table.device)
         cols = (starts[rows, None] + torch.arange(length, device=table.device)[None, :]).clamp_(max=table.shape[1] - 1)
         slots = table[rows[:, None], cols]
         visible = torch.arange(length, device=table.device)[None, :] < own[:, None]
         slots = torch.where(visible, slots, slots[:, :1])
-        chunks.append(GatherChunk(rows, slots.reshape(-1), visible[:, None, None, :], length,
-                                  (i, j) if in_order else None))
+        chunks.append(GatherChunk(rows, slots.reshape(-1), visible[:, None, None, :], length, (i, j)))
         i = j
     return chunks
 
@@ -176,21 +166,25 @@ def decode_attention_gathered(q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     batch, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[1]
     qg = q.to(torch.float32).view(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
+    order = plan.order
+    qs = qg if order is None else qg.index_select(0, order)  # rows longest first: the chunks are spans
     if not plan.shared and not plan.long:
-        out = torch.empty_like(q, memory_format=torch.contiguous_format)
+        out = torch.empty(batch, num_heads, head_dim, dtype=q.dtype, device=q.device)
         for chunk, k, v in _own_chunks(k_cache, v_cache, plan, k_scale, v_scale):
-            scores = torch.matmul(chunk.of(qg), k.transpose(-1, -2)).mul_(sm_scale)  # [rows, num_kv_heads, group, length]
+            a, b = chunk.span
+            scores = torch.matmul(qs[a:b], k.transpose(-1, -2)).mul_(sm_scale)  # [rows, num_kv_heads, group, length]
             scores.masked_fill_(~chunk.visible, float("-inf"))
             o = torch.matmul(scores.softmax(dim=-1), v)  # [rows, num_kv_heads, group, head_dim]
-            chunk.put(out, o.view(-1, num_heads, head_dim).to(out.dtype))
-        return out.masked_fill_(plan.empty, 0.0)
+            out[a:b] = o.view(b - a, num_heads, head_dim)
+        return _unsorted(out, order).masked_fill_(plan.empty, 0.0)
     m = torch.empty(qg.shape[:-1], dtype=torch.float32, device=q.device)  # [batch, num_kv_heads, group]
     l, o = torch.empty_like(m), torch.empty_like(qg)
     for chunk, k, v in _own_chunks(k_cache, v_cache, plan, k_scale, v_scale):
-        scores = torch.matmul(chunk.of(qg), k.transpose(-1, -2)).mul_(sm_scale)
+        a, b = chunk.span
+        scores = torch.matmul(qs[a:b], k.transpose(-1, -2)).mul_(sm_scale)
         scores.masked_fill_(~chunk.visible, float("-inf"))
-        for x, part in zip((m, l, o), _softmax_parts(scores, v)):
-            chunk.put(x, part)
+        m[a:b], l[a:b], o[a:b] = _softmax_parts(scores, v)
+    m, l, o = (_unsorted(x, order) for x in (m, l, o))  # batch order from here on
     for row, slots in plan.long:  # in place of its placeholder column's parts
         m[row:row + 1], l[row:row + 1], o[row:row + 1] = _prefix_parts(
             qg[row:row + 1], k_cache, v_cache, slots, sm_scale, k_scale, v_scale)
@@ -199,6 +193,11 @@ def decode_attention_gathered(q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
         m[prefix.rows], l[prefix.rows], o[prefix.rows] = _merge((m[prefix.rows], l[prefix.rows], o[prefix.rows]), part)
     out = o.div_(l[..., None]).view(batch, num_heads, head_dim).to(q.dtype)
     return out.masked_fill_(plan.empty, 0.0)
+
+
+def _unsorted(x: torch.Tensor, order: torch.Tensor | None) -> torch.Tensor:
+    """x, whose rows are in `order` (batch rows longest first), back in batch order."""
+    return x if order is None else torch.empty_like(x).index_copy_(0, order, x)
 
 
 def _own_chunks(k_cache: torch.Tensor, v_cache: torch.Tensor, plan: DecodeGather, k_scale: float, v_scale: float):

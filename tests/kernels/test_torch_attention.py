@@ -335,9 +335,10 @@ def test_rows_are_gathered_in_chunks_of_like_lengths():
         own = [lengths[r] for r in c.rows.tolist()]
         assert c.length == max(own) and c.rows.numel() * c.length <= max(torch_decode.GATHER_CHUNK_TOKENS, c.length)
         assert c.visible.view(len(own), c.length).sum(dim=1).tolist() == own
-    # equal rows: one run of the batch in order, read as slices
+    assert plan.order is not None and plan.order.tolist() == [r for c in plan.chunks for r in c.rows.tolist()]
+    # rows already longest first (equal ones, say): the batch's own order, nothing permuted
     plan = torch_decode.plan_decode(table, torch.arange(8), torch.full((8,), 100))
-    assert [c.rows.tolist() for c in plan.chunks] == [list(range(8))] and plan.chunks[0].span == (0, 8)
+    assert plan.order is None and [c.rows.tolist() for c in plan.chunks] == [list(range(8))]
 
 
 @pytest.mark.parametrize("seq_lens, dtype, fp8", [
