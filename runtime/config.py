@@ -37,7 +37,7 @@ class EngineConfig:
     max_num_seqs: int = _opt(256, "Most requests running in one batch.")
     max_prefill_tokens: int = _opt(8192, "Most new prompt tokens in one prefill step.")
     chunked_prefill_size: int = _opt(2048, "Split longer prompts into chunks of this many tokens (<= 0: never chunk).")
-    enable_mixed_chunk: bool = _opt(False, "Mixed steps: a prefill step also decodes every running request (one forward), so running requests get a token in every step while prompts arrive or prefill in chunks; the decode tokens come out of the step's --max-prefill-tokens budget.")
+    enable_mixed_chunk: bool = _opt(False, "Mixed steps: a prefill step also decodes every running request (one forward), so running requests get a token in every step while prompts arrive or prefill in chunks; the decode tokens come out of the step's --max-prefill-tokens budget (at most half of it).")
     schedule_policy: str = _opt("lpm", "Order of waiting requests: longest prefix match, DFS weight, or arrival.", SCHEDULE_POLICIES)
     lpm_fcfs_threshold: int = _opt(128, "Past this many waiting requests lpm falls back to fcfs (matching costs grow).")
     disable_radix_cache: bool = _opt(False, "Keep no KV between requests (every prompt is prefilled in full).")

@@ -64,9 +64,10 @@ class Admission:
 
     def _schedule_prefill(self, reserved_tokens: int = 0) -> ScheduledBatch | None:
         """A prefill batch of what can be admitted (None: nothing); `reserved_tokens` of the
-        step's token budget are taken already (a mixed step's decode rows)."""
+        step's token budget are taken already (a mixed step's decode rows), at most half of it:
+        a large running batch must not cut prompts into chunks of a few tokens."""
         token_budget, chunk = self._prefill_budget()
-        token_budget = max(1, token_budget - reserved_tokens)
+        token_budget = max(token_budget - reserved_tokens, (token_budget + 1) // 2)
         batch = ScheduledBatch([], [], [], [], [], is_decode=False)
         if self.chunked is not None:
             req = self.chunked

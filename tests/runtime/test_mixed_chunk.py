@@ -22,8 +22,8 @@ from test_fault_isolation import BOUND_S, assert_idle_and_clean, bounded, ids, p
 from test_overlap import GREEDY, run_workload
 
 
-def _scheduler(mixed: bool, kv_tokens: int = 200, chunk: int = 4) -> Scheduler:
-    limits = SchedulerLimits(max_num_seqs=8, max_prefill_tokens=64, chunked_prefill_size=chunk,
+def _scheduler(mixed: bool, kv_tokens: int = 200, chunk: int = 4, max_prefill_tokens: int = 64) -> Scheduler:
+    limits = SchedulerLimits(max_num_seqs=8, max_prefill_tokens=max_prefill_tokens, chunked_prefill_size=chunk,
                              max_context_len=128, policy="fcfs", lpm_fcfs_threshold=128, mixed=mixed)
     return Scheduler(limits, KVPool(kv_tokens + 1, 1, 1, 2, torch.float32, torch.device("cpu")),
                      ReqToTokenPool(8, 128, torch.device("cpu")), RadixCache())
@@ -66,6 +66,25 @@ def test_running_request_decodes_in_every_step_of_a_chunked_prefill():
         else:
             assert len(a.output_ids) == before
             assert all(b.num_decode_rows == 0 for b in batches)
+
+
+def test_decode_rows_take_at_most_half_of_a_mixed_step_s_token_budget():
+    """The running requests' tokens count against the step's prefill budget, but leave at least
+    half of it to the prefill: 7 running requests and a budget of 8 do not cut a prompt into
+    1-token chunks."""
+    s = _scheduler(True, chunk=64, max_prefill_tokens=8)
+    for i in range(7):
+        s.add(Req(f"r{i}", ids(2, 10 + i), SamplingParams.from_dict({"max_new_tokens": 20})))
+    while len(s.running) < 7:
+        _step(s)
+    c = Req("c", ids(20, 3), SamplingParams.from_dict({"max_new_tokens": 2}))
+    s.add(c)
+    chunks = []
+    while c not in s.running:
+        batch = _step(s)
+        assert batch.num_decode_rows == 7 and batch.reqs[0] is c
+        chunks.append(batch.extend_lens[0])
+    assert chunks == [4] * 5  # 8 // 2 a step, not 8 - 7
 
 
 def _pressure(mixed: bool) -> tuple[list[tuple[str, dict]], int, list[int]]:
