@@ -153,8 +153,9 @@ class Scheduler(Admission, SlotAccounting):
 
     def _schedule_mixed(self) -> ScheduledBatch | None:
         """A mixed step: every running request's decode tokens first, then what prefill admits
-        in what is left (its token budget less the decode tokens). None, allocating nothing,
-        when the decode rows need a retraction to fit: the step is then scheduled as unmixed."""
+        in what is left (its token budget less the decode tokens, down to half of it). None,
+        allocating nothing, when the decode rows need a retraction to fit: the step is then
+        scheduled as unmixed."""
         _, need = self._decode_need()
         if need > self.kv.num_free + self.cache.evictable_size():
             return None
