@@ -37,6 +37,8 @@ SHAPES = {
 }
 SMOKE_SHAPES = {"equal": lambda rng: [40] * 4, "spread": lambda rng: [8, 200, 30, 90]}
 GREEDY = {"temperature": 0, "ignore_eos": True}
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from long_context_decode import decode_step_ms  # noqa: E402
 
 
 def worker(model: str | None, dtype: str | None, shape: str, smoke: bool, decode: int) -> dict:
@@ -57,14 +59,11 @@ def worker(model: str | None, dtype: str | None, shape: str, smoke: bool, decode
         engine.generate(input_ids=prompts, sampling_params={**GREEDY, "max_new_tokens": 0})  # cached from here on
         rids = [f"r{i}" for i in range(len(prompts))]
         res = engine.generate(input_ids=prompts, sampling_params={**GREEDY, "max_new_tokens": decode}, rid=rids)
-        timings = [t for t in engine.recent_timings if t.rid in set(rids)]
+        step_ms = decode_step_ms(engine, set(rids))
         dtype_used = str(engine.runner.shape.dtype)
-    start = max(t.token_times[0] for t in timings)
-    end = min(t.token_times[-1] for t in timings)
-    steps = min(sum(1 for x in t.token_times if start < x <= end) for t in timings)
     import radixflow.kernels
 
-    return {"step_ms": 1e3 * (end - start) / steps, "tokens": [r["output_ids"] for r in res],
+    return {"step_ms": step_ms, "tokens": [r["output_ids"] for r in res],
             "lengths": lengths, "dtype": dtype_used, "package": os.path.dirname(os.path.dirname(os.path.realpath(radixflow.kernels.__file__)))}
 
 

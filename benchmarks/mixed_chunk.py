@@ -35,6 +35,8 @@ import subprocess
 import time
 from dataclasses import dataclass
 
+from radixflow.frontend.bench.metrics import percentile
+
 SETTINGS = {"mixed": True, "prefill_first": False}
 GREEDY = {"temperature": 0, "ignore_eos": True}
 
@@ -93,14 +95,9 @@ async def _round(engine, shape: Shape, running: list[list[int]], arriving: list[
     ttft = [(s[0][0] - t) * 1000 for s, t in zip(arrive_stamps, sent)]
     tokens = sum(len(o) for o in outs)
     return {"wall_s": wall, "output_tokens_per_s": tokens / wall, "steps": engine.stats().num_steps - steps0,
-            "gap_p50_ms": statistics.median(gaps), "gap_p99_ms": _quantile(gaps, 0.99), "gap_max_ms": max(gaps),
+            "gap_p50_ms": statistics.median(gaps), "gap_p99_ms": percentile(gaps, 99), "gap_max_ms": max(gaps),
             "stalls": sum(g > shape.stall_ms for g in gaps), "arrival_ttft_median_ms": statistics.median(ttft),
             "arrival_ttft_max_ms": max(ttft), "outputs": outs}
-
-
-def _quantile(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
 def run(model: str | None, shape: Shape, rounds: int, dtype: str | None, extra: dict | None = None) -> dict:

@@ -89,19 +89,22 @@ def plan_decode(req_to_token: torch.Tensor, req_rows: torch.Tensor, seq_lens: to
     long = [(r, table[r, first[r]: first[r] + n].clone()) for r, n in enumerate(own) if n > LONG_ROW_TOKENS]
     lengths = [1 if n > LONG_ROW_TOKENS else max(n, 1) for n in own]  # a long row: its placeholder column
     order = sorted(range(batch), key=lambda r: -lengths[r])
-    in_order = all(lengths[r] >= lengths[r + 1] for r in range(batch - 1))
-    return DecodeGather(_chunks(table, starts, lengths, order), (seq_lens == 0)[:, None, None], shared, long,
-                        None if in_order else torch.tensor(order, dtype=torch.int64, device=table.device))
+    order_t = torch.tensor(order, dtype=torch.int64, device=table.device)
+    in_order = order == list(range(batch))
+    return DecodeGather(_chunks(table, starts, lengths, order, order_t), (seq_lens == 0)[:, None, None], shared,
+                        long, None if in_order else order_t)
 
 
-def _chunks(table: torch.Tensor, starts: torch.Tensor, lengths: list[int], order: list[int]) -> list[GatherChunk]:
-    """The rows in `order` (longest own length first; `lengths`, from `starts` on in `table`),
-    cut into chunks of about GATHER_CHUNK_TOKENS slots, each padded to its first row's length."""
+def _chunks(table: torch.Tensor, starts: torch.Tensor, lengths: list[int], order: list[int],
+            order_t: torch.Tensor) -> list[GatherChunk]:
+    """The rows in `order` (longest own length first; `lengths`, from `starts` on in `table`;
+    `order_t` the same as a tensor), cut into chunks of about GATHER_CHUNK_TOKENS slots, each
+    padded to its first row's length."""
     chunks, i = [], 0
     while i < len(order):
         length = lengths[order[i]]
         j = min(len(order), i + max(1, GATHER_CHUNK_TOKENS // length))
-        rows = torch.tensor(order[i:j], dtype=torch.int64, device=table.device)
+        rows = order_t[i:j]
         own = torch.tensor([lengths[r] for r in order[i:j]], device=table.device)
         cols = (starts[rows, None] + torch.arange(length, device=table.device)[None, :]).clamp_(max=table.shape[1] - 1)
         slots = table[rows[:, None], cols]

@@ -123,12 +123,14 @@ def test_last_survivor_after_retractions_finishes_with_a_reason():
         assert_idle_and_clean(e)
 
 
-def _drive(s, max_steps: int) -> None:
-    """Run scheduler `s` with a fake model: every sampled row gets token 7."""
+def _drive(s, max_steps: int):
+    """Run scheduler `s` with a fake model: every sampled row gets token 7. Returns the last
+    step's batch (None if none was scheduled)."""
+    batch = None
     for _ in range(max_steps):
         batch = s.schedule()
         if batch is None:
-            return
+            return None
         for req, sample in zip(batch.reqs, batch.sample):
             if sample:
                 req.output_ids.append(7)
@@ -138,6 +140,7 @@ def _drive(s, max_steps: int) -> None:
                 req.finish({"type": "length", "length": 0})
         s.finish_step(batch)
         s.check_accounting()
+    return batch
 
 
 def test_running_request_is_not_starved_by_a_chunked_prefill():

@@ -18,7 +18,7 @@ from radixflow.runtime.core.scheduler import Scheduler, SchedulerLimits
 from radixflow.runtime.model.demo import demo_model
 from radixflow.runtime.sampling_params import SamplingParams
 from test_engine_stateful import EngineLifecycle
-from test_fault_isolation import BOUND_S, assert_idle_and_clean, bounded, ids, paused, reason
+from test_fault_isolation import BOUND_S, _drive, assert_idle_and_clean, bounded, ids, paused, reason
 from test_overlap import GREEDY, run_workload
 
 
@@ -30,16 +30,9 @@ def _scheduler(mixed: bool, kv_tokens: int = 200, chunk: int = 4, max_prefill_to
 
 
 def _step(s: Scheduler) -> object:
-    """One scheduled step with a fake model (every sampled row gets token 7); the batch."""
-    batch = s.schedule()
+    """One scheduled step with the fake model of `_drive`; the batch."""
+    batch = _drive(s, 1)
     assert batch is not None
-    for req, sample in zip(batch.reqs, batch.sample):
-        if sample:
-            req.output_ids.append(7)
-            if len(req.output_ids) >= req.sampling.max_new_tokens:
-                req.finish({"type": "length", "length": len(req.output_ids)})
-    s.finish_step(batch)
-    s.check_accounting()
     return batch
 
 
