@@ -10,6 +10,11 @@ Without sharing, every request reads its whole context, gathered and converted t
 request: a 1,024-token few-shot prefix is read as many times as there are requests. With a
 shared prefix of P slots, a group of n requests reads it once, its n x group query heads stacked
 as the rows of one matmul per KV head.
+
+Where the native kernel builds (kernels/native.py; fp32 and bf16 caches), it reads the requests'
+own suffixes in place from the cache, each row whole: no gather, no padding, 2-3x faster per
+layer than the gathered chunks on one core. The chunks are its fallback (no C compiler, fp16 or
+fp8 caches, RADIXFLOW_NATIVE_KERNELS=0).
 """
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from . import native
 from .decode_attention import _check_decode
 
 # Context tokens gathered at once by decode (see decode_attention_gathered): rows of like length,
@@ -30,6 +36,9 @@ SHARED_CHUNK_TOKENS = 4096
 # shared prefix of one) rather than gathered whole: a 100K-token row's K alone would be ~77 MB of
 # fp32 per layer at 3 KV heads x 64.
 LONG_ROW_TOKENS = 4096
+
+
+Parts = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (row max, sum of exp, unnormalized output)
 
 
 @dataclass(frozen=True)
@@ -59,6 +68,15 @@ class GatherChunk:
 
 
 @dataclass(frozen=True)
+class NativeRows:
+    """Every request's own slots, flat in batch order, for the native kernel (kernels/native.py):
+    request b's are slots[offsets[b]:offsets[b + 1]]."""
+
+    slots: torch.Tensor    # [sum of own lengths] int64
+    offsets: torch.Tensor  # [batch + 1] int64
+
+
+@dataclass(frozen=True)
 class DecodeGather:
     """A decode step's context layout, computed once and shared by every layer.
 
@@ -76,14 +94,23 @@ class DecodeGather:
     shared: list[SharedPrefix] = field(default_factory=list)
     long: list[tuple[int, torch.Tensor]] = field(default_factory=list)  # (batch row, its own slots [n] int64)
     order: torch.Tensor | None = None  # [batch] int64 batch rows, longest first; None: the batch's own order
+    native: NativeRows | None = None  # set: the own parts go to the native kernel (no chunks, no long rows)
 
 
-def plan_decode(req_to_token: torch.Tensor, req_rows: torch.Tensor, seq_lens: torch.Tensor) -> DecodeGather:
-    """The gathered layout of a decode step, its shared prefixes found; a few host syncs."""
+def plan_decode(req_to_token: torch.Tensor, req_rows: torch.Tensor, seq_lens: torch.Tensor,
+                use_native: bool = False) -> DecodeGather:
+    """The layout of a decode step, its shared prefixes found; a few host syncs. `use_native`:
+    the requests' own slots flat for the native kernel instead of gathered chunks."""
     batch = seq_lens.shape[0]
     max_len = max(int(seq_lens.max()), 1) if batch else 1
     table = req_to_token[req_rows.long(), :max_len].long()  # [batch, max_len]
     shared, starts = _shared_prefixes(table, seq_lens)
+    if use_native:
+        cols = torch.arange(max_len, device=table.device)[None, :]
+        own = (cols >= starts[:, None]) & (cols < seq_lens[:, None])
+        offsets = torch.zeros(batch + 1, dtype=torch.int64, device=table.device)
+        torch.cumsum(own.sum(dim=1), 0, out=offsets[1:])
+        return DecodeGather([], (seq_lens == 0)[:, None, None], shared, native=NativeRows(table[own], offsets))
     first = starts.tolist()
     own = (seq_lens - starts).tolist()
     long = [(r, table[r, first[r]: first[r] + n].clone()) for r, n in enumerate(own) if n > LONG_ROW_TOKENS]
@@ -168,6 +195,8 @@ def decode_attention_gathered(q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     """
     batch, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[1]
+    if plan.native is not None:
+        return _native_decode(q, k_cache, v_cache, plan, sm_scale)
     qg = q.to(torch.float32).view(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
     order = plan.order
     qs = qg if order is None else qg.index_select(0, order)  # rows longest first: the chunks are spans
@@ -191,11 +220,36 @@ def decode_attention_gathered(q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     for row, slots in plan.long:  # in place of its placeholder column's parts
         m[row:row + 1], l[row:row + 1], o[row:row + 1] = _prefix_parts(
             qg[row:row + 1], k_cache, v_cache, slots, sm_scale, k_scale, v_scale)
+    return _with_shared(qg, k_cache, v_cache, plan, sm_scale, k_scale, v_scale, (m, l, o)).to(q.dtype)
+
+
+def _with_shared(qg: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: DecodeGather, sm_scale: float,
+                 k_scale: float, v_scale: float, own: Parts) -> torch.Tensor:
+    """The attention output [batch, num_heads, head_dim] (fp32, padding rows zero): the rows' own
+    parts (batch order) merged with their shared prefixes' parts."""
+    m, l, o = own
     for prefix in plan.shared:
         part = _prefix_parts(qg[prefix.rows], k_cache, v_cache, prefix.slots, sm_scale, k_scale, v_scale)
-        m[prefix.rows], l[prefix.rows], o[prefix.rows] = _merge((m[prefix.rows], l[prefix.rows], o[prefix.rows]), part)
-    out = o.div_(l[..., None]).view(batch, num_heads, head_dim).to(q.dtype)
-    return out.masked_fill_(plan.empty, 0.0)
+        m[prefix.rows], l[prefix.rows], o[prefix.rows] = _merge((m[prefix.rows], l[prefix.rows], o[prefix.rows]),
+                                                                part)
+    batch, num_kv_heads, group, head_dim = qg.shape
+    return o.div_(l[..., None]).view(batch, num_kv_heads * group, head_dim).masked_fill_(plan.empty, 0.0)
+
+
+def _native_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: DecodeGather,
+                   sm_scale: float) -> torch.Tensor:
+    """The own parts by the native kernel (in place from the cache), merged with the shared
+    prefixes' parts by their softmax statistics (a part's output normalized: m = lse, l = 1)."""
+    assert plan.native is not None
+    batch, num_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[1]
+    out, lse = native.decode_attention_native(q, k_cache, v_cache, plan.native.slots, plan.native.offsets, sm_scale)
+    if plan.shared:
+        group = num_heads // num_kv_heads
+        m, o = lse.view(batch, num_kv_heads, group), out.view(batch, num_kv_heads, group, head_dim)
+        qg = q.to(torch.float32).view(batch, num_kv_heads, group, head_dim)
+        out = _with_shared(qg, k_cache, v_cache, plan, sm_scale, 1.0, 1.0, (m, torch.ones_like(m), o))
+    return out.to(q.dtype)  # a padding row (seq_len 0) has no slots: the kernel wrote zeros
 
 
 def _unsorted(x: torch.Tensor, order: torch.Tensor | None) -> torch.Tensor:
@@ -211,7 +265,6 @@ def _own_chunks(k_cache: torch.Tensor, v_cache: torch.Tensor, plan: DecodeGather
                _gather_padded(v_cache, chunk.slots, chunk.length, torch.float32, v_scale))
 
 
-Parts = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (row max, sum of exp, unnormalized output)
 
 
 def _softmax_parts(scores: torch.Tensor, v: torch.Tensor) -> Parts:
@@ -268,4 +321,4 @@ def plan_checked_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
                         v_scale: float = 1.0, num_kv_splits: int = 8) -> DecodeGather:
     """`plan_decode` after the checks of `decode_attention_torch` (ValueError on a bad input)."""
     _check_decode(q, k_cache, v_cache, req_to_token, req_rows, seq_lens, sm_scale, k_scale, v_scale, num_kv_splits)
-    return plan_decode(req_to_token, req_rows, seq_lens)
+    return plan_decode(req_to_token, req_rows, seq_lens, use_native=native.supports(k_cache, q.shape[1]))

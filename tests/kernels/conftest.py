@@ -113,3 +113,17 @@ def naive_attention(q: torch.Tensor, layout: KVLayout, req: int, pos: int, sm_sc
 @pytest.fixture
 def naive() -> Callable[..., torch.Tensor]:
     return naive_attention
+
+
+@pytest.fixture(params=["torch", "native"])
+def decode_path(request, monkeypatch) -> str:
+    """CPU decode attention through the torch gather path or the native kernel
+    (kernels/native.py; RADIXFLOW_NATIVE_KERNELS). Where a C compiler is on PATH the native
+    kernel must build; without one its cases skip."""
+    from radixflow.kernels import native
+
+    monkeypatch.setenv(native.ENV_SWITCH, "1" if request.param == "native" else "0")
+    if request.param == "native" and native.library() is None:
+        assert native._compiler() is None, "a C compiler is on PATH: the native kernel must build"
+        pytest.skip("no C compiler: the native kernel cannot build")
+    return request.param

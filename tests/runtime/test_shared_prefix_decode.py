@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 
+import pytest
 import torch
 
 from radixflow.kernels import torch_decode
@@ -22,7 +23,10 @@ def _prompts(num_groups: int, per_group: int, prefix_len: int, seed: int = 0) ->
     return out + [[rng.randrange(3, 3000) for _ in range(90)]]  # and one that shares nothing
 
 
-def test_greedy_outputs_equal_with_shared_prefix_reads_on_and_off(monkeypatch):
+@pytest.mark.parametrize("native_kernel", ["0", "1"])
+def test_greedy_outputs_equal_with_shared_prefix_reads_on_and_off(monkeypatch, native_kernel):
+    """With the own parts gathered (torch) or read by the native kernel."""
+    monkeypatch.setenv("RADIXFLOW_NATIVE_KERNELS", native_kernel)
     prompts = _prompts(num_groups=2, per_group=3, prefix_len=120)
     taken = []
     real = torch_decode._prefix_parts
@@ -49,7 +53,7 @@ def test_plan_decode_on_the_engine_s_slot_table(monkeypatch):
     prompts = _prompts(num_groups=1, per_group=4, prefix_len=100, seed=1)[:4]
     plans = []
     real = torch_decode.plan_decode
-    monkeypatch.setattr(torch_decode, "plan_decode", lambda *a: plans.append(real(*a)) or plans[-1])
+    monkeypatch.setattr(torch_decode, "plan_decode", lambda *a, **kw: plans.append(real(*a, **kw)) or plans[-1])
     with Engine(demo_model("tiny"), dtype="float32", kv_cache_tokens=4096) as e:
         e.generate(input_ids=prompts[:1], sampling_params={**GREEDY, "max_new_tokens": 0})
         e.generate(input_ids=prompts, sampling_params={**GREEDY, "max_new_tokens": 3})
@@ -63,13 +67,14 @@ def test_plan_decode_on_the_engine_s_slot_table(monkeypatch):
 def test_greedy_outputs_equal_with_long_rows_read_alone_and_gathered(monkeypatch):
     """A request with a long context beside short ones: read by itself in chunks
     (LONG_ROW_TOKENS lowered here) or gathered whole with the others, greedy outputs are the
-    same, shared prefixes included."""
+    same, shared prefixes included (the torch path: the native kernel has no long-row split)."""
+    monkeypatch.setenv("RADIXFLOW_NATIVE_KERNELS", "0")
     rng = random.Random(2)
     prompts = _prompts(num_groups=1, per_group=2, prefix_len=80, seed=3)
     prompts += [[rng.randrange(3, 3000) for _ in range(700)], [rng.randrange(3, 3000) for _ in range(9)]]
     plans = []
     real = torch_decode.plan_decode
-    monkeypatch.setattr(torch_decode, "plan_decode", lambda *a: plans.append(real(*a)) or plans[-1])
+    monkeypatch.setattr(torch_decode, "plan_decode", lambda *a, **kw: plans.append(real(*a, **kw)) or plans[-1])
     outputs = {}
     for name, threshold in (("alone", 256), ("gathered", 1 << 62)):
         monkeypatch.setattr(torch_decode, "LONG_ROW_TOKENS", threshold)

@@ -1,0 +1,139 @@
+"""Native CPU kernels: C sources in this folder, compiled once per machine with the system C
+compiler and called through ctypes (no torch headers, no build step at install time).
+
+    cpu_decode.c   decode attention reading the KV cache in place (see decode_attention_native)
+
+The shared library lands in a cache folder (RADIXFLOW_KERNEL_CACHE, else ~/.cache/radixflow/kernels,
+else a temporary folder) under a name that hashes the source, the compiler command, its version
+and this CPU's flags, so a changed source or another machine compiles anew. Where there is no
+compiler, or it fails, `library()` returns None once and logs why; the callers fall back to their
+torch twins. RADIXFLOW_NATIVE_KERNELS=0 turns the native kernels off.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+ENV_SWITCH = "RADIXFLOW_NATIVE_KERNELS"
+ENV_CACHE = "RADIXFLOW_KERNEL_CACHE"
+SOURCE = Path(__file__).with_name("cpu_decode.c")
+FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC", "-shared", "-std=gnu11")
+MAX_GROUP, MAX_HEAD_DIM = 16, 256  # as in cpu_decode.c
+ENTRY_POINTS = {torch.float32: "decode_f32", torch.bfloat16: "decode_bf16"}
+
+_lock = threading.Lock()
+_loaded: dict[str, ctypes.CDLL | None] = {}
+
+
+def enabled() -> bool:
+    return os.environ.get(ENV_SWITCH, "1") not in ("0", "false", "no", "off")
+
+
+def library() -> ctypes.CDLL | None:
+    """The compiled kernels (built on first use), or None where they cannot be built or are off."""
+    if not enabled():
+        return None
+    with _lock:
+        if "lib" not in _loaded:
+            _loaded["lib"] = _build()
+        return _loaded["lib"]
+
+
+def _compiler() -> str | None:
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
+def _cache_dir() -> Path:
+    home = os.path.join(os.path.expanduser("~"), ".cache", "radixflow", "kernels")
+    for candidate in (os.environ.get(ENV_CACHE), home):
+        if not candidate:
+            continue
+        try:
+            Path(candidate).mkdir(parents=True, exist_ok=True)
+            if os.access(candidate, os.W_OK):
+                return Path(candidate)
+        except OSError:
+            continue
+    return Path(tempfile.mkdtemp(prefix="radixflow-kernels-"))
+
+
+def _build() -> ctypes.CDLL | None:
+    cc = _compiler()
+    if cc is None:
+        log.info("no C compiler found: CPU decode attention runs on its torch path")
+        return None
+    try:
+        version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
+        source = SOURCE.read_bytes()
+        key = hashlib.sha256(b"\0".join([source, " ".join((cc, *FLAGS)).encode(), version.encode(),
+                                          _cpu_flags().encode()])).hexdigest()[:16]
+        target = _cache_dir() / f"cpu_decode-{key}.so"
+        if not target.exists():
+            fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+            os.close(fd)
+            done = subprocess.run([cc, *FLAGS, "-o", tmp, str(SOURCE), "-lm"], capture_output=True, text=True,
+                                  timeout=300)
+            if done.returncode != 0:
+                os.unlink(tmp)
+                log.warning("compiling %s failed (CPU decode attention runs on its torch path):\n%s", SOURCE.name,
+                            done.stderr[-2000:])
+                return None
+            os.replace(tmp, target)  # atomic: concurrent builders each write their own file
+        lib = ctypes.CDLL(str(target))
+    except (OSError, subprocess.SubprocessError) as exc:
+        log.warning("native CPU kernels unavailable (%s): CPU decode attention runs on its torch path", exc)
+        return None
+    p, i64 = ctypes.c_void_p, ctypes.c_int64
+    for name in ENTRY_POINTS.values():
+        fn = getattr(lib, name)
+        fn.argtypes = [p, p, p, p, p, i64, i64, i64, i64, ctypes.c_float, p, p, ctypes.c_int]
+        fn.restype = None
+    return lib
+
+
+def supports(k_cache: torch.Tensor, num_heads: int) -> bool:
+    """Whether decode_attention_native takes this cache and head count (else: the torch path)."""
+    num_kv_heads, head_dim = k_cache.shape[1:]
+    return (k_cache.device.type == "cpu" and k_cache.dtype in ENTRY_POINTS and num_heads % num_kv_heads == 0
+            and num_heads // num_kv_heads <= MAX_GROUP and head_dim <= MAX_HEAD_DIM and library() is not None)
+
+
+def decode_attention_native(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
+                            offsets: torch.Tensor, sm_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out fp32 [batch, num_heads, head_dim], lse fp32 [batch, num_heads]): attention of q [batch,
+    num_heads, head_dim] over request b's KV at slots[offsets[b]:offsets[b + 1]] (int64), read
+    in place from the [slots, num_kv_heads, head_dim] caches. A request with no slots gets zeros
+    and lse -inf. Only where `supports(k_cache, num_heads)`; the caller guarantees slots in range."""
+    lib = library()
+    assert lib is not None
+    batch, num_heads, head_dim = q.shape
+    qf = q.to(torch.float32).contiguous()
+    out = torch.empty(batch, num_heads, head_dim, dtype=torch.float32)
+    lse = torch.empty(batch, num_heads, dtype=torch.float32)
+    fn = getattr(lib, ENTRY_POINTS[k_cache.dtype])
+    fn(qf.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), slots.data_ptr(), offsets.data_ptr(), batch, num_heads,
+       k_cache.shape[1], head_dim, sm_scale, out.data_ptr(), lse.data_ptr(), torch.get_num_threads())
+    return out, lse

@@ -1,0 +1,135 @@
+"""The native CPU decode kernel (kernels/cpu_decode.c through kernels/native.py): equal to the
+reference over the engine's slot layout, taken only where it applies, and a missing or failing
+compiler falls back to the torch path."""
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from radixflow.kernels import native, torch_decode
+from radixflow.kernels.decode_attention import decode_attention_ref
+from radixflow.kernels.torch_decode import decode_attention_torch
+
+TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.bfloat16: dict(rtol=8e-3, atol=8e-3)}
+
+# (seq_lens (0 = padding row), num_heads, num_kv_heads, head_dim, dtype): GQA groups 1-16,
+# head dims 16-256, contexts shorter and longer than one block of 32 tokens, a 5,000-token row
+CASES = [
+    ([1], 2, 2, 16, torch.float32),
+    ([33, 0, 131, 32], 9, 3, 64, torch.bfloat16),
+    ([5000, 7], 9, 3, 64, torch.bfloat16),
+    ([64, 65, 1], 32, 8, 128, torch.float32),
+    ([300, 31], 16, 1, 256, torch.bfloat16),
+    ([0, 0], 4, 1, 64, torch.float32),
+]
+
+
+def _layout(kv_layout, seq_lens, num_kv_heads, head_dim, dtype):
+    prefix_lens = [max(s - 1, 0) for s in seq_lens]
+    return kv_layout(prefix_lens, [min(s, 1) for s in seq_lens], num_kv_heads, head_dim, dtype, False,
+                     torch.device("cpu"))
+
+
+def _args(lay, q):
+    return (q, lay.k_cache, lay.v_cache, lay.req_to_token, lay.req_rows, lay.seq_lens, q.shape[-1] ** -0.5)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("seq_lens, num_heads, num_kv_heads, head_dim, dtype", CASES)
+def test_matches_ref(kv_layout, decode_path, threads, seq_lens, num_heads, num_kv_heads, head_dim, dtype):
+    lay = _layout(kv_layout, seq_lens, num_kv_heads, head_dim, dtype)
+    q = torch.randn(len(seq_lens), num_heads, head_dim, generator=torch.Generator().manual_seed(3)).to(dtype)
+    plan = torch_decode.plan_checked_decode(*_args(lay, q))
+    assert (plan.native is not None) == (decode_path == "native")
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        out = decode_attention_torch(*_args(lay, q))
+    finally:
+        torch.set_num_threads(before)
+    assert out.dtype == dtype and out.isfinite().all()
+    torch.testing.assert_close(out, decode_attention_ref(*_args(lay, q)), **TOL[dtype])
+    padding = lay.seq_lens == 0
+    assert torch.equal(out[padding], torch.zeros_like(out[padding]))
+
+
+def test_lse_is_the_log_of_the_softmax_denominator(monkeypatch):
+    """The second output is what merging with another part of the context needs."""
+    monkeypatch.setenv(native.ENV_SWITCH, "1")
+    if native.library() is None:
+        assert native._compiler() is None, "a C compiler is on PATH: the native kernel must build"
+        pytest.skip("no C compiler")
+    k = torch.randn(40, 1, 16)
+    v = torch.randn(40, 1, 16)
+    q = torch.randn(2, 2, 16)
+    slots = torch.tensor([3, 9, 4] + list(range(10, 30)), dtype=torch.int64)
+    offsets = torch.tensor([0, 3, 23], dtype=torch.int64)
+    out, lse = native.decode_attention_native(q, k, v, slots, offsets, 0.5)
+    for b, (a, e) in enumerate([(0, 3), (3, 23)]):
+        scores = 0.5 * q[b] @ k[slots[a:e], 0].T  # [heads, n]
+        torch.testing.assert_close(lse[b], scores.logsumexp(-1), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(out[b], scores.softmax(-1) @ v[slots[a:e], 0], rtol=1e-5, atol=1e-5)
+    empty, lse0 = native.decode_attention_native(q[:1], k, v, slots[:0], torch.zeros(2, dtype=torch.int64), 0.5)
+    assert torch.equal(empty, torch.zeros_like(empty)) and lse0.isneginf().all()
+
+
+@pytest.mark.parametrize("case", ["fp16", "fp8", "group 32"])
+def test_what_the_kernel_does_not_take_goes_the_torch_way(kv_layout, decode_path, case):
+    dtype, fp8, heads, kv_heads, dim = torch.float32, False, 4, 2, 16
+    if case == "fp16":
+        dtype = torch.float16
+    elif case == "fp8":
+        fp8 = True
+    else:
+        heads, kv_heads = 32, 1
+    lay = kv_layout([9, 20], [1, 1], kv_heads, dim, dtype, fp8, torch.device("cpu"))
+    q = torch.randn(2, heads, dim).to(dtype)
+    assert torch_decode.plan_checked_decode(*_args(lay, q)).native is None
+    tol = dict(rtol=1e-3, atol=1e-3) if dtype == torch.float16 else TOL[torch.float32]
+    torch.testing.assert_close(decode_attention_torch(*_args(lay, q)), decode_attention_ref(*_args(lay, q)), **tol)
+
+
+def test_off_by_the_environment(kv_layout, monkeypatch):
+    monkeypatch.setenv(native.ENV_SWITCH, "0")
+    assert native.library() is None
+    lay = _layout(kv_layout, [12, 5], 1, 16, torch.float32)
+    assert torch_decode.plan_checked_decode(*_args(lay, torch.randn(2, 2, 16))).native is None
+
+
+@pytest.fixture
+def fresh_build(monkeypatch, tmp_path):
+    """library() builds anew into tmp_path (the process's loaded library is put back after)."""
+    monkeypatch.setenv(native.ENV_SWITCH, "1")
+    monkeypatch.setenv(native.ENV_CACHE, str(tmp_path))
+    monkeypatch.setattr(native, "_loaded", {})
+    return tmp_path
+
+
+def test_a_failing_compiler_falls_back_to_torch(kv_layout, fresh_build, monkeypatch, caplog):
+    monkeypatch.setenv("CC", "false")  # exits 1 for --version and for the build
+    with caplog.at_level(logging.WARNING, logger=native.__name__):
+        assert native.library() is None
+    assert "torch path" in caplog.text
+    lay = _layout(kv_layout, [40, 3], 2, 32, torch.float32)
+    q = torch.randn(2, 4, 32)
+    assert torch_decode.plan_checked_decode(*_args(lay, q)).native is None
+    torch.testing.assert_close(decode_attention_torch(*_args(lay, q)), decode_attention_ref(*_args(lay, q)),
+                               **TOL[torch.float32])
+    assert list(fresh_build.iterdir()) == []  # no half-written library left behind
+
+
+def test_the_build_is_cached_per_source_and_machine(fresh_build, monkeypatch):
+    if native._compiler() is None:
+        pytest.skip("no C compiler")
+    assert native.library() is not None
+    (built,) = fresh_build.glob("cpu_decode-*.so")
+    stamp = built.stat().st_mtime_ns
+    monkeypatch.setattr(native, "_loaded", {})
+    assert native.library() is not None  # a second process (here: a reset) loads it, no rebuild
+    assert [p.name for p in fresh_build.iterdir()] == [built.name] and built.stat().st_mtime_ns == stamp
+    monkeypatch.setattr(native, "_loaded", {})
+    monkeypatch.setattr(native, "_cpu_flags", lambda: "flags : another machine")
+    assert native.library() is not None
+    assert len(list(fresh_build.glob("cpu_decode-*.so"))) == 2
