@@ -29,7 +29,7 @@ ENV_SWITCH = "RADIXFLOW_NATIVE_KERNELS"
 ENV_CACHE = "RADIXFLOW_KERNEL_CACHE"
 SOURCE = Path(__file__).with_name("cpu_decode.c")
 FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC", "-shared", "-std=gnu11")
-MAX_GROUP, MAX_HEAD_DIM = 16, 256  # as in cpu_decode.c
+MAX_HEADS, MAX_HEAD_DIM, MAX_KV_ROW = 64, 256, 4096  # as in cpu_decode.c
 ENTRY_POINTS = {torch.float32: "decode_f32", torch.bfloat16: "decode_bf16"}
 
 _lock = threading.Lock()
@@ -118,7 +118,8 @@ def supports(k_cache: torch.Tensor, num_heads: int) -> bool:
     """Whether decode_attention_native takes this cache and head count (else: the torch path)."""
     num_kv_heads, head_dim = k_cache.shape[1:]
     return (k_cache.device.type == "cpu" and k_cache.dtype in ENTRY_POINTS and num_heads % num_kv_heads == 0
-            and num_heads // num_kv_heads <= MAX_GROUP and head_dim <= MAX_HEAD_DIM and library() is not None)
+            and num_heads <= MAX_HEADS and head_dim <= MAX_HEAD_DIM and num_kv_heads * head_dim <= MAX_KV_ROW
+            and library() is not None)
 
 
 def decode_attention_native(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,

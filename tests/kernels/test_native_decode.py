@@ -14,8 +14,9 @@ from radixflow.kernels.torch_decode import decode_attention_torch
 
 TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.bfloat16: dict(rtol=8e-3, atol=8e-3)}
 
-# (seq_lens (0 = padding row), num_heads, num_kv_heads, head_dim, dtype): GQA groups 1-16,
-# head dims 16-256, contexts shorter and longer than one block of 32 tokens, a 5,000-token row
+# (seq_lens (0 = padding row), num_heads, num_kv_heads, head_dim, dtype): GQA groups 1-32, up to
+# 64 heads, head dims 16-256, contexts shorter and longer than one block of 32 tokens (and than
+# the prefetch distance), a 5,000-token row
 CASES = [
     ([1], 2, 2, 16, torch.float32),
     ([33, 0, 131, 32], 9, 3, 64, torch.bfloat16),
@@ -23,6 +24,8 @@ CASES = [
     ([64, 65, 1], 32, 8, 128, torch.float32),
     ([300, 31], 16, 1, 256, torch.bfloat16),
     ([0, 0], 4, 1, 64, torch.float32),
+    ([3, 40], 64, 2, 64, torch.bfloat16),
+    ([2, 9], 32, 16, 256, torch.float32),
 ]
 
 
@@ -75,7 +78,7 @@ def test_lse_is_the_log_of_the_softmax_denominator(monkeypatch):
     assert torch.equal(empty, torch.zeros_like(empty)) and lse0.isneginf().all()
 
 
-@pytest.mark.parametrize("case", ["fp16", "fp8", "group 32"])
+@pytest.mark.parametrize("case", ["fp16", "fp8", "128 heads"])
 def test_what_the_kernel_does_not_take_goes_the_torch_way(kv_layout, decode_path, case):
     dtype, fp8, heads, kv_heads, dim = torch.float32, False, 4, 2, 16
     if case == "fp16":
@@ -83,7 +86,7 @@ def test_what_the_kernel_does_not_take_goes_the_torch_way(kv_layout, decode_path
     elif case == "fp8":
         fp8 = True
     else:
-        heads, kv_heads = 32, 1
+        heads, kv_heads = 128, 2
     lay = kv_layout([9, 20], [1, 1], kv_heads, dim, dtype, fp8, torch.device("cpu"))
     q = torch.randn(2, heads, dim).to(dtype)
     assert torch_decode.plan_checked_decode(*_args(lay, q)).native is None
