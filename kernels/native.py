@@ -3,8 +3,8 @@ compiler and called through ctypes (no torch headers, no build step at install t
 
     cpu_decode.c   decode attention reading the KV cache in place (see decode_attention_native)
 
-The shared library lands in a cache folder (RADIXFLOW_KERNEL_CACHE, else ~/.cache/radixflow/kernels,
-else a temporary folder) under a name that hashes the source, the compiler command, its version
+The shared library lands in `<cache_root()>/kernels` (else, not writable, a temporary folder)
+under a name that hashes the source, the compiler command, its version
 and this CPU's flags, so a changed source or another machine compiles anew. Where there is no
 compiler, or it fails, `library()` returns None once and logs why; the callers fall back to their
 torch twins. RADIXFLOW_NATIVE_KERNELS=0 turns the native kernels off.
@@ -26,7 +26,6 @@ import torch
 log = logging.getLogger(__name__)
 
 ENV_SWITCH = "RADIXFLOW_NATIVE_KERNELS"
-ENV_CACHE = "RADIXFLOW_KERNEL_CACHE"
 SOURCE = Path(__file__).with_name("cpu_decode.c")
 FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC", "-shared", "-std=gnu11")
 MAX_HEADS, MAX_HEAD_DIM, MAX_KV_ROW = 64, 256, 4096  # as in cpu_decode.c
@@ -66,17 +65,23 @@ def _cpu_flags() -> str:
     return platform.processor() or platform.machine()
 
 
+def cache_root() -> Path:
+    """radixflow's cache folder (built kernels here, demo models in runtime/model/demo.py):
+    $RADIXFLOW_CACHE, else $XDG_CACHE_HOME/radixflow, else ~/.cache/radixflow."""
+    if os.environ.get("RADIXFLOW_CACHE"):
+        return Path(os.environ["RADIXFLOW_CACHE"])
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "radixflow"
+
+
 def _cache_dir() -> Path:
-    home = os.path.join(os.path.expanduser("~"), ".cache", "radixflow", "kernels")
-    for candidate in (os.environ.get(ENV_CACHE), home):
-        if not candidate:
-            continue
-        try:
-            Path(candidate).mkdir(parents=True, exist_ok=True)
-            if os.access(candidate, os.W_OK):
-                return Path(candidate)
-        except OSError:
-            continue
+    folder = cache_root() / "kernels"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        if os.access(folder, os.W_OK):
+            return folder
+    except OSError:
+        pass
     return Path(tempfile.mkdtemp(prefix="radixflow-kernels-"))
 
 

@@ -36,6 +36,9 @@ SHARED_CHUNK_TOKENS = 4096
 # shared prefix of one) rather than gathered whole: a 100K-token row's K alone would be ~77 MB of
 # fp32 per layer at 3 KV heads x 64.
 LONG_ROW_TOKENS = 4096
+# The native kernel cuts a context into pieces for idle threads (fewer requests than threads) only
+# in pieces of at least this many tokens: a thread's share must outweigh merging the pieces.
+SPLIT_PIECE_TOKENS = 2048
 
 
 Parts = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (row max, sum of exp, unnormalized output)
@@ -70,10 +73,13 @@ class GatherChunk:
 @dataclass(frozen=True)
 class NativeRows:
     """Every request's own slots, flat in batch order, for the native kernel (kernels/native.py):
-    request b's are slots[offsets[b]:offsets[b + 1]]."""
+    piece i reads slots[offsets[i]:offsets[i + 1]]. A piece is a whole request, or (`rows` set)
+    part of one: with more threads than requests, a long context is cut into pieces the threads
+    read at once, merged by their softmax statistics (the kernel splits the batch by piece)."""
 
     slots: torch.Tensor    # [sum of own lengths] int64
-    offsets: torch.Tensor  # [batch + 1] int64
+    offsets: torch.Tensor  # [pieces + 1] int64
+    rows: torch.Tensor | None = None  # [pieces] int64: each piece's batch row; None: piece i is row i
 
 
 @dataclass(frozen=True)
@@ -108,9 +114,8 @@ def plan_decode(req_to_token: torch.Tensor, req_rows: torch.Tensor, seq_lens: to
     if use_native:
         cols = torch.arange(max_len, device=table.device)[None, :]
         own = (cols >= starts[:, None]) & (cols < seq_lens[:, None])
-        offsets = torch.zeros(batch + 1, dtype=torch.int64, device=table.device)
-        torch.cumsum(own.sum(dim=1), 0, out=offsets[1:])
-        return DecodeGather([], (seq_lens == 0)[:, None, None], shared, native=NativeRows(table[own], offsets))
+        return DecodeGather([], (seq_lens == 0)[:, None, None], shared,
+                            native=_native_rows(table[own], own.sum(dim=1), torch.get_num_threads()))
     first = starts.tolist()
     own = (seq_lens - starts).tolist()
     long = [(r, table[r, first[r]: first[r] + n].clone()) for r, n in enumerate(own) if n > LONG_ROW_TOKENS]
@@ -120,6 +125,24 @@ def plan_decode(req_to_token: torch.Tensor, req_rows: torch.Tensor, seq_lens: to
     in_order = order == list(range(batch))
     return DecodeGather(_chunks(table, starts, lengths, order, order_t), (seq_lens == 0)[:, None, None], shared,
                         long, None if in_order else order_t)
+
+
+def _native_rows(slots: torch.Tensor, lengths: torch.Tensor, threads: int) -> NativeRows:
+    """The native kernel's pieces: a request each, or, when there are fewer requests than threads,
+    long contexts cut into up to threads // batch pieces of at least SPLIT_PIECE_TOKENS."""
+    batch = lengths.shape[0]
+    offsets = torch.zeros(batch + 1, dtype=torch.int64, device=slots.device)
+    torch.cumsum(lengths, 0, out=offsets[1:])
+    if batch == 0 or threads < 2 * batch or int(lengths.max()) < 2 * SPLIT_PIECE_TOKENS:
+        return NativeRows(slots, offsets)
+    most = threads // batch
+    starts, rows = [], []
+    for b, (a, n) in enumerate(zip(offsets[:-1].tolist(), lengths.tolist())):
+        pieces = max(1, min(most, n // SPLIT_PIECE_TOKENS))
+        starts += [a + n * k // pieces for k in range(pieces)]
+        rows += [b] * pieces
+    bounds = torch.tensor(starts + [int(offsets[-1])], dtype=torch.int64, device=slots.device)
+    return NativeRows(slots, bounds, torch.tensor(rows, dtype=torch.int64, device=slots.device))
 
 
 def _chunks(table: torch.Tensor, starts: torch.Tensor, lengths: list[int], order: list[int],
@@ -240,16 +263,36 @@ def _native_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
                    sm_scale: float) -> torch.Tensor:
     """The own parts by the native kernel (in place from the cache), merged with the shared
     prefixes' parts by their softmax statistics (a part's output normalized: m = lse, l = 1)."""
-    assert plan.native is not None
+    rows = plan.native
+    assert rows is not None
     batch, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[1]
-    out, lse = native.decode_attention_native(q, k_cache, v_cache, plan.native.slots, plan.native.offsets, sm_scale)
+    if rows.rows is None:
+        out, lse = native.decode_attention_native(q, k_cache, v_cache, rows.slots, rows.offsets, sm_scale)
+    else:  # pieces of long rows, read by several threads: merged here
+        out, lse = native.decode_attention_native(q.index_select(0, rows.rows), k_cache, v_cache, rows.slots,
+                                                  rows.offsets, sm_scale)
+        out, lse = _merge_pieces(out, lse, rows.rows, batch)
     if plan.shared:
         group = num_heads // num_kv_heads
         m, o = lse.view(batch, num_kv_heads, group), out.view(batch, num_kv_heads, group, head_dim)
         qg = q.to(torch.float32).view(batch, num_kv_heads, group, head_dim)
         out = _with_shared(qg, k_cache, v_cache, plan, sm_scale, 1.0, 1.0, (m, torch.ones_like(m), o))
     return out.to(q.dtype)  # a padding row (seq_len 0) has no slots: the kernel wrote zeros
+
+
+def _merge_pieces(out: torch.Tensor, lse: torch.Tensor, rows: torch.Tensor,
+                  batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pieces' (out [pieces, heads, dim], lse [pieces, heads]) combined per batch row `rows[i]`:
+    each piece weighted by its share of the row's softmax denominator. A row whose pieces are
+    all empty gets zeros and lse -inf."""
+    heads = lse.shape[1]
+    top = torch.full((batch, heads), float("-inf"), dtype=lse.dtype).scatter_reduce_(
+        0, rows[:, None].expand(-1, heads), lse, "amax")
+    weight = torch.exp(lse - top[rows]).nan_to_num_(0.0)  # an empty piece: exp(-inf) = 0; -inf - -inf: 0
+    total = torch.zeros(batch, heads, dtype=lse.dtype).index_add_(0, rows, weight)
+    merged = torch.zeros(batch, heads, out.shape[2], dtype=out.dtype).index_add_(0, rows, out * weight[..., None])
+    return merged.div_(total.clamp_min(1e-30)[..., None]), top + total.log()
 
 
 def _unsorted(x: torch.Tensor, order: torch.Tensor | None) -> torch.Tensor:

@@ -26,6 +26,8 @@ import tokenizers
 import torch
 from safetensors.torch import save_file
 
+from radixflow.kernels import native
+
 DEMO_VERSION = 1
 DATA_DIR = Path(__file__).resolve().parent / "data"
 CORPUS_PATH = DATA_DIR / "corpus.txt"
@@ -98,10 +100,7 @@ SIZES: dict[str, DemoSpec] = {
 
 def cache_dir() -> Path:
     """$RADIXFLOW_CACHE, else $XDG_CACHE_HOME/radixflow, else ~/.cache/radixflow."""
-    if os.environ.get("RADIXFLOW_CACHE"):
-        return Path(os.environ["RADIXFLOW_CACHE"])
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "radixflow"
+    return native.cache_root()
 
 
 def demo_model(size: str = "tiny") -> str:

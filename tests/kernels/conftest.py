@@ -41,6 +41,14 @@ class KVLayout:
     k_scale: float
     v_scale: float
 
+    def share_prefixes(self, groups: list[tuple[list[int], int]]) -> None:
+        """Make the requests at batch indices `members` begin with the first `prefix_len` slots of
+        the first member (as the radix cache hands requests the KV of a prefix they share)."""
+        for members, prefix_len in groups:
+            lead = self.req_to_token[int(self.req_rows[members[0]]), :prefix_len]
+            for i in members[1:]:
+                self.req_to_token[int(self.req_rows[i]), :prefix_len] = lead
+
 
 def make_layout(prefix_lens: list[int], extend_lens: list[int], num_kv_heads: int, head_dim: int,
                 dtype: torch.dtype, fp8: bool, device: torch.device, seed: int = 0) -> KVLayout:

@@ -230,15 +230,6 @@ def test_path_rule(monkeypatch, extend_len, num_kv_heads, head_dim, context_len,
     assert taken == [path]
 
 
-def _share_prefixes(lay, groups: list[tuple[list[int], int]]) -> None:
-    """Make the requests at batch indices `members` begin with the first `prefix_len` slots of the
-    first member (as the radix cache hands requests the KV of a prefix they share)."""
-    for members, prefix_len in groups:
-        lead = lay.req_to_token[int(lay.req_rows[members[0]]), :prefix_len]
-        for i in members[1:]:
-            lay.req_to_token[int(lay.req_rows[i]), :prefix_len] = lead
-
-
 # (seq_lens, groups of (batch indices, shared prefix length), num_heads, num_kv_heads, head_dim, dtype, fp8)
 SHARED_CASES = [
     ([300, 300, 300], [([0, 1, 2], 200)], 4, 2, 16, torch.float32, False),
@@ -264,7 +255,7 @@ def _check_decode_matches_ref(lay, num_heads: int, head_dim: int, dtype: torch.d
 def test_decode_over_shared_prefixes_matches_ref(kv_layout, device, decode_path, seq_lens, groups, num_heads,
                                                  num_kv_heads, head_dim, dtype, fp8):
     lay = _decode_layout(kv_layout, seq_lens, num_kv_heads, head_dim, dtype, fp8, device)
-    _share_prefixes(lay, groups)
+    lay.share_prefixes(groups)
     plan = torch_decode.plan_decode(lay.req_to_token, lay.req_rows, lay.seq_lens)
     assert sorted((p.rows.tolist(), p.slots.shape[0]) for p in plan.shared) == sorted(groups)  # found, exactly
     _check_decode_matches_ref(lay, num_heads, head_dim, dtype, device)
@@ -272,14 +263,14 @@ def test_decode_over_shared_prefixes_matches_ref(kv_layout, device, decode_path,
 
 def test_short_or_unshared_prefixes_take_the_plain_gather(kv_layout):
     lay = _decode_layout(kv_layout, [300, 300, 40, 40, 200], 2, 16, torch.float32, False, torch.device("cpu"))
-    _share_prefixes(lay, [([0, 1], torch_decode.MIN_SHARED_PREFIX_TOKENS - 1), ([2, 3], 39)])
+    lay.share_prefixes([([0, 1], torch_decode.MIN_SHARED_PREFIX_TOKENS - 1), ([2, 3], 39)])
     assert torch_decode.plan_decode(lay.req_to_token, lay.req_rows, lay.seq_lens).shared == []
 
 
 def test_shared_prefix_plan_reads_only_each_rows_own_slots(kv_layout):
     """After a shared prefix, a row's gathered slots are its own context past the prefix."""
     lay = _decode_layout(kv_layout, [150, 120], 2, 16, torch.float32, False, torch.device("cpu"))
-    _share_prefixes(lay, [([0, 1], 100)])
+    lay.share_prefixes([([0, 1], 100)])
     plan = torch_decode.plan_decode(lay.req_to_token, lay.req_rows, lay.seq_lens)
     (chunk,) = plan.chunks
     assert chunk.length == 50 and chunk.rows.tolist() == [0, 1]
@@ -312,7 +303,7 @@ def test_a_long_context_is_read_alone_not_gathered_whole(kv_layout, device, monk
     monkeypatch.setattr(torch_decode, "LONG_ROW_TOKENS", 256)
     monkeypatch.setattr(torch_decode, "SHARED_CHUNK_TOKENS", 256)  # a long row spans several chunks
     lay = _decode_layout(kv_layout, seq_lens, num_kv_heads, head_dim, dtype, fp8, device)
-    _share_prefixes(lay, groups)
+    lay.share_prefixes(groups)
     plan = torch_decode.plan_decode(lay.req_to_token, lay.req_rows, lay.seq_lens)
     starts = {row: length for rows, length in groups for row in rows}
     own = [s - starts.get(i, 0) for i, s in enumerate(seq_lens)]
@@ -359,7 +350,7 @@ def test_decode_over_chunks_of_like_lengths_matches_ref(kv_layout, device, monke
     monkeypatch.setattr(torch_decode, "GATHER_CHUNK_TOKENS", 300)
     lay = _decode_layout(kv_layout, seq_lens, 2, 32, dtype, fp8, device)
     if dtype == torch.float32:
-        _share_prefixes(lay, [([1, 4], 200)])
+        lay.share_prefixes([([1, 4], 200)])
     plan = torch_decode.plan_decode(lay.req_to_token, lay.req_rows, lay.seq_lens)
     assert len(plan.chunks) >= 3
     _check_decode_matches_ref(lay, 8, 32, dtype, device)
