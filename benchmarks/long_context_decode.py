@@ -1,16 +1,17 @@
-"""Decode steps on CPU with one long context among short ones, side by side: the long row read
-by itself in chunks of SHARED_CHUNK_TOKENS (kernels/torch_decode.py: past LONG_ROW_TOKENS) or
-gathered whole, in a chunk of its own (the short rows are gathered apart from it either way).
+"""Decode steps on CPU with one long context among short ones, side by side: on the torch path
+the long row read by itself in chunks of SHARED_CHUNK_TOKENS (kernels/torch_decode.py: past
+LONG_ROW_TOKENS) or gathered whole, in a chunk of its own (the short rows are gathered apart from
+it either way); and every row read in place by the native kernel (kernels/native.py).
 
     python benchmarks/long_context_decode.py --out benchmarks/results/long_context_decode_cpu.json
 
 One engine in this process (a random-weight tiny Llama, the demo tokenizer, float32, 131,072
 positions, one torch thread; or `--model DIR` with `--dtype`). One prompt of `--context` tokens and
 `--short` prompts of 100 are prefilled once (cached), then decoded `--decode` tokens each, greedy,
-EOS ignored, the two settings alternating for `--rounds` rounds ("gathered": the module's
-LONG_ROW_TOKENS set past any context). A decode step is
-the wall time while every request of the batch was decoding over the steps in it; reported per
-setting as the median of the rounds, with whether both settings produced the same tokens.
+EOS ignored, the three settings alternating for `--rounds` rounds ("alone" and "gathered": the
+native kernel off; "gathered": the module's LONG_ROW_TOKENS set past any context). A decode step
+is the wall time while every request of the batch was decoding over the steps in it; reported per
+setting as the median of the rounds, with how many requests got the same tokens as "alone".
 """
 from __future__ import annotations
 
@@ -43,15 +44,17 @@ def decode_step_ms(engine, rids: set[str]) -> float:
 
 
 def run(model_dir: str, load_format: str, dtype: str, context: int, short: int, decode: int, rounds: int) -> dict:
-    from radixflow.kernels import torch_decode
+    from radixflow.kernels import native, torch_decode
     from radixflow.runtime import Engine
 
     rng = random.Random(0)
     prompts = [[rng.randrange(3000) for _ in range(context)]]
     prompts += [[rng.randrange(3000) for _ in range(100)] for _ in range(short)]
-    settings = {"alone": torch_decode.LONG_ROW_TOKENS, "gathered": 1 << 62}
+    long_row = torch_decode.LONG_ROW_TOKENS
+    settings = {"alone": ("0", long_row), "gathered": ("0", 1 << 62), "native": ("1", long_row)}  # (switch, threshold)
     out: dict = {"context": context, "short": short, "decode": decode, "rounds": rounds,
-                 "long_row_tokens": settings["alone"], "step_ms_runs": {name: [] for name in settings}}
+                 "long_row_tokens": long_row, "step_ms_runs": {name: [] for name in settings}}
+    switch = os.environ.get(native.ENV_SWITCH)
     tokens: dict[str, list] = {}
     kv = context + 100 * short + 2 * decode * (short + 1) + 4096
     with Engine(model_dir, load_format=load_format, device="cpu", dtype=dtype, kv_cache_tokens=kv,
@@ -59,7 +62,8 @@ def run(model_dir: str, load_format: str, dtype: str, context: int, short: int, 
         engine.generate(input_ids=prompts, sampling_params={**GREEDY, "max_new_tokens": 0})  # cached from here on
         try:
             for r in range(rounds):
-                for name, threshold in settings.items():
+                for name, (on, threshold) in settings.items():
+                    os.environ[native.ENV_SWITCH] = on
                     torch_decode.LONG_ROW_TOKENS = threshold
                     rids = [f"{name}-{r}-{i}" for i in range(len(prompts))]
                     res = engine.generate(input_ids=prompts, sampling_params={**GREEDY, "max_new_tokens": decode},
@@ -68,10 +72,17 @@ def run(model_dir: str, load_format: str, dtype: str, context: int, short: int, 
                     tokens.setdefault(name, [x["output_ids"] for x in res])
                     print(f"round {r} {name}: {out['step_ms_runs'][name][-1]:.2f} ms per decode step", flush=True)
         finally:
-            torch_decode.LONG_ROW_TOKENS = settings["alone"]
+            torch_decode.LONG_ROW_TOKENS = long_row
+            if switch is None:
+                os.environ.pop(native.ENV_SWITCH, None)
+            else:
+                os.environ[native.ENV_SWITCH] = switch
+    out["native_built"] = native.library() is not None  # else "native" ran the torch path
     out["step_ms"] = {name: statistics.median(v) for name, v in out["step_ms_runs"].items()}
     out["speedup"] = out["step_ms"]["gathered"] / out["step_ms"]["alone"]
-    out["same_tokens"] = sum(a == b for a, b in zip(tokens["alone"], tokens["gathered"]))
+    out["native_speedup"] = out["step_ms"]["alone"] / out["step_ms"]["native"]
+    out["same_tokens"] = {name: sum(a == b for a, b in zip(tokens["alone"], tokens[name]))
+                          for name in ("gathered", "native")}
     return out
 
 
