@@ -12,6 +12,8 @@ EOS ignored, the three settings alternating for `--rounds` rounds ("alone" and "
 native kernel off; "gathered": the module's LONG_ROW_TOKENS set past any context). A decode step
 is the wall time while every request of the batch was decoding over the steps in it; reported per
 setting as the median of the rounds, with how many requests got the same tokens as "alone".
+`--threads N` (N > 1) runs N torch threads and adds "native_one_piece": the native kernel without
+cutting long contexts into pieces for idle threads (SPLIT_PIECE_TOKENS set past any context).
 """
 from __future__ import annotations
 
@@ -43,7 +45,8 @@ def decode_step_ms(engine, rids: set[str]) -> float:
     return 1e3 * (end - start) / steps
 
 
-def run(model_dir: str, load_format: str, dtype: str, context: int, short: int, decode: int, rounds: int) -> dict:
+def run(model_dir: str, load_format: str, dtype: str, context: int, short: int, decode: int, rounds: int,
+        threads: int = 1) -> dict:
     from radixflow.kernels import native, torch_decode
     from radixflow.runtime import Engine
 
@@ -51,9 +54,13 @@ def run(model_dir: str, load_format: str, dtype: str, context: int, short: int, 
     prompts = [[rng.randrange(3000) for _ in range(context)]]
     prompts += [[rng.randrange(3000) for _ in range(100)] for _ in range(short)]
     long_row = torch_decode.LONG_ROW_TOKENS
-    settings = {"alone": ("0", long_row), "gathered": ("0", 1 << 62), "native": ("1", long_row)}  # (switch, threshold)
+    split = torch_decode.SPLIT_PIECE_TOKENS
+    # (native switch, LONG_ROW_TOKENS, SPLIT_PIECE_TOKENS)
+    settings = {"alone": ("0", long_row, split), "gathered": ("0", 1 << 62, split), "native": ("1", long_row, split)}
+    if threads > 1:
+        settings["native_one_piece"] = ("1", long_row, 1 << 62)
     out: dict = {"context": context, "short": short, "decode": decode, "rounds": rounds,
-                 "long_row_tokens": long_row, "step_ms_runs": {name: [] for name in settings}}
+                 "long_row_tokens": long_row, "threads": threads, "step_ms_runs": {name: [] for name in settings}}
     switch = os.environ.get(native.ENV_SWITCH)
     tokens: dict[str, list] = {}
     kv = context + 100 * short + 2 * decode * (short + 1) + 4096
@@ -62,9 +69,9 @@ def run(model_dir: str, load_format: str, dtype: str, context: int, short: int, 
         engine.generate(input_ids=prompts, sampling_params={**GREEDY, "max_new_tokens": 0})  # cached from here on
         try:
             for r in range(rounds):
-                for name, (on, threshold) in settings.items():
+                for name, (on, threshold, piece) in settings.items():
                     os.environ[native.ENV_SWITCH] = on
-                    torch_decode.LONG_ROW_TOKENS = threshold
+                    torch_decode.LONG_ROW_TOKENS, torch_decode.SPLIT_PIECE_TOKENS = threshold, piece
                     rids = [f"{name}-{r}-{i}" for i in range(len(prompts))]
                     res = engine.generate(input_ids=prompts, sampling_params={**GREEDY, "max_new_tokens": decode},
                                           rid=rids)
@@ -72,7 +79,7 @@ def run(model_dir: str, load_format: str, dtype: str, context: int, short: int, 
                     tokens.setdefault(name, [x["output_ids"] for x in res])
                     print(f"round {r} {name}: {out['step_ms_runs'][name][-1]:.2f} ms per decode step", flush=True)
         finally:
-            torch_decode.LONG_ROW_TOKENS = long_row
+            torch_decode.LONG_ROW_TOKENS, torch_decode.SPLIT_PIECE_TOKENS = long_row, split
             if switch is None:
                 os.environ.pop(native.ENV_SWITCH, None)
             else:
@@ -82,7 +89,7 @@ def run(model_dir: str, load_format: str, dtype: str, context: int, short: int, 
     out["speedup"] = out["step_ms"]["gathered"] / out["step_ms"]["alone"]
     out["native_speedup"] = out["step_ms"]["alone"] / out["step_ms"]["native"]
     out["same_tokens"] = {name: sum(a == b for a, b in zip(tokens["alone"], tokens[name]))
-                          for name in ("gathered", "native")}
+                          for name in settings if name != "alone"}
     return out
 
 
@@ -94,16 +101,18 @@ def main() -> int:
     ap.add_argument("--short", type=int, default=15, help="how many 100-token prompts beside it")
     ap.add_argument("--decode", type=int, default=48)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (the native kernel's too)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
         if args.model is None:
             model_dir, load_format = str(write_model_dir({**TINY, "max_position_embeddings": 131072},
                                                          Path(tmp) / "model")), "dummy"
         else:
             model_dir, load_format = args.model, "auto"
-        result = run(model_dir, load_format, args.dtype, args.context, args.short, args.decode, args.rounds)
+        result = run(model_dir, load_format, args.dtype, args.context, args.short, args.decode, args.rounds,
+                     args.threads)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
     doc = {"command": " ".join(["python benchmarks/long_context_decode.py", *sys.argv[1:]]), "commit": commit,
