@@ -18,13 +18,16 @@
  * caches are [slots, num_kv_heads, head_dim] contiguous; request b's context is
  * slots[offsets[b] .. offsets[b+1]); num_heads = G * num_kv_heads <= MAX_HEADS,
  * head_dim <= MAX_HEAD_DIM, num_kv_heads * head_dim <= MAX_KV_ROW. Writes out (fp32 [batch,
- * num_heads, head_dim], the attention output) and lse (fp32 [batch, num_heads], the log of the softmax denominator plus the max
- * score: what merging with another part of the context needs). A request with no context gets
- * zeros and lse = -inf.
+ * num_heads, head_dim], the attention output) and lse (fp32 [batch, num_heads], the log of the
+ * softmax denominator plus the max score: what merging with another part of the context needs).
+ * A request with no context gets zeros and lse = -inf.
  */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#if defined(__SSE__)
+#include <xmmintrin.h>
+#endif
 
 #define BLOCK 32
 #define PREFETCH 4        /* tokens ahead whose K / V rows are prefetched */
@@ -41,10 +44,39 @@ static inline float load_bf16(const uint16_t *p, int64_t i) {
     return f;
 }
 
+/* While the kernel runs, this thread flushes denormals to zero (exp of scores far below the max
+ * would otherwise take the CPU's slow path); the caller's float modes are restored after. */
+static inline unsigned enter_ftz(void) {
+#if defined(__SSE__)
+    const unsigned csr = _mm_getcsr();
+    _mm_setcsr(csr | 0x8040u); /* flush-to-zero | denormals-are-zero */
+    return csr;
+#else
+    return 0;
+#endif
+}
+
+static inline void leave_ftz(unsigned csr) {
+#if defined(__SSE__)
+    _mm_setcsr(csr);
+#else
+    (void)csr;
+#endif
+}
+
+/* Prefetch the cache row (row_bytes from cache + slots[i] * row_bytes) of token i, if i < limit. */
+static inline void prefetch_row(const void *cache, const int64_t *slots, int64_t i, int64_t limit,
+                                int64_t row_bytes) {
+    if (i < limit) {
+        const char *p = (const char *)cache + slots[i] * row_bytes;
+        for (int64_t c = 0; c < row_bytes; c += 64) __builtin_prefetch(p + c);
+    }
+}
+
 #define DEFINE_DECODE(NAME, T, LOAD)                                                                   \
-    static inline __attribute__((always_inline)) void NAME##_row(const float *q, const T *kc, const T *vc, const int64_t *slots,             \
-                           int64_t n, int64_t H, int64_t KVH, const int64_t D, float scale,            \
-                           float *out, float *lse) {                                                  \
+    static inline __attribute__((always_inline)) void NAME##_row(                                     \
+        const float *q, const T *kc, const T *vc, const int64_t *slots, int64_t n, int64_t H,         \
+        int64_t KVH, const int64_t D, float scale, float *out, float *lse) {                          \
         const int64_t G = H / KVH, row = KVH * D;                                                     \
         float acc[MAX_HEADS * MAX_HEAD_DIM];                                                          \
         float s[MAX_HEADS][BLOCK];                                                                    \
@@ -60,11 +92,7 @@ static inline float load_bf16(const uint16_t *p, int64_t i) {
         for (int64_t t0 = 0; t0 < n; t0 += BLOCK) {                                                   \
             const int64_t nb = n - t0 < BLOCK ? n - t0 : BLOCK;                                       \
             for (int64_t i = 0; i < nb; i++) {                                                        \
-                if (t0 + i + PREFETCH < n) {                                                          \
-                    const char *ahead = (const char *)(kc + slots[t0 + i + PREFETCH] * row);          \
-                    for (int64_t c = 0; c < (int64_t)(row * sizeof(T)); c += 64)                      \
-                        __builtin_prefetch(ahead + c);                                                \
-                }                                                                                     \
+                prefetch_row(kc, slots, t0 + i + PREFETCH, n, row * (int64_t)sizeof(T));              \
                 const T *k = kc + slots[t0 + i] * row;                                                \
                 for (int64_t d = 0; d < row; d++) x[d] = LOAD(k, d);                                  \
                 for (int64_t j = 0; j < H; j++) {                                                     \
@@ -93,11 +121,7 @@ static inline float load_bf16(const uint16_t *p, int64_t i) {
                 l[j] += sum;                                                                          \
             }                                                                                         \
             for (int64_t i = 0; i < nb; i++) {                                                        \
-                if (t0 + i + PREFETCH < n) {                                                          \
-                    const char *ahead = (const char *)(vc + slots[t0 + i + PREFETCH] * row);          \
-                    for (int64_t c = 0; c < (int64_t)(row * sizeof(T)); c += 64)                      \
-                        __builtin_prefetch(ahead + c);                                                \
-                }                                                                                     \
+                prefetch_row(vc, slots, t0 + i + PREFETCH, n, row * (int64_t)sizeof(T));              \
                 const T *v = vc + slots[t0 + i] * row;                                                \
                 for (int64_t d = 0; d < row; d++) x[d] = LOAD(v, d);                                  \
                 for (int64_t j = 0; j < H; j++) {                                                     \
@@ -120,6 +144,7 @@ static inline float load_bf16(const uint16_t *p, int64_t i) {
         const int64_t HD = num_heads * head_dim;                                                      \
         _Pragma("omp parallel for schedule(dynamic, 1) num_threads(nthreads) if (nthreads > 1)")      \
         for (int64_t b = 0; b < batch; b++) {                                                         \
+            const unsigned csr = enter_ftz();                                                         \
             const float *qb = q + b * HD;                                                             \
             const int64_t *sb = slots + offsets[b], n = offsets[b + 1] - offsets[b];                  \
             float *ob = out + b * HD, *lb = lse + b * num_heads;                                      \
@@ -130,6 +155,7 @@ static inline float load_bf16(const uint16_t *p, int64_t i) {
                 NAME##_row(qb, kc, vc, sb, n, num_heads, num_kv_heads, 128, scale, ob, lb);           \
             else                                                                                      \
                 NAME##_row(qb, kc, vc, sb, n, num_heads, num_kv_heads, head_dim, scale, ob, lb);      \
+            leave_ftz(csr);                                                                           \
         }                                                                                             \
     }
 

@@ -27,7 +27,10 @@ log = logging.getLogger(__name__)
 
 ENV_SWITCH = "RADIXFLOW_NATIVE_KERNELS"
 SOURCE = Path(__file__).with_name("cpu_decode.c")
-FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC", "-shared", "-std=gnu11")
+COMPILE_FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC", "-std=gnu11")
+# Linked apart, without -ffast-math: linked with it, the library gets a constructor that sets the
+# CPU's flush-to-zero / denormals-are-zero modes for the whole process when it loads.
+LINK_FLAGS = ("-shared", "-fopenmp")
 MAX_HEADS, MAX_HEAD_DIM, MAX_KV_ROW = 64, 256, 4096  # as in cpu_decode.c
 ENTRY_POINTS = {torch.float32: "decode_f32", torch.bfloat16: "decode_bf16"}
 
@@ -85,6 +88,27 @@ def _cache_dir() -> Path:
     return Path(tempfile.mkdtemp(prefix="radixflow-kernels-"))
 
 
+def _compile(cc: str, target: Path) -> bool:
+    """Compile SOURCE, then link it, into `target` (atomically: concurrent builders each write
+    their own file first). False (and a log line saying why) when either step fails."""
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+    os.close(fd)
+    obj = tmp[:-3] + ".o"
+    try:
+        for step in ([cc, *COMPILE_FLAGS, "-c", "-o", obj, str(SOURCE)], [cc, *LINK_FLAGS, "-o", tmp, obj, "-lm"]):
+            done = subprocess.run(step, capture_output=True, text=True, timeout=300)
+            if done.returncode != 0:
+                log.warning("building %s failed (CPU decode attention runs on its torch path): %s\n%s",
+                            SOURCE.name, " ".join(step), done.stderr[-2000:])
+                return False
+        os.replace(tmp, target)
+        return True
+    finally:
+        for leftover in (tmp, obj):
+            if os.path.exists(leftover):
+                os.unlink(leftover)
+
+
 def _build() -> ctypes.CDLL | None:
     cc = _compiler()
     if cc is None:
@@ -93,20 +117,12 @@ def _build() -> ctypes.CDLL | None:
     try:
         version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
         source = SOURCE.read_bytes()
-        key = hashlib.sha256(b"\0".join([source, " ".join((cc, *FLAGS)).encode(), version.encode(),
+        command = " ".join((cc, *COMPILE_FLAGS, "|", *LINK_FLAGS))
+        key = hashlib.sha256(b"\0".join([source, command.encode(), version.encode(),
                                           _cpu_flags().encode()])).hexdigest()[:16]
         target = _cache_dir() / f"cpu_decode-{key}.so"
-        if not target.exists():
-            fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
-            os.close(fd)
-            done = subprocess.run([cc, *FLAGS, "-o", tmp, str(SOURCE), "-lm"], capture_output=True, text=True,
-                                  timeout=300)
-            if done.returncode != 0:
-                os.unlink(tmp)
-                log.warning("compiling %s failed (CPU decode attention runs on its torch path):\n%s", SOURCE.name,
-                            done.stderr[-2000:])
-                return None
-            os.replace(tmp, target)  # atomic: concurrent builders each write their own file
+        if not target.exists() and not _compile(cc, target):
+            return None
         lib = ctypes.CDLL(str(target))
     except (OSError, subprocess.SubprocessError) as exc:
         log.warning("native CPU kernels unavailable (%s): CPU decode attention runs on its torch path", exc)

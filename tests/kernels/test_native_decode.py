@@ -4,6 +4,9 @@ compiler falls back to the torch path."""
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -166,3 +169,16 @@ def test_the_build_is_cached_per_source_and_machine(fresh_build, monkeypatch):
     monkeypatch.setattr(native, "_cpu_flags", lambda: "flags : another machine")
     assert native.library() is not None
     assert len(list(fresh_build.glob("cpu_decode-*.so"))) == 2
+
+
+def test_loading_the_kernel_keeps_the_process_float_modes(tmp_path):
+    """Linked with -ffast-math, a shared library sets flush-to-zero / denormals-are-zero for the
+    whole process when it loads; the kernel is linked without it (a fresh build, fresh process)."""
+    if native._compiler() is None:
+        pytest.skip("no C compiler")
+    script = ("import torch; from radixflow.kernels import native; assert native.library() is not None; "
+              "x = torch.tensor([1e-40]); print(float((x * 0.5)[0]), 1e-310 / 2)")
+    env = {**os.environ, "RADIXFLOW_CACHE": str(tmp_path), native.ENV_SWITCH: "1"}
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300,
+                         cwd=tmp_path, check=True).stdout.split()
+    assert float(out[0]) > 0 and float(out[1]) > 0  # denormals survive
