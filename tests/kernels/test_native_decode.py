@@ -91,6 +91,31 @@ def test_long_rows_split_over_idle_threads_match_ref(kv_layout, decode_path, mon
     assert torch.equal(out[padding], torch.zeros_like(out[padding]))
 
 
+@pytest.mark.parametrize("members, threads", [(7, 1), (7, 4), (8, 1)])
+def test_a_shared_prefix_is_read_by_the_kernel_when_its_group_fits_one_call(kv_layout, decode_path, monkeypatch,
+                                                                             members, threads):
+    """A prefix shared by 7 requests x 8 query heads (56 <= 64) is read once by the kernel (with
+    4 threads, in pieces); by 8 requests (64 heads) too; with more it takes the gathered matmuls
+    (see test_torch_attention's shared cases)."""
+    monkeypatch.setattr(torch_decode, "SPLIT_PIECE_TOKENS", 32)
+    calls = []
+    real = native.decode_attention_native
+    monkeypatch.setattr(native, "decode_attention_native", lambda *a: calls.append(tuple(a[0].shape)) or real(*a))
+    lay = _layout(kv_layout, [300 + i for i in range(members)], 2, 32, torch.float32)
+    lay.share_prefixes([(list(range(members)), 250)])
+    q = torch.randn(members, 8, 32, generator=torch.Generator().manual_seed(6))
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        out = decode_attention_torch(*_args(lay, q))
+    finally:
+        torch.set_num_threads(before)
+    torch.testing.assert_close(out, decode_attention_ref(*_args(lay, q)), **TOL[torch.float32])
+    if decode_path == "native":
+        pieces = 1 if threads == 1 else 4
+        assert calls == [(members, 8, 32), (pieces, members * 8, 32)]  # own suffixes, then the prefix
+
+
 def test_lse_is_the_log_of_the_softmax_denominator(monkeypatch):
     """The second output is what merging with another part of the context needs."""
     monkeypatch.setenv(native.ENV_SWITCH, "1")

@@ -25,12 +25,13 @@ def _prompts(num_groups: int, per_group: int, prefix_len: int, seed: int = 0) ->
 
 @pytest.mark.parametrize("native_kernel", ["0", "1"])
 def test_greedy_outputs_equal_with_shared_prefix_reads_on_and_off(monkeypatch, native_kernel):
-    """With the own parts gathered (torch) or read by the native kernel."""
+    """On the torch path (gathered matmuls) or the native kernel's (the prefix read in place)."""
     monkeypatch.setenv("RADIXFLOW_NATIVE_KERNELS", native_kernel)
     prompts = _prompts(num_groups=2, per_group=3, prefix_len=120)
     taken = []
-    real = torch_decode._prefix_parts
-    monkeypatch.setattr(torch_decode, "_prefix_parts", lambda *a: taken.append(a[0].shape[0]) or real(*a))
+    name = "_native_prefix_parts" if native_kernel == "1" else "_prefix_parts"
+    real = getattr(torch_decode, name)
+    monkeypatch.setattr(torch_decode, name, lambda *a: taken.append(a[0].shape[0]) or real(*a))
     outputs = {}
     for name, threshold in (("on", torch_decode.MIN_SHARED_PREFIX_TOKENS), ("off", 1 << 62)):
         monkeypatch.setattr(torch_decode, "MIN_SHARED_PREFIX_TOKENS", threshold)
