@@ -4,10 +4,11 @@ compiler and called through ctypes (no torch headers, no build step at install t
     cpu_decode.c   decode attention reading the KV cache in place (see decode_attention_native)
 
 The shared library lands in `<cache_root()>/kernels` (else, not writable, a temporary folder)
-under a name that hashes the source, the compiler command, its version
-and this CPU's flags, so a changed source or another machine compiles anew. Where there is no
-compiler, or it fails, `library()` returns None once and logs why; the callers fall back to their
-torch twins. RADIXFLOW_NATIVE_KERNELS=0 turns the native kernels off.
+under a name that hashes the source, the compiler command, its version and this CPU's flags, so
+a changed source or another machine compiles anew. Where there is no compiler, or it fails,
+`library()` returns None once and logs why; the callers fall back to their torch twins.
+RADIXFLOW_NATIVE_KERNELS=0 turns the native kernels off. The engine builds the library when its
+CPU attention is set up (runtime/model/attention.py), not on the first decode step.
 """
 from __future__ import annotations
 

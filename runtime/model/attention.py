@@ -13,6 +13,7 @@ from typing import Callable
 import torch
 
 from radixflow import kernels
+from radixflow.kernels import native
 from radixflow.runtime.core.forward_batch import ForwardBatch
 from radixflow.runtime.core.kv_pool import KVPool
 
@@ -66,6 +67,8 @@ class PoolAttention:
         self.num_sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
         self.is_torch = ops.decode_attention is kernels.decode_attention_torch
         self._plan: kernels.DecodeGather | None = None
+        if self.is_torch and device.type == "cpu":
+            native.library()  # the native decode kernel is built now (~0.5 s, once per machine), not mid-step
 
     def __call__(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  fb: ForwardBatch) -> torch.Tensor:

@@ -37,3 +37,12 @@ def test_greedy_outputs_equal_with_the_native_kernel_on_and_off(monkeypatch):
         calls.clear()
     assert all(len(o) == 10 for o in outputs["1"])
     assert outputs["1"] == outputs["0"]
+
+
+def test_the_kernel_is_built_when_the_engine_starts_not_on_its_first_step(monkeypatch):
+    built = []
+    real = native.library
+    monkeypatch.setattr(native, "library", lambda: built.append(1) or real())
+    monkeypatch.setenv(native.ENV_SWITCH, "1")
+    with Engine(demo_model("tiny"), dtype="float32", kv_cache_tokens=1024):
+        assert built  # asked for (built, or found built) before any request
