@@ -42,6 +42,16 @@ def _args(lay, q):
     return (q, lay.k_cache, lay.v_cache, lay.req_to_token, lay.req_rows, lay.seq_lens, q.shape[-1] ** -0.5)
 
 
+def _decode_on(threads: int, lay, q) -> torch.Tensor:
+    """decode_attention_torch over `lay` with `threads` torch (and kernel) threads."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return decode_attention_torch(*_args(lay, q))
+    finally:
+        torch.set_num_threads(before)
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("seq_lens, num_heads, num_kv_heads, head_dim, dtype", CASES)
 def test_matches_ref(kv_layout, decode_path, threads, seq_lens, num_heads, num_kv_heads, head_dim, dtype):
@@ -49,12 +59,7 @@ def test_matches_ref(kv_layout, decode_path, threads, seq_lens, num_heads, num_k
     q = torch.randn(len(seq_lens), num_heads, head_dim, generator=torch.Generator().manual_seed(3)).to(dtype)
     plan = torch_decode.plan_checked_decode(*_args(lay, q))
     assert (plan.native is not None) == (decode_path == "native")
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        out = decode_attention_torch(*_args(lay, q))
-    finally:
-        torch.set_num_threads(before)
+    out = _decode_on(threads, lay, q)
     assert out.dtype == dtype and out.isfinite().all()
     torch.testing.assert_close(out, decode_attention_ref(*_args(lay, q)), **TOL[dtype])
     padding = lay.seq_lens == 0
@@ -78,9 +83,9 @@ def test_long_rows_split_over_idle_threads_match_ref(kv_layout, decode_path, mon
     torch.set_num_threads(4)
     try:
         plan = torch_decode.plan_checked_decode(*_args(lay, q))
-        out = decode_attention_torch(*_args(lay, q))
     finally:
         torch.set_num_threads(before)
+    out = _decode_on(4, lay, q)
     if decode_path == "native":
         split = plan.native.rows is not None
         assert split == (len(seq_lens) <= 2), plan.native  # 4 threads: pieces for up to 2 requests
@@ -104,12 +109,7 @@ def test_a_shared_prefix_is_read_by_the_kernel_when_its_group_fits_one_call(kv_l
     lay = _layout(kv_layout, [300 + i for i in range(members)], 2, 32, torch.float32)
     lay.share_prefixes([(list(range(members)), 250)])
     q = torch.randn(members, 8, 32, generator=torch.Generator().manual_seed(6))
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        out = decode_attention_torch(*_args(lay, q))
-    finally:
-        torch.set_num_threads(before)
+    out = _decode_on(threads, lay, q)
     torch.testing.assert_close(out, decode_attention_ref(*_args(lay, q)), **TOL[torch.float32])
     if decode_path == "native":
         pieces = 1 if threads == 1 else 4
