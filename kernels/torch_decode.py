@@ -13,7 +13,8 @@ as the rows of one matmul per KV head.
 
 Where the native kernel builds (kernels/native.py; fp32 and bf16 caches), it reads the requests'
 own suffixes in place from the cache, each row whole: no gather, no padding, 2-3x faster per
-layer than the gathered chunks on one core. The chunks are its fallback (no C compiler, fp16 or
+layer than the gathered chunks on one core; and a prefix a group shares, once for the group, when
+the group's query heads fit one call. The chunks are its fallback (no C compiler, fp16 or
 fp8 caches, RADIXFLOW_NATIVE_KERNELS=0).
 """
 from __future__ import annotations
@@ -50,6 +51,7 @@ class SharedPrefix:
 
     rows: torch.Tensor   # [n] int64, n >= 2
     slots: torch.Tensor  # [prefix_len] int64
+    pieces: NativeRows | None = None  # native plans: the prefix as the kernel's pieces (one per idle thread)
 
 
 @dataclass(frozen=True)
@@ -112,10 +114,13 @@ def plan_decode(req_to_token: torch.Tensor, req_rows: torch.Tensor, seq_lens: to
     table = req_to_token[req_rows.long(), :max_len].long()  # [batch, max_len]
     shared, starts = _shared_prefixes(table, seq_lens)
     if use_native:
+        threads = torch.get_num_threads()
         cols = torch.arange(max_len, device=table.device)[None, :]
         own = (cols >= starts[:, None]) & (cols < seq_lens[:, None])
+        shared = [SharedPrefix(p.rows, p.slots, _native_rows(p.slots, torch.tensor([p.slots.shape[0]]), threads))
+                  for p in shared]
         return DecodeGather([], (seq_lens == 0)[:, None, None], shared,
-                            native=_native_rows(table[own], own.sum(dim=1), torch.get_num_threads()))
+                            native=_native_rows(table[own], own.sum(dim=1), threads))
     first = starts.tolist()
     own = (seq_lens - starts).tolist()
     long = [(r, table[r, first[r]: first[r] + n].clone()) for r, n in enumerate(own) if n > LONG_ROW_TOKENS]
@@ -249,13 +254,13 @@ def decode_attention_gathered(q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
 def _with_shared(qg: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: DecodeGather, sm_scale: float,
                  k_scale: float, v_scale: float, own: Parts, prefix_parts=None) -> torch.Tensor:
     """The attention output [batch, num_heads, head_dim] (fp32, padding rows zero): the rows' own
-    parts (batch order) merged with their shared prefixes' parts (`prefix_parts(qg rows, slots)`;
+    parts (batch order) merged with their shared prefixes' parts (`prefix_parts(qg rows, prefix)`;
     default: the gathered matmuls of _prefix_parts)."""
     m, l, o = own
     for prefix in plan.shared:
         rows = qg[prefix.rows]
         part = (_prefix_parts(rows, k_cache, v_cache, prefix.slots, sm_scale, k_scale, v_scale) if prefix_parts is None
-                else prefix_parts(rows, prefix.slots))
+                else prefix_parts(rows, prefix))
         m[prefix.rows], l[prefix.rows], o[prefix.rows] = _merge((m[prefix.rows], l[prefix.rows], o[prefix.rows]),
                                                                 part)
     batch, num_kv_heads, group, head_dim = qg.shape
@@ -277,7 +282,7 @@ def _native_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
         m, o = lse.view(batch, num_kv_heads, group), out.view(batch, num_kv_heads, group, head_dim)
         qg = q.to(torch.float32).view(batch, num_kv_heads, group, head_dim)
         out = _with_shared(qg, k_cache, v_cache, plan, sm_scale, 1.0, 1.0, (m, torch.ones_like(m), o),
-                           lambda rows, slots: _native_prefix_parts(rows, k_cache, v_cache, slots, sm_scale))
+                           lambda rows, prefix: _native_prefix_parts(rows, k_cache, v_cache, prefix, sm_scale))
     return out.to(q.dtype)  # a padding row (seq_len 0) has no slots: the kernel wrote zeros
 
 
@@ -292,7 +297,7 @@ def _native_pieces(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     return _merge_pieces(out, lse, rows.rows, batch)
 
 
-def _native_prefix_parts(qg: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
+def _native_prefix_parts(qg: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, prefix: SharedPrefix,
                          sm_scale: float) -> Parts:
     """As _prefix_parts, by the kernel when the group's query heads fit one call (at most
     native.MAX_HEADS): n requests' queries [n, num_kv_heads, group, head_dim] stacked as one row
@@ -301,11 +306,10 @@ def _native_prefix_parts(qg: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
     do not beat there (SmolLM2's shape, one core, ad-hoc: 4 requests x 9 heads over a 1,536-token
     prefix 0.76 → 0.67 ms per layer; 8 x 9 equal; 16 x 9 and 32 x 9 1.3-1.4x slower)."""
     n, num_kv_heads, group, head_dim = qg.shape
-    if n * num_kv_heads * group > native.MAX_HEADS:
-        return _prefix_parts(qg, k_cache, v_cache, slots, sm_scale, 1.0, 1.0)
-    pieces = _native_rows(slots, torch.tensor([slots.shape[0]], dtype=torch.int64), torch.get_num_threads())
+    if n * num_kv_heads * group > native.MAX_HEADS or prefix.pieces is None:
+        return _prefix_parts(qg, k_cache, v_cache, prefix.slots, sm_scale, 1.0, 1.0)
     stacked = qg.permute(1, 0, 2, 3).reshape(1, num_kv_heads * n * group, head_dim)  # KV head-major
-    out, lse = _native_pieces(stacked, k_cache, v_cache, pieces, 1, sm_scale)
+    out, lse = _native_pieces(stacked, k_cache, v_cache, prefix.pieces, 1, sm_scale)
     m = lse.view(num_kv_heads, n, group).transpose(0, 1)
     return m, torch.ones_like(m), out.view(num_kv_heads, n, group, head_dim).transpose(0, 1)
 
@@ -335,8 +339,6 @@ def _own_chunks(k_cache: torch.Tensor, v_cache: torch.Tensor, plan: DecodeGather
     for chunk in plan.chunks:
         yield (chunk, _gather_padded(k_cache, chunk.slots, chunk.length, torch.float32, k_scale),
                _gather_padded(v_cache, chunk.slots, chunk.length, torch.float32, v_scale))
-
-
 
 
 def _softmax_parts(scores: torch.Tensor, v: torch.Tensor) -> Parts:
