@@ -136,12 +136,13 @@ def _build() -> ctypes.CDLL | None:
     return lib
 
 
-def supports(k_cache: torch.Tensor, num_heads: int) -> bool:
-    """Whether decode_attention_native takes this cache and head count (else: the torch path)."""
+def supports(k_cache: torch.Tensor, v_cache: torch.Tensor, num_heads: int) -> bool:
+    """Whether decode_attention_native takes these caches (dense rows) and head count (else: the
+    torch path)."""
     num_kv_heads, head_dim = k_cache.shape[1:]
     return (k_cache.device.type == "cpu" and k_cache.dtype in ENTRY_POINTS and num_heads % num_kv_heads == 0
             and num_heads <= MAX_HEADS and head_dim <= MAX_HEAD_DIM and num_kv_heads * head_dim <= MAX_KV_ROW
-            and library() is not None)
+            and k_cache.is_contiguous() and v_cache.is_contiguous() and library() is not None)
 
 
 def decode_attention_native(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
@@ -149,7 +150,7 @@ def decode_attention_native(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     """(out fp32 [batch, num_heads, head_dim], lse fp32 [batch, num_heads]): attention of q [batch,
     num_heads, head_dim] over request b's KV at slots[offsets[b]:offsets[b + 1]] (int64), read
     in place from the [slots, num_kv_heads, head_dim] caches. A request with no slots gets zeros
-    and lse -inf. Only where `supports(k_cache, num_heads)`; the caller guarantees slots in range."""
+    and lse -inf. Only where `supports(k_cache, v_cache, num_heads)`; the caller guarantees slots in range."""
     lib = library()
     assert lib is not None
     batch, num_heads, head_dim = q.shape

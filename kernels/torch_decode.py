@@ -395,4 +395,4 @@ def plan_checked_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
                         v_scale: float = 1.0, num_kv_splits: int = 8) -> DecodeGather:
     """`plan_decode` after the checks of `decode_attention_torch` (ValueError on a bad input)."""
     _check_decode(q, k_cache, v_cache, req_to_token, req_rows, seq_lens, sm_scale, k_scale, v_scale, num_kv_splits)
-    return plan_decode(req_to_token, req_rows, seq_lens, use_native=native.supports(k_cache, q.shape[1]))
+    return plan_decode(req_to_token, req_rows, seq_lens, use_native=native.supports(k_cache, v_cache, q.shape[1]))

@@ -136,16 +136,19 @@ def test_lse_is_the_log_of_the_softmax_denominator(monkeypatch):
     assert torch.equal(empty, torch.zeros_like(empty)) and lse0.isneginf().all()
 
 
-@pytest.mark.parametrize("case", ["fp16", "fp8", "128 heads"])
+@pytest.mark.parametrize("case", ["fp16", "fp8", "128 heads", "strided cache"])
 def test_what_the_kernel_does_not_take_goes_the_torch_way(kv_layout, decode_path, case):
     dtype, fp8, heads, kv_heads, dim = torch.float32, False, 4, 2, 16
     if case == "fp16":
         dtype = torch.float16
     elif case == "fp8":
         fp8 = True
-    else:
+    elif case == "128 heads":
         heads, kv_heads = 128, 2
     lay = kv_layout([9, 20], [1, 1], kv_heads, dim, dtype, fp8, torch.device("cpu"))
+    if case == "strided cache":  # the same values, every other row of a wider buffer: the kernel reads rows densely
+        lay.k_cache, lay.v_cache = (torch.stack([c, c], dim=1).flatten(0, 1)[::2] for c in (lay.k_cache, lay.v_cache))
+        assert not lay.k_cache.is_contiguous()
     q = torch.randn(2, heads, dim).to(dtype)
     assert torch_decode.plan_checked_decode(*_args(lay, q)).native is None
     tol = dict(rtol=1e-3, atol=1e-3) if dtype == torch.float16 else TOL[torch.float32]
