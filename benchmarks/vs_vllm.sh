@@ -38,6 +38,7 @@ VLLM_PORT=${VLLM_PORT:-30012}
 KV_GB=${KV_GB:-2}                # vLLM's KV space; radixflow gets the same number of tokens:
 KV_TOKENS=${KV_TOKENS:-87000}    # 2 GiB / (30 layers x 2 x 3 KV heads x 64 x 2 bytes) ≈ 87k tokens
 NAME=smollm2
+RF_FLAGS=${RF_FLAGS:-}           # more `radixflow serve` flags, e.g. "--enable-mixed-chunk"
 RF_DTYPE=${RF_DTYPE:-bfloat16}  # radixflow's CPU default on this CPU (avx512_bf16); vLLM runs bfloat16
 
 # Per workload: "num_prompts scale" (issue 16's three shapes are fixed; the rest sized to take
@@ -108,7 +109,7 @@ start_servers() {
     mkdir -p "$LOGS"
     taskset -c "$RF_CORE" env OMP_NUM_THREADS=1 "$RF_PY" -m radixflow.frontend.cli serve \
         --host 127.0.0.1 --port "$RF_PORT" --served-model-name "$NAME" --dtype "$RF_DTYPE" \
-        --kv-cache-tokens "$KV_TOKENS" --log-level warning >"$LOGS/radixflow.log" 2>&1 &
+        --kv-cache-tokens "$KV_TOKENS" --log-level warning $RF_FLAGS >"$LOGS/radixflow.log" 2>&1 &
     PIDS+=($!)
     local rf_pid=$!
     taskset -c "$VLLM_CORE" env OMP_NUM_THREADS=1 VLLM_CPU_OMP_THREADS_BIND="$VLLM_CORE" \

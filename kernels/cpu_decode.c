@@ -25,44 +25,14 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
-#if defined(__SSE__)
-#include <xmmintrin.h>
-#endif
+
+#include "cpu_common.h"
 
 #define BLOCK 32
 #define PREFETCH 4        /* tokens ahead whose K / V rows are prefetched */
 #define MAX_HEADS 64
 #define MAX_HEAD_DIM 256
 #define MAX_KV_ROW 4096   /* num_kv_heads * head_dim */
-
-static inline float load_f32(const float *p, int64_t i) { return p[i]; }
-
-static inline float load_bf16(const uint16_t *p, int64_t i) {
-    uint32_t u = (uint32_t)p[i] << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-/* While the kernel runs, this thread flushes denormals to zero (exp of scores far below the max
- * would otherwise take the CPU's slow path); the caller's float modes are restored after. */
-static inline unsigned enter_ftz(void) {
-#if defined(__SSE__)
-    const unsigned csr = _mm_getcsr();
-    _mm_setcsr(csr | 0x8040u); /* flush-to-zero | denormals-are-zero */
-    return csr;
-#else
-    return 0;
-#endif
-}
-
-static inline void leave_ftz(unsigned csr) {
-#if defined(__SSE__)
-    _mm_setcsr(csr);
-#else
-    (void)csr;
-#endif
-}
 
 /* Prefetch the cache row (row_bytes from cache + slots[i] * row_bytes) of token i, if i < limit. */
 static inline void prefetch_row(const void *cache, const int64_t *slots, int64_t i, int64_t limit,

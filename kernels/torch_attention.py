@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
+from . import native
 from .extend_attention import _check_extend
 
 # Short extends over long contexts take _attend_chunked: extend_len up to MAX_CHUNKED_EXTEND,
@@ -159,10 +160,15 @@ def extend_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            num_kv_splits: int | None = None) -> torch.Tensor:
     """CPU-fast twin of `extend_attention_ref` (same contract); the launch hints are unused.
 
-    Per request, exact-length gathers and one causal SDPA call (see `_attend`). Rows no request covers are zero.
+    The whole batch in one call of the native kernel (kernels/cpu_extend.c: the caches read in
+    place) where it takes the caches; else, per request, exact-length gathers and one causal SDPA
+    call or chunked matmuls (see `_attend_request`). Rows no request covers are zero.
     """
     _check_extend(q, k_cache, v_cache, req_to_token, req_rows, prefix_lens, extend_lens, extend_starts,
                   sm_scale, k_scale, v_scale, max_extend_len, max_seq_len, num_kv_splits)
+    if native.supports_extend(k_cache, v_cache, q.shape[1]):
+        return native.extend_attention_native(q, k_cache, v_cache, req_to_token, req_rows, prefix_lens,
+                                              extend_lens, extend_starts, sm_scale).to(q.dtype)
     out = torch.zeros_like(q, memory_format=torch.contiguous_format)
     per_req = zip(req_rows.tolist(), prefix_lens.tolist(), extend_lens.tolist(), extend_starts.tolist())
     for row, prefix_len, extend_len, start in per_req:

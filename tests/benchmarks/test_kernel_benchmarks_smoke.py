@@ -48,3 +48,18 @@ def test_engine_decode_smoke(tmp_path):
     for r in rows:
         assert r["decode_tokens"] == r["batch"] * (r["decode_len"] - 1)  # every token after the first
         assert r["decode_tok_per_s"] > 0 and r["preemptions"] == 0
+
+
+def test_cpu_extend_smoke(tmp_path, monkeypatch):
+    from radixflow.kernels import native
+
+    if native.library() is None:
+        assert native._compiler() is None, "a C compiler is on PATH: the native kernels must build"
+        return
+    monkeypatch.setenv(native.ENV_SWITCH, "1")
+    bench = _load("cpu_extend")
+    out = tmp_path / "cpu_extend.json"
+    assert bench.main(["--smoke", "--out", str(out)]) == 0
+    (row,) = json.loads(out.read_text())["kernel"]
+    assert row["native_ms"] > 0 and row["torch_ms"] > 0
+    assert row["max_abs_diff"] < 2e-2  # bf16 outputs of the same attention

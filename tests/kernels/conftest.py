@@ -124,10 +124,10 @@ def naive() -> Callable[..., torch.Tensor]:
 
 
 @pytest.fixture(params=["torch", "native"])
-def decode_path(request, monkeypatch) -> str:
-    """CPU decode attention through the torch gather path or the native kernel
+def attention_path(request, monkeypatch) -> str:
+    """CPU attention (decode and extend) through the torch path or the native kernels
     (kernels/native.py; RADIXFLOW_NATIVE_KERNELS). Where a C compiler is on PATH the native
-    kernel must build; without one its cases skip."""
+    kernels must build; without one their cases skip."""
     from radixflow.kernels import native
 
     monkeypatch.setenv(native.ENV_SWITCH, "1" if request.param == "native" else "0")

@@ -1,6 +1,6 @@
 """The native CPU decode kernel (kernels/cpu_decode.c through kernels/native.py): equal to the
 reference over the engine's slot layout, taken only where it applies, and a missing or failing
-compiler falls back to the torch path."""
+compiler falls back to the torch path (for the extend kernel built beside it too)."""
 from __future__ import annotations
 
 import logging
@@ -54,11 +54,11 @@ def _decode_on(threads: int, lay, q) -> torch.Tensor:
 
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("seq_lens, num_heads, num_kv_heads, head_dim, dtype", CASES)
-def test_matches_ref(kv_layout, decode_path, threads, seq_lens, num_heads, num_kv_heads, head_dim, dtype):
+def test_matches_ref(kv_layout, attention_path, threads, seq_lens, num_heads, num_kv_heads, head_dim, dtype):
     lay = _layout(kv_layout, seq_lens, num_kv_heads, head_dim, dtype)
     q = torch.randn(len(seq_lens), num_heads, head_dim, generator=torch.Generator().manual_seed(3)).to(dtype)
     plan = torch_decode.plan_checked_decode(*_args(lay, q))
-    assert (plan.native is not None) == (decode_path == "native")
+    assert (plan.native is not None) == (attention_path == "native")
     out = _decode_on(threads, lay, q)
     assert out.dtype == dtype and out.isfinite().all()
     torch.testing.assert_close(out, decode_attention_ref(*_args(lay, q)), **TOL[dtype])
@@ -72,7 +72,7 @@ SPLIT_CASES = [([300], []), ([0, 200], []), ([260, 250, 9], [([0, 1], 100)]), ([
 
 
 @pytest.mark.parametrize("seq_lens, groups", SPLIT_CASES)
-def test_long_rows_split_over_idle_threads_match_ref(kv_layout, decode_path, monkeypatch, seq_lens, groups):
+def test_long_rows_split_over_idle_threads_match_ref(kv_layout, attention_path, monkeypatch, seq_lens, groups):
     """With fewer requests than threads, a long context is cut into pieces (SPLIT_PIECE_TOKENS
     lowered here) that the threads read at once, then merged."""
     monkeypatch.setattr(torch_decode, "SPLIT_PIECE_TOKENS", 16)
@@ -86,7 +86,7 @@ def test_long_rows_split_over_idle_threads_match_ref(kv_layout, decode_path, mon
     finally:
         torch.set_num_threads(before)
     out = _decode_on(4, lay, q)
-    if decode_path == "native":
+    if attention_path == "native":
         split = plan.native.rows is not None
         assert split == (len(seq_lens) <= 2), plan.native  # 4 threads: pieces for up to 2 requests
         if split:
@@ -97,7 +97,7 @@ def test_long_rows_split_over_idle_threads_match_ref(kv_layout, decode_path, mon
 
 
 @pytest.mark.parametrize("members, threads", [(7, 1), (7, 4), (8, 1)])
-def test_a_shared_prefix_is_read_by_the_kernel_when_its_group_fits_one_call(kv_layout, decode_path, monkeypatch,
+def test_a_shared_prefix_is_read_by_the_kernel_when_its_group_fits_one_call(kv_layout, attention_path, monkeypatch,
                                                                              members, threads):
     """A prefix shared by 7 requests x 8 query heads (56 <= 64) is read once by the kernel (with
     4 threads, in pieces); by 8 requests (64 heads) too; with more it takes the gathered matmuls
@@ -111,7 +111,7 @@ def test_a_shared_prefix_is_read_by_the_kernel_when_its_group_fits_one_call(kv_l
     q = torch.randn(members, 8, 32, generator=torch.Generator().manual_seed(6))
     out = _decode_on(threads, lay, q)
     torch.testing.assert_close(out, decode_attention_ref(*_args(lay, q)), **TOL[torch.float32])
-    if decode_path == "native":
+    if attention_path == "native":
         pieces = 1 if threads == 1 else 4
         assert calls == [(members, 8, 32), (pieces, members * 8, 32)]  # own suffixes, then the prefix
 
@@ -137,7 +137,7 @@ def test_lse_is_the_log_of_the_softmax_denominator(monkeypatch):
 
 
 @pytest.mark.parametrize("case", ["fp16", "fp8", "128 heads", "strided cache"])
-def test_what_the_kernel_does_not_take_goes_the_torch_way(kv_layout, decode_path, case):
+def test_what_the_kernel_does_not_take_goes_the_torch_way(kv_layout, attention_path, case):
     dtype, fp8, heads, kv_heads, dim = torch.float32, False, 4, 2, 16
     if case == "fp16":
         dtype = torch.float16
@@ -188,7 +188,7 @@ def test_the_build_is_cached_per_source_and_machine(fresh_build, monkeypatch):
     if native._compiler() is None:
         pytest.skip("no C compiler")
     assert native.library() is not None
-    (built,) = fresh_build.glob("cpu_decode-*.so")
+    (built,) = fresh_build.glob("cpu_kernels-*.so")
     stamp = built.stat().st_mtime_ns
     monkeypatch.setattr(native, "_loaded", {})
     assert native.library() is not None  # a second process (here: a reset) loads it, no rebuild
@@ -196,7 +196,7 @@ def test_the_build_is_cached_per_source_and_machine(fresh_build, monkeypatch):
     monkeypatch.setattr(native, "_loaded", {})
     monkeypatch.setattr(native, "_cpu_flags", lambda: "flags : another machine")
     assert native.library() is not None
-    assert len(list(fresh_build.glob("cpu_decode-*.so"))) == 2
+    assert len(list(fresh_build.glob("cpu_kernels-*.so"))) == 2
 
 
 def test_loading_the_kernel_keeps_the_process_float_modes(tmp_path):

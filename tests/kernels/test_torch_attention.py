@@ -13,8 +13,8 @@ from radixflow.kernels.torch_decode import decode_attention_torch
 
 @pytest.fixture(autouse=True)
 def _torch_path_by_default(monkeypatch):
-    """These tests are of the torch twins: the native decode kernel is off unless a test takes
-    the `decode_path` fixture (both paths)."""
+    """These tests are of the torch twins: the native kernels are off unless a test takes the
+    `attention_path` fixture (both paths)."""
     monkeypatch.setenv("RADIXFLOW_NATIVE_KERNELS", "0")
 
 # Both sides do fp32 math, summing in another order (chunked, scales folded); fp16 outputs
@@ -64,7 +64,7 @@ def _decode_layout(kv_layout, seq_lens, num_kv_heads, head_dim, dtype, fp8, devi
 
 
 @pytest.mark.parametrize("prefix_lens, extend_lens, num_heads, num_kv_heads, head_dim, dtype, fp8", EXTEND_CASES)
-def test_extend_matches_ref(kv_layout, device, prefix_lens, extend_lens, num_heads, num_kv_heads,
+def test_extend_matches_ref(kv_layout, device, attention_path, prefix_lens, extend_lens, num_heads, num_kv_heads,
                             head_dim, dtype, fp8):
     lay = kv_layout(prefix_lens, extend_lens, num_kv_heads, head_dim, dtype, fp8, device)
     q = torch.randn(sum(extend_lens), num_heads, head_dim, generator=torch.Generator().manual_seed(1)).to(device, dtype)
@@ -76,7 +76,7 @@ def test_extend_matches_ref(kv_layout, device, prefix_lens, extend_lens, num_hea
 
 
 @pytest.mark.parametrize("seq_lens, num_heads, num_kv_heads, head_dim, dtype, fp8", DECODE_CASES)
-def test_decode_matches_ref(kv_layout, device, decode_path, seq_lens, num_heads, num_kv_heads, head_dim, dtype, fp8):
+def test_decode_matches_ref(kv_layout, device, attention_path, seq_lens, num_heads, num_kv_heads, head_dim, dtype, fp8):
     lay = _decode_layout(kv_layout, seq_lens, num_kv_heads, head_dim, dtype, fp8, device)
     q = torch.randn(len(seq_lens), num_heads, head_dim, generator=torch.Generator().manual_seed(1)).to(device, dtype)
     args = _decode_args(lay, q, head_dim ** -0.5)
@@ -89,7 +89,7 @@ def test_decode_matches_ref(kv_layout, device, decode_path, seq_lens, num_heads,
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
-def test_strided_q_and_padding_rows(kv_layout, device, decode_path, dtype):
+def test_strided_q_and_padding_rows(kv_layout, device, attention_path, dtype):
     lay = kv_layout([3, 40], [5, 9], 2, 16, dtype, False, device)
     qkv = torch.randn(14 + 2, 3 * 4 * 16, device=device, dtype=dtype)
     q = qkv[:, : 4 * 16].view(16, 4, 16)  # a view into a fused qkv projection, 2 padding rows at the end
@@ -105,7 +105,7 @@ def test_strided_q_and_padding_rows(kv_layout, device, decode_path, dtype):
     torch.testing.assert_close(decode_attention_torch(*args), decode_attention_ref(*args), **TOL[dtype])
 
 
-def test_decode_equals_extend_with_one_new_token(kv_layout, decode_path):
+def test_decode_equals_extend_with_one_new_token(kv_layout, attention_path):
     lay = _decode_layout(kv_layout, [12, 1, 40, 0], 2, 16, torch.float32, True, torch.device("cpu"))
     q = torch.randn(4, 4, 16)
     decode = decode_attention_torch(*_decode_args(lay, q, 0.25))
@@ -113,7 +113,7 @@ def test_decode_equals_extend_with_one_new_token(kv_layout, decode_path):
     torch.testing.assert_close(decode, extend, rtol=1e-6, atol=1e-6)
 
 
-def test_empty_batch(kv_layout, device, decode_path):
+def test_empty_batch(kv_layout, device, attention_path):
     lay = kv_layout([], [], 2, 16, torch.float32, False, device)
     q = torch.zeros(0, 2, 16, device=device)
     assert decode_attention_torch(*_decode_args(lay, q, 1.0)).shape == (0, 2, 16)
@@ -252,7 +252,7 @@ def _check_decode_matches_ref(lay, num_heads: int, head_dim: int, dtype: torch.d
 
 
 @pytest.mark.parametrize("seq_lens, groups, num_heads, num_kv_heads, head_dim, dtype, fp8", SHARED_CASES)
-def test_decode_over_shared_prefixes_matches_ref(kv_layout, device, decode_path, seq_lens, groups, num_heads,
+def test_decode_over_shared_prefixes_matches_ref(kv_layout, device, attention_path, seq_lens, groups, num_heads,
                                                  num_kv_heads, head_dim, dtype, fp8):
     lay = _decode_layout(kv_layout, seq_lens, num_kv_heads, head_dim, dtype, fp8, device)
     lay.share_prefixes(groups)
