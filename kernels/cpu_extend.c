@@ -132,6 +132,13 @@ static inline __attribute__((always_inline)) void values2(const float *s, const 
         const int64_t first_pos = prefix + i0, n = prefix + i0 + nt; /* keys the tile can see */      \
         for (int64_t k0 = 0; k0 < n; k0 += BK) {                                                      \
             const int64_t nb = n - k0 < BK ? n - k0 : BK;                                             \
+            for (int64_t j = k0 + BK; j < k0 + 2 * BK && j < n; j++) { /* the next block's rows */    \
+                const int64_t slot = slot_at(table, wide, j);                                         \
+                for (int64_t c = 0; c < D * (int64_t)sizeof(T); c += 64) {                            \
+                    __builtin_prefetch((const char *)(kc + slot * row + g * D) + c);                  \
+                    __builtin_prefetch((const char *)(vc + slot * row + g * D) + c);                  \
+                }                                                                                     \
+            }                                                                                         \
             for (int64_t j = 0; j < nb; j++) {                                                        \
                 const int64_t slot = slot_at(table, wide, k0 + j);                                    \
                 const T *k = kc + slot * row + g * D, *v = vc + slot * row + g * D;                   \
