@@ -71,24 +71,27 @@ class Gate:
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] == "http":
-            error = self._refuse(scope)
+            error = refusal(self.server, scope)
             if error is not None:
                 await error.response()(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
-    def _refuse(self, scope: dict) -> APIError | None:
-        path = scope["path"]
-        if self.server.phase != "ready" and path not in ALWAYS_PATHS:
-            return APIError(503, _UNAVAILABLE[self.server.phase])
-        if not self.server.engine.is_healthy and path not in ALWAYS_PATHS:
-            return APIError(503, "the engine stopped serving (its loop died or it shut down); see the server log")
-        key = self.server.api_key
-        if key is None or path in OPEN_PATHS or path.startswith("/health"):  # probes, as SGLang
-            return None
-        auth = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
-        scheme, _, token = auth.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
-            return APIError(401, "missing or invalid API key: send 'Authorization: Bearer <key>'",
-                            code="invalid_api_key")
+
+def refusal(server: ServerState, scope: dict) -> APIError | None:
+    """Why `server` refuses the HTTP request `scope` (503: not serving; 401: no valid API key),
+    or None. The Gate's check, and the direct lane's (frontend/server.py)."""
+    path = scope["path"]
+    if server.phase != "ready" and path not in ALWAYS_PATHS:
+        return APIError(503, _UNAVAILABLE[server.phase])
+    if not server.engine.is_healthy and path not in ALWAYS_PATHS:
+        return APIError(503, "the engine stopped serving (its loop died or it shut down); see the server log")
+    key = server.api_key
+    if key is None or path in OPEN_PATHS or path.startswith("/health"):  # probes, as SGLang
         return None
+    auth = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
+    scheme, _, token = auth.partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
+        return APIError(401, "missing or invalid API key: send 'Authorization: Bearer <key>'",
+                        code="invalid_api_key")
+    return None
