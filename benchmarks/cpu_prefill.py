@@ -1,15 +1,17 @@
-"""CPU extend (prefill) attention: the native kernel (kernels/cpu_extend.c) vs the per-request
-torch path (SDPA, or chunked matmuls for a short turn on a long context), then whole prefills of
-SmolLM2-135M-Instruct in bf16 with the kernel on and off.
+"""CPU prefill on the native kernels vs the torch path: extend attention (kernels/cpu_extend.c:
+native vs per-request SDPA, or chunked matmuls for a short turn on a long context), the
+elementwise passes (kernels/cpu_elementwise.c: RMSNorm + residual, RoPE, SiLU-and-mul vs their
+torch ops), then whole prefills of SmolLM2-135M-Instruct in bf16 with the native kernels on and off.
 
-    python benchmarks/cpu_extend.py --out benchmarks/results/cpu_extend_cpu.json   # ~3 minutes on 2 cores
-    python benchmarks/cpu_extend.py --smoke --out /tmp/cpu_extend.json              # seconds
+    python benchmarks/cpu_prefill.py --out benchmarks/results/cpu_prefill_cpu.json   # ~4 minutes on 2 cores
+    python benchmarks/cpu_prefill.py --smoke --out /tmp/cpu_prefill.json              # seconds
 
-One torch (and kernel) thread. Kernel part: one call is one layer's extend attention over a pool
-of bf16 K/V whose slots are shuffled; the two paths alternate round by round, medians of
-`--rounds`. Engine part: one `Engine` prefills random-id prompts (max_new_tokens 1, the radix
-cache flushed before each run) with RADIXFLOW_NATIVE_KERNELS=1, then 0, alternating; tokens/s,
-medians. The switch is read on every call, so both settings run on the same engine.
+One torch (and kernel) thread. Attention: one call is one layer's extend attention over a pool
+of bf16 K/V whose slots are shuffled. Elementwise: one call over a prefill's rows at SmolLM2's
+sizes, bf16. Both sides alternate round by round, medians of `--rounds`. Engine: one `Engine`
+prefills random-id prompts (max_new_tokens 1, the radix cache flushed before each run) with
+RADIXFLOW_NATIVE_KERNELS=1, then 0 (every native kernel off), alternating; tokens/s, medians.
+The switch is read on every call, so both settings run on the same engine.
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ import torch
 
 from radixflow.kernels import native
 from radixflow.kernels.torch_attention import extend_attention_torch
+from radixflow.runtime.model.model import rmsnorm_cpu, rotate_cpu, silu_mul_cpu
 
 # (name, num_heads, num_kv_heads, head_dim, prefix_len, extend_len, batch)
 SHAPES = [
@@ -37,6 +40,9 @@ SHAPES = [
     ("llama8b prompts 512 x4", 32, 8, 128, 0, 512, 4),
 ]
 SMOKE_SHAPES = [("tiny", 4, 2, 64, 40, 30, 3)]
+# (rows, hidden, intermediate, query + KV heads, head_dim): SmolLM2-135M's
+ELEMENTWISE_SIZES = [(7104, 576, 1536, 12, 64), (32, 576, 1536, 12, 64)]
+SMOKE_ELEMENTWISE_SIZES = [(8, 64, 128, 3, 16)]
 ENGINE_PROMPTS = [(222, 32), (1024, 8)]  # (prompt tokens, prompts)
 
 
@@ -88,6 +94,43 @@ def bench_kernel(shapes: list, rounds: int) -> list[dict]:
     return results
 
 
+def _elementwise_calls(rows: int, hidden: int, inter: int, heads: int, head_dim: int, gen: torch.Generator) -> dict:
+    """name → (native call, torch call) over one layer's tensors of a prefill of `rows` tokens."""
+    x = torch.randn(rows, hidden, generator=gen).to(torch.bfloat16)
+    residual = torch.randn(rows, hidden, generator=gen)
+    weight = torch.rand(hidden, generator=gen).to(torch.bfloat16)
+    qk = torch.randn(rows, heads * head_dim * 2, generator=gen).to(torch.bfloat16)[:, :heads * head_dim]
+    qk = qk.view(rows, heads, head_dim)  # q and k heads inside wider qkv rows, as the model rotates them
+    angles = torch.rand(rows, 1, head_dim, generator=gen)
+    cos, sin = angles.cos(), angles.sin()
+    gate_up = torch.randn(rows, 2 * inter, generator=gen).to(torch.bfloat16)
+    return {"rmsnorm+residual": (lambda: native.rmsnorm(x, residual, weight, 1e-5),
+                                 lambda: rmsnorm_cpu(x, residual, weight, 1e-5)),
+            "rope": (lambda: native.rope(qk, cos, sin), lambda: rotate_cpu(qk, cos, sin)),
+            "silu_mul": (lambda: native.silu_mul(gate_up), lambda: silu_mul_cpu(gate_up))}
+
+
+def bench_elementwise(sizes: list, rounds: int) -> list[dict]:
+    gen = torch.Generator().manual_seed(1)
+    results = []
+    for rows, hidden, inter, heads, head_dim in sizes:
+        for name, (fast, slow) in _elementwise_calls(rows, hidden, inter, heads, head_dim, gen).items():
+            times: dict[str, list[float]] = {"native": [], "torch": []}
+            for _ in range(rounds):
+                for path, fn in (("native", fast), ("torch", slow)):
+                    os.environ[native.ENV_SWITCH] = "1" if path == "native" else "0"  # rotate_cpu reads it
+                    fn()
+                    times[path].append(min(_timed(fn) for _ in range(5)))
+            os.environ[native.ENV_SWITCH] = "1"
+            ms = {path: 1e3 * statistics.median(t) for path, t in times.items()}
+            row = {"op": name, "rows": rows, "native_ms": ms["native"], "torch_ms": ms["torch"],
+                   "speedup": ms["torch"] / ms["native"]}
+            print(f"{name:18s} {rows:6d} rows: native {ms['native']:7.3f} ms  torch {ms['torch']:7.3f} ms  "
+                  f"x{row['speedup']:.2f}", flush=True)
+            results.append(row)
+    return results
+
+
 def bench_engine(prompts: list[tuple[int, int]], rounds: int) -> list[dict]:
     from radixflow.runtime import Engine
     from radixflow.runtime.model.default_model import default_model_path
@@ -130,10 +173,11 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("the native kernels did not build (no C compiler?): nothing to compare")
     rounds = 1 if args.smoke else args.rounds
     kernel = bench_kernel(SMOKE_SHAPES if args.smoke else SHAPES, rounds)
+    elementwise = bench_elementwise(SMOKE_ELEMENTWISE_SIZES if args.smoke else ELEMENTWISE_SIZES, rounds)
     engine = [] if args.smoke else bench_engine(ENGINE_PROMPTS, max(1, rounds // 2))
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     out = {"commit": commit, "machine": platform.machine(), "cpu": platform.processor(), "torch_threads": 1,
-           "rounds": rounds, "kernel": kernel, "engine_prefill": engine,
+           "rounds": rounds, "kernel": kernel, "elementwise": elementwise, "engine_prefill": engine,
            "loadavg": os.getloadavg()}
     with open(args.out, "w") as f:
         json.dump(out, f, indent=1)

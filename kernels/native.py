@@ -3,9 +3,11 @@ compiler and called through ctypes (no torch headers, no build step at install t
 
     cpu_decode.c   decode attention reading the KV cache in place (see decode_attention_native)
     cpu_extend.c   causal extend (prefill) attention, the same way (see extend_attention_native)
-    cpu_common.h   what both share
+    cpu_elementwise.c   RMSNorm's scaling and RoPE with torch's rounding, one pass each (rmsnorm, rope)
+    cpu_silu.c     SiLU-and-mul in one pass (silu_mul)
+    cpu_common.h, cpu_bf16.h   what they share
 
-Both compile into one shared library. It lands in `<cache_root()>/kernels` (else, not writable,
+They compile into one shared library. It lands in `<cache_root()>/kernels` (else, not writable,
 a temporary folder) under a name that hashes the sources, the compiler command, its version and this CPU's flags, so
 a changed source or another machine compiles anew. Where there is no compiler, or it fails,
 `library()` returns None once and logs why; the callers fall back to their torch twins.
@@ -30,8 +32,11 @@ log = logging.getLogger(__name__)
 
 ENV_SWITCH = "RADIXFLOW_NATIVE_KERNELS"
 HERE = Path(__file__).parent
-SOURCES = (HERE / "cpu_decode.c", HERE / "cpu_extend.c")
-HEADERS = (HERE / "cpu_common.h",)
+# each source with its own flags after COMPILE_FLAGS: the elementwise passes round every
+# operation as torch does (no fast-math, no fused multiply-add but the one written)
+SOURCES = ((HERE / "cpu_decode.c", ()), (HERE / "cpu_extend.c", ()), (HERE / "cpu_silu.c", ()),
+           (HERE / "cpu_elementwise.c", ("-fno-fast-math", "-ffp-contract=off")))
+HEADERS = (HERE / "cpu_common.h", HERE / "cpu_bf16.h")
 COMPILE_FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC", "-std=gnu11")
 # Linked apart, without -ffast-math: linked with it, the library gets a constructor that sets the
 # CPU's flush-to-zero / denormals-are-zero modes for the whole process when it loads.
@@ -40,6 +45,7 @@ MAX_HEADS, MAX_HEAD_DIM, MAX_KV_ROW = 64, 256, 4096  # as in cpu_decode.c
 EXTEND_VEC, EXTEND_MAX_GROUP = 16, 64  # cpu_extend.c: head_dim a multiple of VEC, G <= MAX_GROUP
 ENTRY_POINTS = {torch.float32: "decode_f32", torch.bfloat16: "decode_bf16"}
 EXTEND_ENTRY_POINTS = {torch.float32: "extend_f32", torch.bfloat16: "extend_bf16"}
+ELEMENTWISE_SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
 
 _lock = threading.Lock()
 _loaded: dict[str, ctypes.CDLL | None] = {}
@@ -101,7 +107,7 @@ def _compile(cc: str, target: Path) -> bool:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
     objs = [f"{tmp[:-3]}-{i}.o" for i in range(len(SOURCES))]
-    steps = [[cc, *COMPILE_FLAGS, "-c", "-o", obj, str(src)] for obj, src in zip(objs, SOURCES)]
+    steps = [[cc, *COMPILE_FLAGS, *flags, "-c", "-o", obj, str(src)] for obj, (src, flags) in zip(objs, SOURCES)]
     steps.append([cc, *LINK_FLAGS, "-o", tmp, *objs, "-lm"])
     try:
         for step in steps:
@@ -125,8 +131,8 @@ def _build() -> ctypes.CDLL | None:
         return None
     try:
         version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
-        sources = [path.read_bytes() for path in (*SOURCES, *HEADERS)]
-        command = " ".join((cc, *COMPILE_FLAGS, "|", *LINK_FLAGS))
+        sources = [path.read_bytes() for path in (*(src for src, _ in SOURCES), *HEADERS)]
+        command = " ".join((cc, *COMPILE_FLAGS, *(f for _, flags in SOURCES for f in flags), "|", *LINK_FLAGS))
         key = hashlib.sha256(b"\0".join([*sources, command.encode(), version.encode(),
                                           _cpu_flags().encode()])).hexdigest()[:16]
         target = _cache_dir() / f"cpu_kernels-{key}.so"
@@ -146,6 +152,12 @@ def _build() -> ctypes.CDLL | None:
         fn.argtypes = [p, p, p, p, i64, ctypes.c_int, p, p, p, p, i64, i64, i64, i64, ctypes.c_float, p, ctypes.c_int,
                        p]
         fn.restype = ctypes.c_int
+    f32, i32 = ctypes.c_float, ctypes.c_int
+    for suffix in ELEMENTWISE_SUFFIX.values():
+        for name, argtypes in (("rmsnorm_scale", [p, i64, p, p, f32, i64, i64, p, i32]),
+                               ("rope", [p, i64, p, p, i64, i64, i64, p, i32]), ("silu_mul", [p, i64, i64, p, i32])):
+            fn = getattr(lib, f"{name}_{suffix}")
+            fn.argtypes, fn.restype = argtypes, None
     return lib
 
 
@@ -210,4 +222,62 @@ def extend_attention_native(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         raise ValueError("extend attention: a request's row, lengths, q rows or slot ids are out of range")
     if status != 0:
         raise MemoryError("the native extend attention kernel could not allocate its scratch memory")
+    return out
+
+
+def _elementwise(x: torch.Tensor, name: str) -> ctypes._CFuncPtr | None:
+    """The `name` pass for x's dtype, or None (not a CPU fp32 / bf16 tensor, or no library)."""
+    if x.device.type != "cpu" or x.dtype not in ELEMENTWISE_SUFFIX:
+        return None
+    lib = library()
+    return None if lib is None else getattr(lib, f"{name}_{ELEMENTWISE_SUFFIX[x.dtype]}")
+
+
+def rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
+            eps: float) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(norm(h), h) for x [T, dim] (rows may be strided), h = x + residual in fp32 (residual fp32
+    [T, dim] or None), norm(h) = weight * round(h * rsqrt(mean(h^2) + eps)) in x's dtype: the
+    model's RMSNorm (runtime/model/model.py rmsnorm_cpu) bit for bit, in four passes instead of
+    nine (the add and the mean of squares in torch, the scaling in one native pass). None where
+    the kernel does not apply."""
+    fn = _elementwise(x, "rmsnorm_scale")
+    if (fn is None or x.dim() != 2 or x.stride(1) != 1 or weight.dtype != x.dtype or not weight.is_contiguous()
+            or weight.shape != x.shape[1:]
+            or residual is not None and (residual.dtype != torch.float32 or residual.shape != x.shape)):
+        return None
+    h = x.float() if residual is None else residual + x  # the same sums as x.float() + residual
+    h = h if h.stride(1) == 1 else h.contiguous()
+    var = h.pow(2).mean(-1)  # [T] fp32: torch's summation order, as rmsnorm_cpu
+    rows, dim = x.shape
+    out = torch.empty(rows, dim, dtype=x.dtype)
+    fn(h.data_ptr(), h.stride(0), var.data_ptr(), weight.data_ptr(), eps, rows, dim, out.data_ptr(),
+       torch.get_num_threads())
+    return out, h
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor | None:
+    """x [T, heads, D] (rows may be strided, heads dense) rotated: x * cos + swap_halves(x) *
+    sin_signed with cos, sin_signed fp32 [T, 1, D]; a new contiguous tensor of x's dtype, bit for
+    bit the torch path's (runtime/model/model.py rotate_cpu). None where the kernel does not apply."""
+    fn = _elementwise(x, "rope")
+    if (fn is None or x.dim() != 3 or x.stride(2) != 1 or x.stride(1) != x.shape[2] or x.shape[2] % 2
+            or any(t.dtype != torch.float32 or not t.is_contiguous() or t.shape != (x.shape[0], 1, x.shape[2])
+                   for t in (cos, sin_signed))):
+        return None
+    rows, heads, head_dim = x.shape
+    out = torch.empty(rows, heads, head_dim, dtype=x.dtype)
+    fn(x.data_ptr(), x.stride(0), cos.data_ptr(), sin_signed.data_ptr(), rows, heads, head_dim, out.data_ptr(),
+       torch.get_num_threads())
+    return out
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor | None:
+    """silu(gate) * up for gate_up [T, 2 * inter] = | gate | up | (contiguous), silu rounded to
+    the dtype before the product, as the torch path; [T, inter]. None where it does not apply."""
+    fn = _elementwise(gate_up, "silu_mul")
+    if fn is None or gate_up.dim() != 2 or not gate_up.is_contiguous() or gate_up.shape[1] % 2:
+        return None
+    rows, inter = gate_up.shape[0], gate_up.shape[1] // 2
+    out = torch.empty(rows, inter, dtype=gate_up.dtype)
+    fn(gate_up.data_ptr(), rows, inter, out.data_ptr(), torch.get_num_threads())
     return out

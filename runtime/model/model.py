@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixflow import kernels
+from radixflow.kernels import native
 from radixflow.runtime.core.forward_batch import ForwardBatch
 from radixflow.runtime.model.model_config import ModelArgs
 
@@ -55,15 +56,32 @@ class RMSNorm(nn.Module):
         """x, residual [T, dim] → (norm(h), h) with h = x + residual (x when residual is None)."""
         if use_triton_ops(x):
             return kernels.rmsnorm(x, residual, self.weight, self.eps)
-        # NOTE: on CPU the residual stream stays fp32 whatever the weights' dtype: a bf16 stream
-        # rounds every layer's sum, enough to flip SmolLM2's greedy answers (a tie at the first token
-        # of "What is the capital of France?"); the cost is one elementwise add per norm.
-        h = x.float() if residual is None else x.float() + residual
-        return self.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype), h
+        normed = native.rmsnorm(x, residual, self.weight, self.eps)
+        return rmsnorm_cpu(x, residual, self.weight, self.eps) if normed is None else normed
 
     def norm_heads(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, heads, dim] → norm of every head vector, same shape (Qwen3's q/k norm)."""
         return self(x.reshape(-1, x.shape[-1]))[0].view(x.shape)
+
+
+def rmsnorm_cpu(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
+                eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """RMSNorm on CPU in torch ops (kernels/native.py `rmsnorm` is the same in one pass): x [T,
+    dim], residual fp32 or None → (norm(h), h), h = x + residual in fp32.
+
+    NOTE: on CPU the residual stream stays fp32 whatever the weights' dtype: a bf16 stream
+    rounds every layer's sum, enough to flip SmolLM2's greedy answers (a tie at the first token
+    of "What is the capital of France?"); the cost is one elementwise add per norm.
+    """
+    h = x.float() if residual is None else x.float() + residual
+    return weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype), h
+
+
+def silu_mul_cpu(gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up of gate_up [T, 2 * inter] = | gate | up | in torch ops (kernels/native.py
+    `silu_mul` in one pass)."""
+    gate, up = gate_up.split(gate_up.shape[-1] // 2, dim=-1)
+    return F.silu(gate).mul_(up)  # [T, intermediate]
 
 
 def rope_tables(args: ModelArgs, max_len: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -74,12 +92,16 @@ def rope_tables(args: ModelArgs, max_len: int, device: torch.device) -> tuple[to
 
 def rotate_cpu(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
     """RoPE on CPU: x [T, heads, D]; cos [T, 1, D]; sin_signed [T, 1, D] = sin with its first half
-    negated, so that | x1 | x2 | → x * cos + | x2 | x1 | * sin_signed. New tensor of x's dtype.
+    negated, so that | x1 | x2 | → x * cos + | x2 | x1 | * sin_signed. New tensor of x's dtype:
+    the native pass where it applies (kernels/native.py `rope`, the same bits), else torch ops.
 
     NOTE: each half adds its product in place instead of building the swapped | x2 | x1 | copy
     (a cat, two conversions and one broadcast addcmul): the same sums bit for bit, ~6x less time
     at prefill sizes (4,096 tokens x 12 heads x 64, one core).
     """
+    rotated = native.rope(x, cos, sin_signed)
+    if rotated is not None:
+        return rotated
     half = x.shape[-1] // 2
     xf = x.float()
     out = xf * cos
@@ -139,9 +161,9 @@ class MLP(nn.Module):
         gate_up = add_lora(fb, self.layer_id, "gate_up", x, self.gate_up_proj(x))  # [T, 2 * intermediate]
         if use_triton_ops(x):
             act = kernels.silu_and_mul(gate_up)
-        else:
-            gate, up = gate_up.split(self.intermediate_size, dim=-1)
-            act = F.silu(gate).mul_(up)  # [T, intermediate]
+        else:  # [T, intermediate]
+            act = native.silu_mul(gate_up)
+            act = silu_mul_cpu(gate_up) if act is None else act
         return add_lora(fb, self.layer_id, "down", act, self.down_proj(act))
 
 

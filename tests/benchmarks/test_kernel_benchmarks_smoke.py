@@ -50,16 +50,19 @@ def test_engine_decode_smoke(tmp_path):
         assert r["decode_tok_per_s"] > 0 and r["preemptions"] == 0
 
 
-def test_cpu_extend_smoke(tmp_path, monkeypatch):
+def test_cpu_prefill_smoke(tmp_path, monkeypatch):
     from radixflow.kernels import native
 
     if native.library() is None:
         assert native._compiler() is None, "a C compiler is on PATH: the native kernels must build"
         return
     monkeypatch.setenv(native.ENV_SWITCH, "1")
-    bench = _load("cpu_extend")
-    out = tmp_path / "cpu_extend.json"
+    bench = _load("cpu_prefill")
+    out = tmp_path / "cpu_prefill.json"
     assert bench.main(["--smoke", "--out", str(out)]) == 0
-    (row,) = json.loads(out.read_text())["kernel"]
+    result = json.loads(out.read_text())
+    (row,) = result["kernel"]
     assert row["native_ms"] > 0 and row["torch_ms"] > 0
     assert row["max_abs_diff"] < 2e-2  # bf16 outputs of the same attention
+    assert [r["op"] for r in result["elementwise"]] == ["rmsnorm+residual", "rope", "silu_mul"]
+    assert all(r["native_ms"] > 0 and r["torch_ms"] > 0 for r in result["elementwise"])
