@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import pytest
 import torch
@@ -135,3 +135,27 @@ def attention_path(request, monkeypatch) -> str:
         assert native._compiler() is None, "a C compiler is on PATH: the native kernel must build"
         pytest.skip("no C compiler: the native kernel cannot build")
     return request.param
+
+
+@pytest.fixture
+def native_built() -> None:
+    """For tests of the native kernels themselves: where a C compiler is on PATH they must
+    build; without one the test skips."""
+    from radixflow.kernels import native
+
+    if native.library() is None:
+        assert native._compiler() is None, "a C compiler is on PATH: the native kernels must build"
+        pytest.skip("no C compiler: the native kernels cannot build")
+
+
+@pytest.fixture
+def on_threads() -> Callable[..., Any]:
+    """on_threads(n, fn, *args): fn(*args) with n torch (and native kernel) threads."""
+    def run(threads: int, fn: Callable[..., Any], *args: Any) -> Any:
+        before = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            return fn(*args)
+        finally:
+            torch.set_num_threads(before)
+    return run

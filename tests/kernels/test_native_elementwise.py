@@ -16,35 +16,24 @@ ULP = {torch.float32: dict(rtol=2e-6, atol=1e-6), torch.bfloat16: dict(rtol=2 / 
 
 
 @pytest.fixture(autouse=True)
-def built():
-    if native.library() is None:
-        assert native._compiler() is None, "a C compiler is on PATH: the native kernels must build"
-        pytest.skip("no C compiler: the native kernels cannot build")
+def built(native_built):
+    """The native kernels are built (or, without a compiler, every test here skipped)."""
 
 
 def _gen(seed: int = 0) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
-def _on_threads(threads: int, fn, *args):
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        return fn(*args)
-    finally:
-        torch.set_num_threads(before)
-
-
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rows, dim, with_residual, strided", [(1, 64, False, False), (37, 576, True, False),
                                                                (5, 96, True, True), (0, 64, True, False)])
-def test_rmsnorm_is_the_torch_path_bit_for_bit(threads, dtype, rows, dim, with_residual, strided):
+def test_rmsnorm_is_the_torch_path_bit_for_bit(on_threads, threads, dtype, rows, dim, with_residual, strided):
     x = torch.randn(rows, dim * (2 if strided else 1), generator=_gen()).to(dtype) * 3
     x = x[:, :dim] if strided else x  # a view of wider rows (q / k heads of a qkv row)
     residual = torch.randn(rows, dim, generator=_gen(1)) if with_residual else None
     weight = (torch.rand(dim, generator=_gen(2)) + 0.5).to(dtype)
-    got = _on_threads(threads, native.rmsnorm, x, residual, weight, 1e-5)
+    got = on_threads(threads, native.rmsnorm, x, residual, weight, 1e-5)
     assert got is not None
     out, h = got
     ref_out, ref_h = rmsnorm_cpu(x, residual, weight, 1e-5)
@@ -70,9 +59,9 @@ def test_rope_is_the_torch_path_bit_for_bit(monkeypatch, dtype, rows, heads, hea
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rows, inter", [(1, 64), (33, 1536), (0, 16)])
-def test_silu_mul_matches_torch(threads, dtype, rows, inter):
+def test_silu_mul_matches_torch(on_threads, threads, dtype, rows, inter):
     gate_up = (torch.randn(rows, 2 * inter, generator=_gen()) * 4).to(dtype)
-    out = _on_threads(threads, native.silu_mul, gate_up)
+    out = on_threads(threads, native.silu_mul, gate_up)
     assert out is not None and out.shape == (rows, inter) and out.dtype == dtype
     torch.testing.assert_close(out, silu_mul_cpu(gate_up), **ULP[dtype])
 

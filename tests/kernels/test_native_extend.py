@@ -34,32 +34,21 @@ def _args(lay, q):
 
 
 @pytest.fixture
-def built():
-    if native.library() is None:
-        assert native._compiler() is None, "a C compiler is on PATH: the native kernels must build"
-        pytest.skip("no C compiler: the native kernels cannot build")
-
-
-def _on_threads(threads: int, fn, *args):
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        return fn(*args)
-    finally:
-        torch.set_num_threads(before)
+def built(native_built):
+    """The native kernels are built (or, without a compiler, the test skipped)."""
 
 
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("wide", [False, True], ids=["int32 table", "int64 table"])
 @pytest.mark.parametrize("prefix_lens, extend_lens, num_heads, num_kv_heads, head_dim, dtype", CASES)
-def test_matches_ref(built, kv_layout, threads, wide, prefix_lens, extend_lens, num_heads, num_kv_heads, head_dim,
+def test_matches_ref(built, kv_layout, on_threads, threads, wide, prefix_lens, extend_lens, num_heads, num_kv_heads, head_dim,
                      dtype):
     lay = kv_layout(prefix_lens, extend_lens, num_kv_heads, head_dim, dtype, False, torch.device("cpu"))
     if wide:
         lay.req_to_token = lay.req_to_token.long()
     q = torch.randn(sum(extend_lens) + 2, num_heads, head_dim, generator=torch.Generator().manual_seed(5)).to(dtype)
     assert native.supports_extend(lay.k_cache, lay.v_cache, num_heads)
-    out = _on_threads(threads, native.extend_attention_native, *_args(lay, q))
+    out = on_threads(threads, native.extend_attention_native, *_args(lay, q))
     assert out.dtype == torch.float32 and out.shape == q.shape
     assert out.isfinite().all()  # slot 0 (NaN) and stale table entries past a context are never read
     assert (out[sum(extend_lens):] == 0).all()  # rows no request covers
