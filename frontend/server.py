@@ -174,8 +174,8 @@ def create_app(engine_or_factory: EngineOrFactory, served_model_name: str | None
                 await asyncio.to_thread(server.engine.shutdown)
 
     app = App(routes=ROUTES, lifespan=lifespan, middleware=[Middleware(Gate, server=server)],
-                    exception_handlers={APIError: api_error_handler, HTTPException: http_error_handler,
-                                        ClientGone: _client_gone, Exception: _internal_error})
+              exception_handlers={APIError: api_error_handler, HTTPException: http_error_handler,
+                                  ClientGone: _client_gone, Exception: _internal_error})
     app.state.server = server
     return app
 

@@ -66,8 +66,8 @@ class RMSNorm(nn.Module):
 
 def rmsnorm_cpu(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """RMSNorm on CPU in torch ops (kernels/native.py `rmsnorm` is the same in one pass): x [T,
-    dim], residual fp32 or None → (norm(h), h), h = x + residual in fp32.
+    """RMSNorm on CPU in torch ops (kernels/native.py `rmsnorm`: the same bits in fewer passes): x
+    [T, dim], residual fp32 or None → (norm(h), h), h = x + residual in fp32.
 
     NOTE: on CPU the residual stream stays fp32 whatever the weights' dtype: a bf16 stream
     rounds every layer's sum, enough to flip SmolLM2's greedy answers (a tie at the first token
