@@ -161,13 +161,21 @@ def _build() -> ctypes.CDLL | None:
     return lib
 
 
+def _dense_caches(k_cache: torch.Tensor, v_cache: torch.Tensor, num_heads: int) -> bool:
+    """What both attention kernels need: dense fp32 / bf16 CPU caches, whole query groups per KV
+    head, head_dim at most MAX_HEAD_DIM, and the library built."""
+    num_kv_heads, head_dim = k_cache.shape[1:]
+    return (k_cache.device.type == "cpu" and k_cache.dtype in ENTRY_POINTS and num_heads % num_kv_heads == 0
+            and head_dim <= MAX_HEAD_DIM and k_cache.is_contiguous() and v_cache.is_contiguous()
+            and library() is not None)
+
+
 def supports(k_cache: torch.Tensor, v_cache: torch.Tensor, num_heads: int) -> bool:
     """Whether decode_attention_native takes these caches (dense rows) and head count (else: the
     torch path)."""
     num_kv_heads, head_dim = k_cache.shape[1:]
-    return (k_cache.device.type == "cpu" and k_cache.dtype in ENTRY_POINTS and num_heads % num_kv_heads == 0
-            and num_heads <= MAX_HEADS and head_dim <= MAX_HEAD_DIM and num_kv_heads * head_dim <= MAX_KV_ROW
-            and k_cache.is_contiguous() and v_cache.is_contiguous() and library() is not None)
+    return (num_heads <= MAX_HEADS and num_kv_heads * head_dim <= MAX_KV_ROW
+            and _dense_caches(k_cache, v_cache, num_heads))
 
 
 def decode_attention_native(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
@@ -191,10 +199,8 @@ def decode_attention_native(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
 def supports_extend(k_cache: torch.Tensor, v_cache: torch.Tensor, num_heads: int) -> bool:
     """Whether extend_attention_native takes these caches (dense fp32 / bf16 rows) and heads."""
     num_kv_heads, head_dim = k_cache.shape[1:]
-    return (k_cache.device.type == "cpu" and k_cache.dtype in EXTEND_ENTRY_POINTS and num_heads % num_kv_heads == 0
-            and num_heads // num_kv_heads <= EXTEND_MAX_GROUP and head_dim % EXTEND_VEC == 0
-            and head_dim <= MAX_HEAD_DIM and k_cache.is_contiguous() and v_cache.is_contiguous()
-            and library() is not None)
+    return (num_heads // num_kv_heads <= EXTEND_MAX_GROUP and head_dim % EXTEND_VEC == 0
+            and _dense_caches(k_cache, v_cache, num_heads))
 
 
 def extend_attention_native(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

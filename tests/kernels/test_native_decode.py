@@ -42,24 +42,14 @@ def _args(lay, q):
     return (q, lay.k_cache, lay.v_cache, lay.req_to_token, lay.req_rows, lay.seq_lens, q.shape[-1] ** -0.5)
 
 
-def _decode_on(threads: int, lay, q) -> torch.Tensor:
-    """decode_attention_torch over `lay` with `threads` torch (and kernel) threads."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        return decode_attention_torch(*_args(lay, q))
-    finally:
-        torch.set_num_threads(before)
-
-
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("seq_lens, num_heads, num_kv_heads, head_dim, dtype", CASES)
-def test_matches_ref(kv_layout, attention_path, threads, seq_lens, num_heads, num_kv_heads, head_dim, dtype):
+def test_matches_ref(kv_layout, attention_path, on_threads, threads, seq_lens, num_heads, num_kv_heads, head_dim, dtype):
     lay = _layout(kv_layout, seq_lens, num_kv_heads, head_dim, dtype)
     q = torch.randn(len(seq_lens), num_heads, head_dim, generator=torch.Generator().manual_seed(3)).to(dtype)
     plan = torch_decode.plan_checked_decode(*_args(lay, q))
     assert (plan.native is not None) == (attention_path == "native")
-    out = _decode_on(threads, lay, q)
+    out = on_threads(threads, decode_attention_torch, *_args(lay, q))
     assert out.dtype == dtype and out.isfinite().all()
     torch.testing.assert_close(out, decode_attention_ref(*_args(lay, q)), **TOL[dtype])
     padding = lay.seq_lens == 0
@@ -72,7 +62,8 @@ SPLIT_CASES = [([300], []), ([0, 200], []), ([260, 250, 9], [([0, 1], 100)]), ([
 
 
 @pytest.mark.parametrize("seq_lens, groups", SPLIT_CASES)
-def test_long_rows_split_over_idle_threads_match_ref(kv_layout, attention_path, monkeypatch, seq_lens, groups):
+def test_long_rows_split_over_idle_threads_match_ref(kv_layout, attention_path, on_threads, monkeypatch, seq_lens,
+                                                    groups):
     """With fewer requests than threads, a long context is cut into pieces (SPLIT_PIECE_TOKENS
     lowered here) that the threads read at once, then merged."""
     monkeypatch.setattr(torch_decode, "SPLIT_PIECE_TOKENS", 16)
@@ -85,7 +76,7 @@ def test_long_rows_split_over_idle_threads_match_ref(kv_layout, attention_path, 
         plan = torch_decode.plan_checked_decode(*_args(lay, q))
     finally:
         torch.set_num_threads(before)
-    out = _decode_on(4, lay, q)
+    out = on_threads(4, decode_attention_torch, *_args(lay, q))
     if attention_path == "native":
         split = plan.native.rows is not None
         assert split == (len(seq_lens) <= 2), plan.native  # 4 threads: pieces for up to 2 requests
@@ -97,8 +88,8 @@ def test_long_rows_split_over_idle_threads_match_ref(kv_layout, attention_path, 
 
 
 @pytest.mark.parametrize("members, threads", [(7, 1), (7, 4), (8, 1)])
-def test_a_shared_prefix_is_read_by_the_kernel_when_its_group_fits_one_call(kv_layout, attention_path, monkeypatch,
-                                                                             members, threads):
+def test_a_shared_prefix_is_read_by_the_kernel_when_its_group_fits_one_call(kv_layout, attention_path, on_threads,
+                                                                             monkeypatch, members, threads):
     """A prefix shared by 7 requests x 8 query heads (56 <= 64) is read once by the kernel (with
     4 threads, in pieces); by 8 requests (64 heads) too; with more it takes the gathered matmuls
     (see test_torch_attention's shared cases)."""
@@ -109,7 +100,7 @@ def test_a_shared_prefix_is_read_by_the_kernel_when_its_group_fits_one_call(kv_l
     lay = _layout(kv_layout, [300 + i for i in range(members)], 2, 32, torch.float32)
     lay.share_prefixes([(list(range(members)), 250)])
     q = torch.randn(members, 8, 32, generator=torch.Generator().manual_seed(6))
-    out = _decode_on(threads, lay, q)
+    out = on_threads(threads, decode_attention_torch, *_args(lay, q))
     torch.testing.assert_close(out, decode_attention_ref(*_args(lay, q)), **TOL[torch.float32])
     if attention_path == "native":
         pieces = 1 if threads == 1 else 4
