@@ -3,16 +3,24 @@
  * cache through the request's row of the slot table, an online softmax per block of keys.
  *
  *   work item = (request, KV head g, tile of TQ new tokens); its rows are the tile's tokens times
- *   the G query heads that share KV head g (R = TQ * G rows, token-major):
+ *   the G query heads that share KV head g (R = TQ * G rows, token-major), held "rows in lanes":
+ *   one vector holds one entry of VEC rows (qT[d][r], accT[d][r], sT[j][r]):
  *
  *       for each block of BK keys the tile's last token can see
- *           kt[d][j] = K[slot(k0 + j), g, d]         (transposed, fp32)
- *           s[r][j]  = q[r] . kt[:, j]               (4 rows x BK keys per pass: register tiles)
- *           mask keys after the row's own position, online softmax in base 2
- *           acc[r]  += sum_j p[r][j] * V[slot(k0 + j), g]
+ *           sT[j][r]  = sum_d qT[d][r] * K[slot(k0 + j), g, d]   (each K entry broadcast)
+ *           mask keys after the row's own position, online softmax in base 2 (per lane)
+ *           accT[d][r] += sum_j sT[j][r] * V[slot(k0 + j), g, d] (each V entry broadcast)
  *
- * The products are register tiles written with the compiler's vector extension (VEC floats), so
- * each K / V element loaded is used by 4 (scores) or 2 (values) rows. Items run on `nthreads`
+ * The keys' and values' entries are read straight from the cache rows and broadcast, so nothing
+ * is transposed per key; register tiles of KJ keys (or DJ value entries) by VJ row vectors use
+ * each broadcast VJ times and each row vector KJ (DJ) times. The scores of bf16 caches, on CPUs
+ * with AVX512-BF16, sum pairs of bf16 products per instruction (twice the products of an fp32
+ * FMA): the queries as bf16 pairs (exact for a bf16 model's queries; the softmax scale applied
+ * to the fp32 scores), the key pairs read as they lie in the cache; each product is exact and
+ * the sums are fp32. The softmax weights stay fp32 for the values: rounded to bf16 (as the
+ * Triton kernel's `p.to(v.dtype)`), they moved a tiny model's greedy tokens off what the decode
+ * kernel gives the same positions (jump-forward on and off then disagreed). The other products
+ * are fp32 vector FMAs written with the compiler's vector extension. Items run on `nthreads`
  * OpenMP threads, the heavier last tiles of a request first.
  *
  * Contract (checked by the Python caller, kernels/native.py): q is fp32 [tokens, num_heads,
@@ -33,7 +41,7 @@
 #include "cpu_common.h"
 
 #define VEC 16            /* floats in one vector register tile */
-#define BK 32             /* keys per block: two vectors */
+#define BK 32             /* keys per block */
 #define MAX_ROWS 128      /* rows of a tile: TQ * G */
 #define MAX_GROUP 64
 #define MAX_HEAD_DIM 256
@@ -41,14 +49,20 @@
 #define MASKED (-1e30f)   /* a masked score (finite: -ffast-math assumes no infinities) */
 
 typedef float vf __attribute__((vector_size(VEC * sizeof(float))));
+typedef int32_t vi __attribute__((vector_size(VEC * sizeof(int32_t))));
 
+#define NV (MAX_ROWS / VEC) /* row vectors of a full tile (RV <= NV for a tile of R rows) */
+
+/* One thread's scratch; RV = ceil(R / VEC) row vectors. */
 typedef struct {
-    float *qt;   /* [MAX_ROWS][D] the tile's queries, scaled by scale * log2(e) */
-    float *acc;  /* [MAX_ROWS][D] */
-    float *kt;   /* [D][BK] */
-    float *vb;   /* [BK][D] */
-    float *s;    /* [MAX_ROWS][BK] */
-    float m[MAX_ROWS], l[MAX_ROWS];
+    vf qT[MAX_HEAD_DIM * NV];   /* [D][RV] the tile's queries, scaled by scale * log2(e) */
+    vf accT[MAX_HEAD_DIM * NV]; /* [D][RV] */
+    vf sT[BK * NV];             /* [BK][RV] scores, then softmax weights */
+    vf m[NV], l[NV], c[NV];     /* running max, running sum, the block's correction */
+    vf bsum[NV];                /* the block's sum of weights */
+    vi lim[NV];                 /* each row's last visible key position */
+    const void *kp[BK + 4], *vp[BK + 4]; /* the block's K / V rows in the cache (+ zero rows) */
+    uint32_t qT2[MAX_HEAD_DIM / 2 * MAX_ROWS] __attribute__((aligned(64))); /* [D / 2][RV] bf16 pairs */
 } Scratch;
 
 static inline int64_t slot_at(const void *table, int wide, int64_t i) {
@@ -75,63 +89,155 @@ static int layout_ok(const void *table, int64_t table_stride, int wide, const in
     return 1;
 }
 
-/* s[r][0..BK) = qt[r] . kt[:, 0..BK) for rows r0 .. r0 + 3 */
-static inline __attribute__((always_inline)) void scores4(const float *qt, const float *kt, float *s,
-                                                          int64_t r0, const int64_t D) {
-    vf a0 = {0}, a1 = {0}, b0 = {0}, b1 = {0}, c0 = {0}, c1 = {0}, e0 = {0}, e1 = {0};
-    const float *q0 = qt + r0 * D, *q1 = q0 + D, *q2 = q1 + D, *q3 = q2 + D;
-    for (int64_t d = 0; d < D; d++) {
-        const vf k0 = *(const vf *)(kt + d * BK), k1 = *(const vf *)(kt + d * BK + VEC);
-        a0 += q0[d] * k0; a1 += q0[d] * k1;
-        b0 += q1[d] * k0; b1 += q1[d] * k1;
-        c0 += q2[d] * k0; c1 += q2[d] * k1;
-        e0 += q3[d] * k0; e1 += q3[d] * k1;
-    }
-    vf *o = (vf *)(s + r0 * BK);
-    o[0] = a0; o[1] = a1; o[2] = b0; o[3] = b1; o[4] = c0; o[5] = c1; o[6] = e0; o[7] = e1;
+/* ---- rows in lanes: a vector holds one entry of VEC query rows ---------------------------- */
+
+#define KJ 4                /* keys per score register tile */
+#define DJ 4                /* head_dim entries per value register tile */
+#define VJ 4                /* row vectors per register tile */
+
+static inline vf vsplat(float x) { return (vf){0} + x; }
+static inline vf vmax(vf a, vf b) {
+    const vi m = a > b;
+    return (vf)(((vi)a & m) | ((vi)b & ~m));
 }
 
-/* acc[r] += sum_j<nb s[r][j] * vb[j] for rows r0, r0 + 1 */
-static inline __attribute__((always_inline)) void values2(const float *s, const float *vb, float *acc,
-                                                          int64_t r0, int64_t nb, const int64_t D) {
-    enum { MAX_DV = MAX_HEAD_DIM / VEC };
-    const int64_t DV = D / VEC;
-    vf x[MAX_DV], y[MAX_DV];
-    vf *ax = (vf *)(acc + r0 * D), *ay = (vf *)(acc + (r0 + 1) * D);
-    for (int64_t c = 0; c < DV; c++) { x[c] = ax[c]; y[c] = ay[c]; }
-    const float *sx = s + r0 * BK, *sy = sx + BK;
-    for (int64_t j = 0; j < nb; j++) {
-        const vf *v = (const vf *)(vb + j * D);
-        const float p = sx[j], q = sy[j];
-        for (int64_t c = 0; c < DV; c++) { x[c] += p * v[c]; y[c] += q * v[c]; }
-    }
-    for (int64_t c = 0; c < DV; c++) { ax[c] = x[c]; ay[c] = y[c]; }
+/* ---- bf16 caches with AVX512-BF16: pairs of bf16 products summed into fp32 per instruction -- */
+
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+#include <immintrin.h>
+#define HAVE_DPBF16 1
+#else
+#define HAVE_DPBF16 0
+#endif
+
+typedef uint32_t vu __attribute__((vector_size(VEC * sizeof(uint32_t))));
+/* x and y rounded to bf16 (to nearest even; finite inputs) as one pair: x in the low half. */
+static inline uint32_t pair_bf16_1(float x, float y) {
+    uint32_t bx, by;
+    memcpy(&bx, &x, sizeof bx);
+    memcpy(&by, &y, sizeof by);
+    bx += 0x7fffu + ((bx >> 16) & 1u);
+    by += 0x7fffu + ((by >> 16) & 1u);
+    return (bx >> 16) | (by & 0xffff0000u);
 }
 
-#define DEFINE_EXTEND(NAME, T, LOAD)                                                                   \
+static inline uint32_t pair_at(const uint16_t *p, int64_t i) {
+    uint32_t u;
+    memcpy(&u, p + i, sizeof u);
+    return u;
+}
+
+/* sT[j][v0 ..) = qs * sum_p qT2[p][v] . (k_j[2p], k_j[2p + 1]) for keys j < nb (KJ at a time),
+ * VC row vectors from v0; qT2 holds each row's query entries as bf16 pairs. */
+static inline __attribute__((always_inline)) void scores_dp(const vu *qT2, const uint16_t *const *kp, vf *sT,
+                                                            int64_t nb, int64_t RV, int64_t v0, const int64_t VC,
+                                                            const int64_t D, float qs) {
+#if HAVE_DPBF16
+    for (int64_t j = 0; j < nb; j += KJ) {
+        __m512 a[KJ][VJ];
+        for (int64_t i = 0; i < KJ; i++)
+            for (int64_t v = 0; v < VC; v++) a[i][v] = _mm512_setzero_ps();
+        const uint16_t *k0 = kp[j], *k1 = kp[j + 1], *k2 = kp[j + 2], *k3 = kp[j + 3];
+        for (int64_t p = 0; p < D / 2; p++) {
+            const __m512bh b0 = (__m512bh)_mm512_set1_epi32((int)pair_at(k0, 2 * p));
+            const __m512bh b1 = (__m512bh)_mm512_set1_epi32((int)pair_at(k1, 2 * p));
+            const __m512bh b2 = (__m512bh)_mm512_set1_epi32((int)pair_at(k2, 2 * p));
+            const __m512bh b3 = (__m512bh)_mm512_set1_epi32((int)pair_at(k3, 2 * p));
+            const vu *qp = qT2 + p * RV + v0;
+            for (int64_t v = 0; v < VC; v++) {
+                const __m512bh x = (__m512bh)qp[v];
+                a[0][v] = _mm512_dpbf16_ps(a[0][v], x, b0); a[1][v] = _mm512_dpbf16_ps(a[1][v], x, b1);
+                a[2][v] = _mm512_dpbf16_ps(a[2][v], x, b2); a[3][v] = _mm512_dpbf16_ps(a[3][v], x, b3);
+            }
+        }
+        for (int64_t i = 0; i < KJ; i++)
+            for (int64_t v = 0; v < VC; v++) sT[(j + i) * RV + v0 + v] = (vf)a[i][v] * qs;
+    }
+#else
+    (void)qT2; (void)kp; (void)sT; (void)nb; (void)RV; (void)v0; (void)VC; (void)D; (void)qs;
+    abort(); /* unreachable: the bf16 tile takes this path only where HAVE_DPBF16 */
+#endif
+}
+
+#define DEFINE_EXTEND(NAME, T, LOAD, DP)                                                                   \
+    /* sT[j][v0 ..) = sum_d qT[d][v] * k_j[d] for keys j < nb (KJ at a time; kp is padded with a \
+     * zero row up to a multiple of KJ), VC row vectors from v0. */                                 \
+    static inline __attribute__((always_inline)) void NAME##_scores(                               \
+        const vf *qT, const T *const *kp, vf *sT, int64_t nb, int64_t RV, int64_t v0, const int64_t VC, \
+        const int64_t D) {                                                                            \
+        for (int64_t j = 0; j < nb; j += KJ) {                                                        \
+            vf a[KJ][VJ];                                                                             \
+            for (int64_t i = 0; i < KJ; i++)                                                          \
+                for (int64_t v = 0; v < VC; v++) a[i][v] = (vf){0};                                   \
+            const T *k0 = kp[j], *k1 = kp[j + 1], *k2 = kp[j + 2], *k3 = kp[j + 3];                   \
+            for (int64_t d = 0; d < D; d++) {                                                         \
+                const vf b0 = vsplat(LOAD(k0, d)), b1 = vsplat(LOAD(k1, d));                          \
+                const vf b2 = vsplat(LOAD(k2, d)), b3 = vsplat(LOAD(k3, d));                          \
+                const vf *qd = qT + d * RV + v0;                                                      \
+                for (int64_t v = 0; v < VC; v++) {                                                    \
+                    a[0][v] += qd[v] * b0; a[1][v] += qd[v] * b1;                                     \
+                    a[2][v] += qd[v] * b2; a[3][v] += qd[v] * b3;                                     \
+                }                                                                                     \
+            }                                                                                         \
+            for (int64_t i = 0; i < KJ; i++)                                                          \
+                for (int64_t v = 0; v < VC; v++) sT[(j + i) * RV + v0 + v] = a[i][v];                 \
+        }                                                                                             \
+    }                                                                                                 \
+                                                                                                      \
+    /* accT[d][v0 ..) += sum_{j < nb} sT[j][v] * v_j[d], VC row vectors from v0 */                    \
+    static inline __attribute__((always_inline)) void NAME##_values(                               \
+        const vf *sT, const T *const *vp, vf *accT, int64_t nb, int64_t RV, int64_t v0, const int64_t VC, \
+        const int64_t D) {                                                                            \
+        for (int64_t d0 = 0; d0 < D; d0 += DJ) {                                                      \
+            vf a[DJ][VJ];                                                                             \
+            for (int64_t i = 0; i < DJ; i++)                                                          \
+                for (int64_t v = 0; v < VC; v++) a[i][v] = accT[(d0 + i) * RV + v0 + v];              \
+            for (int64_t j = 0; j < nb; j++) {                                                        \
+                const T *vr = vp[j];                                                                  \
+                const vf b0 = vsplat(LOAD(vr, d0)), b1 = vsplat(LOAD(vr, d0 + 1));                    \
+                const vf b2 = vsplat(LOAD(vr, d0 + 2)), b3 = vsplat(LOAD(vr, d0 + 3));                \
+                const vf *pj = sT + j * RV + v0;                                                      \
+                for (int64_t v = 0; v < VC; v++) {                                                    \
+                    a[0][v] += pj[v] * b0; a[1][v] += pj[v] * b1;                                     \
+                    a[2][v] += pj[v] * b2; a[3][v] += pj[v] * b3;                                     \
+                }                                                                                     \
+            }                                                                                         \
+            for (int64_t i = 0; i < DJ; i++)                                                          \
+                for (int64_t v = 0; v < VC; v++) accT[(d0 + i) * RV + v0 + v] = a[i][v];              \
+        }                                                                                             \
+    }                                                                                                 \
+                                                                                                      \
     /* One work item: tokens i0 .. i0 + nt of a request (prefix `prefix`) on KV head g. */            \
-    static inline __attribute__((always_inline)) void NAME##_tile(                                    \
-        Scratch *w, const float *q, const T *kc, const T *vc, const void *table, int wide,            \
+    static inline __attribute__((always_inline)) void NAME##_tile(                                 \
+        Scratch *w, const float *q, const T *kc, const T *vc, const void *table, int wide,         \
         int64_t prefix, int64_t i0, int64_t nt, int64_t g, int64_t H, int64_t KVH, const int64_t D,   \
         float scale, float *out) {                                                                    \
-        const int64_t G = H / KVH, R = nt * G, R4 = (R + 3) & ~(int64_t)3, row = KVH * D;             \
+        static const T zero_row[MAX_HEAD_DIM];                                                        \
+        const int64_t G = H / KVH, R = nt * G, RV = (R + VEC - 1) / VEC, row = KVH * D;               \
         const float qs = scale * LOG2E;                                                               \
-        float *qt = w->qt, *acc = w->acc, *kt = w->kt, *vb = w->vb, *s = w->s;                        \
-        for (int64_t r = 0; r < R4; r++) {                                                            \
-            float *dst = qt + r * D;                                                                  \
-            if (r < R) {                                                                              \
-                const float *src = q + (i0 + r / G) * H * D + (g * G + r % G) * D;                    \
-                for (int64_t d = 0; d < D; d++) dst[d] = src[d] * qs;                                 \
-            } else {                                                                                  \
-                memset(dst, 0, sizeof(float) * D);                                                    \
-            }                                                                                         \
-            w->m[r] = MASKED;                                                                         \
-            w->l[r] = 0.0f;                                                                           \
-        }                                                                                             \
-        memset(acc, 0, sizeof(float) * R4 * D);                                                       \
+        vf *qT = w->qT, *accT = w->accT, *sT = w->sT;                                                 \
         const int64_t first_pos = prefix + i0, n = prefix + i0 + nt; /* keys the tile can see */      \
+        for (int64_t r = 0; r < RV * VEC; r++) {                                                      \
+            float *lane = (float *)qT + r; /* qT[d][r / VEC][r % VEC] */                              \
+            const float *src = q + (i0 + r / G) * H * D + (g * G + r % G) * D;                        \
+            if (DP) /* bf16 pairs, unscaled (a bf16 model's queries are bf16 values) */             \
+                for (int64_t p = 0; p < D / 2; p++)                                                   \
+                    w->qT2[p * RV * VEC + r] = r < R ? pair_bf16_1(src[2 * p], src[2 * p + 1]) : 0u;  \
+            else                                                                                      \
+                for (int64_t d = 0; d < D; d++) lane[d * RV * VEC] = r < R ? src[d] * qs : 0.0f;      \
+            ((int32_t *)w->lim)[r] = (int32_t)(r < R ? first_pos + r / G : n - 1);                    \
+        }                                                                                             \
+        for (int64_t v = 0; v < RV; v++) { w->m[v] = vsplat(MASKED); w->l[v] = (vf){0}; }             \
+        memset(accT, 0, sizeof(vf) * D * RV);                                                         \
+        for (int64_t j = 0; j < BK + KJ; j++) { w->kp[j] = zero_row; w->vp[j] = zero_row; }           \
         for (int64_t k0 = 0; k0 < n; k0 += BK) {                                                      \
             const int64_t nb = n - k0 < BK ? n - k0 : BK;                                             \
+            for (int64_t j = 0; j < nb; j++) {                                                        \
+                const int64_t slot = slot_at(table, wide, k0 + j);                                    \
+                w->kp[j] = kc + slot * row + g * D;                                                   \
+                w->vp[j] = vc + slot * row + g * D;                                                   \
+            }                                                                                         \
+            for (int64_t j = nb; j < BK; j++) w->kp[j] = zero_row;                                    \
             for (int64_t j = k0 + BK; j < k0 + 2 * BK && j < n; j++) { /* the next block's rows */    \
                 const int64_t slot = slot_at(table, wide, j);                                         \
                 for (int64_t c = 0; c < D * (int64_t)sizeof(T); c += 64) {                            \
@@ -139,45 +245,68 @@ static inline __attribute__((always_inline)) void values2(const float *s, const 
                     __builtin_prefetch((const char *)(vc + slot * row + g * D) + c);                  \
                 }                                                                                     \
             }                                                                                         \
-            for (int64_t j = 0; j < nb; j++) {                                                        \
-                const int64_t slot = slot_at(table, wide, k0 + j);                                    \
-                const T *k = kc + slot * row + g * D, *v = vc + slot * row + g * D;                   \
-                for (int64_t d = 0; d < D; d++) vb[j * D + d] = LOAD(v, d);                           \
-                for (int64_t d = 0; d < D; d++) kt[d * BK + j] = LOAD(k, d);                          \
+            for (int64_t v0 = 0; v0 < RV; v0 += VJ) {                                                 \
+                const T *const *kp = (const T *const *)w->kp;                                         \
+                const uint16_t *const *kb = (const uint16_t *const *)w->kp;                           \
+                const vu *q2 = (const vu *)w->qT2;                                                    \
+                switch ((RV - v0 < VJ ? RV - v0 : VJ) + (DP ? 4 : 0)) {                               \
+                case 1: NAME##_scores(qT, kp, sT, nb, RV, v0, 1, D); break;                        \
+                case 2: NAME##_scores(qT, kp, sT, nb, RV, v0, 2, D); break;                        \
+                case 3: NAME##_scores(qT, kp, sT, nb, RV, v0, 3, D); break;                        \
+                case 4: NAME##_scores(qT, kp, sT, nb, RV, v0, 4, D); break;                        \
+                case 5: scores_dp(q2, kb, sT, nb, RV, v0, 1, D, qs); break;                           \
+                case 6: scores_dp(q2, kb, sT, nb, RV, v0, 2, D, qs); break;                           \
+                case 7: scores_dp(q2, kb, sT, nb, RV, v0, 3, D, qs); break;                           \
+                default: scores_dp(q2, kb, sT, nb, RV, v0, 4, D, qs); break;                          \
+                }                                                                                     \
             }                                                                                         \
-            for (int64_t j = nb; j < BK; j++)                                                         \
-                for (int64_t d = 0; d < D; d++) kt[d * BK + j] = 0.0f;                                \
-            for (int64_t r = 0; r < R4; r += 4) scores4(qt, kt, s, r, D);                             \
-            const int diagonal = k0 + BK - 1 > first_pos;                                             \
-            for (int64_t r = 0; r < R4; r++) {                                                        \
-                float *sr = s + r * BK;                                                               \
-                if (diagonal) {                                                                       \
-                    const int64_t visible = (r < R ? first_pos + r / G : n - 1) - k0 + 1;             \
-                    for (int64_t j = visible < 0 ? 0 : visible; j < BK; j++) sr[j] = MASKED;          \
-                }                                                                                     \
-                float bm = sr[0];                                                                     \
-                for (int64_t j = 1; j < BK; j++) bm = sr[j] > bm ? sr[j] : bm;                        \
-                const float m_new = bm > w->m[r] ? bm : w->m[r];                                      \
-                float sum = 0.0f;                                                                     \
-                for (int64_t j = 0; j < BK; j++) {                                                    \
-                    sr[j] = exp2f(sr[j] - m_new);                                                     \
-                    sum += sr[j];                                                                     \
-                }                                                                                     \
-                if (m_new > w->m[r]) {                                                                \
-                    const float c = exp2f(w->m[r] - m_new);                                           \
-                    w->l[r] *= c;                                                                     \
-                    float *ar = acc + r * D;                                                          \
-                    for (int64_t d = 0; d < D; d++) ar[d] *= c;                                       \
-                    w->m[r] = m_new;                                                                  \
-                }                                                                                     \
-                w->l[r] += sum;                                                                       \
+            if (k0 + nb - 1 > first_pos) { /* keys past some row's own position: masked there */     \
+                for (int64_t j = 0; j < nb; j++)                                                      \
+                    for (int64_t v = 0; v < RV; v++) {                                                \
+                        const vi hide = w->lim[v] < (int32_t)(k0 + j);                                \
+                        sT[j * RV + v] = (vf)(((vi)sT[j * RV + v] & ~hide) | ((vi)vsplat(MASKED) & hide)); \
+                    }                                                                                 \
             }                                                                                         \
-            for (int64_t r = 0; r < R4; r += 2) values2(s, vb, acc, r, nb, D);                        \
+            for (int64_t v = 0; v < RV; v++) {                                                        \
+                vf bm = w->m[v];                                                                      \
+                for (int64_t j = 0; j < nb; j++) bm = vmax(bm, sT[j * RV + v]);                       \
+                w->c[v] = bm; /* the new running max */                                               \
+            }                                                                                         \
+            {                                                                                         \
+                float *mf = (float *)w->m, *cf = (float *)w->c, *lf = (float *)w->l;                  \
+                float *bs = (float *)w->bsum;                                                         \
+                for (int64_t r = 0; r < RV * VEC; r++) {                                              \
+                    const float corr = cf[r] > mf[r] ? exp2f(mf[r] - cf[r]) : 1.0f;                   \
+                    mf[r] = cf[r];                                                                    \
+                    cf[r] = corr;                                                                     \
+                    bs[r] = 0.0f;                                                                     \
+                }                                                                                     \
+                for (int64_t j = 0; j < nb; j++) {                                                    \
+                    float *sj = (float *)(sT + j * RV);                                               \
+                    for (int64_t r = 0; r < RV * VEC; r++) {                                          \
+                        sj[r] = exp2f(sj[r] - mf[r]);                                                 \
+                        bs[r] += sj[r];                                                               \
+                    }                                                                                 \
+                }                                                                                     \
+                for (int64_t r = 0; r < RV * VEC; r++) lf[r] = lf[r] * cf[r] + bs[r];                 \
+            }                                                                                         \
+            for (int64_t d = 0; d < D; d++)                                                           \
+                for (int64_t v = 0; v < RV; v++) accT[d * RV + v] *= w->c[v];                         \
+            for (int64_t v0 = 0; v0 < RV; v0 += VJ) {                                                 \
+                const T *const *vp = (const T *const *)w->vp;                                         \
+                switch (RV - v0 < VJ ? RV - v0 : VJ) {                                                \
+                case 1: NAME##_values(sT, vp, accT, nb, RV, v0, 1, D); break;                      \
+                case 2: NAME##_values(sT, vp, accT, nb, RV, v0, 2, D); break;                      \
+                case 3: NAME##_values(sT, vp, accT, nb, RV, v0, 3, D); break;                      \
+                default: NAME##_values(sT, vp, accT, nb, RV, v0, 4, D); break;                     \
+                }                                                                                     \
+            }                                                                                         \
         }                                                                                             \
+        const float *af = (const float *)accT, *lf = (const float *)w->l;                            \
         for (int64_t r = 0; r < R; r++) {                                                             \
             float *dst = out + (i0 + r / G) * H * D + (g * G + r % G) * D;                            \
-            const float inv = 1.0f / w->l[r], *ar = acc + r * D;                                      \
-            for (int64_t d = 0; d < D; d++) dst[d] = ar[d] * inv;                                     \
+            const float inv = 1.0f / lf[r];                                                           \
+            for (int64_t d = 0; d < D; d++) dst[d] = af[d * RV * VEC + r] * inv;                      \
         }                                                                                             \
     }                                                                                                 \
                                                                                                       \
@@ -199,25 +328,16 @@ static inline __attribute__((always_inline)) void values2(const float *s, const 
         int failed = 0;                                                                               \
         _Pragma("omp parallel num_threads(nthreads) if (nthreads > 1 && items > 1)")                  \
         {                                                                                             \
-            Scratch w = {0};                                                                          \
-            const size_t big = sizeof(float) * MAX_ROWS * head_dim;                                   \
-            const size_t blk = sizeof(float) * BK * head_dim;                                         \
-            char *mem = aligned_alloc(64, 2 * big + 2 * blk + sizeof(float) * MAX_ROWS * BK);         \
-            if (mem == NULL) {                                                                        \
+            Scratch *rw = aligned_alloc(64, sizeof(Scratch));                                   \
+            if (rw == NULL) {                                                                         \
                 _Pragma("omp atomic write")                                                           \
                 failed = 1;                                                                           \
-            } else {                                                                                  \
-                w.qt = (float *)mem;                                                                  \
-                w.acc = (float *)(mem + big);                                                         \
-                w.kt = (float *)(mem + 2 * big);                                                      \
-                w.vb = (float *)(mem + 2 * big + blk);                                                \
-                w.s = (float *)(mem + 2 * big + 2 * blk);                                             \
             }                                                                                         \
             const unsigned csr = enter_ftz();                                                         \
             int64_t b = 0;                                                                            \
             _Pragma("omp for schedule(dynamic, 1)")                                                   \
             for (int64_t it = 0; it < items; it++) {                                                  \
-                if (mem == NULL) continue;                                                            \
+                if (rw == NULL) continue;                                                                \
                 while (item_start[b + 1] <= it) b++;                                                  \
                 while (item_start[b] > it) b--;                                                       \
                 const int64_t local = it - item_start[b], ntiles = (extend_lens[b] + tq - 1) / tq;    \
@@ -228,22 +348,27 @@ static inline __attribute__((always_inline)) void values2(const float *s, const 
                 const float *qb = q + q_starts[b] * HD;                                               \
                 float *ob = out + q_starts[b] * HD;                                                   \
                 /* the common head sizes as constants: their loops over head_dim unroll */            \
-                if (head_dim == 64)                                                                   \
-                    NAME##_tile(&w, qb, kc, vc, tb, wide, prefix_lens[b], i0, nt, g, num_heads,       \
+                if (head_dim == 16)                                                                   \
+                    NAME##_tile(rw, qb, kc, vc, tb, wide, prefix_lens[b], i0, nt, g, num_heads,       \
+                                num_kv_heads, 16, scale, ob);                                         \
+                else if (head_dim == 64)                                                              \
+                    NAME##_tile(rw, qb, kc, vc, tb, wide, prefix_lens[b], i0, nt, g, num_heads,       \
                                 num_kv_heads, 64, scale, ob);                                         \
                 else if (head_dim == 128)                                                             \
-                    NAME##_tile(&w, qb, kc, vc, tb, wide, prefix_lens[b], i0, nt, g, num_heads,       \
+                    NAME##_tile(rw, qb, kc, vc, tb, wide, prefix_lens[b], i0, nt, g, num_heads,       \
                                 num_kv_heads, 128, scale, ob);                                        \
                 else                                                                                  \
-                    NAME##_tile(&w, qb, kc, vc, tb, wide, prefix_lens[b], i0, nt, g, num_heads,       \
+                    NAME##_tile(rw, qb, kc, vc, tb, wide, prefix_lens[b], i0, nt, g, num_heads,       \
                                 num_kv_heads, head_dim, scale, ob);                                   \
             }                                                                                         \
             leave_ftz(csr);                                                                           \
-            free(mem);                                                                                \
         }                                                                                             \
         free(item_start);                                                                             \
         return failed ? -1 : 0;                                                                       \
     }
 
-DEFINE_EXTEND(extend_f32, float, load_f32)
-DEFINE_EXTEND(extend_bf16, uint16_t, load_bf16)
+DEFINE_EXTEND(extend_f32, float, load_f32, 0)
+DEFINE_EXTEND(extend_bf16, uint16_t, load_bf16, HAVE_DPBF16)
+
+/* 1 when extend_bf16 sums bf16 pair products (AVX512-BF16 at build time), else 0. */
+int extend_bf16_pairs(void) { return HAVE_DPBF16; }

@@ -152,6 +152,7 @@ def _build() -> ctypes.CDLL | None:
         fn.argtypes = [p, p, p, p, i64, ctypes.c_int, p, p, p, p, i64, i64, i64, i64, ctypes.c_float, p, ctypes.c_int,
                        p]
         fn.restype = ctypes.c_int
+    lib.extend_bf16_pairs.argtypes, lib.extend_bf16_pairs.restype = [], ctypes.c_int
     f32, i32 = ctypes.c_float, ctypes.c_int
     for suffix in ELEMENTWISE_SUFFIX.values():
         for name, argtypes in (("rmsnorm_scale", [p, i64, p, p, f32, i64, i64, p, i32]),
@@ -203,6 +204,14 @@ def supports_extend(k_cache: torch.Tensor, v_cache: torch.Tensor, num_heads: int
             and _dense_caches(k_cache, v_cache, num_heads))
 
 
+def extend_bf16_pairs() -> bool:
+    """Whether extend_attention_native computes a bf16 cache's scores with AVX512-BF16 pair
+    products (the library built for a CPU that has them): exact products of bf16 queries and
+    keys, fp32 sums; else fp32 products. False without the library."""
+    lib = library()
+    return lib is not None and bool(lib.extend_bf16_pairs())
+
+
 def extend_attention_native(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                             req_to_token: torch.Tensor, req_rows: torch.Tensor, prefix_lens: torch.Tensor,
                             extend_lens: torch.Tensor, extend_starts: torch.Tensor, sm_scale: float) -> torch.Tensor:
@@ -211,7 +220,8 @@ def extend_attention_native(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     :prefix_lens[i] + extend_lens[i]] read in place from the caches (the new tokens' K / V
     stored already). Rows no request covers are zero. Only where `supports_extend(k_cache,
     v_cache, num_heads)`, with index tensors of the checked shapes (kernels/extend_attention.py);
-    a row, length or slot id out of range is a ValueError."""
+    a row, length or slot id out of range is a ValueError. For bf16 caches see extend_bf16_pairs:
+    q must then hold bf16 values (a bf16 model's queries do)."""
     lib = library()
     assert lib is not None
     num_tokens, num_heads, head_dim = q.shape

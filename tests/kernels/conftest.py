@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 import pytest
@@ -146,6 +147,17 @@ def native_built() -> None:
     if native.library() is None:
         assert native._compiler() is None, "a C compiler is on PATH: the native kernels must build"
         pytest.skip("no C compiler: the native kernels cannot build")
+
+
+@pytest.fixture
+def fresh_build(monkeypatch, tmp_path) -> Path:
+    """library() builds anew into tmp_path (the process's loaded library is put back after)."""
+    from radixflow.kernels import native
+
+    monkeypatch.setenv(native.ENV_SWITCH, "1")
+    monkeypatch.setenv("RADIXFLOW_CACHE", str(tmp_path))
+    monkeypatch.setattr(native, "_loaded", {})
+    return tmp_path / "kernels"
 
 
 @pytest.fixture

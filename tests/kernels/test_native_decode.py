@@ -153,15 +153,6 @@ def test_off_by_the_environment(kv_layout, monkeypatch):
     assert torch_decode.plan_checked_decode(*_args(lay, torch.randn(2, 2, 16))).native is None
 
 
-@pytest.fixture
-def fresh_build(monkeypatch, tmp_path):
-    """library() builds anew into tmp_path (the process's loaded library is put back after)."""
-    monkeypatch.setenv(native.ENV_SWITCH, "1")
-    monkeypatch.setenv("RADIXFLOW_CACHE", str(tmp_path))
-    monkeypatch.setattr(native, "_loaded", {})
-    return tmp_path / "kernels"
-
-
 def test_a_failing_compiler_falls_back_to_torch(kv_layout, fresh_build, monkeypatch, caplog):
     monkeypatch.setenv("CC", "false")  # exits 1 for --version and for the build
     with caplog.at_level(logging.WARNING, logger=native.__name__):

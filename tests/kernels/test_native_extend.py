@@ -3,6 +3,9 @@ reference over the engine's slot layout, taken by extend_attention_torch only wh
 and a layout out of range is a ValueError, never a read outside the tensors."""
 from __future__ import annotations
 
+import platform
+import stat
+
 import pytest
 import torch
 
@@ -114,3 +117,30 @@ def test_the_torch_path_stays_for_other_caches(kv_layout, monkeypatch):
     out = extend_attention_torch(*_args(lay, q))
     assert taken == [1, 1]
     torch.testing.assert_close(out, extend_attention_ref(*_args(lay, q)), **TOL[torch.bfloat16])
+
+
+def test_bf16_caches_take_pair_products_where_the_cpu_has_them(built):
+    """A CPU with AVX512-BF16 (this CI's has) builds the bf16 extend on bf16 pair products."""
+    if "avx512_bf16" not in native._cpu_flags().split():
+        pytest.skip("this CPU has no AVX512-BF16")
+    assert native.extend_bf16_pairs()
+
+
+@pytest.mark.parametrize("prefix_lens, extend_lens, num_heads, num_kv_heads, head_dim",
+                         [([0, 5000], [222, 17], 9, 3, 64), ([31, 2], [33, 1], 4, 2, 16), ([3], [40], 64, 1, 16)])
+def test_bf16_without_pair_products_matches_ref(fresh_build, kv_layout, tmp_path, monkeypatch, prefix_lens,
+                                                extend_lens, num_heads, num_kv_heads, head_dim):
+    """The portable bf16 path (fp32 products of the bf16 entries), as a CPU without AVX512-BF16
+    builds it: here the compiler is told to leave the instructions out."""
+    cc = native._compiler()
+    if cc is None or platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("needs an x86 C compiler")
+    wrapper = tmp_path / "cc-without-avx512bf16"
+    wrapper.write_text(f'#!/bin/sh\nexec {cc} "$@" -mno-avx512bf16\n')
+    wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("CC", str(wrapper))
+    assert native.library() is not None and not native.extend_bf16_pairs()
+    lay = kv_layout(prefix_lens, extend_lens, num_kv_heads, head_dim, torch.bfloat16, False, torch.device("cpu"))
+    q = torch.randn(sum(extend_lens), num_heads, head_dim, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+    out = native.extend_attention_native(*_args(lay, q))
+    torch.testing.assert_close(out, extend_attention_ref(*_args(lay, q)).float(), **TOL[torch.bfloat16])
