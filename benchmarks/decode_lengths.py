@@ -3,6 +3,7 @@
 
     python benchmarks/decode_lengths.py --baseline /tmp/before/path --out benchmarks/results/decode_lengths_cpu.json
     python benchmarks/decode_lengths.py --model tiny --smoke --out /tmp/decode_lengths.json   # seconds
+    python benchmarks/decode_lengths.py --baseline /tmp/before/path --shapes shared4,shared16,shared32 --out ...
 
 Each batch shape runs in a fresh worker process per checkout (this one, and the one whose
 `radixflow` package `--baseline` puts first on PYTHONPATH), the checkouts alternating round by
@@ -16,6 +17,9 @@ timings). Shapes (prompt lengths, distinct random tokens, seeded):
     spread    16 uniform in 200..1,200     multi-turn sessions at different turns
     lognormal 32 log-normal, median 192, at most 1,024 (the `random` bench workload's prompts)
     wide      48 uniform in 100..2,000
+    shared4   4 x (the same 1,536 tokens + 64 own)   (`--shapes`: not in the default set)
+    shared16  16 x (the same 1,024 + 32 own)
+    shared32  32 x (the same 512 + 32 own)
 """
 from __future__ import annotations
 
@@ -29,13 +33,20 @@ import statistics
 import subprocess
 import sys
 
+# name: rng -> (shared prefix length, each prompt's own length)
 SHAPES = {
-    "equal": lambda rng: [500] * 16,
-    "spread": lambda rng: [rng.randrange(200, 1200) for _ in range(16)],
-    "lognormal": lambda rng: [min(1024, max(8, int(rng.lognormvariate(math.log(192), 0.8)))) for _ in range(32)],
-    "wide": lambda rng: [rng.randrange(100, 2000) for _ in range(48)],
+    "equal": lambda rng: (0, [500] * 16),
+    "spread": lambda rng: (0, [rng.randrange(200, 1200) for _ in range(16)]),
+    "lognormal": lambda rng: (0, [min(1024, max(8, int(rng.lognormvariate(math.log(192), 0.8)))) for _ in range(32)]),
+    "wide": lambda rng: (0, [rng.randrange(100, 2000) for _ in range(48)]),
 }
-SMOKE_SHAPES = {"equal": lambda rng: [40] * 4, "spread": lambda rng: [8, 200, 30, 90]}
+SHARED_SHAPES = {
+    "shared4": lambda rng: (1536, [64] * 4),
+    "shared16": lambda rng: (1024, [32] * 16),
+    "shared32": lambda rng: (512, [32] * 32),
+}
+SMOKE_SHAPES = {"equal": lambda rng: (0, [40] * 4), "spread": lambda rng: (0, [8, 200, 30, 90]),
+                "shared": lambda rng: (48, [8] * 3)}
 GREEDY = {"temperature": 0, "ignore_eos": True}
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from long_context_decode import decode_step_ms  # noqa: E402
@@ -49,9 +60,11 @@ def worker(model: str | None, dtype: str | None, shape: str, smoke: bool, decode
     from radixflow.runtime.model.demo import demo_model
 
     torch.set_num_threads(1)
-    lengths = (SMOKE_SHAPES if smoke else SHAPES)[shape](random.Random(1))
+    prefix_len, own = (SMOKE_SHAPES if smoke else SHAPES | SHARED_SHAPES)[shape](random.Random(1))
     rng = random.Random(2)
-    prompts = [[rng.randrange(100, 3000) for _ in range(n)] for n in lengths]
+    prefix = [rng.randrange(100, 3000) for _ in range(prefix_len)]
+    prompts = [prefix + [rng.randrange(100, 3000) for _ in range(n)] for n in own]
+    lengths = [len(p) for p in prompts]
     kw = {"dtype": dtype} if dtype else {}
     path = demo_model("tiny") if model == "tiny" else model
     with Engine(path, kv_cache_tokens=sum(lengths) + len(lengths) * (decode + 8) + 4096,
@@ -86,6 +99,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--baseline", default=None, help="PYTHONPATH whose radixflow is the other checkout")
     ap.add_argument("--smoke", action="store_true", help="tiny batches (use with --model tiny)")
+    ap.add_argument("--shapes", default=None, help="comma-separated shape names (default: the four without a "
+                    "shared prefix; shared4, shared16, shared32 share one)")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
@@ -95,6 +110,12 @@ def main() -> int:
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     sides = {"this": None} | ({"baseline": args.baseline} if args.baseline else {})  # this: the installed package
     shapes = SMOKE_SHAPES if args.smoke else SHAPES
+    if args.shapes and not args.smoke:
+        known = SHAPES | SHARED_SHAPES
+        unknown = [name for name in args.shapes.split(",") if name not in known]
+        if unknown:
+            ap.error(f"unknown shapes {unknown}: choose from {sorted(known)}")
+        shapes = {name: known[name] for name in args.shapes.split(",")}
     runs: dict = {shape: {side: [] for side in sides} for shape in shapes}
     for r in range(args.rounds):
         for shape in shapes:

@@ -2,7 +2,8 @@
 compiler and called through ctypes (no torch headers, no build step at install time).
 
     cpu_decode.c   decode attention reading the KV cache in place (see decode_attention_native)
-    cpu_extend.c   causal extend (prefill) attention, the same way (see extend_attention_native)
+    cpu_extend.c   causal extend (prefill) attention, the same way (see extend_attention_native),
+                   and many rows over one shared prefix (prefix_attention_native)
     cpu_elementwise.c   RMSNorm's scaling and RoPE with torch's rounding, one pass each (rmsnorm, rope)
     cpu_silu.c     SiLU-and-mul in one pass (silu_mul)
     cpu_common.h, cpu_bf16.h   what they share
@@ -150,7 +151,7 @@ def _build() -> ctypes.CDLL | None:
     for name in EXTEND_ENTRY_POINTS.values():
         fn = getattr(lib, name)
         fn.argtypes = [p, p, p, p, i64, ctypes.c_int, p, p, p, p, i64, i64, i64, i64, ctypes.c_float, p, ctypes.c_int,
-                       p]
+                       p, ctypes.c_int, p]
         fn.restype = ctypes.c_int
     lib.extend_bf16_pairs.argtypes, lib.extend_bf16_pairs.restype = [], ctypes.c_int
     f32, i32 = ctypes.c_float, ctypes.c_int
@@ -222,23 +223,49 @@ def extend_attention_native(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     v_cache, num_heads)`, with index tensors of the checked shapes (kernels/extend_attention.py);
     a row, length or slot id out of range is a ValueError. For bf16 caches see extend_bf16_pairs:
     q must then hold bf16 values (a bf16 model's queries do)."""
+    out, _ = _extend_call(q, k_cache, v_cache, req_to_token, (req_rows, prefix_lens, extend_lens, extend_starts),
+                          sm_scale, causal=True)
+    return out
+
+
+def prefix_attention_native(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
+                            sm_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out fp32 [n, num_heads, head_dim], lse fp32 [n, num_heads]): attention of every row of q
+    [n, num_heads, head_dim] over the same keys, the cache slots `slots` (1-D int32 / int64, not
+    empty), read in place once for all rows per KV head (a shared prefix's part of a decode step;
+    lse is the natural log of each row's softmax denominator). Only where `supports_extend`; a
+    slot id out of range is a ValueError."""
+    n = q.shape[0]
+    if slots.dim() != 1 or slots.numel() == 0:
+        raise ValueError("prefix attention needs a non-empty 1-D tensor of slots")
+    index = (torch.zeros(1, dtype=torch.int64), torch.tensor([slots.shape[0]]), torch.tensor([n]),
+             torch.zeros(1, dtype=torch.int64))
+    return _extend_call(q, k_cache, v_cache, slots.view(1, -1), index, sm_scale, causal=False)
+
+
+def _extend_call(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to_token: torch.Tensor,
+                 index: tuple[torch.Tensor, ...], sm_scale: float, causal: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One call of the extend kernel (kernels/cpu_extend.c); index = (rows, prefix_lens,
+    extend_lens, q starts). (out, lse), lse only when not causal."""
     lib = library()
     assert lib is not None
     num_tokens, num_heads, head_dim = q.shape
     qf = q.to(torch.float32).contiguous()
     out = torch.zeros(num_tokens, num_heads, head_dim, dtype=torch.float32)
+    lse = None if causal else torch.empty(num_tokens, num_heads, dtype=torch.float32)
     table = req_to_token if req_to_token.stride(1) == 1 else req_to_token.contiguous()
-    index = [t.to(torch.int64).contiguous() for t in (req_rows, prefix_lens, extend_lens, extend_starts)]
+    index = [t.to(torch.int64).contiguous() for t in index]
     bounds = torch.tensor([*table.shape, num_tokens, k_cache.shape[0]], dtype=torch.int64)
     fn = getattr(lib, EXTEND_ENTRY_POINTS[k_cache.dtype])
     status = fn(qf.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), table.data_ptr(), table.stride(0),
                 int(table.dtype == torch.int64), *(t.data_ptr() for t in index), index[0].shape[0], num_heads,
-                k_cache.shape[1], head_dim, sm_scale, out.data_ptr(), torch.get_num_threads(), bounds.data_ptr())
+                k_cache.shape[1], head_dim, sm_scale, out.data_ptr(), torch.get_num_threads(), bounds.data_ptr(),
+                int(causal), None if lse is None else lse.data_ptr())
     if status == -2:
         raise ValueError("extend attention: a request's row, lengths, q rows or slot ids are out of range")
     if status != 0:
         raise MemoryError("the native extend attention kernel could not allocate its scratch memory")
-    return out
+    return out, lse
 
 
 def _elementwise(x: torch.Tensor, name: str) -> ctypes._CFuncPtr | None:

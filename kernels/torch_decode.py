@@ -299,19 +299,27 @@ def _native_pieces(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
 
 def _native_prefix_parts(qg: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, prefix: SharedPrefix,
                          sm_scale: float) -> Parts:
-    """As _prefix_parts, by the kernel when the group's query heads fit one call (at most
+    """As _prefix_parts, by a native kernel, each prefix token's K and V read once for all the
+    group's query heads. A group whose query heads fit one decode-kernel call (at most
     native.MAX_HEADS): n requests' queries [n, num_kv_heads, group, head_dim] stacked as one row
-    of n x group query heads per KV head, so each prefix token's K and V rows are read once for
-    all of them. Larger groups take the gathered matmuls, which a kernel's per-head dot products
-    do not beat there (SmolLM2's shape, one core, ad-hoc: 4 requests x 9 heads over a 1,536-token
-    prefix 0.76 → 0.67 ms per layer; 8 x 9 equal; 16 x 9 and 32 x 9 1.3-1.4x slower)."""
+    of n x group query heads per KV head; the decode kernel reads whole cache rows, every KV head
+    at once, which the few rows per KV head here need (memory-bound: 4 requests x 9 heads over
+    1,536 tokens 0.45 ms per layer in the engine, 0.57 by the extend kernel). Larger groups: the
+    extend kernel, not causal (kernels/cpu_extend.c: every request's query heads are the rows of
+    one tile per KV head; a bf16 cache's scores on bf16 pair products), which has the compute for
+    them (benchmarks/README.md, decode_lengths.py's shared shapes). Else the gathered matmuls."""
     n, num_kv_heads, group, head_dim = qg.shape
-    if n * num_kv_heads * group > native.MAX_HEADS or prefix.pieces is None:
-        return _prefix_parts(qg, k_cache, v_cache, prefix.slots, sm_scale, 1.0, 1.0)
-    stacked = qg.permute(1, 0, 2, 3).reshape(1, num_kv_heads * n * group, head_dim)  # KV head-major
-    out, lse = _native_pieces(stacked, k_cache, v_cache, prefix.pieces, 1, sm_scale)
-    m = lse.view(num_kv_heads, n, group).transpose(0, 1)
-    return m, torch.ones_like(m), out.view(num_kv_heads, n, group, head_dim).transpose(0, 1)
+    if n * num_kv_heads * group <= native.MAX_HEADS and prefix.pieces is not None:
+        stacked = qg.permute(1, 0, 2, 3).reshape(1, num_kv_heads * n * group, head_dim)  # KV head-major
+        out, lse = _native_pieces(stacked, k_cache, v_cache, prefix.pieces, 1, sm_scale)
+        m = lse.view(num_kv_heads, n, group).transpose(0, 1)
+        return m, torch.ones_like(m), out.view(num_kv_heads, n, group, head_dim).transpose(0, 1)
+    if native.supports_extend(k_cache, v_cache, num_kv_heads * group):
+        out, lse = native.prefix_attention_native(qg.reshape(n, num_kv_heads * group, head_dim), k_cache, v_cache,
+                                                  prefix.slots, sm_scale)
+        m = lse.view(n, num_kv_heads, group)
+        return m, torch.ones_like(m), out.view(n, num_kv_heads, group, head_dim)
+    return _prefix_parts(qg, k_cache, v_cache, prefix.slots, sm_scale, 1.0, 1.0)
 
 
 def _merge_pieces(out: torch.Tensor, lse: torch.Tensor, rows: torch.Tensor,

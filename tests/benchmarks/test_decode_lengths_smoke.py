@@ -14,7 +14,8 @@ def test_decode_lengths_smoke(tmp_path):
     subprocess.run([sys.executable, str(SCRIPT), "--model", "tiny", "--dtype", "float32", "--smoke", "--rounds", "1",
                     "--decode", "6", "--out", str(out)], check=True, timeout=600)
     doc = json.loads(out.read_text())
-    assert set(doc["shapes"]) == {"equal", "spread"} and doc["dtype"] == "torch.float32"
+    assert set(doc["shapes"]) == {"equal", "spread", "shared"} and doc["dtype"] == "torch.float32"
+    assert doc["shapes"]["shared"]["lengths"] == [56] * 3  # 48 shared + 8 own tokens each
     for shape in doc["shapes"].values():
         assert shape["step_ms"]["this"] > 0 and "baseline" not in shape["step_ms"]
     assert Path(doc["packages"]["this"], "kernels", "torch_decode.py").is_file()

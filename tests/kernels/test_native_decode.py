@@ -87,24 +87,33 @@ def test_long_rows_split_over_idle_threads_match_ref(kv_layout, attention_path, 
     assert torch.equal(out[padding], torch.zeros_like(out[padding]))
 
 
-@pytest.mark.parametrize("members, threads", [(7, 1), (7, 4), (8, 1)])
-def test_a_shared_prefix_is_read_by_the_kernel_when_its_group_fits_one_call(kv_layout, attention_path, on_threads,
-                                                                             monkeypatch, members, threads):
-    """A prefix shared by 7 requests x 8 query heads (56 <= 64) is read once by the kernel (with
-    4 threads, in pieces); by 8 requests (64 heads) too; with more it takes the gathered matmuls
-    (see test_torch_attention's shared cases)."""
+@pytest.mark.parametrize("members, threads, head_dim", [(7, 1, 32), (7, 4, 32), (8, 1, 32), (20, 1, 32), (20, 2, 32),
+                                                    (20, 1, 40)])
+def test_a_shared_prefix_is_read_once_by_a_kernel(kv_layout, attention_path, on_threads, monkeypatch, members,
+                                                  threads, head_dim):
+    """A prefix shared by 7 requests x 8 query heads (56 <= 64) is read once by the decode kernel
+    (with 4 threads, in pieces); by 8 requests (64 heads) too; by 20 (160 heads) the extend kernel
+    (not causal) reads it once for all of them; a head_dim it does not take (40: not a multiple of
+    16) goes to the gathered matmuls."""
     monkeypatch.setattr(torch_decode, "SPLIT_PIECE_TOKENS", 32)
-    calls = []
-    real = native.decode_attention_native
+    calls, prefix_calls = [], []
+    real, real_prefix = native.decode_attention_native, native.prefix_attention_native
     monkeypatch.setattr(native, "decode_attention_native", lambda *a: calls.append(tuple(a[0].shape)) or real(*a))
-    lay = _layout(kv_layout, [300 + i for i in range(members)], 2, 32, torch.float32)
+    monkeypatch.setattr(native, "prefix_attention_native",
+                        lambda *a: prefix_calls.append((tuple(a[0].shape), a[3].numel())) or real_prefix(*a))
+    lay = _layout(kv_layout, [300 + i for i in range(members)], 2, head_dim, torch.float32)
     lay.share_prefixes([(list(range(members)), 250)])
-    q = torch.randn(members, 8, 32, generator=torch.Generator().manual_seed(6))
+    q = torch.randn(members, 8, head_dim, generator=torch.Generator().manual_seed(6))
     out = on_threads(threads, decode_attention_torch, *_args(lay, q))
     torch.testing.assert_close(out, decode_attention_ref(*_args(lay, q)), **TOL[torch.float32])
     if attention_path == "native":
-        pieces = 1 if threads == 1 else 4
-        assert calls == [(members, 8, 32), (pieces, members * 8, 32)]  # own suffixes, then the prefix
+        own = (members, 8, head_dim)  # the requests' own suffixes
+        if members * 8 <= native.MAX_HEADS:
+            pieces = 1 if threads == 1 else 4
+            assert calls == [own, (pieces, members * 8, head_dim)] and prefix_calls == []
+        else:
+            assert calls == [own]
+            assert prefix_calls == ([] if head_dim % native.EXTEND_VEC else [(own, 250)])
 
 
 def test_lse_is_the_log_of_the_softmax_denominator(monkeypatch):

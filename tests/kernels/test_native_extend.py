@@ -3,6 +3,7 @@ reference over the engine's slot layout, taken by extend_attention_torch only wh
 and a layout out of range is a ValueError, never a read outside the tensors."""
 from __future__ import annotations
 
+import os
 import platform
 import stat
 
@@ -144,3 +145,52 @@ def test_bf16_without_pair_products_matches_ref(fresh_build, kv_layout, tmp_path
     q = torch.randn(sum(extend_lens), num_heads, head_dim, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
     out = native.extend_attention_native(*_args(lay, q))
     torch.testing.assert_close(out, extend_attention_ref(*_args(lay, q)).float(), **TOL[torch.bfloat16])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows, prefix_len, num_heads, num_kv_heads, head_dim",
+                         [(1, 1, 2, 2, 16), (7, 250, 8, 2, 32), (40, 1500, 9, 3, 64), (3, 33, 64, 1, 16)])
+def test_prefix_attention_matches_a_direct_softmax(built, rows, prefix_len, num_heads, num_kv_heads, head_dim,
+                                                     dtype):
+    """prefix_attention_native: every row over the same slots (more rows than one tile: 40 x 3
+    query heads per KV head), out and the natural-log softmax denominator, against fp64 math."""
+    gen = torch.Generator().manual_seed(11)
+    k = torch.randn(prefix_len + 9, num_kv_heads, head_dim, generator=gen).to(dtype)
+    v = torch.randn(prefix_len + 9, num_kv_heads, head_dim, generator=gen).to(dtype)
+    slots = torch.randperm(prefix_len + 9, generator=gen)[:prefix_len]
+    q = torch.randn(rows, num_heads, head_dim, generator=gen).to(dtype)
+    scale = head_dim ** -0.5
+    out, lse = native.prefix_attention_native(q, k, v, slots, scale)
+    group = num_heads // num_kv_heads
+    kk = k[slots].double().repeat_interleave(group, dim=1)  # [prefix_len, num_heads, head_dim]
+    vv = v[slots].double().repeat_interleave(group, dim=1)
+    scores = torch.einsum("rhd,phd->rhp", q.double(), kk) * scale
+    torch.testing.assert_close(lse.double(), torch.logsumexp(scores, dim=-1), rtol=1e-5, atol=1e-5)
+    ref = torch.einsum("rhp,phd->rhd", torch.softmax(scores, dim=-1), vv)
+    torch.testing.assert_close(out.double(), ref, **TOL[torch.float32])
+
+
+@pytest.mark.parametrize("slots", [torch.tensor([0, 1, 99]), torch.tensor([-1, 2]), torch.tensor([], dtype=torch.int64)])
+def test_prefix_attention_refuses_slots_out_of_range_or_none(built, slots):
+    k = torch.randn(10, 1, 16)
+    with pytest.raises(ValueError):
+        native.prefix_attention_native(torch.randn(2, 2, 16), k, k.clone(), slots, 0.25)
+
+
+def _mapped_bytes() -> int:
+    """The process's virtual memory size (what it has allocated, touched or not)."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="needs /proc")
+def test_calls_give_back_their_scratch(built, kv_layout):
+    """Each call allocates its threads' scratch (~400 KB) and frees it: 1,000 calls leave the
+    process's memory where it was (1,000 lost scratches would be ~400 MB)."""
+    lay = kv_layout([8], [4], 1, 16, torch.float32, False, torch.device("cpu"))
+    q = torch.randn(4, 2, 16)
+    native.extend_attention_native(*_args(lay, q))
+    before = _mapped_bytes()
+    for _ in range(1000):
+        native.extend_attention_native(*_args(lay, q))
+    assert _mapped_bytes() - before < 64 << 20
