@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import platform
 import stat
+import subprocess
 
 import pytest
 import torch
@@ -121,9 +122,14 @@ def test_the_torch_path_stays_for_other_caches(kv_layout, monkeypatch):
 
 
 def test_bf16_caches_take_pair_products_where_the_cpu_has_them(built):
-    """A CPU with AVX512-BF16 (this CI's has) builds the bf16 extend on bf16 pair products."""
+    """A CPU with AVX512-BF16 (this CI's has), and a compiler that knows it, build the bf16
+    extend on bf16 pair products."""
     if "avx512_bf16" not in native._cpu_flags().split():
         pytest.skip("this CPU has no AVX512-BF16")
+    macros = subprocess.run([native._compiler(), "-march=native", "-dM", "-E", "-"], input="", capture_output=True,
+                            text=True, timeout=60).stdout
+    if "__AVX512BF16__" not in macros:
+        pytest.skip("the C compiler does not target AVX512-BF16 here")
     assert native.extend_bf16_pairs()
 
 
