@@ -244,7 +244,8 @@ def prefix_attention_native(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
 
 
 def _extend_call(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to_token: torch.Tensor,
-                 index: tuple[torch.Tensor, ...], sm_scale: float, causal: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+                 index: tuple[torch.Tensor, ...], sm_scale: float,
+                 causal: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One call of the extend kernel (kernels/cpu_extend.c); index = (rows, prefix_lens,
     extend_lens, q starts). (out, lse), lse only when not causal."""
     lib = library()

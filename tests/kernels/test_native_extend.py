@@ -148,7 +148,8 @@ def test_bf16_without_pair_products_matches_ref(fresh_build, kv_layout, tmp_path
     monkeypatch.setenv("CC", str(wrapper))
     assert native.library() is not None and not native.extend_bf16_pairs()
     lay = kv_layout(prefix_lens, extend_lens, num_kv_heads, head_dim, torch.bfloat16, False, torch.device("cpu"))
-    q = torch.randn(sum(extend_lens), num_heads, head_dim, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(sum(extend_lens), num_heads, head_dim, generator=gen).to(torch.bfloat16)
     out = native.extend_attention_native(*_args(lay, q))
     torch.testing.assert_close(out, extend_attention_ref(*_args(lay, q)).float(), **TOL[torch.bfloat16])
 
@@ -176,7 +177,8 @@ def test_prefix_attention_matches_a_direct_softmax(built, rows, prefix_len, num_
     torch.testing.assert_close(out.double(), ref, **TOL[torch.float32])
 
 
-@pytest.mark.parametrize("slots", [torch.tensor([0, 1, 99]), torch.tensor([-1, 2]), torch.tensor([], dtype=torch.int64)])
+@pytest.mark.parametrize("slots", [torch.tensor([0, 1, 99]), torch.tensor([-1, 2]),
+                                   torch.tensor([], dtype=torch.int64)])
 def test_prefix_attention_refuses_slots_out_of_range_or_none(built, slots):
     k = torch.randn(10, 1, 16)
     with pytest.raises(ValueError):
