@@ -164,12 +164,12 @@ static inline __attribute__((always_inline)) void scores_dp(const vu *qT2, const
 #endif
 }
 
-#define DEFINE_EXTEND(NAME, T, LOAD, DP)                                                       \
+#define DEFINE_EXTEND(NAME, T, LOAD, DP)                                                               \
     /* sT[j][v0 ..) = sum_d qT[d][v] * k_j[d] for keys j < nb (KJ at a time; kp is padded with a       \
      * zero row up to a multiple of KJ), VC row vectors from v0. */                                    \
     static inline __attribute__((always_inline)) void NAME##_scores(                                   \
-        const vf *qT, const T *const *kp, vf *sT, int64_t nb, int64_t RV, int64_t v0, const int64_t VC, \
-        const int64_t D) {                                                                             \
+        const vf *qT, const T *const *kp, vf *sT, int64_t nb, int64_t RV, int64_t v0,                  \
+        const int64_t VC, const int64_t D) {                                                           \
         for (int64_t j = 0; j < nb; j += KJ) {                                                         \
             vf a[KJ][VJ];                                                                              \
             for (int64_t i = 0; i < KJ; i++)                                                           \
@@ -191,8 +191,8 @@ static inline __attribute__((always_inline)) void scores_dp(const vu *qT2, const
                                                                                                        \
     /* accT[d][v0 ..) += sum_{j < nb} sT[j][v] * v_j[d], VC row vectors from v0 */                     \
     static inline __attribute__((always_inline)) void NAME##_values(                                   \
-        const vf *sT, const T *const *vp, vf *accT, int64_t nb, int64_t RV, int64_t v0, const int64_t VC, \
-        const int64_t D) {                                                                             \
+        const vf *sT, const T *const *vp, vf *accT, int64_t nb, int64_t RV, int64_t v0,                \
+        const int64_t VC, const int64_t D) {                                                           \
         for (int64_t d0 = 0; d0 < D; d0 += DJ) {                                                       \
             vf a[DJ][VJ];                                                                              \
             for (int64_t i = 0; i < DJ; i++)                                                           \
@@ -223,7 +223,8 @@ static inline __attribute__((always_inline)) void scores_dp(const vu *qT2, const
         const float qs = scale * LOG2E;                                                                \
         vf *qT = w->qT, *accT = w->accT, *sT = w->sT;                                                  \
         /* keys the tile can see; the first row's last visible one */                                  \
-        const int64_t n = causal ? prefix + i0 + nt : prefix, first_pos = causal ? prefix + i0 : n - 1; \
+        const int64_t n = causal ? prefix + i0 + nt : prefix;                                          \
+        const int64_t first_pos = causal ? prefix + i0 : n - 1;                                        \
         for (int64_t r = 0; r < RV * VEC; r++) {                                                       \
             float *lane = (float *)qT + r; /* qT[d][r / VEC][r % VEC] */                               \
             const float *src = q + (i0 + r / G) * H * D + (g * G + r % G) * D;                         \
@@ -271,7 +272,8 @@ static inline __attribute__((always_inline)) void scores_dp(const vu *qT2, const
                 for (int64_t j = 0; j < nb; j++)                                                       \
                     for (int64_t v = 0; v < RV; v++) {                                                 \
                         const vi hide = w->lim[v] < (int32_t)(k0 + j);                                 \
-                        sT[j * RV + v] = (vf)(((vi)sT[j * RV + v] & ~hide) | ((vi)vsplat(MASKED) & hide)); \
+                        const vi s = (vi)sT[j * RV + v];                                               \
+                        sT[j * RV + v] = (vf)((s & ~hide) | ((vi)vsplat(MASKED) & hide));              \
                     }                                                                                  \
             }                                                                                          \
             for (int64_t v = 0; v < RV; v++) {                                                         \
@@ -315,8 +317,8 @@ static inline __attribute__((always_inline)) void scores_dp(const vu *qT2, const
             const float inv = 1.0f / lf[r];                                                            \
             for (int64_t d = 0; d < D; d++) dst[d] = af[d * RV * VEC + r] * inv;                       \
             if (lse != NULL) /* natural log of the row's softmax denominator */                        \
-                lse[(i0 + r / G) * H + g * G + r % G] =                                               \
-                    (((const float *)w->m)[r] + log2f(lf[r])) * LN2;                                  \
+                lse[(i0 + r / G) * H + g * G + r % G] =                                                \
+                    (((const float *)w->m)[r] + log2f(lf[r])) * LN2;                                   \
         }                                                                                              \
     }                                                                                                  \
                                                                                                        \
@@ -357,8 +359,8 @@ static inline __attribute__((always_inline)) void scores_dp(const vu *qT2, const
                 const int64_t nt = extend_lens[b] - i0 < tq ? extend_lens[b] - i0 : tq;                \
                 const char *tb = (const char *)table + rows[b] * table_stride * (wide ? 8 : 4);        \
                 const float *qb = q + q_starts[b] * HD;                                                \
-                float *ob = out + q_starts[b] * HD;                                                   \
-                float *lb = lse == NULL ? NULL : lse + q_starts[b] * num_heads;                       \
+                float *ob = out + q_starts[b] * HD;                                                    \
+                float *lb = lse == NULL ? NULL : lse + q_starts[b] * num_heads;                        \
                 /* the common head sizes as constants: their loops over head_dim unroll */             \
                 if (head_dim == 16)                                                                    \
                     NAME##_tile(rw, qb, kc, vc, tb, wide, prefix_lens[b], i0, nt, g, num_heads,        \
