@@ -6,16 +6,14 @@ cache's shared KV slots) read once for all of them.
     attention:            one matmul for the group's queries    + per-request padded gather
                           └──────────── merged by their softmax statistics ────────────┘
 
-Without sharing, every request reads its whole context, gathered and converted to fp32 per
-request: a 1,024-token few-shot prefix is read as many times as there are requests. With a
-shared prefix of P slots, a group of n requests reads it once, its n x group query heads stacked
-as the rows of one matmul per KV head.
+Without sharing, a 1,024-token few-shot prefix is read (gathered, fp32) once per request; shared,
+once per group of n requests, its n x group query heads the rows of one matmul per KV head.
 
-Where the native kernel builds (kernels/native.py; fp32 and bf16 caches), it reads the requests'
-own suffixes in place from the cache, each row whole: no gather, no padding, 2-3x faster per
-layer than the gathered chunks on one core; and a prefix a group shares, once for the group, when
-the group's query heads fit one call. The chunks are its fallback (no C compiler, fp16 or
-fp8 caches, RADIXFLOW_NATIVE_KERNELS=0).
+Where the native kernels build (kernels/native.py; fp32 and bf16 caches), the decode kernel reads
+the requests' own suffixes in place, each row whole (no gather, no padding: 2-3x the gathered
+chunks per layer on one core), and a group's shared prefix is read once by the decode kernel (up
+to 64 query heads) or the extend kernel (more). The chunks are the fallback (no C compiler,
+fp16 or fp8 caches, RADIXFLOW_NATIVE_KERNELS=0).
 """
 from __future__ import annotations
 
@@ -299,27 +297,23 @@ def _native_pieces(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
 
 def _native_prefix_parts(qg: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, prefix: SharedPrefix,
                          sm_scale: float) -> Parts:
-    """As _prefix_parts, by a native kernel, each prefix token's K and V read once for all the
-    group's query heads. A group whose query heads fit one decode-kernel call (at most
-    native.MAX_HEADS): n requests' queries [n, num_kv_heads, group, head_dim] stacked as one row
-    of n x group query heads per KV head; the decode kernel reads whole cache rows, every KV head
-    at once, which the few rows per KV head here need (memory-bound: 4 requests x 9 heads over
-    1,536 tokens 0.45 ms per layer in the engine, 0.57 by the extend kernel). Larger groups: the
-    extend kernel, not causal (kernels/cpu_extend.c: every request's query heads are the rows of
-    one tile per KV head; a bf16 cache's scores on bf16 pair products), which has the compute for
-    them (benchmarks/README.md, decode_lengths.py's shared shapes). Else the gathered matmuls."""
+    """As _prefix_parts, each prefix token's K / V read once for the group. Up to native.MAX_HEADS
+    query heads: the decode kernel, the n requests' queries stacked as one row of n x group heads
+    (whole cache rows read at once suit few rows per KV head: memory-bound). More: the extend
+    kernel, not causal, every request's heads the rows of one tile per KV head (compute-bound;
+    benchmarks/README.md, decode_lengths.py's shared shapes). Else the gathered matmuls."""
     n, num_kv_heads, group, head_dim = qg.shape
     if n * num_kv_heads * group <= native.MAX_HEADS and prefix.pieces is not None:
         stacked = qg.permute(1, 0, 2, 3).reshape(1, num_kv_heads * n * group, head_dim)  # KV head-major
         out, lse = _native_pieces(stacked, k_cache, v_cache, prefix.pieces, 1, sm_scale)
-        m = lse.view(num_kv_heads, n, group).transpose(0, 1)
-        return m, torch.ones_like(m), out.view(num_kv_heads, n, group, head_dim).transpose(0, 1)
-    if native.supports_extend(k_cache, v_cache, num_kv_heads * group):
-        out, lse = native.prefix_attention_native(qg.reshape(n, num_kv_heads * group, head_dim), k_cache, v_cache,
-                                                  prefix.slots, sm_scale)
-        m = lse.view(n, num_kv_heads, group)
-        return m, torch.ones_like(m), out.view(n, num_kv_heads, group, head_dim)
-    return _prefix_parts(qg, k_cache, v_cache, prefix.slots, sm_scale, 1.0, 1.0)
+        m, o = lse.view(num_kv_heads, n, group), out.view(num_kv_heads, n, group, head_dim)
+        m, o = m.transpose(0, 1), o.transpose(0, 1)
+    elif native.supports_extend(k_cache, v_cache, num_kv_heads * group):
+        out, lse = native.prefix_attention_native(qg.reshape(n, -1, head_dim), k_cache, v_cache, prefix.slots, sm_scale)
+        m, o = lse.view(n, num_kv_heads, group), out.view(n, num_kv_heads, group, head_dim)
+    else:
+        return _prefix_parts(qg, k_cache, v_cache, prefix.slots, sm_scale, 1.0, 1.0)
+    return m, torch.ones_like(m), o
 
 
 def _merge_pieces(out: torch.Tensor, lse: torch.Tensor, rows: torch.Tensor,
