@@ -463,7 +463,7 @@ def main() -> int:
         sizes["http_decode"] = ns.http_decode
     import radixflow.runtime  # the commit of the code measured (PYTHONPATH may point at another checkout)
     code_dir = os.path.dirname(os.path.realpath(radixflow.runtime.__file__))
-    commit = os.environ.get("RADIXFLOW_COMMIT") or subprocess.run(  # gpu_check.sh names it: see kernels.py
+    commit = os.environ.get("RADIXFLOW_COMMIT") or subprocess.run(  # gpu_check.sh names it: see attention_kernels.py
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=code_dir).stdout.strip()
     shape = TINY
     if ns.gpu:

@@ -4,7 +4,7 @@
 # time limit, 10.5 minutes in all at worst, ~5.5 minutes as measured on an H200):
 #   pytest_gpu       `pytest -m gpu` (kernels in bf16, CUDA graphs on/off, overlap on/off)
 #   kernel_tests     every test in tests/kernels, on the device
-#   kernels          benchmarks/kernels.py --extend-sweep
+#   kernels          benchmarks/attention_kernels.py --extend-sweep
 #   engine_decode    benchmarks/engine_decode.py: decode tok/s, graphs on/off, overlap on/off at 64 and 256
 #   engine_overhead  benchmarks/engine_overhead.py --gpu: engine work per step, 100K-prefix TTFT
 #                    ratio, memory-blocked steps, on the 8B shape (not its HTTP part)
@@ -85,7 +85,7 @@ wanted pytest_gpu && step pytest_gpu "$(lim 120)" $PY -m pytest -m gpu -q -p no:
 # every kernel test (not only the gpu-marked ones) on the device, against the torch references
 wanted kernel_tests && step kernel_tests "$(lim 150)" $PY -m pytest -q -p no:cacheprovider $xdist \
   --junitxml="$OUT/kernel_tests.xml" tests/kernels
-wanted kernels && step kernels "$(lim 130)" $PY benchmarks/kernels.py --out "$OUT" --time-budget-s "$(lim 100)" \
+wanted kernels && step kernels "$(lim 130)" $PY benchmarks/attention_kernels.py --out "$OUT" --time-budget-s "$(lim 100)" \
   --extend-sweep
 wanted engine_decode && step engine_decode "$(lim 130)" $PY benchmarks/engine_decode.py --out "$OUT" \
   --time-budget-s "$(lim 80)"

@@ -146,7 +146,7 @@ def _extend_attention_kernel(
 
 
 def _launch_config(dtype: torch.dtype, block_d: int, is_cuda: bool, fp8_kv: bool = False) -> dict[str, int]:
-    """Tile sizes. head_dim <= 128, bf16/fp16 K/V: timed on an H200 (triton 3.6, benchmarks/kernels.py
+    """Tile sizes. head_dim <= 128, bf16/fp16 K/V: timed on an H200 (triton 3.6, benchmarks/attention_kernels.py
     --extend-sweep, results/gpu_h200_s25/), the fastest of eight at five of its six shapes and
     1.4-1.9x faster than the 64 x 32 tile of 8 warps at all six, register spills (552 bytes under
     triton 3.6) included. fp8 K/V keeps that older tile

@@ -1,4 +1,4 @@
-"""benchmarks/kernels.py and benchmarks/engine_decode.py run end to end in --smoke mode and write their JSON."""
+"""benchmarks/attention_kernels.py and benchmarks/engine_decode.py run end to end in --smoke mode and write their JSON."""
 from __future__ import annotations
 
 import importlib.util
@@ -23,7 +23,7 @@ def _load(name: str) -> ModuleType:
 
 
 def test_kernels_smoke(tmp_path):
-    bench = _load("kernels")
+    bench = _load("attention_kernels")
     assert bench.main(["--smoke", "--out", str(tmp_path)]) == 0
     doc = json.loads((tmp_path / "kernels.json").read_text())
     rows = doc["rows"]

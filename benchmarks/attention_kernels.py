@@ -1,7 +1,7 @@
 """Attention kernels at Llama-3-8B head shapes: ours (Triton) vs the torch reference vs SDPA, against HBM bandwidth.
 
-    python benchmarks/kernels.py --out benchmarks/out/kernels        # a CUDA machine, a few minutes
-    python benchmarks/kernels.py --smoke --out /tmp/kernels          # CPU (Triton interpreter), seconds
+    python benchmarks/attention_kernels.py --out benchmarks/out/kernels        # a CUDA machine, a few minutes
+    python benchmarks/attention_kernels.py --smoke --out /tmp/kernels          # CPU (Triton interpreter), seconds
 
 Decode attention reads every context token's K and V once, so its floor is
 `kv_bytes / HBM bandwidth`; the figure of merit is achieved bandwidth (K/V bytes read / time)
