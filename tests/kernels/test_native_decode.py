@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import logging
 import os
+import platform
+import stat
 import subprocess
 import sys
 
@@ -201,3 +203,104 @@ def test_loading_the_kernel_keeps_the_process_float_modes(tmp_path):
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300,
                          cwd=tmp_path, check=True).stdout.split()
     assert float(out[0]) > 0 and float(out[1]) > 0  # denormals survive
+
+
+@pytest.fixture
+def built(native_built):
+    """The native kernels are built (or, without a compiler, the test skipped)."""
+
+
+def _direct(q, k, v, slots, offsets, scale):
+    """fp64 (out, lse) of each request over its slots, the natural-log softmax denominator."""
+    group = q.shape[1] // k.shape[1]
+    outs, lses = [], []
+    for b in range(q.shape[0]):
+        idx = slots[offsets[b]:offsets[b + 1]]
+        kk = k[idx].double().repeat_interleave(group, dim=1)  # [n, heads, head_dim]
+        vv = v[idx].double().repeat_interleave(group, dim=1)
+        scores = torch.einsum("hd,nhd->hn", q[b].double(), kk) * scale
+        outs.append(torch.einsum("hn,nhd->hd", scores.softmax(-1), vv))
+        lses.append(scores.logsumexp(-1))
+    return torch.stack(outs), torch.stack(lses)
+
+
+# (context lengths, heads, KV heads, head_dim, cache dtype): every build's cases. head_dim 16
+# and 128 (fp32), 64 and 256 (bf16: pair products), 48 (bf16, a multiple of 16 but not of 32:
+# fp32 products of the converted entries), 40 (not a multiple of 16: the portable loop on any
+# build); blocks of 32 keys full, cut in either half, and a 16-token one
+DIRECT_CASES = [
+    ([1, 16, 33], 4, 2, 16, torch.float32),
+    ([31, 17, 700], 9, 3, 64, torch.bfloat16),
+    ([64, 5], 32, 8, 128, torch.float32),
+    ([100], 16, 1, 256, torch.bfloat16),
+    ([47, 32], 6, 2, 48, torch.bfloat16),
+    ([20, 70], 4, 1, 40, torch.float32),
+    ([3, 90], 64, 2, 64, torch.bfloat16),
+]
+
+
+def _check_direct(lengths, num_heads, num_kv_heads, head_dim, dtype, threads):
+    gen = torch.Generator().manual_seed(5)
+    total = sum(lengths)
+    k = torch.randn(total + 20, num_kv_heads, head_dim, generator=gen).to(dtype)
+    v = torch.randn(total + 20, num_kv_heads, head_dim, generator=gen).to(dtype)
+    slots = torch.randperm(total + 20, generator=gen)[:total]
+    offsets = torch.tensor([0, *lengths], dtype=torch.int64).cumsum(0)
+    q = torch.randn(len(lengths), num_heads, head_dim, generator=gen).to(dtype)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        out, lse = native.decode_attention_native(q, k, v, slots, offsets, head_dim ** -0.5)
+    finally:
+        torch.set_num_threads(before)
+    ref_out, ref_lse = _direct(q, k, v, slots, offsets, head_dim ** -0.5)
+    torch.testing.assert_close(lse.double(), ref_lse, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out.double(), ref_out, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("lengths, num_heads, num_kv_heads, head_dim, dtype", DIRECT_CASES)
+def test_matches_a_direct_softmax(built, lengths, num_heads, num_kv_heads, head_dim, dtype, threads):
+    """out and lse against fp64 math on the build this machine makes (keys in the vector lanes
+    where the CPU has AVX-512)."""
+    _check_direct(lengths, num_heads, num_kv_heads, head_dim, dtype, threads)
+
+
+def test_the_portable_build_matches_a_direct_softmax(fresh_build, tmp_path, monkeypatch):
+    """The loop a CPU without AVX-512 builds (here the compiler is told to leave AVX-512 out),
+    every case on one build."""
+    cc = native._compiler()
+    if cc is None or platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("needs an x86 C compiler")
+    wrapper = tmp_path / "cc-without-avx512"
+    wrapper.write_text(f'#!/bin/sh\nexec {cc} "$@" -mno-avx512f\n')
+    wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("CC", str(wrapper))
+    assert native.library() is not None and native.decode_lanes() == 0
+    for case in DIRECT_CASES:
+        _check_direct(*case, threads=1)
+
+
+def test_the_lanes_build_where_the_compiler_targets_avx512(built):
+    macros = subprocess.run([native._compiler(), "-march=native", "-dM", "-E", "-"], input="", capture_output=True,
+                            text=True, timeout=60).stdout
+    if "__AVX512F__" not in macros or "__AVX512BW__" not in macros:
+        pytest.skip("the C compiler does not target AVX-512 here")
+    assert native.decode_lanes() == (2 if "__AVX512BF16__" in macros else 1)
+
+
+def test_fp32_queries_over_a_bf16_cache_are_not_rounded(built):
+    """Pair products need bf16 queries: an fp32 model's queries over a bf16 cache take fp32
+    products (rounded to bf16 they would be off by ~1e-3)."""
+    gen = torch.Generator().manual_seed(8)
+    k = torch.randn(300, 2, 64, generator=gen).to(torch.bfloat16)
+    v = torch.randn(300, 2, 64, generator=gen).to(torch.bfloat16)
+    slots = torch.randperm(300, generator=gen)[:250]
+    offsets = torch.tensor([0, 250])
+    q = torch.randn(1, 8, 64, generator=gen) * 3
+    out, lse = native.decode_attention_native(q, k, v, slots, offsets, 0.125)
+    ref_out, ref_lse = _direct(q, k, v, slots, offsets, 0.125)
+    rounded_out, _ = _direct(q.to(torch.bfloat16).float(), k, v, slots, offsets, 0.125)
+    assert (rounded_out - ref_out).abs().max() > 1e-3  # what rounding the queries would cost
+    torch.testing.assert_close(out.double(), ref_out, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(lse.double(), ref_lse, rtol=1e-5, atol=1e-5)
