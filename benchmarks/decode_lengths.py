@@ -20,6 +20,8 @@ timings). Shapes (prompt lengths, distinct random tokens, seeded):
     shared4   4 x (the same 1,536 tokens + 64 own)   (`--shapes`: not in the default set)
     shared16  16 x (the same 1,024 + 32 own)
     shared32  32 x (the same 512 + 32 own)
+    one       1 x 2,000                          (`--shapes`) one agent session's long context
+    four      4 x 1,500                          (`--shapes`)
 """
 from __future__ import annotations
 
@@ -44,6 +46,8 @@ SHARED_SHAPES = {
     "shared4": lambda rng: (1536, [64] * 4),
     "shared16": lambda rng: (1024, [32] * 16),
     "shared32": lambda rng: (512, [32] * 32),
+    "one": lambda rng: (0, [2000]),
+    "four": lambda rng: (0, [1500] * 4),
 }
 SMOKE_SHAPES = {"equal": lambda rng: (0, [40] * 4), "spread": lambda rng: (0, [8, 200, 30, 90]),
                 "shared": lambda rng: (48, [8] * 3)}

@@ -1,11 +1,13 @@
 """Native CPU kernels: C sources in this folder, compiled once per machine with the system C
 compiler and called through ctypes (no torch headers, no build step at install time).
 
-    cpu_decode.c   decode attention reading the KV cache in place (see decode_attention_native)
+    cpu_decode.c   decode attention reading the KV cache in place (see decode_attention_native;
+                   keys in the vector lanes where the CPU has AVX-512: decode_lanes)
     cpu_extend.c   causal extend (prefill) attention, the same way (see extend_attention_native),
                    and many rows over one shared prefix (prefix_attention_native)
     cpu_elementwise.c   RMSNorm's scaling and RoPE with torch's rounding, one pass each (rmsnorm, rope)
     cpu_silu.c     SiLU-and-mul in one pass (silu_mul)
+    cpu_linear.c   bf16 linear layers on a packed weight layout with AVX512-BF16 (linear_bf16)
     cpu_common.h, cpu_bf16.h   what they share
 
 They compile into one shared library. It lands in `<cache_root()>/kernels` (else, not writable,
@@ -36,7 +38,7 @@ HERE = Path(__file__).parent
 # each source with its own flags after COMPILE_FLAGS: the elementwise passes round every
 # operation as torch does (no fast-math, no fused multiply-add but the one written)
 SOURCES = ((HERE / "cpu_decode.c", ()), (HERE / "cpu_extend.c", ()), (HERE / "cpu_silu.c", ()),
-           (HERE / "cpu_elementwise.c", ("-fno-fast-math", "-ffp-contract=off")))
+           (HERE / "cpu_linear.c", ()), (HERE / "cpu_elementwise.c", ("-fno-fast-math", "-ffp-contract=off")))
 HEADERS = (HERE / "cpu_common.h", HERE / "cpu_bf16.h")
 COMPILE_FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC", "-std=gnu11")
 # Linked apart, without -ffast-math: linked with it, the library gets a constructor that sets the
@@ -154,6 +156,9 @@ def _build() -> ctypes.CDLL | None:
                        p, ctypes.c_int, p]
         fn.restype = ctypes.c_int
     lib.extend_bf16_pairs.argtypes, lib.extend_bf16_pairs.restype = [], ctypes.c_int
+    lib.decode_lanes.argtypes, lib.decode_lanes.restype = [], ctypes.c_int
+    lib.linear_lanes.argtypes, lib.linear_lanes.restype = [], ctypes.c_int
+    lib.linear_bf16.argtypes, lib.linear_bf16.restype = [p, p, i64, i64, i64, p, p, ctypes.c_int], None
     f32, i32 = ctypes.c_float, ctypes.c_int
     for suffix in ELEMENTWISE_SUFFIX.values():
         for name, argtypes in (("rmsnorm_scale", [p, i64, p, p, f32, i64, i64, p, i32]),
@@ -178,6 +183,13 @@ def supports(k_cache: torch.Tensor, v_cache: torch.Tensor, num_heads: int) -> bo
     num_kv_heads, head_dim = k_cache.shape[1:]
     return (num_heads <= MAX_HEADS and num_kv_heads * head_dim <= MAX_KV_ROW
             and _dense_caches(k_cache, v_cache, num_heads))
+
+
+def decode_lanes() -> int:
+    """Which build of the decode kernel runs (cpu_decode.c): 0 the portable loop, 1 keys in the
+    vector lanes (AVX-512), 2 the same with bf16 pair products for bf16 queries over bf16 caches."""
+    lib = library()
+    return 0 if lib is None else int(lib.decode_lanes())
 
 
 def decode_attention_native(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
@@ -325,3 +337,42 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor | None:
     out = torch.empty(rows, inter, dtype=gate_up.dtype)
     fn(gate_up.data_ptr(), rows, inter, out.data_ptr(), torch.get_num_threads())
     return out
+
+
+def linear_supports(weight: torch.Tensor) -> bool:
+    """Whether linear_bf16 takes this [out, in] weight: a bf16 CPU tensor, out a multiple of 16,
+    in even, and a build with AVX512-BF16 (cpu_linear.c)."""
+    out_features, in_features = weight.shape
+    if weight.device.type != "cpu" or weight.dtype != torch.bfloat16 or out_features % 16 or in_features % 2:
+        return False
+    lib = library()
+    return lib is not None and bool(lib.linear_lanes())
+
+
+def pack_linear_weight(weight: torch.Tensor) -> torch.Tensor:
+    """weight [N, K] in linear_bf16's layout: [N / 16, K / 2, 16, 2], each lane a pair of one
+    output column's entries (cpu_linear.c)."""
+    n, k = weight.shape
+    return weight.detach().reshape(n // 16, 16, k // 2, 2).permute(0, 2, 1, 3).contiguous()
+
+
+def unpack_linear_weight(packed: torch.Tensor) -> torch.Tensor:
+    """The [N, K] weight back from pack_linear_weight's layout."""
+    blocks, pairs = packed.shape[:2]
+    return packed.permute(0, 2, 1, 3).reshape(blocks * 16, pairs * 2)
+
+
+def linear_bf16(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x [..., K] bf16 @ W.T (+ bias, fp32 [N]) with W packed by pack_linear_weight, as bf16
+    [..., N]: exact products, fp32 sums, one rounding. Only where linear_supports(W)."""
+    lib = library()
+    assert lib is not None and x.dtype == torch.bfloat16
+    n = packed.shape[0] * 16
+    k = x.shape[-1]
+    assert k == packed.shape[1] * 2, (k, tuple(packed.shape))
+    rows = x.reshape(-1, k).contiguous()
+    y = torch.empty(rows.shape[0], n, dtype=torch.bfloat16)
+    if rows.shape[0]:
+        lib.linear_bf16(packed.data_ptr(), rows.data_ptr(), rows.shape[0], k, n,
+                        None if bias is None else bias.data_ptr(), y.data_ptr(), torch.get_num_threads())
+    return y.view(*x.shape[:-1], n)
