@@ -68,3 +68,19 @@ def test_cpu_prefill_smoke(tmp_path, monkeypatch):
     assert row["max_abs_diff"] < 2e-2  # bf16 outputs of the same attention
     assert [r["op"] for r in result["elementwise"]] == ["rmsnorm+residual", "rope", "silu_mul"]
     assert all(r["native_ms"] > 0 and r["torch_ms"] > 0 for r in result["elementwise"])
+
+
+def test_cpu_linear_smoke(tmp_path, monkeypatch):
+    from radixflow.kernels import native
+
+    monkeypatch.setenv(native.ENV_SWITCH, "1")
+    import torch
+
+    if not native.linear_supports(torch.zeros(16, 2, dtype=torch.bfloat16)):
+        pytest.skip("the native linear kernel does not build here (no AVX512-BF16)")
+    bench = _load("cpu_linear")
+    out = tmp_path / "cpu_linear.json"
+    assert bench.main(["--rows", "1,7", "--layers", "1", "--rounds", "1", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["rows"] for r in rows] == [1, 7]
+    assert all(r[f"{side}_{part}_ms"] > 0 for r in rows for side in ("native", "onednn") for part in ("layers", "head"))

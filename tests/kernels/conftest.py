@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import os
+import platform
+import stat
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -158,6 +160,23 @@ def fresh_build(monkeypatch, tmp_path) -> Path:
     monkeypatch.setenv("RADIXFLOW_CACHE", str(tmp_path))
     monkeypatch.setattr(native, "_loaded", {})
     return tmp_path / "kernels"
+
+
+@pytest.fixture
+def build_without(fresh_build, tmp_path, monkeypatch) -> Callable[[str], None]:
+    """build_without("-mno-avx512bf16"): library() builds anew with the C compiler told to leave
+    an instruction set out, as a CPU without it builds (x86 only, else the test skipped)."""
+    from radixflow.kernels import native
+
+    def use(flag: str) -> None:
+        cc = native._compiler()
+        if cc is None or platform.machine() not in ("x86_64", "AMD64"):
+            pytest.skip("needs an x86 C compiler")
+        wrapper = tmp_path / f"cc{flag}"
+        wrapper.write_text(f'#!/bin/sh\nexec {cc} "$@" {flag}\n')
+        wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
+        monkeypatch.setenv("CC", str(wrapper))
+    return use
 
 
 @pytest.fixture

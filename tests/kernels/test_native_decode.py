@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import logging
 import os
-import platform
-import stat
 import subprocess
 import sys
 
@@ -266,16 +264,10 @@ def test_matches_a_direct_softmax(built, lengths, num_heads, num_kv_heads, head_
     _check_direct(lengths, num_heads, num_kv_heads, head_dim, dtype, threads)
 
 
-def test_the_portable_build_matches_a_direct_softmax(fresh_build, tmp_path, monkeypatch):
+def test_the_portable_build_matches_a_direct_softmax(build_without):
     """The loop a CPU without AVX-512 builds (here the compiler is told to leave AVX-512 out),
     every case on one build."""
-    cc = native._compiler()
-    if cc is None or platform.machine() not in ("x86_64", "AMD64"):
-        pytest.skip("needs an x86 C compiler")
-    wrapper = tmp_path / "cc-without-avx512"
-    wrapper.write_text(f'#!/bin/sh\nexec {cc} "$@" -mno-avx512f\n')
-    wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
-    monkeypatch.setenv("CC", str(wrapper))
+    build_without("-mno-avx512f")
     assert native.library() is not None and native.decode_lanes() == 0
     for case in DIRECT_CASES:
         _check_direct(*case, threads=1)

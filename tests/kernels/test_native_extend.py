@@ -4,8 +4,6 @@ and a layout out of range is a ValueError, never a read outside the tensors."""
 from __future__ import annotations
 
 import os
-import platform
-import stat
 import subprocess
 
 import pytest
@@ -135,17 +133,11 @@ def test_bf16_caches_take_pair_products_where_the_cpu_has_them(built):
 
 @pytest.mark.parametrize("prefix_lens, extend_lens, num_heads, num_kv_heads, head_dim",
                          [([0, 5000], [222, 17], 9, 3, 64), ([31, 2], [33, 1], 4, 2, 16), ([3], [40], 64, 1, 16)])
-def test_bf16_without_pair_products_matches_ref(fresh_build, kv_layout, tmp_path, monkeypatch, prefix_lens,
-                                                extend_lens, num_heads, num_kv_heads, head_dim):
+def test_bf16_without_pair_products_matches_ref(build_without, kv_layout, prefix_lens, extend_lens, num_heads,
+                                                num_kv_heads, head_dim):
     """The portable bf16 path (fp32 products of the bf16 entries), as a CPU without AVX512-BF16
     builds it: here the compiler is told to leave the instructions out."""
-    cc = native._compiler()
-    if cc is None or platform.machine() not in ("x86_64", "AMD64"):
-        pytest.skip("needs an x86 C compiler")
-    wrapper = tmp_path / "cc-without-avx512bf16"
-    wrapper.write_text(f'#!/bin/sh\nexec {cc} "$@" -mno-avx512bf16\n')
-    wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
-    monkeypatch.setenv("CC", str(wrapper))
+    build_without("-mno-avx512bf16")
     assert native.library() is not None and not native.extend_bf16_pairs()
     lay = kv_layout(prefix_lens, extend_lens, num_kv_heads, head_dim, torch.bfloat16, False, torch.device("cpu"))
     gen = torch.Generator().manual_seed(3)

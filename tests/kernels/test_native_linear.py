@@ -3,8 +3,6 @@ exact products, fp32 sums in a fixed order per row, one rounding; taken where it
 oneDNN's layout kept where it does not."""
 from __future__ import annotations
 
-import platform
-import stat
 import subprocess
 
 import pytest
@@ -85,14 +83,8 @@ def test_packed_linear_takes_it_and_reads_strided_inputs(lanes):
     torch.testing.assert_close(packed(xf), torch.nn.functional.linear(xf, linear.weight.float(), linear.bias.float()))
 
 
-def test_without_avx512_bf16_projections_keep_onednn(fresh_build, tmp_path, monkeypatch):
-    cc = native._compiler()
-    if cc is None or platform.machine() not in ("x86_64", "AMD64"):
-        pytest.skip("needs an x86 C compiler")
-    wrapper = tmp_path / "cc-without-avx512bf16"
-    wrapper.write_text(f'#!/bin/sh\nexec {cc} "$@" -mno-avx512bf16\n')
-    wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
-    monkeypatch.setenv("CC", str(wrapper))
+def test_without_avx512_bf16_projections_keep_onednn(build_without):
+    build_without("-mno-avx512bf16")
     assert native.library() is not None
     w = torch.randn(32, 16).to(torch.bfloat16)
     assert not native.linear_supports(w)
