@@ -11,7 +11,11 @@ of bf16 K/V whose slots are shuffled. Elementwise: one call over a prefill's row
 sizes, bf16. Both sides alternate round by round, medians of `--rounds`. Engine: one `Engine`
 prefills random-id prompts (max_new_tokens 1, the radix cache flushed before each run) with
 RADIXFLOW_NATIVE_KERNELS=1, then 0 (every native kernel off), alternating; tokens/s, medians.
-The switch is read on every call, so both settings run on the same engine.
+The switch is read on every call, so both settings run on the same engine; since session 33 it
+also takes the projections off the native linear kernel (kernels/cpu_linear.c) onto torch's
+linear over the unpacked weight, which is slower than the oneDNN layout an engine started with
+the kernels off would use: the engine figures of earlier sessions compare attention and the
+elementwise passes alone.
 """
 from __future__ import annotations
 

@@ -58,9 +58,10 @@ class PackedLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.lanes is None:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
-        if x.dtype == torch.bfloat16:
+        if x.dtype == torch.bfloat16 and native.library() is not None:
             return native.linear_bf16(x, self.lanes, self.bias_f32)
-        return F.linear(x, native.unpack_linear_weight(self.lanes).to(x.dtype),  # not a bf16 model's input
+        # not a bf16 model's input, or the native kernels switched off since load: torch's linear
+        return F.linear(x, native.unpack_linear_weight(self.lanes).to(x.dtype),
                         None if self.bias is None else self.bias.to(x.dtype))
 
 

@@ -93,3 +93,15 @@ def test_without_avx512_bf16_projections_keep_onednn(build_without):
         assert packed.lanes is None and packed.packed is not None
         x = torch.randn(3, 16).to(torch.bfloat16)
         assert torch.equal(packed(x), torch.nn.functional.linear(x, w))
+
+
+def test_switched_off_after_load_the_projections_go_through_torch(lanes, monkeypatch):
+    """RADIXFLOW_NATIVE_KERNELS=0 is read on every call: a layer packed while the kernels were on
+    then runs torch's linear on its weight (cpu_prefill.py compares the two settings on one engine)."""
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(96, 64, bias=True).to(torch.bfloat16)
+    packed = PackedLinear.of(linear)
+    assert packed.lanes is not None
+    monkeypatch.setenv(native.ENV_SWITCH, "0")
+    x = torch.randn(3, 96).to(torch.bfloat16)
+    assert torch.equal(packed(x), torch.nn.functional.linear(x, linear.weight, linear.bias))
