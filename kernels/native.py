@@ -62,6 +62,9 @@ def library() -> ctypes.CDLL | None:
     """The compiled kernels (built on first use), or None where they cannot be built or are off."""
     if not enabled():
         return None
+    lib = _loaded.get("lib", _loaded)  # built already: no lock (a decode step asks ~10 times a layer)
+    if lib is not _loaded:
+        return lib
     with _lock:
         if "lib" not in _loaded:
             _loaded["lib"] = _build()
