@@ -180,6 +180,19 @@ def build_without(fresh_build, tmp_path, monkeypatch) -> Callable[[str], None]:
 
 
 @pytest.fixture
+def mapped_bytes() -> Callable[[], int]:
+    """mapped_bytes(): the process's virtual memory size (what it has allocated, touched or not);
+    the test skipped without /proc."""
+    if not os.path.exists("/proc/self/statm"):
+        pytest.skip("needs /proc")
+
+    def size() -> int:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    return size
+
+
+@pytest.fixture
 def on_threads() -> Callable[..., Any]:
     """on_threads(n, fn, *args): fn(*args) with n torch (and native kernel) threads."""
     def run(threads: int, fn: Callable[..., Any], *args: Any) -> Any:

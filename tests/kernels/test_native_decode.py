@@ -296,3 +296,17 @@ def test_fp32_queries_over_a_bf16_cache_are_not_rounded(built):
     assert (rounded_out - ref_out).abs().max() > 1e-3  # what rounding the queries would cost
     torch.testing.assert_close(out.double(), ref_out, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(lse.double(), ref_lse, rtol=1e-5, atol=1e-5)
+
+
+def test_calls_give_back_their_scratch(built, mapped_bytes):
+    """The keys-in-lanes build allocates each thread's scratch (~200 KB) per call and frees it:
+    1,000 calls leave the process's memory where it was (lost, they would be ~200 MB)."""
+    k = torch.randn(64, 2, 16)
+    v = torch.randn(64, 2, 16)
+    slots, offsets = torch.arange(40), torch.tensor([0, 40])
+    q = torch.randn(1, 4, 16)
+    native.decode_attention_native(q, k, v, slots, offsets, 0.25)
+    before = mapped_bytes()
+    for _ in range(1000):
+        native.decode_attention_native(q, k, v, slots, offsets, 0.25)
+    assert mapped_bytes() - before < 64 << 20

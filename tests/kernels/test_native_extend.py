@@ -3,7 +3,6 @@ reference over the engine's slot layout, taken by extend_attention_torch only wh
 and a layout out of range is a ValueError, never a read outside the tensors."""
 from __future__ import annotations
 
-import os
 import subprocess
 
 import pytest
@@ -177,20 +176,13 @@ def test_prefix_attention_refuses_slots_out_of_range_or_none(built, slots):
         native.prefix_attention_native(torch.randn(2, 2, 16), k, k.clone(), slots, 0.25)
 
 
-def _mapped_bytes() -> int:
-    """The process's virtual memory size (what it has allocated, touched or not)."""
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
-
-
-@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="needs /proc")
-def test_calls_give_back_their_scratch(built, kv_layout):
+def test_calls_give_back_their_scratch(built, kv_layout, mapped_bytes):
     """Each call allocates its threads' scratch (~400 KB) and frees it: 1,000 calls leave the
     process's memory where it was (1,000 lost scratches would be ~400 MB)."""
     lay = kv_layout([8], [4], 1, 16, torch.float32, False, torch.device("cpu"))
     q = torch.randn(4, 2, 16)
     native.extend_attention_native(*_args(lay, q))
-    before = _mapped_bytes()
+    before = mapped_bytes()
     for _ in range(1000):
         native.extend_attention_native(*_args(lay, q))
-    assert _mapped_bytes() - before < 64 << 20
+    assert mapped_bytes() - before < 64 << 20
