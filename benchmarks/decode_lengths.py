@@ -20,6 +20,8 @@ timings). Shapes (prompt lengths, distinct random tokens, seeded):
     shared4   4 x (the same 1,536 tokens + 64 own)   (`--shapes`: not in the default set)
     shared16  16 x (the same 1,024 + 32 own)
     shared32  32 x (the same 512 + 32 own)
+    shared3   3 x (the same 512 + 32 own)          (`--shapes`) a tree-of-thought fork
+    shared64  64 x (the same 2,048 + 32 own)       (`--shapes`) a few-shot batch
     one       1 x 2,000                          (`--shapes`) one agent session's long context
     four      4 x 1,500                          (`--shapes`)
 """
@@ -46,6 +48,8 @@ SHARED_SHAPES = {
     "shared4": lambda rng: (1536, [64] * 4),
     "shared16": lambda rng: (1024, [32] * 16),
     "shared32": lambda rng: (512, [32] * 32),
+    "shared3": lambda rng: (512, [32] * 3),
+    "shared64": lambda rng: (2048, [32] * 64),
     "one": lambda rng: (0, [2000]),
     "four": lambda rng: (0, [1500] * 4),
 }

@@ -9,11 +9,10 @@ cache's shared KV slots) read once for all of them.
 Without sharing, a 1,024-token few-shot prefix is read (gathered, fp32) once per request; shared,
 once per group of n requests, its n x group query heads the rows of one matmul per KV head.
 
-Where the native kernels build (kernels/native.py; fp32 and bf16 caches), the decode kernel reads
-the requests' own suffixes in place, each row whole (no gather, no padding: 2-3x the gathered
-chunks per layer on one core), and a group's shared prefix is read once by the decode kernel (up
-to 64 query heads) or the extend kernel (more). The chunks are the fallback (no C compiler,
-fp16 or fp8 caches, RADIXFLOW_NATIVE_KERNELS=0).
+Where the native kernels build (kernels/native.py; fp32 / bf16 caches) the decode kernel reads each
+request's own suffix in place, and a shared prefix that spares enough reads once, by the decode
+kernel (up to 64 query heads) or the extend kernel (more). The gathered chunks are the fallback
+(no C compiler, fp16 or fp8 caches, RADIXFLOW_NATIVE_KERNELS=0).
 """
 from __future__ import annotations
 
@@ -38,6 +37,9 @@ LONG_ROW_TOKENS = 4096
 # The native kernel cuts a context into pieces for idle threads (fewer requests than threads) only
 # in pieces of at least this many tokens: a thread's share must outweigh merging the pieces.
 SPLIT_PIECE_TOKENS = 2048
+# The native kernels read a shared prefix once only where that spares this many token reads (its
+# length times the other members): below, splitting and merging cost more (benchmarks/README.md).
+NATIVE_SHARED_MIN_READS = 16384
 
 
 Parts = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (row max, sum of exp, unnormalized output)
@@ -59,9 +61,8 @@ class GatherChunk:
         slots row i:  | rows[i]'s own slot ids | its first own slot, repeated (hidden) |
                       0                        its own length                          length
 
-    Padding repeats a slot the request owns, so no stale table entry or the dummy slot 0 (whose
-    bytes may be anything) is ever read; the hidden columns get probability 0. The rows are
-    positions span[0]..span[1] of the plan's `order`."""
+    Padding repeats a slot the request owns, so no stale table entry or the dummy slot 0 (any
+    bytes) is read; hidden columns get probability 0. Rows: span[0]..span[1] of the `order`."""
 
     rows: torch.Tensor     # [n] int64 batch rows, longest first
     slots: torch.Tensor    # [n * length] int64, row-major [n, length]
@@ -88,12 +89,10 @@ class DecodeGather:
 
     A request's own slots are its whole context, or what follows its group's shared prefix
     (`shared`). Rows are sorted by own length (`order`) and gathered in chunks of like length
-    (`chunks`, each about GATHER_CHUNK_TOKENS slots): a batch of mixed lengths reads close to the
-    sum of its lengths, not its size times the longest (1.2-1.75x less attention time per step
-    on batches spread over 100-2,000 tokens). A seq_len 0 row (CUDA-graph padding) reads one
-    column and is zeroed afterwards. A row whose own part passes LONG_ROW_TOKENS (`long`) keeps
-    one column in its chunk (its first own slot, a placeholder) and is read by itself.
-    """
+    (`chunks`, about GATHER_CHUNK_TOKENS slots each): a batch of mixed lengths reads close to the
+    sum of its lengths, not its size times the longest. A seq_len 0 row (CUDA-graph padding)
+    reads one column, zeroed afterwards. A row whose own part passes LONG_ROW_TOKENS (`long`)
+    keeps one column in its chunk (its first own slot, a placeholder) and is read by itself."""
 
     chunks: list[GatherChunk]
     empty: torch.Tensor  # [batch, 1, 1] bool, rows with seq_len 0
@@ -110,7 +109,7 @@ def plan_decode(req_to_token: torch.Tensor, req_rows: torch.Tensor, seq_lens: to
     batch = seq_lens.shape[0]
     max_len = max(int(seq_lens.max()), 1) if batch else 1
     table = req_to_token[req_rows.long(), :max_len].long()  # [batch, max_len]
-    shared, starts = _shared_prefixes(table, seq_lens)
+    shared, starts = _shared_prefixes(table, seq_lens, NATIVE_SHARED_MIN_READS if use_native else 0)
     if use_native:
         threads = torch.get_num_threads()
         cols = torch.arange(max_len, device=table.device)[None, :]
@@ -168,10 +167,11 @@ def _chunks(table: torch.Tensor, starts: torch.Tensor, lengths: list[int], order
     return chunks
 
 
-def _shared_prefixes(table: torch.Tensor, seq_lens: torch.Tensor) -> tuple[list[SharedPrefix], torch.Tensor]:
-    """Groups of rows whose first MIN_SHARED_PREFIX_TOKENS or more slots are the same, each with
-    its longest common prefix (short of every member's last token), and each row's prefix length
-    (0 outside the groups). Rows are grouped by their first slot."""
+def _shared_prefixes(table: torch.Tensor, seq_lens: torch.Tensor,
+                     min_reads: int) -> tuple[list[SharedPrefix], torch.Tensor]:
+    """Groups of rows whose first MIN_SHARED_PREFIX_TOKENS or more slots are the same (sparing
+    min_reads token reads or more), each with its longest common prefix (short of every member's
+    last token), and each row's prefix length (0 outside the groups). Grouped by first slot."""
     starts = torch.zeros_like(seq_lens)
     candidates = (seq_lens > MIN_SHARED_PREFIX_TOKENS).nonzero().flatten()
     if candidates.numel() < 2:
@@ -184,7 +184,7 @@ def _shared_prefixes(table: torch.Tensor, seq_lens: torch.Tensor) -> tuple[list[
         same = (table[rows, :cap] == table[rows[:1], :cap]).all(dim=0)
         differs = (~same).nonzero()
         prefix_len = int(differs[0]) if differs.numel() else cap
-        if prefix_len >= MIN_SHARED_PREFIX_TOKENS:
+        if prefix_len >= MIN_SHARED_PREFIX_TOKENS and (rows.numel() - 1) * prefix_len >= min_reads:
             shared.append(SharedPrefix(rows, table[rows[0], :prefix_len].clone()))
             starts[rows] = prefix_len
     return shared, starts

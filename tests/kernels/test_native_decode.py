@@ -96,6 +96,7 @@ def test_a_shared_prefix_is_read_once_by_a_kernel(kv_layout, attention_path, on_
     (not causal) reads it once for all of them; a head_dim it does not take (40: not a multiple of
     16) goes to the gathered matmuls."""
     monkeypatch.setattr(torch_decode, "SPLIT_PIECE_TOKENS", 32)
+    monkeypatch.setattr(torch_decode, "NATIVE_SHARED_MIN_READS", 0)  # split whatever the group saves
     calls, prefix_calls = [], []
     real, real_prefix = native.decode_attention_native, native.prefix_attention_native
     monkeypatch.setattr(native, "decode_attention_native", lambda *a: calls.append(tuple(a[0].shape)) or real(*a))
@@ -114,6 +115,23 @@ def test_a_shared_prefix_is_read_once_by_a_kernel(kv_layout, attention_path, on_
         else:
             assert calls == [own]
             assert prefix_calls == ([] if head_dim % native.EXTEND_VEC else [(own, 250)])
+
+
+@pytest.mark.parametrize("members, prefix_len, split", [(3, 500, False), (4, 1500, False), (9, 2100, True),
+                                                      (20, 900, True)])
+def test_the_native_path_splits_a_shared_prefix_only_where_that_saves_enough(kv_layout, attention_path, members,
+                                                                            prefix_len, split):
+    """On the native kernels, reading a shared prefix once and merging its part back costs more
+    than each member reading it again when the group is small: the prefix is split off only where
+    the other members' reads of it come to NATIVE_SHARED_MIN_READS tokens. The torch path, whose
+    gathered matmuls pay per token read, always splits."""
+    lay = _layout(kv_layout, [prefix_len + 5 + i for i in range(members)], 1, 16, torch.float32)
+    lay.share_prefixes([(list(range(members)), prefix_len)])
+    q = torch.randn(members, 2, 16, generator=torch.Generator().manual_seed(2))
+    plan = torch_decode.plan_checked_decode(*_args(lay, q))
+    assert len(plan.shared) == (1 if split or attention_path != "native" else 0)
+    torch.testing.assert_close(decode_attention_torch(*_args(lay, q)), decode_attention_ref(*_args(lay, q)),
+                               **TOL[torch.float32])
 
 
 def test_lse_is_the_log_of_the_softmax_denominator(monkeypatch):

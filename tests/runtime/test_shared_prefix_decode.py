@@ -27,6 +27,7 @@ def _prompts(num_groups: int, per_group: int, prefix_len: int, seed: int = 0) ->
 def test_greedy_outputs_equal_with_shared_prefix_reads_on_and_off(monkeypatch, native_kernel):
     """On the torch path (gathered matmuls) or the native kernel's (the prefix read in place)."""
     monkeypatch.setenv("RADIXFLOW_NATIVE_KERNELS", native_kernel)
+    monkeypatch.setattr(torch_decode, "NATIVE_SHARED_MIN_READS", 0)  # small groups split too (the mechanism)
     prompts = _prompts(num_groups=2, per_group=3, prefix_len=120)
     taken = []
     name = "_native_prefix_parts" if native_kernel == "1" else "_prefix_parts"
@@ -52,6 +53,7 @@ def test_plan_decode_on_the_engine_s_slot_table(monkeypatch):
     """Requests that hit one cached prefix share its slots in the slot table: the plan finds them
     (plan_checked_decode plans each step at layer 0)."""
     prompts = _prompts(num_groups=1, per_group=4, prefix_len=100, seed=1)[:4]
+    monkeypatch.setattr(torch_decode, "NATIVE_SHARED_MIN_READS", 0)  # the native path splits this small group too
     plans = []
     real = torch_decode.plan_decode
     monkeypatch.setattr(torch_decode, "plan_decode", lambda *a, **kw: plans.append(real(*a, **kw)) or plans[-1])
