@@ -4,6 +4,7 @@
  * near-ties in bf16, so it stays torch's):
  *
  *   rmsnorm:   out = w * round(h * (1 / sqrt(var + eps)))                 rmsnorm_scale_*
+ *              the same after h = residual + x, var = mean(h * h) summed in torch's order  rmsnorm_*
  *   rope:      out = round(fma(swap_halves(x), sin_signed, x * cos))      rope_*
  *
  * where round is to the model's dtype (bf16: to nearest even; fp32: nothing). Built with
@@ -55,6 +56,84 @@
         }                                                                                              \
     }
 
+/* torch's CPU sum of the squares of n contiguous fp32 values (h.pow(2).sum(-1)) in its order: its
+ * vectorized inner reduction with `lanes` per vector (8 or 16; native.py finds which one torch
+ * runs by comparing): four vectors per step into a four-level cascade of partial sums (each level
+ * taken up every 16 steps), the vectors left over, then the scalar tail, then the lanes in order.
+ * n >= lanes. */
+static float torch_sum_squares(const float *h, int64_t n, int lanes) {
+    enum { ILP = 4, LEVELS = 4, LEVEL_POWER = 4, LEVEL_STEP = 1 << LEVEL_POWER, MAX_LANES = 16 };
+    const int64_t vectors = n / lanes, steps = vectors / ILP;
+    float acc[LEVELS][ILP][MAX_LANES] = {{{0}}};
+    int64_t i = 0;
+    /* torch's level power is max(4, ceil(log2(steps)) / 4): 4 below 2^20 steps (n < 2^25) */
+    while (i + LEVEL_STEP <= steps) {
+        for (int64_t j = 0; j < LEVEL_STEP; j++, i++)
+            for (int k = 0; k < ILP; k++)
+                for (int l = 0; l < lanes; l++) {
+                    const float x = h[(i * ILP + k) * lanes + l];
+                    acc[0][k][l] += x * x;
+                }
+        for (int j = 1; j < LEVELS; j++) {
+            for (int k = 0; k < ILP; k++)
+                for (int l = 0; l < lanes; l++) {
+                    acc[j][k][l] += acc[j - 1][k][l];
+                    acc[j - 1][k][l] = 0.0f;
+                }
+            if ((i & ((int64_t)(LEVEL_STEP - 1) << (j * LEVEL_POWER))) != 0) break;
+        }
+    }
+    for (; i < steps; i++)
+        for (int k = 0; k < ILP; k++)
+            for (int l = 0; l < lanes; l++) {
+                const float x = h[(i * ILP + k) * lanes + l];
+                acc[0][k][l] += x * x;
+            }
+    for (int j = 1; j < LEVELS; j++)
+        for (int k = 0; k < ILP; k++)
+            for (int l = 0; l < lanes; l++) acc[0][k][l] += acc[j][k][l];
+    for (int64_t v = steps * ILP; v < vectors; v++)
+        for (int l = 0; l < lanes; l++) {
+            const float x = h[v * lanes + l];
+            acc[0][0][l] += x * x;
+        }
+    for (int k = 1; k < ILP; k++)
+        for (int l = 0; l < lanes; l++) acc[0][0][l] += acc[0][k][l];
+    float sum = 0.0f;
+    for (int64_t t = vectors * lanes; t < n; t++) sum += h[t] * h[t];
+    for (int l = 0; l < lanes; l++) sum += acc[0][0][l];
+    return sum;
+}
+
+/* The whole RMSNorm: h [rows, dim] = residual + x (fp32; x alone where residual is NULL; h may be
+ * residual itself), out = w * round(h * (1 / sqrt(mean(h * h) + eps))). x rows at x_stride. */
+#define DEFINE_RMSNORM(NAME, T, LOAD, STORE_ROUNDED)                                                   \
+    void NAME(const T *x, int64_t x_stride, const float *residual, const T *w, float eps, int64_t rows,   \
+              int64_t dim, int lanes, T *out, float *h, int nthreads) {                                \
+        _Pragma("omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1 && rows > 1)") \
+        for (int64_t r = 0; r < rows; r++) {                                                           \
+            const T *xr = x + r * x_stride;                                                            \
+            float *hr = h + r * dim;                                                                   \
+            if (residual) {                                                                            \
+                const float *res = residual + r * dim;                                                 \
+                for (int64_t i = 0; i < dim; i++) hr[i] = res[i] + LOAD(xr, i);                        \
+            } else {                                                                                   \
+                for (int64_t i = 0; i < dim; i++) hr[i] = LOAD(xr, i);                                 \
+            }                                                                                          \
+            const float var = torch_sum_squares(hr, dim, lanes) / (float)dim;                          \
+            const float inv = 1.0f / sqrtf(var + eps);                                                 \
+            T *o = out + r * dim;                                                                      \
+            for (int64_t i = 0; i < dim; i++) STORE_ROUNDED(o, i, LOAD(w, i) * ROUND_##T(hr[i] * inv)); \
+        }                                                                                              \
+    }
+
+/* torch's mean of squares per row (tests, and native.py's check of the lane count). */
+void mean_squares(const float *h, int64_t rows, int64_t dim, int lanes, float *out) {
+    for (int64_t r = 0; r < rows; r++) out[r] = torch_sum_squares(h + r * dim, dim, lanes) / (float)dim;
+}
+
+DEFINE_RMSNORM(rmsnorm_f32, float, load_f32, STORE_F32)
+DEFINE_RMSNORM(rmsnorm_bf16, uint16_t, load_bf16, STORE_BF16)
 DEFINE_RMSNORM_SCALE(rmsnorm_scale_f32, float, load_f32, STORE_F32)
 DEFINE_RMSNORM_SCALE(rmsnorm_scale_bf16, uint16_t, load_bf16, STORE_BF16)
 DEFINE_ROPE(rope_f32, float, load_f32, STORE_F32)

@@ -8,6 +8,8 @@ compiler and called through ctypes (no torch headers, no build step at install t
     cpu_elementwise.c   RMSNorm's scaling and RoPE with torch's rounding, one pass each (rmsnorm, rope)
     cpu_silu.c     SiLU-and-mul in one pass (silu_mul)
     cpu_linear.c   bf16 linear layers on a packed weight layout with AVX512-BF16 (linear_bf16)
+    cpu_decode_layers.c   a bf16 decode step through every decoder layer, calling the others
+                   (runtime/model/fused_decode.py)
     cpu_common.h, cpu_bf16.h   what they share
 
 They compile into one shared library. It lands in `<cache_root()>/kernels` (else, not writable,
@@ -28,6 +30,7 @@ import subprocess
 import tempfile
 import threading
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -38,7 +41,8 @@ HERE = Path(__file__).parent
 # each source with its own flags after COMPILE_FLAGS: the elementwise passes round every
 # operation as torch does (no fast-math, no fused multiply-add but the one written)
 SOURCES = ((HERE / "cpu_decode.c", ()), (HERE / "cpu_extend.c", ()), (HERE / "cpu_silu.c", ()),
-           (HERE / "cpu_linear.c", ()), (HERE / "cpu_elementwise.c", ("-fno-fast-math", "-ffp-contract=off")))
+           (HERE / "cpu_linear.c", ()), (HERE / "cpu_elementwise.c", ("-fno-fast-math", "-ffp-contract=off")),
+           (HERE / "cpu_decode_layers.c", ("-fno-fast-math", "-ffp-contract=off")))
 HEADERS = (HERE / "cpu_common.h", HERE / "cpu_bf16.h")
 COMPILE_FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC", "-std=gnu11")
 # Linked apart, without -ffast-math: linked with it, the library gets a constructor that sets the
@@ -51,7 +55,7 @@ EXTEND_ENTRY_POINTS = {torch.float32: "extend_f32", torch.bfloat16: "extend_bf16
 ELEMENTWISE_SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
 
 _lock = threading.Lock()
-_loaded: dict[str, ctypes.CDLL | None] = {}
+_loaded: dict[str, Any] = {}  # "lib": the library (or None); "lanes": sum_lanes()
 
 
 def enabled() -> bool:
@@ -165,9 +169,13 @@ def _build() -> ctypes.CDLL | None:
     f32, i32 = ctypes.c_float, ctypes.c_int
     for suffix in ELEMENTWISE_SUFFIX.values():
         for name, argtypes in (("rmsnorm_scale", [p, i64, p, p, f32, i64, i64, p, i32]),
+                               ("rmsnorm", [p, i64, p, p, f32, i64, i64, i32, p, p, i32]),
                                ("rope", [p, i64, p, p, i64, i64, i64, p, i32]), ("silu_mul", [p, i64, i64, p, i32])):
             fn = getattr(lib, f"{name}_{suffix}")
             fn.argtypes, fn.restype = argtypes, None
+    lib.mean_squares.argtypes, lib.mean_squares.restype = [p, i64, i64, i32, p], None
+    lib.decode_layers_bf16.argtypes = [i64, p, p, i64, f32, f32, i32, p, p, p, p, p, p, p, i32]
+    lib.decode_layers_bf16.restype = ctypes.c_int
     return lib
 
 
@@ -292,22 +300,56 @@ def _elementwise(x: torch.Tensor, name: str) -> ctypes._CFuncPtr | None:
     return None if lib is None else getattr(lib, f"{name}_{ELEMENTWISE_SUFFIX[x.dtype]}")
 
 
+def sum_lanes() -> int:
+    """How many lanes torch's CPU sum of a contiguous fp32 row adds side by side (8 or 16, by its
+    build and this CPU), found once by comparing the kernels' copy of that order
+    (cpu_elementwise.c `torch_sum_squares`) with `h.pow(2).mean(-1)` bit for bit on random rows;
+    0 where neither matches (or no library): RMSNorm then keeps torch's mean of squares."""
+    if "lanes" not in _loaded:
+        lib = library()
+        _loaded["lanes"] = 0 if lib is None else _find_sum_lanes(lib)
+    return _loaded["lanes"]
+
+
+def _find_sum_lanes(lib: ctypes.CDLL) -> int:
+    gen = torch.Generator().manual_seed(0)
+    rows = [torch.randn(64, dim, generator=gen) * torch.rand(64, 1, generator=gen) * 8
+            for dim in (16, 17, 64, 100, 576, 2048, 4100)]
+    for lanes in (8, 16):
+        for h in rows:
+            got = torch.empty(h.shape[0])
+            lib.mean_squares(h.data_ptr(), h.shape[0], h.shape[1], lanes, got.data_ptr())
+            if not torch.equal(got, h.pow(2).mean(-1)):
+                break
+        else:
+            return lanes
+    log.info("torch's row sums run in an order the native RMSNorm does not copy: it keeps torch's mean")
+    return 0
+
+
 def rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
             eps: float) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(norm(h), h) for x [T, dim] (rows may be strided), h = x + residual in fp32 (residual fp32
     [T, dim] or None), norm(h) = weight * round(h * rsqrt(mean(h^2) + eps)) in x's dtype: the
-    model's RMSNorm (runtime/model/model.py rmsnorm_cpu) bit for bit, in four passes instead of
-    nine (the add and the mean of squares in torch, the scaling in one native pass). None where
-    the kernel does not apply."""
+    model's RMSNorm (runtime/model/model.py rmsnorm_cpu) bit for bit, in one native pass with
+    torch's summation order (sum_lanes), else four (the add and the mean of squares in torch, the
+    scaling native). None where the kernel does not apply."""
     fn = _elementwise(x, "rmsnorm_scale")
     if (fn is None or x.dim() != 2 or x.stride(1) != 1 or weight.dtype != x.dtype or not weight.is_contiguous()
             or weight.shape != x.shape[1:]
             or residual is not None and (residual.dtype != torch.float32 or residual.shape != x.shape)):
         return None
+    rows, dim = x.shape
+    lanes = sum_lanes()
+    if lanes and dim >= lanes and (residual is None or residual.is_contiguous()):
+        out, h = torch.empty(rows, dim, dtype=x.dtype), torch.empty(rows, dim, dtype=torch.float32)
+        getattr(library(), f"rmsnorm_{ELEMENTWISE_SUFFIX[x.dtype]}")(
+            x.data_ptr(), x.stride(0), None if residual is None else residual.data_ptr(), weight.data_ptr(), eps,
+            rows, dim, lanes, out.data_ptr(), h.data_ptr(), torch.get_num_threads())
+        return out, h
     h = x.float() if residual is None else residual + x  # the same sums as x.float() + residual
     h = h if h.stride(1) == 1 else h.contiguous()
     var = h.pow(2).mean(-1)  # [T] fp32: torch's summation order, as rmsnorm_cpu
-    rows, dim = x.shape
     out = torch.empty(rows, dim, dtype=x.dtype)
     fn(h.data_ptr(), h.stride(0), var.data_ptr(), weight.data_ptr(), eps, rows, dim, out.data_ptr(),
        torch.get_num_threads())

@@ -14,6 +14,7 @@ import torch
 
 from radixflow import kernels
 from radixflow.kernels import native
+from radixflow.kernels.torch_decode import NativeRows
 from radixflow.runtime.core.forward_batch import ForwardBatch
 from radixflow.runtime.core.kv_pool import KVPool
 
@@ -67,6 +68,7 @@ class PoolAttention:
         self.num_sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
         self.is_torch = ops.decode_attention is kernels.decode_attention_torch
         self._plan: kernels.DecodeGather | None = None
+        self._planned: ForwardBatch | None = None  # the step fused_decode_layout planned (its layers use _plan)
         if self.is_torch and device.type == "cpu":
             native.library()  # the native decode kernel is built now (~0.5 s, once per machine), not mid-step
 
@@ -99,16 +101,36 @@ class PoolAttention:
             return self.num_kv_splits
         return kernels.choose_kv_splits(batch_size, self.pool.k_caches[0].shape[1], max_seq_len, self.num_sms)
 
+    def fused_decode_layout(self, fb: ForwardBatch, num_heads: int,
+                            head_dim: int) -> tuple[NativeRows, list[torch.Tensor], list[torch.Tensor]] | None:
+        """For runtime/model/fused_decode.py: a CPU decode step's layout planned (its inputs
+        checked) and, where the native decode kernel reads every request's context whole, (its
+        slots and offsets, the K caches, the V caches); else None, the plan kept for the layers."""
+        pool = self.pool
+        kc, vc = pool.k_caches[0], pool.v_caches[0]
+        if not self.is_torch or kc.device.type != "cpu" or kc.dtype != torch.bfloat16:
+            return None
+        q = torch.empty(fb.batch_size, num_heads, head_dim, dtype=torch.bfloat16)  # the checks' shapes
+        self._plan = kernels.plan_checked_decode(q, kc, vc, fb.req_to_token, fb.req_rows, fb.seq_lens, self.sm_scale)
+        self._planned = fb
+        rows = self._plan.native
+        if rows is None or rows.rows is not None or self._plan.shared:
+            return None
+        return rows, pool.k_caches, pool.v_caches
+
     def _decode_torch(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                       fb: ForwardBatch) -> torch.Tensor:
-        """Decode on CPU: inputs checked at layer 0, where the step's layout is planned."""
+        """Decode on CPU: inputs checked at layer 0, where the step's layout is planned (unless
+        fused_decode_layout planned it)."""
         pool = self.pool
         kc, vc = pool.k_caches[layer_id], pool.v_caches[layer_id]
         ks, vs = pool.k_scales[layer_id], pool.v_scales[layer_id]
         if layer_id == 0 or self._plan is None:
             kernels.store_kv_ref(kc, vc, fb.out_slots, k, v, ks, vs)  # checks the step's shapes once
-            self._plan = kernels.plan_checked_decode(q, kc, vc, fb.req_to_token, fb.req_rows, fb.seq_lens,
-                                                     self.sm_scale, ks, vs)
+            if self._planned is not fb or self._plan is None:
+                self._plan = kernels.plan_checked_decode(q, kc, vc, fb.req_to_token, fb.req_rows, fb.seq_lens,
+                                                         self.sm_scale, ks, vs)
+            self._planned = None
             return kernels.decode_attention_gathered(q, kc, vc, self._plan, self.sm_scale, ks, vs)
         if kc.dtype == torch.uint8:
             kc.index_copy_(0, fb.out_slots, kernels.quantize_fp8(k, ks))

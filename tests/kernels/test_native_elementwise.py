@@ -24,11 +24,36 @@ def _gen(seed: int = 0) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
+def test_the_one_pass_rmsnorm_finds_torchs_summation_order():
+    """On x86 torch sums a row's lanes 8 (or 16) at a time; the kernels' copy of that order is
+    found (else RMSNorm would take the four-pass path everywhere), and it is torch's bit for bit
+    over row lengths from one vector to many thousands."""
+    lanes = native.sum_lanes()
+    if torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512"):
+        assert lanes in (8, 16)
+    if not lanes:
+        pytest.skip("torch's summation order is not the one the kernels copy")
+    gen = _gen(5)
+    for dim in (lanes, lanes + 1, 63, 576, 960, 1536, 4096, 8191, 65536 + 40):
+        h = torch.randn(9, dim, generator=gen) * torch.rand(9, 1, generator=gen) * 30
+        got = torch.empty(9)
+        native.library().mean_squares(h.data_ptr(), 9, dim, lanes, got.data_ptr())
+        assert torch.equal(got, h.pow(2).mean(-1)), dim
+
+
+@pytest.mark.parametrize("one_pass", [True, False])
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rows, dim, with_residual, strided", [(1, 64, False, False), (37, 576, True, False),
                                                                (5, 96, True, True), (0, 64, True, False)])
-def test_rmsnorm_is_the_torch_path_bit_for_bit(on_threads, threads, dtype, rows, dim, with_residual, strided):
+def test_rmsnorm_is_the_torch_path_bit_for_bit(monkeypatch, on_threads, one_pass, threads, dtype, rows, dim,
+                                               with_residual, strided):
+    """Both ways: one native pass (torch's summation order copied), and torch's mean of squares
+    with the native scaling (where the order is not known: sum_lanes() 0)."""
+    if one_pass and not native.sum_lanes():
+        pytest.skip("torch's summation order is not the one the kernels copy")
+    if not one_pass:
+        monkeypatch.setitem(native._loaded, "lanes", 0)
     x = torch.randn(rows, dim * (2 if strided else 1), generator=_gen()).to(dtype) * 3
     x = x[:, :dim] if strided else x  # a view of wider rows (q / k heads of a qkv row)
     residual = torch.randn(rows, dim, generator=_gen(1)) if with_residual else None
