@@ -389,3 +389,10 @@ DEFINE_EXTEND(extend_bf16, uint16_t, load_bf16, HAVE_DPBF16)
 
 /* 1 when extend_bf16 sums bf16 pair products (AVX512-BF16 at build time), else 0. */
 int extend_bf16_pairs(void) { return HAVE_DPBF16; }
+
+/* layout_ok for a caller that must know before it writes anything (cpu_layers.c). */
+int extend_layout_ok(const void *table, int64_t table_stride, int wide, const int64_t *rows,
+                     const int64_t *prefix_lens, const int64_t *extend_lens, const int64_t *q_starts, int64_t batch,
+                     const int64_t *bounds, int causal) {
+    return layout_ok(table, table_stride, wide, rows, prefix_lens, extend_lens, q_starts, batch, bounds, causal);
+}

@@ -8,8 +8,8 @@ compiler and called through ctypes (no torch headers, no build step at install t
     cpu_elementwise.c   RMSNorm's scaling and RoPE with torch's rounding, one pass each (rmsnorm, rope)
     cpu_silu.c     SiLU-and-mul in one pass (silu_mul)
     cpu_linear.c   bf16 linear layers on a packed weight layout with AVX512-BF16 (linear_bf16)
-    cpu_decode_layers.c   a bf16 decode step through every decoder layer, calling the others
-                   (runtime/model/fused_decode.py)
+    cpu_layers.c   a bf16 forward step through every decoder layer, calling the others
+                   (runtime/model/fused_layers.py)
     cpu_common.h, cpu_bf16.h   what they share
 
 They compile into one shared library. It lands in `<cache_root()>/kernels` (else, not writable,
@@ -42,7 +42,7 @@ HERE = Path(__file__).parent
 # operation as torch does (no fast-math, no fused multiply-add but the one written)
 SOURCES = ((HERE / "cpu_decode.c", ()), (HERE / "cpu_extend.c", ()), (HERE / "cpu_silu.c", ()),
            (HERE / "cpu_linear.c", ()), (HERE / "cpu_elementwise.c", ("-fno-fast-math", "-ffp-contract=off")),
-           (HERE / "cpu_decode_layers.c", ("-fno-fast-math", "-ffp-contract=off")))
+           (HERE / "cpu_layers.c", ("-fno-fast-math", "-ffp-contract=off")))
 HEADERS = (HERE / "cpu_common.h", HERE / "cpu_bf16.h")
 COMPILE_FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC", "-std=gnu11")
 # Linked apart, without -ffast-math: linked with it, the library gets a constructor that sets the
@@ -174,8 +174,8 @@ def _build() -> ctypes.CDLL | None:
             fn = getattr(lib, f"{name}_{suffix}")
             fn.argtypes, fn.restype = argtypes, None
     lib.mean_squares.argtypes, lib.mean_squares.restype = [p, i64, i64, i32, p], None
-    lib.decode_layers_bf16.argtypes = [i64, p, p, i64, f32, f32, i32, p, p, p, p, p, p, p, i32]
-    lib.decode_layers_bf16.restype = ctypes.c_int
+    lib.forward_layers_bf16.argtypes = [i64, p, p, i64, f32, f32, i32, p, p, p, p, p, p, i32]
+    lib.forward_layers_bf16.restype = ctypes.c_int
     return lib
 
 
@@ -277,9 +277,7 @@ def _extend_call(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     qf = q.to(torch.float32).contiguous()
     out = torch.zeros(num_tokens, num_heads, head_dim, dtype=torch.float32)
     lse = None if causal else torch.empty(num_tokens, num_heads, dtype=torch.float32)
-    table = req_to_token if req_to_token.stride(1) == 1 else req_to_token.contiguous()
-    index = [t.to(torch.int64).contiguous() for t in index]
-    bounds = torch.tensor([*table.shape, num_tokens, k_cache.shape[0]], dtype=torch.int64)
+    table, index, bounds = _extend_layout(req_to_token, index, num_tokens, k_cache.shape[0])
     fn = getattr(lib, EXTEND_ENTRY_POINTS[k_cache.dtype])
     status = fn(qf.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), table.data_ptr(), table.stride(0),
                 int(table.dtype == torch.int64), *(t.data_ptr() for t in index), index[0].shape[0], num_heads,
@@ -290,6 +288,38 @@ def _extend_call(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     if status != 0:
         raise MemoryError("the native extend attention kernel could not allocate its scratch memory")
     return out, lse
+
+
+def _extend_layout(req_to_token: torch.Tensor, index: tuple[torch.Tensor, ...], num_tokens: int,
+                   num_slots: int) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor]:
+    """The extend kernel's view of a step: the slot table with unit column stride, the index
+    tensors as contiguous int64, and the bounds its layout check reads (table rows, columns, q
+    rows, cache slots)."""
+    table = req_to_token if req_to_token.stride(1) == 1 else req_to_token.contiguous()
+    bounds = torch.tensor([*table.shape, num_tokens, num_slots], dtype=torch.int64)
+    return table, [t.to(torch.int64).contiguous() for t in index], bounds
+
+
+# forward_layers_bf16's description of a step's attention (kernels/cpu_layers.c `step`)
+FUSED_DECODE, FUSED_EXTEND = 0, 1
+
+
+def fused_decode_step(slots: torch.Tensor, offsets: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """(the step description, the tensors it points into) for a decode step whose request b reads
+    slots[offsets[b]:offsets[b + 1]] (int64, contiguous): keep the tuple alive over the call."""
+    step = torch.tensor([FUSED_DECODE, offsets.shape[0] - 1, slots.data_ptr(), offsets.data_ptr()], dtype=torch.int64)
+    return step, slots, offsets
+
+
+def fused_extend_step(req_to_token: torch.Tensor, index: tuple[torch.Tensor, ...], num_tokens: int,
+                      num_slots: int) -> tuple[torch.Tensor, ...]:
+    """The same for an extend step; index = (rows, prefix_lens, extend_lens, q starts), as for
+    extend_attention_native (the kernel checks the layout before it reads)."""
+    table, index_t, bounds = _extend_layout(req_to_token, index, num_tokens, num_slots)
+    step = torch.tensor([FUSED_EXTEND, index_t[0].shape[0], table.data_ptr(), table.stride(0),
+                         int(table.dtype == torch.int64), *(t.data_ptr() for t in index_t), bounds.data_ptr()],
+                        dtype=torch.int64)
+    return step, table, *index_t, bounds
 
 
 def _elementwise(x: torch.Tensor, name: str) -> ctypes._CFuncPtr | None:

@@ -14,7 +14,8 @@ import torch
 
 from radixflow import kernels
 from radixflow.kernels import native
-from radixflow.kernels.torch_decode import NativeRows
+from radixflow.kernels._checks import check_index
+from radixflow.kernels.extend_attention import _check_extend
 from radixflow.runtime.core.forward_batch import ForwardBatch
 from radixflow.runtime.core.kv_pool import KVPool
 
@@ -68,7 +69,7 @@ class PoolAttention:
         self.num_sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
         self.is_torch = ops.decode_attention is kernels.decode_attention_torch
         self._plan: kernels.DecodeGather | None = None
-        self._planned: ForwardBatch | None = None  # the step fused_decode_layout planned (its layers use _plan)
+        self._planned: ForwardBatch | None = None  # the step fused_layout planned (its layers use _plan)
         if self.is_torch and device.type == "cpu":
             native.library()  # the native decode kernel is built now (~0.5 s, once per machine), not mid-step
 
@@ -101,27 +102,34 @@ class PoolAttention:
             return self.num_kv_splits
         return kernels.choose_kv_splits(batch_size, self.pool.k_caches[0].shape[1], max_seq_len, self.num_sms)
 
-    def fused_decode_layout(self, fb: ForwardBatch, num_heads: int,
-                            head_dim: int) -> tuple[NativeRows, list[torch.Tensor], list[torch.Tensor]] | None:
-        """For runtime/model/fused_decode.py: a CPU decode step's layout planned (its inputs
-        checked) and, where the native decode kernel reads every request's context whole, (its
-        slots and offsets, the K caches, the V caches); else None, the plan kept for the layers."""
+    def fused_layout(self, fb: ForwardBatch, num_heads: int, head_dim: int) -> tuple[torch.Tensor, ...] | None:
+        """For runtime/model/fused_layers.py, a CPU bf16 step's attention described for the native
+        kernels (native.fused_decode_step / fused_extend_step: the description first, then the
+        tensors it points into), its inputs checked once; None where it needs the layer path (a
+        decode step that reads a shared prefix once for a group, or cuts a context into pieces:
+        the plan made here is kept for its layers)."""
         pool = self.pool
         kc, vc = pool.k_caches[0], pool.v_caches[0]
         if not self.is_torch or kc.device.type != "cpu" or kc.dtype != torch.bfloat16:
             return None
-        q = torch.empty(fb.batch_size, num_heads, head_dim, dtype=torch.bfloat16)  # the checks' shapes
+        q = torch.empty(fb.num_tokens, num_heads, head_dim, dtype=torch.bfloat16)  # the checks' shapes
+        check_index("out_slots", fb.out_slots, fb.num_tokens)
+        if not fb.is_decode:
+            index = (fb.req_rows, fb.prefix_lens, fb.extend_lens, fb.extend_starts)
+            _check_extend(q, kc, vc, fb.req_to_token, *index, self.sm_scale, 1.0, 1.0, fb.max_extend_len,
+                                 fb.max_seq_len)
+            return native.fused_extend_step(fb.req_to_token, index, fb.num_tokens, kc.shape[0])
         self._plan = kernels.plan_checked_decode(q, kc, vc, fb.req_to_token, fb.req_rows, fb.seq_lens, self.sm_scale)
         self._planned = fb
         rows = self._plan.native
         if rows is None or rows.rows is not None or self._plan.shared:
             return None
-        return rows, pool.k_caches, pool.v_caches
+        return native.fused_decode_step(rows.slots, rows.offsets)
 
     def _decode_torch(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                       fb: ForwardBatch) -> torch.Tensor:
         """Decode on CPU: inputs checked at layer 0, where the step's layout is planned (unless
-        fused_decode_layout planned it)."""
+        fused_layout planned it)."""
         pool = self.pool
         kc, vc = pool.k_caches[layer_id], pool.v_caches[layer_id]
         ks, vs = pool.k_scales[layer_id], pool.v_scales[layer_id]

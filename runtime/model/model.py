@@ -18,7 +18,7 @@ from torch import nn
 from radixflow import kernels
 from radixflow.kernels import native
 from radixflow.runtime.core.forward_batch import ForwardBatch
-from radixflow.runtime.model import fused_decode
+from radixflow.runtime.model import fused_layers
 from radixflow.runtime.model.model_config import ModelArgs
 
 # Vocabulary rows per logits matmul on CPU (see project_logits).
@@ -201,7 +201,7 @@ class CausalLM(nn.Module):
         self.rope_cos: torch.Tensor | None = None
         self.rope_sin: torch.Tensor | None = None
         self.rope_sin_signed: torch.Tensor | None = None
-        self.fused_decode: tuple | None = None  # runtime/model/fused_decode.py's, decided on first use
+        self.fused_layers: tuple | None = None  # runtime/model/fused_layers.py's, decided on first use
 
     def init_rope(self, max_len: int, device: torch.device) -> None:
         """Tables for positions [0, max_len); call once the weights are on `device`."""
@@ -225,8 +225,8 @@ class CausalLM(nn.Module):
         """Logits [len(fb.logit_rows), vocab] in fp32 for the requested token rows."""
         rope = self._rope_step(fb.positions)
         x, residual = self.embed_tokens(fb.input_ids), None  # [T, hidden]
-        fused = None if use_triton_ops(x) else fused_decode.run_layers(self, fb, attn, x, rope.cos, rope.sin)
-        if fused is not None:  # CPU bf16 decode: every layer in one native call
+        fused = None if use_triton_ops(x) else fused_layers.run_layers(self, fb, attn, x, rope.cos, rope.sin)
+        if fused is not None:  # CPU bf16: every layer in one native call
             x, residual = fused
         else:
             for layer in self.layers:

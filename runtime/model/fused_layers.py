@@ -1,17 +1,19 @@
-"""CPU bf16 decode steps through every decoder layer in one native call.
+"""A CPU bf16 forward through every decoder layer in one native call.
 
 At one to a few rows a decode step's kernels are a small part of each layer's time: the rest is
-the ~25 torch ops and ctypes calls a layer costs from Python (10-20 µs each). Where a step
-allows, `CausalLM.forward` hands the layers to kernels/cpu_decode_layers.c, which runs the same
-kernels in the same order on the same values (its result is the layer-by-layer path's, bit for
-bit). A step takes it when all of these hold, else it runs layer by layer:
+the ~25 torch ops and ctypes calls a layer costs from Python (10-20 µs each), and at prefill
+sizes those ops still convert, zero and copy whole activations. Where a step allows,
+`CausalLM.forward` hands the layers to kernels/cpu_layers.c, which runs the same kernels in the
+same order on the same values (its result is the layer-by-layer path's, bit for bit). A step
+takes it when all of these hold, else it runs layer by layer:
 
 - the model: bf16 on CPU, every projection on the packed layout (PackedLinear.lanes), no q/k
   norm, and the native RMSNorm copies torch's summation order (native.sum_lanes());
-- the caches: bf16 rows the native decode kernel reads (native.supports);
-- the step: decode only (no mixed prefill), no LoRA rows, and every request's context read whole
+- the caches: bf16 rows the native kernels read (native.supports, native.supports_extend);
+- the step: decode or extend, not mixed; no LoRA rows; a decode step's every context read whole
   by the decode kernel (no shared prefix read once for a group, no context cut into pieces for
-  idle threads: kernels/torch_decode.py).
+  idle threads: kernels/torch_decode.py). The attention (runtime/model/attention.py
+  `fused_layout`) checks the step's inputs and describes it (native.FUSED_STEP).
 
 `ENABLED = False` turns it off (tests compare the two paths).
 """
@@ -25,12 +27,11 @@ from radixflow.kernels import native
 from radixflow.runtime.core.forward_batch import ForwardBatch
 
 ENABLED = True
-# kernels/cpu_decode_layers.c: a layer's row of addresses, and the model's dims, in this order
-LAYER_FIELDS = ("input_norm", "qkv", "qkv_bias", "o_proj", "post_norm", "gate_up", "down", "k_cache", "v_cache")
 
 
-class FusedDecode:
-    """The addresses the native call needs, gathered once per model and KV pool."""
+class FusedLayers:
+    """The addresses the native call needs, gathered once per model and KV pool: per layer (the
+    order of cpu_layers.c's LAYER_PTRS) its norms, packed projections, qkv bias and caches."""
 
     def __init__(self, model: Any, k_caches: list[torch.Tensor], v_caches: list[torch.Tensor]) -> None:
         args = model.args
@@ -63,23 +64,26 @@ class FusedDecode:
                     or any(w.dtype != torch.bfloat16 or not w.is_contiguous() for w in norms)):
                 return False
         return all(kc.dtype == torch.bfloat16 and native.supports(kc, vc, args.num_heads)
-                   for kc, vc in zip(k_caches, v_caches))
+                   and native.supports_extend(kc, vc, args.num_heads) for kc, vc in zip(k_caches, v_caches))
 
     def run(self, x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor, out_slots: torch.Tensor,
-            slots: torch.Tensor, offsets: torch.Tensor, sm_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-        """(x, residual) after the last layer for the step's embeddings x [batch, hidden] bf16."""
-        batch = x.shape[0]
+            step: torch.Tensor, sm_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x, residual) after the last layer for the step's embeddings x [tokens, hidden] bf16;
+        `step` the attention's description (native.FUSED_STEP)."""
+        tokens = x.shape[0]
         x = x.contiguous().clone()  # written in place
-        residual = torch.empty(batch, x.shape[1], dtype=torch.float32)
+        residual = torch.empty(tokens, x.shape[1], dtype=torch.float32)
         out_slots = out_slots.to(torch.int64).contiguous()
-        status = native.library().decode_layers_bf16(
-            self.table.shape[0], self.table.data_ptr(), self.dims.data_ptr(), batch, self.eps, sm_scale,
+        status = native.library().forward_layers_bf16(
+            self.table.shape[0], self.table.data_ptr(), self.dims.data_ptr(), tokens, self.eps, sm_scale,
             native.sum_lanes(), x.data_ptr(), residual.data_ptr(), cos.data_ptr(), sin_signed.data_ptr(),
-            out_slots.data_ptr(), slots.data_ptr(), offsets.data_ptr(), torch.get_num_threads())
+            out_slots.data_ptr(), step.data_ptr(), torch.get_num_threads())
         if status == -2:
-            raise ValueError("decode step: a new token's KV slot is out of the pool's range")
+            raise ValueError("forward step: a new token's KV slot is out of the pool's range")
+        if status == -3:
+            raise ValueError("extend attention: a request's row, lengths, q rows or slot ids are out of range")
         if status != 0:
-            raise MemoryError("the fused decode step could not allocate its scratch memory")
+            raise MemoryError("the fused forward could not allocate its scratch memory")
         return x, residual
 
 
@@ -87,22 +91,20 @@ def run_layers(model: Any, fb: ForwardBatch, attn: Any, x: torch.Tensor, cos: to
                sin_signed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
     """The step's (x, residual) after all layers through the native call, or None where this step,
     model or attention does not take it (the caller runs the layers one by one)."""
-    layout = getattr(attn, "fused_decode_layout", None)
-    if (not ENABLED or not fb.is_decode or fb.parts is not None or fb.lora is not None or layout is None
-            or x.dtype != torch.bfloat16 or x.device.type != "cpu" or fb.num_tokens != fb.batch_size
-            or native.library() is None):
+    layout = getattr(attn, "fused_layout", None)
+    if (not ENABLED or fb.parts is not None or fb.lora is not None or layout is None or x.shape[0] == 0
+            or x.dtype != torch.bfloat16 or x.device.type != "cpu" or native.library() is None):
         return None
-    found = layout(fb, model.args.num_heads, model.args.head_dim)
-    if found is None:
-        return None
-    rows, k_caches, v_caches = found
-    known = model.fused_decode  # (the caches it was decided for, FusedDecode or None: they do not fit)
-    if known is None or known[0] is not k_caches:
-        known = (k_caches, FusedDecode(model, k_caches, v_caches) if FusedDecode.fits(model, k_caches, v_caches)
-                 else None)
-        model.fused_decode = known
+    known = model.fused_layers  # (the caches it was decided for, FusedLayers or None: they do not fit)
+    caches = attn.pool.k_caches
+    if known is None or known[0] is not caches:
+        fits = FusedLayers.fits(model, caches, attn.pool.v_caches)
+        known = (caches, FusedLayers(model, caches, attn.pool.v_caches) if fits else None)
+        model.fused_layers = known
     fused = known[1]
     if fused is None:
         return None
-    return fused.run(x, cos, sin_signed, fb.out_slots, rows.slots, rows.offsets, attn.sm_scale)
-
+    step = layout(fb, model.args.num_heads, model.args.head_dim)
+    if step is None:
+        return None
+    return fused.run(x, cos, sin_signed, fb.out_slots, step[0], attn.sm_scale)
