@@ -84,3 +84,25 @@ def test_cpu_linear_smoke(tmp_path, monkeypatch):
     rows = json.loads(out.read_text())["rows"]
     assert [r["rows"] for r in rows] == [1, 7]
     assert all(r[f"{side}_{part}_ms"] > 0 for r in rows for side in ("native", "onednn") for part in ("layers", "head"))
+
+
+def test_fused_layers_ab_smoke(tmp_path):
+    """Both paths on the tiny model, equal greedy tokens checked by the script; exit 1 when the
+    fused path was not taken (no AVX512-BF16 projections here): then skipped."""
+    import subprocess
+    import sys
+
+    from radixflow.kernels import native
+
+    lib = native.library()
+    if lib is None or not lib.linear_lanes() or not native.sum_lanes():
+        pytest.skip("the fused forward needs the native kernels with AVX512-BF16")
+    out = tmp_path / "fused_layers_ab.json"
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "fused_layers_ab.py"
+    subprocess.run([sys.executable, str(script), "--model", "tiny", "--smoke", "--rounds", "2", "--decode", "4",
+                    "--out", str(out)], check=True, timeout=600)
+    doc = json.loads(out.read_text())
+    assert doc["fused_path_taken"] and doc["same_greedy_tokens"]
+    assert set(doc["results"]) == {"2x40", "turn", "prefill"}
+    assert all(len(r["ms_runs"][side]) == 2 and r["ms"][side] > 0 for r in doc["results"].values()
+               for side in ("fused", "layers"))
