@@ -28,3 +28,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def on_threads():
+    """on_threads(n, fn, *args): fn(*args) with n torch (and native kernel) threads."""
+    def run(threads: int, fn, *args):
+        before = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            return fn(*args)
+        finally:
+            torch.set_num_threads(before)
+    return run

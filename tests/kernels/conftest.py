@@ -7,7 +7,7 @@ import stat
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import pytest
 import torch
@@ -190,16 +190,3 @@ def mapped_bytes() -> Callable[[], int]:
         with open("/proc/self/statm") as f:
             return int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
     return size
-
-
-@pytest.fixture
-def on_threads() -> Callable[..., Any]:
-    """on_threads(n, fn, *args): fn(*args) with n torch (and native kernel) threads."""
-    def run(threads: int, fn: Callable[..., Any], *args: Any) -> Any:
-        before = torch.get_num_threads()
-        torch.set_num_threads(threads)
-        try:
-            return fn(*args)
-        finally:
-            torch.set_num_threads(before)
-    return run

@@ -36,16 +36,6 @@ def fused_runs(monkeypatch):
     return runs
 
 
-def on_threads(threads: int, fn, *args):
-    """fn(*args) with `threads` torch (and native kernel) threads."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        return fn(*args)
-    finally:
-        torch.set_num_threads(before)
-
-
 def _prompts(n: int, seed: int = 0, lo: int = 3, hi: int = 60) -> list[list[int]]:
     rng = random.Random(seed)
     return [[rng.randrange(5, 250) for _ in range(rng.randrange(lo, hi))] for _ in range(n)]
@@ -70,7 +60,7 @@ def _tokens_and_logprobs(results):
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-def test_the_tiny_model_decodes_the_same_fused(monkeypatch, fused_runs, threads):
+def test_the_tiny_model_decodes_the_same_fused(monkeypatch, on_threads, fused_runs, threads):
     prompts = _prompts(6)
     got, taken = on_threads(threads, _both_ways, monkeypatch, demo_model("tiny"), prompts, fused_runs)
     assert (True, 6) in taken  # decode steps of the full batch went through it
@@ -135,7 +125,7 @@ def test_steps_with_a_shared_prefix_read_once_keep_the_layer_path(monkeypatch, f
     assert _tokens_and_logprobs(got[True]) == _tokens_and_logprobs(got[False])
 
 
-def test_contexts_cut_into_pieces_for_idle_threads_keep_the_layer_path(monkeypatch, fused_runs):
+def test_contexts_cut_into_pieces_for_idle_threads_keep_the_layer_path(monkeypatch, on_threads, fused_runs):
     """One request, two threads, a context long enough to be read in two pieces at once."""
     monkeypatch.setattr(torch_decode, "SPLIT_PIECE_TOKENS", 64)
     prompt = _prompts(1, seed=4, lo=300, hi=301)
