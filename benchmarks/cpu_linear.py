@@ -36,11 +36,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
-    from radixflow.kernels import native
+    from radixflow.kernels import native_layers
     from radixflow.runtime.model.packed_linear import PackedLinear
 
     weights = [torch.randn(*shape).to(torch.bfloat16) for _ in range(args.layers) for shape in LAYER_SHAPES]
-    if not native.linear_supports(weights[0]):
+    if not native_layers.linear_supports(weights[0]):
         print("the native kernel does not build here (no AVX512-BF16): nothing to compare")
         return 1
     head = torch.randn(*LM_HEAD).to(torch.bfloat16)

@@ -30,7 +30,7 @@ import time
 
 import torch
 
-from radixflow.kernels import native
+from radixflow.kernels import native, native_layers
 from radixflow.kernels.torch_attention import extend_attention_torch
 from radixflow.runtime.model.model import rmsnorm_cpu, rotate_cpu, silu_mul_cpu
 
@@ -108,10 +108,10 @@ def _elementwise_calls(rows: int, hidden: int, inter: int, heads: int, head_dim:
     angles = torch.rand(rows, 1, head_dim, generator=gen)
     cos, sin = angles.cos(), angles.sin()
     gate_up = torch.randn(rows, 2 * inter, generator=gen).to(torch.bfloat16)
-    return {"rmsnorm+residual": (lambda: native.rmsnorm(x, residual, weight, 1e-5),
+    return {"rmsnorm+residual": (lambda: native_layers.rmsnorm(x, residual, weight, 1e-5),
                                  lambda: rmsnorm_cpu(x, residual, weight, 1e-5)),
-            "rope": (lambda: native.rope(qk, cos, sin), lambda: rotate_cpu(qk, cos, sin)),
-            "silu_mul": (lambda: native.silu_mul(gate_up), lambda: silu_mul_cpu(gate_up))}
+            "rope": (lambda: native_layers.rope(qk, cos, sin), lambda: rotate_cpu(qk, cos, sin)),
+            "silu_mul": (lambda: native_layers.silu_mul(gate_up), lambda: silu_mul_cpu(gate_up))}
 
 
 def bench_elementwise(sizes: list, rounds: int) -> list[dict]:

@@ -1,10 +1,11 @@
 /* The CPU forward's elementwise passes fused, with the torch path's rounding (runtime/model/model.py
- * rmsnorm_cpu, rotate_cpu): RoPE in one pass, RMSNorm's scaling in one pass after torch's
- * residual add and mean of squares (kernels/native.py; the mean's summation order decides
- * near-ties in bf16, so it stays torch's):
+ * rmsnorm_cpu, rotate_cpu): RoPE in one pass, RMSNorm in one pass with the residual add and the
+ * mean of squares summed in torch's own order (the mean's summation order decides near-ties in
+ * bf16; kernels/native_layers.py `sum_lanes` checks the order is torch's, else RMSNorm keeps
+ * torch's mean and only the scaling runs here):
  *
- *   rmsnorm:   out = w * round(h * (1 / sqrt(var + eps)))                 rmsnorm_scale_*
- *              the same after h = residual + x, var = mean(h * h) summed in torch's order  rmsnorm_*
+ *   rmsnorm:   h = residual + x, var = mean(h * h) in torch's order, then  rmsnorm_*
+ *              out = w * round(h * (1 / sqrt(var + eps)))                 rmsnorm_scale_* (var given)
  *   rope:      out = round(fma(swap_halves(x), sin_signed, x * cos))      rope_*
  *
  * where round is to the model's dtype (bf16: to nearest even; fp32: nothing). Built with
@@ -12,8 +13,8 @@
  * (torch's CPU build fuses addcmul's multiply-add, hence the fma): the results are the torch
  * path's bit for bit (tests/kernels/test_native_elementwise.py). SmolLM2's greedy answer to "What
  * is the capital of France?" starts at a near-tie that one bf16 unit in one RMSNorm flips.
- * Rows split over `nthreads` OpenMP threads. Callers (kernels/native.py) check dtypes, shapes
- * and strides.
+ * Rows split over `nthreads` OpenMP threads. Callers (kernels/native_layers.py) check dtypes,
+ * shapes and strides.
  */
 #include <math.h>
 #include <stdint.h>

@@ -14,7 +14,7 @@
  * the bias added in fp32.
  * Threads split the columns. Only where the compiler targets AVX512-BF16 (`linear_lanes()`).
  *
- * Contract (checked by the Python caller, kernels/native.py): K even, N a multiple of 16; x, y
+ * Contract (checked by the Python caller, kernels/native_layers.py): K even, N a multiple of 16; x, y
  * contiguous; bias fp32 [N] or NULL.
  */
 #include <stdint.h>

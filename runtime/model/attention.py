@@ -13,7 +13,7 @@ from typing import Callable
 import torch
 
 from radixflow import kernels
-from radixflow.kernels import native
+from radixflow.kernels import native, native_layers
 from radixflow.kernels._checks import check_index
 from radixflow.kernels.extend_attention import _check_extend
 from radixflow.runtime.core.forward_batch import ForwardBatch
@@ -104,7 +104,7 @@ class PoolAttention:
 
     def fused_layout(self, fb: ForwardBatch, num_heads: int, head_dim: int) -> tuple[torch.Tensor, ...] | None:
         """For runtime/model/fused_layers.py, a CPU bf16 step's attention described for the native
-        kernels (native.fused_decode_step / fused_extend_step: the description first, then the
+        kernels (native_layers.fused_decode_step / fused_extend_step: the description first, then the
         tensors it points into), its inputs checked once; None where it needs the layer path (a
         decode step that reads a shared prefix once for a group, or cuts a context into pieces:
         the plan made here is kept for its layers)."""
@@ -118,13 +118,13 @@ class PoolAttention:
             index = (fb.req_rows, fb.prefix_lens, fb.extend_lens, fb.extend_starts)
             _check_extend(q, kc, vc, fb.req_to_token, *index, self.sm_scale, 1.0, 1.0, fb.max_extend_len,
                                  fb.max_seq_len)
-            return native.fused_extend_step(fb.req_to_token, index, fb.num_tokens, kc.shape[0])
+            return native_layers.fused_extend_step(fb.req_to_token, index, fb.num_tokens, kc.shape[0])
         self._plan = kernels.plan_checked_decode(q, kc, vc, fb.req_to_token, fb.req_rows, fb.seq_lens, self.sm_scale)
         self._planned = fb
         rows = self._plan.native
         if rows is None or rows.rows is not None or self._plan.shared:
             return None
-        return native.fused_decode_step(rows.slots, rows.offsets)
+        return native_layers.fused_decode_step(rows.slots, rows.offsets)
 
     def _decode_torch(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                       fb: ForwardBatch) -> torch.Tensor:

@@ -8,12 +8,13 @@ same order on the same values (its result is the layer-by-layer path's, bit for 
 takes it when all of these hold, else it runs layer by layer:
 
 - the model: bf16 on CPU, every projection on the packed layout (PackedLinear.lanes), no q/k
-  norm, and the native RMSNorm copies torch's summation order (native.sum_lanes());
+  norm, and the native RMSNorm copies torch's summation order (native_layers.sum_lanes());
 - the caches: bf16 rows the native kernels read (native.supports, native.supports_extend);
 - the step: decode or extend, not mixed; no LoRA rows; a decode step's every context read whole
   by the decode kernel (no shared prefix read once for a group, no context cut into pieces for
   idle threads: kernels/torch_decode.py). The attention (runtime/model/attention.py
-  `fused_layout`) checks the step's inputs and describes it (native.FUSED_STEP).
+  `fused_layout`) checks the step's inputs and describes it for the kernel
+  (native_layers.fused_decode_step, fused_extend_step).
 
 `ENABLED = False` turns it off (tests compare the two paths).
 """
@@ -23,7 +24,7 @@ from typing import Any
 
 import torch
 
-from radixflow.kernels import native
+from radixflow.kernels import native, native_layers
 from radixflow.runtime.core.forward_batch import ForwardBatch
 
 ENABLED = True
@@ -53,7 +54,7 @@ class FusedLayers:
     def fits(model: Any, k_caches: list[torch.Tensor], v_caches: list[torch.Tensor]) -> bool:
         """Whether this model and these caches can take the native call (the step aside)."""
         args = model.args
-        lanes = native.sum_lanes()
+        lanes = native_layers.sum_lanes()
         if args.qk_norm or not lanes or args.hidden_size < lanes or len(k_caches) != len(model.layers):
             return False
         for layer in model.layers:
@@ -69,14 +70,14 @@ class FusedLayers:
     def run(self, x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor, out_slots: torch.Tensor,
             step: torch.Tensor, sm_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
         """(x, residual) after the last layer for the step's embeddings x [tokens, hidden] bf16;
-        `step` the attention's description (native.FUSED_STEP)."""
+        `step` the attention's description (native_layers.fused_decode_step, fused_extend_step)."""
         tokens = x.shape[0]
         x = x.contiguous().clone()  # written in place
         residual = torch.empty(tokens, x.shape[1], dtype=torch.float32)
         out_slots = out_slots.to(torch.int64).contiguous()
         status = native.library().forward_layers_bf16(
             self.table.shape[0], self.table.data_ptr(), self.dims.data_ptr(), tokens, self.eps, sm_scale,
-            native.sum_lanes(), x.data_ptr(), residual.data_ptr(), cos.data_ptr(), sin_signed.data_ptr(),
+            native_layers.sum_lanes(), x.data_ptr(), residual.data_ptr(), cos.data_ptr(), sin_signed.data_ptr(),
             out_slots.data_ptr(), step.data_ptr(), torch.get_num_threads())
         if status == -2:
             raise ValueError("forward step: a new token's KV slot is out of the pool's range")

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixflow import kernels
-from radixflow.kernels import native
+from radixflow.kernels import native_layers
 from radixflow.runtime.core.forward_batch import ForwardBatch
 from radixflow.runtime.model import fused_layers
 from radixflow.runtime.model.model_config import ModelArgs
@@ -57,7 +57,7 @@ class RMSNorm(nn.Module):
         """x, residual [T, dim] → (norm(h), h) with h = x + residual (x when residual is None)."""
         if use_triton_ops(x):
             return kernels.rmsnorm(x, residual, self.weight, self.eps)
-        normed = native.rmsnorm(x, residual, self.weight, self.eps)
+        normed = native_layers.rmsnorm(x, residual, self.weight, self.eps)
         return rmsnorm_cpu(x, residual, self.weight, self.eps) if normed is None else normed
 
     def norm_heads(self, x: torch.Tensor) -> torch.Tensor:
@@ -67,7 +67,7 @@ class RMSNorm(nn.Module):
 
 def rmsnorm_cpu(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """RMSNorm on CPU in torch ops (kernels/native.py `rmsnorm`: the same bits in fewer passes): x
+    """RMSNorm on CPU in torch ops (kernels/native_layers.py `rmsnorm`: the same bits in fewer passes): x
     [T, dim], residual fp32 or None → (norm(h), h), h = x + residual in fp32.
 
     NOTE: on CPU the residual stream stays fp32 whatever the weights' dtype: a bf16 stream
@@ -79,7 +79,7 @@ def rmsnorm_cpu(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Te
 
 
 def silu_mul_cpu(gate_up: torch.Tensor) -> torch.Tensor:
-    """silu(gate) * up of gate_up [T, 2 * inter] = | gate | up | in torch ops (kernels/native.py
+    """silu(gate) * up of gate_up [T, 2 * inter] = | gate | up | in torch ops (kernels/native_layers.py
     `silu_mul` in one pass)."""
     gate, up = gate_up.split(gate_up.shape[-1] // 2, dim=-1)
     return F.silu(gate).mul_(up)  # [T, intermediate]
@@ -94,13 +94,13 @@ def rope_tables(args: ModelArgs, max_len: int, device: torch.device) -> tuple[to
 def rotate_cpu(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
     """RoPE on CPU: x [T, heads, D]; cos [T, 1, D]; sin_signed [T, 1, D] = sin with its first half
     negated, so that | x1 | x2 | → x * cos + | x2 | x1 | * sin_signed. New tensor of x's dtype:
-    the native pass where it applies (kernels/native.py `rope`, the same bits), else torch ops.
+    the native pass where it applies (kernels/native_layers.py `rope`, the same bits), else torch ops.
 
     NOTE: each half adds its product in place instead of building the swapped | x2 | x1 | copy
     (a cat, two conversions and one broadcast addcmul): the same sums bit for bit, ~6x less time
     at prefill sizes (4,096 tokens x 12 heads x 64, one core).
     """
-    rotated = native.rope(x, cos, sin_signed)
+    rotated = native_layers.rope(x, cos, sin_signed)
     if rotated is not None:
         return rotated
     half = x.shape[-1] // 2
@@ -163,7 +163,7 @@ class MLP(nn.Module):
         if use_triton_ops(x):
             act = kernels.silu_and_mul(gate_up)
         else:  # [T, intermediate]
-            act = native.silu_mul(gate_up)
+            act = native_layers.silu_mul(gate_up)
             act = silu_mul_cpu(gate_up) if act is None else act
         return add_lora(fb, self.layer_id, "down", act, self.down_proj(act))
 

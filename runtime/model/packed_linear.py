@@ -1,7 +1,7 @@
 """CPU bfloat16 projections on a prepacked weight layout, reordered once at load.
 
 Where the native kernels build with AVX512-BF16, the layout is kernels/cpu_linear.c's (each
-vector lane a pair of one output column's weights; `native.linear_bf16`): exact products, fp32
+vector lane a pair of one output column's weights; `native_layers.linear_bf16`): exact products, fp32
 sums in a fixed order per row whatever the batch, one rounding to bf16: a decode step's 120
 projections of SmolLM2-135M 1.70x as fast as on oneDNN's layout at one row, 1.04-1.28x at 4-256
 rows (benchmarks/cpu_linear.py, results/cpu_linear_cpu.json). Elsewhere the layout is oneDNN's, as follows.
@@ -19,7 +19,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from radixflow.kernels import native
+from radixflow.kernels import native, native_layers
 
 # The decoder layers' projections (runtime/model/model.py). The LM head gets a packed copy
 # beside its plain weight (`CausalLM.packed_lm_head`): the embedding shares that weight when tied.
@@ -46,8 +46,8 @@ class PackedLinear(nn.Module):
         self.lanes: torch.Tensor | None = None  # cpu_linear.c's layout, else oneDNN's in `packed`
         self.packed: torch.Tensor | None = None
         with torch.no_grad():
-            if native.linear_supports(weight):
-                self.lanes = native.pack_linear_weight(weight)
+            if native_layers.linear_supports(weight):
+                self.lanes = native_layers.pack_linear_weight(weight)
             else:
                 self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), BATCH_HINT)
 
@@ -59,9 +59,9 @@ class PackedLinear(nn.Module):
         if self.lanes is None:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
         if x.dtype == torch.bfloat16 and native.library() is not None:
-            return native.linear_bf16(x, self.lanes, self.bias_f32)
+            return native_layers.linear_bf16(x, self.lanes, self.bias_f32)
         # not a bf16 model's input, or the native kernels switched off since load: torch's linear
-        return F.linear(x, native.unpack_linear_weight(self.lanes).to(x.dtype),
+        return F.linear(x, native_layers.unpack_linear_weight(self.lanes).to(x.dtype),
                         None if self.bias is None else self.bias.to(x.dtype))
 
 

@@ -71,12 +71,12 @@ def test_cpu_prefill_smoke(tmp_path, monkeypatch):
 
 
 def test_cpu_linear_smoke(tmp_path, monkeypatch):
-    from radixflow.kernels import native
+    from radixflow.kernels import native, native_layers
 
     monkeypatch.setenv(native.ENV_SWITCH, "1")
     import torch
 
-    if not native.linear_supports(torch.zeros(16, 2, dtype=torch.bfloat16)):
+    if not native_layers.linear_supports(torch.zeros(16, 2, dtype=torch.bfloat16)):
         pytest.skip("the native linear kernel does not build here (no AVX512-BF16)")
     bench = _load("cpu_linear")
     out = tmp_path / "cpu_linear.json"
@@ -92,10 +92,10 @@ def test_fused_layers_ab_smoke(tmp_path):
     import subprocess
     import sys
 
-    from radixflow.kernels import native
+    from radixflow.kernels import native, native_layers
 
     lib = native.library()
-    if lib is None or not lib.linear_lanes() or not native.sum_lanes():
+    if lib is None or not lib.linear_lanes() or not native_layers.sum_lanes():
         pytest.skip("the fused forward needs the native kernels with AVX512-BF16")
     out = tmp_path / "fused_layers_ab.json"
     script = Path(__file__).resolve().parents[2] / "benchmarks" / "fused_layers_ab.py"

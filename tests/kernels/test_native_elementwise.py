@@ -1,4 +1,4 @@
-"""The native elementwise passes (kernels/cpu_elementwise.c, cpu_silu.c through kernels/native.py)
+"""The native elementwise passes (kernels/cpu_elementwise.c, cpu_silu.c through kernels/native_layers.py)
 against the torch ops they replace in the CPU forward (runtime/model/model.py): RMSNorm and RoPE
 bit for bit (SmolLM2's greedy answers turn on near-ties a bf16 unit decides), SiLU-and-mul within
 a bf16 unit or two; where they do not apply, None."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from radixflow.kernels import native
+from radixflow.kernels import native, native_layers
 from radixflow.runtime.model.model import rmsnorm_cpu, rotate_cpu, silu_mul_cpu
 
 DTYPES = [torch.float32, torch.bfloat16]
@@ -28,7 +28,7 @@ def test_the_one_pass_rmsnorm_finds_torchs_summation_order():
     """On x86 torch sums a row's lanes 8 (or 16) at a time; the kernels' copy of that order is
     found (else RMSNorm would take the four-pass path everywhere), and it is torch's bit for bit
     over row lengths from one vector to many thousands."""
-    lanes = native.sum_lanes()
+    lanes = native_layers.sum_lanes()
     if torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512"):
         assert lanes in (8, 16)
     if not lanes:
@@ -50,7 +50,7 @@ def test_rmsnorm_is_the_torch_path_bit_for_bit(monkeypatch, on_threads, one_pass
                                                with_residual, strided):
     """Both ways: one native pass (torch's summation order copied), and torch's mean of squares
     with the native scaling (where the order is not known: sum_lanes() 0)."""
-    if one_pass and not native.sum_lanes():
+    if one_pass and not native_layers.sum_lanes():
         pytest.skip("torch's summation order is not the one the kernels copy")
     if not one_pass:
         monkeypatch.setitem(native._loaded, "lanes", 0)
@@ -58,7 +58,7 @@ def test_rmsnorm_is_the_torch_path_bit_for_bit(monkeypatch, on_threads, one_pass
     x = x[:, :dim] if strided else x  # a view of wider rows (q / k heads of a qkv row)
     residual = torch.randn(rows, dim, generator=_gen(1)) if with_residual else None
     weight = (torch.rand(dim, generator=_gen(2)) + 0.5).to(dtype)
-    got = on_threads(threads, native.rmsnorm, x, residual, weight, 1e-5)
+    got = on_threads(threads, native_layers.rmsnorm, x, residual, weight, 1e-5)
     assert got is not None
     out, h = got
     ref_out, ref_h = rmsnorm_cpu(x, residual, weight, 1e-5)
@@ -75,7 +75,7 @@ def test_rope_is_the_torch_path_bit_for_bit(monkeypatch, dtype, rows, heads, hea
     angles = torch.rand(rows, 1, head_dim, generator=_gen(3)) * 6
     cos, sin = angles.cos(), angles.sin()
     sin[..., :head_dim // 2] *= -1
-    out = native.rope(x, cos, sin)
+    out = native_layers.rope(x, cos, sin)
     assert out is not None and out.is_contiguous()
     monkeypatch.setenv(native.ENV_SWITCH, "0")  # rotate_cpu's torch ops
     assert torch.equal(out, rotate_cpu(x, cos, sin))
@@ -86,7 +86,7 @@ def test_rope_is_the_torch_path_bit_for_bit(monkeypatch, dtype, rows, heads, hea
 @pytest.mark.parametrize("rows, inter", [(1, 64), (33, 1536), (0, 16)])
 def test_silu_mul_matches_torch(on_threads, threads, dtype, rows, inter):
     gate_up = (torch.randn(rows, 2 * inter, generator=_gen()) * 4).to(dtype)
-    out = on_threads(threads, native.silu_mul, gate_up)
+    out = on_threads(threads, native_layers.silu_mul, gate_up)
     assert out is not None and out.shape == (rows, inter) and out.dtype == dtype
     torch.testing.assert_close(out, silu_mul_cpu(gate_up), **ULP[dtype])
 
@@ -94,13 +94,13 @@ def test_silu_mul_matches_torch(on_threads, threads, dtype, rows, inter):
 def test_where_they_do_not_apply_they_return_none(monkeypatch):
     x = torch.randn(4, 64)
     w = torch.ones(64)
-    assert native.rmsnorm(x.half(), None, w.half(), 1e-5) is None  # fp16: the torch path
-    assert native.rmsnorm(x, None, w.bfloat16(), 1e-5) is None  # weight of another dtype
-    assert native.rmsnorm(x.t().contiguous().t(), None, w, 1e-5) is None  # column-strided rows
-    assert native.rmsnorm(x, torch.randn(4, 64).bfloat16(), w, 1e-5) is None  # a bf16 residual
+    assert native_layers.rmsnorm(x.half(), None, w.half(), 1e-5) is None  # fp16: the torch path
+    assert native_layers.rmsnorm(x, None, w.bfloat16(), 1e-5) is None  # weight of another dtype
+    assert native_layers.rmsnorm(x.t().contiguous().t(), None, w, 1e-5) is None  # column-strided rows
+    assert native_layers.rmsnorm(x, torch.randn(4, 64).bfloat16(), w, 1e-5) is None  # a bf16 residual
     cos = torch.ones(4, 1, 64)
-    assert native.rope(x.view(4, 1, 64).half(), cos, cos) is None
-    assert native.rope(x.view(4, 1, 64), cos.bfloat16(), cos) is None
-    assert native.silu_mul(x[:, :63]) is None  # not contiguous
+    assert native_layers.rope(x.view(4, 1, 64).half(), cos, cos) is None
+    assert native_layers.rope(x.view(4, 1, 64), cos.bfloat16(), cos) is None
+    assert native_layers.silu_mul(x[:, :63]) is None  # not contiguous
     monkeypatch.setenv(native.ENV_SWITCH, "0")
-    assert native.rmsnorm(x, None, w, 1e-5) is None and native.silu_mul(x) is None
+    assert native_layers.rmsnorm(x, None, w, 1e-5) is None and native_layers.silu_mul(x) is None

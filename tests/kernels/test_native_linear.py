@@ -1,4 +1,4 @@
-"""bf16 linear layers on the native kernel (kernels/cpu_linear.c through kernels/native.py):
+"""bf16 linear layers on the native kernel (kernels/cpu_linear.c through kernels/native_layers.py):
 exact products, fp32 sums in a fixed order per row, one rounding; taken where it applies, and
 oneDNN's layout kept where it does not."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ import subprocess
 import pytest
 import torch
 
-from radixflow.kernels import native
+from radixflow.kernels import native, native_layers
 from radixflow.runtime.model.packed_linear import PackedLinear
 
 
@@ -19,7 +19,7 @@ def lanes(native_built):
                             text=True, timeout=60).stdout
     if "__AVX512BF16__" not in macros:
         pytest.skip("the C compiler does not target AVX512-BF16 here")
-    assert native.linear_supports(torch.zeros(16, 2, dtype=torch.bfloat16))
+    assert native_layers.linear_supports(torch.zeros(16, 2, dtype=torch.bfloat16))
 
 
 def _ulps_off(y: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
@@ -40,7 +40,7 @@ def test_matches_fp64_rounded_once(lanes, on_threads, threads, rows, k, n, bias)
     w = torch.randn(n, k, generator=gen).to(torch.bfloat16)
     x = torch.randn(rows, k, generator=gen).to(torch.bfloat16)
     b = torch.randn(n, generator=gen).to(torch.bfloat16) if bias else None
-    y = on_threads(threads, native.linear_bf16, x, native.pack_linear_weight(w), None if b is None else b.float())
+    y = on_threads(threads, native_layers.linear_bf16, x, native_layers.pack_linear_weight(w), None if b is None else b.float())
     ref = x.double() @ w.double().T + (0 if b is None else b.double())
     assert y.dtype == torch.bfloat16 and y.shape == (rows, n)
     off = _ulps_off(y, ref)
@@ -51,20 +51,20 @@ def test_matches_fp64_rounded_once(lanes, on_threads, threads, rows, k, n, bias)
 def test_a_row_is_the_same_whatever_the_batch(lanes):
     """Each row's sum runs in one order whatever rows share the call (decode, prefill, jump-forward)."""
     gen = torch.Generator().manual_seed(1)
-    w = native.pack_linear_weight(torch.randn(96, 576, generator=gen).to(torch.bfloat16))
+    w = native_layers.pack_linear_weight(torch.randn(96, 576, generator=gen).to(torch.bfloat16))
     x = torch.randn(37, 576, generator=gen).to(torch.bfloat16)
-    whole = native.linear_bf16(x, w, None)
+    whole = native_layers.linear_bf16(x, w, None)
     for i in (0, 5, 36):
-        assert torch.equal(native.linear_bf16(x[i:i + 1], w, None), whole[i:i + 1])
-    assert torch.equal(native.linear_bf16(x[3:12], w, None), whole[3:12])
+        assert torch.equal(native_layers.linear_bf16(x[i:i + 1], w, None), whole[i:i + 1])
+    assert torch.equal(native_layers.linear_bf16(x[3:12], w, None), whole[3:12])
 
 
 def test_packing_round_trips_and_what_it_takes(lanes):
     w = torch.randn(48, 10).to(torch.bfloat16)
-    assert torch.equal(native.unpack_linear_weight(native.pack_linear_weight(w)), w)
-    assert not native.linear_supports(torch.zeros(40, 8, dtype=torch.bfloat16))  # out not a multiple of 16
-    assert not native.linear_supports(torch.zeros(16, 7, dtype=torch.bfloat16))  # in odd
-    assert not native.linear_supports(torch.zeros(16, 8))  # fp32
+    assert torch.equal(native_layers.unpack_linear_weight(native_layers.pack_linear_weight(w)), w)
+    assert not native_layers.linear_supports(torch.zeros(40, 8, dtype=torch.bfloat16))  # out not a multiple of 16
+    assert not native_layers.linear_supports(torch.zeros(16, 7, dtype=torch.bfloat16))  # in odd
+    assert not native_layers.linear_supports(torch.zeros(16, 8))  # fp32
 
 
 def test_packed_linear_takes_it_and_reads_strided_inputs(lanes):
@@ -87,7 +87,7 @@ def test_without_avx512_bf16_projections_keep_onednn(build_without):
     build_without("-mno-avx512bf16")
     assert native.library() is not None
     w = torch.randn(32, 16).to(torch.bfloat16)
-    assert not native.linear_supports(w)
+    assert not native_layers.linear_supports(w)
     if torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported():
         packed = PackedLinear(w)
         assert packed.lanes is None and packed.packed is not None

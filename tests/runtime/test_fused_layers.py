@@ -9,7 +9,7 @@ import random
 import pytest
 import torch
 
-from radixflow.kernels import native, torch_decode
+from radixflow.kernels import native, native_layers, torch_decode
 from radixflow.runtime.engine import Engine
 from radixflow.runtime.model import fused_layers
 from radixflow.runtime.model.demo import demo_model
@@ -23,13 +23,13 @@ def fused_runs(monkeypatch):
     kernels cannot run it (no compiler, no AVX512-BF16 projections, or torch's summation order
     unknown)."""
     lib = native.library()
-    if lib is None or not lib.linear_lanes() or not native.sum_lanes():
+    if lib is None or not lib.linear_lanes() or not native_layers.sum_lanes():
         pytest.skip("the fused decode step needs the native kernels with AVX512-BF16")
     runs: list[tuple[bool, int]] = []
     real = fused_layers.FusedLayers.run
 
     def spy(self, x, cos, sin, out_slots, step, *args):
-        runs.append((int(step[0]) == native.FUSED_DECODE, x.shape[0]))
+        runs.append((int(step[0]) == native_layers.FUSED_DECODE, x.shape[0]))
         return real(self, x, cos, sin, out_slots, step, *args)
 
     monkeypatch.setattr(fused_layers.FusedLayers, "run", spy)
@@ -164,7 +164,7 @@ def test_a_bad_slot_or_layout_is_refused_before_any_write(fused_runs):
         before = [c.clone() for c in pool.k_caches + pool.v_caches]
         x = torch.zeros(2, model.args.hidden_size, dtype=torch.bfloat16)
         rope = torch.zeros(2, model.args.head_dim)
-        decode = native.fused_decode_step(torch.tensor([1, 2]), torch.tensor([0, 1, 2]))
+        decode = native_layers.fused_decode_step(torch.tensor([1, 2]), torch.tensor([0, 1, 2]))
         for bad in (num_slots, -1):
             with pytest.raises(ValueError, match="out of the pool's range"):
                 fused.run(x, rope, rope, torch.tensor([1, bad]), decode[0], 0.25)
@@ -173,7 +173,7 @@ def test_a_bad_slot_or_layout_is_refused_before_any_write(fused_runs):
         one = torch.tensor([0])
         for rows, table_slot in ((torch.tensor([4]), 1), (one, num_slots)):  # a row past the table, a slot past the pool
             table[0, 1] = table_slot
-            extend = native.fused_extend_step(table, (rows, one, torch.tensor([2]), one), 2, num_slots)
+            extend = native_layers.fused_extend_step(table, (rows, one, torch.tensor([2]), one), 2, num_slots)
             with pytest.raises(ValueError, match="out of range"):
                 fused.run(x, rope, rope, torch.tensor([1, 2]), extend[0], 0.25)
         assert all(torch.equal(a, b) for a, b in zip(before, pool.k_caches + pool.v_caches))
