@@ -51,6 +51,86 @@ enum { KIND, REQUESTS, SLOTS, OFFSETS, STEP_DECODE_ARGS };
 enum { TABLE = 2, TABLE_STRIDE, TABLE_WIDE, ROWS, PREFIX_LENS, EXTEND_LENS, Q_STARTS, BOUNDS, STEP_EXTEND_ARGS };
 enum { DECODE, EXTEND };
 
+/* One call's shape and buffers: the model's sizes, the step, and scratch for one layer's values. */
+typedef struct {
+    int64_t tokens, hidden, H, KVH, D, inter, q_size, kv_size, qkv_size;
+    float eps, sm_scale;
+    int lanes, nthreads;
+    const int64_t *step, *out_slots;
+    const float *cos, *sin_signed;
+    float *qf, *attn, *lse;                            /* fp32 q, attention out, lse */
+    uint16_t *h, *qkv, *qk, *a, *gate_up, *act;        /* bf16 norm out, qkv, q|k roped, attention out, MLP */
+} Call;
+
+/* Whether the step may run: every out slot in the pool, an extend step's layout in range. */
+static int step_ok(const Call *c, int64_t num_slots) {
+    for (int64_t t = 0; t < c->tokens; t++)
+        if (c->out_slots[t] < 0 || c->out_slots[t] >= num_slots) return -2;
+    const int64_t *st = c->step;
+    if (st[KIND] == EXTEND &&
+        !extend_layout_ok((const void *)st[TABLE], st[TABLE_STRIDE], (int)st[TABLE_WIDE], (const int64_t *)st[ROWS],
+                          (const int64_t *)st[PREFIX_LENS], (const int64_t *)st[EXTEND_LENS],
+                          (const int64_t *)st[Q_STARTS], st[REQUESTS], (const int64_t *)st[BOUNDS], 1))
+        return -3;
+    return 0;
+}
+
+/* The new tokens' K / V into the caches, their queries as fp32 (the attention kernels' input). */
+static void store_kv(const Call *c, uint16_t *kc, uint16_t *vc) {
+    const int64_t q_size = c->q_size, kv_size = c->kv_size;
+    _Pragma("omp parallel for schedule(static) num_threads(c->nthreads) if (c->nthreads > 1 && c->tokens > 64)")
+    for (int64_t t = 0; t < c->tokens; t++) {
+        const uint16_t *qt = c->qk + t * (q_size + kv_size);
+        memcpy(kc + c->out_slots[t] * kv_size, qt + q_size, kv_size * sizeof(uint16_t));
+        memcpy(vc + c->out_slots[t] * kv_size, c->qkv + t * c->qkv_size + q_size + kv_size, kv_size * sizeof(uint16_t));
+        for (int64_t i = 0; i < q_size; i++) c->qf[t * q_size + i] = load_bf16(qt, i);
+    }
+}
+
+/* attention (fp32, rounded to bf16 into c->a) of the step's queries over their contexts: 0, or
+ * the extend kernel's refusal (-3) or failure to allocate (-1). */
+static int attend(const Call *c, const uint16_t *kc, const uint16_t *vc) {
+    const int64_t *st = c->step;
+    if (st[KIND] == DECODE) {
+        decode_bf16(c->qf, kc, vc, (const int64_t *)st[SLOTS], (const int64_t *)st[OFFSETS], st[REQUESTS], c->H,
+                    c->KVH, c->D, c->sm_scale, c->attn, c->lse, c->nthreads);
+    } else {
+        memset(c->attn, 0, c->tokens * c->q_size * sizeof(float)); /* rows no request covers */
+        const int got = extend_bf16(c->qf, kc, vc, (const void *)st[TABLE], st[TABLE_STRIDE], (int)st[TABLE_WIDE],
+                                    (const int64_t *)st[ROWS], (const int64_t *)st[PREFIX_LENS],
+                                    (const int64_t *)st[EXTEND_LENS], (const int64_t *)st[Q_STARTS], st[REQUESTS],
+                                    c->H, c->KVH, c->D, c->sm_scale, c->attn, c->nthreads,
+                                    (const int64_t *)st[BOUNDS], 1, NULL);
+        if (got != 0) return got == -2 ? -3 : -1;
+    }
+    const int64_t q_size = c->q_size;
+    _Pragma("omp parallel for schedule(static) num_threads(c->nthreads) if (c->nthreads > 1 && c->tokens > 64)")
+    for (int64_t t = 0; t < c->tokens; t++)
+        for (int64_t i = t * q_size; i < (t + 1) * q_size; i++) c->a[i] = round_bf16(c->attn[i]);
+    return 0;
+}
+
+/* One decoder layer (its row p of the table) over x and residual, in place. */
+static int layer(const Call *c, const int64_t *p, int first, uint16_t *x, float *residual) {
+    const int64_t T = c->tokens, hidden = c->hidden;
+    uint16_t *kc = (uint16_t *)p[K_CACHE], *vc = (uint16_t *)p[V_CACHE];
+    rmsnorm_bf16(x, hidden, first ? NULL : residual, (const uint16_t *)p[INPUT_NORM], c->eps, T, hidden, c->lanes,
+                 c->h, residual, c->nthreads);
+    linear_bf16((const uint32_t *)p[QKV], c->h, T, hidden, c->qkv_size, (const float *)p[QKV_BIAS], c->qkv,
+                c->nthreads);
+    rope_bf16(c->qkv, c->qkv_size, c->cos, c->sin_signed, T, c->H + c->KVH, c->D, c->qk, c->nthreads);
+    store_kv(c, kc, vc);
+    const int status = attend(c, kc, vc);
+    if (status != 0) return status;
+    linear_bf16((const uint32_t *)p[O_PROJ], c->a, T, c->q_size, hidden, NULL, x, c->nthreads);
+    rmsnorm_bf16(x, hidden, residual, (const uint16_t *)p[POST_NORM], c->eps, T, hidden, c->lanes, c->h, residual,
+                 c->nthreads);
+    linear_bf16((const uint32_t *)p[GATE_UP], c->h, T, hidden, 2 * c->inter, NULL, c->gate_up, c->nthreads);
+    silu_mul_bf16(c->gate_up, T, c->inter, c->act, c->nthreads);
+    linear_bf16((const uint32_t *)p[DOWN], c->act, T, c->inter, hidden, NULL, x, c->nthreads);
+    return 0;
+}
+
 /* x [tokens, hidden] bf16: the token embeddings in, the last layer's MLP output out; residual
  * [tokens, hidden] fp32 out: the stream before it (model.py's (x, residual) after the loop).
  * cos, sin_signed fp32 [tokens, head_dim]: each token's RoPE rows; out_slots [tokens]: where its
@@ -59,65 +139,22 @@ enum { DECODE, EXTEND };
 int forward_layers_bf16(int64_t num_layers, const int64_t *layers, const int64_t *dims, int64_t tokens, float eps,
                         float sm_scale, int lanes, uint16_t *x, float *residual, const float *cos,
                         const float *sin_signed, const int64_t *out_slots, const int64_t *step, int nthreads) {
-    const int64_t hidden = dims[HIDDEN], H = dims[HEADS], KVH = dims[KV_HEADS], D = dims[HEAD_DIM];
-    const int64_t inter = dims[INTER], q_size = H * D, kv_size = KVH * D, qkv_size = q_size + 2 * kv_size;
-    for (int64_t t = 0; t < tokens; t++)
-        if (out_slots[t] < 0 || out_slots[t] >= dims[NUM_SLOTS]) return -2;
-    if (step[KIND] == EXTEND &&
-        !extend_layout_ok((const void *)step[TABLE], step[TABLE_STRIDE], (int)step[TABLE_WIDE],
-                          (const int64_t *)step[ROWS], (const int64_t *)step[PREFIX_LENS],
-                          (const int64_t *)step[EXTEND_LENS], (const int64_t *)step[Q_STARTS], step[REQUESTS],
-                          (const int64_t *)step[BOUNDS], 1))
-        return -3;
-    /* scratch: fp32 q | attention out | lse, then bf16 h | qkv | q|k roped | attention out | gate_up | act */
-    const int64_t floats = tokens * (2 * q_size + H);
-    const int64_t halves = tokens * (hidden + qkv_size + q_size + kv_size + q_size + 3 * inter);
+    Call c = {.tokens = tokens, .hidden = dims[HIDDEN], .H = dims[HEADS], .KVH = dims[KV_HEADS], .D = dims[HEAD_DIM],
+              .inter = dims[INTER], .eps = eps, .sm_scale = sm_scale, .lanes = lanes, .nthreads = nthreads,
+              .step = step, .out_slots = out_slots, .cos = cos, .sin_signed = sin_signed};
+    c.q_size = c.H * c.D, c.kv_size = c.KVH * c.D, c.qkv_size = c.q_size + 2 * c.kv_size;
+    int status = step_ok(&c, dims[NUM_SLOTS]);
+    if (status != 0) return status;
+    const int64_t floats = tokens * (2 * c.q_size + c.H);
+    const int64_t halves = tokens * (c.hidden + c.qkv_size + c.q_size + c.kv_size + c.q_size + 3 * c.inter);
     char *scratch = malloc(floats * sizeof(float) + halves * sizeof(uint16_t));
     if (!scratch) return -1;
-    float *qf = (float *)scratch, *attn = qf + tokens * q_size, *lse = attn + tokens * q_size;
-    uint16_t *h = (uint16_t *)(lse + tokens * H), *qkv = h + tokens * hidden, *qk = qkv + tokens * qkv_size;
-    uint16_t *a = qk + tokens * (q_size + kv_size), *gate_up = a + tokens * q_size, *act = gate_up + tokens * 2 * inter;
-    int status = 0;
-    for (int64_t l = 0; l < num_layers && status == 0; l++) {
-        const int64_t *p = layers + l * LAYER_PTRS;
-        uint16_t *kc = (uint16_t *)p[K_CACHE], *vc = (uint16_t *)p[V_CACHE];
-        rmsnorm_bf16(x, hidden, l == 0 ? NULL : residual, (const uint16_t *)p[INPUT_NORM], eps, tokens, hidden,
-                     lanes, h, residual, nthreads);
-        linear_bf16((const uint32_t *)p[QKV], h, tokens, hidden, qkv_size, (const float *)p[QKV_BIAS], qkv,
-                    nthreads);
-        rope_bf16(qkv, qkv_size, cos, sin_signed, tokens, H + KVH, D, qk, nthreads);
-        _Pragma("omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1 && tokens > 64)")
-        for (int64_t t = 0; t < tokens; t++) {
-            const uint16_t *qt = qk + t * (q_size + kv_size);
-            memcpy(kc + out_slots[t] * kv_size, qt + q_size, kv_size * sizeof(uint16_t));
-            memcpy(vc + out_slots[t] * kv_size, qkv + t * qkv_size + q_size + kv_size, kv_size * sizeof(uint16_t));
-            for (int64_t i = 0; i < q_size; i++) qf[t * q_size + i] = load_bf16(qt, i);
-        }
-        if (step[KIND] == DECODE) {
-            decode_bf16(qf, kc, vc, (const int64_t *)step[SLOTS], (const int64_t *)step[OFFSETS], step[REQUESTS], H,
-                        KVH, D, sm_scale, attn, lse, nthreads);
-        } else {
-            memset(attn, 0, tokens * q_size * sizeof(float)); /* rows no request covers */
-            const int got = extend_bf16(qf, kc, vc, (const void *)step[TABLE], step[TABLE_STRIDE],
-                                        (int)step[TABLE_WIDE], (const int64_t *)step[ROWS],
-                                        (const int64_t *)step[PREFIX_LENS], (const int64_t *)step[EXTEND_LENS],
-                                        (const int64_t *)step[Q_STARTS], step[REQUESTS], H, KVH, D, sm_scale, attn,
-                                        nthreads, (const int64_t *)step[BOUNDS], 1, NULL);
-            if (got != 0) {
-                status = got == -2 ? -3 : -1;
-                break;
-            }
-        }
-        _Pragma("omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1 && tokens > 64)")
-        for (int64_t t = 0; t < tokens; t++)
-            for (int64_t i = t * q_size; i < (t + 1) * q_size; i++) a[i] = round_bf16(attn[i]);
-        linear_bf16((const uint32_t *)p[O_PROJ], a, tokens, q_size, hidden, NULL, x, nthreads);
-        rmsnorm_bf16(x, hidden, residual, (const uint16_t *)p[POST_NORM], eps, tokens, hidden, lanes, h, residual,
-                     nthreads);
-        linear_bf16((const uint32_t *)p[GATE_UP], h, tokens, hidden, 2 * inter, NULL, gate_up, nthreads);
-        silu_mul_bf16(gate_up, tokens, inter, act, nthreads);
-        linear_bf16((const uint32_t *)p[DOWN], act, tokens, inter, hidden, NULL, x, nthreads);
-    }
+    c.qf = (float *)scratch, c.attn = c.qf + tokens * c.q_size, c.lse = c.attn + tokens * c.q_size;
+    c.h = (uint16_t *)(c.lse + tokens * c.H), c.qkv = c.h + tokens * c.hidden, c.qk = c.qkv + tokens * c.qkv_size;
+    c.a = c.qk + tokens * (c.q_size + c.kv_size), c.gate_up = c.a + tokens * c.q_size;
+    c.act = c.gate_up + tokens * 2 * c.inter;
+    for (int64_t l = 0; l < num_layers && status == 0; l++)
+        status = layer(&c, layers + l * LAYER_PTRS, l == 0, x, residual);
     free(scratch);
     return status;
 }
