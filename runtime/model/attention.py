@@ -72,6 +72,7 @@ class PoolAttention:
         self._planned: ForwardBatch | None = None  # the step fused_layout planned (its layers use _plan)
         if self.is_torch and device.type == "cpu":
             native.library()  # the native decode kernel is built now (~0.5 s, once per machine), not mid-step
+            native_layers.sum_lanes()  # and the RMSNorm's summation order checked (a few ms)
 
     def __call__(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  fb: ForwardBatch) -> torch.Tensor:
