@@ -98,6 +98,25 @@ def test_extend_steps_over_cached_prefixes_are_the_same_fused(monkeypatch, fused
     assert prompt_logprobs == [[e[:2] for e in r["meta_info"]["input_token_logprobs"]] for r in got[False]]
 
 
+def test_mixed_steps_keep_the_layer_path(monkeypatch, fused_runs):
+    """Prefill chunks of a long prompt beside short ones decoding (mixed steps): those steps run
+    layer by layer, the batch's tokens and logprobs the same either way."""
+    steps = []  # (a mixed step, it took the native call)
+    real = fused_layers.run_layers
+
+    def spy(model, fb, *args):
+        out = real(model, fb, *args)
+        steps.append((fb.parts is not None, out is not None))
+        return out
+
+    monkeypatch.setattr(fused_layers, "run_layers", spy)
+    prompts = _prompts(3, seed=7, lo=4, hi=9) + _prompts(1, seed=8, lo=200, hi=201)
+    got, taken = _both_ways(monkeypatch, demo_model("tiny"), prompts, fused_runs, 16, enable_mixed_chunk=True,
+                            chunked_prefill_size=32)
+    assert (True, False) in steps and (True, True) not in steps and (False, True) in steps
+    assert _tokens_and_logprobs(got[True]) == _tokens_and_logprobs(got[False])
+
+
 def test_a_model_with_qk_norm_keeps_the_layer_path(monkeypatch, hf_checkpoint, fused_runs):
     model_dir, _ = hf_checkpoint("qwen3")
     got, taken = _both_ways(monkeypatch, model_dir, _prompts(3, seed=2), fused_runs, new_tokens=4)
