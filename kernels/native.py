@@ -10,10 +10,10 @@ compiler and called through ctypes (no torch headers, no build step at install t
     cpu_linear.c   bf16 linear layers on a packed weight layout with AVX512-BF16
     cpu_layers.c   a bf16 forward step through every decoder layer, calling the others
                    (runtime/model/fused_layers.py)
+    cpu_common.h, cpu_bf16.h   what they share
 
 This module builds and loads the library and wraps the attention kernels; native_layers.py
 wraps the others.
-    cpu_common.h, cpu_bf16.h   what they share
 
 They compile into one shared library. It lands in `<cache_root()>/kernels` (else, not writable,
 a temporary folder) under a name that hashes the sources, the compiler command, its version and this CPU's flags, so

@@ -118,7 +118,7 @@ class PoolAttention:
         if not fb.is_decode:
             index = (fb.req_rows, fb.prefix_lens, fb.extend_lens, fb.extend_starts)
             _check_extend(q, kc, vc, fb.req_to_token, *index, self.sm_scale, 1.0, 1.0, fb.max_extend_len,
-                                 fb.max_seq_len)
+                          fb.max_seq_len)
             return native_layers.fused_extend_step(fb.req_to_token, index, fb.num_tokens, kc.shape[0])
         self._plan = kernels.plan_checked_decode(q, kc, vc, fb.req_to_token, fb.req_rows, fb.seq_lens, self.sm_scale)
         self._planned = fb

@@ -72,7 +72,7 @@ class FusedLayers:
         """(x, residual) after the last layer for the step's embeddings x [tokens, hidden] bf16;
         `step` the attention's description (native_layers.fused_decode_step, fused_extend_step)."""
         tokens = x.shape[0]
-        x = x.contiguous().clone()  # written in place
+        x = x.contiguous()  # written in place: the step's embedding rows, used by nothing else
         residual = torch.empty(tokens, x.shape[1], dtype=torch.float32)
         out_slots = out_slots.to(torch.int64).contiguous()
         status = native.library().forward_layers_bf16(

@@ -190,7 +190,8 @@ def test_a_bad_slot_or_layout_is_refused_before_any_write(fused_runs):
         table = torch.zeros(4, 8, dtype=torch.int32)
         table[0, :2] = torch.tensor([1, 2])
         one = torch.tensor([0])
-        for rows, table_slot in ((torch.tensor([4]), 1), (one, num_slots)):  # a row past the table, a slot past the pool
+        # a row past the table, then a slot past the pool
+        for rows, table_slot in ((torch.tensor([4]), 1), (one, num_slots)):
             table[0, 1] = table_slot
             extend = native_layers.fused_extend_step(table, (rows, one, torch.tensor([2]), one), 2, num_slots)
             with pytest.raises(ValueError, match="out of range"):
