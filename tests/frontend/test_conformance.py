@@ -228,7 +228,8 @@ def test_sglang_routes(server, client, engine):
 
 
 def test_abort_all_stops_running_requests(client, server):
-    body = {"text": "long", "sampling_params": {"max_new_tokens": 400, "ignore_eos": True}, "stream": True}
+    # long enough that the abort lands first however fast the model decodes (the tiny model: 2,048 positions)
+    body = {"text": "long", "sampling_params": {"max_new_tokens": 2000, "ignore_eos": True}, "stream": True}
 
     async def run() -> dict:
         async with httpx.AsyncClient(base_url=server.url, headers={"Authorization": f"Bearer {API_KEY}"},
@@ -244,7 +245,7 @@ def test_abort_all_stops_running_requests(client, server):
 
     last = asyncio.run(run())
     assert last["meta_info"]["finish_reason"]["type"] == "abort"
-    assert last["meta_info"]["completion_tokens"] < 400
+    assert last["meta_info"]["completion_tokens"] < 2000
 
 
 # -- the real openai client over the streaming edges -----------------------------------------------
