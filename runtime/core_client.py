@@ -41,10 +41,12 @@ from radixflow.runtime.core.messages import (
     SubmitRequest, Timings)
 from radixflow.runtime.core.request import LogprobOptions, new_rid
 from radixflow.runtime.core_process import QUICK_CALLS, Outbox, start_core
-from radixflow.runtime.errors import EngineClosedError, EngineDeadError, QueueFullError
+from radixflow.runtime.errors import EngineClosedError, EngineDeadError
 from radixflow.runtime.model.model_path import resolve_model_path
 from radixflow.runtime.output_channel import ChannelsByLoop, OutputChannel
-from radixflow.runtime.request_inputs import InputIds, Prompt, check_prompt, normalize_inputs, stream_inputs
+from radixflow.runtime.request_inputs import (
+    InputIds, Prompt, check_options, check_prompt, normalize_inputs, stream_inputs,
+)
 from radixflow.runtime.sampling_params import SamplingParams
 from radixflow.runtime.stats import EngineStats, RequestTiming
 from radixflow.runtime.stream_chunks import StreamChunks
@@ -53,8 +55,6 @@ from radixflow.runtime.text.tokenizer import Tokenizer
 log = logging.getLogger(__name__)
 
 QUICK_CALL_TIMEOUT_S = 10.0
-_REJECTIONS: dict[str, type[Exception]] = {"value": ValueError, "queue_full": QueueFullError,
-                                           "closed": EngineClosedError, "dead": EngineDeadError}
 
 
 class EngineClient:
@@ -118,6 +118,10 @@ class EngineClient:
                               lora: str | None = None, incremental: bool = False) -> AsyncIterator[dict]:
         """As Engine.generate_stream: cumulative chunks (`incremental`: each chunk's new text and
         ids only); closing the iterator early aborts."""
+        lora = lora if lora is not None else lora_path
+        check_options(rid, return_logprob=return_logprob, logprob_start_len=logprob_start_len,
+                      top_logprobs_num=top_logprobs_num, return_text_in_logprobs=return_text_in_logprobs,
+                      session_id=session_id, lora_path=lora)
         ids, sp = stream_inputs(self.tokenizer, prompt, input_ids, sampling_params)
         opts = LogprobOptions(return_logprob, logprob_start_len, top_logprobs_num)
         self.validate_prompt(ids, sp)
@@ -135,13 +139,13 @@ class EngineClient:
         outputs = channel.open(rid)
         self._send(SubmitRequest(rid=rid, input_ids=ids, sampling=sp, return_logprob=return_logprob,
                                  logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num,
-                                 lora=lora if lora is not None else lora_path, session_id=session_id))
+                                 lora=lora, session_id=session_id))
         try:
             while not chunks.done:
                 batch = await outputs.take()
                 if isinstance(batch[0], Rejected):
                     chunks.done = True
-                    raise _REJECTIONS.get(batch[0].kind, RuntimeError)(batch[0].message)
+                    raise batch[0].error()
                 chunk = chunks.add(batch)
                 if chunk is not None:
                     yield chunk
@@ -156,8 +160,8 @@ class EngineClient:
                  input_ids: InputIds = None, **kwargs: Any) -> dict | list[dict]:
         """As Engine.generate (blocking; runs in the core, results come back whole)."""
         if prompt is not None and input_ids is None:  # tokenized here, as every request is
-            input_ids, prompt = (self.tokenizer.encode(prompt) if isinstance(prompt, str)
-                                 else normalize_inputs(self.tokenizer, prompt, None)[0]), None
+            prompts, is_batch = normalize_inputs(self.tokenizer, prompt, None)
+            input_ids, prompt = (prompts if is_batch else prompts[0]), None
         return self._call("generate", prompt, sampling_params, input_ids, **kwargs)
 
     def validate_prompt(self, ids: list[int], sp: SamplingParams) -> None:
@@ -266,12 +270,16 @@ class EngineClient:
 
     def _call(self, method: str, *args: Any, _closing: bool = False, **kwargs: Any) -> Any:
         future: concurrent.futures.Future = concurrent.futures.Future()
+        try:
+            payload = pickle.dumps((args, kwargs))
+        except (pickle.PicklingError, TypeError, AttributeError) as exc:  # e.g. a generator or a lambda
+            raise ValueError(f"the arguments of {method} cannot be sent to the engine core: {exc}") from None
         with self._lock:
             if not _closing:
                 self._refuse_if_stopped()
             call_id = next(self._call_ids)
             self._calls[call_id] = future
-        self._send(ControlCall(call_id, method, pickle.dumps((args, kwargs))))
+        self._send(ControlCall(call_id, method, payload))
         try:
             # quick calls are made on event loops (metrics, server info): a stuck core (stopped,
             # not dead) must not freeze the server; the others wait as long as they take
@@ -321,8 +329,7 @@ class EngineClient:
         except Exception as exc:  # e.g. a value msgpack cannot carry: refuse that request or call
             log.exception("a message for the engine core could not be encoded")
             if isinstance(message, SubmitRequest):
-                self._deliver([Rejected(rid=message.rid, kind="value",
-                                        message=f"the request could not be sent: {exc}")])
+                self._deliver([Rejected.of(message.rid, ValueError(f"the request could not be sent: {exc}"))])
             elif isinstance(message, ControlCall):
                 self._reply(ControlReply(message.call_id, False, pickle.dumps(RuntimeError(repr(exc)))))
             return

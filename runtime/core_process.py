@@ -36,7 +36,7 @@ import zmq
 
 from radixflow.runtime.core.messages import (
     AbortRequest, ControlCall, ControlReply, CoreInfo, Health, Hello, Rejected, RequestOutput, StepOutput,
-    SubmitRequest, Timings, ToCore)
+    SubmitRequest, Timings, ToCore, undecodable_submit_rid)
 from radixflow.runtime.core.request import LogprobOptions
 from radixflow.runtime.process_liveness import process_alive, process_start
 from radixflow.runtime.sampling_params import SamplingParams
@@ -93,18 +93,6 @@ class ClientSink:
 
     def post(self, step: StepOutput) -> None:
         self.outbox.put(self.identity, step)
-
-
-def rejection_kind(exc: BaseException) -> str:
-    from radixflow.runtime.errors import EngineClosedError, EngineDeadError, QueueFullError
-
-    if isinstance(exc, QueueFullError):
-        return "queue_full"
-    if isinstance(exc, EngineDeadError):
-        return "dead"
-    if isinstance(exc, EngineClosedError):
-        return "closed"
-    return "value"
 
 
 class CoreServer:
@@ -170,9 +158,23 @@ class CoreServer:
             except zmq.Again:
                 return
             try:
-                self._handle(identity, self.decoder.decode(payload))
+                message = self.decoder.decode(payload)
+            except msgspec.ValidationError as exc:  # a request of wrong types: its client raises it
+                self._refuse(identity, payload, exc)
+                continue
+            try:
+                self._handle(identity, message)
             except Exception:  # one bad message must not end this thread (every client would hang)
                 log.exception("dropping a client's message that could not be handled")
+
+    def _refuse(self, identity: bytes, payload: bytes, exc: Exception) -> None:
+        """A message that does not decode as its type: a submit is answered Rejected (its
+        caller would wait for it forever); anything else is logged and dropped."""
+        rid = undecodable_submit_rid(payload)
+        if rid is None:
+            log.error("dropping a client's message that could not be decoded: %s", exc)
+        else:
+            self.outbox.put(identity, Rejected.of(rid, ValueError(f"invalid request: {exc}")))
 
     def _handle(self, identity: bytes, message: Any) -> None:
         if isinstance(message, SubmitRequest):
@@ -264,7 +266,7 @@ class CoreServer:
             # tokens only: the client detokenizes and checks stop strings
             self.engine.start_stream(m.input_ids, sp, opts, m.rid, m.lora, m.session_id, self._sink(identity))
         except Exception as exc:  # bad input, a full queue, a stopped engine: the client raises it
-            self.outbox.put(identity, Rejected(rid=m.rid, kind=rejection_kind(exc), message=str(exc)))
+            self.outbox.put(identity, Rejected.of(m.rid, exc))
             started = False
         else:
             started = True

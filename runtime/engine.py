@@ -23,7 +23,7 @@ from radixflow.runtime.grammar.compiler import GrammarCompiler
 from radixflow.runtime.core.faults import NO_FAULTS, FaultInjector
 from radixflow.runtime.model.model_path import resolve_model_path
 from radixflow.runtime.core.model_runner import ModelRunner
-from radixflow.runtime.core.request import LogprobOptions, Req, new_rid
+from radixflow.runtime.core.request import LogprobOptions, Req, check_finish_reason, new_rid
 from radixflow.runtime.result import make_result
 from radixflow.runtime.core.publish import OutputSink, StreamCursor
 from radixflow.runtime.output_channel import ChannelsByLoop
@@ -36,7 +36,9 @@ from radixflow.runtime.lora.service import LoraService, check_lora_request
 from radixflow.runtime.stats import EngineStats, RequestTiming
 from radixflow.runtime.core.engine_loop import EngineLoop
 from radixflow.runtime.core.step import StepRunner
-from radixflow.runtime.request_inputs import InputIds, Prompt, check_prompt, normalize_inputs, stream_inputs
+from radixflow.runtime.request_inputs import (
+    InputIds, Prompt, check_options, check_prompt, normalize_inputs, stream_inputs,
+)
 from radixflow.runtime.text.output_text import OutputText
 from radixflow.runtime.text.tokenizer import Tokenizer
 
@@ -96,6 +98,9 @@ class Engine:
         name (`lora_path`, as SGLang's: a name, or a path under lora_dir).
         """
         lora_path = lora if lora is not None else lora_path
+        check_options(rid, return_logprob=return_logprob, logprob_start_len=logprob_start_len,
+                      top_logprobs_num=top_logprobs_num, return_text_in_logprobs=return_text_in_logprobs,
+                      session_id=session_id, lora_path=lora_path)
         prompts, is_batch = self._normalize_inputs(prompt, input_ids)
         if isinstance(sampling_params, list):
             if len(sampling_params) != len(prompts):
@@ -105,12 +110,21 @@ class Engine:
             sps = [SamplingParams.from_dict(sampling_params)] * len(prompts)
         opts = LogprobOptions(return_logprob, logprob_start_len, top_logprobs_num)
         rids = self._normalize_rids(rid, len(prompts))
+        # Everything that can refuse the batch runs before anything is submitted.
         for ids, sp in zip(prompts, sps):
             self.validate_prompt(ids, sp)
+            opts.validate(len(ids), self.runner.args.vocab_size)
+        check_lora_request(self.loras, lora_path)
         for sp in sps:  # every grammar compiles (or fails) before anything is submitted
             self.grammar.compile(sp)
-        groups = [self._make_group(ids, sp, opts, r, lora_path, session_id, checked=True)
-                  for ids, sp, r in zip(prompts, sps, rids)]
+        submitted: list[Req] = []
+        try:
+            groups = [self._make_group(ids, sp, opts, r, lora_path, session_id, checked=True, submitted=submitted)
+                      for ids, sp, r in zip(prompts, sps, rids)]
+        except BaseException:  # a full queue or a rid in use part-way: nothing of the batch runs on
+            for req in submitted:
+                self.abort(req.rid)
+            raise
         for group in groups:
             for _, ev in group:
                 ev.wait()
@@ -132,8 +146,11 @@ class Engine:
         only those new since the previous chunk, `completion_tokens` still counting all); logprob
         lists hold only the entries new since the previous chunk. Closing the iterator early (a
         client gone away) aborts the request."""
-        ids, sp = stream_inputs(self.tokenizer, prompt, input_ids, sampling_params)
         lora_path = lora if lora is not None else lora_path
+        check_options(rid, return_logprob=return_logprob, logprob_start_len=logprob_start_len,
+                      top_logprobs_num=top_logprobs_num, return_text_in_logprobs=return_text_in_logprobs,
+                      session_id=session_id, lora_path=lora_path)
+        ids, sp = stream_inputs(self.tokenizer, prompt, input_ids, sampling_params)
         loop = asyncio.get_running_loop()
         opts = LogprobOptions(return_logprob, logprob_start_len, top_logprobs_num)
         channel = self._channels.get(loop)
@@ -189,8 +206,10 @@ class Engine:
         return self.tokenizer.decode([token], skip_special_tokens=False)
 
     def abort(self, rid: str, reason: dict | None = None) -> None:
-        """Finish `rid` with reason abort (or `reason`) and free all it holds (no-op if
-        unknown/finished)."""
+        """Finish `rid` with reason abort (or `reason`: {"type": ..., "message"/"matched": str})
+        and free all it holds (no-op if unknown/finished). The rid of an n > 1 request ends each
+        of its samples."""
+        check_finish_reason(reason)
         self.loop.post("abort", (rid, reason))
 
     def abort_sink(self, sink: OutputSink, reason: dict) -> None:
@@ -321,23 +340,39 @@ class Engine:
         return req
 
     def _make_group(self, ids: list[int], sp: SamplingParams, opts: LogprobOptions, rid: str | None,
-                    lora_path: str | None, session_id: str | None = None,
-                    checked: bool = False) -> list[tuple[Req, threading.Event]]:
-        """One request, or for n > 1 a prefill-only request first and then n that hit it."""
-        if sp.n > 1:
-            warm = SamplingParams.from_dict({"max_new_tokens": 0})
-            (_, ev), = self._make_group(ids, warm, LogprobOptions(), None, lora_path)
-            ev.wait()
-        group = []
-        for i in range(sp.n):
-            child_sp = sp if sp.n == 1 else SamplingParams.from_dict(
-                {**{f: getattr(sp, f) for f in sp.__struct_fields__}, "n": 1,
-                 "seed": None if sp.seed is None else sp.seed + i})
-            child_rid = rid if sp.n == 1 or rid is None else f"{rid}-{i}"
-            ev = threading.Event()
-            req = self._make_req(ids, child_sp, opts, child_rid, lora_path,
-                                 lambda _r, finished, ev=ev: ev.set() if finished else None, checked=checked)
-            req.session_id = session_id
-            self.loop.submit(req)
-            group.append((req, ev))
-        return group
+                    lora_path: str | None, session_id: str | None = None, checked: bool = False,
+                    submitted: list[Req] | None = None) -> list[tuple[Req, threading.Event]]:
+        """One request, or for n > 1 a prefill-only request first and then n that hit it (the
+        samples' rids are `rid-0` ...; `abort(rid)` ends them all, or the prefill before them).
+        Each request submitted is appended to `submitted`."""
+        submitted = [] if submitted is None else submitted
+        if sp.n == 1:
+            return [self._submit(ids, sp, opts, rid, lora_path, session_id, None, checked, submitted)]
+        warm = SamplingParams.from_dict({"max_new_tokens": 0})
+        first, ev = self._submit(ids, warm, LogprobOptions(), None, lora_path, None, rid, checked, submitted)
+        ev.wait()
+        if (first.finish_reason or {}).get("type") in ("abort", "error"):
+            return [(self._unsubmitted(ids, sp, first.finish_reason), ev) for _ in range(sp.n)]
+        fields = {f: getattr(sp, f) for f in sp.__struct_fields__}
+        return [self._submit(ids, SamplingParams.from_dict(
+                    {**fields, "n": 1, "seed": None if sp.seed is None else (sp.seed + i) % 2**64}),
+                    opts, None if rid is None else f"{rid}-{i}", lora_path, session_id, rid, checked, submitted)
+                for i in range(sp.n)]
+
+    def _submit(self, ids: list[int], sp: SamplingParams, opts: LogprobOptions, rid: str | None,
+                lora_path: str | None, session_id: str | None, group: str | None, checked: bool,
+                submitted: list[Req]) -> tuple[Req, threading.Event]:
+        ev = threading.Event()
+        req = self._make_req(ids, sp, opts, rid, lora_path,
+                             lambda _r, finished: ev.set() if finished else None, checked=checked)
+        req.session_id, req.group = session_id, group
+        self.loop.submit(req)
+        submitted.append(req)
+        return req, ev
+
+    @staticmethod
+    def _unsubmitted(ids: list[int], sp: SamplingParams, reason: dict) -> Req:
+        """A sample never submitted, ended with `reason` (its group's prefill was aborted)."""
+        req = Req(rid=new_rid(), prompt_ids=ids, sampling=sp)
+        req.finish(reason)
+        return req

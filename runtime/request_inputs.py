@@ -7,7 +7,7 @@ from typing import Annotated
 
 import msgspec
 
-from radixflow.runtime.sampling_params import SamplingParams
+from radixflow.runtime.sampling_params import RequestOptions, SamplingParams
 from radixflow.runtime.text.tokenizer import Tokenizer
 
 Prompt = str | list[str] | None
@@ -21,10 +21,12 @@ def normalize_inputs(tokenizer: Tokenizer, prompt: Prompt, input_ids: InputIds) 
         raise ValueError("give exactly one of prompt (text) and input_ids")
     if prompt is not None:
         if isinstance(prompt, str):
-            return [tokenizer.encode(prompt)], False
-        if not prompt or not all(isinstance(p, str) for p in prompt):
-            raise ValueError("prompt must be a string or a non-empty list of strings")
-        return [tokenizer.encode(p) for p in prompt], True
+            return [encode_text(tokenizer, prompt)], False
+        if not isinstance(prompt, list) or not prompt or not all(isinstance(p, str) for p in prompt):
+            raise ValueError(f"prompt must be a string or a non-empty list of strings, got {_kind(prompt)}")
+        return [encode_text(tokenizer, p) for p in prompt], True
+    if not isinstance(input_ids, list):
+        raise ValueError(f"{INPUT_IDS_SHAPE}, got {_kind(input_ids)}")
     # The shape only, from the first item (a flat prompt's every id is type-checked by
     # check_prompt, which each prompt goes through, in the same C-level pass as its range).
     if input_ids and not isinstance(input_ids[0], list):
@@ -32,6 +34,34 @@ def normalize_inputs(tokenizer: Tokenizer, prompt: Prompt, input_ids: InputIds) 
     if input_ids and all(isinstance(x, list) for x in input_ids):
         return [list(x) for x in input_ids], True
     raise ValueError(INPUT_IDS_SHAPE)
+
+
+def encode_text(tokenizer: Tokenizer, text: str) -> list[int]:
+    """`text`'s token ids; ValueError for a string that is not Unicode text (a lone surrogate)."""
+    try:
+        return tokenizer.encode(text)
+    except TypeError:
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ValueError(f"the prompt is not valid Unicode text: {exc}") from None
+        raise
+
+
+def _kind(value: object) -> str:
+    return type(value).__name__
+
+
+def check_options(rid: object = None, **options: object) -> None:
+    """ValueError naming the keyword when a generate call's option has the wrong type (checked
+    against RequestOptions' declarations; `rid`: a string, or a list of them for a batch)."""
+    try:
+        msgspec.convert(options, RequestOptions)
+    except msgspec.ValidationError as exc:
+        raise ValueError(f"invalid request option: {exc}") from None
+    rids = rid if isinstance(rid, list) else [rid]
+    if not all(r is None or isinstance(r, str) for r in rids):
+        raise ValueError(f"rid must be a string, or a list of strings for a batch; got {rid!r}")
 
 
 def stream_inputs(tokenizer: Tokenizer, prompt: str | None, input_ids: list[int] | None,
@@ -58,6 +88,9 @@ def check_prompt(ids: list[int], sp: SamplingParams, vocab: int, max_context_len
         if type(bad) is int:
             raise ValueError(f"token id {bad} is outside the vocabulary [0, {vocab})") from None
         raise ValueError(f"{INPUT_IDS_SHAPE} (got {type(bad).__name__} {bad!r})") from None
+    if sp.stop_token_ids and max(sp.stop_token_ids) >= vocab:
+        raise ValueError(f"sampling_params.stop_token_ids holds {max(sp.stop_token_ids)}, outside the vocabulary "
+                         f"[0, {vocab})")
     limit = max_context_len - (1 if sp.max_new_tokens > 0 else 0)
     if len(ids) > limit:
         raise ValueError(f"the prompt has {len(ids)} tokens but max_model_len is {max_context_len}"

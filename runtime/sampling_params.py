@@ -6,12 +6,17 @@ from typing import Any
 
 import msgspec
 
+GREEDY_BELOW = 1e-5  # a temperature under this is greedy: dividing logits by it would overflow fp32
+INT64_MAX = 2**63 - 1  # bounds of the integer fields (what the engine core's messages carry)
+SEED_RANGE = (-2**63, 2**64 - 1)  # what torch.manual_seed takes; n > 1 samples wrap within it
+_INT_FIELDS = ("max_new_tokens", "min_new_tokens", "top_k", "n", "stream_interval")
+
 
 class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """How to sample one request's output. Names follow SGLang's native `sampling_params`.
 
     `max_new_tokens=0` prefills only (the prompt lands in the prefix cache).
-    `temperature=0` is greedy. `top_k=-1`, `top_p=1`, `min_p=0` disable those filters.
+    `temperature=0` (or any under GREEDY_BELOW) is greedy. `top_k=-1`, `top_p=1`, `min_p=0` disable those filters.
     `stop` strings end generation at their first occurrence and are trimmed from the text
     (unless `no_stop_trim`). At most one of `regex`, `json_schema`, `choices` constrains output.
     `stream_interval`: a streamed request gets a chunk every this many new tokens (the first
@@ -45,9 +50,10 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     def from_dict(cls, params: dict[str, Any] | SamplingParams | None) -> SamplingParams:
         """Build from a request dict; None values mean 'default' (SGLang clients send every key).
         SGLang's other names are read too (see `_sglang_names`)."""
-        if isinstance(params, SamplingParams):
-            params.validate()
-            return params
+        if isinstance(params, SamplingParams):  # its fields were set without a type check
+            params = msgspec.structs.asdict(params)
+        elif params is not None and not isinstance(params, dict):
+            raise ValueError(f"sampling_params must be a dict (or a SamplingParams), got {type(params).__name__}")
         cleaned = _sglang_names({k: v for k, v in (params or {}).items() if v is not None})
         if cleaned.get("stop") == []:
             del cleaned["stop"]
@@ -60,9 +66,12 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
     def validate(self) -> None:
         """Raise ValueError naming the field when a value is out of range."""
+        for name in _INT_FIELDS:
+            value = getattr(self, name)
+            _check(value is None or value <= INT64_MAX, name, f"must be at most {INT64_MAX}")
         _check(self.max_new_tokens >= 0, "max_new_tokens", "must be >= 0")
         _check(self.stream_interval is None or self.stream_interval >= 1, "stream_interval", "must be >= 1")
-        _check(self.min_new_tokens >= 0, "min_new_tokens", "must be >= 0")
+        _check(0 <= self.min_new_tokens <= self.max_new_tokens, "min_new_tokens", "must be in [0, max_new_tokens]")
         _check(self.temperature >= 0.0, "temperature", "must be >= 0")
         _check(0.0 < self.top_p <= 1.0, "top_p", "must be in (0, 1]")
         _check(self.top_k == -1 or self.top_k >= 1, "top_k", "must be -1 (off) or >= 1")
@@ -72,7 +81,10 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
         _check(-2.0 <= self.presence_penalty <= 2.0, "presence_penalty", "must be in [-2, 2]")
         _check(1 <= self.n <= 128, "n", "must be in [1, 128]")
         _check(all(s for s in self.stop_strings), "stop", "strings must be non-empty")
-        _check(all(t >= 0 for t in self.stop_token_ids or []), "stop_token_ids", "must be >= 0")
+        _check(all(0 <= t <= INT64_MAX for t in self.stop_token_ids or []), "stop_token_ids",
+               "must be token ids (>= 0)")
+        _check(self.seed is None or SEED_RANGE[0] <= self.seed <= SEED_RANGE[1], "seed",
+               f"must be in [{SEED_RANGE[0]}, {SEED_RANGE[1]}]")
         constraints = [c for c in (self.regex, self.json_schema, self.choices) if c is not None]
         _check(len(constraints) <= 1, "regex", "at most one of regex, json_schema, choices may be set")
         _check(self.choices is None or len(self.choices) > 0, "choices", "must not be empty")
@@ -85,6 +97,8 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
                 json.loads(self.json_schema)
             except json.JSONDecodeError as exc:
                 raise ValueError(f"json_schema is not valid JSON: {exc}") from exc
+            except RecursionError:
+                raise ValueError("json_schema nests too deeply to be read") from None
 
     @property
     def stop_strings(self) -> list[str]:
@@ -96,7 +110,7 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
     @property
     def is_greedy(self) -> bool:
-        return self.temperature == 0.0 or self.top_k == 1
+        return self.temperature < GREEDY_BELOW or self.top_k == 1
 
     @property
     def is_penalized(self) -> bool:

@@ -2,9 +2,9 @@
 
     callers (any thread) ── submit / call / post ──▶ inbox ──▶ engine thread: apply, step, hand out
                                                                      │
-    waiters ◀── notify / publish (events, loops' channels) ◀─────────┘ finished: `_on_finished`
+    waiters ◀── notify / publish (events, loops' channels) ◀─────────┘ finished: `hand_out`
 
-Every submitted request is answered exactly once, through `_on_finished`, with a finish reason:
+Every submitted request is answered exactly once, through `_account`, with a finish reason:
 `stop`, `length`, `abort` (with a message: a client abort, a request that outgrew the KV cache,
 shutdown) or `error` (with a message: a fault of its own or of its step). If the thread dies
 anyway, every waiter is failed at once and new work is refused (EngineDeadError).
@@ -119,10 +119,17 @@ class EngineLoop:
         self.scheduler.finish_all(reason)
         self.hand_out()
 
-    def hand_out(self) -> None:
-        """Answer the requests that finished."""
-        for req in self.scheduler.take_finished():
-            self._on_finished(req)
+    def hand_out(self) -> bool:
+        """Answer the requests that finished, the stats refreshed first (a caller woken by its
+        request reads stats that count it as done). Whether there were any."""
+        reqs = [req for req in self.scheduler.take_finished() if self._account(req)]
+        if not reqs:
+            return False
+        self._refresh_stats()
+        for req in reqs:
+            notify(req, True)
+            publish([req])
+        return True
 
     def drop_namespace(self, namespace: str) -> None:
         """Free the cached KV and adapter slot of a LoRA namespace no name refers to. A no-op when
@@ -165,10 +172,12 @@ class EngineLoop:
                 self.step.discard()
                 self.scheduler.finish_all(error_reason(exc))
                 stepped = True
-            self.hand_out()
+            refreshed = self.hand_out()
             if self.config.check_invariants:
                 self._check_invariants()
-            self._refresh_stats()
+                refreshed = False  # its violations count
+            if not refreshed:
+                self._refresh_stats()
             if not stepped:
                 self._drain_inbox(block=True, timeout=0.005)
 
@@ -216,7 +225,7 @@ class EngineLoop:
         self.finish_all(SHUTDOWN_REASON)
         for req in self._drain_queued(EngineClosedError("the engine is shut down")):
             req.finish(SHUTDOWN_REASON)
-            self._on_finished(req)
+            self._answer(req)
         self._refresh_stats()
 
     def _die(self, exc: BaseException) -> None:
@@ -230,7 +239,7 @@ class EngineLoop:
         reqs += self._drain_queued(EngineDeadError(reason["message"]))
         for req in reqs:
             req.finish(reason)
-            self._on_finished(req)
+            self._answer(req)
 
     def _drain_queued(self, error: Exception) -> list[Req]:
         """Empty the inbox once the loop stops serving: calls fail with `error`; returns the
@@ -255,8 +264,16 @@ class EngineLoop:
 
     # -- engine thread: the way out ---------------------------------------------------------------
 
-    def _on_finished(self, req: Req) -> None:
-        """The one way out: every request passes here exactly once."""
+    def _answer(self, req: Req) -> None:
+        """Account for one finished request and wake its waiter (outside hand_out)."""
+        if self._account(req):
+            notify(req, True)
+            publish([req])
+
+    def _account(self, req: Req) -> bool:
+        """The one way out: every request passes here exactly once (False for a second time,
+        which is an invariant violation). Its final text, timing and counters; a failure here
+        is logged and the request is still answered."""
         try:
             finalize_text(req)
         except Exception as exc:  # its detokenizer failed on the held-back tail
@@ -266,8 +283,16 @@ class EngineLoop:
             if req.rid not in self.active:
                 self.invariant_violations.append(f"request {req.rid!r} finished more than once")
                 log.error("request %s finished more than once", req.rid)
-                return
+                return False
             self.active.discard(req.rid)
+        try:
+            self._record(req)
+        except Exception:  # noqa: BLE001 - a bookkeeping bug must not leave its caller waiting
+            self._num_listener_errors += 1
+            log.exception("request %s: finish bookkeeping failed", req.rid)
+        return True
+
+    def _record(self, req: Req) -> None:
         timing = self._timing(req)
         self.recent_timings.append(timing)
         good, missed = self._goodput.observe(timing)
@@ -279,8 +304,6 @@ class EngineLoop:
             except Exception:  # the listener's bug: log it, keep serving
                 self._num_listener_errors += 1
                 log.exception("finish listener %r failed for request %s", fn, req.rid)
-        notify(req, True)
-        publish([req])
 
     def _timing(self, req: Req) -> RequestTiming:
         """A finished request's timing record; counts it by finish reason."""

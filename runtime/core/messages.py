@@ -124,6 +124,33 @@ class Rejected(msgspec.Struct, frozen=True, kw_only=True, tag="rejected"):
     kind: str  # value | queue_full | closed | dead
     message: str
 
+    @classmethod
+    def of(cls, rid: str, exc: BaseException) -> Rejected:
+        from radixflow.runtime.errors import EngineClosedError, EngineDeadError, QueueFullError
+
+        kinds = ((QueueFullError, "queue_full"), (EngineDeadError, "dead"), (EngineClosedError, "closed"))
+        kind = next((k for t, k in kinds if isinstance(exc, t)), "value")
+        return cls(rid=rid, kind=kind, message=str(exc))
+
+    def error(self) -> Exception:
+        """The exception its caller raises."""
+        from radixflow.runtime.errors import EngineClosedError, EngineDeadError, QueueFullError
+
+        kinds = {"value": ValueError, "queue_full": QueueFullError, "closed": EngineClosedError,
+                 "dead": EngineDeadError}
+        return kinds.get(self.kind, RuntimeError)(self.message)
+
+
+def undecodable_submit_rid(payload: bytes) -> str | None:
+    """The rid of a submit whose fields do not decode as their types (None: not a readable submit)."""
+    try:
+        loose = msgspec.msgpack.decode(payload)
+    except msgspec.DecodeError:
+        return None
+    if isinstance(loose, dict) and loose.get("type") == "submit" and isinstance(loose.get("rid"), str):
+        return loose["rid"]
+    return None
+
 
 class ControlReply(msgspec.Struct, frozen=True, tag="reply"):
     """`value` is a pickle of the call's return value, or of its exception when not `ok`."""

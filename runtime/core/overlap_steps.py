@@ -6,6 +6,7 @@ from __future__ import annotations
 from radixflow.runtime.core.faults import NO_FAULTS
 from radixflow.runtime.core.overlap import InFlight, host_rows
 from radixflow.runtime.core.publish import publish
+from radixflow.runtime.core.sampler import BROKEN_ROW
 from radixflow.runtime.core.upload import upload
 
 
@@ -158,7 +159,7 @@ class OverlappedSteps:
                 if faults:
                     self.faults.check("sampler", (req,), step)
                 if token < 0:
-                    raise ValueError("the model produced NaN logits for this request")
+                    raise ValueError(BROKEN_ROW)
                 sampled.append((req, (token, None, None)))
             except Exception as exc:  # its sampling row's error
                 sampled.append((req, exc))

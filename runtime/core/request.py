@@ -46,6 +46,21 @@ def new_rid() -> str:
     return _RIDS.new()
 
 
+def check_finish_reason(reason: object) -> None:
+    """ValueError unless `reason` is None or a finish reason a caller may end a request with:
+    {"type": "abort" | "stop" | "error", ...} with a str `message` and a str, int or None `matched`."""
+    if reason is None:
+        return
+    ok = (isinstance(reason, dict) and reason.get("type") in CALLER_FINISH_TYPES
+          and isinstance(reason.get("message", ""), str) and isinstance(reason.get("matched"), (str, int, type(None))))
+    if not ok:
+        raise ValueError(f"an abort reason must be None or a dict with type one of {CALLER_FINISH_TYPES} "
+                         f"(message: a str), got {reason!r}")
+
+
+CALLER_FINISH_TYPES = ("abort", "stop", "error")
+
+
 @dataclass
 class LogprobOptions:
     """What logprobs to return (top-level fields of a native /generate request)."""
@@ -124,6 +139,7 @@ class Req:
     divergent_at: int | None = None  # first admission: matched length where it left a cached path
     miss_tokens: dict[str, int] = field(default_factory=dict)  # prefill tokens computed, by reason
     session_id: str | None = None  # requests of one conversation or program run (session goodput)
+    group: str | None = None     # the rid an n > 1 request came under: abort(group) ends each of its parts
     finish_reason: dict[str, Any] | None = None
     output_text: Any = None      # an OutputText (runtime/text/output_text.py); None: tokens only
     deferred_text: Any = None    # an OutputText made from all output tokens at the finish (then output_text)

@@ -100,6 +100,10 @@ def score_tokens(logits: torch.Tensor, token_ids: torch.Tensor, top_n: int) -> t
     return packed[:rows], tops
 
 
+BROKEN_ROW = ("this request's logits were not finite (NaN or inf): from the model, or from a sampling "
+              "option such as a tiny repetition_penalty")
+
+
 def sample(logits: torch.Tensor, rows: list[SampleRow], generator: torch.Generator | None,
            bitmask: tuple[torch.Tensor, torch.Tensor] | None = None, plain: bool | None = None) -> SampleResult:
     """Choose one token per row of `logits` [B, vocab] (fp32, modified in place).
@@ -108,7 +112,8 @@ def sample(logits: torch.Tensor, rows: list[SampleRow], generator: torch.Generat
     bits, int64 [R] logits rows they apply to), see kernels/logits_mask.py. It applies before
     everything else. Logprobs are of the raw distribution, before the grammar, penalties and
     filters, computed only for rows with `want_logprob`. Mutates each row's `state`. A row whose
-    logits hold a NaN (the model broke for that request) gets token -1. `plain`: whether every
+    logits hold a NaN (the model broke for that request), or are not finite after its penalties
+    and temperature, gets token -1 (BROKEN_ROW). `plain`: whether every
     row is `plain`, when the caller knows (else it is found here).
     """
     device = logits.device
@@ -124,6 +129,7 @@ def sample(logits: torch.Tensor, rows: list[SampleRow], generator: torch.Generat
         return SampleResult(argmax_rows(logits).masked_fill(broken, -1).tolist(), None, None)
     apply_penalties(logits, rows)
     _block(logits, rows)
+    broken |= ~torch.isfinite(logits.amax(dim=-1))  # e.g. a tiny repetition_penalty's +inf
     tokens = choose(logits, rows, generator).masked_fill(broken, -1)  # [B] int64, on device
     if raw is None:
         return SampleResult(tokens.tolist(), None, None)
@@ -220,6 +226,7 @@ def choose(logits: torch.Tensor, rows: list[SampleRow], generator: torch.Generat
     sampled_t, plain_t, ranked_t = upload([sampled, plain, ranked], device)  # one asynchronous copy
     scaled = logits.index_select(0, sampled_t) / table[:, :1]  # [S, vocab]
     picks = torch.empty(len(sampled), dtype=torch.long, device=device)
+    overflow = ~torch.isfinite(scaled.amax(dim=-1))  # [S]: logits / temperature out of fp32's range
     if plain:
         j = plain_t
         picks[j] = _draw_unsorted(scaled[j], table[j, 3], u[j], any(params[x].min_p > 0 for x in plain))
@@ -231,7 +238,7 @@ def choose(logits: torch.Tensor, rows: list[SampleRow], generator: torch.Generat
             wide = j[uncovered]  # nucleus wider than the candidates: sort those rows in full
             picked[uncovered] = _draw_ranked(scaled[wide], table[wide], u[wide], vocab)[0]
         picks[j] = picked
-    tokens[sampled_t] = picks
+    tokens[sampled_t] = picks.masked_fill_(overflow, -1)
     return tokens
 
 

@@ -81,13 +81,12 @@ class Scheduler(Admission, SlotAccounting):
         self._blocked_until = None
 
     def abort(self, rid: str, message: str = "aborted", reason: dict | None = None) -> bool:
-        """Finish `rid` with reason abort (or `reason`: a stop string the server side found);
-        False if it is unknown or already finished."""
-        req = next((r for r in self.waiting + self.holding() if r.rid == rid), None)
-        if req is None:
-            return False
-        self.finish(req, reason or {"type": "abort", "message": message})
-        return True
+        """Finish `rid` (or each part of the n > 1 request submitted as `rid`) with reason abort
+        (or `reason`: a stop string the server side found); False if none is in flight."""
+        reqs = [r for r in self.waiting + self.holding() if r.rid == rid or r.group == rid]
+        for req in reqs:
+            self.finish(req, reason or {"type": "abort", "message": message})
+        return bool(reqs)
 
     def finish(self, req: Req, reason: dict) -> None:
         """End `req` now with `reason` (unless it already has one) wherever it is."""

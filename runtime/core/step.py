@@ -22,7 +22,7 @@ from radixflow.runtime.core.overlap import InFlight, Launcher, host_rows
 from radixflow.runtime.core.overlap_steps import OverlappedSteps
 from radixflow.runtime.core.publish import publish
 from radixflow.runtime.core.request import Req
-from radixflow.runtime.core.sampler import RowState, SampleRow, sample, score_tokens
+from radixflow.runtime.core.sampler import BROKEN_ROW, RowState, SampleRow, sample, score_tokens
 from radixflow.runtime.core.scheduled_batch import ScheduledBatch
 from radixflow.runtime.core.scheduler import MAX_STEP_RETRIES, Scheduler
 from radixflow.runtime.lora.request_counts import AdapterRequestCounts
@@ -376,7 +376,7 @@ def _unpack(result) -> list[Sampled]:
         return [(t, None, None) for t in result.tokens]  # the common case: tokens alone
     lps = result.logprobs if result.logprobs is not None else [None] * n
     tops = result.top_logprobs if result.top_logprobs is not None else [None] * n
-    return [(t, lp, top) if t >= 0 else ValueError("the model produced NaN logits for this request")
+    return [(t, lp, top) if t >= 0 else ValueError(BROKEN_ROW)
             for t, lp, top in zip(result.tokens, lps, tops)]
 
 

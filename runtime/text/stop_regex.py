@@ -153,6 +153,9 @@ def compile_stop_regexes(patterns: tuple[str, ...]) -> Nfa:
         except re.error as exc:
             raise ValueError(f"stop_regex {pattern!r} is not a valid regex: {exc}") from exc
         entries.append(_Builder(nfa, parsed.state.flags).seq(list(parsed), match))
+        if re.fullmatch(pattern, ""):  # parsed and built above: only supported syntax reaches here
+            raise ValueError(f"stop_regex {pattern!r} matches the empty string, so it would end every "
+                             "request at its first token")
     nfa.start = entries[0] if len(entries) == 1 else nfa.add(("split", entries))
     return nfa
 
