@@ -3,8 +3,11 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import os
 from dataclasses import dataclass, field
 from typing import Any
+
+import msgspec
 
 SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
@@ -90,7 +93,7 @@ class EngineConfig:
                              "pip install 'radixflow[llguidance]' (or use grammar_backend='outlines')")
         if self.cpu_kv_cache_bytes < 1 << 20:
             raise ValueError(f"cpu_kv_cache_bytes must be >= 1 MiB (1048576), got {self.cpu_kv_cache_bytes}")
-        if self.grammar_timeout_s <= 0:
+        if not self.grammar_timeout_s > 0:  # NaN too
             raise ValueError(f"grammar_timeout_s must be > 0, got {self.grammar_timeout_s}")
 
     @property
@@ -125,4 +128,8 @@ class EngineConfig:
         unknown = sorted(set(kwargs) - known)
         if unknown:
             raise ValueError(f"unknown engine config option(s) {unknown}; known: {sorted(known)}")
-        return cls(**kwargs)
+        paths = {k: os.fspath(v) for k, v in kwargs.items() if isinstance(v, os.PathLike)}
+        try:  # each value's type checked against its field (then __post_init__'s range checks)
+            return msgspec.convert({**kwargs, **paths}, cls)
+        except msgspec.ValidationError as exc:
+            raise ValueError(f"engine config: {exc}") from None

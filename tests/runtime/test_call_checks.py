@@ -204,3 +204,24 @@ def test_the_core_refuses_a_submit_of_wrong_types(engine, monkeypatch):
     with pytest.raises(ValueError, match="session_id"):
         asyncio.run(asyncio.wait_for(run(), timeout=10))
     _still_serves(engine)
+
+
+@pytest.mark.parametrize("config, match", [
+    (dict(max_num_seqs="4"), "max_num_seqs"),
+    (dict(cpu_kv_cache_bytes=None), "cpu_kv_cache_bytes"),
+    (dict(seed="abc"), "seed"),
+    (dict(stream_interval=1.5), "stream_interval"),
+    (dict(grammar_timeout_s=float("nan")), "grammar_timeout_s"),
+    (dict(kv_cache_tokens=5), "kv_cache_tokens must be >= 16"),
+])
+def test_engine_config_of_wrong_types_is_a_value_error(config, match):
+    from radixflow.runtime.config import EngineConfig
+
+    with pytest.raises(ValueError, match=match):
+        EngineConfig.from_kwargs(**config)
+
+
+def test_engine_config_takes_paths(tmp_path):
+    from radixflow.runtime.config import EngineConfig
+
+    assert EngineConfig.from_kwargs(model=tmp_path, lora_dir=tmp_path).model == str(tmp_path)
