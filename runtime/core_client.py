@@ -187,7 +187,8 @@ class EngineClient:
         return self._call("lora_adapters")
 
     def stats(self) -> EngineStats:
-        """The core's numbers now; its last numbers once it stopped."""
+        """The core's numbers now; once it stopped, the last numbers read before (the error of
+        a stopped core when none were)."""
         if (self._dead is not None or self._closed) and self._last_stats is not None:
             return self._last_stats
         self._last_stats = self._call("stats")
