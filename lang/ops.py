@@ -19,7 +19,11 @@ def run_ops(ctx: ProgramContext, ops: list[ir.Op]) -> None:
 
 
 def lookup(ctx: ProgramContext, ref: ir.VarRef) -> Any:
-    """The value `ref` names; an unset variable or argument raises ValueError."""
+    """The value `ref` names; an unset variable or argument, or an index out of range, raises ValueError.
+
+    Indexes count from 0 (no negative ones): a fork's branch in [0, n), a list's element in
+    [0, len). validate_ir checks what it can before the run; this checks the rest.
+    """
     if ref.source == "arg":
         if ref.name not in ctx.arguments:
             raise ValueError(f"argument {ref.name!r} was not given")
@@ -28,15 +32,23 @@ def lookup(ctx: ProgramContext, ref: ir.VarRef) -> Any:
     if ref.fork is not None and ctx.branch != (ref.fork, ref.index):
         if ref.fork not in ctx.forks:
             raise ValueError(f"variable {ref.name!r} of fork {ref.fork!r}: that fork has not run here")
-        scope = ctx.forks[ref.fork][ref.index].variables
+        branches = ctx.forks[ref.fork]
+        if ref.index is None or not 0 <= ref.index < len(branches):
+            raise ValueError(fork_index_message(ref, len(branches)))
+        scope = branches[ref.index].variables
     if ref.name not in scope:
         raise ValueError(f"variable {ref.name!r} is not set")
     value = scope[ref.name]
     if ref.fork is None and ref.index is not None:
-        if not isinstance(value, list) or not -len(value) <= ref.index < len(value):
+        if not isinstance(value, list) or not 0 <= ref.index < len(value):
             raise ValueError(f"variable {ref.name!r} has no element {ref.index}")
         value = value[ref.index]
     return value
+
+
+def fork_index_message(ref: ir.VarRef, n: int) -> str:
+    got = "none" if ref.index is None else str(ref.index)
+    return f"variable {ref.name!r} of fork {ref.fork!r} needs an index in [0, {n}) (the branch), got {got}"
 
 
 def _text(ctx: ProgramContext, op: ir.Text) -> None:

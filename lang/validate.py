@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from radixflow.lang import ir, params
+from radixflow.lang import ir, ops, params
 from radixflow.lang.select_scoring import method_name
 
 
@@ -89,7 +89,7 @@ def _fork_cost(op: ir.Fork, limits: Limits, default_tokens: int) -> _Cost:
 def _check_ops(program: ir.Program, limits: Limits) -> None:
     """Per-op checks: known sampling keys and choices methods, forks and joins that match."""
     fields = set(params.sampling_fields())
-    fork_ids: set[str] = set()
+    fork_sizes: dict[str, int] = {}  # fork id → n (ids are unique in a program)
     for op, _ in ir.walk(program.ops):
         if isinstance(op, ir.Gen):
             unknown = set(op.params) - fields
@@ -109,16 +109,25 @@ def _check_ops(program: ir.Program, limits: Limits) -> None:
                    f"select {op.name!r}: {len(op.choices)} choices; the limit max_choices is {limits.max_choices}")
             method_name(op.method)
         elif isinstance(op, ir.Fork):
-            _check(op.id not in fork_ids, f"fork id {op.id!r} is used twice")
-            fork_ids.add(op.id)
+            _check(op.id not in fork_sizes, f"fork id {op.id!r} is used twice")
+            fork_sizes[op.id] = op.n
     for op, _ in ir.walk(program.ops):
         if isinstance(op, ir.Join):
-            _check(op.fork in fork_ids, f"join of unknown fork {op.fork!r}")
+            _check(op.fork in fork_sizes, f"join of unknown fork {op.fork!r}")
         ref = op.ref if isinstance(op, ir.If) else op
         if isinstance(ref, ir.VarRef):
-            _check(ref.source == "var" or ref.name in program.arguments,
-                   f"argument {ref.name!r} is used but not declared")
-            _check(ref.fork is None or ref.fork in fork_ids, f"variable {ref.name!r} of unknown fork {ref.fork!r}")
+            _check_ref(ref, program, fork_sizes)
+
+
+def _check_ref(ref: ir.VarRef, program: ir.Program, fork_sizes: dict[str, int]) -> None:
+    """A declared argument; a fork that exists, read at a branch index in [0, n); list indexes >= 0."""
+    _check(ref.source == "var" or ref.name in program.arguments, f"argument {ref.name!r} is used but not declared")
+    if ref.fork is None:
+        _check(ref.index is None or ref.index >= 0, f"variable {ref.name!r}: index {ref.index} must be >= 0")
+        return
+    _check(ref.fork in fork_sizes, f"variable {ref.name!r} of unknown fork {ref.fork!r}")
+    n = fork_sizes[ref.fork]
+    _check(ref.index is not None and 0 <= ref.index < n, ops.fork_index_message(ref, n))
 
 
 def validate_ir(program: ir.Program, limits: Limits | None = None) -> None:
