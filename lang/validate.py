@@ -46,32 +46,32 @@ class _Cost:
         self.requests += times * other.requests
 
 
-def _gen_cost(op: ir.Gen, default_tokens: int) -> _Cost:
-    """One request (n > 1 is refused by _check_ops); null max_new_tokens means the default."""
-    tokens = op.params.get("max_new_tokens")
-    return _Cost(tokens=tokens if isinstance(tokens, int) and tokens >= 0 else default_tokens, requests=1)
+def _gen_cost(op: ir.Gen) -> _Cost:
+    """One request (n > 1 is refused by _check_ops) of the max_new_tokens it will run with: the
+    converted value ("2047" and 2047.0 are 2047), the default when null or absent."""
+    return _Cost(tokens=params.check_params(op.params).max_new_tokens, requests=1)
 
 
-def _cost(ops: list[ir.Op], limits: Limits, default_tokens: int) -> _Cost:
+def _cost(ops: list[ir.Op], limits: Limits) -> _Cost:
     """Worst-case cost of running `ops` once."""
     total = _Cost()
     for op in ops:
         if isinstance(op, ir.Gen):
-            total.add(_gen_cost(op, default_tokens))
+            total.add(_gen_cost(op))
         elif isinstance(op, ir.Select):
             total.add(_Cost(tokens=len(op.choices), requests=len(op.choices) + 2))
         elif isinstance(op, ir.If):
-            costs = [_cost(op.then, limits, default_tokens), _cost(op.else_, limits, default_tokens)]
+            costs = [_cost(op.then, limits), _cost(op.else_, limits)]
             total.add(_Cost(max(c.tokens for c in costs), max(c.branches for c in costs),
                             max(c.requests for c in costs)))
         elif isinstance(op, ir.Fork):
-            total.add(_fork_cost(op, limits, default_tokens))
+            total.add(_fork_cost(op, limits))
         _check(total.branches <= limits.max_branches,
                f"program forks over {limits.max_branches} branches (limit max_branches)")
     return total
 
 
-def _fork_cost(op: ir.Fork, limits: Limits, default_tokens: int) -> _Cost:
+def _fork_cost(op: ir.Fork, limits: Limits) -> _Cost:
     _check(1 <= op.n <= limits.max_branches,
            f"fork {op.id!r}: n={op.n} must be in [1, {limits.max_branches}] (limit max_branches)")
     _check(not (op.branches and op.body), f"fork {op.id!r}: give branches or body, not both")
@@ -80,9 +80,9 @@ def _fork_cost(op: ir.Fork, limits: Limits, default_tokens: int) -> _Cost:
     cost = _Cost(branches=op.n, requests=1)  # the shared prefill
     if op.branches:
         for branch in op.branches:
-            cost.add(_cost(branch, limits, default_tokens))
+            cost.add(_cost(branch, limits))
     else:
-        cost.add(_cost(op.body, limits, default_tokens), times=op.n)
+        cost.add(_cost(op.body, limits), times=op.n)
     return cost
 
 
@@ -139,7 +139,7 @@ def validate_ir(program: ir.Program, limits: Limits | None = None) -> None:
         _check(num_ops <= limits.max_ops, f"program has more than {limits.max_ops} ops (limit max_ops)")
     _check(depth <= limits.max_depth, f"program nests if/fork {depth} deep; the limit max_depth is {limits.max_depth}")
     _check_ops(program, limits)
-    cost = _cost(program.ops, limits, params.default_max_new_tokens())
+    cost = _cost(program.ops, limits)
     _check(cost.tokens <= limits.max_total_new_tokens,
            f"program may generate {cost.tokens} tokens in total; the limit max_total_new_tokens is "
            f"{limits.max_total_new_tokens}")

@@ -34,6 +34,14 @@ def test_fork_variable_without_a_valid_index_is_400(client, index):
     assert ok.status_code == 200, ok.text
 
 
+@pytest.mark.parametrize("tokens", ["2047", 2047.0])
+def test_token_budget_counts_the_value_that_will_run(client, tokens):
+    program = {"ops": [{"op": "gen", "params": {"max_new_tokens": tokens}}] * 200}
+    r = client.post("/v1/programs", json={"program": program})
+    assert r.status_code == 400, r.text
+    assert "max_total_new_tokens" in r.json()["error"]["message"]
+
+
 def test_unexpected_failure_in_a_streamed_program_ends_in_band(client, monkeypatch):
     def broken(self):
         raise KeyError("no markers today")
