@@ -6,6 +6,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+from radixflow.lang.backend import check_finished
 from radixflow.lang.context import ProgramContext
 
 MAX_BRANCH_THREADS = 64  # one pool for every program's fork branches in this process
@@ -52,7 +53,8 @@ BRANCHES = BranchPool()
 def prefill(ctx: ProgramContext) -> None:
     """One prefill-only request for the text so far, so every branch's first request hits the cache."""
     if ctx.text:
-        ctx.backend.generate({"text": ctx.text, "sampling_params": {"max_new_tokens": 0}})
+        check_finished(ctx.backend.generate({"text": ctx.text, "sampling_params": {"max_new_tokens": 0}}),
+                       "the fork's shared prefill")
 
 
 def fork_contexts(ctx: ProgramContext, n: int, fork_id: str | None = None) -> list[ProgramContext]:

@@ -7,6 +7,7 @@ from typing import Any, Callable
 import msgspec
 
 from radixflow.lang import ir, params
+from radixflow.lang.backend import check_finished
 from radixflow.lang.context import ProgramContext
 from radixflow.lang.fork import BRANCHES, fork_contexts, gather
 from radixflow.lang.select_scoring import run_select
@@ -93,6 +94,7 @@ def _gen(ctx: ProgramContext, op: ir.Gen) -> None:
         text, meta = _gen_stream(ctx, body, op.name)
     else:
         response = ctx.backend.generate(body)
+        check_finished(response, f"gen {op.name!r}")
         text, meta = response["text"], response.get("meta_info")
         ctx.append(text, op.name)
     if op.name is not None:
@@ -108,6 +110,7 @@ def _gen_stream(ctx: ProgramContext, body: dict, name: str | None) -> tuple[str,
             ctx.append(cumulative[len(text):], name)
             text = cumulative
         meta = chunk.get("meta_info", meta)
+    check_finished({"meta_info": meta}, f"gen {name!r}")
     return text, meta
 
 

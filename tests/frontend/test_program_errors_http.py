@@ -1,13 +1,18 @@
-"""/v1/programs error statuses: a malformed program is a 400, an unexpected failure a 500, and a streamed
-program that fails ends its stream with an in-band error event, then [DONE]."""
+"""/v1/programs error statuses: a malformed program is a 400; a generation the engine fails or aborts, or an
+unexpected failure, a 500; a streamed program that fails ends with an in-band error event, then [DONE]."""
 from __future__ import annotations
 
 import json
+import threading
+import time
 
 import httpx
 import pytest
 
 from radixflow.frontend.program_backend import ServerBackend
+from radixflow.frontend.server import create_app
+
+from .conftest import LiveServer
 
 
 def fork_then(var: dict) -> dict:
@@ -57,3 +62,43 @@ def test_unexpected_failure_in_a_streamed_program_ends_in_band(client, monkeypat
     assert error["type"] == "server_error" and "no markers today" in error["message"]
     r = client.post("/v1/programs", json={"program": program})
     assert r.status_code == 500 and "no markers today" in r.json()["error"]["message"]
+
+
+def test_engine_failure_inside_a_program_is_500(engine):
+    from .test_conformance import FaultyEngine
+
+    wrapped = FaultyEngine(engine)
+    wrapped.mode = "error"
+    live = LiveServer(create_app(wrapped, "tiny")).start()
+    program = {"ops": [{"op": "text", "text": "hi"}, {"op": "gen", "name": "a", "params": {"max_new_tokens": 4}}]}
+    try:
+        r = httpx.post(live.url + "/v1/programs", json={"program": program}, timeout=60)
+        assert r.status_code == 500, r.text
+        assert "boom: CUDA fell over" in r.json()["error"]["message"]
+        with httpx.stream("POST", live.url + "/v1/programs", json={"program": program, "stream": True}) as r:
+            error = events(r)[-1]["error"]
+        assert error["type"] == "server_error" and "boom: CUDA fell over" in error["message"]
+        select = {"ops": [{"op": "text", "text": "hi"}, {"op": "select", "name": "s", "choices": ["a", "b"]}]}
+        r = httpx.post(live.url + "/v1/programs", json={"program": select}, timeout=60)
+        assert r.status_code == 200, r.text  # select sends prefill-only requests, which this fault spares
+    finally:
+        live.stop()
+
+
+def test_gen_aborted_inside_a_program_is_500(client, engine, wait_idle):
+    program = {"ops": [{"op": "text", "text": "hi"},
+                       {"op": "gen", "name": "a", "params": {"max_new_tokens": 1500, "ignore_eos": True}},
+                       {"op": "text", "text": "never"}]}
+    answers: list[httpx.Response] = []
+    worker = threading.Thread(target=lambda: answers.append(client.post("/v1/programs", json={"program": program})))
+    worker.start()
+    deadline = time.monotonic() + 10
+    while engine.stats().num_running == 0:
+        assert time.monotonic() < deadline, "the program's gen never started"
+        time.sleep(0.005)
+    assert client.post("/abort_request", json={"abort_all": True}).status_code == 200
+    worker.join(timeout=30)
+    r = answers[0]
+    assert r.status_code == 500, r.text
+    assert "abort" in r.json()["error"]["message"]
+    wait_idle(engine, kv=True)
