@@ -12,8 +12,9 @@ from typing import Any
 
 from radixflow.lang import ir
 from radixflow.lang.expr import Condition, Expr, TraceError
-from radixflow.lang.fork import ForkGroup, check_join_mode
+from radixflow.lang.fork import ForkGroup, check_fork_size, check_join_mode
 from radixflow.lang.surface import StateSurface
+from radixflow.lang.validate import Limits
 
 
 class Symbol(Expr):
@@ -97,8 +98,9 @@ class TraceState(StateSurface):
     __getitem__ = get_var
 
     def fork(self, n: int) -> ForkGroup:
-        if not isinstance(n, int) or n < 1:
+        if isinstance(n, Symbol) or not isinstance(n, int):
             raise TraceError(f"cannot be traced: fork needs a fixed positive int, got {n!r}")
+        check_fork_size(n, Limits().max_branches)
         fork_id = f"fork{next(self._ids)}"
         branches = [TraceState([], self._ids, (fork_id, i)) for i in range(n)]
         self.ops.append(ir.Fork(id=fork_id, n=n, branches=[b.ops for b in branches]))
