@@ -102,14 +102,26 @@ def _gen(ctx: ProgramContext, op: ir.Gen) -> None:
 
 
 def _gen_stream(ctx: ProgramContext, body: dict, name: str | None) -> tuple[str, Any]:
-    """Append each chunk's new text as it arrives; chunks carry the cumulative completion."""
+    """Append each chunk's new text as it arrives; chunks carry the cumulative completion.
+
+    Once `ctx.stopped` is set (the program's body failed) the stream is closed, which aborts the
+    request in every backend, instead of generating on to max_new_tokens for nobody.
+    """
     text, meta = "", None
-    for chunk in ctx.backend.generate_stream({**body, "stream": True}):
-        cumulative = chunk["text"]
-        if len(cumulative) > len(text):
-            ctx.append(cumulative[len(text):], name)
-            text = cumulative
-        meta = chunk.get("meta_info", meta)
+    chunks = ctx.backend.generate_stream({**body, "stream": True})
+    try:
+        for chunk in chunks:
+            if ctx.stopped.is_set():
+                raise RuntimeError(f"gen {name!r} stopped: the program's body failed")
+            cumulative = chunk["text"]
+            if len(cumulative) > len(text):
+                ctx.append(cumulative[len(text):], name)
+                text = cumulative
+            meta = chunk.get("meta_info", meta)
+    finally:
+        close = getattr(chunks, "close", None)
+        if close is not None:
+            close()
     check_finished({"meta_info": meta}, f"gen {name!r}")
     return text, meta
 
