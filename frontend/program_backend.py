@@ -31,8 +31,9 @@ class ServerBackend:
         self.session_id = f"program-{uuid.uuid4().hex}"  # a program run is one session (goodput)
 
     def generate(self, body: dict) -> dict | list[dict]:
-        """Blocking (worker threads only). Bad bodies raise ValueError, as the in-process engine's;
-        a full engine raises the 429 APIError itself (the program's answer is then 429)."""
+        """Blocking (worker threads only). Bad bodies raise ValueError, as the in-process engine's
+        (the program's answer is 400); an engine failure raises BackendError (500); a full engine
+        raises the 429 APIError itself (the program's answer is then 429)."""
         try:
             fields = {"session_id": self.session_id, **{k: v for k, v in body.items() if k != "stream"}}
             req = msgspec.convert(fields, GenerateRequest)
@@ -70,9 +71,11 @@ class ServerBackend:
             return future.result()
         except concurrent.futures.CancelledError as exc:
             raise BackendError("the client went away; the program was stopped") from exc
-        except APIError as exc:
+        except APIError as exc:  # the answer /generate would give: a client error stays one, a failure a 5xx
             if exc.status == 429:
                 raise
+            if exc.status >= 500:  # the engine failed the generation (finish reason error): not the program's fault
+                raise BackendError(exc.message) from exc
             raise ValueError(exc.message) from exc
         finally:
             with self._lock:

@@ -140,6 +140,9 @@ def _stream_program(req: ProgramRequest, backend: ServerBackend, server: Any,
                 yield sse(work.result())
             except APIError as exc:  # the response has begun: report in-band
                 yield sse(exc.body())
+            except Exception as exc:  # a bug, not the client's: logged, and in-band as the 500 it would be
+                log.exception("streamed program failed")
+                yield sse(APIError(500, f"internal error: {type(exc).__name__}: {exc}").body())
             yield SSE_DONE
         finally:
             if not work.done():

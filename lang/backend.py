@@ -25,6 +25,24 @@ class BackendError(RuntimeError):
     """The backend refused or failed a request; the message is the server's."""
 
 
+FAILED_FINISHES = ("error", "abort")
+
+
+def check_finished(response: dict, what: str) -> None:
+    """Raise BackendError if `response` (a /generate result, or a stream's last chunk) ended with
+    finish reason `error` (the engine failed it) or `abort` (it was stopped before its end: an
+    abort request, a grammar with no valid continuation, a KV cache too small, a shutdown).
+
+    An abort fails the program as an error does: the text is partial (a constrained gen may not
+    even match its grammar) and every later op would build on it. Over HTTP an engine error is
+    already a 500 (BackendError); this gives the in-process backend the same outcome.
+    """
+    reason = (response.get("meta_info") or {}).get("finish_reason")
+    if isinstance(reason, dict) and reason.get("type") in FAILED_FINISHES:
+        raise BackendError(f"{what} ended with finish reason {reason['type']}: "
+                           f"{reason.get('message') or 'no message'}")
+
+
 _default: Backend | None = None
 
 

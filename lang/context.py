@@ -7,6 +7,7 @@ text and every variable set, for streaming and for waiters on other threads.
 from __future__ import annotations
 
 import copy
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -45,6 +46,7 @@ class ProgramContext:
     branch: tuple[str, int] | None = None  # (fork id, index) when this context is a fork branch
     set_since_fork: list[str] = field(default_factory=list)  # names a branch set, for join
     budget: Budget = UNLIMITED  # characters and time the run may still spend (shared by its branches)
+    stopped: threading.Event = field(default_factory=threading.Event)  # set when the body failed (shared)
     _markers: RoleMarkers | None = None
 
     def append(self, piece: str, var: str | None = None) -> None:
@@ -75,4 +77,5 @@ class ProgramContext:
             default_params=self.default_params, text=self.text,
             variables=copy.copy(self.variables), meta=copy.copy(self.meta),
             messages=[dict(m) for m in self.messages], role=self.role, role_start=self.role_start,
-            scopes=list(self.scopes), branch=branch, budget=self.budget, _markers=self._markers)
+            scopes=list(self.scopes), branch=branch, budget=self.budget, stopped=self.stopped,
+            _markers=self._markers)

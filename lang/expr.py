@@ -25,14 +25,14 @@ class Expr:
 
 
 def to_expr(value: Any) -> Expr:
-    """str (and plain numbers/bools, as their str) → Text; an Expr stays as it is."""
+    """str → Text; an Expr stays as it is. Anything else is a TypeError: a number, a bool or None
+    has no one obvious text (str(5)? f"{x:.2f}"?), so the program says which it means."""
     if isinstance(value, Expr):
         return value
     if isinstance(value, str):
         return Expr([ir.Text(value)] if value else [])
-    if isinstance(value, (int, float)):  # bool is an int
-        return Expr([ir.Text(str(value))])
-    raise TypeError(f"cannot append {type(value).__name__} to a program; use a str, gen(), select() or a role")
+    raise TypeError(f"cannot append {type(value).__name__} {value!r:.40} to a program: append a str "
+                    "(str(x) for a number), gen(), select() or a role")
 
 
 def concat(*parts: Any) -> Expr:

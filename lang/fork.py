@@ -6,6 +6,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+from radixflow.lang.backend import check_finished
 from radixflow.lang.context import ProgramContext
 
 MAX_BRANCH_THREADS = 64  # one pool for every program's fork branches in this process
@@ -49,16 +50,27 @@ class BranchPool:
 BRANCHES = BranchPool()
 
 
+def check_fork_size(n: Any, max_branches: int | None = None) -> None:
+    """A fork's n is a positive int (a bool is not a count), at most `max_branches` when given."""
+    if isinstance(n, bool):
+        raise ValueError(f"fork needs a positive int number of branches, not a bool ({n!r})")
+    if not isinstance(n, int) or n < 1:
+        raise ValueError(f"fork needs a positive int number of branches, got {n!r}")
+    if max_branches is not None and n > max_branches:
+        raise ValueError(f"fork({n}): at most {max_branches} branches per fork (the default of the "
+                         "program limit max_branches)")
+
+
 def prefill(ctx: ProgramContext) -> None:
     """One prefill-only request for the text so far, so every branch's first request hits the cache."""
     if ctx.text:
-        ctx.backend.generate({"text": ctx.text, "sampling_params": {"max_new_tokens": 0}})
+        check_finished(ctx.backend.generate({"text": ctx.text, "sampling_params": {"max_new_tokens": 0}}),
+                       "the fork's shared prefill")
 
 
 def fork_contexts(ctx: ProgramContext, n: int, fork_id: str | None = None) -> list[ProgramContext]:
     """Send the shared prefill once, then return `n` branch copies of `ctx`."""
-    if not isinstance(n, int) or n < 1:
-        raise ValueError(f"fork needs a positive number of branches, got {n!r}")
+    check_fork_size(n)
     prefill(ctx)
     return [ctx.child((fork_id, i) if fork_id is not None else None) for i in range(n)]
 

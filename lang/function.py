@@ -64,6 +64,7 @@ class Function:
             self.fn(state, *args, **arguments)
         except Exception as exc:  # carried by the state; every read re-raises it
             state._executor.fail(exc)
+            state._ctx.stopped.set()  # streamed gens in flight close their streams (abort)
         finally:
             state._run.end_body()
 

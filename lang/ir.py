@@ -57,8 +57,9 @@ class Select(_Op, tag="select"):
 class VarRef(_Op, tag="var"):
     """A value: a variable (`source="var"`) or a program argument (`source="arg"`).
 
-    With `fork` set, `name` is read from branch `index` of that fork. Without `fork`, `index`
-    picks one element of a list variable (the gathered result of a join).
+    With `fork` set, `name` is read from branch `index` of that fork (required, in [0, n)).
+    Without `fork`, `index` picks one element of a list variable (the gathered result of a
+    join). Indexes count from 0; negative ones are refused (a branch has one name).
     """
 
     name: str

@@ -7,6 +7,7 @@ from typing import Any, Callable
 import msgspec
 
 from radixflow.lang import ir, params
+from radixflow.lang.backend import check_finished
 from radixflow.lang.context import ProgramContext
 from radixflow.lang.fork import BRANCHES, fork_contexts, gather
 from radixflow.lang.select_scoring import run_select
@@ -19,7 +20,11 @@ def run_ops(ctx: ProgramContext, ops: list[ir.Op]) -> None:
 
 
 def lookup(ctx: ProgramContext, ref: ir.VarRef) -> Any:
-    """The value `ref` names; an unset variable or argument raises ValueError."""
+    """The value `ref` names; an unset variable or argument, or an index out of range, raises ValueError.
+
+    Indexes count from 0 (no negative ones): a fork's branch in [0, n), a list's element in
+    [0, len). validate_ir checks what it can before the run; this checks the rest.
+    """
     if ref.source == "arg":
         if ref.name not in ctx.arguments:
             raise ValueError(f"argument {ref.name!r} was not given")
@@ -28,15 +33,23 @@ def lookup(ctx: ProgramContext, ref: ir.VarRef) -> Any:
     if ref.fork is not None and ctx.branch != (ref.fork, ref.index):
         if ref.fork not in ctx.forks:
             raise ValueError(f"variable {ref.name!r} of fork {ref.fork!r}: that fork has not run here")
-        scope = ctx.forks[ref.fork][ref.index].variables
+        branches = ctx.forks[ref.fork]
+        if ref.index is None or not 0 <= ref.index < len(branches):
+            raise ValueError(fork_index_message(ref, len(branches)))
+        scope = branches[ref.index].variables
     if ref.name not in scope:
         raise ValueError(f"variable {ref.name!r} is not set")
     value = scope[ref.name]
     if ref.fork is None and ref.index is not None:
-        if not isinstance(value, list) or not -len(value) <= ref.index < len(value):
+        if not isinstance(value, list) or not 0 <= ref.index < len(value):
             raise ValueError(f"variable {ref.name!r} has no element {ref.index}")
         value = value[ref.index]
     return value
+
+
+def fork_index_message(ref: ir.VarRef, n: int) -> str:
+    got = "none" if ref.index is None else str(ref.index)
+    return f"variable {ref.name!r} of fork {ref.fork!r} needs an index in [0, {n}) (the branch), got {got}"
 
 
 def _text(ctx: ProgramContext, op: ir.Text) -> None:
@@ -81,6 +94,7 @@ def _gen(ctx: ProgramContext, op: ir.Gen) -> None:
         text, meta = _gen_stream(ctx, body, op.name)
     else:
         response = ctx.backend.generate(body)
+        check_finished(response, f"gen {op.name!r}")
         text, meta = response["text"], response.get("meta_info")
         ctx.append(text, op.name)
     if op.name is not None:
@@ -88,14 +102,27 @@ def _gen(ctx: ProgramContext, op: ir.Gen) -> None:
 
 
 def _gen_stream(ctx: ProgramContext, body: dict, name: str | None) -> tuple[str, Any]:
-    """Append each chunk's new text as it arrives; chunks carry the cumulative completion."""
+    """Append each chunk's new text as it arrives; chunks carry the cumulative completion.
+
+    Once `ctx.stopped` is set (the program's body failed) the stream is closed, which aborts the
+    request in every backend, instead of generating on to max_new_tokens for nobody.
+    """
     text, meta = "", None
-    for chunk in ctx.backend.generate_stream({**body, "stream": True}):
-        cumulative = chunk["text"]
-        if len(cumulative) > len(text):
-            ctx.append(cumulative[len(text):], name)
-            text = cumulative
-        meta = chunk.get("meta_info", meta)
+    chunks = ctx.backend.generate_stream({**body, "stream": True})
+    try:
+        for chunk in chunks:
+            if ctx.stopped.is_set():
+                raise RuntimeError(f"gen {name!r} stopped: the program's body failed")
+            cumulative = chunk["text"]
+            if len(cumulative) > len(text):
+                ctx.append(cumulative[len(text):], name)
+                text = cumulative
+            meta = chunk.get("meta_info", meta)
+    finally:
+        close = getattr(chunks, "close", None)
+        if close is not None:
+            close()
+    check_finished({"meta_info": meta}, f"gen {name!r}")
     return text, meta
 
 

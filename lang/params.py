@@ -63,17 +63,12 @@ def split_kwargs(kwargs: dict[str, Any], caller: str = "gen") -> tuple[dict[str,
     return params, extras
 
 
-def check_params(params: dict[str, Any]) -> None:
-    """Raise ValueError (from the runtime's own validation) when a value is out of range."""
+def check_params(params: dict[str, Any]) -> Any:
+    """The SamplingParams the engine will run `params` as (values converted as the whole API
+    converts them: "4" is 4); ValueError (the runtime's own validation) when one is out of range."""
     from radixflow.runtime.sampling_params import SamplingParams
 
-    SamplingParams.from_dict(params)
-
-
-def default_max_new_tokens() -> int:
-    from radixflow.runtime.sampling_params import SamplingParams
-
-    return SamplingParams().max_new_tokens
+    return SamplingParams.from_dict(params)
 
 
 def dtype_name(dtype: Any) -> str | None:

@@ -8,6 +8,12 @@ from radixflow.lang.expr import Condition, Expr, to_expr
 from radixflow.lang.select_scoring import ChoicesMethod, method_name, token_length_normalized
 
 
+def check_name(name: Any) -> None:
+    """A variable name is a str (or None: the output is not stored)."""
+    if name is not None and not isinstance(name, str):
+        raise ValueError(f"a variable name must be a str or None, got {type(name).__name__} {name!r}")
+
+
 def gen(name: str | None = None, *, dtype: Any = None, choices_method: ChoicesMethod | str | None = None,
         **kwargs: Any) -> Expr:
     """One generation request whose prompt is the whole text so far; stores the output as `name`.
@@ -19,6 +25,7 @@ def gen(name: str | None = None, *, dtype: Any = None, choices_method: ChoicesMe
     `choices=[...]` constrains the output to one of the strings; with `choices_method` it becomes
     a select() instead (scored by logprobs, as in SGLang).
     """
+    check_name(name)
     if choices_method is not None:
         if not kwargs.get("choices"):
             raise ValueError("choices_method needs choices=[...]")
@@ -46,6 +53,7 @@ def select(name: str | None = None, choices: list[str] | None = None,
 
     `temperature` is accepted for SGLang compatibility; only 0 (argmax) is supported.
     """
+    check_name(name)
     if not choices or not all(isinstance(c, str) and c for c in choices):
         raise ValueError("select() needs a non-empty list of non-empty strings as choices")
     if temperature != 0.0:

@@ -23,6 +23,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from radixflow.lang.backend import check_finished
+
 Entry = list  # [logprob | None, token_id, token_text | None]
 
 
@@ -130,6 +132,7 @@ def run_select(backend: Any, context: str, choices: list[str], method: ChoicesMe
     """Send the select requests to `backend`; return (chosen text, meta info with every score)."""
     method = METHODS[method_name(method)]
     prefill = backend.generate({"text": context, "sampling_params": {"max_new_tokens": 0}})
+    check_finished(prefill, "select's prefill")
     prompt_tokens = prefill["meta_info"]["prompt_tokens"]
     start = max(prompt_tokens - 1, 0)
     scored = _as_list(backend.generate({
@@ -137,6 +140,8 @@ def run_select(backend: Any, context: str, choices: list[str], method: ChoicesMe
         "sampling_params": {"max_new_tokens": 0, "temperature": 0},
         "return_logprob": True, "return_text_in_logprobs": True, "logprob_start_len": start,
     }))
+    for response in scored:
+        check_finished(response, "select's scoring request")
     cond = [choice_entries(r["meta_info"]["input_token_logprobs"], start, prompt_tokens, context) for r in scored]
     uncond = None
     if method.needs_unconditional:
@@ -144,6 +149,8 @@ def run_select(backend: Any, context: str, choices: list[str], method: ChoicesMe
             "input_ids": [[e[1] for e in entries] for entries in cond],
             "sampling_params": {"max_new_tokens": 0}, "return_logprob": True, "logprob_start_len": 0,
         }))
+        for response in alone:
+            check_finished(response, "select's unconditional scoring request")
         uncond = [r["meta_info"]["input_token_logprobs"] for r in alone]
     scores = method.scores(cond, uncond)
     best = max(range(len(choices)), key=scores.__getitem__)

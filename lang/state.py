@@ -12,8 +12,9 @@ from typing import Any
 from radixflow.lang import ir
 from radixflow.lang.context import ProgramContext
 from radixflow.lang.executor import Executor, ProgramError, Run
-from radixflow.lang.fork import ForkGroup, check_join_mode, fork_contexts, gather
+from radixflow.lang.fork import ForkGroup, check_fork_size, check_join_mode, fork_contexts, gather
 from radixflow.lang.surface import StateSurface
+from radixflow.lang.validate import Limits
 
 
 class ProgramState(StateSurface):
@@ -97,7 +98,9 @@ class ProgramState(StateSurface):
     # -- fork / join --------------------------------------------------------------------------
 
     def fork(self, n: int) -> ForkGroup:
-        """`n` branches sharing one prefill-only request for the text so far."""
+        """`n` branches sharing one prefill-only request for the text so far; n is at most
+        Limits().max_branches (256), as a program sent to a server with default limits."""
+        check_fork_size(n, Limits().max_branches)
         self.sync()
         self._raise_if_failed()
         branches = fork_contexts(self._ctx, n)

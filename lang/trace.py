@@ -12,8 +12,9 @@ from typing import Any
 
 from radixflow.lang import ir
 from radixflow.lang.expr import Condition, Expr, TraceError
-from radixflow.lang.fork import ForkGroup, check_join_mode
+from radixflow.lang.fork import ForkGroup, check_fork_size, check_join_mode
 from radixflow.lang.surface import StateSurface
+from radixflow.lang.validate import Limits
 
 
 class Symbol(Expr):
@@ -43,9 +44,12 @@ class Symbol(Expr):
     __hash__ = None  # type: ignore[assignment]
 
     def __getitem__(self, index: int) -> Symbol:
-        """One element of a gathered (joined) list variable."""
+        """One element of a gathered (joined) list variable, counted from 0."""
         if not isinstance(index, int) or self.ref.index is not None or self.ref.source != "var":
             raise self._fail("indexing")
+        if index < 0:
+            raise TraceError(f"cannot be traced: index {index} of variable {self.ref.name!r}; a traced index "
+                             "counts from 0 (the list's length is known only at run time)")
         return Symbol(ir.VarRef(name=self.ref.name, index=index))
 
     def __bool__(self) -> bool:
@@ -94,8 +98,9 @@ class TraceState(StateSurface):
     __getitem__ = get_var
 
     def fork(self, n: int) -> ForkGroup:
-        if not isinstance(n, int) or n < 1:
+        if isinstance(n, Symbol) or not isinstance(n, int):
             raise TraceError(f"cannot be traced: fork needs a fixed positive int, got {n!r}")
+        check_fork_size(n, Limits().max_branches)
         fork_id = f"fork{next(self._ids)}"
         branches = [TraceState([], self._ids, (fork_id, i)) for i in range(n)]
         self.ops.append(ir.Fork(id=fork_id, n=n, branches=[b.ops for b in branches]))

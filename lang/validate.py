@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from radixflow.lang import ir, params
+from radixflow.lang import ir, ops, params
 from radixflow.lang.select_scoring import method_name
 
 
@@ -46,32 +46,32 @@ class _Cost:
         self.requests += times * other.requests
 
 
-def _gen_cost(op: ir.Gen, default_tokens: int) -> _Cost:
-    """One request (n > 1 is refused by _check_ops); null max_new_tokens means the default."""
-    tokens = op.params.get("max_new_tokens")
-    return _Cost(tokens=tokens if isinstance(tokens, int) and tokens >= 0 else default_tokens, requests=1)
+def _gen_cost(op: ir.Gen) -> _Cost:
+    """One request (n > 1 is refused by _check_ops) of the max_new_tokens it will run with: the
+    converted value ("2047" and 2047.0 are 2047), the default when null or absent."""
+    return _Cost(tokens=params.check_params(op.params).max_new_tokens, requests=1)
 
 
-def _cost(ops: list[ir.Op], limits: Limits, default_tokens: int) -> _Cost:
+def _cost(ops: list[ir.Op], limits: Limits) -> _Cost:
     """Worst-case cost of running `ops` once."""
     total = _Cost()
     for op in ops:
         if isinstance(op, ir.Gen):
-            total.add(_gen_cost(op, default_tokens))
+            total.add(_gen_cost(op))
         elif isinstance(op, ir.Select):
             total.add(_Cost(tokens=len(op.choices), requests=len(op.choices) + 2))
         elif isinstance(op, ir.If):
-            costs = [_cost(op.then, limits, default_tokens), _cost(op.else_, limits, default_tokens)]
+            costs = [_cost(op.then, limits), _cost(op.else_, limits)]
             total.add(_Cost(max(c.tokens for c in costs), max(c.branches for c in costs),
                             max(c.requests for c in costs)))
         elif isinstance(op, ir.Fork):
-            total.add(_fork_cost(op, limits, default_tokens))
+            total.add(_fork_cost(op, limits))
         _check(total.branches <= limits.max_branches,
                f"program forks over {limits.max_branches} branches (limit max_branches)")
     return total
 
 
-def _fork_cost(op: ir.Fork, limits: Limits, default_tokens: int) -> _Cost:
+def _fork_cost(op: ir.Fork, limits: Limits) -> _Cost:
     _check(1 <= op.n <= limits.max_branches,
            f"fork {op.id!r}: n={op.n} must be in [1, {limits.max_branches}] (limit max_branches)")
     _check(not (op.branches and op.body), f"fork {op.id!r}: give branches or body, not both")
@@ -80,16 +80,16 @@ def _fork_cost(op: ir.Fork, limits: Limits, default_tokens: int) -> _Cost:
     cost = _Cost(branches=op.n, requests=1)  # the shared prefill
     if op.branches:
         for branch in op.branches:
-            cost.add(_cost(branch, limits, default_tokens))
+            cost.add(_cost(branch, limits))
     else:
-        cost.add(_cost(op.body, limits, default_tokens), times=op.n)
+        cost.add(_cost(op.body, limits), times=op.n)
     return cost
 
 
 def _check_ops(program: ir.Program, limits: Limits) -> None:
     """Per-op checks: known sampling keys and choices methods, forks and joins that match."""
     fields = set(params.sampling_fields())
-    fork_ids: set[str] = set()
+    fork_sizes: dict[str, int] = {}  # fork id → n (ids are unique in a program)
     for op, _ in ir.walk(program.ops):
         if isinstance(op, ir.Gen):
             unknown = set(op.params) - fields
@@ -109,16 +109,25 @@ def _check_ops(program: ir.Program, limits: Limits) -> None:
                    f"select {op.name!r}: {len(op.choices)} choices; the limit max_choices is {limits.max_choices}")
             method_name(op.method)
         elif isinstance(op, ir.Fork):
-            _check(op.id not in fork_ids, f"fork id {op.id!r} is used twice")
-            fork_ids.add(op.id)
+            _check(op.id not in fork_sizes, f"fork id {op.id!r} is used twice")
+            fork_sizes[op.id] = op.n
     for op, _ in ir.walk(program.ops):
         if isinstance(op, ir.Join):
-            _check(op.fork in fork_ids, f"join of unknown fork {op.fork!r}")
+            _check(op.fork in fork_sizes, f"join of unknown fork {op.fork!r}")
         ref = op.ref if isinstance(op, ir.If) else op
         if isinstance(ref, ir.VarRef):
-            _check(ref.source == "var" or ref.name in program.arguments,
-                   f"argument {ref.name!r} is used but not declared")
-            _check(ref.fork is None or ref.fork in fork_ids, f"variable {ref.name!r} of unknown fork {ref.fork!r}")
+            _check_ref(ref, program, fork_sizes)
+
+
+def _check_ref(ref: ir.VarRef, program: ir.Program, fork_sizes: dict[str, int]) -> None:
+    """A declared argument; a fork that exists, read at a branch index in [0, n); list indexes >= 0."""
+    _check(ref.source == "var" or ref.name in program.arguments, f"argument {ref.name!r} is used but not declared")
+    if ref.fork is None:
+        _check(ref.index is None or ref.index >= 0, f"variable {ref.name!r}: index {ref.index} must be >= 0")
+        return
+    _check(ref.fork in fork_sizes, f"variable {ref.name!r} of unknown fork {ref.fork!r}")
+    n = fork_sizes[ref.fork]
+    _check(ref.index is not None and 0 <= ref.index < n, ops.fork_index_message(ref, n))
 
 
 def validate_ir(program: ir.Program, limits: Limits | None = None) -> None:
@@ -130,7 +139,7 @@ def validate_ir(program: ir.Program, limits: Limits | None = None) -> None:
         _check(num_ops <= limits.max_ops, f"program has more than {limits.max_ops} ops (limit max_ops)")
     _check(depth <= limits.max_depth, f"program nests if/fork {depth} deep; the limit max_depth is {limits.max_depth}")
     _check_ops(program, limits)
-    cost = _cost(program.ops, limits, params.default_max_new_tokens())
+    cost = _cost(program.ops, limits)
     _check(cost.tokens <= limits.max_total_new_tokens,
            f"program may generate {cost.tokens} tokens in total; the limit max_total_new_tokens is "
            f"{limits.max_total_new_tokens}")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -72,3 +73,20 @@ def test_fork_rejects_bad_sizes(fake):
 
     with pytest.raises(rf.ProgramError, match="positive"):
         prog.run(backend=fake).text()
+
+
+@pytest.mark.parametrize("n, message", [(True, "not a bool"), (False, "not a bool"), (2.0, "positive int"),
+                                        (10**6, "at most 256 branches")])
+def test_fork_sizes_are_positive_ints_and_bounded(fake, n, message):
+    @rf.function
+    def prog(s):
+        s += "x"
+        s.fork(n)
+
+    start = time.monotonic()
+    with pytest.raises(rf.ProgramError, match=message):
+        prog.run(backend=fake).text()
+    assert time.monotonic() - start < 1
+    with pytest.raises(ValueError, match=message if n is not True and n is not False else "not a bool"):
+        rf.trace(prog)
+    assert fake.prefills() == []

@@ -169,3 +169,26 @@ def test_default_backend(fake):
         assert prog.run()["y"] == "r1"
     finally:
         rf.set_default_backend(None)
+
+
+@pytest.mark.parametrize("make", [lambda: rf.gen(5), lambda: rf.gen_int(b"x"), lambda: rf.select(5, ["a"])])
+def test_variable_names_must_be_str(make):
+    with pytest.raises(ValueError, match="name must be a str"):
+        make()
+
+
+@pytest.mark.parametrize("value", [5, 2.5, True, None, ["a"], b"x"])
+def test_only_text_and_expressions_can_be_appended(fake, value):
+    @rf.function
+    def prog(s):
+        s += "x"
+        s += value
+
+    with pytest.raises(rf.ProgramError, match=f"cannot append {type(value).__name__}.*str.*gen.*select") as info:
+        prog.run(backend=fake).text()
+    assert isinstance(info.value.__cause__, TypeError)
+    with pytest.raises(TypeError, match="cannot append"):
+        _ = "a" + rf.gen("x") + value
+    if value is not None:  # rf.user() / rf.user(None) is an empty turn
+        with pytest.raises(TypeError, match="cannot append"):
+            rf.user(value)

@@ -116,3 +116,12 @@ def test_forks_use_no_thread_per_branch(fake):
     program = ir.Program(ops=[ir.Fork(id="f", n=200, body=[ir.Gen(name="x", params={"max_new_tokens": 1})])])
     rf.execute(program, {}, fake)
     assert threading.active_count() - before <= 64
+
+
+@pytest.mark.parametrize("tokens", ["2047", 2047.0, "2.047e3"])
+def test_token_budget_counts_the_value_that_will_run(tokens):
+    # sampling params convert as everywhere in the API ("4" is 4): the budget counts the result
+    program = {"ops": [{"op": "gen", "params": {"max_new_tokens": tokens}}] * 200}
+    with pytest.raises(ValueError, match="409400 tokens.*max_total_new_tokens"):
+        rf.validate_ir(ir.decode_program(program))
+    rf.validate_ir(ir.decode_program(program), rf.Limits(max_total_new_tokens=409_400))

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -61,3 +62,30 @@ def test_stream_error_surfaces_from_text_iter(make_fake):
     state = story.run(stream=True, backend=make_fake(reply=reply))
     with pytest.raises(rf.ProgramError, match="no stream for you"):
         list(state.text_iter())
+
+
+def test_a_body_that_raises_stops_its_streamed_gen(make_fake):
+    closed = threading.Event()
+    sent: list[int] = []
+
+    class Endless(type(make_fake())):
+        def generate_stream(self, body):
+            try:
+                for i in range(1, 1000):
+                    sent.append(i)
+                    yield {"text": "x" * i, "meta_info": {}}
+                    time.sleep(0.01)
+            finally:  # closing the stream is what aborts the request in every backend
+                closed.set()
+
+    @rf.function
+    def prog(s):
+        s += rf.gen("x")
+        next(s.text_iter("x"))  # the gen is running
+        raise RuntimeError("the body gave up")
+
+    state = prog.run(stream=True, backend=Endless())
+    assert closed.wait(timeout=5), "the gen ran on after the body failed"
+    assert len(sent) < 500
+    with pytest.raises(rf.ProgramError, match="the body gave up"):
+        state.text()

@@ -129,3 +129,16 @@ def test_local_if_picks_an_expression(fake):
         s += rf.if_(s["t"] == "zzz", then="yes", else_="no")
 
     assert prog.run(backend=fake).text().endswith("no")
+
+
+def test_a_traced_index_counts_from_zero():
+    @rf.function
+    def last(s):
+        forks = s.fork(2)
+        for f in forks:
+            f += rf.gen("y", max_tokens=2)
+        forks.join()
+        s += s["y"][-1]
+
+    with pytest.raises(rf.TraceError, match="index -1.*from 0"):
+        rf.trace(last)

@@ -88,3 +88,58 @@ def test_arguments_are_checked(fake):
     with pytest.raises(ValueError, match="string or number"):
         rf.execute(program, {"q": ["a"]}, fake)
     assert rf.execute(program, {"q": "hi"}, fake)["text"] == "hi"
+
+
+def fork_then(var: dict) -> dict:
+    """A fork of 2 branches that each set y, then `var` (a var op reading y)."""
+    return {"ops": [{"op": "text", "text": "hi"},
+                    {"op": "fork", "id": "f", "n": 2,
+                     "body": [{"op": "gen", "name": "y", "params": {"max_new_tokens": 2}}]},
+                    {"op": "join", "fork": "f"}, var]}
+
+
+@pytest.mark.parametrize("var", [
+    {"op": "var", "name": "y", "fork": "f"},
+    {"op": "var", "name": "y", "fork": "f", "index": 2},
+    {"op": "var", "name": "y", "fork": "f", "index": 5},
+    {"op": "var", "name": "y", "fork": "f", "index": -1},
+    {"op": "var", "name": "y", "fork": "f", "index": -3},
+])
+def test_a_fork_variable_needs_a_branch_index_in_range(fake, var):
+    with pytest.raises(ValueError, match=r"variable 'y' of fork 'f' needs an index in \[0, 2\)"):
+        rf.execute(fork_then(var), {}, fake)
+    assert fake.requests == []
+    branch = {"op": "if", "ref": var, "equals": "a"}  # an if's ref is checked the same way
+    with pytest.raises(ValueError, match=r"needs an index in \[0, 2\)"):
+        rf.execute(fork_then(branch), {}, fake)
+
+
+def test_indexes_count_from_zero_for_list_elements_too(fake):
+    with pytest.raises(ValueError, match="variable 'y': index -1 must be >= 0"):
+        rf.execute(fork_then({"op": "var", "name": "y", "index": -1}), {}, fake)
+    assert fake.requests == []
+    last = rf.execute(fork_then({"op": "var", "name": "y", "index": 1}), {}, fake)
+    assert last["text"].endswith(last["variables"]["y"][1])
+    first = rf.execute(fork_then({"op": "var", "name": "y", "fork": "f", "index": 0}), {}, fake)
+    assert first["text"].endswith(first["variables"]["y"][0])
+
+
+@pytest.mark.parametrize("index, message", [
+    (None, r"variable 'y' of fork 'f' needs an index in \[0, 2\)"),
+    (2, r"variable 'y' of fork 'f' needs an index in \[0, 2\)"),
+    (-1, r"variable 'y' of fork 'f' needs an index in \[0, 2\)"),
+])
+def test_an_unvalidated_fork_index_is_a_value_error_at_run_time(fake, index, message):
+    from radixflow.lang.context import ProgramContext
+    from radixflow.lang.ops import lookup
+
+    ctx = ProgramContext(backend=fake)
+    ctx.forks["f"] = [ctx.child(("f", i)) for i in range(2)]
+    for i, branch in enumerate(ctx.forks["f"]):
+        branch.set_var("y", f"y{i}")
+    assert lookup(ctx, ir.VarRef(name="y", fork="f", index=1)) == "y1"
+    with pytest.raises(ValueError, match=message):
+        lookup(ctx, ir.VarRef(name="y", fork="f", index=index))
+    ctx.set_var("z", ["a", "b"])
+    with pytest.raises(ValueError, match="variable 'z' has no element -1"):
+        lookup(ctx, ir.VarRef(name="z", index=-1))
