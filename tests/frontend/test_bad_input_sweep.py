@@ -69,6 +69,10 @@ CASES = [
     _native({"min_new_tokens": 5, "max_new_tokens": 1}), _native(text=[], sampling_params={}),
     _native(text=None, input_ids=[]), _native(text=None, input_ids=[[]]), _native(text=None, input_ids=[[1], []]),
     _native({"stop": ["x"] * 100}), _native(stream="yes"), _native({"ebnf": "root ::= [a"}),
+    *[_chat(messages=[{"role": "assistant", "tool_calls": [{"id": "c", "type": "function", "function": f}]}])
+      for f in ([1], 5, True, "x", None, {"name": 5}, {"arguments": "{}"}, {"name": "f", "arguments": 5},
+                {"name": "f", "arguments": "[" * 5000 + "]" * 5000}, {"name": "f", "arguments": "[" * 900 + "]" * 900})],
+    _chat(messages=[{"role": "assistant", "tool_calls": [5]}]), _chat(messages=[{"role": "assistant", "tool_calls": {}}]),
 ]
 RAW = [("/v1/chat/completions", b"{not json"), ("/v1/chat/completions", b""), ("/generate", b"[1,2]"),
        ("/v1/completions", b"null"), ("/generate", b'{"text": "\\ud800"}')]

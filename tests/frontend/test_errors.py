@@ -50,6 +50,13 @@ def test_bad_requests_are_400(client, path, body, param):
     _error(client.post(path, json=body), 400, param)
 
 
+@pytest.mark.parametrize("function", [[1], 5, True, "x", {"name": "f", "arguments": 5}])
+def test_tool_calls_of_the_wrong_shape_are_400(client, function):
+    call = {"id": "c", "type": "function", "function": function}
+    _error(client.post("/v1/chat/completions", json={**CHAT, "messages": [{"role": "assistant", "tool_calls": [call]}]}),
+           400, "messages")
+
+
 def test_invalid_json_and_empty_body(client):
     _error(client.post("/v1/completions", content=b"{not json", headers={"content-type": "application/json"}), 400)
     _error(client.post("/generate", content=b""), 400)
