@@ -1,12 +1,16 @@
 """OpenAI-shaped error bodies: one exception type for every 4xx/5xx the server answers."""
 from __future__ import annotations
 
+import logging
 import re
+from typing import Any
 
 import msgspec
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
+
+log = logging.getLogger(__name__)
 
 # OpenAI's error types: client errors (401 and 404 included) are invalid_request_error, with the
 # detail in `code` (invalid_api_key, model_not_found, ...).
@@ -79,3 +83,39 @@ async def http_error_handler(request: Request, exc: Exception) -> Response:
     message = {404: f"no route {request.url.path}",
                405: f"method {request.method} not allowed on {request.url.path}"}.get(exc.status_code, exc.detail)
     return APIError(exc.status_code, message).response()
+
+
+async def internal_error_handler(request: Request, exc: Exception) -> Response:
+    """An exception no other handler takes: a 500 saying what it was (logged by the caller)."""
+    return APIError(500, f"internal error: {type(exc).__name__}: {exc}").response()
+
+
+class AnswerUnexpected:
+    """Pure ASGI middleware, the outermost of the app's own: an exception no handler took,
+    raised before the response started, is logged once and answered with the OpenAI-shaped 500
+    here, and the connection stays open for the client's next request (starlette's
+    ServerErrorMiddleware would answer, then re-raise, and uvicorn would drop the keep-alive
+    connection). Raised after the response started (a stream), it propagates: closing the
+    connection is then the only way to tell the client."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracked(message: dict) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked)
+        except Exception as exc:
+            if started:
+                raise
+            log.exception("%s %s failed", scope["method"], scope["path"])
+            await (await internal_error_handler(Request(scope), exc))(scope, receive, send)
