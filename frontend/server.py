@@ -13,7 +13,7 @@ import uvicorn
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
@@ -86,7 +86,9 @@ ROUTES = [
 
 
 async def _client_gone(request: Request, exc: Exception) -> Response:
-    return Response(status_code=499)  # nobody is listening; the engine requests were aborted
+    """ClientGone (the engine requests were aborted) or ClientDisconnect (gone mid-body): nobody
+    is listening, nothing to log."""
+    return Response(status_code=499)
 
 
 # POST to these skips starlette's middleware stack and router: the per-request layers and, on a
@@ -174,7 +176,8 @@ def create_app(engine_or_factory: EngineOrFactory, served_model_name: str | None
     middleware = [Middleware(AnswerUnexpected), Middleware(Gate, server=server)]
     app = App(routes=ROUTES, lifespan=lifespan, middleware=middleware,
               exception_handlers={APIError: api_error_handler, HTTPException: http_error_handler,
-                                  ClientGone: _client_gone, Exception: internal_error_handler})
+                                  ClientGone: _client_gone, ClientDisconnect: _client_gone,
+                                  Exception: internal_error_handler})
     app.state.server = server
     return app
 

@@ -1,8 +1,9 @@
 """Unexpected errors on any route are an OpenAI-shaped 500, logged once, and the connection
-stays open."""
+stays open; a client gone mid-body is a quiet 499."""
 from __future__ import annotations
 
 import logging
+import socket
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -65,3 +66,24 @@ def test_an_unexpected_error_is_a_json_500_and_the_connection_stays_open(spied, 
         assert again.status_code == 200 and _local_port(again) == port  # the same keep-alive connection
     logged = [rec for rec in caplog.records if rec.exc_info and str(rec.exc_info[1]) == "boom"]
     assert [rec.getMessage() for rec in logged] == ["GET /test-boom failed"]  # once, with its traceback
+
+
+def _send_half_a_body(url: str, path: str) -> None:
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=5) as sock:
+        sock.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     "Content-Length: 100\r\n\r\n".encode() + b'{"text": "')
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("path", ["/generate", "/v1/programs", "/abort_request"])
+def test_a_client_gone_mid_body_is_a_quiet_499(spied, caplog, path):
+    spy, url = spied
+    with caplog.at_level(logging.WARNING):
+        _send_half_a_body(url, path)
+        deadline = time.monotonic() + 5
+        while not spy.statuses:
+            assert time.monotonic() < deadline, "the request was never answered"
+            time.sleep(0.01)
+    assert spy.statuses == [499]
+    assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []
