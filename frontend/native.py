@@ -60,6 +60,7 @@ def _check_unsupported(req: GenerateRequest) -> None:
 
 def _check_sizes(req: GenerateRequest, limits: RequestLimits) -> None:
     """Limits on the raw request, before any tokenization."""
+    limits.check_session(req.session_id, "session_id")
     if isinstance(req.text, str):
         limits.check_text(len(req.text), "text")
     elif req.text is not None:

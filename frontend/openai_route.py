@@ -98,6 +98,7 @@ async def handle(request: Request, shape: Shape) -> Response:
     server = request.app.state.server
     engine = server.engine
     req = await read_json(request, shape.schema, RENAMED)
+    server.limits.check_session(req.user, "user")
     lora = check_model(request, req.model)
     shape.check(req, request)
     requested = shape.max_tokens(req)

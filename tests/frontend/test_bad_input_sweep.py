@@ -57,6 +57,7 @@ CASES = [
     _completion(logprobs=-1), _completion(best_of=2, n=3), _completion(best_of=0), _completion(suffix="x"),
     _completion(n=3, stream=True), _completion(stream=True, stream_options={"include_usage": True}),
     _completion(max_tokens="5"), _completion(prompt="x" * 50000),
+    _chat(user="u" * 100_000), _completion(user="u" * 100_000), _native(session_id="s" * 100_000),
     _native(), _native(text=None), _native(text=None, input_ids=[10**9]), _native(input_ids=[1]),
     _native(text=["a", "b"], sampling_params=[{}]), _native(text=["a", "b"], sampling_params=[{"max_new_tokens": 2}, 5]),
     _native({"regex": "["}), _native({"json_schema": "{"}), _native({"json_schema": "{}", "regex": "a"}),

@@ -91,6 +91,18 @@ def test_unknown_model_and_route(client):
     _error(client.get("/v1/completions"), 405)
 
 
+def test_limits_on_user_and_session_id(client):
+    from radixflow.frontend.limits import RequestLimits
+
+    limit = RequestLimits().max_user_chars
+    for path, body, param in [("/v1/chat/completions", CHAT, "user"), ("/v1/completions", COMP, "user"),
+                              ("/generate", {"text": "x", "sampling_params": {"max_new_tokens": 1}}, "session_id")]:
+        ok = client.post(path, json={**body, param: "u" * limit})
+        assert ok.status_code == 200, ok.text
+        err = _error(client.post(path, json={**body, param: "u" * (limit + 1)}), 400, param)
+        assert err["code"] == "limit_exceeded" and "max_user_chars" in err["message"]
+
+
 def test_body_too_large(client):
     big = {**COMP, "prompt": "x" * (300 * 1024)}  # the test server caps bodies at 256 KiB
     _error(client.post("/v1/completions", json=big), 413)
