@@ -51,8 +51,11 @@ def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
 
 
 def message_chars(messages: list[ChatMessage]) -> int:
+    """Characters the template renders: content, tool calls, and each message's role, name and
+    tool_call_id (so many near-empty messages count too)."""
     total = 0
     for m in messages:
+        total += len(m.role) + len(m.name or "") + len(m.tool_call_id or "")
         if isinstance(m.content, str):
             total += len(m.content)
         elif m.content is not None:
@@ -93,6 +96,7 @@ class ChatShape:
             if not req.logprobs:
                 raise APIError(400, "top_logprobs needs logprobs=true", param="top_logprobs")
             limits.check_top_logprobs(req.top_logprobs, "top_logprobs")
+        limits.check_messages(len(req.messages), "messages")
         limits.check_text(message_chars(req.messages), "messages")
 
     def max_tokens(self, req: ChatRequest) -> int | None:

@@ -26,6 +26,7 @@ class RequestLimits:
                                    "messages together), checked before tokenization")
     max_prompt_tokens: int = _limit(262_144, "token ids given in one request (input_ids / token prompts)")
     max_prompts: int = _limit(256, "prompts in one batched request")
+    max_messages: int = _limit(8192, "chat messages in one request, checked before the chat template renders them")
     max_stop: int = _limit(64, "stop strings (and stop regexes) of one request")
     max_stop_chars: int = _limit(1024, "characters of one stop string or stop regex")
     max_n: int = _limit(128, "samples per prompt (n)")
@@ -73,6 +74,9 @@ class RequestLimits:
 
     def check_prompts(self, num_prompts: int, param: str) -> None:
         self.check(num_prompts <= self.max_prompts, "max_prompts", num_prompts, param)
+
+    def check_messages(self, num_messages: int, param: str) -> None:
+        self.check(num_messages <= self.max_messages, "max_messages", num_messages, param)
 
     def check_session(self, session_id: str | None, param: str) -> None:
         if session_id is not None:

@@ -31,6 +31,7 @@ def _schema(schema) -> dict:
 
 CASES = [
     _chat(messages="hi"), _chat(messages=[]), _chat(messages=[{"role": "wizard", "content": "x"}]),
+    _chat(messages=[{"role": "user"}] * 10_000),
     _chat(messages=[{"content": "x"}]), _chat(messages=[{"role": "user", "content": [{"type": "bogus"}]}]),
     _chat(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x"}}]}]),
     _chat(messages=[{"role": "user", "content": None}]), _chat(messages=[{"role": "user", "content": 5}]),
