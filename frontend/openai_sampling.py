@@ -33,6 +33,17 @@ def response_format_params(fmt: ResponseFormat | None, engine: Any) -> dict[str,
     return {"json_schema": fmt.json_schema.schema}
 
 
+def _format_constraint(req: Any, engine: Any) -> dict[str, Any]:
+    """response_format's constraint; 400 when the request also gives its own regex or json_schema
+    (one would silently replace the other)."""
+    constraint = response_format_params(req.response_format, engine)
+    clash = [name for name in ("regex", "json_schema") if constraint and getattr(req, name) is not None]
+    if clash:
+        raise APIError(400, f"response_format and {clash[0]} both constrain the output; give one of them",
+                       param="response_format")
+    return constraint
+
+
 def _check_openai_ranges(req: Any) -> None:
     """Limits OpenAI documents that are tighter than the engine's own."""
     if req.temperature is not None and req.temperature > 2.0:
@@ -50,7 +61,7 @@ def sampling_params(req: Any, engine: Any, max_tokens: int | None, limits: Any =
     params = {name: getattr(req, name) for name in SHARED_SAMPLING_FIELDS}
     params["max_new_tokens"] = max_tokens
     params["min_new_tokens"] = req.min_tokens
-    params.update(response_format_params(req.response_format, engine))
+    params.update(_format_constraint(req, engine))
     if limits is not None:
         limits.check_sampling(params)
     try:

@@ -42,6 +42,8 @@ CASES = [
     _chat(top_logprobs=3), _chat(stop=5), _chat(stop=["a"] * 50), _chat(stop=[""]), _chat(stop=""),
     _chat(response_format={"type": "json_schema"}), _chat(response_format=_schema({"type": "bogus"})),
     _chat(response_format=_schema("notadict")), _chat(response_format={"type": "weird"}),
+    _chat(response_format={"type": "json_object"}, json_schema={}),
+    _chat(response_format={"type": "json_object"}, regex="a"),
     _chat(response_format={"type": "json_object"}, max_tokens=5), _chat(tools=[{"type": "function"}]),
     _chat(tools="x"), _chat(tool_choice="required"), _chat(stream=True, stream_options="x"),
     _chat(stream=True, stream_options={"include_usage": "yes"}), _chat(logit_bias={"abc": 1}),

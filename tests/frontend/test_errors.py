@@ -74,6 +74,13 @@ def test_prompt_longer_than_max_model_len(client, engine):
     _error(client.post("/generate", json={"input_ids": long_ids, "stream": True}), 400)
 
 
+@pytest.mark.parametrize("constraint", [{"json_schema": {}}, {"regex": "a"}])
+def test_response_format_with_another_constraint_is_400(client, constraint):
+    body = {**CHAT, "response_format": {"type": "json_object"}, **constraint}
+    err = _error(client.post("/v1/chat/completions", json=body), 400, "response_format")
+    assert next(iter(constraint)) in err["message"]
+
+
 def test_auth(server):
     with httpx.Client(base_url=server.url) as c:
         _error(c.post("/v1/completions", json=COMP), 401)
