@@ -102,6 +102,9 @@ class ChatShape:
     def max_tokens(self, req: ChatRequest) -> int | None:
         return req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
 
+    def max_tokens_param(self, req: ChatRequest) -> str:
+        return "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+
     def prompts(self, req: ChatRequest, tokenizer: Any) -> Prompts:
         try:
             ids = tokenizer.apply_chat_template(template_messages(req.messages), add_generation_prompt=True,

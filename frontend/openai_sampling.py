@@ -54,8 +54,10 @@ def _check_openai_ranges(req: Any) -> None:
         raise APIError(400, "stream_options is only allowed with stream=true", param="stream_options")
 
 
-def sampling_params(req: Any, engine: Any, max_tokens: int | None, limits: Any = None) -> SamplingParams:
-    """Build and validate the engine's parameters; out-of-range values → 400 naming the field.
+def sampling_params(req: Any, engine: Any, max_tokens: int | None, limits: Any = None,
+                    max_tokens_param: str = "max_tokens") -> SamplingParams:
+    """Build and validate the engine's parameters; out-of-range values → 400 naming the field
+    (`max_tokens_param`: the field max_tokens came from, as the client named it).
     `max_tokens` None leaves the engine's default (the route then fits it to the context)."""
     _check_openai_ranges(req)
     params = {name: getattr(req, name) for name in SHARED_SAMPLING_FIELDS}
@@ -67,6 +69,6 @@ def sampling_params(req: Any, engine: Any, max_tokens: int | None, limits: Any =
     try:
         return SamplingParams.from_dict(params)  # None values mean "the engine's default"
     except ValueError as exc:
-        raise bad_request(exc, RENAMED) from exc
+        raise bad_request(exc, {**RENAMED, "max_new_tokens": max_tokens_param}) from exc
 
 

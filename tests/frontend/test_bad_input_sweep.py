@@ -36,6 +36,7 @@ CASES = [
     _chat(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x"}}]}]),
     _chat(messages=[{"role": "user", "content": None}]), _chat(messages=[{"role": "user", "content": 5}]),
     _chat(n=0), _chat(n=1000), _chat(max_tokens=-1), _chat(max_tokens=0), _chat(max_tokens=10**9),
+    _chat(max_completion_tokens=-1),
     _chat(max_completion_tokens=-3), _chat(temperature=-1), _chat(temperature="abc"), _chat(temperature=NAN),
     _chat(temperature=float("inf")), _chat(top_p=0), _chat(top_p=2), _chat(top_k=-5), _chat(top_k=10**9),
     _chat(min_p=2), _chat(logprobs=True, top_logprobs=30), _chat(logprobs=True, top_logprobs=-1),

@@ -90,6 +90,15 @@ def test_auth(server):
         assert c.get("/metrics").status_code == 200
 
 
+def test_the_max_tokens_field_is_named_as_the_client_sent_it(client):
+    err = _error(client.post("/v1/chat/completions", json={**CHAT, "max_completion_tokens": -1}), 400)
+    assert err["message"] == "max_completion_tokens must be >= 0"
+    err = _error(client.post("/v1/chat/completions", json={**CHAT, "max_tokens": -1}), 400, "max_tokens")
+    assert err["message"] == "max_tokens must be >= 0"
+    _error(client.post("/v1/chat/completions", json={**CHAT, "max_completion_tokens": 10 ** 6}), 400,
+           "max_completion_tokens")
+
+
 def test_unknown_model_and_route(client):
     err = _error(client.post("/v1/completions", json={**COMP, "model": "gpt-9"}), 404, "model")
     assert err["code"] == "model_not_found"
