@@ -43,12 +43,19 @@ class APIError(Exception):
 _AT = re.compile(r"at `\$\.([A-Za-z_]\w*)")
 _FIELD = re.compile(r"(?:unknown|required) field `([A-Za-z_]\w*)`")
 _SAMPLING_FIELD = re.compile(r"sampling_params\.(\w+)")
+# the engine's prompt checks (runtime/request_inputs.py) → "prompt"; its grammar errors start
+# with the constraint's kind (runtime/grammar/), or "grammar" where the backend does not say
+_PROMPT = re.compile(r"^(?:token id -?\d+ is outside the vocabulary|the prompt is empty)")
+_GRAMMAR = re.compile(r"^(regex|json_schema|choices|grammar) ")
 
 
 def _param(message: str) -> str | None:
     """The request field a message is about: a sampling field, else the top-level field of the
-    path, else the named field."""
-    for pattern in (_SAMPLING_FIELD, _AT, _FIELD):
+    path, else the named field; "prompt" and "grammar" for the engine's prompt and grammar
+    errors, which callers rename to their own field."""
+    if _PROMPT.search(message):
+        return "prompt"
+    for pattern in (_SAMPLING_FIELD, _AT, _FIELD, _GRAMMAR):
         match = pattern.search(message)
         if match:
             return match.group(1)
@@ -59,7 +66,8 @@ def bad_request(exc: Exception, rename: dict[str, str] | None = None) -> APIErro
     """A 400 from a msgspec validation error or an engine ValueError, naming the field when known.
 
     `rename` maps engine sampling names back to the names the client used (max_new_tokens →
-    max_tokens for OpenAI routes)."""
+    max_tokens for OpenAI routes), and "prompt" / "grammar" to the route's prompt field and the
+    request's constraint field; a "grammar" left unnamed is no field."""
     from radixflow.runtime.errors import QueueFullError
 
     message = str(exc)
@@ -69,7 +77,7 @@ def bad_request(exc: Exception, rename: dict[str, str] | None = None) -> APIErro
     if rename and param in rename:
         message = message.replace(f"sampling_params.{param}", rename[param])
         param = rename[param]
-    return APIError(400, message, param=param)
+    return APIError(400, message, param=None if param == "grammar" else param)
 
 
 async def api_error_handler(request: Request, exc: Exception) -> Response:

@@ -19,7 +19,7 @@ from starlette.responses import Response
 from radixflow.frontend.body import json_response, off_loop_if_large, read_json
 from radixflow.frontend.errors import APIError
 from radixflow.frontend.openai_common import check_model, new_id, now, start, usage
-from radixflow.frontend.openai_sampling import RENAMED, sampling_params
+from radixflow.frontend.openai_sampling import RENAMED, client_names, sampling_params
 from radixflow.frontend.streams import EventStream, Fanout, guarded, sse
 from radixflow.runtime.sampling_params import SamplingParams
 
@@ -104,13 +104,15 @@ async def handle(request: Request, shape: Shape) -> Response:
     lora = check_model(request, req.model)
     shape.check(req, request)
     requested, requested_param = shape.max_tokens(req), shape.max_tokens_param(req)
-    sp = sampling_params(req, engine, requested, server.limits, requested_param)
+    names = client_names(req, requested_param, shape.prompt_param)
+    sp = sampling_params(req, engine, requested, server.limits, names)
     prompts = await off_loop_if_large(request, shape.prompts, req, engine.tokenizer)
     per_prompt = fit_context(prompts.ids, sp, requested, engine,
                              shape.prompt_param if requested is None else requested_param)
     job = Job(req, prompts, sp, {"id": new_id(shape.id_prefix), "created": now(), "model": req.model})
     # the fan-out's chunks are incremental (O(new tokens) each): a stream sends them as deltas
-    fanout, job.shared = await start(request, prompts.ids, per_prompt, {**shape.options(req), "lora_path": lora})
+    fanout, job.shared = await start(request, prompts.ids, per_prompt, {**shape.options(req), "lora_path": lora},
+                                     names)
     if req.stream:
         include_usage = req.stream_options is not None and req.stream_options.include_usage
         return EventStream(guarded(_events(fanout, shape, job, engine.tokenizer, include_usage), fanout,

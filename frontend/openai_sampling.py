@@ -54,10 +54,22 @@ def _check_openai_ranges(req: Any) -> None:
         raise APIError(400, "stream_options is only allowed with stream=true", param="stream_options")
 
 
+def client_names(req: Any, max_tokens_param: str, prompt_param: str) -> dict[str, str]:
+    """Engine names → the fields this request used, for bad_request: the max_tokens field the
+    client sent (`max_tokens_param`), the route's prompt field, and the constraint a grammar
+    error is about (response_format's when it constrains)."""
+    names = {**RENAMED, "max_new_tokens": max_tokens_param, "prompt": prompt_param}
+    if req.response_format is not None and req.response_format.type != "text":
+        names.update(json_schema="response_format", grammar="response_format")
+    else:
+        names["grammar"] = next((n for n in ("regex", "json_schema") if getattr(req, n) is not None), "grammar")
+    return names
+
+
 def sampling_params(req: Any, engine: Any, max_tokens: int | None, limits: Any = None,
-                    max_tokens_param: str = "max_tokens") -> SamplingParams:
+                    names: dict[str, str] | None = None) -> SamplingParams:
     """Build and validate the engine's parameters; out-of-range values → 400 naming the field
-    (`max_tokens_param`: the field max_tokens came from, as the client named it).
+    as the client did (`names`: see client_names; RENAMED by default).
     `max_tokens` None leaves the engine's default (the route then fits it to the context)."""
     _check_openai_ranges(req)
     params = {name: getattr(req, name) for name in SHARED_SAMPLING_FIELDS}
@@ -69,6 +81,6 @@ def sampling_params(req: Any, engine: Any, max_tokens: int | None, limits: Any =
     try:
         return SamplingParams.from_dict(params)  # None values mean "the engine's default"
     except ValueError as exc:
-        raise bad_request(exc, {**RENAMED, "max_new_tokens": max_tokens_param}) from exc
+        raise bad_request(exc, names or RENAMED) from exc
 
 

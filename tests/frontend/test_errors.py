@@ -42,7 +42,7 @@ def _error(r: httpx.Response, status: int, param: str | None = None) -> dict:
     ("/generate", {"text": "x", "sampling_params": {"max_new_tokens": -1}}, "max_new_tokens"),
     ("/generate", {"text": "x", "sampling_params": {"bogus": 1}}, None),
     ("/generate", {"sampling_params": {}}, "text"),
-    ("/generate", {"input_ids": [10 ** 9]}, None),
+    ("/generate", {"input_ids": [10 ** 9]}, "input_ids"),
     ("/generate", {"text": "x", "stream": True, "top_logprobs_num": -1}, "top_logprobs_num"),
     ("/v1/programs", {"program": {"ops": "nope"}}, "program"),
 ])
@@ -61,6 +61,22 @@ def test_invalid_json_and_empty_body(client):
     _error(client.post("/v1/completions", content=b"{not json", headers={"content-type": "application/json"}), 400)
     _error(client.post("/generate", content=b""), 400)
     _error(client.post("/v1/chat/completions", content=b"[1, 2]"), 400)
+
+
+@pytest.mark.parametrize("path, body, param", [
+    ("/generate", {"input_ids": [[1], []]}, "input_ids"),
+    ("/v1/completions", {**COMP, "prompt": [10 ** 9]}, "prompt"),
+    ("/v1/completions", {**COMP, "prompt": [[1], []]}, "prompt"),
+    ("/v1/completions", {**COMP, "regex": "["}, "regex"),
+    ("/v1/completions", {**COMP, "json_schema": "{"}, "json_schema"),
+    ("/v1/chat/completions", {**CHAT, "json_schema": {"type": "bogus"}}, "json_schema"),
+    ("/v1/chat/completions", {**CHAT, "response_format": {"type": "json_schema", "json_schema": {
+        "name": "a", "schema": {"type": "bogus"}}}}, "response_format"),
+    ("/generate", {"text": "x", "sampling_params": {"regex": "["}}, "regex"),
+    ("/generate", {"text": "x", "sampling_params": {"json_schema": {"type": "bogus"}}}, "json_schema"),
+])
+def test_prompt_and_grammar_errors_name_the_field(client, path, body, param):
+    _error(client.post(path, json=body), 400, param)
 
 
 def test_prompt_longer_than_max_model_len(client, engine):
