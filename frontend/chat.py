@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -11,22 +12,24 @@ from radixflow.frontend.errors import APIError
 from radixflow.frontend.openai_route import Job, Prompts, finish_reason, handle, response_usage
 from radixflow.frontend.openai_schemas import (
     AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk, ChatMessage,
-    ChatRequest, ChoiceLogprobs, Delta, TokenLogprob, TopLogprob,
+    ChatRequest, ChoiceLogprobs, Delta, TokenLogprob, ToolCall, TopLogprob,
 )
 from radixflow.runtime.sampling_params import RequestOptions
 
 
-def _tool_calls(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """OpenAI sends function arguments as a JSON string; chat templates expect the object."""
+def _tool_calls(calls: list[ToolCall]) -> list[dict[str, Any]]:
+    """As dicts for the template. OpenAI sends function arguments as a JSON string; chat
+    templates expect the object (a string that is not JSON is passed on as sent)."""
     out = []
     for call in calls:
-        function = dict(call.get("function") or {})
-        if isinstance(function.get("arguments"), str):
+        arguments = call.function.arguments
+        if isinstance(arguments, str):
             try:
-                function["arguments"] = json.loads(function["arguments"])
-            except json.JSONDecodeError:
-                pass  # not JSON: the template gets the string as sent
-        out.append({**call, "function": function})
+                arguments = json.loads(arguments)
+            except (json.JSONDecodeError, RecursionError):
+                pass  # not JSON (or nested past the parser's depth): the template gets the string as sent
+        entry = {"type": call.type, "function": {"name": call.function.name, "arguments": arguments}}
+        out.append(entry if call.id is None else {"id": call.id, **entry})
     return out
 
 
@@ -48,13 +51,16 @@ def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
 
 
 def message_chars(messages: list[ChatMessage]) -> int:
+    """Characters the template renders: content, tool calls, and each message's role, name and
+    tool_call_id (so many near-empty messages count too)."""
     total = 0
     for m in messages:
+        total += len(m.role) + len(m.name or "") + len(m.tool_call_id or "")
         if isinstance(m.content, str):
             total += len(m.content)
         elif m.content is not None:
             total += sum(len(p.text) for p in m.content)
-        total += len(json.dumps(m.tool_calls)) if m.tool_calls else 0
+        total += len(msgspec.json.encode(m.tool_calls)) if m.tool_calls else 0
     return total
 
 
@@ -90,10 +96,14 @@ class ChatShape:
             if not req.logprobs:
                 raise APIError(400, "top_logprobs needs logprobs=true", param="top_logprobs")
             limits.check_top_logprobs(req.top_logprobs, "top_logprobs")
+        limits.check_messages(len(req.messages), "messages")
         limits.check_text(message_chars(req.messages), "messages")
 
     def max_tokens(self, req: ChatRequest) -> int | None:
         return req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+
+    def max_tokens_param(self, req: ChatRequest) -> str:
+        return "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
 
     def prompts(self, req: ChatRequest, tokenizer: Any) -> Prompts:
         try:

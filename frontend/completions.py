@@ -88,6 +88,9 @@ class CompletionShape:
     def max_tokens(self, req: CompletionRequest) -> int | None:
         return req.max_tokens
 
+    def max_tokens_param(self, req: CompletionRequest) -> str:
+        return "max_tokens"
+
     def prompts(self, req: CompletionRequest, tokenizer: Any) -> Prompts:
         return parse_prompts(req.prompt, tokenizer)
 

@@ -26,6 +26,7 @@ class RequestLimits:
                                    "messages together), checked before tokenization")
     max_prompt_tokens: int = _limit(262_144, "token ids given in one request (input_ids / token prompts)")
     max_prompts: int = _limit(256, "prompts in one batched request")
+    max_messages: int = _limit(8192, "chat messages in one request, checked before the chat template renders them")
     max_stop: int = _limit(64, "stop strings (and stop regexes) of one request")
     max_stop_chars: int = _limit(1024, "characters of one stop string or stop regex")
     max_n: int = _limit(128, "samples per prompt (n)")
@@ -33,6 +34,8 @@ class RequestLimits:
     max_choices: int = _limit(1024, "choices of one constrained request")
     max_grammar_chars: int = _limit(65_536, "characters of one regex or JSON schema")
     max_json_depth: int = _limit(64, "nesting depth of a JSON schema (json_schema, response_format)")
+    max_user_chars: int = _limit(256, "characters of `user` (OpenAI) / `session_id` (native), which the engine "
+                                 "keeps per session; 256 fits a UUID, a hash or an e-mail address")
 
     def check(self, ok: bool, name: str, value: Any, param: str | None = None) -> None:
         if not ok:
@@ -71,6 +74,13 @@ class RequestLimits:
 
     def check_prompts(self, num_prompts: int, param: str) -> None:
         self.check(num_prompts <= self.max_prompts, "max_prompts", num_prompts, param)
+
+    def check_messages(self, num_messages: int, param: str) -> None:
+        self.check(num_messages <= self.max_messages, "max_messages", num_messages, param)
+
+    def check_session(self, session_id: str | None, param: str) -> None:
+        if session_id is not None:
+            self.check(len(session_id) <= self.max_user_chars, "max_user_chars", len(session_id), param)
 
     def check_top_logprobs(self, value: int, param: str) -> None:
         self.check(0 <= value <= self.max_top_logprobs, "max_top_logprobs", value, param)

@@ -60,6 +60,7 @@ def _check_unsupported(req: GenerateRequest) -> None:
 
 def _check_sizes(req: GenerateRequest, limits: RequestLimits) -> None:
     """Limits on the raw request, before any tokenization."""
+    limits.check_session(req.session_id, "session_id")
     if isinstance(req.text, str):
         limits.check_text(len(req.text), "text")
     elif req.text is not None:
@@ -128,6 +129,14 @@ class GenerateJob:
     # SGLang's shapes: one input with n == 1 → an object; one input with n > 1 → a list of n;
     # a batch → a flat list, input-major (input i, sample j at i * n + j).
     single: bool
+    names: dict[str, str]  # bad_request's: the prompt field given and the constraint's field
+
+
+def _client_names(req: GenerateRequest, sampling: list[SamplingParams]) -> dict[str, str]:
+    """The engine's "prompt" and "grammar" errors → the fields this request used."""
+    grammar = next((name for sp in sampling for name in ("regex", "json_schema", "choices")
+                    if getattr(sp, name) is not None), "grammar")
+    return {"prompt": "text" if req.input_ids is None else "input_ids", "grammar": grammar}
 
 
 def check_generate(req: GenerateRequest, limits: RequestLimits) -> None:
@@ -143,14 +152,14 @@ def parse_generate(req: GenerateRequest, tokenizer: Any) -> GenerateJob:
     rids = _per_input(req.rid, len(prompts), "rid")
     base = options(req).engine_kwargs()
     return GenerateJob(prompts, sampling, [{**base, "rid": rid} for rid in rids],
-                       single=not is_batch and sampling[0].n == 1)
+                       single=not is_batch and sampling[0].n == 1, names=_client_names(req, sampling))
 
 
 async def start_generate(receive: Any, engine: Any, job: GenerateJob) -> Fanout:
     try:
         fanout, _ = await launch(receive, engine, job.prompts, job.sampling, job.options)
     except ValueError as exc:
-        raise bad_request(exc) from exc
+        raise bad_request(exc, job.names) from exc
     return fanout
 
 

@@ -27,15 +27,15 @@ def check_model(request: Request, model: str) -> str | None:
 
 
 async def start(request: Request, prompts: list[list[int]], sampling: list[SamplingParams],
-                options: dict[str, Any]) -> tuple[Fanout, dict[int, int]]:
+                options: dict[str, Any], names: dict[str, str] | None = None) -> tuple[Fanout, dict[int, int]]:
     """Launch n streams per prompt (response index = prompt * n + sample), `sampling[p]` for
-    prompt p; bad input → 400. Returns the fan-out and the cached_tokens of prompts whose
-    samples shared a prefill."""
+    prompt p; bad input → 400 naming the field as in `names` (openai_sampling.client_names).
+    Returns the fan-out and the cached_tokens of prompts whose samples shared a prefill."""
     engine = request.app.state.server.engine
     try:
         fanout, cached = await launch(request.receive, engine, prompts, sampling, [options] * len(prompts))
     except ValueError as exc:
-        raise bad_request(exc, RENAMED) from exc
+        raise bad_request(exc, names or RENAMED) from exc
     shared = dict(enumerate(cached)) if sampling[0].n > 1 else {}
     return fanout, shared
 

@@ -19,7 +19,7 @@ from starlette.responses import Response
 from radixflow.frontend.body import json_response, off_loop_if_large, read_json
 from radixflow.frontend.errors import APIError
 from radixflow.frontend.openai_common import check_model, new_id, now, start, usage
-from radixflow.frontend.openai_sampling import RENAMED, sampling_params
+from radixflow.frontend.openai_sampling import RENAMED, client_names, sampling_params
 from radixflow.frontend.streams import EventStream, Fanout, guarded, sse
 from radixflow.runtime.sampling_params import SamplingParams
 
@@ -55,6 +55,7 @@ class Shape(Protocol):
 
     def check(self, req: Any, request: Request) -> None: ...
     def max_tokens(self, req: Any) -> int | None: ...
+    def max_tokens_param(self, req: Any) -> str: ...
     def prompts(self, req: Any, tokenizer: Any) -> Prompts: ...
     def options(self, req: Any) -> dict[str, Any]: ...
     def response(self, job: Job, results: list[dict], tokenizer: Any) -> msgspec.Struct: ...
@@ -78,7 +79,8 @@ def finish_reason(meta: dict) -> str | None:
 def fit_context(job_prompts: list[list[int]], sp: SamplingParams, requested: int | None, engine: Any,
                 param: str) -> list[SamplingParams]:
     """Per prompt: max_tokens defaults to the rest of the context; prompt + max_tokens beyond
-    the context is a 400 worded as vLLM words it."""
+    the context is a 400 worded as vLLM words it, on `param` (the prompt's field, or the
+    max_tokens field when one was given)."""
     out = []
     for ids in job_prompts:
         context = engine.max_context_len
@@ -88,7 +90,7 @@ def fit_context(job_prompts: list[list[int]], sp: SamplingParams, requested: int
             raise APIError(400, f"This model's maximum context length is {context} tokens. However, you "
                            f"requested {len(ids) + max(wanted, 0)} tokens ({len(ids)} in the messages, "
                            f"{max(wanted, 0)} in the completion). Please reduce the length of the messages "
-                           "or completion.", param="max_tokens" if requested is not None else param,
+                           "or completion.", param=param,
                            code="context_length_exceeded")
         out.append(sp if requested is not None else msgspec.structs.replace(sp, max_new_tokens=wanted))
     return out
@@ -98,15 +100,19 @@ async def handle(request: Request, shape: Shape) -> Response:
     server = request.app.state.server
     engine = server.engine
     req = await read_json(request, shape.schema, RENAMED)
+    server.limits.check_session(req.user, "user")
     lora = check_model(request, req.model)
     shape.check(req, request)
-    requested = shape.max_tokens(req)
-    sp = sampling_params(req, engine, requested, server.limits)
+    requested, requested_param = shape.max_tokens(req), shape.max_tokens_param(req)
+    names = client_names(req, requested_param, shape.prompt_param)
+    sp = sampling_params(req, engine, requested, server.limits, names)
     prompts = await off_loop_if_large(request, shape.prompts, req, engine.tokenizer)
-    per_prompt = fit_context(prompts.ids, sp, requested, engine, shape.prompt_param)
+    per_prompt = fit_context(prompts.ids, sp, requested, engine,
+                             shape.prompt_param if requested is None else requested_param)
     job = Job(req, prompts, sp, {"id": new_id(shape.id_prefix), "created": now(), "model": req.model})
     # the fan-out's chunks are incremental (O(new tokens) each): a stream sends them as deltas
-    fanout, job.shared = await start(request, prompts.ids, per_prompt, {**shape.options(req), "lora_path": lora})
+    fanout, job.shared = await start(request, prompts.ids, per_prompt, {**shape.options(req), "lora_path": lora},
+                                     names)
     if req.stream:
         include_usage = req.stream_options is not None and req.stream_options.include_usage
         return EventStream(guarded(_events(fanout, shape, job, engine.tokenizer, include_usage), fanout,

@@ -33,6 +33,17 @@ def response_format_params(fmt: ResponseFormat | None, engine: Any) -> dict[str,
     return {"json_schema": fmt.json_schema.schema}
 
 
+def _format_constraint(req: Any, engine: Any) -> dict[str, Any]:
+    """response_format's constraint; 400 when the request also gives its own regex or json_schema
+    (one would silently replace the other)."""
+    constraint = response_format_params(req.response_format, engine)
+    clash = [name for name in ("regex", "json_schema") if constraint and getattr(req, name) is not None]
+    if clash:
+        raise APIError(400, f"response_format and {clash[0]} both constrain the output; give one of them",
+                       param="response_format")
+    return constraint
+
+
 def _check_openai_ranges(req: Any) -> None:
     """Limits OpenAI documents that are tighter than the engine's own."""
     if req.temperature is not None and req.temperature > 2.0:
@@ -43,19 +54,33 @@ def _check_openai_ranges(req: Any) -> None:
         raise APIError(400, "stream_options is only allowed with stream=true", param="stream_options")
 
 
-def sampling_params(req: Any, engine: Any, max_tokens: int | None, limits: Any = None) -> SamplingParams:
-    """Build and validate the engine's parameters; out-of-range values → 400 naming the field.
+def client_names(req: Any, max_tokens_param: str, prompt_param: str) -> dict[str, str]:
+    """Engine names → the fields this request used, for bad_request: the max_tokens field the
+    client sent (`max_tokens_param`), the route's prompt field, and the constraint a grammar
+    error is about (response_format's when it constrains)."""
+    names = {**RENAMED, "max_new_tokens": max_tokens_param, "prompt": prompt_param}
+    if req.response_format is not None and req.response_format.type != "text":
+        names.update(json_schema="response_format", grammar="response_format")
+    else:
+        names["grammar"] = next((n for n in ("regex", "json_schema") if getattr(req, n) is not None), "grammar")
+    return names
+
+
+def sampling_params(req: Any, engine: Any, max_tokens: int | None, limits: Any = None,
+                    names: dict[str, str] | None = None) -> SamplingParams:
+    """Build and validate the engine's parameters; out-of-range values → 400 naming the field
+    as the client did (`names`: see client_names; RENAMED by default).
     `max_tokens` None leaves the engine's default (the route then fits it to the context)."""
     _check_openai_ranges(req)
     params = {name: getattr(req, name) for name in SHARED_SAMPLING_FIELDS}
     params["max_new_tokens"] = max_tokens
     params["min_new_tokens"] = req.min_tokens
-    params.update(response_format_params(req.response_format, engine))
+    params.update(_format_constraint(req, engine))
     if limits is not None:
         limits.check_sampling(params)
     try:
         return SamplingParams.from_dict(params)  # None values mean "the engine's default"
     except ValueError as exc:
-        raise bad_request(exc, RENAMED) from exc
+        raise bad_request(exc, names or RENAMED) from exc
 
 

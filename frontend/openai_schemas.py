@@ -69,11 +69,24 @@ class TextPart(Struct, forbid_unknown_fields=True):
     text: str
 
 
+class FunctionCall(Struct, forbid_unknown_fields=True):
+    name: str
+    arguments: str | dict[str, Any] = "{}"  # OpenAI sends a JSON string; some clients the object
+
+
+class ToolCall(Struct):
+    """One call of an assistant turn; other keys clients echo back (a stream's `index`) are dropped."""
+
+    function: FunctionCall
+    id: str | None = None
+    type: Literal["function"] = "function"
+
+
 class ChatMessage(Struct, forbid_unknown_fields=True):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
-    tool_calls: list[dict[str, Any]] | None = None  # assistant turns that called tools
+    tool_calls: list[ToolCall] | None = None  # assistant turns that called tools
     tool_call_id: str | None = None  # tool turns: which call this answers
     refusal: str | None = None
 

@@ -13,7 +13,7 @@ import uvicorn
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
@@ -21,7 +21,9 @@ from radixflow.frontend import native
 from radixflow.frontend.body import json_response
 from radixflow.frontend.chat import create_chat_completion
 from radixflow.frontend.completions import create_completion
-from radixflow.frontend.errors import APIError, api_error_handler, http_error_handler
+from radixflow.frontend.errors import (
+    AnswerUnexpected, APIError, api_error_handler, http_error_handler, internal_error_handler,
+)
 from radixflow.frontend.lora_routes import adapter_cards, load_lora_adapter, unload_lora_adapter
 from radixflow.frontend.limits import ProgramLimits, RequestLimits, limits_from_flags
 from radixflow.frontend.openai_common import check_model, now
@@ -84,11 +86,9 @@ ROUTES = [
 
 
 async def _client_gone(request: Request, exc: Exception) -> Response:
-    return Response(status_code=499)  # nobody is listening; the engine requests were aborted
-
-
-async def _internal_error(request: Request, exc: Exception) -> Response:
-    return APIError(500, f"internal error: {type(exc).__name__}: {exc}").response()
+    """ClientGone (the engine requests were aborted) or ClientDisconnect (gone mid-body): nobody
+    is listening, nothing to log."""
+    return Response(status_code=499)
 
 
 # POST to these skips starlette's middleware stack and router: the per-request layers and, on a
@@ -101,8 +101,8 @@ DIRECT_ROUTES = {"/generate": native.generate, "/v1/completions": create_complet
 class App(Starlette):
     """The Starlette app with a direct lane for the generation routes: the Gate's check, the
     endpoint, its response sent on the server's own `send`; an exception before the response
-    answered by the app's exception handlers (an unexpected one logged, as the error middleware
-    logs it)."""
+    answered by the app's exception handlers (an unexpected one logged, as AnswerUnexpected
+    logs it on the other routes)."""
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         endpoint = DIRECT_ROUTES.get(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" else None
@@ -123,7 +123,7 @@ class App(Starlette):
 
     async def _answer(self, request: Request, exc: Exception) -> Response:
         handler = next(self.exception_handlers[kind] for kind in type(exc).__mro__ if kind in self.exception_handlers)
-        if handler is _internal_error:
+        if handler is internal_error_handler:
             log.exception("%s %s failed", request.method, request.url.path)
         return await handler(request, exc)
 
@@ -173,9 +173,11 @@ def create_app(engine_or_factory: EngineOrFactory, served_model_name: str | None
             if owned and server.engine is not None:
                 await asyncio.to_thread(server.engine.shutdown)
 
-    app = App(routes=ROUTES, lifespan=lifespan, middleware=[Middleware(Gate, server=server)],
+    middleware = [Middleware(AnswerUnexpected), Middleware(Gate, server=server)]
+    app = App(routes=ROUTES, lifespan=lifespan, middleware=middleware,
               exception_handlers={APIError: api_error_handler, HTTPException: http_error_handler,
-                                  ClientGone: _client_gone, Exception: _internal_error})
+                                  ClientGone: _client_gone, ClientDisconnect: _client_gone,
+                                  Exception: internal_error_handler})
     app.state.server = server
     return app
 

@@ -9,6 +9,7 @@ import re
 from dataclasses import dataclass
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from radixflow.runtime.model.model_config import ModelArgs
@@ -20,6 +21,9 @@ TARGETS: dict[str, tuple[str, int]] = {
     "q_proj": ("qkv", 0), "k_proj": ("qkv", 1), "v_proj": ("qkv", 2), "o_proj": ("o", 0),
     "gate_proj": ("gate_up", 0), "up_proj": ("gate_up", 1), "down_proj": ("down", 0),
 }
+# |lora_alpha / r| (the scale folded into B) above this is no trained adapter's: it is fp16's
+# largest value, past which the folded weights or the deltas overflow half precision.
+MAX_ABS_SCALE = 65504.0
 _TENSOR_NAME = re.compile(
     r"^base_model\.model\.model\.layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])\.weight$")
 
@@ -77,9 +81,17 @@ def load_adapter(path: str, args: ModelArgs, max_rank: int, allowed_targets: fro
         except json.JSONDecodeError as exc:
             raise ValueError(f"adapter {path!r}: {CONFIG_FILE} is not valid JSON: {exc}") from exc
     rank, scale, targets = parse_config(cfg, path, max_rank, allowed_targets)
-    tensors = load_file(os.path.join(real, WEIGHTS_FILE))
-    weights = _collect(tensors, path, args, rank, targets)
+    weights = _collect(_read_tensors(real, path), path, args, rank, targets)
     return LoraAdapter(real, rank, scale, targets, weights, content_namespace(rank, scale, targets, weights))
+
+
+def _read_tensors(real: str, path: str) -> dict[str, torch.Tensor]:
+    """The weights file's tensors; ValueError naming the file when it is not safetensors
+    (empty, truncated, corrupt) or cannot be read."""
+    try:
+        return load_file(os.path.join(real, WEIGHTS_FILE))
+    except (SafetensorError, OSError) as exc:
+        raise ValueError(f"adapter {path!r}: {WEIGHTS_FILE} cannot be read: {exc}") from exc
 
 
 def parse_config(cfg: dict, path: str, max_rank: int, allowed: frozenset[str]) -> tuple[int, float, frozenset[str]]:
@@ -96,7 +108,7 @@ def parse_config(cfg: dict, path: str, max_rank: int, allowed: frozenset[str]) -
     if cfg.get("bias", "none") != "none":
         raise ValueError(f"adapter {path!r}: bias={cfg['bias']!r} is not supported (only 'none')")
     rank = cfg.get("r")
-    if not isinstance(rank, int) or rank < 1:
+    if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
         raise ValueError(f"adapter {path!r}: r must be a positive integer, got {rank!r}")
     if rank > max_rank:
         raise ValueError(f"adapter {path!r}: rank {rank} is above max_lora_rank={max_rank}")
@@ -111,11 +123,20 @@ def parse_config(cfg: dict, path: str, max_rank: int, allowed: frozenset[str]) -
     if outside:
         raise ValueError(f"adapter {path!r}: target modules {outside} are not in the engine's "
                          f"lora_target_modules {sorted(allowed)}")
+    return rank, _scale(cfg, path, rank), frozenset(names)
+
+
+def _scale(cfg: dict, path: str, rank: int) -> float:
+    """lora_alpha / r (/ sqrt(r) with use_rslora): finite and at most MAX_ABS_SCALE in size, since
+    NaN, Infinity (Python's json reads both) or a huge alpha would make every request's logits NaN."""
     alpha = cfg.get("lora_alpha", rank)
-    if not isinstance(alpha, (int, float)):
-        raise ValueError(f"adapter {path!r}: lora_alpha must be a number, got {alpha!r}")
-    scale = alpha / math.sqrt(rank) if cfg.get("use_rslora") else alpha / rank
-    return rank, float(scale), frozenset(names)
+    if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or not math.isfinite(alpha):
+        raise ValueError(f"adapter {path!r}: lora_alpha must be a finite number, got {alpha!r}")
+    scale = float(alpha / math.sqrt(rank) if cfg.get("use_rslora") else alpha / rank)
+    if not abs(scale) <= MAX_ABS_SCALE:
+        raise ValueError(f"adapter {path!r}: the scale lora_alpha / r is {scale:g}; "
+                         f"at most {MAX_ABS_SCALE:g} in size is served")
+    return scale
 
 
 def _collect(tensors: dict[str, torch.Tensor], path: str, args: ModelArgs, rank: int,
@@ -139,7 +160,10 @@ def _collect(tensors: dict[str, torch.Tensor], path: str, args: ModelArgs, rank:
         if tuple(a.shape) != (rank, d_in) or tuple(b.shape) != (d_out, rank):
             raise ValueError(f"adapter {path!r}: layer {layer} {module} has lora_A {tuple(a.shape)} and lora_B "
                              f"{tuple(b.shape)}; the base needs ({rank}, {d_in}) and ({d_out}, {rank})")
-        out[(layer, module)] = (a.float().contiguous(), b.float().contiguous())
+        a, b = a.float().contiguous(), b.float().contiguous()
+        if not (torch.isfinite(a).all() and torch.isfinite(b).all()):
+            raise ValueError(f"adapter {path!r}: layer {layer} {module} has values that are not finite (NaN or Inf)")
+        out[(layer, module)] = (a, b)
     return out
 
 

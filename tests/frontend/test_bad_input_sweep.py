@@ -31,16 +31,20 @@ def _schema(schema) -> dict:
 
 CASES = [
     _chat(messages="hi"), _chat(messages=[]), _chat(messages=[{"role": "wizard", "content": "x"}]),
+    _chat(messages=[{"role": "user"}] * 10_000),
     _chat(messages=[{"content": "x"}]), _chat(messages=[{"role": "user", "content": [{"type": "bogus"}]}]),
     _chat(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x"}}]}]),
     _chat(messages=[{"role": "user", "content": None}]), _chat(messages=[{"role": "user", "content": 5}]),
     _chat(n=0), _chat(n=1000), _chat(max_tokens=-1), _chat(max_tokens=0), _chat(max_tokens=10**9),
+    _chat(max_completion_tokens=-1),
     _chat(max_completion_tokens=-3), _chat(temperature=-1), _chat(temperature="abc"), _chat(temperature=NAN),
     _chat(temperature=float("inf")), _chat(top_p=0), _chat(top_p=2), _chat(top_k=-5), _chat(top_k=10**9),
     _chat(min_p=2), _chat(logprobs=True, top_logprobs=30), _chat(logprobs=True, top_logprobs=-1),
     _chat(top_logprobs=3), _chat(stop=5), _chat(stop=["a"] * 50), _chat(stop=[""]), _chat(stop=""),
     _chat(response_format={"type": "json_schema"}), _chat(response_format=_schema({"type": "bogus"})),
     _chat(response_format=_schema("notadict")), _chat(response_format={"type": "weird"}),
+    _chat(response_format={"type": "json_object"}, json_schema={}),
+    _chat(response_format={"type": "json_object"}, regex="a"),
     _chat(response_format={"type": "json_object"}, max_tokens=5), _chat(tools=[{"type": "function"}]),
     _chat(tools="x"), _chat(tool_choice="required"), _chat(stream=True, stream_options="x"),
     _chat(stream=True, stream_options={"include_usage": "yes"}), _chat(logit_bias={"abc": 1}),
@@ -57,6 +61,7 @@ CASES = [
     _completion(logprobs=-1), _completion(best_of=2, n=3), _completion(best_of=0), _completion(suffix="x"),
     _completion(n=3, stream=True), _completion(stream=True, stream_options={"include_usage": True}),
     _completion(max_tokens="5"), _completion(prompt="x" * 50000),
+    _chat(user="u" * 100_000), _completion(user="u" * 100_000), _native(session_id="s" * 100_000),
     _native(), _native(text=None), _native(text=None, input_ids=[10**9]), _native(input_ids=[1]),
     _native(text=["a", "b"], sampling_params=[{}]), _native(text=["a", "b"], sampling_params=[{"max_new_tokens": 2}, 5]),
     _native({"regex": "["}), _native({"json_schema": "{"}), _native({"json_schema": "{}", "regex": "a"}),
@@ -69,6 +74,10 @@ CASES = [
     _native({"min_new_tokens": 5, "max_new_tokens": 1}), _native(text=[], sampling_params={}),
     _native(text=None, input_ids=[]), _native(text=None, input_ids=[[]]), _native(text=None, input_ids=[[1], []]),
     _native({"stop": ["x"] * 100}), _native(stream="yes"), _native({"ebnf": "root ::= [a"}),
+    *[_chat(messages=[{"role": "assistant", "tool_calls": [{"id": "c", "type": "function", "function": f}]}])
+      for f in ([1], 5, True, "x", None, {"name": 5}, {"arguments": "{}"}, {"name": "f", "arguments": 5},
+                {"name": "f", "arguments": "[" * 5000 + "]" * 5000}, {"name": "f", "arguments": "[" * 900 + "]" * 900})],
+    _chat(messages=[{"role": "assistant", "tool_calls": [5]}]), _chat(messages=[{"role": "assistant", "tool_calls": {}}]),
 ]
 RAW = [("/v1/chat/completions", b"{not json"), ("/v1/chat/completions", b""), ("/generate", b"[1,2]"),
        ("/v1/completions", b"null"), ("/generate", b'{"text": "\\ud800"}')]

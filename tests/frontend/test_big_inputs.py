@@ -39,6 +39,25 @@ def test_prompt_over_max_prompt_chars_is_refused_before_tokenizing(default_serve
     assert time.monotonic() - start < 3
 
 
+def test_many_empty_messages_are_refused_before_rendering(default_server):
+    body = b'{"model": "tiny", "messages": [' + b",".join([b'{"role": "user"}'] * 450_000) + b"]}"  # 7 MB
+    start = time.monotonic()
+    r = httpx.post(default_server.url + "/v1/chat/completions", content=body,
+                   headers={"content-type": "application/json"}, timeout=60)
+    err = r.json()["error"]
+    assert r.status_code == 400 and err["code"] == "limit_exceeded" and err["param"] == "messages", err
+    assert "max_messages" in err["message"]
+    assert time.monotonic() - start < 3
+
+
+def test_message_chars_count_roles_names_and_tool_call_ids():
+    from radixflow.frontend.chat import message_chars
+    from radixflow.frontend.openai_schemas import ChatMessage
+
+    messages = [ChatMessage(role="user", content="hi", name="bob"), ChatMessage(role="tool", tool_call_id="c1")]
+    assert message_chars(messages) == len("user" + "hi" + "bob") + len("tool" + "c1")
+
+
 def test_health_answers_while_a_big_prompt_is_tokenized(default_server):
     text = "word " * (RequestLimits().max_prompt_chars // 5 - 1)  # just inside the limit
     done = threading.Event()

@@ -130,6 +130,19 @@ def test_tool_messages_reach_the_chat_template(fault):
     seen = wrapped.tokenizer.chats[-1]
     assert seen[1]["tool_calls"][0]["function"] == {"name": "add", "arguments": {"a": 1, "b": 2}}
     assert seen[2]["tool_call_id"] == "call_1"
+    assert seen[1]["tool_calls"][0]["id"] == "call_1" and seen[1]["tool_calls"][0]["type"] == "function"
+
+
+def test_tool_call_arguments_as_an_object_and_without_an_id(fault):
+    wrapped, client = fault
+    calls = [{"function": {"name": "add", "arguments": {"a": 1}}},
+             {"id": "call_2", "type": "function", "function": {"name": "neg", "arguments": "not json"}}]
+    messages = [{"role": "user", "content": "1+2?"}, {"role": "assistant", "tool_calls": calls}]
+    r = client.post("/v1/chat/completions", json={**CHAT, "messages": messages})
+    assert r.status_code == 200, r.text
+    seen = wrapped.tokenizer.chats[-1][1]["tool_calls"]
+    assert seen[0] == {"type": "function", "function": {"name": "add", "arguments": {"a": 1}}}
+    assert seen[1]["function"] == {"name": "neg", "arguments": "not json"}
 
 
 @pytest.mark.parametrize("extra, param", [

@@ -42,7 +42,7 @@ def _error(r: httpx.Response, status: int, param: str | None = None) -> dict:
     ("/generate", {"text": "x", "sampling_params": {"max_new_tokens": -1}}, "max_new_tokens"),
     ("/generate", {"text": "x", "sampling_params": {"bogus": 1}}, None),
     ("/generate", {"sampling_params": {}}, "text"),
-    ("/generate", {"input_ids": [10 ** 9]}, None),
+    ("/generate", {"input_ids": [10 ** 9]}, "input_ids"),
     ("/generate", {"text": "x", "stream": True, "top_logprobs_num": -1}, "top_logprobs_num"),
     ("/v1/programs", {"program": {"ops": "nope"}}, "program"),
 ])
@@ -50,10 +50,33 @@ def test_bad_requests_are_400(client, path, body, param):
     _error(client.post(path, json=body), 400, param)
 
 
+@pytest.mark.parametrize("function", [[1], 5, True, "x", {"name": "f", "arguments": 5}])
+def test_tool_calls_of_the_wrong_shape_are_400(client, function):
+    call = {"id": "c", "type": "function", "function": function}
+    _error(client.post("/v1/chat/completions", json={**CHAT, "messages": [{"role": "assistant", "tool_calls": [call]}]}),
+           400, "messages")
+
+
 def test_invalid_json_and_empty_body(client):
     _error(client.post("/v1/completions", content=b"{not json", headers={"content-type": "application/json"}), 400)
     _error(client.post("/generate", content=b""), 400)
     _error(client.post("/v1/chat/completions", content=b"[1, 2]"), 400)
+
+
+@pytest.mark.parametrize("path, body, param", [
+    ("/generate", {"input_ids": [[1], []]}, "input_ids"),
+    ("/v1/completions", {**COMP, "prompt": [10 ** 9]}, "prompt"),
+    ("/v1/completions", {**COMP, "prompt": [[1], []]}, "prompt"),
+    ("/v1/completions", {**COMP, "regex": "["}, "regex"),
+    ("/v1/completions", {**COMP, "json_schema": "{"}, "json_schema"),
+    ("/v1/chat/completions", {**CHAT, "json_schema": {"type": "bogus"}}, "json_schema"),
+    ("/v1/chat/completions", {**CHAT, "response_format": {"type": "json_schema", "json_schema": {
+        "name": "a", "schema": {"type": "bogus"}}}}, "response_format"),
+    ("/generate", {"text": "x", "sampling_params": {"regex": "["}}, "regex"),
+    ("/generate", {"text": "x", "sampling_params": {"json_schema": {"type": "bogus"}}}, "json_schema"),
+])
+def test_prompt_and_grammar_errors_name_the_field(client, path, body, param):
+    _error(client.post(path, json=body), 400, param)
 
 
 def test_prompt_longer_than_max_model_len(client, engine):
@@ -67,6 +90,13 @@ def test_prompt_longer_than_max_model_len(client, engine):
     _error(client.post("/generate", json={"input_ids": long_ids, "stream": True}), 400)
 
 
+@pytest.mark.parametrize("constraint", [{"json_schema": {}}, {"regex": "a"}])
+def test_response_format_with_another_constraint_is_400(client, constraint):
+    body = {**CHAT, "response_format": {"type": "json_object"}, **constraint}
+    err = _error(client.post("/v1/chat/completions", json=body), 400, "response_format")
+    assert next(iter(constraint)) in err["message"]
+
+
 def test_auth(server):
     with httpx.Client(base_url=server.url) as c:
         _error(c.post("/v1/completions", json=COMP), 401)
@@ -76,12 +106,33 @@ def test_auth(server):
         assert c.get("/metrics").status_code == 200
 
 
+def test_the_max_tokens_field_is_named_as_the_client_sent_it(client):
+    err = _error(client.post("/v1/chat/completions", json={**CHAT, "max_completion_tokens": -1}), 400)
+    assert err["message"] == "max_completion_tokens must be >= 0"
+    err = _error(client.post("/v1/chat/completions", json={**CHAT, "max_tokens": -1}), 400, "max_tokens")
+    assert err["message"] == "max_tokens must be >= 0"
+    _error(client.post("/v1/chat/completions", json={**CHAT, "max_completion_tokens": 10 ** 6}), 400,
+           "max_completion_tokens")
+
+
 def test_unknown_model_and_route(client):
     err = _error(client.post("/v1/completions", json={**COMP, "model": "gpt-9"}), 404, "model")
     assert err["code"] == "model_not_found"
     _error(client.get("/v1/models/gpt-9"), 404)
     _error(client.get("/v1/nothing-here"), 404)
     _error(client.get("/v1/completions"), 405)
+
+
+def test_limits_on_user_and_session_id(client):
+    from radixflow.frontend.limits import RequestLimits
+
+    limit = RequestLimits().max_user_chars
+    for path, body, param in [("/v1/chat/completions", CHAT, "user"), ("/v1/completions", COMP, "user"),
+                              ("/generate", {"text": "x", "sampling_params": {"max_new_tokens": 1}}, "session_id")]:
+        ok = client.post(path, json={**body, param: "u" * limit})
+        assert ok.status_code == 200, ok.text
+        err = _error(client.post(path, json={**body, param: "u" * (limit + 1)}), 400, param)
+        assert err["code"] == "limit_exceeded" and "max_user_chars" in err["message"]
 
 
 def test_body_too_large(client):

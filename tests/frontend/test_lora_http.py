@@ -89,6 +89,23 @@ def test_load_rejections_are_400(setup):
     assert bad.status_code == 400 and "outside --lora-dir" in bad.json()["error"]["message"]
 
 
+def test_corrupt_or_non_finite_adapters_are_400(setup):
+    client, _, paths = setup
+    root = os.path.dirname(paths["a"])
+    model = demo_model("tiny")
+    corrupt = write_adapter(os.path.join(root, "corrupt"), model, rank=4, seed=4)
+    with open(os.path.join(corrupt, "adapter_model.safetensors"), "wb") as f:
+        f.write(b"\x00" * 16)
+    nan_alpha = write_adapter(os.path.join(root, "nan_alpha"), model, rank=4, seed=5, alpha=float("nan"))
+    for path, match in [(corrupt, "adapter_model.safetensors"), (nan_alpha, "lora_alpha")]:
+        r = client.post("/v1/load_lora_adapter", json={"lora_name": "bad", "lora_path": path})
+        assert r.status_code == 400 and match in r.json()["error"]["message"], r.text
+        assert r.json()["error"]["param"] == "lora_path"
+        r = _native(client, lora_path=path)
+        assert r.status_code == 400 and match in r.json()["error"]["message"], r.text
+    assert _native(client, lora_path="alpha").status_code == 200
+
+
 def test_metrics_count_requests_per_adapter(setup):
     client, _, _ = setup
     _native(client, lora_path="alpha")

@@ -127,3 +127,59 @@ def test_unknown_adapter_and_bad_names_are_rejected(model, tmp_path):
             eng.load_lora_adapter("", path)
         with pytest.raises(ValueError, match="unknown LoRA adapter"):  # a path, but no lora_dir
             eng.generate("hi", {"max_new_tokens": 1}, lora_path=path)
+
+
+def _rewrite_config(path, **changes):
+    cfg_path = os.path.join(path, "adapter_config.json")
+    with open(cfg_path) as f:
+        cfg = json.load(f)
+    cfg.update(changes)
+    with open(cfg_path, "w") as f:
+        json.dump(cfg, f)  # NaN and Infinity as Python's json writes (and reads) them
+
+
+@pytest.mark.parametrize("content", [b"", b"\x00" * 7, b"not a safetensors file at all", "truncated"])
+def test_corrupt_weights_file_is_rejected_naming_it(model, tmp_path, content):
+    path = write_adapter(str(tmp_path / "a"), model, rank=4)
+    weights_path = os.path.join(path, "adapter_model.safetensors")
+    if content == "truncated":
+        with open(weights_path, "rb") as f:
+            content = f.read()[:-100]
+    with open(weights_path, "wb") as f:
+        f.write(content)
+    with pytest.raises(ValueError, match="adapter_model.safetensors"):
+        _load(path, model)
+
+
+@pytest.mark.parametrize("changes,match", [
+    ({"lora_alpha": float("nan")}, "lora_alpha"),
+    ({"lora_alpha": float("inf")}, "lora_alpha"),
+    ({"lora_alpha": -float("inf")}, "lora_alpha"),
+    ({"lora_alpha": 1e38}, "scale"),
+    ({"lora_alpha": 1e300, "use_rslora": True}, "scale"),
+    ({"lora_alpha": True}, "lora_alpha"),
+    ({"r": True}, "r must be a positive integer"),
+    ({"r": 4.0}, "r must be a positive integer"),
+])
+def test_non_finite_or_mistyped_config_is_rejected(model, tmp_path, changes, match):
+    path = write_adapter(str(tmp_path / "a"), model, rank=4)
+    _rewrite_config(path, **changes)
+    with pytest.raises(ValueError, match=match):
+        _load(path, model)
+
+
+def test_a_usual_alpha_loads(model, tmp_path):
+    path = write_adapter(str(tmp_path / "a"), model, rank=4, alpha=64, use_rslora=True)
+    assert _load(path, model).scale == 32.0
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_non_finite_tensor_values_are_rejected(model, tmp_path, value):
+    path = write_adapter(str(tmp_path / "a"), model, rank=4)
+    weights_path = os.path.join(path, "adapter_model.safetensors")
+    tensors = load_file(weights_path)
+    name = "base_model.model.model.layers.0.self_attn.v_proj.lora_B.weight"
+    tensors[name][3, 1] = value
+    save_file(tensors, weights_path)
+    with pytest.raises(ValueError, match="layer 0 v_proj.*not finite"):
+        _load(path, model)
