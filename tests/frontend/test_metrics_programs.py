@@ -35,17 +35,20 @@ def test_metrics(client, engine, wait_idle):
     for _ in range(2):
         r = client.post("/generate", json={"text": prompt, "sampling_params": {"max_new_tokens": 3, "ignore_eos": True}})
         assert r.status_code == 200
+    before = engine.stats()
     text = client.get("/metrics").text
     for name in NAMES:
         kind = r"(_total)? (counter|gauge|histogram)$"
         assert re.search(rf"^# TYPE {name.removesuffix('_total')}{kind}", text, re.M), name
     s = engine.stats()
-    assert _value(text, "radixflow_generation_tokens_total") == s.generated_tokens >= 6
+    # the scrape reads the stats of its moment: a straggler of an earlier test may step meanwhile
+    assert before.generated_tokens <= _value(text, "radixflow_generation_tokens_total") <= s.generated_tokens
+    assert s.generated_tokens >= 6
     assert 0 < _value(text, "radixflow_prefix_cache_hit_tokens_total") <= \
         _value(text, "radixflow_prefix_cache_query_tokens_total")
     assert _value(text, 'radixflow_requests_finished_total{reason="length"}') >= 2
     # The second request hit the cache: fewer tokens computed than prompt tokens served.
-    assert _value(text, "radixflow_prompt_tokens_total") == s.prompt_tokens
+    assert before.prompt_tokens <= _value(text, "radixflow_prompt_tokens_total") <= s.prompt_tokens
     assert _value(text, "radixflow_prefill_tokens_computed_total") < s.prompt_tokens
     assert _value(text, "radixflow_time_to_first_token_seconds_count") >= 2
     assert _value(text, "radixflow_e2e_request_latency_seconds_count") >= 2
