@@ -117,20 +117,20 @@ def sample(logits: torch.Tensor, rows: list[SampleRow], generator: torch.Generat
     row is `plain`, when the caller knows (else it is found here).
     """
     device = logits.device
-    broken = torch.isnan(logits.amax(dim=-1))  # [B]; amax propagates NaN (one vectorized pass)
     if plain is None:
         plain = all(r.plain for r in rows)
-    want = [] if plain else [i for i, r in enumerate(rows) if r.want_logprob]
-    raw = logits.index_select(0, torch.tensor(want, device=device)) if want else None  # [len(want), vocab], a copy
-    if bitmask is not None:
-        apply = apply_token_bitmask if logits.is_cuda else apply_token_bitmask_ref
-        apply(logits, bitmask[0], bitmask[1])
-    if plain:  # an argmax each (a grammar's mask, if any, applied above)
+    if plain:  # an argmax each (after a grammar's mask, if any)
+        broken = torch.isnan(logits.amax(dim=-1))  # [B]; amax propagates NaN (one vectorized pass)
+        _mask(logits, bitmask)
         return SampleResult(argmax_rows(logits).masked_fill(broken, -1).tolist(), None, None)
+    want = [i for i, r in enumerate(rows) if r.want_logprob]
+    raw = logits.index_select(0, torch.tensor(want, device=device)) if want else None  # [len(want), vocab], a copy
+    _mask(logits, bitmask)
     apply_penalties(logits, rows)
     _block(logits, rows)
-    broken |= ~torch.isfinite(logits.amax(dim=-1))  # e.g. a tiny repetition_penalty's +inf
-    tokens = choose(logits, rows, generator).masked_fill(broken, -1)  # [B] int64, on device
+    peak = logits.amax(dim=-1)  # [B]: NaN from the model, or inf from a tiny repetition_penalty
+    broken = ~torch.isfinite(peak)
+    tokens = choose(logits, rows, generator, peak).masked_fill(broken, -1)  # [B] int64, on device
     if raw is None:
         return SampleResult(tokens.tolist(), None, None)
     return _with_logprobs(raw, tokens, want, rows)
@@ -143,8 +143,8 @@ def sample_on_device(logits: torch.Tensor, rows: list[SampleRow], generator: tor
     grammar, penalties, blocked ids, logprobs or seed: the overlapped decode steps' rows
     (runtime/core/overlap.py), whose tokens the host reads a step later. For such rows it
     picks what `sample` picks."""
-    broken = torch.isnan(logits.amax(dim=-1))  # [B]
-    return choose(logits, rows, generator).masked_fill(broken, -1)
+    peak = logits.amax(dim=-1)  # [B]
+    return choose(logits, rows, generator, peak).masked_fill(torch.isnan(peak), -1)
 
 
 def _with_logprobs(raw: torch.Tensor, tokens: torch.Tensor, want: list[int], rows: list[SampleRow]) -> SampleResult:
@@ -209,8 +209,16 @@ def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
     return torch.where(later, blocks * ARGMAX_BLOCK + tail_index, picked)
 
 
-def choose(logits: torch.Tensor, rows: list[SampleRow], generator: torch.Generator | None) -> torch.Tensor:
-    """Token ids [B] int64 (device): argmax for greedy rows, a filtered draw for the others."""
+def _mask(logits: torch.Tensor, bitmask: tuple[torch.Tensor, torch.Tensor] | None) -> None:
+    if bitmask is not None:
+        apply = apply_token_bitmask if logits.is_cuda else apply_token_bitmask_ref
+        apply(logits, bitmask[0], bitmask[1])
+
+
+def choose(logits: torch.Tensor, rows: list[SampleRow], generator: torch.Generator | None,
+           peak: torch.Tensor) -> torch.Tensor:
+    """Token ids [B] int64 (device): argmax for greedy rows, a filtered draw for the others;
+    -1 for a sampled row whose largest logit `peak` [B] over its temperature leaves fp32's range."""
     tokens = argmax_rows(logits)
     sampled = [i for i, r in enumerate(rows) if not r.sampling.is_greedy]
     if not sampled:
@@ -226,7 +234,7 @@ def choose(logits: torch.Tensor, rows: list[SampleRow], generator: torch.Generat
     sampled_t, plain_t, ranked_t = upload([sampled, plain, ranked], device)  # one asynchronous copy
     scaled = logits.index_select(0, sampled_t) / table[:, :1]  # [S, vocab]
     picks = torch.empty(len(sampled), dtype=torch.long, device=device)
-    overflow = ~torch.isfinite(scaled.amax(dim=-1))  # [S]: logits / temperature out of fp32's range
+    overflow = ~torch.isfinite(peak.index_select(0, sampled_t) / table[:, 0])  # [S]
     if plain:
         j = plain_t
         picks[j] = _draw_unsorted(scaled[j], table[j, 3], u[j], any(params[x].min_p > 0 for x in plain))
