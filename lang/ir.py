@@ -106,7 +106,7 @@ class Program(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     ops: list[Op]
     arguments: list[str] = []
     defaults: dict[str, str] = {}
-    version: int = 1
+    version: Literal[1] = 1  # the IR's format; a program of another version is refused, not guessed at
 
 
 def encode_program(program: Program) -> bytes:

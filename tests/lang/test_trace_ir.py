@@ -142,3 +142,9 @@ def test_a_traced_index_counts_from_zero():
 
     with pytest.raises(rf.TraceError, match="index -1.*from 0"):
         rf.trace(last)
+
+
+def test_an_unknown_ir_version_is_refused():
+    with pytest.raises(ValueError, match="version"):
+        ir.decode_program({"ops": [{"op": "text", "text": "hi"}], "version": 99})
+    assert ir.decode_program({"ops": [{"op": "text", "text": "hi"}], "version": 1}).version == 1
