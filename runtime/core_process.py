@@ -39,7 +39,6 @@ from radixflow.runtime.core.messages import (
     SubmitRequest, Timings, ToCore, undecodable_submit_rid)
 from radixflow.runtime.core.request import LogprobOptions
 from radixflow.runtime.process_liveness import process_alive, process_start
-from radixflow.runtime.sampling_params import SamplingParams
 from radixflow.runtime.stats import RequestTiming
 
 log = logging.getLogger(__name__)
@@ -261,7 +260,8 @@ class CoreServer:
 
     def _start(self, identity: bytes, m: SubmitRequest) -> None:
         try:
-            sp = SamplingParams.from_dict(m.sampling)
+            sp = m.sampling  # decoded as a SamplingParams: its types are checked, its ranges not yet
+            sp.validate()
             opts = LogprobOptions(m.return_logprob, m.logprob_start_len, m.top_logprobs_num)
             # tokens only: the client detokenizes and checks stop strings
             self.engine.start_stream(m.input_ids, sp, opts, m.rid, m.lora, m.session_id, self._sink(identity))
