@@ -6,8 +6,10 @@ text and every variable set, for streaming and for waiters on other threads.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -28,6 +30,40 @@ class NullListener:
         pass
 
 
+class Stop:
+    """Whether the program's body failed (shared by its branches), and what to abort then:
+    streamed gens watch `is_set()` and close their streams; a non-streamed gen registers its
+    request id with its backend's `abort` while it runs (`tracking`)."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self._lock = threading.Lock()
+        self._inflight: dict[str, Callable[[str], None]] = {}
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+    def set(self) -> None:
+        """Stop: abort every tracked request in flight."""
+        with self._lock:
+            self._event.set()
+            inflight, self._inflight = self._inflight, {}
+        for rid, abort in inflight.items():
+            abort(rid)
+
+    @contextlib.contextmanager
+    def tracking(self, rid: str, abort: Callable[[str], None]) -> Iterator[None]:
+        with self._lock:
+            if self._event.is_set():
+                raise RuntimeError("stopped: the program's body failed")
+            self._inflight[rid] = abort
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._inflight.pop(rid, None)
+
+
 @dataclass
 class ProgramContext:
     backend: Any
@@ -46,7 +82,7 @@ class ProgramContext:
     branch: tuple[str, int] | None = None  # (fork id, index) when this context is a fork branch
     set_since_fork: list[str] = field(default_factory=list)  # names a branch set, for join
     budget: Budget = UNLIMITED  # characters and time the run may still spend (shared by its branches)
-    stopped: threading.Event = field(default_factory=threading.Event)  # set when the body failed (shared)
+    stopped: Stop = field(default_factory=Stop)  # set when the body failed (shared by the branches)
     _markers: RoleMarkers | None = None
 
     def append(self, piece: str, var: str | None = None) -> None:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import uuid
 from typing import Any, Callable
 
 import msgspec
@@ -93,12 +94,23 @@ def _gen(ctx: ProgramContext, op: ir.Gen) -> None:
     if ctx.stream:
         text, meta = _gen_stream(ctx, body, op.name)
     else:
-        response = ctx.backend.generate(body)
+        response = _generate(ctx, body)
         check_finished(response, f"gen {op.name!r}")
         text, meta = response["text"], response.get("meta_info")
         ctx.append(text, op.name)
     if op.name is not None:
         ctx.set_var(op.name, params.convert(text, op.dtype), meta)
+
+
+def _generate(ctx: ProgramContext, body: dict) -> dict:
+    """One non-streamed gen. A backend that can `abort(rid)` gets a request id with it, under
+    which the program's stop (its body failed) aborts it."""
+    abort = getattr(ctx.backend, "abort", None)
+    if abort is None:
+        return ctx.backend.generate(body)
+    body = {**body, "rid": body.get("rid") or uuid.uuid4().hex}
+    with ctx.stopped.tracking(body["rid"], abort):
+        return ctx.backend.generate(body)
 
 
 def _gen_stream(ctx: ProgramContext, body: dict, name: str | None) -> tuple[str, Any]:

@@ -64,6 +64,10 @@ class Engine:
             loop.run_until_complete(chunks.aclose())  # aborts the request if we stopped early
             loop.close()
 
+    def abort(self, rid: str) -> None:
+        """End the request `rid` (a program's gen whose body failed)."""
+        self.engine.abort(rid)
+
     def role_markers(self) -> dict:
         if self._markers is None:
             self._markers = self.engine.tokenizer.role_markers()

@@ -1,11 +1,13 @@
 """Endpoint backend: a radixflow (or SGLang) server's native API over HTTP, with httpx.
 
 POST {url}/generate (streaming: SSE `data: {...}` lines ending `data: [DONE]`),
-GET {url}/get_model_info (its `role_markers`), POST {url}/v1/programs (traced programs).
+GET {url}/get_model_info (its `role_markers`), POST {url}/v1/programs (traced programs),
+POST {url}/abort_request (a gen of a program whose body failed).
 """
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -15,6 +17,8 @@ import msgspec
 
 from radixflow.lang import ir
 from radixflow.lang.backend import BackendError
+
+log = logging.getLogger(__name__)
 
 
 def _error_message(response: httpx.Response) -> str:
@@ -74,6 +78,14 @@ class Endpoint:
                 if isinstance(chunk, dict) and "error" in chunk and "text" not in chunk:
                     raise BackendError(f"stream error: {chunk['error']}")
                 yield chunk
+
+    def abort(self, rid: str) -> None:
+        """End the request `rid` on the server (a program's gen whose body failed). Best effort:
+        a server that cannot be reached is logged, the program's own error stands."""
+        try:
+            self.client.post(f"{self.url}/abort_request", json={"rid": rid}, timeout=10.0)
+        except httpx.HTTPError as exc:
+            log.warning("could not abort request %s: %s", rid, exc)
 
     def model_info(self) -> dict:
         with self._lock:

@@ -88,3 +88,29 @@ def test_engine_abort_mid_gen_fails_the_program():
                 break
             time.sleep(0.01)
         assert backend.engine.stats().num_running == 0
+
+
+def test_a_failed_body_aborts_its_engine_gen_in_flight():
+    """A non-streamed gen on the in-process engine is aborted when the body fails after it."""
+    from radixflow.runtime.model.demo import demo_model
+
+    with rf.Engine(demo_model("tiny")) as backend:
+        @rf.function
+        def gives_up(s):
+            s += "Once upon a time" + rf.gen("a", max_tokens=1500, ignore_eos=True)
+            for _ in range(500):  # until the gen runs
+                if backend.engine.stats().num_running:
+                    break
+                time.sleep(0.01)
+            raise RuntimeError("the body gave up")
+
+        state = gives_up.run(backend=backend)
+        with pytest.raises(rf.ProgramError, match="gave up"):
+            state.text()
+        for _ in range(300):
+            if not backend.engine.stats().num_running:
+                break
+            time.sleep(0.01)
+        stats = backend.engine.stats()
+        assert stats.num_running == 0 and stats.finish_counts.get("abort") == 1
+        assert stats.generated_tokens < 1500

@@ -89,3 +89,47 @@ def test_a_body_that_raises_stops_its_streamed_gen(make_fake):
     assert len(sent) < 500
     with pytest.raises(rf.ProgramError, match="the body gave up"):
         state.text()
+
+
+def test_a_body_that_raises_aborts_its_non_streamed_gen(make_fake):
+    """A backend that can abort gets a rid with each gen; a failed body aborts its gens in flight."""
+
+    class Blocking(type(make_fake())):
+        def __init__(self):
+            super().__init__()
+            self.started, self.aborted, self.rids = threading.Event(), threading.Event(), []
+
+        def generate(self, body):
+            self.rids.append(body["rid"])
+            self.started.set()
+            self.aborted.wait(timeout=5)
+            return {"text": "", "meta_info": {"finish_reason": {"type": "abort", "message": "aborted"}}}
+
+        def abort(self, rid):
+            if rid in self.rids:
+                self.aborted.set()
+
+    backend = Blocking()
+
+    @rf.function
+    def prog(s):
+        s += rf.gen("x")
+        assert backend.started.wait(timeout=5)
+        raise RuntimeError("the body gave up")
+
+    started = time.monotonic()
+    state = prog.run(backend=backend)
+    with pytest.raises(rf.ProgramError, match="the body gave up"):
+        state.text()
+    assert backend.aborted.is_set() and time.monotonic() - started < 4
+
+
+def test_gens_carry_no_rid_for_a_backend_that_cannot_abort(make_fake):
+    backend = make_fake()
+
+    @rf.function
+    def prog(s):
+        s += rf.gen("x", max_tokens=4)
+
+    prog.run(backend=backend).text()
+    assert all("rid" not in r for r in backend.requests)
