@@ -23,8 +23,8 @@ def run_ops(ctx: ProgramContext, ops: list[ir.Op]) -> None:
 def lookup(ctx: ProgramContext, ref: ir.VarRef) -> Any:
     """The value `ref` names; an unset variable or argument, or an index out of range, raises ValueError.
 
-    Indexes count from 0 (no negative ones): a fork's branch in [0, n), a list's element in
-    [0, len). validate_ir checks what it can before the run; this checks the rest.
+    A fork's branch index is in [0, n) (a branch has one name); a list's element index in
+    [-len, len), as in Python. validate_ir checks what it can before the run; this checks the rest.
     """
     if ref.source == "arg":
         if ref.name not in ctx.arguments:
@@ -42,7 +42,7 @@ def lookup(ctx: ProgramContext, ref: ir.VarRef) -> Any:
         raise ValueError(f"variable {ref.name!r} is not set")
     value = scope[ref.name]
     if ref.fork is None and ref.index is not None:
-        if not isinstance(value, list) or not 0 <= ref.index < len(value):
+        if not isinstance(value, list) or not -len(value) <= ref.index < len(value):
             raise ValueError(f"variable {ref.name!r} has no element {ref.index}")
         value = value[ref.index]
     return value

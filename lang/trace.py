@@ -44,12 +44,9 @@ class Symbol(Expr):
     __hash__ = None  # type: ignore[assignment]
 
     def __getitem__(self, index: int) -> Symbol:
-        """One element of a gathered (joined) list variable, counted from 0."""
+        """One element of a gathered (joined) list variable (negative: from the end, as in Python)."""
         if not isinstance(index, int) or self.ref.index is not None or self.ref.source != "var":
             raise self._fail("indexing")
-        if index < 0:
-            raise TraceError(f"cannot be traced: index {index} of variable {self.ref.name!r}; a traced index "
-                             "counts from 0 (the list's length is known only at run time)")
         return Symbol(ir.VarRef(name=self.ref.name, index=index))
 
     def __bool__(self) -> bool:

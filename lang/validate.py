@@ -120,10 +120,10 @@ def _check_ops(program: ir.Program, limits: Limits) -> None:
 
 
 def _check_ref(ref: ir.VarRef, program: ir.Program, fork_sizes: dict[str, int]) -> None:
-    """A declared argument; a fork that exists, read at a branch index in [0, n); list indexes >= 0."""
+    """A declared argument; a fork that exists, read at a branch index in [0, n). (A list
+    element's index, negative ones counting from the end as in Python, is checked at run time.)"""
     _check(ref.source == "var" or ref.name in program.arguments, f"argument {ref.name!r} is used but not declared")
     if ref.fork is None:
-        _check(ref.index is None or ref.index >= 0, f"variable {ref.name!r}: index {ref.index} must be >= 0")
         return
     _check(ref.fork in fork_sizes, f"variable {ref.name!r} of unknown fork {ref.fork!r}")
     n = fork_sizes[ref.fork]

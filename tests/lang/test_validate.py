@@ -114,12 +114,13 @@ def test_a_fork_variable_needs_a_branch_index_in_range(fake, var):
         rf.execute(fork_then(branch), {}, fake)
 
 
-def test_indexes_count_from_zero_for_list_elements_too(fake):
-    with pytest.raises(ValueError, match="variable 'y': index -1 must be >= 0"):
-        rf.execute(fork_then({"op": "var", "name": "y", "index": -1}), {}, fake)
-    assert fake.requests == []
-    last = rf.execute(fork_then({"op": "var", "name": "y", "index": 1}), {}, fake)
+def test_list_element_indexes_count_from_the_end_when_negative(fake):
+    last = rf.execute(fork_then({"op": "var", "name": "y", "index": -1}), {}, fake)
     assert last["text"].endswith(last["variables"]["y"][1])
+    second = rf.execute(fork_then({"op": "var", "name": "y", "index": 1}), {}, fake)
+    assert second["text"].endswith(second["variables"]["y"][1])
+    with pytest.raises(ValueError, match="variable 'y' has no element -3"):
+        rf.execute(fork_then({"op": "var", "name": "y", "index": -3}), {}, fake)
     first = rf.execute(fork_then({"op": "var", "name": "y", "fork": "f", "index": 0}), {}, fake)
     assert first["text"].endswith(first["variables"]["y"][0])
 
@@ -141,5 +142,6 @@ def test_an_unvalidated_fork_index_is_a_value_error_at_run_time(fake, index, mes
     with pytest.raises(ValueError, match=message):
         lookup(ctx, ir.VarRef(name="y", fork="f", index=index))
     ctx.set_var("z", ["a", "b"])
-    with pytest.raises(ValueError, match="variable 'z' has no element -1"):
-        lookup(ctx, ir.VarRef(name="z", index=-1))
+    assert lookup(ctx, ir.VarRef(name="z", index=-1)) == "b"  # a list's element: from the end, as in Python
+    with pytest.raises(ValueError, match="variable 'z' has no element -3"):
+        lookup(ctx, ir.VarRef(name="z", index=-3))
