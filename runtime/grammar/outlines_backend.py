@@ -151,6 +151,10 @@ class OutlinesMatcher:
     def count_valid(self, tokens: list[int]) -> int:
         return self.grammar.walk(self.guide.get_state(), tokens)[0]
 
+    def accepting_after(self, tokens: list[int]) -> bool:
+        n, state = self.grammar.walk(self.guide.get_state(), tokens)
+        return n == len(tokens) and self.grammar.index.is_final_state(state)
+
     def terminates_after(self, tokens: list[int]) -> bool:
         n, state = self.grammar.walk(self.guide.get_state(), tokens)
         return n == len(tokens) and self.grammar.is_terminal(state)

@@ -1,0 +1,55 @@
+"""Constrained decoding combined with other request options (stop token ids, JSON-schema keywords
+a regex cannot express), on the tiny demo model: its output is nonsense, so every valid output is
+the grammar's doing."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from radixflow.runtime import Engine
+from radixflow.runtime.model.demo import demo_model
+
+
+@pytest.fixture(scope="module")
+def engine():
+    with Engine(demo_model("tiny"), dtype="float32", kv_cache_tokens=8192, check_invariants=True) as e:
+        yield e
+    assert not e.invariant_violations
+
+
+def _letter_ids(engine) -> list[int]:
+    """Ids of the tokens spelled with lowercase ASCII letters only."""
+    tok = engine.tokenizer
+    return [i for i in range(tok.vocab_size)
+            if i not in tok.special_token_ids and re.fullmatch(b"[a-z]+", tok.token_bytes(i))]
+
+
+def test_stop_token_ids_end_a_constrained_request_only_where_its_text_matches(engine):
+    """A stop token id ends the request with its text included: under a grammar it may be drawn
+    only where the output with it is a complete match."""
+    params = {"regex": "[a-z]{6}", "stop_token_ids": _letter_ids(engine), "temperature": 1.0,
+              "max_new_tokens": 16}
+    out = engine.generate([f"Stop {i}" for i in range(20)], params)
+    for r in out:
+        assert r["meta_info"]["finish_reason"]["type"] == "stop"
+        assert re.fullmatch("[a-z]{6}", r["text"]), r
+
+
+@pytest.mark.parametrize("jump_forward", [True, False])
+def test_forced_tokens_do_not_stop_on_a_stop_token_id(jump_forward):
+    with Engine(demo_model("tiny"), dtype="float32", kv_cache_tokens=4096, jump_forward=jump_forward) as e:
+        regex = "hello world and goodbye"
+        # every token of the text longer than a byte: each has a spelling in shorter tokens
+        stops = [t for t in e.tokenizer.encode(regex, add_special_tokens=False) if len(e.tokenizer.token_bytes(t)) > 1]
+        r = e.generate("Say:", {"regex": regex, "stop_token_ids": stops, "temperature": 0,
+                                "max_new_tokens": 32})
+        assert r["meta_info"]["finish_reason"]["type"] == "stop" and r["text"] == regex, r
+
+
+def test_stop_token_ids_under_llguidance():
+    pytest.importorskip("llguidance")
+    with Engine(demo_model("tiny"), dtype="float32", kv_cache_tokens=4096, grammar_backend="llguidance") as e:
+        params = {"regex": "[a-z]{6}", "stop_token_ids": _letter_ids(e), "temperature": 1.0, "max_new_tokens": 16}
+        for r in e.generate([f"Stop {i}" for i in range(10)], params):
+            assert r["meta_info"]["finish_reason"]["type"] == "stop" and re.fullmatch("[a-z]{6}", r["text"]), r
