@@ -3,8 +3,10 @@ a regex cannot express), on the tiny demo model: its output is nonsense, so ever
 the grammar's doing."""
 from __future__ import annotations
 
+import json
 import re
 
+import jsonschema
 import pytest
 
 from radixflow.runtime import Engine
@@ -53,3 +55,51 @@ def test_stop_token_ids_under_llguidance():
         params = {"regex": "[a-z]{6}", "stop_token_ids": _letter_ids(e), "temperature": 1.0, "max_new_tokens": 16}
         for r in e.generate([f"Stop {i}" for i in range(10)], params):
             assert r["meta_info"]["finish_reason"]["type"] == "stop" and re.fullmatch("[a-z]{6}", r["text"]), r
+
+
+INTEGERS = {
+    "type": "object",
+    "properties": {
+        "wide": {"type": "integer", "minimum": -50, "maximum": 5000},
+        "low": {"type": "integer", "minimum": 10, "maximum": 999999},
+        "high": {"type": "integer", "minimum": -99999, "maximum": -7},
+        "open": {"type": "integer", "exclusiveMinimum": 0, "exclusiveMaximum": 5},
+        "step": {"type": "integer", "minimum": 0, "maximum": 9, "multipleOf": 3},
+    },
+    "required": ["wide", "low", "high", "open", "step"],
+    "additionalProperties": False,
+}
+
+
+def test_integer_bounds_hold_in_every_sample(engine):
+    """outlines-core ignores integer bounds past a small enum: every bound must still hold."""
+    out = engine.generate([f"Ints {i}" for i in range(30)],
+                          {"json_schema": INTEGERS, "temperature": 1.0, "max_new_tokens": 48})
+    done = [r for r in out if r["meta_info"]["finish_reason"]["type"] == "stop"]
+    assert len(done) > 10
+    for r in done:
+        jsonschema.validate(json.loads(r["text"]), INTEGERS)
+
+
+def test_schema_keywords_a_regex_cannot_hold_are_refused(engine):
+    unique = {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}
+    with pytest.raises(ValueError, match="uniqueItems"):
+        engine.generate("x", {"json_schema": unique})
+    with pytest.raises(ValueError, match="multipleOf"):
+        engine.generate("x", {"json_schema": {"type": "integer", "multipleOf": 7}})
+    assert engine.generate("ok", {"json_schema": {"type": "array", "items": {"type": "integer"}, "uniqueItems": True,
+                                                  "maxItems": 1}, "max_new_tokens": 16})
+
+
+@pytest.mark.parametrize("lo,hi", [(None, None), (0, None), (7, None), (None, -3), (None, 12), (-120, -5),
+                                   (-50, 5000), (3, 3), (0, 0), (99, 1001), (-9, 9)])
+def test_integer_range_regex_matches_exactly_the_range(lo, hi):
+    from radixflow.runtime.grammar.integer_range import integer_range_regex
+
+    rx = re.compile(integer_range_regex(lo, hi))
+    for n in range(-1200, 6000):
+        inside = (lo is None or n >= lo) and (hi is None or n <= hi)
+        assert bool(rx.fullmatch(str(n))) == inside, (n, rx.pattern)
+    assert not rx.fullmatch("-0") and not rx.fullmatch("007")
+    if hi is None:
+        assert rx.fullmatch("123456789012345678901")
