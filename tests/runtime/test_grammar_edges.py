@@ -103,3 +103,13 @@ def test_integer_range_regex_matches_exactly_the_range(lo, hi):
     assert not rx.fullmatch("-0") and not rx.fullmatch("007")
     if hi is None:
         assert rx.fullmatch("123456789012345678901")
+
+
+def test_stop_string_trims_a_constrained_output_to_a_prefix_of_a_match(engine):
+    """The README's rule: a stop string still ends the output; the text is a prefix of a match."""
+    date = r"(19|20)[0-9]{2}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])"
+    r = engine.generate("Date:", {"regex": date, "stop": ["-"], "temperature": 0, "max_new_tokens": 20})
+    assert r["meta_info"]["finish_reason"] == {"type": "stop", "matched": "-"}
+    assert re.fullmatch(r"(19|20)[0-9]{2}", r["text"]), r
+    r = engine.generate("Date:", {"regex": "ab", "min_new_tokens": 5, "temperature": 0, "max_new_tokens": 20})
+    assert r["text"] == "ab" and r["meta_info"]["finish_reason"]["type"] == "stop"
