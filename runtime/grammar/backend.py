@@ -39,6 +39,10 @@ class Matcher(Protocol):
     def count_valid(self, tokens: list[int]) -> int:
         """How many of `tokens`, in order from the current state, the grammar accepts."""
 
+    def accepting_after(self, tokens: list[int]) -> bool:
+        """After consuming `tokens` the output would be a complete match (False if one of them
+        is not allowed). Does not change the state."""
+
     def terminates_after(self, tokens: list[int]) -> bool:
         """After consuming `tokens` (all valid) the output would be complete with no
         continuation possible. Does not change the state."""

@@ -60,7 +60,8 @@ class GrammarCompiler:
         """A fresh GrammarState for one request of `sp`, or None when it needs none.
 
         Jump-forward is off for requests asking for logprobs: forced tokens are never sampled,
-        so they would have none (the token sequence is the same either way).
+        so they would have none (the token sequence is the same either way). Stop token ids
+        the grammar can produce are kept in the state (special ones it never produces).
         """
         if sp.max_new_tokens == 0:
             return None
@@ -68,8 +69,9 @@ class GrammarCompiler:
         if compiled is None:
             return None
         _, vocab = self._ready()
+        stop_ids = frozenset(t for t in sp.stop_token_ids or () if 0 <= t < len(vocab.token_bytes) and vocab.token_bytes[t])
         return GrammarState(compiled.new_matcher(), vocab, jump_forward=self.jump_forward and not want_logprob,
-                            allow_eos=not sp.ignore_eos)
+                            allow_eos=not sp.ignore_eos, stop_ids=stop_ids)
 
     def close(self) -> None:
         with self._init_lock:

@@ -57,6 +57,13 @@ class LLGuidanceMatcher:
     def count_valid(self, tokens: list[int]) -> int:
         return self.m.validate_tokens(tokens)
 
+    def accepting_after(self, tokens: list[int]) -> bool:
+        if self.m.validate_tokens(tokens) < len(tokens) or not self.m.consume_tokens(tokens):
+            return False
+        accepting = self.m.is_accepting()
+        self.m.rollback(len(tokens))
+        return accepting
+
     def terminates_after(self, tokens: list[int]) -> bool:
         if not self.m.consume_tokens(tokens):
             return False

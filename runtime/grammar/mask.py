@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
 import torch
 
 from radixflow.runtime.grammar.state import GrammarState
@@ -16,6 +17,24 @@ def _bit(token: int) -> tuple[int, int]:
     return word, value - (1 << 32) if value >= 1 << 31 else value
 
 
+def _drop_early_stop_ids(row: torch.Tensor, g: GrammarState) -> None:
+    """Clear the bits of stop token ids in `row` [num_words] int32 (on the CPU) that would end
+    the request with an incomplete match (a stop token's text is kept in the output), unless
+    nothing else would be left: then the stop token ends it, as a stop string may (a prefix of
+    a match)."""
+    words = row.numpy().view(np.uint32)
+    ids = np.fromiter(g.stop_ids, dtype=np.int64, count=len(g.stop_ids))
+    allowed = ids[(words[ids >> 5] >> (ids & 31).astype(np.uint32)) & 1 == 1]
+    early = [int(t) for t in allowed if not g.matcher.accepting_after([int(t)])]
+    if not early:
+        return
+    kept = words.copy()
+    for t in early:
+        words[t >> 5] &= ~np.uint32(1 << (t & 31))
+    if not words.any() and not g.matcher.is_accepting():
+        words[:] = kept
+
+
 def grammar_bitmask(reqs: list[Req], device: torch.device,
                     on_error: Callable[[Req, Exception], None] | None = None,
                     ) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -25,6 +44,7 @@ def grammar_bitmask(reqs: list[Req], device: torch.device,
     Each row is written by the backend straight into the tensor (`fill_mask`), or holds one bit
     for a pinned (forced, jump-forward off) token. EOS bits are then rewritten: allowed exactly
     in accepting states of requests that may stop on EOS, never on a pinned row.
+    Stop token ids are allowed only where they complete a match (`_drop_early_stop_ids`).
     A row whose grammar raises is reported to `on_error` (re-raised without one) and allows
     only EOS.
     """
@@ -43,6 +63,8 @@ def grammar_bitmask(reqs: list[Req], device: torch.device,
                 bitmask[k, word] = value
                 continue
             g.matcher.fill_mask(bitmask[k].data_ptr(), vocab.num_words)
+            if g.stop_ids:
+                _drop_early_stop_ids(bitmask[k], g)
         except Exception as exc:  # this request's grammar: the caller fails it alone
             if on_error is None:
                 raise

@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import json
+import math
 import pickle
 
 from outlines_core import Guide, Index
 from outlines_core.json_schema import build_regex_from_schema
 
 from radixflow.runtime.grammar.backend import GrammarError
+from radixflow.runtime.grammar.integer_range import integer_range_regex
 from radixflow.runtime.grammar.spec import GrammarKey
 from radixflow.runtime.grammar.vocab import TokenVocab
 from radixflow.runtime.grammar.worker import CompileFailed, CompileTimeout, CompileWorkers
@@ -25,20 +27,80 @@ def escape_literal(text: str) -> str:
     return "".join("\\" + c if c in _REGEX_META else c for c in text)
 
 
+_INTEGER_KEYS = ("type", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
+
+
+def integer_bounds(schema: dict) -> tuple[int | None, int | None]:
+    """The least and greatest integer `schema` allows (None: unbounded), folding the exclusive
+    bounds in (numbers since draft 6, booleans beside minimum/maximum in draft 4)."""
+    lo, hi = schema.get("minimum"), schema.get("maximum")
+    xlo, xhi = schema.get("exclusiveMinimum"), schema.get("exclusiveMaximum")
+    lo = None if not _is_number(lo) else math.floor(lo) + 1 if xlo is True else math.ceil(lo)
+    hi = None if not _is_number(hi) else math.ceil(hi) - 1 if xhi is True else math.floor(hi)
+    if _is_number(xlo):
+        lo = max(lo, math.floor(xlo) + 1) if lo is not None else math.floor(xlo) + 1
+    if _is_number(xhi):
+        hi = min(hi, math.ceil(xhi) - 1) if hi is not None else math.ceil(xhi) - 1
+    return lo, hi
+
+
+def _is_number(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
 def bound_integers(schema: object) -> object:
-    """outlines-core ignores `minimum`/`maximum` of integers (any digit run matches); an integer
-    bounded on both sides with at most MAX_INTEGER_ENUM values becomes the equivalent enum."""
+    """outlines-core ignores `minimum`/`maximum` (and the exclusive forms, `multipleOf`) of
+    integers: an integer with at most MAX_INTEGER_ENUM allowed values becomes the equivalent
+    enum. ValueError for what no regex here can hold: `multipleOf` over a wider range, and
+    `uniqueItems` on arrays that may have two items."""
     if isinstance(schema, list):
         return [bound_integers(s) for s in schema]
     if not isinstance(schema, dict):
         return schema
     out = {k: bound_integers(v) if k not in ("enum", "const") else v for k, v in schema.items()}
-    lo, hi = out.get("minimum"), out.get("maximum")
-    if (out.get("type") == "integer" and isinstance(lo, int) and isinstance(hi, int)
-            and 0 <= hi - lo < MAX_INTEGER_ENUM):
-        rest = {k: v for k, v in out.items() if k not in ("type", "minimum", "maximum")}
-        return {**rest, "enum": list(range(lo, hi + 1))}
+    if out.get("uniqueItems") is True and not (isinstance(out.get("maxItems"), int) and out["maxItems"] <= 1):
+        raise ValueError("uniqueItems is not supported (the grammar cannot see earlier items)")
+    if out.get("type") != "integer":
+        return out
+    lo, hi = integer_bounds(out)
+    step = out.get("multipleOf")
+    if lo is not None and hi is not None and hi - lo < MAX_INTEGER_ENUM:
+        values = [v for v in range(lo, hi + 1) if not _is_number(step) or v % step == 0]
+        if not values:
+            raise ValueError(f"no integer satisfies the bounds of {json.dumps(schema)}")
+        rest = {k: v for k, v in out.items() if k not in _INTEGER_KEYS}
+        return {**rest, "enum": values}
+    if step is not None and step != 1:
+        raise ValueError(f"multipleOf on an integer needs minimum and maximum at most {MAX_INTEGER_ENUM} apart")
     return out
+
+
+_PLACEHOLDER = "RFxINTEGERx{}xQZ"
+
+
+def integer_placeholders(schema: object, regexes: list[str]) -> object:
+    """`schema` with each bounded integer left by `bound_integers` replaced by a unique string
+    const; its range regex is appended to `regexes` (the const's rendering is swapped for it)."""
+    if isinstance(schema, list):
+        return [integer_placeholders(s, regexes) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: integer_placeholders(v, regexes) if k not in ("enum", "const") else v for k, v in schema.items()}
+    if out.get("type") != "integer" or integer_bounds(out) == (None, None):
+        return out
+    rest = {k: v for k, v in out.items() if k not in _INTEGER_KEYS}
+    regexes.append(integer_range_regex(*integer_bounds(out)))
+    return {**rest, "const": _PLACEHOLDER.format(len(regexes) - 1)}
+
+
+def json_schema_regex(schema: object) -> str:
+    """The regex of a JSON schema, integer bounds included."""
+    regexes: list[str] = []
+    schema = integer_placeholders(bound_integers(schema), regexes)
+    regex = build_regex_from_schema(json.dumps(schema), whitespace_pattern=JSON_WHITESPACE)
+    for k, rx in enumerate(regexes):
+        regex = regex.replace(f'"{_PLACEHOLDER.format(k)}"', f"({rx})")
+    return regex
 
 
 # Any JSON object (`{"type": "object"}`, what response_format json_object asks for) as nested at
@@ -58,8 +120,7 @@ def to_regex(key: GrammarKey) -> str:
             parsed = json.loads(key.text)
             if parsed == {"type": "object"}:
                 parsed = GENERIC_OBJECT
-            schema = json.dumps(bound_integers(parsed))
-            return build_regex_from_schema(schema, whitespace_pattern=JSON_WHITESPACE)
+            return json_schema_regex(parsed)
         except (ValueError, TypeError) as exc:
             raise GrammarError(f"json_schema is not supported: {exc}") from exc
     if key.kind == "choices":
@@ -150,6 +211,10 @@ class OutlinesMatcher:
 
     def count_valid(self, tokens: list[int]) -> int:
         return self.grammar.walk(self.guide.get_state(), tokens)[0]
+
+    def accepting_after(self, tokens: list[int]) -> bool:
+        n, state = self.grammar.walk(self.guide.get_state(), tokens)
+        return n == len(tokens) and self.grammar.index.is_final_state(state)
 
     def terminates_after(self, tokens: list[int]) -> bool:
         n, state = self.grammar.walk(self.guide.get_state(), tokens)

@@ -9,18 +9,23 @@ from radixflow.runtime.core.output import append_token, finalize_text
 from radixflow.runtime.core.request import Req
 
 
-def plan_forced_tokens(matcher: Matcher, vocab: TokenVocab) -> list[int]:
+def plan_forced_tokens(matcher: Matcher, vocab: TokenVocab, stop_ids: frozenset[int] = frozenset()) -> list[int]:
     """Tokens to emit without a free choice from the matcher's state.
 
     The forced bytes are tokenized the tokenizer's own way. The last token is held back (it
     is sampled, so the model may pick it or a longer token running on into free text, which
     keeps token boundaries natural) unless the run ends the grammar: then nothing follows it.
+    The plan ends before a stop token id (appending it would end the request): that token is
+    sampled, under the mask's rule for stop tokens (see mask.py).
     """
     forced = matcher.forced_bytes()
     if not forced:
         return []
     tokens = vocab.tokenize_forced(forced)
     tokens = tokens[: matcher.count_valid(tokens)]
+    for k, t in enumerate(tokens):
+        if t in stop_ids:
+            return tokens[:k]
     if not tokens:
         return []
     spelled = sum(len(vocab.token_bytes[t]) for t in tokens)
@@ -37,11 +42,16 @@ class GrammarState:
     (one extend step computes them all); without, each step's mask pins the next one, so the
     token sequence, and greedy output, is the same either way. A plan is made after every
     freely sampled token and at the start; the held-back token after a plan is sampled freely.
+
+    `stop_ids`: the request's stop token ids the grammar could produce (they end the request
+    with their text kept, so one may be drawn only where it completes a match).
     """
 
-    def __init__(self, matcher: Matcher, vocab: TokenVocab, jump_forward: bool, allow_eos: bool) -> None:
+    def __init__(self, matcher: Matcher, vocab: TokenVocab, jump_forward: bool, allow_eos: bool,
+                 stop_ids: frozenset[int] = frozenset()) -> None:
         self.matcher, self.vocab = matcher, vocab
         self.jump_forward, self.allow_eos = jump_forward, allow_eos
+        self.stop_ids = stop_ids
         self.plan: deque[int] = deque()
         self.needs_plan = True
 
@@ -64,7 +74,7 @@ class GrammarState:
 
     def _ensure_plan(self) -> None:
         if self.needs_plan:
-            self.plan = deque(plan_forced_tokens(self.matcher, self.vocab))
+            self.plan = deque(plan_forced_tokens(self.matcher, self.vocab, self.stop_ids))
             self.needs_plan = False
 
 
