@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from radixflow.frontend.errors import APIError
+from radixflow.frontend.in_flight import InFlight
 from radixflow.frontend.limits import ProgramLimits, RequestLimits
 from radixflow.frontend.metrics import Metrics
 
@@ -37,6 +38,7 @@ class ServerState:
     role_markers: dict[str, Any] | None = None
     on_failure: Callable[[], None] | None = None
     incremental_streaming_output: bool = False  # native streams: each chunk's new text and ids only
+    in_flight: InFlight = field(default_factory=InFlight)  # this server's engine requests
     # programs block a thread for their whole run: their own pool (one thread per admitted
     # program, so nothing queues), never the default executor that tokenization uses
     program_pool: ThreadPoolExecutor = field(init=False)
