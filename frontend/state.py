@@ -1,6 +1,7 @@
 """The server's lifecycle state and the gate every HTTP request passes: 503 unless ready, 401 without the key."""
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 import threading
@@ -53,8 +54,17 @@ class ServerState:
     def max_body_bytes(self) -> int:
         return self.limits.max_body_bytes
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        # NOTE: uvicorn tells the app nothing on SIGTERM until every connection has closed, and a
+        # stream never closes while its engine request runs: `phase = "stopping"` (set by the
+        # signal handler) aborts this server's requests, so its streams end with reason abort.
+        super().__setattr__(name, value)
+        if name == "phase" and value == "stopping" and self.engine is not None:
+            self._loop.call_soon_threadsafe(self.in_flight.abort_all, self.engine)
+
     def attach(self, engine: Any) -> None:
-        """Bind the started engine and open for traffic."""
+        """Bind the started engine and open for traffic (on the server's event loop)."""
+        self._loop = asyncio.get_running_loop()
         self.engine = engine
         if self.served_model_name is None:
             self.served_model_name = engine.model_path
