@@ -71,7 +71,12 @@ def _start(server: Any, req: ProgramRequest, backend: ServerBackend,
     except BaseException:
         slot.release()
         raise
-    work.add_done_callback(lambda _: slot.release())
+    def done(future: asyncio.Future) -> None:
+        slot.release()
+        if not future.cancelled():
+            future.exception()  # retrieved: a run whose client left fails unread, which is expected
+
+    work.add_done_callback(done)
     return work
 
 
