@@ -101,7 +101,7 @@ async def run_program(request: Request) -> Response:
     server = request.app.state.server
     req = await read_json(request, ProgramRequest)
     loop = asyncio.get_running_loop()
-    backend = ServerBackend(server.engine, loop, server.role_markers, server.limits)
+    backend = ServerBackend(server.engine, loop, server.role_markers, server.limits, server.in_flight)
     if req.stream:
         from radixflow.lang.interpreter import prepare
 

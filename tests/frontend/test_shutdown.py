@@ -39,11 +39,25 @@ def _read(url: str, path: str, body: dict, out: dict, key: str) -> None:
         out[key] = (None, [repr(exc)])
 
 
+def _program() -> dict:
+    import msgspec
+
+    import radixflow.lang as rf
+
+    @rf.function
+    def ramble(s):
+        s += "Once:" + rf.gen("head", max_tokens=2)
+        for branch in s.fork(16):
+            branch += rf.gen("more", max_tokens=1900, ignore_eos=True)
+
+    return msgspec.to_builtins(rf.trace(ramble))
+
+
 def test_sigterm_ends_streams_in_flight_and_exits():
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen([sys.executable, "-m", "radixflow.frontend.cli", "serve", "--demo-size", "tiny",
-                             "--port", str(port), "--kv-cache-tokens", "8192"],
+                             "--port", str(port)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         _wait_ready(proc, url)
@@ -53,7 +67,8 @@ def test_sigterm_ends_streams_in_flight_and_exits():
                  "n8": ("/v1/completions", {"model": MODEL, "prompt": "hi", "n": 8, "stream": True, **LONG}),
                  "native": ("/generate", {"text": "hi", "stream": True,
                                           "sampling_params": {"max_new_tokens": 1900, "ignore_eos": True}}),
-                 "whole": ("/v1/completions", {"model": MODEL, "prompt": "hi", **LONG})}
+                 "whole": ("/v1/completions", {"model": MODEL, "prompt": "hi", **LONG}),
+                 "program": ("/v1/programs", {"program": _program(), "stream": True})}
         out: dict = {}
         threads = [threading.Thread(target=_read, args=(url, path, body, out, key))
                    for key, (path, body) in calls.items()]
@@ -77,6 +92,8 @@ def test_sigterm_ends_streams_in_flight_and_exits():
         reasons = [c["finish_reason"] for e in events for c in e.get("choices", [])] or \
                   [(e["meta_info"]["finish_reason"] or {}).get("type") for e in events]
         assert [r for r in reasons if r is not None] == ["abort"] * (8 if key == "n8" else 1), (key, lines[-3:])
+    status, lines = out["program"]
+    assert status == 200 and lines[-1] == "data: [DONE]", lines[-2:]
     status, lines = out["whole"]
     assert status == 200, lines
     assert json.loads(lines[0])["choices"][0]["finish_reason"] == "abort"
