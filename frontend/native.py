@@ -16,6 +16,7 @@ from starlette.responses import Response
 
 from radixflow.frontend.body import json_response, off_loop_if_large, read_json
 from radixflow.frontend.errors import RETRY_AFTER_S, APIError, bad_request
+from radixflow.frontend.in_flight import InFlight
 from radixflow.frontend.limits import RequestLimits
 from radixflow.frontend.streams import SSE_DONE, EventStream, Fanout, launch, sse
 from radixflow.runtime.sampling_params import RequestOptions, SamplingParams, request_option_names
@@ -155,9 +156,9 @@ def parse_generate(req: GenerateRequest, tokenizer: Any) -> GenerateJob:
                        single=not is_batch and sampling[0].n == 1, names=_client_names(req, sampling))
 
 
-async def start_generate(receive: Any, engine: Any, job: GenerateJob) -> Fanout:
+async def start_generate(receive: Any, engine: Any, job: GenerateJob, in_flight: InFlight | None = None) -> Fanout:
     try:
-        fanout, _ = await launch(receive, engine, job.prompts, job.sampling, job.options)
+        fanout, _ = await launch(receive, engine, job.prompts, job.sampling, job.options, in_flight)
     except ValueError as exc:
         raise bad_request(exc, job.names) from exc
     return fanout
@@ -171,9 +172,10 @@ def check_failed(result: dict) -> None:
                        code="internal_error")
 
 
-async def generate_result(receive: Any, engine: Any, job: GenerateJob) -> dict | list[dict]:
+async def generate_result(receive: Any, engine: Any, job: GenerateJob,
+                          in_flight: InFlight | None = None) -> dict | list[dict]:
     """Run to completion (aborted if `receive` reports a disconnect; None: never)."""
-    results = await (await start_generate(receive, engine, job)).finish(receive)
+    results = await (await start_generate(receive, engine, job, in_flight)).finish(receive)
     for result in results:
         check_failed(result)
     return results[0] if job.single else results
@@ -186,10 +188,10 @@ async def generate(request: Request) -> Response:
     check_generate(req, server.limits)
     job = await off_loop_if_large(request, parse_generate, req, engine.tokenizer)
     if not req.stream:
-        return json_response(await generate_result(request.receive, engine, job))
+        return json_response(await generate_result(request.receive, engine, job, server.in_flight))
     for opts in job.options:  # SGLang's stream shape: cumulative chunks, unless the server says otherwise
         opts["incremental"] = server.incremental_streaming_output
-    fanout = await start_generate(request.receive, engine, job)
+    fanout = await start_generate(request.receive, engine, job, server.in_flight)
     return EventStream(_events(fanout, job.single))
 
 
@@ -273,13 +275,14 @@ class AbortRequest(msgspec.Struct, forbid_unknown_fields=True):
 
 
 async def abort_request(request: Request) -> Response:
-    """Abort one request by rid, or every request in flight with `abort_all`."""
+    """Abort one request by rid (each sample of an n > 1 request), or every request in flight
+    with `abort_all`."""
     req = await read_json(request, AbortRequest)
-    engine = request.app.state.server.engine
+    server = request.app.state.server
     if req.abort_all:
-        await asyncio.to_thread(engine.abort_all)
+        await asyncio.to_thread(server.engine.abort_all)
     elif req.rid:
-        engine.abort(req.rid)
+        server.in_flight.abort(server.engine, req.rid)
     else:
         raise APIError(400, "give rid, or abort_all: true", param="rid")
     return Response(status_code=200)

@@ -31,9 +31,10 @@ async def start(request: Request, prompts: list[list[int]], sampling: list[Sampl
     """Launch n streams per prompt (response index = prompt * n + sample), `sampling[p]` for
     prompt p; bad input → 400 naming the field as in `names` (openai_sampling.client_names).
     Returns the fan-out and the cached_tokens of prompts whose samples shared a prefill."""
-    engine = request.app.state.server.engine
+    server = request.app.state.server
     try:
-        fanout, cached = await launch(request.receive, engine, prompts, sampling, [options] * len(prompts))
+        fanout, cached = await launch(request.receive, server.engine, prompts, sampling, [options] * len(prompts),
+                                      server.in_flight)
     except ValueError as exc:
         raise bad_request(exc, names or RENAMED) from exc
     shared = dict(enumerate(cached)) if sampling[0].n > 1 else {}

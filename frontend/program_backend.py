@@ -16,14 +16,15 @@ from typing import Any
 import msgspec
 
 from radixflow.frontend.errors import APIError
+from radixflow.frontend.in_flight import InFlight
 from radixflow.frontend.limits import RequestLimits
 from radixflow.frontend.native import GenerateRequest, check_generate, generate_result, parse_generate
 
 
 class ServerBackend:
     def __init__(self, engine: Any, loop: asyncio.AbstractEventLoop, role_markers: dict[str, Any],
-                 limits: RequestLimits | None = None) -> None:
-        self.engine, self._loop, self._markers = engine, loop, role_markers
+                 limits: RequestLimits | None = None, in_flight: InFlight | None = None) -> None:
+        self.engine, self._loop, self._markers, self._in_flight = engine, loop, role_markers, in_flight
         self._limits = limits or RequestLimits()
         self._pending: set[concurrent.futures.Future] = set()
         self._lock = threading.Lock()
@@ -41,7 +42,7 @@ class ServerBackend:
             job = parse_generate(req, self.engine.tokenizer)
         except (msgspec.ValidationError, APIError) as exc:
             raise ValueError(str(exc)) from exc
-        return self._run(generate_result(None, self.engine, job))
+        return self._run(generate_result(None, self.engine, job, self._in_flight))
 
     def generate_stream(self, body: dict) -> Iterator[dict]:
         """The whole result as one (final, cumulative) chunk."""

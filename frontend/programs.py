@@ -71,7 +71,12 @@ def _start(server: Any, req: ProgramRequest, backend: ServerBackend,
     except BaseException:
         slot.release()
         raise
-    work.add_done_callback(lambda _: slot.release())
+    def done(future: asyncio.Future) -> None:
+        slot.release()
+        if not future.cancelled():
+            future.exception()  # retrieved: a run whose client left fails unread, which is expected
+
+    work.add_done_callback(done)
     return work
 
 
@@ -96,7 +101,7 @@ async def run_program(request: Request) -> Response:
     server = request.app.state.server
     req = await read_json(request, ProgramRequest)
     loop = asyncio.get_running_loop()
-    backend = ServerBackend(server.engine, loop, server.role_markers, server.limits)
+    backend = ServerBackend(server.engine, loop, server.role_markers, server.limits, server.in_flight)
     if req.stream:
         from radixflow.lang.interpreter import prepare
 

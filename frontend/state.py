@@ -1,6 +1,7 @@
 """The server's lifecycle state and the gate every HTTP request passes: 503 unless ready, 401 without the key."""
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 import threading
@@ -10,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from radixflow.frontend.errors import APIError
+from radixflow.frontend.in_flight import InFlight
 from radixflow.frontend.limits import ProgramLimits, RequestLimits
 from radixflow.frontend.metrics import Metrics
 
@@ -37,6 +39,7 @@ class ServerState:
     role_markers: dict[str, Any] | None = None
     on_failure: Callable[[], None] | None = None
     incremental_streaming_output: bool = False  # native streams: each chunk's new text and ids only
+    in_flight: InFlight = field(default_factory=InFlight)  # this server's engine requests
     # programs block a thread for their whole run: their own pool (one thread per admitted
     # program, so nothing queues), never the default executor that tokenization uses
     program_pool: ThreadPoolExecutor = field(init=False)
@@ -51,8 +54,17 @@ class ServerState:
     def max_body_bytes(self) -> int:
         return self.limits.max_body_bytes
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        # NOTE: uvicorn tells the app nothing on SIGTERM until every connection has closed, and a
+        # stream never closes while its engine request runs: `phase = "stopping"` (set by the
+        # signal handler) aborts this server's requests, so its streams end with reason abort.
+        super().__setattr__(name, value)
+        if name == "phase" and value == "stopping" and self.engine is not None:
+            self._loop.call_soon_threadsafe(self.in_flight.abort_all, self.engine)
+
     def attach(self, engine: Any) -> None:
-        """Bind the started engine and open for traffic."""
+        """Bind the started engine and open for traffic (on the server's event loop)."""
+        self._loop = asyncio.get_running_loop()
         self.engine = engine
         if self.served_model_name is None:
             self.served_model_name = engine.model_path

@@ -13,6 +13,8 @@ from typing import Any, TypeVar
 
 import msgspec
 
+from radixflow.frontend.in_flight import InFlight
+from radixflow.runtime.core.request import new_rid
 from radixflow.runtime.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -33,19 +35,20 @@ class Job:
     input_ids: list[int]
     sampling: SamplingParams
     options: dict[str, Any] = field(default_factory=dict)  # logprob keys, rid
+    group: str | None = None  # the rid the client gave (sample j of n runs as `group-j`)
 
 
 def expand(prompts: list[list[int]], sampling: list[SamplingParams], options: list[dict[str, Any]]) -> list[Job]:
-    """One job per (prompt, sample); sample j of n gets seed + j and rid `rid-j`, as the engine does."""
+    """One job per (prompt, sample); sample j of n gets seed + j and rid `rid-j`, as the engine
+    does; a job without a client rid gets a fresh one (so the server knows what it runs)."""
     jobs = []
     for p, (ids, sp, opts) in enumerate(zip(prompts, sampling, options)):
+        group = opts.get("rid")
         for j in range(sp.n):
             child = sp if sp.n == 1 else msgspec.structs.replace(
                 sp, n=1, seed=None if sp.seed is None else sp.seed + j)
-            child_opts = dict(opts)
-            if sp.n > 1 and opts.get("rid") is not None:
-                child_opts["rid"] = f"{opts['rid']}-{j}"
-            jobs.append(Job(p * sp.n + j, ids, child, child_opts))
+            rid = new_rid() if group is None else group if sp.n == 1 else f"{group}-{j}"
+            jobs.append(Job(p * sp.n + j, ids, child, {**opts, "rid": rid}, group))
     return jobs
 
 
@@ -75,8 +78,8 @@ class Fanout:
     are pumped by a task each into one queue.
     """
 
-    def __init__(self, engine: Any, jobs: list[Job]) -> None:
-        self.engine, self.jobs = engine, jobs
+    def __init__(self, engine: Any, jobs: list[Job], in_flight: InFlight | None = None) -> None:
+        self.engine, self.jobs, self.in_flight = engine, jobs, in_flight
         self._queue: asyncio.Queue[tuple[int, Any]] | None = None  # several jobs: their chunks
         self._tasks: list[asyncio.Task] = []
         self._errors: list[Exception] = []
@@ -89,6 +92,8 @@ class Fanout:
                                            **{"incremental": True, **job.options})
 
     async def start(self) -> None:
+        if self.in_flight is not None:  # ValueError (a client rid in use) before anything runs
+            self.in_flight.add(id(self), [(job.options["rid"], job.group) for job in self.jobs])
         if len(self.jobs) == 1:
             self._stream = self._open(self.jobs[0])
             try:
@@ -162,11 +167,15 @@ class Fanout:
             await self.close()
 
     async def close(self) -> None:
-        if self._stream is not None:
-            await self._stream.aclose()  # the engine aborts it if it still runs
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        try:
+            if self._stream is not None:
+                await self._stream.aclose()  # the engine aborts it if it still runs
+            for task in self._tasks:
+                task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        finally:
+            if self.in_flight is not None:
+                self.in_flight.remove(id(self))
 
 
 _PER_CHUNK = ("output_token_logprobs", "output_top_logprobs")  # each chunk's own entries
@@ -257,17 +266,18 @@ class EventStream:
 
 
 async def launch(receive: Receive | None, engine: Any, prompts: list[list[int]], sampling: list[SamplingParams],
-                 options: list[dict[str, Any]]) -> tuple[Fanout, list[int]]:
+                 options: list[dict[str, Any]], in_flight: InFlight | None = None) -> tuple[Fanout, list[int]]:
     """Validate every prompt, prefill prompts with n > 1 once, then start all streams.
 
     Returns the running fan-out and, per prompt with n > 1 (in order), its cached_tokens before
-    this request. ValueError (bad input) and ClientGone propagate; nothing is left running then.
+    this request. ValueError (bad input, a client rid in use) and ClientGone propagate; nothing is
+    left running then. `in_flight`: the server's registry (frontend/in_flight.py).
     """
     for ids, sp in zip(prompts, sampling):
         engine.validate_prompt(ids, sp)
     shared = [ids for ids, sp in zip(prompts, sampling) if sp.n > 1]
     cached = await until_disconnect(receive, prefill(engine, shared)) if shared else []
-    fanout = Fanout(engine, expand(prompts, sampling, options))
+    fanout = Fanout(engine, expand(prompts, sampling, options), in_flight)
     await until_disconnect(receive, fanout.start())
     return fanout, cached
 

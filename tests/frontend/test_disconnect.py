@@ -76,3 +76,29 @@ def test_program_client_disconnects(server, engine):
         except httpx.ReadTimeout:
             pass
     _settled(engine, aborts)
+
+
+def test_streamed_program_client_disconnects_without_error_logs(server, engine, caplog):
+    """The program's failure after its client left ("the client went away") is expected: no
+    'Future exception was never retrieved' traceback in the log."""
+    import gc
+    import logging
+
+    import msgspec
+
+    import radixflow.lang as rf
+
+    @rf.function
+    def ramble(s, topic):
+        s += "About " + topic + ":" + rf.gen("head", max_tokens=2) + rf.gen("story", max_tokens=1500, ignore_eos=True)
+
+    aborts = engine.stats().finish_counts.get("abort", 0)
+    body = {"program": msgspec.to_builtins(rf.trace(ramble)), "arguments": {"topic": "cats"}, "stream": True}
+    caplog.set_level(logging.ERROR, logger="asyncio")
+    with httpx.Client(base_url=server.url, headers={"Authorization": "Bearer test-key"}, timeout=30) as c:
+        with c.stream("POST", "/v1/programs", json=body) as r:
+            next(line for line in r.iter_lines() if line.startswith("data: "))  # the "head" variable
+    _settled(engine, aborts)
+    time.sleep(0.2)  # the program's thread ends once its generation is aborted
+    gc.collect()
+    assert "never retrieved" not in caplog.text, caplog.text[-2000:]

@@ -62,3 +62,58 @@ def test_result_fold_concatenates_what_each_chunk_adds():
     assert meta["completion_tokens"] == 4 and meta["finish_reason"] == {"type": "length", "length": 4}
     assert [e[1] for e in meta["output_token_logprobs"]] == [1, 2, 3, 4]
     assert meta["input_token_logprobs"] == [[None, 7, None]] and meta["e2e_latency"] == 0.5
+
+
+def _stream_events(client, body: dict) -> list[dict]:
+    """The JSON events of a native /generate stream, [DONE] checked last."""
+    import json
+
+    with client.stream("POST", "/generate", json=body) as r:
+        assert r.status_code == 200, r.read()
+        lines = [line[len("data: "):] for line in r.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "[DONE]"
+    return [json.loads(line) for line in lines[:-1]]
+
+
+def test_abort_request_by_rid_ends_every_sample_of_an_n_stream(client, engine, wait_idle):
+    import threading
+    import time
+
+    body = {"text": "go", "rid": "fan-abort", "stream": True,
+            "sampling_params": {"max_new_tokens": 1500, "ignore_eos": True, "n": 3}}
+    out: dict = {}
+    thread = threading.Thread(target=lambda: out.update(events=_stream_events(client, body)))
+    thread.start()
+    deadline = time.monotonic() + 10
+    while engine.stats().num_running < 3:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert client.post("/abort_request", json={"rid": "fan-abort"}).status_code == 200
+    thread.join(timeout=10)
+    finals = {e["index"]: e["meta_info"]["finish_reason"] for e in out["events"] if e["meta_info"]["finish_reason"]}
+    assert sorted(finals) == [0, 1, 2]
+    assert all(reason["type"] == "abort" for reason in finals.values()), finals
+    wait_idle(engine)
+
+
+def test_a_client_rid_in_use_by_an_n_request_is_refused(client, engine, wait_idle):
+    import threading
+    import time
+
+    body = {"text": "go", "rid": "fan-dup", "stream": True,
+            "sampling_params": {"max_new_tokens": 1500, "ignore_eos": True, "n": 2}}
+    out: dict = {}
+    thread = threading.Thread(target=lambda: out.update(events=_stream_events(client, body)))
+    thread.start()
+    deadline = time.monotonic() + 10
+    while engine.stats().num_running < 2:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    again = client.post("/generate", json={"text": "x", "rid": "fan-dup", "sampling_params": {"max_new_tokens": 1}})
+    assert again.status_code == 400 and "already in use" in again.text, again.text
+    client.post("/abort_request", json={"rid": "fan-dup"})
+    thread.join(timeout=10)
+    wait_idle(engine)
+    # free again once the first request ended
+    assert client.post("/generate", json={"text": "x", "rid": "fan-dup",
+                                          "sampling_params": {"max_new_tokens": 1}}).status_code == 200

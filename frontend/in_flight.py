@@ -1,0 +1,61 @@
+"""This server's engine requests in flight: client rids kept unique, aborts by client rid, abort on shutdown."""
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from radixflow.frontend.errors import APIError
+
+
+class InFlight:
+    """The engine rids of every fan-out this server runs, and which client rid each belongs to.
+
+    A client rid is refused while a request of this server still uses it (n > 1 samples run as
+    `rid-0`, `rid-1`, ... so the engine alone would not see the clash); `abort(rid)` ends every
+    sample of the request the client named `rid`; `abort_all()` ends everything this server
+    runs (shutdown: the streams finish with reason abort instead of being cut). Thread-safe.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_key: dict[int, list[str]] = {}  # a fan-out → its engine rids
+        self._groups: dict[str, list[str]] = {}  # a client rid → the engine rids of its samples
+        self._stopping = False
+
+    def add(self, key: int, jobs: list[tuple[str, str | None]]) -> None:
+        """Register a fan-out's jobs as (engine rid, client rid or None). ValueError when a
+        client rid is in use by another request; APIError 503 once shutting down."""
+        groups: dict[str, list[str]] = {}
+        for rid, group in jobs:
+            if group is not None:
+                groups.setdefault(group, []).append(rid)
+        with self._lock:
+            if self._stopping:
+                raise APIError(503, "the server is shutting down")
+            used = next((g for g in groups if g in self._groups), None)
+            if used is not None:
+                raise ValueError(f"request id {used!r} is already in use")
+            self._groups.update(groups)
+            self._by_key[key] = [rid for rid, _ in jobs]
+
+    def remove(self, key: int) -> None:
+        """Forget a fan-out (idempotent)."""
+        with self._lock:
+            rids = set(self._by_key.pop(key, ()))
+            for group in [g for g, members in self._groups.items() if rids.intersection(members)]:
+                del self._groups[group]
+
+    def abort(self, engine: Any, rid: str) -> None:
+        """Abort the request the client named `rid` (each of its samples), or the engine rid `rid`."""
+        with self._lock:
+            rids = list(self._groups.get(rid, [rid]))
+        for one in rids:
+            engine.abort(one)
+
+    def abort_all(self, engine: Any) -> None:
+        """Abort everything this server runs and refuse new fan-outs (shutdown)."""
+        with self._lock:
+            self._stopping = True
+            rids = [rid for members in self._by_key.values() for rid in members]
+        for rid in rids:
+            engine.abort(rid)
