@@ -167,7 +167,7 @@ def create_app(engine_or_factory: EngineOrFactory, served_model_name: str | None
         try:
             yield
         finally:
-            server.phase = "stopping"
+            server.stop()
             server.program_pool.shutdown(wait=False, cancel_futures=True)
             await starting
             if owned and server.engine is not None:
@@ -183,7 +183,7 @@ def create_app(engine_or_factory: EngineOrFactory, served_model_name: str | None
 
 
 class _Server(uvicorn.Server):
-    """Marks the app as stopping on SIGINT/SIGTERM, so requests that still arrive get 503."""
+    """Stops the app on SIGINT/SIGTERM: requests that still arrive get 503, those in flight are aborted."""
 
     def __init__(self, config: uvicorn.Config, state: ServerState) -> None:
         super().__init__(config)
@@ -197,7 +197,7 @@ class _Server(uvicorn.Server):
             freeze_heap()
 
     def handle_exit(self, sig: int, frame: Any) -> None:
-        self._state.phase = "stopping"
+        self._state.stop()
         super().handle_exit(sig, frame)
 
 

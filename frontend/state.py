@@ -54,12 +54,12 @@ class ServerState:
     def max_body_bytes(self) -> int:
         return self.limits.max_body_bytes
 
-    def __setattr__(self, name: str, value: Any) -> None:
-        # NOTE: uvicorn tells the app nothing on SIGTERM until every connection has closed, and a
-        # stream never closes while its engine request runs: `phase = "stopping"` (set by the
-        # signal handler) aborts this server's requests, so its streams end with reason abort.
-        super().__setattr__(name, value)
-        if name == "phase" and value == "stopping" and self.engine is not None:
+    def stop(self) -> None:
+        """Stop taking requests (503) and abort this server's requests in flight, so their streams
+        end with reason abort: uvicorn tells the app nothing on SIGTERM until every connection
+        has closed, and a stream never closes while its engine request runs. Any thread."""
+        self.phase = "stopping"
+        if self.engine is not None:
             self._loop.call_soon_threadsafe(self.in_flight.abort_all, self.engine)
 
     def attach(self, engine: Any) -> None:
