@@ -1,0 +1,93 @@
+"""A checkpoint that cannot be served fails at load with a ValueError naming the file and the cause,
+never a KeyError, ZeroDivisionError, SafetensorError or a torch shape error from deep inside."""
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from radixflow.runtime.model.demo import demo_model
+from radixflow.runtime.model.model_config import load_model_args
+from radixflow.runtime.model.weights import build_model
+from radixflow.runtime.text.tokenizer import Tokenizer
+
+
+@pytest.fixture
+def model_dir(tmp_path: Path) -> Path:
+    """A fresh copy of the tiny demo model to corrupt."""
+    out = tmp_path / "model"
+    shutil.copytree(demo_model("tiny"), out)
+    return out
+
+
+def _edit_config(model_dir: Path, edit: Callable[[dict], None]) -> None:
+    path = model_dir / "config.json"
+    cfg = json.loads(path.read_text())
+    edit(cfg)
+    path.write_text(json.dumps(cfg))
+
+
+def _edit_weights(model_dir: Path, edit: Callable[[dict], None]) -> None:
+    path = model_dir / "model.safetensors"
+    tensors = load_file(str(path))
+    edit(tensors)
+    save_file(tensors, str(path))
+
+
+def _load(model_dir: Path) -> None:
+    args = load_model_args(str(model_dir))
+    build_model(args, str(model_dir), torch.float32, torch.device("cpu"), 64)
+
+
+@pytest.mark.parametrize("text", ["{not json", "[1, 2]", "\udcff"])
+def test_config_json_that_is_not_a_json_object_is_named(model_dir: Path, text: str) -> None:
+    (model_dir / "config.json").write_bytes(text.encode("utf-8", "surrogateescape"))
+    with pytest.raises(ValueError, match=r"config\.json"):
+        load_model_args(str(model_dir))
+
+
+@pytest.mark.parametrize("field", ["hidden_size", "num_hidden_layers", "vocab_size", "num_attention_heads",
+                                   "intermediate_size"])
+def test_missing_config_field_is_named(model_dir: Path, field: str) -> None:
+    _edit_config(model_dir, lambda cfg: cfg.pop(field))
+    with pytest.raises(ValueError, match=rf"config\.json.*{field}"):
+        load_model_args(str(model_dir))
+
+
+@pytest.mark.parametrize("field, value", [
+    ("num_attention_heads", 0), ("num_attention_heads", -4), ("hidden_size", "64"), ("hidden_size", 64.5),
+    ("num_hidden_layers", 0), ("num_hidden_layers", -1), ("vocab_size", 0), ("num_key_value_heads", -2),
+    ("head_dim", 0), ("max_position_embeddings", 0), ("num_hidden_layers", True),
+])
+def test_config_field_of_wrong_type_or_not_positive_is_named(model_dir: Path, field: str, value: object) -> None:
+    _edit_config(model_dir, lambda cfg: cfg.update({field: value}))
+    with pytest.raises(ValueError, match=rf"config\.json.*{field}"):
+        load_model_args(str(model_dir))
+
+
+def test_heads_without_head_dim_must_divide_hidden_size(model_dir: Path) -> None:
+    _edit_config(model_dir, lambda cfg: (cfg.pop("head_dim"), cfg.update(num_attention_heads=0)))
+    with pytest.raises(ValueError, match=r"num_attention_heads"):
+        load_model_args(str(model_dir))
+    _edit_config(model_dir, lambda cfg: cfg.update(num_attention_heads=3, num_key_value_heads=1))
+    with pytest.raises(ValueError, match=r"hidden_size 64 .*num_attention_heads 3"):
+        load_model_args(str(model_dir))
+
+
+def test_kv_heads_must_divide_heads(model_dir: Path) -> None:
+    _edit_config(model_dir, lambda cfg: cfg.update(num_key_value_heads=3))
+    with pytest.raises(ValueError, match=r"num_key_value_heads 3 .*num_attention_heads 4"):
+        load_model_args(str(model_dir))
+
+
+@pytest.mark.parametrize("field, value", [("rope_scaling", "linear"), ("rope_theta", "big"),
+                                          ("rms_norm_eps", "x"), ("rms_norm_eps", -1.0)])
+def test_malformed_float_or_dict_field_is_named(model_dir: Path, field: str, value: object) -> None:
+    _edit_config(model_dir, lambda cfg: cfg.update({field: value}))
+    with pytest.raises(ValueError, match=rf"config\.json.*{field}"):
+        load_model_args(str(model_dir))
