@@ -91,3 +91,47 @@ def test_malformed_float_or_dict_field_is_named(model_dir: Path, field: str, val
     _edit_config(model_dir, lambda cfg: cfg.update({field: value}))
     with pytest.raises(ValueError, match=rf"config\.json.*{field}"):
         load_model_args(str(model_dir))
+
+
+@pytest.mark.parametrize("content", [b"", b"\x10\x00\x00\x00\x00\x00\x00\x00not json garbage!",
+                                     (2**62).to_bytes(8, "little") + b"{}"])
+def test_unreadable_safetensors_is_named(model_dir: Path, content: bytes) -> None:
+    (model_dir / "model.safetensors").write_bytes(content)
+    with pytest.raises(ValueError, match=r"model\.safetensors"):
+        _load(model_dir)
+
+
+def test_truncated_safetensors_is_named(model_dir: Path) -> None:
+    path = model_dir / "model.safetensors"
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    with pytest.raises(ValueError, match=r"model\.safetensors"):
+        _load(model_dir)
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.bool, torch.int32])
+def test_tensor_that_is_not_floating_point_is_named(model_dir: Path, dtype: torch.dtype) -> None:
+    name = "model.layers.0.self_attn.o_proj.weight"
+    _edit_weights(model_dir, lambda t: t.update({name: torch.zeros(64, 64, dtype=dtype)}))
+    with pytest.raises(ValueError, match=rf"{name}.*{str(dtype).removeprefix('torch.')}"):
+        _load(model_dir)
+
+
+def _shard(model_dir: Path, weight_map: object, raw: str | None = None) -> None:
+    (model_dir / "model.safetensors").rename(model_dir / "a.safetensors")
+    text = raw if raw is not None else json.dumps({"weight_map": weight_map})
+    (model_dir / "model.safetensors.index.json").write_text(text)
+
+
+@pytest.mark.parametrize("text", ["{broken", "{}", '{"weight_map": [1]}', '{"weight_map": {"x": 3}}'])
+def test_malformed_shard_index_is_named(model_dir: Path, text: str) -> None:
+    _shard(model_dir, None, raw=text)
+    with pytest.raises(ValueError, match=r"model\.safetensors\.index\.json"):
+        _load(model_dir)
+
+
+def test_shard_that_lacks_its_indexed_tensor_is_named(model_dir: Path) -> None:
+    names = list(load_file(str(model_dir / "model.safetensors")))
+    save_file({"x": torch.zeros(1)}, str(model_dir / "b.safetensors"))
+    _shard(model_dir, {n: "b.safetensors" if "layers.1." in n else "a.safetensors" for n in names})
+    with pytest.raises(ValueError, match=r"b\.safetensors.*model\.layers\.1\."):
+        _load(model_dir)
