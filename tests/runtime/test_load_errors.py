@@ -135,3 +135,53 @@ def test_shard_that_lacks_its_indexed_tensor_is_named(model_dir: Path) -> None:
     _shard(model_dir, {n: "b.safetensors" if "layers.1." in n else "a.safetensors" for n in names})
     with pytest.raises(ValueError, match=r"b\.safetensors.*model\.layers\.1\."):
         _load(model_dir)
+
+
+@pytest.mark.parametrize("text", ["{corrupt", '{"a": 1}', "\udcff"])
+def test_corrupt_tokenizer_json_is_named(model_dir: Path, text: str) -> None:
+    (model_dir / "tokenizer.json").write_bytes(text.encode("utf-8", "surrogateescape"))
+    with pytest.raises(ValueError, match=r"tokenizer\.json"):
+        Tokenizer.from_pretrained(str(model_dir))
+
+
+@pytest.mark.parametrize("name", ["tokenizer_config.json", "generation_config.json"])
+def test_tokenizer_side_file_that_is_not_utf8_is_named(model_dir: Path, name: str) -> None:
+    (model_dir / name).write_bytes(b"\xff\xfe\xfa")
+    with pytest.raises(ValueError, match=name.replace(".", r"\.")):
+        Tokenizer.from_pretrained(str(model_dir))
+
+
+def _set_template(model_dir: Path, template: object) -> None:
+    path = model_dir / "tokenizer_config.json"
+    cfg = json.loads(path.read_text())
+    cfg["chat_template"] = template
+    path.write_text(json.dumps(cfg))
+
+
+@pytest.mark.parametrize("template", ["{% for m in messages %}{{ m.content }", [{"name": "default", "template": 3}]])
+def test_broken_model_chat_template_fails_at_load(model_dir: Path, template: object) -> None:
+    _set_template(model_dir, template)
+    with pytest.raises(ValueError, match=r"tokenizer_config\.json.*chat template|chat_template"):
+        Tokenizer.from_pretrained(str(model_dir))
+
+
+def test_broken_chat_template_jinja_fails_at_load(model_dir: Path) -> None:
+    (model_dir / "chat_template.jinja").write_text("{% if %}")
+    with pytest.raises(ValueError, match=r"chat_template\.jinja.*does not compile"):
+        Tokenizer.from_pretrained(str(model_dir))
+
+
+def test_broken_model_template_is_fine_when_overridden(model_dir: Path, tmp_path: Path) -> None:
+    _set_template(model_dir, "{% if %}")
+    override = tmp_path / "t.jinja"
+    override.write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    tok = Tokenizer.from_pretrained(str(model_dir), str(override))
+    assert tok.apply_chat_template([{"role": "user", "content": "hi"}]) == "hi"
+
+
+@pytest.mark.parametrize("content", [b"{% if %}", b"\xff\xfe"])
+def test_broken_chat_template_file_is_named(model_dir: Path, tmp_path: Path, content: bytes) -> None:
+    override = tmp_path / "t.jinja"
+    override.write_bytes(content)
+    with pytest.raises(ValueError, match=r"t\.jinja"):
+        Tokenizer.from_pretrained(str(model_dir), str(override))
