@@ -289,17 +289,23 @@ def _serve_many(ns: argparse.Namespace, path: str, kwargs: dict[str, Any], name:
 
     from radixflow.runtime.core_process import start_core
 
+    sock = socket.socket(socket.AF_INET6 if ":" in ns.host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:  # before the core starts: a busy port fails fast, with nothing to stop
+        sock.bind((ns.host, ns.port))
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        log.error("radixflow serve: cannot listen on %s:%d: %s", ns.host, ns.port, exc)
+        return 1
     folder = tempfile.mkdtemp(prefix="radixflow-core-")
     address = f"ipc://{folder}/core.sock"
     try:
         core = start_core(address, path, kwargs)
     except (ValueError, RuntimeError) as exc:
         log.error("the engine core failed to start: %s", exc)
+        sock.close()
         return 1
-    sock = socket.socket(socket.AF_INET6 if ":" in ns.host else socket.AF_INET)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((ns.host, ns.port))
-    sock.listen(2048)
     ctx = multiprocessing.get_context("spawn")
     servers = [ctx.Process(target=_api_server, args=(ns, path, kwargs, name, address, sock), name=f"radixflow-api-{i}")
                for i in range(count)]

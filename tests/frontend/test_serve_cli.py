@@ -145,3 +145,15 @@ def test_an_engine_that_fails_to_load_exits_nonzero_with_the_reason(tmp_path):
     assert proc.returncode == 1, proc.stdout
     assert f"{model}/config.json: the required field hidden_size is missing" in proc.stdout
     assert "Traceback" not in proc.stdout, proc.stdout
+
+
+def test_a_port_in_use_is_one_line_and_exit_1_with_several_api_servers():
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        proc = subprocess.run([sys.executable, "-m", "radixflow.frontend.cli", "serve", "--demo-size", "tiny",
+                               "--port", str(port), "--api-server-count", "2"],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60)
+    assert proc.returncode == 1, proc.stdout
+    assert f"cannot listen on 127.0.0.1:{port}" in proc.stdout and "Traceback" not in proc.stdout, proc.stdout
