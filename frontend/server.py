@@ -137,7 +137,12 @@ async def _start(server: ServerState, engine_or_factory: EngineOrFactory) -> Non
         engine = (await asyncio.to_thread(engine_or_factory) if _is_factory(engine_or_factory)
                   else engine_or_factory)
         server.attach(engine)
-    except Exception:  # a model that cannot load: say why, stop serving
+    except ValueError as exc:  # a model or setting that cannot be served: the reason, in one line
+        log.error("the engine failed to start: %s", exc)
+        server.phase = "failed"
+        if server.on_failure is not None:
+            server.on_failure()
+    except Exception:  # an unexpected failure: say why, with the traceback, stop serving
         log.exception("the engine failed to start")
         server.phase = "failed"
         if server.on_failure is not None:
@@ -216,7 +221,10 @@ def serve(ns: argparse.Namespace, engine_kwargs: dict[str, Any]) -> int:
     count = getattr(ns, "api_server_count", 1)
     core = getattr(ns, "engine_core", "process")
     try:
+        if not 0 <= ns.port <= 65535:
+            raise ValueError(f"--port must be 0 to 65535, got {ns.port}")
         path = model or (demo_model(demo_size) if demo_size else resolve_model_path(None))
+        resolve_model_path(path)  # a path that cannot be a model fails here, before listening
         EngineConfig.from_kwargs(model=path, **kwargs)  # bad flags fail here, before listening
         if count < 1 or (count > 1 and core != "process"):
             raise ValueError("--api-server-count must be >= 1, and above 1 needs --engine-core process")
@@ -243,8 +251,10 @@ def _engine_factory(core: str, path: str, kwargs: dict[str, Any], address: str |
 def _serve_one(ns: argparse.Namespace, factory: Callable[[], Any], name: str, sock: Any = None) -> int:
     """One HTTP server process (on `sock` when given, else --host/--port) until interrupted."""
     holder: dict[str, _Server] = {}
+    failed: list[bool] = []
 
-    def stop() -> None:
+    def stop() -> None:  # the engine failed to start
+        failed.append(True)
         holder["server"].should_exit = True
 
     limits, program_limits = limits_from_flags(ns)
@@ -255,7 +265,8 @@ def _serve_one(ns: argparse.Namespace, factory: Callable[[], Any], name: str, so
     server = holder["server"] = _Server(config, app.state.server)
     with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises Ctrl-C after its graceful shutdown
         server.run(sockets=None if sock is None else [sock])
-    return 1 if app.state.server.phase == "failed" else 0
+    # NOTE: the lifespan marks the app "stopping" as it exits, over "failed": `failed` remembers.
+    return 1 if failed or app.state.server.phase == "failed" else 0
 
 
 def _api_server(ns: argparse.Namespace, path: str, kwargs: dict[str, Any], name: str, address: str,
@@ -278,17 +289,23 @@ def _serve_many(ns: argparse.Namespace, path: str, kwargs: dict[str, Any], name:
 
     from radixflow.runtime.core_process import start_core
 
+    sock = socket.socket(socket.AF_INET6 if ":" in ns.host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:  # before the core starts: a busy port fails fast, with nothing to stop
+        sock.bind((ns.host, ns.port))
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        log.error("radixflow serve: cannot listen on %s:%d: %s", ns.host, ns.port, exc)
+        return 1
     folder = tempfile.mkdtemp(prefix="radixflow-core-")
     address = f"ipc://{folder}/core.sock"
     try:
         core = start_core(address, path, kwargs)
     except (ValueError, RuntimeError) as exc:
         log.error("the engine core failed to start: %s", exc)
+        sock.close()
         return 1
-    sock = socket.socket(socket.AF_INET6 if ":" in ns.host else socket.AF_INET)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((ns.host, ns.port))
-    sock.listen(2048)
     ctx = multiprocessing.get_context("spawn")
     servers = [ctx.Process(target=_api_server, args=(ns, path, kwargs, name, address, sock), name=f"radixflow-api-{i}")
                for i in range(count)]

@@ -56,6 +56,14 @@ class _Cursor:
         self.pos += struct.calcsize(fmt)
         return value
 
+    def count(self) -> int:
+        """A u64 element count; each element takes at least one byte, so a count past the buffer's
+        end is corruption, caught before a loop or an allocation of that size."""
+        count = self.scalar(10)
+        if count > len(self.buf) - self.pos:
+            raise IndexError(f"a count of {count} at byte {self.pos - 8} runs past the end of the file")
+        return count
+
     def string(self) -> str:
         (n,) = struct.unpack_from("<Q", self.buf, self.pos)
         start = self.pos + 8
@@ -66,11 +74,13 @@ class _Cursor:
         if vtype == _STRING:
             return self.string()
         if vtype == _ARRAY:
-            elem_type, count = self.scalar(4), self.scalar(10)
+            elem_type, count = self.scalar(4), self.count()
             if elem_type == _STRING:
                 return [self.string() for _ in range(count)]
             if elem_type in _SCALAR_FORMATS:
                 dtype = np.dtype("<" + _SCALAR_FORMATS[elem_type])
+                if self.pos + dtype.itemsize * count > len(self.buf):
+                    raise IndexError(f"an array of {count} values at byte {self.pos} runs past the end of the file")
                 arr = np.frombuffer(self.buf, dtype=dtype, count=count, offset=self.pos)
                 self.pos += dtype.itemsize * count
                 return arr.tolist()
@@ -96,14 +106,14 @@ class GGUFFile:
             raise ValueError(f"{self.path} is not a GGUF file (magic {bytes(buf[:4])!r})")
         try:
             self._parse(_Cursor(buf, 4))
-        except (struct.error, IndexError, UnicodeDecodeError) as e:
+        except (struct.error, IndexError, OverflowError, UnicodeDecodeError) as e:
             raise ValueError(f"{self.path} is a truncated or corrupt GGUF file: {e}") from e
 
     def _parse(self, cur: _Cursor) -> None:
         self.version = cur.scalar(4)
         if self.version not in (2, 3):
             raise ValueError(f"{self.path}: GGUF version {self.version} is not supported (2 and 3 are)")
-        num_tensors, num_kv = cur.scalar(10), cur.scalar(10)
+        num_tensors, num_kv = cur.count(), cur.count()
         self.metadata: dict[str, Any] = {}
         for _ in range(num_kv):
             key = cur.string()

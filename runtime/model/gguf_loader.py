@@ -39,32 +39,53 @@ Transform = Callable[[torch.Tensor], torch.Tensor]
 
 
 def model_args_from_gguf(f: GGUFFile) -> ModelArgs:
-    """ModelArgs from `<arch>.*` metadata; ValueError for an unsupported architecture or feature."""
+    """ModelArgs from `<arch>.*` metadata; ValueError naming the file for an unsupported
+    architecture or feature, a missing or mistyped key, or a shape that cannot be built."""
+    try:
+        return _model_args(f)
+    except ValueError as e:
+        raise ValueError(f"{f.path}: {e}") from e
+
+
+def _model_args(f: GGUFFile) -> ModelArgs:
     arch = f.architecture
     if arch not in GGUF_ARCHITECTURES:
-        raise ValueError(f"{f.path}: unsupported GGUF architecture {arch!r}; "
-                         f"supported: {', '.join(GGUF_ARCHITECTURES)}")
+        raise ValueError(f"unsupported GGUF architecture {arch!r}; supported: {', '.join(GGUF_ARCHITECTURES)}")
     meta = f.metadata
 
     def key(name: str, default: object = None) -> object:
         value = meta.get(f"{arch}.{name}", default)
         if value is None:
-            raise ValueError(f"{f.path}: GGUF metadata lacks {arch}.{name}")
+            raise ValueError(f"GGUF metadata lacks {arch}.{name}")
         return value
 
-    hidden, num_heads = int(key("embedding_length")), int(key("attention.head_count"))
-    head_dim = int(key("attention.key_length", hidden // num_heads))
-    rot_dim = int(key("rope.dimension_count", head_dim))
+    def int_key(name: str, default: int | None = None) -> int:
+        value = key(name, default)
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ValueError(f"GGUF metadata {arch}.{name} must be a positive integer, got {value!r}")
+        return value
+
+    def float_key(name: str, default: float | None = None) -> float:
+        value = key(name, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"GGUF metadata {arch}.{name} must be a number, got {value!r}")
+        return float(value)
+
+    hidden, num_heads = int_key("embedding_length"), int_key("attention.head_count")
+    head_dim = int_key("attention.key_length", hidden // num_heads)
+    rot_dim = int_key("rope.dimension_count", head_dim)
     if rot_dim != head_dim:
-        raise ValueError(f"{f.path}: partial rotary embedding ({rot_dim} of {head_dim} dims) is not supported")
+        raise ValueError(f"partial rotary embedding ({rot_dim} of {head_dim} dims) is not supported")
     if "rope_freqs.weight" in f.tensors:
-        raise ValueError(f"{f.path}: per-dimension RoPE frequency factors (rope_freqs.weight) are not supported")
+        raise ValueError("per-dimension RoPE frequency factors (rope_freqs.weight) are not supported")
+    if "token_embd.weight" not in f.tensors:
+        raise ValueError("GGUF file is missing tensor 'token_embd.weight'")
     scaling = meta.get(f"{arch}.rope.scaling.type", "none")
     if scaling not in ("none", "linear"):
-        raise ValueError(f"{f.path}: unsupported RoPE scaling {scaling!r}; supported: none, linear")
+        raise ValueError(f"unsupported RoPE scaling {scaling!r}; supported: none, linear")
     rope_scaling = None
     if scaling == "linear":
-        rope_scaling = {"rope_type": "linear", "factor": float(key("rope.scaling.factor"))}
+        rope_scaling = {"rope_type": "linear", "factor": float_key("rope.scaling.factor")}
     eos = meta.get("tokenizer.ggml.eos_token_id")
     bos = meta.get("tokenizer.ggml.bos_token_id")
     our_arch, _ = GGUF_ARCHITECTURES[arch]
@@ -72,15 +93,15 @@ def model_args_from_gguf(f: GGUFFile) -> ModelArgs:
         architecture=our_arch,
         vocab_size=f.tensors["token_embd.weight"].shape[0],
         hidden_size=hidden,
-        intermediate_size=int(key("feed_forward_length")),
-        num_layers=int(key("block_count")),
+        intermediate_size=int_key("feed_forward_length"),
+        num_layers=int_key("block_count"),
         num_heads=num_heads,
-        num_kv_heads=int(key("attention.head_count_kv", num_heads)),
+        num_kv_heads=int_key("attention.head_count_kv", num_heads),
         head_dim=head_dim,
-        rms_norm_eps=float(key("attention.layer_norm_rms_epsilon")),
-        rope_theta=float(key("rope.freq_base", 10000.0)),
+        rms_norm_eps=float_key("attention.layer_norm_rms_epsilon"),
+        rope_theta=float_key("rope.freq_base", 10000.0),
         rope_scaling=rope_scaling,
-        max_position_embeddings=int(key("context_length", 4096)),
+        max_position_embeddings=int_key("context_length", 4096),
         tie_word_embeddings="output.weight" not in f.tensors,
         qkv_bias="blk.0.attn_q.bias" in f.tensors,
         qk_norm=arch == "qwen3",

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +33,28 @@ class ModelArgs:
     bos_token_id: int | None
     eos_token_ids: tuple[int, ...]
 
+    def __post_init__(self) -> None:
+        """ValueError naming the field (by its config.json name) when the shape cannot be built."""
+        for name, value in (("vocab_size", self.vocab_size), ("hidden_size", self.hidden_size),
+                            ("intermediate_size", self.intermediate_size),
+                            ("num_hidden_layers", self.num_layers), ("num_attention_heads", self.num_heads),
+                            ("num_key_value_heads", self.num_kv_heads), ("head_dim", self.head_dim),
+                            ("max_position_embeddings", self.max_position_embeddings)):
+            _check_positive_int(name, value)
+        for name, value in (("rms_norm_eps", self.rms_norm_eps), ("rope_theta", self.rope_theta)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+                raise ValueError(f"{name} must be a positive number, got {value!r}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_key_value_heads {self.num_kv_heads} must divide num_attention_heads "
+                             f"{self.num_heads}")
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim {self.head_dim} must be even (RoPE rotates pairs)")
+        if self.rope_scaling is not None and not isinstance(self.rope_scaling, dict):
+            raise ValueError(f"rope_scaling must be an object or null, got {self.rope_scaling!r}")
+        for token_id in (*self.eos_token_ids, *(() if self.bos_token_id is None else (self.bos_token_id,))):
+            if isinstance(token_id, bool) or not isinstance(token_id, int):
+                raise ValueError(f"bos_token_id / eos_token_id must be token ids, got {token_id!r}")
+
     @property
     def q_size(self) -> int:
         return self.num_heads * self.head_dim
@@ -41,9 +64,14 @@ class ModelArgs:
         return self.num_kv_heads * self.head_dim
 
 
+def _check_positive_int(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
 def load_model_args(model_dir: str) -> ModelArgs:
-    """Parse `model_dir/config.json` (or a GGUF file's metadata); ValueError for a missing file or
-    an unsupported architecture."""
+    """Parse `model_dir/config.json` (or a GGUF file's metadata); ValueError naming the file for a
+    missing or malformed file, a missing or invalid field, or an unsupported architecture."""
     if os.path.isfile(model_dir):
         from radixflow.runtime.model.gguf_file import read_gguf
         from radixflow.runtime.model.gguf_loader import model_args_from_gguf
@@ -52,21 +80,53 @@ def load_model_args(model_dir: str) -> ModelArgs:
     path = os.path.join(model_dir, "config.json")
     if not os.path.isfile(path):
         raise ValueError(f"no config.json in {model_dir!r}: not a Hugging Face model directory")
-    with open(path, encoding="utf-8") as f:
-        cfg = json.load(f)
-    return model_args_from_dict(cfg)
+    try:
+        with open(path, encoding="utf-8") as f:
+            cfg = json.load(f)
+    except ValueError as e:  # json.JSONDecodeError, UnicodeDecodeError
+        raise ValueError(f"{path} is not valid JSON: {e}") from e
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{path} must hold a JSON object, got {type(cfg).__name__}")
+    try:
+        return model_args_from_dict(cfg)
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from e
+
+
+def _required(cfg: dict[str, Any], name: str) -> Any:
+    if cfg.get(name) is None:
+        raise ValueError(f"the required field {name} is missing")
+    return cfg[name]
+
+
+def _optional(cfg: dict[str, Any], name: str, default: Any) -> Any:
+    return default if cfg.get(name) is None else cfg[name]
 
 
 def model_args_from_dict(cfg: dict[str, Any]) -> ModelArgs:
+    """ModelArgs of a parsed config.json; ValueError naming a missing or invalid field."""
     archs = cfg.get("architectures") or []
+    if isinstance(archs, str):
+        archs = [archs]
     arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
     if arch is None:
         raise ValueError(f"unsupported architecture {archs or cfg.get('model_type')!r}; "
                          f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
-    num_heads = cfg["num_attention_heads"]
-    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // num_heads
-    rope = cfg.get("rope_parameters") or {}  # newer transformers keep theta and scaling here
+    num_heads, hidden = _required(cfg, "num_attention_heads"), _required(cfg, "hidden_size")
+    head_dim = cfg.get("head_dim")
+    if head_dim is None:
+        _check_positive_int("num_attention_heads", num_heads)
+        _check_positive_int("hidden_size", hidden)
+        if hidden % num_heads:
+            raise ValueError(f"hidden_size {hidden} is not a multiple of num_attention_heads {num_heads} "
+                             "and there is no head_dim")
+        head_dim = hidden // num_heads
+    rope = cfg.get("rope_parameters") or {}
+    if not isinstance(rope, dict):
+        raise ValueError(f"rope_parameters must be an object, got {rope!r}")  # newer transformers keep theta and scaling here
     rope_scaling = cfg.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
+    if rope_scaling is not None and not isinstance(rope_scaling, dict):
+        raise ValueError(f"rope_scaling must be an object or null, got {rope_scaling!r}")
     if rope_scaling is not None:
         kind = rope_scaling.get("rope_type", rope_scaling.get("type"))
         if kind not in ("default", "llama3", "linear"):
@@ -76,17 +136,17 @@ def model_args_from_dict(cfg: dict[str, Any]) -> ModelArgs:
     is_qwen2 = arch == "Qwen2ForCausalLM"
     return ModelArgs(
         architecture=arch,
-        vocab_size=cfg["vocab_size"],
-        hidden_size=cfg["hidden_size"],
-        intermediate_size=cfg["intermediate_size"],
-        num_layers=cfg["num_hidden_layers"],
+        vocab_size=_required(cfg, "vocab_size"),
+        hidden_size=hidden,
+        intermediate_size=_required(cfg, "intermediate_size"),
+        num_layers=_required(cfg, "num_hidden_layers"),
         num_heads=num_heads,
         num_kv_heads=cfg.get("num_key_value_heads") or num_heads,
         head_dim=head_dim,
-        rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+        rms_norm_eps=_optional(cfg, "rms_norm_eps", 1e-6),
         rope_theta=cfg.get("rope_theta") or rope.get("rope_theta", 10000.0),
         rope_scaling=rope_scaling,
-        max_position_embeddings=cfg.get("max_position_embeddings", 4096),
+        max_position_embeddings=_optional(cfg, "max_position_embeddings", 4096),
         tie_word_embeddings=cfg.get("tie_word_embeddings", False),
         qkv_bias=cfg.get("attention_bias", is_qwen2) or is_qwen2,
         qk_norm=arch == "Qwen3ForCausalLM",

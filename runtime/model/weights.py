@@ -7,9 +7,10 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from torch import nn
 
 from radixflow.runtime.model.model import CausalLM
@@ -44,12 +45,9 @@ class CheckpointReader:
         index_path = os.path.join(model_dir, "model.safetensors.index.json")
         single = os.path.join(model_dir, "model.safetensors")
         if os.path.isfile(index_path):
-            with open(index_path, encoding="utf-8") as f:
-                weight_map = json.load(f)["weight_map"]
-            self.files = {name: os.path.join(model_dir, fn) for name, fn in weight_map.items()}
+            self.files = {name: os.path.join(model_dir, fn) for name, fn in _weight_map(index_path).items()}
         elif os.path.isfile(single):
-            with safe_open(single, framework="pt") as f:
-                self.files = {name: single for name in f.keys()}
+            self.files = {name: single for name in self._open(single).keys()}
         else:
             raise ValueError(f"no model.safetensors or model.safetensors.index.json in {model_dir!r}")
         self._handles: dict[str, object] = {}
@@ -58,14 +56,46 @@ class CheckpointReader:
         return set(self.files)
 
     def get(self, name: str) -> torch.Tensor:
+        """Tensor `name` as stored; ValueError naming the file when it is missing, unreadable or
+        not floating point."""
         if name not in self.files:
             raise ValueError(f"checkpoint is missing tensor {name!r}")
         path = self.files[name]
         if path not in self._handles:
             if not os.path.isfile(path):
                 raise ValueError(f"checkpoint shard {path!r} (holding {name!r}) does not exist")
-            self._handles[path] = safe_open(path, framework="pt")
-        return self._handles[path].get_tensor(name)
+            self._handles[path] = self._open(path)
+        handle = self._handles[path]
+        if name not in handle.keys():
+            raise ValueError(f"checkpoint shard {path!r} lacks tensor {name!r}, which the index places there")
+        try:
+            tensor = handle.get_tensor(name)
+        except SafetensorError as e:
+            raise ValueError(f"cannot read tensor {name!r} from {path!r}: {e}") from e
+        if not tensor.is_floating_point():
+            raise ValueError(f"checkpoint tensor {name!r} in {path!r} is {str(tensor.dtype).removeprefix('torch.')}; "
+                             "radixflow loads floating-point weights only (not quantized safetensors)")
+        return tensor
+
+    @staticmethod
+    def _open(path: str) -> Any:
+        try:
+            return safe_open(path, framework="pt")
+        except SafetensorError as e:
+            raise ValueError(f"{path} is not a readable safetensors file: {e}") from e
+
+
+def _weight_map(index_path: str) -> dict[str, str]:
+    """The tensor name → shard file map of a sharded checkpoint's index; ValueError naming the file."""
+    try:
+        with open(index_path, encoding="utf-8") as f:
+            index = json.load(f)
+    except ValueError as e:  # json.JSONDecodeError, UnicodeDecodeError
+        raise ValueError(f"{index_path} is not valid JSON: {e}") from e
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise ValueError(f"{index_path} must hold an object with a \"weight_map\" of tensor name to shard file")
+    return weight_map
 
 
 def _checkpoint_sources(args: ModelArgs) -> dict[str, list[str]]:

@@ -70,11 +70,26 @@ def _read_json(path: str) -> dict[str, Any]:
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
-    except json.JSONDecodeError as e:
+    except ValueError as e:  # json.JSONDecodeError, UnicodeDecodeError
         raise ValueError(f"{path} is not valid JSON: {e}") from e
     if not isinstance(data, dict):
         raise ValueError(f"{path} must hold a JSON object, got {type(data).__name__}")
     return data
+
+
+def _read_text(path: str) -> str:
+    """A UTF-8 text file; ValueError naming the file when it is not UTF-8."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path} is not UTF-8 text: {e}") from e
+
+
+def _template_source(path: str) -> str:
+    """The file a Hugging Face directory's chat template comes from (see `_chat_templates`)."""
+    jinja_path = os.path.join(path, "chat_template.jinja")
+    return jinja_path if os.path.isfile(jinja_path) else os.path.join(path, "tokenizer_config.json")
 
 
 def _token_content(value: Any) -> str | None:
@@ -142,14 +157,14 @@ def _chat_templates(path: str, config: Mapping[str, Any]) -> dict[str, str]:
     """Named chat templates: chat_template.jinja (as "default") wins over tokenizer_config.json."""
     jinja_path = os.path.join(path, "chat_template.jinja")
     if os.path.isfile(jinja_path):
-        with open(jinja_path, encoding="utf-8") as f:
-            return {"default": f.read()}
+        return {"default": _read_text(jinja_path)}
     value = config.get("chat_template")
     if value is None:
         return {}
     if isinstance(value, str):
         return {"default": value}
     if isinstance(value, list) and all(isinstance(t, Mapping) and {"name", "template"} <= t.keys()
+                                       and isinstance(t["name"], str) and isinstance(t["template"], str)
                                        for t in value):
         return {t["name"]: t["template"] for t in value}
     raise ValueError(f"chat_template in {path}/tokenizer_config.json must be a string or a list of "
@@ -231,7 +246,10 @@ class Tokenizer:
         tokenizer_file = os.path.join(path, "tokenizer.json")
         if not os.path.isfile(tokenizer_file):
             raise ValueError(f"{path} has no tokenizer.json (radixflow needs a fast-tokenizer file)")
-        backend = tokenizers.Tokenizer.from_file(tokenizer_file)
+        try:
+            backend = tokenizers.Tokenizer.from_file(tokenizer_file)
+        except Exception as e:  # NOTE: the tokenizers binding raises a bare Exception for any bad file
+            raise ValueError(f"{tokenizer_file} cannot be read as a fast-tokenizer file: {e}") from e
         config = _read_json(os.path.join(path, "tokenizer_config.json"))
         generation = _read_json(os.path.join(path, "generation_config.json"))
         _register_config_tokens(backend, config)
@@ -254,24 +272,33 @@ class Tokenizer:
     def from_pretrained(cls, path: str | os.PathLike[str], chat_template_file: str | None = None) -> Tokenizer:
         """The tokenizer of a model path: a GGUF file (from its metadata) or a Hugging Face directory.
 
-        `chat_template_file` (a Jinja file) replaces the model's own chat template.
+        `chat_template_file` (a Jinja file) replaces the model's own chat template. Every chat
+        template is compiled here, so a broken one fails at start-up (ValueError naming its file),
+        not on each chat request.
         """
         path = os.fspath(path)
         template = None
         if chat_template_file is not None:
             if not os.path.isfile(chat_template_file):
                 raise ValueError(f"chat template file {chat_template_file!r} does not exist")
-            with open(chat_template_file, encoding="utf-8") as f:
-                template = f.read()
-            compile_chat_template(template)  # a broken override fails at start-up, not per request
+            template = _read_text(chat_template_file)
         if os.path.isfile(path):
             from radixflow.runtime.model.gguf_file import read_gguf
             from radixflow.runtime.text.gguf_tokenizer import tokenizer_from_gguf
 
-            return tokenizer_from_gguf(read_gguf(path), chat_template=template)
-        tok = cls.from_dir(path)
-        if template is not None:
-            tok.chat_templates = {"default": template}
+            tok = tokenizer_from_gguf(read_gguf(path), chat_template=template)
+            source = f"{path} (tokenizer.chat_template)"
+        else:
+            tok = cls.from_dir(path)
+            source = _template_source(path)
+            if template is not None:
+                tok.chat_templates = {"default": template}
+        for name, text in tok.chat_templates.items():
+            try:
+                compile_chat_template(text)
+            except ValueError as e:
+                where = chat_template_file if chat_template_file is not None else source
+                raise ValueError(f"{where}: chat template {name!r}: {e}") from e
         return tok
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:

@@ -104,3 +104,56 @@ def test_two_api_servers_share_one_engine_core():
         log, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0, log
     assert "2 API server processes" in log
+
+
+def test_a_port_out_of_range_is_refused_before_anything_starts(caplog):
+    from radixflow.frontend.cli import main
+
+    for port in ("-1", "70000"):
+        assert main(["serve", "--demo-size", "tiny", "--port", port]) == 2
+        assert f"--port must be 0 to 65535, got {port}" in caplog.text
+
+
+def test_a_model_path_that_does_not_exist_is_refused_before_listening(caplog):
+    from radixflow.frontend.cli import main
+
+    assert main(["serve", "--model", "/nonexistent/model", "--port", str(_free_port())]) == 2
+    assert "'/nonexistent/model' does not exist" in caplog.text
+
+
+def _broken_model(tmp_path) -> str:
+    import json
+    import shutil
+
+    from radixflow.runtime.model.demo import demo_model
+
+    out = tmp_path / "broken"
+    shutil.copytree(demo_model("tiny"), out)
+    cfg = json.loads((out / "config.json").read_text())
+    del cfg["hidden_size"]
+    (out / "config.json").write_text(json.dumps(cfg))
+    return str(out)
+
+
+def test_an_engine_that_fails_to_load_exits_nonzero_with_the_reason(tmp_path):
+    """The model loads after the port is bound: its ValueError is one log line naming the file and
+    the cause (no traceback), and the server exits with status 1."""
+    model = _broken_model(tmp_path)
+    proc = subprocess.run([sys.executable, "-m", "radixflow.frontend.cli", "serve", "--model", model, "--port",
+                           str(_free_port()), "--engine-core", "thread"],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60)
+    assert proc.returncode == 1, proc.stdout
+    assert f"{model}/config.json: the required field hidden_size is missing" in proc.stdout
+    assert "Traceback" not in proc.stdout, proc.stdout
+
+
+def test_a_port_in_use_is_one_line_and_exit_1_with_several_api_servers():
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        proc = subprocess.run([sys.executable, "-m", "radixflow.frontend.cli", "serve", "--demo-size", "tiny",
+                               "--port", str(port), "--api-server-count", "2"],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60)
+    assert proc.returncode == 1, proc.stdout
+    assert f"cannot listen on 127.0.0.1:{port}" in proc.stdout and "Traceback" not in proc.stdout, proc.stdout
