@@ -1,11 +1,12 @@
 """The decoder's shape, read from a Hugging Face `config.json` (or GGUF metadata) for the supported architectures."""
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import dataclass
 from typing import Any
+
+from radixflow.runtime.text_files import read_json_object
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 
@@ -80,13 +81,7 @@ def load_model_args(model_dir: str) -> ModelArgs:
     path = os.path.join(model_dir, "config.json")
     if not os.path.isfile(path):
         raise ValueError(f"no config.json in {model_dir!r}: not a Hugging Face model directory")
-    try:
-        with open(path, encoding="utf-8") as f:
-            cfg = json.load(f)
-    except ValueError as e:  # json.JSONDecodeError, UnicodeDecodeError
-        raise ValueError(f"{path} is not valid JSON: {e}") from e
-    if not isinstance(cfg, dict):
-        raise ValueError(f"{path} must hold a JSON object, got {type(cfg).__name__}")
+    cfg = read_json_object(path)
     try:
         return model_args_from_dict(cfg)
     except ValueError as e:

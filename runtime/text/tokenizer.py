@@ -4,14 +4,14 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping, Sequence
-from datetime import datetime
-from functools import cached_property, lru_cache
+from functools import cached_property
 from typing import Any
 
 import jinja2
-import jinja2.ext
 import tokenizers
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from radixflow.runtime.text.chat_template import chat_templates, compile_chat_template, template_source
+from radixflow.runtime.text_files import read_json_object, read_text
 
 # The named special tokens of tokenizer_config.json, which chat templates see as variables.
 TEMPLATE_TOKEN_KEYS = (
@@ -65,31 +65,7 @@ def fallback_byte(token: str) -> int | None:
 
 def _read_json(path: str) -> dict[str, Any]:
     """A JSON object file, or {} when the file does not exist."""
-    if not os.path.isfile(path):
-        return {}
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except ValueError as e:  # json.JSONDecodeError, UnicodeDecodeError
-        raise ValueError(f"{path} is not valid JSON: {e}") from e
-    if not isinstance(data, dict):
-        raise ValueError(f"{path} must hold a JSON object, got {type(data).__name__}")
-    return data
-
-
-def _read_text(path: str) -> str:
-    """A UTF-8 text file; ValueError naming the file when it is not UTF-8."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            return f.read()
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{path} is not UTF-8 text: {e}") from e
-
-
-def _template_source(path: str) -> str:
-    """The file a Hugging Face directory's chat template comes from (see `_chat_templates`)."""
-    jinja_path = os.path.join(path, "chat_template.jinja")
-    return jinja_path if os.path.isfile(jinja_path) else os.path.join(path, "tokenizer_config.json")
+    return read_json_object(path) if os.path.isfile(path) else {}
 
 
 def _token_content(value: Any) -> str | None:
@@ -110,65 +86,6 @@ def _id_list(value: Any) -> list[int]:
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
         raise ValueError(f"expected a token id or a list of token ids, got {value!r}")
     return values
-
-
-class _GenerationTag(jinja2.ext.Extension):
-    """`{% generation %}...{% endgeneration %}`, which marks assistant text in some templates: the body."""
-
-    tags = {"generation"}
-
-    def parse(self, parser: jinja2.parser.Parser) -> jinja2.nodes.Node:
-        lineno = next(parser.stream).lineno
-        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
-        return jinja2.nodes.Scope(body).set_lineno(lineno)
-
-
-def _raise_exception(message: str) -> None:
-    raise ValueError(message)
-
-
-def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
-            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
-    # Jinja's own tojson escapes HTML characters; chat templates expect plain json.dumps.
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
-                      sort_keys=sort_keys)
-
-
-def _strftime_now(fmt: str) -> str:
-    return datetime.now().strftime(fmt)
-
-
-@lru_cache(maxsize=32)
-def compile_chat_template(source: str) -> jinja2.Template:
-    """Compile a chat template the way transformers does: sandboxed, trim_blocks and lstrip_blocks."""
-    env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, jinja2.ext.loopcontrols]
-    )
-    env.filters["tojson"] = _tojson
-    env.globals["raise_exception"] = _raise_exception
-    env.globals["strftime_now"] = _strftime_now
-    try:
-        return env.from_string(source)
-    except jinja2.TemplateSyntaxError as e:
-        raise ValueError(f"the chat template does not compile: {e}") from e
-
-
-def _chat_templates(path: str, config: Mapping[str, Any]) -> dict[str, str]:
-    """Named chat templates: chat_template.jinja (as "default") wins over tokenizer_config.json."""
-    jinja_path = os.path.join(path, "chat_template.jinja")
-    if os.path.isfile(jinja_path):
-        return {"default": _read_text(jinja_path)}
-    value = config.get("chat_template")
-    if value is None:
-        return {}
-    if isinstance(value, str):
-        return {"default": value}
-    if isinstance(value, list) and all(isinstance(t, Mapping) and {"name", "template"} <= t.keys()
-                                       and isinstance(t["name"], str) and isinstance(t["template"], str)
-                                       for t in value):
-        return {t["name"]: t["template"] for t in value}
-    raise ValueError(f"chat_template in {path}/tokenizer_config.json must be a string or a list of "
-                     "{name, template} objects")
 
 
 def _register_config_tokens(backend: tokenizers.Tokenizer, config: Mapping[str, Any]) -> None:
@@ -264,7 +181,7 @@ class Tokenizer:
             path=path,
             bos_token_id=bos_ids[0] if bos_ids else None,
             eos_token_ids=eos_ids,
-            chat_templates=_chat_templates(path, config),
+            chat_templates=chat_templates(path, config),
             template_tokens=template_tokens,
         )
 
@@ -281,7 +198,7 @@ class Tokenizer:
         if chat_template_file is not None:
             if not os.path.isfile(chat_template_file):
                 raise ValueError(f"chat template file {chat_template_file!r} does not exist")
-            template = _read_text(chat_template_file)
+            template = read_text(chat_template_file)
         if os.path.isfile(path):
             from radixflow.runtime.model.gguf_file import read_gguf
             from radixflow.runtime.text.gguf_tokenizer import tokenizer_from_gguf
@@ -290,7 +207,7 @@ class Tokenizer:
             source = f"{path} (tokenizer.chat_template)"
         else:
             tok = cls.from_dir(path)
-            source = _template_source(path)
+            source = template_source(path)
             if template is not None:
                 tok.chat_templates = {"default": template}
         for name, text in tok.chat_templates.items():

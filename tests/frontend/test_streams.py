@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 
 import pytest
 
@@ -75,19 +77,23 @@ def _stream_events(client, body: dict) -> list[dict]:
     return [json.loads(line) for line in lines[:-1]]
 
 
-def test_abort_request_by_rid_ends_every_sample_of_an_n_stream(client, engine, wait_idle):
-    import threading
-    import time
-
-    body = {"text": "go", "rid": "fan-abort", "stream": True,
-            "sampling_params": {"max_new_tokens": 1500, "ignore_eos": True, "n": 3}}
+def _running_n_stream(client, engine, rid: str, n: int) -> tuple[threading.Thread, dict]:
+    """A native stream of n long samples under `rid`, on a thread, once all n run; its events
+    land in the dict's "events" when it ends."""
+    body = {"text": "go", "rid": rid, "stream": True,
+            "sampling_params": {"max_new_tokens": 1500, "ignore_eos": True, "n": n}}
     out: dict = {}
     thread = threading.Thread(target=lambda: out.update(events=_stream_events(client, body)))
     thread.start()
     deadline = time.monotonic() + 10
-    while engine.stats().num_running < 3:
+    while engine.stats().num_running < n:
         assert time.monotonic() < deadline
         time.sleep(0.01)
+    return thread, out
+
+
+def test_abort_request_by_rid_ends_every_sample_of_an_n_stream(client, engine, wait_idle):
+    thread, out = _running_n_stream(client, engine, "fan-abort", 3)
     assert client.post("/abort_request", json={"rid": "fan-abort"}).status_code == 200
     thread.join(timeout=10)
     finals = {e["index"]: e["meta_info"]["finish_reason"] for e in out["events"] if e["meta_info"]["finish_reason"]}
@@ -97,18 +103,7 @@ def test_abort_request_by_rid_ends_every_sample_of_an_n_stream(client, engine, w
 
 
 def test_a_client_rid_in_use_by_an_n_request_is_refused(client, engine, wait_idle):
-    import threading
-    import time
-
-    body = {"text": "go", "rid": "fan-dup", "stream": True,
-            "sampling_params": {"max_new_tokens": 1500, "ignore_eos": True, "n": 2}}
-    out: dict = {}
-    thread = threading.Thread(target=lambda: out.update(events=_stream_events(client, body)))
-    thread.start()
-    deadline = time.monotonic() + 10
-    while engine.stats().num_running < 2:
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+    thread, _ = _running_n_stream(client, engine, "fan-dup", 2)
     again = client.post("/generate", json={"text": "x", "rid": "fan-dup", "sampling_params": {"max_new_tokens": 1}})
     assert again.status_code == 400 and "already in use" in again.text, again.text
     client.post("/abort_request", json={"rid": "fan-dup"})
