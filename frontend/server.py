@@ -281,13 +281,9 @@ def _api_server(ns: argparse.Namespace, path: str, kwargs: dict[str, Any], name:
 def _serve_many(ns: argparse.Namespace, path: str, kwargs: dict[str, Any], name: str, count: int) -> int:
     """Start the core, bind the port once, run `count` API server processes on it; on SIGINT or
     SIGTERM (or when one server exits) stop the servers, then the core."""
-    import multiprocessing
-    import signal
+    import shutil
     import socket
     import tempfile
-    import threading
-
-    from radixflow.runtime.core_process import start_core
 
     sock = socket.socket(socket.AF_INET6 if ":" in ns.host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -299,12 +295,26 @@ def _serve_many(ns: argparse.Namespace, path: str, kwargs: dict[str, Any], name:
         log.error("radixflow serve: cannot listen on %s:%d: %s", ns.host, ns.port, exc)
         return 1
     folder = tempfile.mkdtemp(prefix="radixflow-core-")
-    address = f"ipc://{folder}/core.sock"
+    try:
+        return _run_many(ns, path, kwargs, name, count, sock, f"ipc://{folder}/core.sock")
+    finally:
+        sock.close()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _run_many(ns: argparse.Namespace, path: str, kwargs: dict[str, Any], name: str, count: int, sock: Any,
+              address: str) -> int:
+    """_serve_many once the port is bound: the core at `address`, then the servers, until one ends."""
+    import multiprocessing
+    import signal
+    import threading
+
+    from radixflow.runtime.core_process import start_core
+
     try:
         core = start_core(address, path, kwargs)
     except (ValueError, RuntimeError) as exc:
         log.error("the engine core failed to start: %s", exc)
-        sock.close()
         return 1
     ctx = multiprocessing.get_context("spawn")
     servers = [ctx.Process(target=_api_server, args=(ns, path, kwargs, name, address, sock), name=f"radixflow-api-{i}")
@@ -324,9 +334,5 @@ def _serve_many(ns: argparse.Namespace, path: str, kwargs: dict[str, Any], name:
         proc.join(timeout=30)
     core.terminate()
     core.wait(timeout=30)
-    sock.close()
-    import shutil
-
-    shutil.rmtree(folder, ignore_errors=True)
     failed = [proc for proc in servers if proc.exitcode not in (0, -signal.SIGTERM)]
     return 1 if failed else 0

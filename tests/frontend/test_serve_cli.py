@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import signal
+import os
 import socket
 import subprocess
 import sys
@@ -157,3 +158,24 @@ def test_a_port_in_use_is_one_line_and_exit_1_with_several_api_servers():
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60)
     assert proc.returncode == 1, proc.stdout
     assert f"cannot listen on 127.0.0.1:{port}" in proc.stdout and "Traceback" not in proc.stdout, proc.stdout
+
+
+def test_a_core_that_fails_to_start_leaves_no_socket_folder(monkeypatch, tmp_path):
+    """--api-server-count N: the engine core's socket folder goes when the core cannot start."""
+    import argparse
+    import tempfile
+
+    import radixflow.runtime.core_process as core_process
+    from radixflow.frontend import server
+
+    made = []
+    real_mkdtemp = tempfile.mkdtemp
+    monkeypatch.setattr(tempfile, "mkdtemp", lambda **kw: made.append(real_mkdtemp(dir=tmp_path, **kw)) or made[-1])
+
+    def fail(*_args, **_kwargs):
+        raise ValueError("no such model")
+
+    monkeypatch.setattr(core_process, "start_core", fail)
+    ns = argparse.Namespace(host="127.0.0.1", port=0)
+    assert server._serve_many(ns, "nowhere", {}, "name", 2) == 1
+    assert made and not any(os.path.exists(folder) for folder in made)
