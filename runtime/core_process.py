@@ -331,7 +331,10 @@ def run_core(address: str, model: str | None, config: dict[str, Any], report: An
         engine = Engine(model, **config)
         server = CoreServer(engine, address)
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, which raises it
-        log.exception("the engine core failed to start")
+        if isinstance(exc, ValueError):  # a model or setting that cannot be served: the parent says why
+            log.debug("the engine core failed to start", exc_info=exc)
+        else:  # unexpected: the traceback is the only clue
+            log.exception("the engine core failed to start")
         report.write(json.dumps({"ready": False, "error": str(exc), "value_error": isinstance(exc, ValueError)})
                      .encode() + b"\n")
         report.close()
