@@ -1,0 +1,45 @@
+"""LoRA serving under concurrency: load / unload / replace racing requests of the adapters."""
+from __future__ import annotations
+
+import pytest
+
+from lora_adapters import ATTN, write_adapter
+from radixflow.runtime import Engine
+from radixflow.runtime.model.demo import demo_model
+
+GREEDY = {"max_new_tokens": 8, "temperature": 0.0}
+PROMPT = "the river ran a small cat sat"
+
+
+@pytest.fixture(scope="module")
+def model():
+    return demo_model("tiny")
+
+
+@pytest.fixture(scope="module")
+def adapters(model, tmp_path_factory):
+    root = tmp_path_factory.mktemp("adapters")
+    return [write_adapter(str(root / f"a{i}"), model, rank=8, targets=ATTN, seed=10 + i) for i in range(3)]
+
+
+def test_n_samples_of_one_request_run_on_the_weights_it_asked_for(model, adapters, monkeypatch):
+    """An n > 1 request resolves its adapter once: a replace while its samples are being
+    submitted cannot give some samples the old weights and others the new ones."""
+    with Engine(model, dtype="float32", lora_modules=[f"x={adapters[0]}", f"new={adapters[1]}"]) as eng:
+        old = eng.generate(PROMPT, GREEDY, lora="x")["output_ids"]
+        new = eng.generate(PROMPT, GREEDY, lora="new")["output_ids"]
+        assert old != new
+        submit, submitted = eng.loop.submit, []
+
+        def replace_after_the_first_sample(req) -> None:
+            submit(req)
+            submitted.append(req)
+            if len(submitted) == 2:  # the prefill, then one sample: x gets new weights now
+                eng.load_lora_adapter("x", adapters[1])
+        monkeypatch.setattr(eng.loop, "submit", replace_after_the_first_sample)
+        samples = eng.generate(PROMPT, {**GREEDY, "n": 3}, lora="x")
+        monkeypatch.undo()
+        assert [s["output_ids"] for s in samples] == [old] * 3
+        assert eng.generate(PROMPT, GREEDY, lora="x")["output_ids"] == new
+        eng.check_accounting()
+        assert eng.loras.capacity.pins == {}
