@@ -1,6 +1,7 @@
 """LoRA serving under concurrency: load / unload / replace racing requests of the adapters."""
 from __future__ import annotations
 
+import shutil
 import threading
 
 import pytest
@@ -81,3 +82,32 @@ def test_unloads_between_overlapped_steps_never_strand_a_finished_request(model,
         assert errors == [] and outs and all(o == want for o in outs)
         eng.check_accounting()
         assert eng.stats().invariant_violations == 0 and eng.loras.capacity.pins == {}
+
+
+def test_a_reread_racing_a_reload_of_the_same_path_keeps_the_reload(model, adapters, tmp_path, monkeypatch):
+    """A name whose weights left host memory is read again from disk by its next request; when
+    the name is reloaded (same path, new file) while that read runs, the reload wins: later
+    requests get the new weights, not the stale content the slower read found."""
+    path = str(tmp_path / "a")
+    shutil.copytree(adapters[0], path)
+    with Engine(model, dtype="float32", max_cpu_loras=1,
+                lora_modules=[f"a={path}", f"b={adapters[1]}", f"new={adapters[2]}"]) as eng:
+        new = eng.generate(PROMPT, GREEDY, lora="new")["output_ids"]
+        old = eng.generate(PROMPT, GREEDY, lora="a")["output_ids"]
+        assert old != new
+        eng.generate(PROMPT, GREEDY, lora="b")  # a's weights leave host memory
+        read, reg = eng.loras.registry._read, eng.loras.registry
+
+        def reload_during_the_read(p: str):
+            adapter = read(p)
+            if p == path:  # the request's re-read found the old file; now it is replaced and reloaded
+                monkeypatch.setattr(reg, "_read", read)
+                shutil.rmtree(path)
+                shutil.copytree(adapters[2], path)
+                eng.load_lora_adapter("a", path)
+            return adapter
+        monkeypatch.setattr(reg, "_read", reload_during_the_read)
+        assert eng.generate(PROMPT, GREEDY, lora="a")["output_ids"] in (old, new)
+        assert eng.generate(PROMPT, GREEDY, lora="a")["output_ids"] == new
+        eng.check_accounting()
+        assert eng.loras.capacity.pins == {}
