@@ -32,7 +32,7 @@ from radixflow.runtime.sampling_params import SamplingParams
 from radixflow.runtime.core.scheduler import Scheduler, SchedulerLimits
 from radixflow.runtime.lora.capacity import NO_ADAPTERS
 from radixflow.runtime.lora.request_counts import AdapterRequestCounts
-from radixflow.runtime.lora.service import LoraService, check_lora_request
+from radixflow.runtime.lora.service import AdapterChoice, LoraService, check_lora_request
 from radixflow.runtime.stats import EngineStats, RequestTiming
 from radixflow.runtime.core.engine_loop import EngineLoop
 from radixflow.runtime.core.step import StepRunner
@@ -313,7 +313,7 @@ class Engine:
         check_prompt(ids, sp, self.runner.args.vocab_size, self.max_context_len, self.runner.kv_pool.capacity)
 
     def _make_req(self, ids: list[int], sp: SamplingParams, opts: LogprobOptions, rid: str | None,
-                  lora_path: str | None, on_output: Callable[[Req, bool], None] | None,
+                  lora_path: str | AdapterChoice | None, on_output: Callable[[Req, bool], None] | None,
                   checked: bool = False, with_text: bool = True) -> Req:
         """`checked`: the caller already ran validate_prompt(ids, sp) (an O(prompt) scan);
         `with_text=False`: tokens only, its text and stop strings are the caller's. The text of
@@ -325,9 +325,7 @@ class Engine:
         opts.validate(len(ids), self.runner.args.vocab_size)
         req = Req(rid=rid or new_rid(), prompt_ids=ids, sampling=sp, logprob=opts, on_output=on_output)
         if self.loras is not None and lora_path is not None:
-            orphan = self.loras.attach(req, lora_path)
-            if orphan is not None:  # its file changed on disk: drop the old content's KV (no waiting here)
-                self.loop.post("drop", orphan)
+            self.loras.attach(req, self._choose_adapter(lora_path) if isinstance(lora_path, str) else lora_path)
         if with_text:
             text = OutputText(self.tokenizer, sp, ids)
             if sp.stop_strings or sp.stop_regexes:
@@ -339,13 +337,24 @@ class Engine:
         req.grammar = self.grammar.new_state(sp, opts.return_logprob)
         return req
 
+    def _choose_adapter(self, lora_path: str) -> AdapterChoice:
+        """What adapter `lora_path` means now (ValueError when nothing)."""
+        assert self.loras is not None
+        choice, orphan = self.loras.resolve(lora_path)
+        if orphan is not None:  # its file changed on disk: drop the old content's KV (no waiting here)
+            self.loop.post("drop", orphan)
+        return choice
+
     def _make_group(self, ids: list[int], sp: SamplingParams, opts: LogprobOptions, rid: str | None,
-                    lora_path: str | None, session_id: str | None = None, checked: bool = False,
+                    lora_path: str | AdapterChoice | None, session_id: str | None = None, checked: bool = False,
                     submitted: list[Req] | None = None) -> list[tuple[Req, threading.Event]]:
         """One request, or for n > 1 a prefill-only request first and then n that hit it (the
         samples' rids are `rid-0` ...; `abort(rid)` ends them all, or the prefill before them).
-        Each request submitted is appended to `submitted`."""
+        Each request submitted is appended to `submitted`. The adapter is resolved once for the
+        group: every sample runs on the weights its prefill ran on."""
         submitted = [] if submitted is None else submitted
+        if self.loras is not None and lora_path is not None:
+            lora_path = self._choose_adapter(lora_path)
         if sp.n == 1:
             return [self._submit(ids, sp, opts, rid, lora_path, session_id, None, checked, submitted)]
         warm = SamplingParams.from_dict({"max_new_tokens": 0})
@@ -360,7 +369,7 @@ class Engine:
                 for i in range(sp.n)]
 
     def _submit(self, ids: list[int], sp: SamplingParams, opts: LogprobOptions, rid: str | None,
-                lora_path: str | None, session_id: str | None, group: str | None, checked: bool,
+                lora_path: str | AdapterChoice | None, session_id: str | None, group: str | None, checked: bool,
                 submitted: list[Req]) -> tuple[Req, threading.Event]:
         ev = threading.Event()
         req = self._make_req(ids, sp, opts, rid, lora_path,

@@ -133,8 +133,10 @@ class EngineLoop:
 
     def drop_namespace(self, namespace: str) -> None:
         """Free the cached KV and adapter slot of a LoRA namespace no name refers to. A no-op when
-        a name was loaded with that content again meanwhile."""
+        a name was loaded with that content again meanwhile. Hands out the requests that draining
+        the step in flight (overlap) finished before this ran: no step may follow to do it."""
         assert self.loras is not None
+        self.hand_out()
         if self.loras.registry.is_loaded(namespace):
             return
         self.scheduler.cache.evict_namespace(namespace, self.runner.kv_pool.free)

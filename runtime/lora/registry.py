@@ -35,6 +35,7 @@ class LoraRegistry:
         self._lock = threading.Lock()
         self._paths: dict[str, str] = {}                                # name -> adapter path
         self._namespace: dict[str, str] = {}                            # name -> content namespace
+        self._loads: dict[str, int] = {}                                # name -> loads + unloads so far
         self._host: OrderedDict[str, LoraAdapter] = OrderedDict()       # namespace -> weights, LRU
         self.load_time = Histogram()                                    # seconds per adapter read
         self.requests: dict[str, int] = {}                              # name -> requests submitted
@@ -55,6 +56,7 @@ class LoraRegistry:
         with self._lock:
             old = self._namespace.get(name)
             self._paths[name], self._namespace[name] = path, adapter.namespace
+            self._loads[name] = self._loads.get(name, 0) + 1
             self._keep(adapter)
             return adapter, self._orphan(old)
 
@@ -64,6 +66,7 @@ class LoraRegistry:
             if name not in self._paths:
                 raise ValueError(f"no adapter named {name!r} is loaded")
             del self._paths[name]
+            self._loads[name] = self._loads.get(name, 0) + 1
             return self._orphan(self._namespace.pop(name))
 
     def resolve(self, name_or_path: str) -> tuple[str, LoraAdapter, str | None]:
@@ -71,7 +74,7 @@ class LoraRegistry:
         use, under its path as name); ValueError otherwise. `orphan`: the namespace no name refers
         to any more when re-reading dropped weights found new content on disk (its KV can go)."""
         with self._lock:
-            path = self._paths.get(name_or_path)
+            path, loads = self._paths.get(name_or_path), self._loads.get(name_or_path)
             adapter = self._host.get(self._namespace.get(name_or_path, ""))
             if adapter is not None:
                 self._host.move_to_end(adapter.namespace)
@@ -85,7 +88,8 @@ class LoraRegistry:
             return (name_or_path, *self.load(name_or_path, name_or_path))
         adapter = self._read(path)  # weights left host memory: read again (the content may differ)
         with self._lock:
-            if self._paths.get(name_or_path) != path:  # unloaded or replaced meanwhile: not kept
+            # unloaded or loaded again meanwhile (perhaps the same path, a new file): not kept
+            if self._loads.get(name_or_path) != loads:
                 return name_or_path, adapter, None
             old = self._namespace.get(name_or_path)
             self._namespace[name_or_path] = adapter.namespace

@@ -1,12 +1,23 @@
 """The engine's adapters: the registry of names plus slot capacity, and what a request gets from them."""
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from radixflow.runtime.config import EngineConfig
 from radixflow.runtime.core.request import Req
+from radixflow.runtime.lora.adapter import LoraAdapter
 from radixflow.runtime.lora.capacity import AdapterCapacity
 from radixflow.runtime.lora.registry import AdapterSpec, LoraRegistry
 from radixflow.runtime.lora.slots import LoraSlots
 from radixflow.runtime.model.model_config import ModelArgs
+
+
+class AdapterChoice(NamedTuple):
+    """What an adapter name meant when a request resolved it: the requests of one group (the
+    samples of n > 1) share one, so a replace while they are submitted cannot split them."""
+
+    name: str
+    adapter: LoraAdapter
 
 
 class LoraService:
@@ -20,17 +31,19 @@ class LoraService:
             name, path = item.split("=", 1)
             self.registry.load(name, path)
 
-    def attach(self, req: Req, lora: str) -> str | None:
-        """Point `req` at adapter `lora` (a name, or a path under lora_dir): its weights and its
-        KV namespace, which is the adapter's content hash and never anything a client typed.
-        Returns a namespace no name refers to any more (the name's file changed on disk), whose
-        KV the caller drops."""
+    def resolve(self, lora: str) -> tuple[AdapterChoice, str | None]:
+        """Adapter `lora` (a name, or a path under lora_dir) as it is now, and a namespace no name
+        refers to any more (the name's file changed on disk), whose KV the caller drops."""
         if not isinstance(lora, str) or not lora:
             raise ValueError(f"lora must be an adapter name, got {lora!r}")
         name, adapter, orphan = self.registry.resolve(lora)
-        req.lora, req.lora_name, req.namespace = adapter, name, adapter.namespace
-        self.registry.count_request(name)
-        return orphan
+        return AdapterChoice(name, adapter), orphan
+
+    def attach(self, req: Req, choice: AdapterChoice) -> None:
+        """Point `req` at the chosen adapter: its weights and its KV namespace, which is the
+        adapter's content hash and never anything a client typed."""
+        req.lora, req.lora_name, req.namespace = choice.adapter, choice.name, choice.adapter.namespace
+        self.registry.count_request(choice.name)
 
     def stats(self) -> dict[str, object]:
         """EngineStats fields of the adapters (engine thread)."""
