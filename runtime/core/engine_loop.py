@@ -133,10 +133,8 @@ class EngineLoop:
 
     def drop_namespace(self, namespace: str) -> None:
         """Free the cached KV and adapter slot of a LoRA namespace no name refers to. A no-op when
-        a name was loaded with that content again meanwhile. Hands out the requests that draining
-        the step in flight (overlap) finished before this ran: no step may follow to do it."""
+        a name was loaded with that content again meanwhile."""
         assert self.loras is not None
-        self.hand_out()
         if self.loras.registry.is_loaded(namespace):
             return
         self.scheduler.cache.evict_namespace(namespace, self.runner.kv_pool.free)
@@ -197,6 +195,7 @@ class EngineLoop:
                 self.scheduler.add(payload)
             else:  # it changes or reads requests between steps: none may be in flight
                 self.step.drain()
+                self.hand_out()  # what the drained step finished: no step may follow to answer them
                 self._apply(kind, payload)
             try:
                 item = self.inbox.get_nowait()
