@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import time
@@ -15,6 +14,7 @@ from torch import nn
 
 from radixflow.runtime.model.model import CausalLM
 from radixflow.runtime.model.model_config import ModelArgs
+from radixflow.runtime.text_files import read_json_object
 
 log = logging.getLogger(__name__)
 
@@ -87,12 +87,7 @@ class CheckpointReader:
 
 def _weight_map(index_path: str) -> dict[str, str]:
     """The tensor name → shard file map of a sharded checkpoint's index; ValueError naming the file."""
-    try:
-        with open(index_path, encoding="utf-8") as f:
-            index = json.load(f)
-    except ValueError as e:  # json.JSONDecodeError, UnicodeDecodeError
-        raise ValueError(f"{index_path} is not valid JSON: {e}") from e
-    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    weight_map = read_json_object(index_path).get("weight_map")
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
         raise ValueError(f"{index_path} must hold an object with a \"weight_map\" of tensor name to shard file")
     return weight_map
