@@ -39,14 +39,13 @@ class Job:
 
 
 def expand(prompts: list[list[int]], sampling: list[SamplingParams], options: list[dict[str, Any]]) -> list[Job]:
-    """One job per (prompt, sample); sample j of n gets seed + j and rid `rid-j`, as the engine
-    does; a job without a client rid gets a fresh one (so the server knows what it runs)."""
+    """One job per (prompt, sample); sample j of n gets `for_sample(j)` (seed + j) and rid `rid-j`, as the
+    engine does; a job without a client rid gets a fresh one (so the server knows what it runs)."""
     jobs = []
     for p, (ids, sp, opts) in enumerate(zip(prompts, sampling, options)):
         group = opts.get("rid")
         for j in range(sp.n):
-            child = sp if sp.n == 1 else msgspec.structs.replace(
-                sp, n=1, seed=None if sp.seed is None else sp.seed + j)
+            child = sp if sp.n == 1 else sp.for_sample(j)
             rid = new_rid() if group is None else group if sp.n == 1 else f"{group}-{j}"
             jobs.append(Job(p * sp.n + j, ids, child, {**opts, "rid": rid}, group))
     return jobs

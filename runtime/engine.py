@@ -362,10 +362,8 @@ class Engine:
         ev.wait()
         if (first.finish_reason or {}).get("type") in ("abort", "error"):
             return [(self._unsubmitted(ids, sp, first.finish_reason), ev) for _ in range(sp.n)]
-        fields = {f: getattr(sp, f) for f in sp.__struct_fields__}
-        return [self._submit(ids, SamplingParams.from_dict(
-                    {**fields, "n": 1, "seed": None if sp.seed is None else (sp.seed + i) % 2**64}),
-                    opts, None if rid is None else f"{rid}-{i}", lora_path, session_id, rid, checked, submitted)
+        return [self._submit(ids, sp.for_sample(i), opts, None if rid is None else f"{rid}-{i}", lora_path,
+                             session_id, rid, checked, submitted)
                 for i in range(sp.n)]
 
     def _submit(self, ids: list[int], sp: SamplingParams, opts: LogprobOptions, rid: str | None,

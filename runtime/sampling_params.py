@@ -100,6 +100,11 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
             except RecursionError:
                 raise ValueError("json_schema nests too deeply to be read") from None
 
+    def for_sample(self, j: int) -> SamplingParams:
+        """Sample j of an n > 1 request: n = 1 and seed + j, wrapped into [0, 2^64) (the same
+        generator state for torch, and never past the seed range)."""
+        return msgspec.structs.replace(self, n=1, seed=None if self.seed is None else (self.seed + j) % 2**64)
+
     @property
     def stop_strings(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])

@@ -112,3 +112,11 @@ def test_a_client_rid_in_use_by_an_n_request_is_refused(client, engine, wait_idl
     # free again once the first request ended
     assert client.post("/generate", json={"text": "x", "rid": "fan-dup",
                                           "sampling_params": {"max_new_tokens": 1}}).status_code == 200
+
+
+def test_sample_seeds_wrap_within_the_seed_range_as_the_engine_wraps_them():
+    """Sample j of an n > 1 request gets seed + j, wrapped into [0, 2^64) at the top (as
+    Engine.generate's samples), never a seed the engine would refuse."""
+    jobs = expand([[1, 2]], [SamplingParams(n=3, seed=2**64 - 2)], [{}])
+    assert [job.sampling.seed for job in jobs] == [2**64 - 2, 2**64 - 1, 0]
+    assert all(job.sampling.n == 1 for job in jobs)
