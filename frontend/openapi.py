@@ -14,6 +14,7 @@ from radixflow.frontend.openai_schemas import (
     ChatCompletion, ChatRequest, Completion, CompletionRequest, ModelCard, ModelList,
 )
 from radixflow.frontend.programs import ProgramRequest
+from radixflow.frontend.tokenize import DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse
 
 REF = "#/components/schemas/{name}"
 
@@ -40,6 +41,9 @@ OPERATIONS: dict[str, tuple[str, str, type | None, type | None]] = {
     "/v1/programs": ("post", "run a program IR", ProgramRequest, None),
     "/generate": ("post", "SGLang-native generate", GenerateRequest, None),
     "/abort_request": ("post", "abort one request (rid) or all (abort_all)", AbortRequest, None),
+    "/tokenize": ("post", "token ids of a prompt or of chat messages (also /v1/tokenize)", TokenizeRequest,
+                  TokenizeResponse),
+    "/detokenize": ("post", "text of token ids (also /v1/detokenize)", DetokenizeRequest, DetokenizeResponse),
     "/get_model_info": ("get", "model path and limits", None, None),
     "/model_info": ("get", "same as /get_model_info", None, None),
     "/get_server_info": ("get", "server config and stats", None, None),

@@ -31,6 +31,7 @@ from radixflow.frontend.openai_schemas import ModelCard, ModelList
 from radixflow.frontend.openapi import openapi_json
 from radixflow.frontend.programs import run_program
 from radixflow.frontend.state import Gate, ServerState, refusal
+from radixflow.frontend.tokenize import detokenize, tokenize
 from radixflow.frontend.streams import ClientGone
 
 log = logging.getLogger(__name__)
@@ -80,6 +81,10 @@ ROUTES = [
     Route("/health_generate", native.health_generate, methods=["GET"]),
     Route("/abort_request", native.abort_request, methods=["POST"]),
     Route("/concate_and_append_request", native.concate_and_append_request, methods=["POST"]),
+    Route("/tokenize", tokenize, methods=["POST"]),
+    Route("/v1/tokenize", tokenize, methods=["POST"]),
+    Route("/detokenize", detokenize, methods=["POST"]),
+    Route("/v1/detokenize", detokenize, methods=["POST"]),
     Route("/metrics", metrics, methods=["GET"]),
     Route("/openapi.json", openapi_json, methods=["GET"]),
 ]

@@ -60,6 +60,7 @@ class Engine:
         self.tokenizer = Tokenizer.from_pretrained(self.model_path, self.config.chat_template)
         self.runner = ModelRunner(self.config, self.model_path)
         self.max_context_len = self.runner.shape.max_context_len
+        self.vocab_size = self.runner.args.vocab_size  # the model's: ids a prompt may hold
         cache = NullCache() if self.config.disable_radix_cache else RadixCache()
         limits = SchedulerLimits(
             max_num_seqs=self.config.max_num_seqs, max_prefill_tokens=self.config.max_prefill_tokens,

@@ -18,7 +18,8 @@ from radixflow.runtime.sampling_params import RequestOptions, SamplingParams
 
 from .conftest import LiveServer
 
-FUZZED = ["/v1/completions", "/v1/chat/completions", "/generate", "/v1/programs", "/abort_request"]
+FUZZED = ["/v1/completions", "/v1/chat/completions", "/generate", "/v1/programs", "/abort_request", "/tokenize",
+          "/detokenize"]
 
 
 @pytest.fixture(scope="module")
