@@ -18,13 +18,24 @@ INLINE_PARSE_BYTES = 8192
 
 
 async def read_body(request: Request) -> bytes:
-    """The whole body, or APIError(413) as soon as it exceeds the app's cap (declared or streamed)."""
-    cap = request.app.state.server.max_body_bytes
+    """The whole body, or APIError(413) as soon as it exceeds the app's cap (declared or streamed),
+    or APIError(408) when no part of it has arrived for the body timeout (a client that sends
+    the headers and stalls would otherwise hold its connection and coroutine for ever)."""
+    limits = request.app.state.server.limits
+    cap, pause = limits.max_body_bytes, limits.body_timeout_s
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > cap:
         raise APIError(413, f"request body of {declared} bytes exceeds the limit of {cap} bytes")
     chunks, size = [], 0
-    async for chunk in request.stream():
+    parts = aiter(request.stream())
+    while True:
+        try:
+            async with asyncio.timeout(pause):
+                chunk = await anext(parts)
+        except StopAsyncIteration:
+            break
+        except TimeoutError:
+            raise APIError(408, f"no part of the request body arrived for {pause} s", code="request_timeout") from None
         size += len(chunk)
         if size > cap:
             raise APIError(413, f"request body exceeds the limit of {cap} bytes")

@@ -15,7 +15,7 @@ log = logging.getLogger(__name__)
 # OpenAI's error types: client errors (401 and 404 included) are invalid_request_error, with the
 # detail in `code` (invalid_api_key, model_not_found, ...).
 _TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error",
-          405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error",
+          405: "invalid_request_error", 408: "timeout", 413: "invalid_request_error", 429: "rate_limit_error",
           503: "service_unavailable", 504: "timeout"}
 RETRY_AFTER_S = 1  # what a 429 tells the client to wait
 

@@ -15,13 +15,15 @@ from radixflow.frontend.errors import APIError
 from radixflow.lang.validate import Limits as ProgramLimits
 
 
-def _limit(default: int, help_text: str) -> int:
-    return field(default=default, metadata={"help": help_text})  # type: ignore[return-value]
+def _limit(default: float, help_text: str) -> Any:
+    return field(default=default, metadata={"help": help_text})
 
 
 @dataclass(frozen=True)
 class RequestLimits:
     max_body_bytes: int = _limit(8 * 1024 * 1024, "request body bytes; larger bodies get 413")
+    body_timeout_s: float = _limit(60.0, "seconds a request body may pause between two of its parts; a body "
+                                   "that stops arriving longer gets 408 and frees its connection")
     max_prompt_chars: int = _limit(1_000_000, "characters of prompt text in one request (all prompts and "
                                    "messages together), checked before tokenization")
     max_prompt_tokens: int = _limit(262_144, "token ids given in one request (input_ids / token prompts)")

@@ -86,3 +86,33 @@ def test_health_answers_while_a_big_prompt_is_tokenized(default_server):
     assert statuses and statuses[0] in (200, 400)  # 400: more tokens than the context holds
     # Tokenizing on the event loop would hold /health for the whole request.
     assert worst < max(1.0, 0.5 * took[0]), (worst, took)
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/tokenize", "/v1/programs"])
+def test_a_body_that_stops_arriving_is_a_408(engine, path):
+    """A client that sends the headers and part of the body, then nothing: the server answers 408
+    once no byte has come for `body_timeout_s`, on the direct lane and the routed paths alike,
+    and serves others meanwhile."""
+    import json
+    import socket
+
+    live = LiveServer(create_app(engine, "tiny", limits=RequestLimits(body_timeout_s=0.5))).start()
+    try:
+        port = int(live.url.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            sock.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         f"Content-Length: 100\r\n\r\n".encode() + b'{"model": "tiny", ')
+            assert httpx.get(live.url + "/health").status_code == 200  # others are served meanwhile
+            start = time.monotonic()
+            reply = b""
+            while b"\r\n\r\n" not in reply or not reply.rstrip().endswith(b"}"):
+                data = sock.recv(65536)
+                if not data:
+                    break
+                reply += data
+            head, _, body = reply.partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 408"), reply
+            assert json.loads(body)["error"]["code"] == "request_timeout"
+            assert time.monotonic() - start < 5
+    finally:
+        live.stop()
