@@ -1,0 +1,181 @@
+"""Tool calls in generated text: Hermes-style `<tool_call>` blocks (tool_choice "auto") and the JSON
+that tool_choice "required" or a named function constrains the output to.
+
+A parser is fed a choice's text as it is generated and returns events: text (content) or a complete
+`Call`; `finish()` flushes what it held back. The non-streamed response feeds the whole text at
+once, so a stream and a response give the same calls and the same content. Text that could still
+become part of a call is held back until it cannot (a stream shows it late, never twice).
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Set
+from dataclasses import dataclass
+from typing import Protocol
+
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+
+
+@dataclass(frozen=True)
+class Call:
+    name: str
+    arguments: str  # the arguments object as JSON text (OpenAI's `function.arguments`)
+
+
+Event = str | Call
+
+
+class Parser(Protocol):
+    def feed(self, text: str) -> list[Event]: ...
+    def finish(self) -> list[Event]: ...
+
+
+def _arguments(value: object) -> str:
+    return json.dumps(value, ensure_ascii=False)
+
+
+def parse_call(payload: str, names: Set[str]) -> Call | None:
+    """The call in JSON `payload`, or None unless it is {"name": <one of names>, "arguments": {...}}
+    (missing arguments are {}, as models write a call of a function without parameters)."""
+    try:
+        obj = json.loads(payload)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or obj["name"] not in names:
+        return None
+    arguments = obj.get("arguments", {})
+    return Call(obj["name"], _arguments(arguments)) if isinstance(arguments, dict) else None
+
+
+def _partial_tag(text: str, tag: str) -> int:
+    """Length of the longest proper prefix of `tag` that `text` ends with."""
+    for k in range(min(len(tag) - 1, len(text)), 0, -1):
+        if text.endswith(tag[:k]):
+            return k
+    return 0
+
+
+class HermesParser:
+    """`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, any number, anywhere in the text
+    (Qwen2.5 and Hermes models). A block that does not parse, or names an unknown tool, stays
+    content as written; so does an unclosed one, unless the output ends with it complete.
+
+    Content is trimmed where calls were (the newlines models put around the tags): whitespace
+    before a call, after one and at the end is dropped once a call was parsed; without calls the
+    text is kept exactly."""
+
+    def __init__(self, names: Set[str]) -> None:
+        self.names = names
+        self._buf = ""  # text not yet given out: a possible tag start, or a call's body so far
+        self._in_call = False
+        self._space = ""  # trailing whitespace held back (dropped if a call follows)
+        self._trim = False  # just after a call: leading whitespace is dropped
+        self._calls = 0
+
+    def feed(self, text: str) -> list[Event]:
+        self._buf += text
+        out: list[Event] = []
+        while True:
+            if self._in_call:
+                end = self._buf.find(CLOSE)
+                if end < 0:
+                    return out
+                payload, self._buf = self._buf[:end], self._buf[end + len(CLOSE):]
+                self._in_call = False
+                self._block(payload, OPEN + payload + CLOSE, out)
+            else:
+                start = self._buf.find(OPEN)
+                if start < 0:
+                    keep = len(self._buf) - _partial_tag(self._buf, OPEN)
+                    self._text(self._buf[:keep], out)
+                    self._buf = self._buf[keep:]
+                    return out
+                self._text(self._buf[:start], out)
+                self._buf = self._buf[start + len(OPEN):]
+                self._in_call = True
+
+    def finish(self) -> list[Event]:
+        out: list[Event] = []
+        if self._in_call:
+            self._block(self._buf, OPEN + self._buf, out)
+        else:
+            self._text(self._buf, out)
+        self._buf, self._in_call = "", False
+        if self._space and not self._calls:
+            out.append(self._space)
+        self._space = ""
+        return out
+
+    def _block(self, payload: str, raw: str, out: list[Event]) -> None:
+        call = parse_call(payload, self.names)
+        if call is None:
+            self._text(raw, out)
+            return
+        out.append(call)
+        self._calls += 1
+        self._space, self._trim = "", True
+
+    def _text(self, text: str, out: list[Event]) -> None:
+        if self._trim:
+            text = text.lstrip()
+            if not text:
+                return
+            self._trim = False
+        text = self._space + text
+        body = text.rstrip()
+        self._space = text[len(body):]
+        if body:
+            out.append(body)
+
+
+class JsonCallsParser:
+    """The constrained output of tool_choice "required", `[{"name": ..., "arguments": {...}}, ...]`,
+    or of a named function (`name`), its arguments object. Each call comes out as soon as its object
+    closes. What is left when the output ends unfinished (cut by max_tokens) is content, as written."""
+
+    def __init__(self, names: Set[str], name: str | None = None) -> None:
+        self.names, self.name = names, name
+        self._level = 0 if name is not None else 1  # the depth at which a call's object opens
+        self._text = ""  # not yet given out
+        self._pos = 0  # how far _text is scanned
+        self._start: int | None = None  # where the current call's object opened
+        self._depth = 0
+        self._in_string = self._escaped = False
+
+    def feed(self, text: str) -> list[Event]:
+        self._text += text
+        out: list[Event] = []
+        while self._pos < len(self._text):
+            c, i = self._text[self._pos], self._pos
+            self._pos += 1
+            if self._in_string:
+                if self._escaped:
+                    self._escaped = False
+                elif c == "\\":
+                    self._escaped = True
+                elif c == '"':
+                    self._in_string = False
+            elif c == '"':
+                self._in_string = True
+            elif c in "{[":
+                if c == "{" and self._depth == self._level:
+                    self._start = i
+                self._depth += 1
+            elif c in "}]":
+                self._depth -= 1
+                if c == "}" and self._depth == self._level and self._start is not None:
+                    out.append(self._call(self._text[self._start:i + 1]))
+                    self._text, self._pos, self._start = self._text[i + 1:], 0, None
+        return out
+
+    def finish(self) -> list[Event]:
+        rest, self._text = self._text, ""
+        return [rest] if rest.strip(" \t\n[],") else []
+
+    def _call(self, value: str) -> Event:
+        if self.name is None:
+            return parse_call(value, self.names) or value
+        try:
+            return Call(self.name, _arguments(json.loads(value)))
+        except (ValueError, RecursionError):
+            return value
