@@ -1,7 +1,9 @@
-"""POST /v1/chat/completions: the shaping step (chat template with tool messages, chat logprobs, role chunks)."""
+"""POST /v1/chat/completions: the shaping step (chat template with tools and tool messages, tool
+calls out of the text, chat logprobs, role chunks)."""
 from __future__ import annotations
 
 import json
+import secrets
 from typing import Any
 
 import msgspec
@@ -10,10 +12,14 @@ from starlette.responses import Response
 
 from radixflow.frontend.errors import APIError
 from radixflow.frontend.openai_route import Job, Prompts, finish_reason, handle, response_usage
+from radixflow.frontend.openai_sampling import Constraint
 from radixflow.frontend.openai_schemas import (
-    AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk, ChatMessage,
-    ChatRequest, ChoiceLogprobs, Delta, TokenLogprob, ToolCall, TopLogprob,
+    AssistantMessage, CalledFunction, ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk,
+    ChatMessage, ChatRequest, ChatToolCall, ChoiceLogprobs, Delta, DeltaToolCall, TokenLogprob, ToolCall,
+    TopLogprob,
 )
+from radixflow.frontend.tool_calls import Call, Event, Parser
+from radixflow.frontend.tools import ToolPlan, template_tools, tool_chars, tool_plan
 from radixflow.runtime.sampling_params import RequestOptions
 
 
@@ -78,26 +84,64 @@ def to_logprobs(meta: dict, tokenizer: Any) -> ChoiceLogprobs | None:
     return ChoiceLogprobs(content)
 
 
+def call_id() -> str:
+    return "call_" + secrets.token_hex(12)
+
+
+def tool_reason(reason: str | None, called: bool) -> str | None:
+    """"tool_calls" for an output that called tools and ended by itself (as vLLM reports it)."""
+    return "tool_calls" if called and reason == "stop" else reason
+
+
+def _text_and_calls(events: list[Event]) -> tuple[str, list[Call]]:
+    return "".join(e for e in events if isinstance(e, str)), [e for e in events if isinstance(e, Call)]
+
+
+class _ToolStream:
+    """One streamed choice's parser, and how many calls it gave out (the next call's index)."""
+
+    def __init__(self, parser: Parser) -> None:
+        self.parser, self.calls = parser, 0
+
+    def step(self, text: str, last: bool) -> tuple[str, list[DeltaToolCall]]:
+        events = self.parser.feed(text) + (self.parser.finish() if last else [])
+        text, calls = _text_and_calls(events)
+        out = [DeltaToolCall(index=self.calls + k, id=call_id(), function=CalledFunction(c.name, c.arguments))
+               for k, c in enumerate(calls)]
+        self.calls += len(out)
+        return text, out
+
+
+def assistant_message(plan: ToolPlan, text: str, reason: str | None) -> tuple[AssistantMessage, str | None]:
+    """A whole choice's message and finish_reason: its text parsed for tool calls when the plan
+    says so; content null when the output is calls only."""
+    parser = plan.parser()
+    if parser is None:
+        return AssistantMessage(role="assistant", content=text), reason
+    content, calls = _text_and_calls(parser.feed(text) + parser.finish())
+    tool_calls = [ChatToolCall(id=call_id(), function=CalledFunction(c.name, c.arguments)) for c in calls]
+    return (AssistantMessage(role="assistant", content=content or (None if calls else content),
+                             tool_calls=tool_calls or None), tool_reason(reason, bool(calls)))
+
+
 class ChatShape:
     schema = ChatRequest
     id_prefix = "chatcmpl"
     prompt_param = "messages"
 
-    def check(self, req: ChatRequest, request: Request) -> None:
-        limits = request.app.state.server.limits
-        if req.tools:
-            raise APIError(400, "tools are not supported by this server", param="tools")
-        if req.tool_choice not in (None, "none"):
-            raise APIError(400, "tool_choice needs tools, which this server does not support", param="tool_choice")
-        if req.parallel_tool_calls is not None:
-            raise APIError(400, "parallel_tool_calls needs tools, which this server does not support",
-                           param="parallel_tool_calls")
+    def check(self, req: ChatRequest, request: Request) -> ToolPlan:
+        server = request.app.state.server
+        limits = server.limits
         if req.top_logprobs is not None:
             if not req.logprobs:
                 raise APIError(400, "top_logprobs needs logprobs=true", param="top_logprobs")
             limits.check_top_logprobs(req.top_logprobs, "top_logprobs")
         limits.check_messages(len(req.messages), "messages")
-        limits.check_text(message_chars(req.messages), "messages")
+        limits.check_text(message_chars(req.messages) + tool_chars(req), "messages")
+        return tool_plan(req, limits, getattr(server.engine, "supports_grammar", False))
+
+    def constraint(self, plan: ToolPlan) -> Constraint | None:
+        return plan.constraint
 
     def max_tokens(self, req: ChatRequest) -> int | None:
         return req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
@@ -108,7 +152,7 @@ class ChatShape:
     def prompts(self, req: ChatRequest, tokenizer: Any) -> Prompts:
         try:
             ids = tokenizer.apply_chat_template(template_messages(req.messages), add_generation_prompt=True,
-                                                tokenize=True)
+                                                tokenize=True, tools=template_tools(req))
         except ValueError as exc:
             raise APIError(400, str(exc), param="messages") from exc
         return Prompts([ids], [""])
@@ -118,8 +162,10 @@ class ChatShape:
                               return_text_in_logprobs=True, session_id=req.user).engine_kwargs()
 
     def response(self, job: Job, results: list[dict], tokenizer: Any) -> ChatCompletion:
-        choices = [ChatChoice(i, AssistantMessage(content=r["text"]), to_logprobs(r["meta_info"], tokenizer),
-                              finish_reason(r["meta_info"])) for i, r in enumerate(results)]
+        choices = []
+        for i, r in enumerate(results):
+            message, reason = assistant_message(job.state, r["text"], finish_reason(r["meta_info"]))
+            choices.append(ChatChoice(i, message, to_logprobs(r["meta_info"], tokenizer), reason))
         return ChatCompletion(**job.head, choices=choices, usage=response_usage(job, results))
 
     def opening(self, job: Job) -> list[ChatCompletionChunk]:
@@ -129,12 +175,17 @@ class ChatShape:
 
     def delta(self, job: Job, index: int, chunk: dict, reason: str | None,
               tokenizer: Any) -> ChatCompletionChunk | None:
-        delta = chunk["text"]  # the stream is incremental: only what is new
+        delta, calls = chunk["text"], []  # the stream is incremental: only what is new
+        plan: ToolPlan = job.state
+        if plan.mode != "none":
+            stream = job.streams.get(index) or job.streams.setdefault(index, _ToolStream(plan.parser()))
+            delta, calls = stream.step(delta, reason is not None)
+            reason = tool_reason(reason, stream.calls > 0)
         lp = to_logprobs(chunk["meta_info"], tokenizer)
-        if not (delta or reason is not None or (lp is not None and lp.content)):
+        if not (delta or calls or reason is not None or (lp is not None and lp.content)):
             return None
-        return self.chunk(job, [ChatChunkChoice(index, Delta(content=delta) if delta else Delta(), lp, reason)],
-                          None)
+        return self.chunk(job, [ChatChunkChoice(index, Delta(content=delta or None, tool_calls=calls or None), lp,
+                                                reason)], None)
 
     def chunk(self, job: Job, choices: list, usage: Any) -> ChatCompletionChunk:
         return ChatCompletionChunk(**job.head, choices=choices, usage=usage)

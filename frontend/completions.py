@@ -85,6 +85,9 @@ class CompletionShape:
             raise APIError(400, "best_of other than n is not supported", param="best_of")
         _check_prompt_size(req.prompt, limits)
 
+    def constraint(self, state: None) -> None:
+        return None  # a completion's constraints are its own fields
+
     def max_tokens(self, req: CompletionRequest) -> int | None:
         return req.max_tokens
 

@@ -60,13 +60,14 @@ class RequestLimits:
         for key in ("regex", "json_schema"):
             value = params.get(key)
             if value is not None:
-                self._check_grammar(key, value)
+                self.check_grammar(value, key)
 
-    def _check_grammar(self, key: str, value: Any) -> None:
+    def check_grammar(self, value: Any, param: str) -> None:
+        """A regex or JSON schema's size and nesting depth."""
         size = len(value) if isinstance(value, str) else len(repr(value))
-        self.check(size <= self.max_grammar_chars, "max_grammar_chars", size, key)
+        self.check(size <= self.max_grammar_chars, "max_grammar_chars", size, param)
         depth = json_depth(value)
-        self.check(depth <= self.max_json_depth, "max_json_depth", depth, key)
+        self.check(depth <= self.max_json_depth, "max_json_depth", depth, param)
 
     def check_text(self, total_chars: int, param: str) -> None:
         self.check(total_chars <= self.max_prompt_chars, "max_prompt_chars", total_chars, param)

@@ -19,7 +19,7 @@ from starlette.responses import Response
 from radixflow.frontend.body import json_response, off_loop_if_large, read_json
 from radixflow.frontend.errors import APIError
 from radixflow.frontend.openai_common import check_model, new_id, now, start, usage
-from radixflow.frontend.openai_sampling import RENAMED, client_names, sampling_params
+from radixflow.frontend.openai_sampling import RENAMED, Constraint, client_names, sampling_params
 from radixflow.frontend.streams import EventStream, Fanout, guarded, sse
 from radixflow.runtime.sampling_params import SamplingParams
 
@@ -43,7 +43,8 @@ class Job:
     sampling: SamplingParams
     head: dict[str, Any]
     shared: dict[int, int] = field(default_factory=dict)  # prompt → cached_tokens before its n samples
-    streams: dict[int, dict[str, Any]] = field(default_factory=dict)  # per choice: its stream's state
+    streams: dict[int, Any] = field(default_factory=dict)  # per choice: its stream's state
+    state: Any = None  # what the shape's check() returned (chat: the request's ToolPlan)
 
 
 class Shape(Protocol):
@@ -53,7 +54,8 @@ class Shape(Protocol):
     id_prefix: str
     prompt_param: str
 
-    def check(self, req: Any, request: Request) -> None: ...
+    def check(self, req: Any, request: Request) -> Any: ...
+    def constraint(self, state: Any) -> Constraint | None: ...
     def max_tokens(self, req: Any) -> int | None: ...
     def max_tokens_param(self, req: Any) -> str: ...
     def prompts(self, req: Any, tokenizer: Any) -> Prompts: ...
@@ -102,14 +104,16 @@ async def handle(request: Request, shape: Shape) -> Response:
     req = await read_json(request, shape.schema, RENAMED)
     server.limits.check_session(req.user, "user")
     lora = check_model(request, req.model)
-    shape.check(req, request)
+    state = shape.check(req, request)
+    constraint = shape.constraint(state)
     requested, requested_param = shape.max_tokens(req), shape.max_tokens_param(req)
-    names = client_names(req, requested_param, shape.prompt_param)
-    sp = sampling_params(req, engine, requested, server.limits, names)
+    names = client_names(req, requested_param, shape.prompt_param, constraint)
+    sp = sampling_params(req, engine, requested, server.limits, names, constraint)
     prompts = await off_loop_if_large(request, shape.prompts, req, engine.tokenizer)
     per_prompt = fit_context(prompts.ids, sp, requested, engine,
                              shape.prompt_param if requested is None else requested_param)
-    job = Job(req, prompts, sp, {"id": new_id(shape.id_prefix), "created": now(), "model": req.model})
+    job = Job(req, prompts, sp, {"id": new_id(shape.id_prefix), "created": now(), "model": req.model},
+              state=state)
     # the fan-out's chunks are incremental (O(new tokens) each): a stream sends them as deltas
     fanout, job.shared = await start(request, prompts.ids, per_prompt, {**shape.options(req), "lora_path": lora},
                                      names)

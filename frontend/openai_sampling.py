@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from radixflow.frontend.errors import APIError, bad_request
@@ -11,6 +12,15 @@ from radixflow.runtime.sampling_params import SamplingParams
 # engine name → OpenAI name, for error messages
 RENAMED = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens"}
 _NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """A grammar a route adds to a request (chat: tool_choice "required" or a named function):
+    engine params, and the field that errors about it name."""
+
+    params: dict[str, Any]
+    param: str
 
 
 def response_format_params(fmt: ResponseFormat | None, engine: Any) -> dict[str, Any]:
@@ -54,12 +64,15 @@ def _check_openai_ranges(req: Any) -> None:
         raise APIError(400, "stream_options is only allowed with stream=true", param="stream_options")
 
 
-def client_names(req: Any, max_tokens_param: str, prompt_param: str) -> dict[str, str]:
+def client_names(req: Any, max_tokens_param: str, prompt_param: str,
+                 constraint: Constraint | None = None) -> dict[str, str]:
     """Engine names → the fields this request used, for bad_request: the max_tokens field the
     client sent (`max_tokens_param`), the route's prompt field, and the constraint a grammar
-    error is about (response_format's when it constrains)."""
+    error is about (the route's `constraint`, else response_format's when it constrains)."""
     names = {**RENAMED, "max_new_tokens": max_tokens_param, "prompt": prompt_param}
-    if req.response_format is not None and req.response_format.type != "text":
+    if constraint is not None:
+        names.update(json_schema=constraint.param, regex=constraint.param, grammar=constraint.param)
+    elif req.response_format is not None and req.response_format.type != "text":
         names.update(json_schema="response_format", grammar="response_format")
     else:
         names["grammar"] = next((n for n in ("regex", "json_schema") if getattr(req, n) is not None), "grammar")
@@ -67,15 +80,16 @@ def client_names(req: Any, max_tokens_param: str, prompt_param: str) -> dict[str
 
 
 def sampling_params(req: Any, engine: Any, max_tokens: int | None, limits: Any = None,
-                    names: dict[str, str] | None = None) -> SamplingParams:
+                    names: dict[str, str] | None = None, constraint: Constraint | None = None) -> SamplingParams:
     """Build and validate the engine's parameters; out-of-range values → 400 naming the field
     as the client did (`names`: see client_names; RENAMED by default).
-    `max_tokens` None leaves the engine's default (the route then fits it to the context)."""
+    `max_tokens` None leaves the engine's default (the route then fits it to the context).
+    `constraint`: the route's own grammar (it checked that the request gives no other)."""
     _check_openai_ranges(req)
     params = {name: getattr(req, name) for name in SHARED_SAMPLING_FIELDS}
     params["max_new_tokens"] = max_tokens
     params["min_new_tokens"] = req.min_tokens
-    params.update(_format_constraint(req, engine))
+    params.update(_format_constraint(req, engine) if constraint is None else constraint.params)
     if limits is not None:
         limits.check_sampling(params)
     try:

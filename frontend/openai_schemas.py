@@ -91,13 +91,34 @@ class ChatMessage(Struct, forbid_unknown_fields=True):
     refusal: str | None = None
 
 
+class FunctionDefinition(Struct, forbid_unknown_fields=True, omit_defaults=True):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema of the arguments object
+    strict: bool | None = None  # needs no switch: required / named calls always follow the schema
+
+
+class Tool(Struct, forbid_unknown_fields=True):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class FunctionName(Struct, forbid_unknown_fields=True):
+    name: str
+
+
+class NamedToolChoice(Struct, forbid_unknown_fields=True):
+    type: Literal["function"]
+    function: FunctionName
+
+
 class ChatRequest(_Common, kw_only=True, forbid_unknown_fields=True):
     messages: list[ChatMessage]
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
     store: bool | None = None
     metadata: dict[str, str] | None = None
@@ -161,9 +182,21 @@ class ChoiceLogprobs(Struct):
     content: list[TokenLogprob] | None
 
 
-class AssistantMessage(Struct, kw_only=True):
-    role: str = "assistant"
+class CalledFunction(Struct):
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class ChatToolCall(Struct, kw_only=True):
+    id: str
+    type: str = "function"
+    function: CalledFunction
+
+
+class AssistantMessage(Struct, kw_only=True, omit_defaults=True):
+    role: str  # no default: omit_defaults would leave it out
     content: str | None
+    tool_calls: list[ChatToolCall] | None = None  # present only when the model called tools
 
 
 class ChatChoice(Struct):
@@ -182,9 +215,19 @@ class ChatCompletion(Struct, kw_only=True):
     usage: Usage | None = None
 
 
+class DeltaToolCall(Struct, kw_only=True):
+    """A whole call in one delta (radixflow gives a call out once its JSON is complete)."""
+
+    index: int
+    id: str
+    type: str = "function"
+    function: CalledFunction
+
+
 class Delta(Struct, omit_defaults=True):
     role: str | None = None
     content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
 
 class ChatChunkChoice(Struct):

@@ -28,7 +28,7 @@ from safetensors.torch import save_file
 
 from radixflow.kernels import native
 
-DEMO_VERSION = 1
+DEMO_VERSION = 2
 DATA_DIR = Path(__file__).resolve().parent / "data"
 CORPUS_PATH = DATA_DIR / "corpus.txt"
 TOKENIZER_PATH = DATA_DIR / "demo_tokenizer.json"
@@ -39,20 +39,42 @@ SPECIAL_TOKENS = (BOS, EOT, IM_START, IM_END, PAD)
 NUM_TRAINED_TOKENS = 3067  # + 5 special tokens = 3072 ids
 
 # ChatML: "<|im_start|>{role}\n{content}<|im_end|>\n" per message, BOS first. Content may also be a
-# list of OpenAI-style parts, of which the text parts are kept.
+# list of OpenAI-style parts, of which the text parts are kept. Tools as Qwen2.5 writes them: listed
+# in the system turn with the Hermes call format, an assistant's calls as <tool_call> blocks, and
+# tool results as <tool_response> blocks in a user turn.
 CHAT_TEMPLATE = (
+    "{%- macro text(content) -%}\n"
+    "{%- if content is string -%}{{- content -}}\n"
+    "{%- elif content -%}{%- for part in content if part['type'] == 'text' -%}{{- part['text'] -}}{%- endfor -%}\n"
+    "{%- endif -%}\n"
+    "{%- endmacro -%}\n"
     "{{- bos_token -}}\n"
+    "{%- if tools -%}\n"
+    "{{- '<|im_start|>system\\n' -}}\n"
+    "{%- if messages[0]['role'] == 'system' -%}{{- text(messages[0]['content']) + '\\n\\n' -}}{%- endif -%}\n"
+    "{{- '# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\\n<tools>' -}}\n"
+    "{%- for tool in tools -%}{{- '\\n' + tool | tojson -}}{%- endfor -%}\n"
+    "{{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments "
+    "within <tool_call></tool_call> XML tags:\\n<tool_call>\\n"
+    "{\"name\": <function-name>, \"arguments\": <args-json-object>}\\n</tool_call><|im_end|>\\n' -}}\n"
+    "{%- endif -%}\n"
     "{%- for message in messages -%}\n"
     "{%- if message['role'] not in ['system', 'user', 'assistant', 'tool'] -%}\n"
     "{{- raise_exception('Unknown chat role: ' ~ message['role']) -}}\n"
     "{%- endif -%}\n"
-    "{{- '<|im_start|>' + message['role'] + '\\n' -}}\n"
-    "{%- if message['content'] is string -%}\n"
-    "{{- message['content'] -}}\n"
-    "{%- else -%}\n"
-    "{%- for part in message['content'] if part['type'] == 'text' -%}{{- part['text'] -}}{%- endfor -%}\n"
-    "{%- endif -%}\n"
+    "{%- if message['role'] == 'tool' -%}\n"
+    "{{- '<|im_start|>user\\n<tool_response>\\n' + text(message['content']) + '\\n</tool_response><|im_end|>\\n' -}}\n"
+    "{%- elif not (tools and loop.first and message['role'] == 'system') -%}\n"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + text(message['content']) -}}\n"
+    "{%- for call in message['tool_calls'] or [] -%}\n"
+    "{%- set arguments = call['function']['arguments'] -%}\n"
+    "{%- if message['content'] or not loop.first -%}{{- '\\n' -}}{%- endif -%}\n"
+    "{{- '<tool_call>\\n{\"name\": \"' + call['function']['name'] + '\", \"arguments\": ' -}}\n"
+    "{{- (arguments if arguments is string else arguments | tojson) + '}\\n</tool_call>' -}}\n"
+    "{%- endfor -%}\n"
     "{{- '<|im_end|>\\n' -}}\n"
+    "{%- endif -%}\n"
     "{%- endfor -%}\n"
     "{%- if add_generation_prompt -%}\n"
     "{{- '<|im_start|>assistant\\n' -}}\n"

@@ -146,14 +146,14 @@ def test_tool_call_arguments_as_an_object_and_without_an_id(fault):
 
 
 @pytest.mark.parametrize("extra, param", [
-    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ({"tools": [{"type": "function", "function": {"name": "f f"}}]}, "tools"),
     ({"tool_choice": "required"}, "tool_choice"),
     ({"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice"),
     ({"parallel_tool_calls": False}, "parallel_tool_calls"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "bad name!", "schema": {}}}},
      "response_format"),
 ])
-def test_tools_are_refused_never_ignored(client, extra, param):
+def test_tool_fields_without_tools_are_refused_never_ignored(client, extra, param):
     _error(client.post("/v1/chat/completions", json={**CHAT, **extra}), 400, param)
 
 

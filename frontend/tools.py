@@ -1,0 +1,136 @@
+"""A chat request's `tools`, `tool_choice` and `parallel_tool_calls`: checked (400s naming the
+field), the tools as the chat template gets them, and the constraint of tool_choice "required" or
+a named function, compiled like any json_schema (one grammar per distinct tool set, cached).
+
+    none      tools are not shown to the template; the text is plain content
+    auto      (the default with tools) the text is parsed for Hermes `<tool_call>` blocks
+    required  the output is a JSON array of one or more {"name", "arguments"} calls of the tools
+              (exactly one with parallel_tool_calls false)
+    named     the output is the named function's arguments object
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from radixflow.frontend.errors import APIError
+from radixflow.frontend.openai_schemas import ChatRequest, NamedToolChoice, Tool
+from radixflow.frontend.openai_sampling import Constraint
+from radixflow.frontend.tool_calls import HermesParser, JsonCallsParser, Parser
+
+_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")  # OpenAI's rule for function names
+_NO_PARAMETERS = {"type": "object", "properties": {}, "additionalProperties": False}
+_DEFS = ("$defs", "definitions")  # where a schema's "#/$defs/X" / "#/definitions/X" refs point
+
+
+@dataclass(frozen=True)
+class ToolPlan:
+    """What the request's tool fields mean for its prompt, its grammar and its response."""
+
+    mode: str  # "none" | "auto" | "required" | "named"
+    names: frozenset[str]
+    named: str | None = None  # the function of mode "named"
+    constraint: Constraint | None = None  # required / named
+
+    def parser(self) -> Parser | None:
+        """A fresh parser for one choice's text; None when the text is plain content."""
+        if self.mode == "auto":
+            return HermesParser(self.names)
+        if self.mode in ("required", "named"):
+            return JsonCallsParser(self.names, self.named)
+        return None
+
+
+NO_TOOLS = ToolPlan("none", frozenset())
+
+
+def template_tools(req: ChatRequest) -> list[dict[str, Any]] | None:
+    """The tools as transformers hands them to a chat template ({"type": "function", "function":
+    {...}} each, unset fields left out); None with tool_choice "none", so the model is not told."""
+    if not req.tools or req.tool_choice == "none":
+        return None
+    return msgspec.to_builtins(req.tools)
+
+
+def tool_chars(req: ChatRequest) -> int:
+    """Characters the tools add to the prompt, for the prompt-size limit."""
+    return len(msgspec.json.encode(req.tools)) if req.tools else 0
+
+
+def tool_plan(req: ChatRequest, limits: Any, supports_grammar: bool) -> ToolPlan:
+    """Check the tool fields and plan the request; APIError(400) naming the field otherwise."""
+    choice = req.tool_choice
+    if not req.tools:
+        if isinstance(choice, NamedToolChoice) or choice == "required":
+            raise APIError(400, "tool_choice needs tools to choose from", param="tool_choice")
+        if req.parallel_tool_calls is not None:
+            raise APIError(400, "parallel_tool_calls is only allowed with tools", param="parallel_tool_calls")
+        return NO_TOOLS
+    names = _check_tools(req.tools)
+    if choice == "none":
+        return ToolPlan("none", names)
+    if choice is None or choice == "auto":
+        return ToolPlan("auto", names)
+    if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
+        raise APIError(400, f"tool_choice names the function {choice.function.name!r}, which is not "
+                       "among the tools", param="tool_choice")
+    if not supports_grammar:
+        raise APIError(400, "tool_choice 'required' or a named function needs constrained decoding, "
+                       "which this engine does not have", param="tool_choice")
+    clash = next((n for n in ("regex", "json_schema") if getattr(req, n) is not None), None)
+    if clash is None and req.response_format is not None and req.response_format.type != "text":
+        clash = "response_format"
+    if clash is not None:
+        raise APIError(400, f"tool_choice and {clash} both constrain the output; give one of them",
+                       param="tool_choice")
+    if isinstance(choice, NamedToolChoice):
+        tool = next(t for t in req.tools if t.function.name == choice.function.name)
+        schema, named = _parameters(tool), choice.function.name
+    else:
+        schema, named = _calls_schema(req.tools, one=req.parallel_tool_calls is False), None
+    limits.check_grammar(schema, "tools")
+    return ToolPlan("named" if named else "required", names, named, Constraint({"json_schema": schema}, "tools"))
+
+
+def _check_tools(tools: list[Tool]) -> frozenset[str]:
+    names: set[str] = set()
+    for i, tool in enumerate(tools):
+        name = tool.function.name
+        if not _NAME.fullmatch(name):
+            raise APIError(400, f"tools[{i}].function.name must be 1-64 of a-z, A-Z, 0-9, _ and -", param="tools")
+        if name in names:
+            raise APIError(400, f"tools[{i}].function.name {name!r} is given twice", param="tools")
+        names.add(name)
+        parameters = tool.function.parameters
+        if parameters is not None and parameters.get("type", "object") != "object":
+            raise APIError(400, f"tools[{i}].function.parameters must be a JSON schema of type 'object'",
+                           param="tools")
+    return frozenset(names)
+
+
+def _parameters(tool: Tool) -> dict[str, Any]:
+    """The arguments' schema: the tool's parameters, or an empty object when it has none."""
+    parameters = tool.function.parameters
+    return _NO_PARAMETERS if parameters is None else {"type": "object", **parameters}
+
+
+def _calls_schema(tools: list[Tool], one: bool) -> dict[str, Any]:
+    """[{"name": <a tool>, "arguments": <its parameters>}, ...]: at least one call (exactly one when
+    `one`). The tools' $defs move to the top, where their "#/$defs/..." refs now point."""
+    defs: dict[str, dict[str, Any]] = {}
+    calls = []
+    for tool in tools:
+        parameters = dict(_parameters(tool))
+        for key in _DEFS:
+            for name, value in (parameters.pop(key, None) or {}).items():
+                if defs.setdefault(key, {}).setdefault(name, value) != value:
+                    raise APIError(400, f"tools define {key}/{name} differently; tool_choice 'required' "
+                                   "needs one definition per name", param="tools")
+        calls.append({"type": "object", "properties": {"name": {"const": tool.function.name},
+                                                        "arguments": parameters},
+                      "required": ["name", "arguments"], "additionalProperties": False})
+    schema: dict[str, Any] = {"type": "array", "items": {"anyOf": calls}, "minItems": 1, **defs}
+    return {**schema, "maxItems": 1} if one else schema

@@ -1,0 +1,198 @@
+"""OpenAI tool calling on /v1/chat/completions, through the live server (both engine cores):
+field errors, required / named calls constrained by the tools' schemas, auto parsing of Hermes
+`<tool_call>` blocks (the output forced by a regex), streams against whole responses, n = 2, the
+official openai client and a multi-turn round trip."""
+from __future__ import annotations
+
+import json
+import re
+
+import jsonschema
+import msgspec
+import openai
+import pytest
+
+from radixflow.frontend.chat import template_messages
+from radixflow.frontend.openai_schemas import ChatMessage
+
+MODEL_NAME, API_KEY = "tiny", "test-key"  # the conftest server's
+
+WEATHER = {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]},
+                                            "days": {"type": "integer", "minimum": 1, "maximum": 5}},
+           "required": ["city", "days"], "additionalProperties": False}
+ADD = {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 9}}, "required": ["a"],
+       "additionalProperties": False}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
+                                           "parameters": WEATHER}},
+         {"type": "function", "function": {"name": "add", "parameters": ADD}}]
+SCHEMAS = {"get_weather": WEATHER, "add": ADD}
+BASE = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "Weather in Rome?"}], "tools": TOOLS,
+        "max_tokens": 60, "temperature": 0}
+NAMED = {"type": "function", "function": {"name": "add"}}
+# the tiny random model writes what the regex forces: text, one good call, one of an unknown tool
+FORCED = ('Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome", "days": 2}}\n'
+          '</tool_call>\n<tool_call>{"name": "rm", "arguments": {}}</tool_call>')
+
+
+def _chat(client, **extra):
+    r = client.post("/v1/chat/completions", json={**BASE, **extra})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def _valid_calls(message):
+    for call in message["tool_calls"]:
+        assert re.fullmatch(r"call_[0-9a-f]{24}", call["id"]) and call["type"] == "function"
+        jsonschema.validate(json.loads(call["function"]["arguments"]), SCHEMAS[call["function"]["name"]])
+    return [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in message["tool_calls"]]
+
+
+def _deep(depth):
+    schema = {"type": "object"}
+    for _ in range(depth):
+        schema = {"type": "object", "properties": {"x": schema}}
+    return schema
+
+
+def _fn(name, **rest):
+    return {"type": "function", "function": {"name": name, **rest}}
+
+
+@pytest.mark.parametrize("extra, param", [
+    ({"tools": [{"type": "function"}]}, "tools"),
+    ({"tools": [{"type": "retrieval", "function": {"name": "f"}}]}, "tools"),
+    ({"tools": [_fn("bad name")]}, "tools"),
+    ({"tools": [_fn("f"), _fn("f")]}, "tools"),
+    ({"tools": [_fn("f", parameters={"type": "array"})]}, "tools"),
+    ({"tools": [_fn("f", parameters=_deep(70))], "tool_choice": "required"}, "tools"),  # max_json_depth
+    ({"tools": [_fn("f", parameters={"type": "object", "properties": {"x": {"type": "no-such-type"}}})],
+      "tool_choice": "required"}, "tools"),  # the grammar does not compile
+    ({"tool_choice": "sometimes"}, "tool_choice"),
+    ({"tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+    ({"tool_choice": "required", "response_format": {"type": "json_object"}}, "tool_choice"),
+    ({"tool_choice": NAMED, "regex": "a"}, "tool_choice"),
+    ({"tools": None, "tool_choice": "required"}, "tool_choice"),
+    ({"tools": None, "parallel_tool_calls": False}, "parallel_tool_calls"),
+])
+def test_bad_tool_fields_are_400_naming_the_field(client, extra, param):
+    r = client.post("/v1/chat/completions", json={**BASE, **extra})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param, r.text
+
+
+def test_required_gives_calls_whose_arguments_follow_the_parameters(client):
+    out = _chat(client, tool_choice="required", parallel_tool_calls=False)["choices"][0]
+    assert out["finish_reason"] == "tool_calls" and out["message"]["content"] is None
+    assert len(_valid_calls(out["message"])) == 1
+    many = _chat(client, tool_choice="required", max_tokens=40)["choices"][0]  # the random model calls on
+    assert many["message"]["tool_calls"] and _valid_calls(many["message"])
+    assert many["finish_reason"] in ("tool_calls", "length")
+
+
+def test_named_function_gives_one_call_of_it(client):
+    out = _chat(client, tool_choice=NAMED, temperature=1.0)["choices"][0]
+    assert out["finish_reason"] == "tool_calls" and out["message"]["content"] is None
+    [(name, _)] = _valid_calls(out["message"])
+    assert name == "add"
+
+
+def test_auto_parses_tool_call_blocks_and_keeps_the_rest_as_content(client):
+    out = _chat(client, regex=re.escape(FORCED), max_tokens=200)["choices"][0]
+    assert out["finish_reason"] == "tool_calls"
+    assert _valid_calls(out["message"]) == [("get_weather", {"city": "Rome", "days": 2})]
+    assert out["message"]["content"] == 'Let me check.<tool_call>{"name": "rm", "arguments": {}}</tool_call>'
+    plain = _chat(client, regex="No tools needed\\.")["choices"][0]
+    assert plain == {**plain, "message": {"role": "assistant", "content": "No tools needed."}, "finish_reason": "stop"}
+    none = _chat(client, regex=re.escape(FORCED), max_tokens=200, tool_choice="none")["choices"][0]
+    assert none["message"] == {"role": "assistant", "content": FORCED} and none["finish_reason"] == "stop"
+
+
+def test_tools_reach_the_template_unless_tool_choice_is_none(client):
+    usage = {c: _chat(client, max_tokens=1, **({} if c is None else {"tool_choice": c}))["usage"]["prompt_tokens"]
+             for c in (None, "none")}
+    bare = _chat(client, max_tokens=1, tools=None)["usage"]["prompt_tokens"]
+    assert usage["none"] == bare < usage[None]
+
+
+def _stream(client, body):
+    with client.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as r:
+        assert r.status_code == 200
+        events = [line[len("data: "):] for line in r.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    return [json.loads(e) for e in events[:-1]]
+
+
+def _reassemble(chunks):
+    """Per choice: content, tool calls and finish_reason as a client rebuilds them from deltas."""
+    out = {}
+    for chunk in chunks:
+        for c in chunk["choices"]:
+            choice = out.setdefault(c["index"], {"content": "", "tool_calls": [], "finish_reason": None})
+            choice["content"] += c["delta"].get("content") or ""
+            for call in c["delta"].get("tool_calls", []):
+                assert call["index"] == len(choice["tool_calls"]) and call["id"].startswith("call_")
+                assert call["type"] == "function" and set(call["function"]) == {"name", "arguments"}
+                choice["tool_calls"].append(call["function"])
+            choice["finish_reason"] = c["finish_reason"] or choice["finish_reason"]
+    return out
+
+
+@pytest.mark.parametrize("extra", [
+    {"tool_choice": "required", "parallel_tool_calls": False}, {"tool_choice": NAMED},
+    {"regex": re.escape(FORCED), "max_tokens": 200}, {"regex": re.escape(FORCED), "max_tokens": 200, "n": 2},
+    {"tool_choice": "required", "max_tokens": 40},
+], ids=["required", "named", "auto", "auto-n2", "required-cut-short"])
+def test_streamed_calls_equal_the_whole_response(client, extra):
+    body = {**BASE, **extra}
+    whole = _chat(client, **extra)["choices"]
+    streamed = _reassemble(_stream(client, body))
+    for choice in whole:
+        message = choice["message"]
+        expected = {"content": message["content"] or "", "finish_reason": choice["finish_reason"],
+                    "tool_calls": [c["function"] for c in message.get("tool_calls") or []]}
+        assert streamed[choice["index"]] == expected
+        assert expected["tool_calls"]
+    if extra.get("max_tokens") == 40:  # cut inside the second call: its start is content
+        assert whole[0]["finish_reason"] == "length" and whole[0]["message"]["content"].startswith(',{"name":"')
+
+
+def test_n2_parses_each_choice(client):
+    out = _chat(client, tool_choice="required", parallel_tool_calls=False, n=2, temperature=1.0, seed=5)
+    assert [c["index"] for c in out["choices"]] == [0, 1]
+    for choice in out["choices"]:
+        assert choice["finish_reason"] == "tool_calls" and len(_valid_calls(choice["message"])) == 1
+    ids = [c["message"]["tool_calls"][0]["id"] for c in out["choices"]]
+    assert ids[0] != ids[1]
+
+
+@pytest.fixture(scope="module")
+def oai(server):
+    with openai.OpenAI(base_url=server.url + "/v1", api_key=API_KEY, max_retries=0) as c:
+        yield c
+
+
+def test_openai_client_parses_calls_and_sends_them_back(oai, engine):
+    messages = [{"role": "user", "content": "Weather in Rome?"}]
+    first = oai.chat.completions.create(model=MODEL_NAME, messages=messages, tools=TOOLS, temperature=0,
+                                        tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    assert first.choices[0].finish_reason == "tool_calls"
+    call = first.choices[0].message.tool_calls[0]
+    arguments = json.loads(call.function.arguments)
+    jsonschema.validate(arguments, WEATHER)
+    # the turn as the client keeps it, plus the tool's answer, rendered by the template
+    messages += [first.choices[0].message.model_dump(exclude_none=True),
+                 {"role": "tool", "tool_call_id": call.id, "content": "sunny"}]
+    second = oai.chat.completions.create(model=MODEL_NAME, messages=messages, tools=TOOLS, max_tokens=2)
+    rendered = engine.tokenizer.apply_chat_template(
+        template_messages([msgspec.convert(m, ChatMessage) for m in messages]), add_generation_prompt=True,
+        tools=TOOLS)
+    expected_call = f'<tool_call>\n{{"name": "get_weather", "arguments": {json.dumps(arguments)}}}\n</tool_call>'
+    assert expected_call in rendered and "<tool_response>\nsunny\n</tool_response>" in rendered
+    assert second.usage.prompt_tokens == len(engine.tokenizer.encode(rendered, add_special_tokens=False))
+    streamed = list(oai.chat.completions.create(model=MODEL_NAME, messages=messages[:1], tools=TOOLS,
+                                                tool_choice="required", parallel_tool_calls=False,
+                                                temperature=0, stream=True))
+    deltas = [d for chunk in streamed for d in chunk.choices[0].delta.tool_calls or []]
+    assert len(deltas) == 1 and json.loads(deltas[0].function.arguments)
+    assert streamed[-1].choices[0].finish_reason == "tool_calls"
+
