@@ -120,8 +120,9 @@ def assistant_message(plan: ToolPlan, text: str, reason: str | None) -> tuple[As
         return AssistantMessage(role="assistant", content=text), reason
     content, calls = _text_and_calls(parser.feed(text) + parser.finish())
     tool_calls = [ChatToolCall(id=call_id(), function=CalledFunction(c.name, c.arguments)) for c in calls]
-    return (AssistantMessage(role="assistant", content=content or (None if calls else content),
-                             tool_calls=tool_calls or None), tool_reason(reason, bool(calls)))
+    message = AssistantMessage(role="assistant", content=None if calls and not content else content,
+                               tool_calls=tool_calls or None)
+    return message, tool_reason(reason, bool(calls))
 
 
 class ChatShape:
@@ -176,9 +177,10 @@ class ChatShape:
     def delta(self, job: Job, index: int, chunk: dict, reason: str | None,
               tokenizer: Any) -> ChatCompletionChunk | None:
         delta, calls = chunk["text"], []  # the stream is incremental: only what is new
-        plan: ToolPlan = job.state
-        if plan.mode != "none":
-            stream = job.streams.get(index) or job.streams.setdefault(index, _ToolStream(plan.parser()))
+        stream = job.streams.get(index)
+        if stream is None and (parser := job.state.parser()) is not None:
+            stream = job.streams[index] = _ToolStream(parser)
+        if stream is not None:
             delta, calls = stream.step(delta, reason is not None)
             reason = tool_reason(reason, stream.calls > 0)
         lp = to_logprobs(chunk["meta_info"], tokenizer)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 
+import httpx
 import jsonschema
 import msgspec
 import openai
@@ -78,6 +79,36 @@ def test_bad_tool_fields_are_400_naming_the_field(client, extra, param):
     r = client.post("/v1/chat/completions", json={**BASE, **extra})
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param, r.text
+
+
+def test_tool_text_counts_toward_max_prompt_chars(live_server, engine):
+    from radixflow.frontend.limits import RequestLimits
+    from radixflow.frontend.server import create_app
+
+    live = live_server(create_app(engine, MODEL_NAME, limits=RequestLimits(max_prompt_chars=500))).start()
+    try:
+        body = {**BASE, "max_tokens": 1}
+        assert httpx.post(live.url + "/v1/chat/completions", json=body).status_code == 200
+        big = [_fn("f", description="x" * 500)]
+        r = httpx.post(live.url + "/v1/chat/completions", json={**body, "tools": big})
+        err = r.json()["error"]
+        assert r.status_code == 400 and err["code"] == "limit_exceeded" and "max_prompt_chars" in err["message"]
+    finally:
+        live.stop()
+
+
+def test_required_with_refs_between_tools(client):
+    """Each tool's $defs move to the top of the required schema, where "#/$defs/..." points."""
+    unit = {"type": "object", "properties": {"unit": {"$ref": "#/$defs/unit"}}, "required": ["unit"],
+            "additionalProperties": False, "$defs": {"unit": {"enum": ["C", "F"]}}}
+    tools = [_fn("temp", parameters=unit), _fn("wind", parameters=unit)]
+    for choice in ("required", {"type": "function", "function": {"name": "wind"}}):
+        out = _chat(client, tools=tools, tool_choice=choice, parallel_tool_calls=False)["choices"][0]
+        [call] = out["message"]["tool_calls"]
+        assert json.loads(call["function"]["arguments"])["unit"] in ("C", "F"), out
+    clash = [_fn("temp", parameters=unit), _fn("wind", parameters={**unit, "$defs": {"unit": {"enum": ["K"]}}})]
+    r = client.post("/v1/chat/completions", json={**BASE, "tools": clash, "tool_choice": "required"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tools"
 
 
 def test_required_gives_calls_whose_arguments_follow_the_parameters(client):
