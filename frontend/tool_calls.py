@@ -68,6 +68,7 @@ class HermesParser:
         self.names = names
         self._buf = ""  # text not yet given out: a possible tag start, or a call's body so far
         self._in_call = False
+        self._searched = 0  # in a call: where the search for CLOSE goes on (each text is scanned once)
         self._space = ""  # trailing whitespace held back (dropped if a call follows)
         self._trim = False  # just after a call: leading whitespace is dropped
         self._calls = 0
@@ -77,8 +78,9 @@ class HermesParser:
         out: list[Event] = []
         while True:
             if self._in_call:
-                end = self._buf.find(CLOSE)
+                end = self._buf.find(CLOSE, self._searched)
                 if end < 0:
+                    self._searched = max(0, len(self._buf) - len(CLOSE) + 1)
                     return out
                 payload, self._buf = self._buf[:end], self._buf[end + len(CLOSE):]
                 self._in_call = False
@@ -92,7 +94,7 @@ class HermesParser:
                     return out
                 self._text(self._buf[:start], out)
                 self._buf = self._buf[start + len(OPEN):]
-                self._in_call = True
+                self._in_call, self._searched = True, 0
 
     def finish(self) -> list[Event]:
         out: list[Event] = []

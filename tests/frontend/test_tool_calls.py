@@ -125,6 +125,8 @@ def test_named_function_gives_one_call_of_it(client):
     assert out["finish_reason"] == "tool_calls" and out["message"]["content"] is None
     [(name, _)] = _valid_calls(out["message"])
     assert name == "add"
+    bare = _chat(client, tools=[_fn("ping")], tool_choice={"type": "function", "function": {"name": "ping"}})
+    assert bare["choices"][0]["message"]["tool_calls"][0]["function"] == {"name": "ping", "arguments": "{}"}
 
 
 def test_auto_parses_tool_call_blocks_and_keeps_the_rest_as_content(client):
