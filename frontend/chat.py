@@ -2,72 +2,23 @@
 calls out of the text, chat logprobs, role chunks)."""
 from __future__ import annotations
 
-import json
 import secrets
 from typing import Any
 
-import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
+from radixflow.frontend.chat_prompt import check_chat_prompt, render_chat
 from radixflow.frontend.errors import APIError
 from radixflow.frontend.openai_route import Job, Prompts, finish_reason, handle, response_usage
 from radixflow.frontend.openai_sampling import Constraint
 from radixflow.frontend.openai_schemas import (
     AssistantMessage, CalledFunction, ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk,
-    ChatMessage, ChatRequest, ChatToolCall, ChoiceLogprobs, Delta, DeltaToolCall, TokenLogprob, ToolCall,
-    TopLogprob,
+    ChatRequest, ChatToolCall, ChoiceLogprobs, Delta, DeltaToolCall, TokenLogprob, TopLogprob,
 )
 from radixflow.frontend.tool_calls import Call, Event, Parser
-from radixflow.frontend.tools import ToolPlan, template_tools, tool_chars, tool_plan
+from radixflow.frontend.tools import ToolPlan, template_tools, tool_plan
 from radixflow.runtime.sampling_params import RequestOptions
-
-
-def _tool_calls(calls: list[ToolCall]) -> list[dict[str, Any]]:
-    """As dicts for the template. OpenAI sends function arguments as a JSON string; chat
-    templates expect the object (a string that is not JSON is passed on as sent)."""
-    out = []
-    for call in calls:
-        arguments = call.function.arguments
-        if isinstance(arguments, str):
-            try:
-                arguments = json.loads(arguments)
-            except (json.JSONDecodeError, RecursionError):
-                pass  # not JSON (or nested past the parser's depth): the template gets the string as sent
-        entry = {"type": call.type, "function": {"name": call.function.name, "arguments": arguments}}
-        out.append(entry if call.id is None else {"id": call.id, **entry})
-    return out
-
-
-def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
-    """Messages as the chat template expects them: text content, `developer` read as `system`,
-    tool_calls (arguments decoded) and tool_call_id kept."""
-    out = []
-    for m in messages:
-        content = m.content if m.content is None or isinstance(m.content, str) else "".join(p.text for p in m.content)
-        msg: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role, "content": content}
-        if m.name is not None:
-            msg["name"] = m.name
-        if m.tool_calls is not None:
-            msg["tool_calls"] = _tool_calls(m.tool_calls)
-        if m.tool_call_id is not None:
-            msg["tool_call_id"] = m.tool_call_id
-        out.append(msg)
-    return out
-
-
-def message_chars(messages: list[ChatMessage]) -> int:
-    """Characters the template renders: content, tool calls, and each message's role, name and
-    tool_call_id (so many near-empty messages count too)."""
-    total = 0
-    for m in messages:
-        total += len(m.role) + len(m.name or "") + len(m.tool_call_id or "")
-        if isinstance(m.content, str):
-            total += len(m.content)
-        elif m.content is not None:
-            total += sum(len(p.text) for p in m.content)
-        total += len(msgspec.json.encode(m.tool_calls)) if m.tool_calls else 0
-    return total
 
 
 def to_logprobs(meta: dict, tokenizer: Any) -> ChoiceLogprobs | None:
@@ -137,8 +88,7 @@ class ChatShape:
             if not req.logprobs:
                 raise APIError(400, "top_logprobs needs logprobs=true", param="top_logprobs")
             limits.check_top_logprobs(req.top_logprobs, "top_logprobs")
-        limits.check_messages(len(req.messages), "messages")
-        limits.check_text(message_chars(req.messages) + tool_chars(req), "messages")
+        check_chat_prompt(req, limits)
         return tool_plan(req, limits, getattr(server.engine, "supports_grammar", False))
 
     def constraint(self, plan: ToolPlan) -> Constraint | None:
@@ -151,12 +101,8 @@ class ChatShape:
         return "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
 
     def prompts(self, req: ChatRequest, tokenizer: Any) -> Prompts:
-        try:
-            ids = tokenizer.apply_chat_template(template_messages(req.messages), add_generation_prompt=True,
-                                                tokenize=True, tools=template_tools(req))
-        except ValueError as exc:
-            raise APIError(400, str(exc), param="messages") from exc
-        return Prompts([ids], [""])
+        text = render_chat(req, tokenizer, template_tools(req))
+        return Prompts([tokenizer.encode(text, add_special_tokens=False)], [""])
 
     def options(self, req: ChatRequest) -> dict[str, Any]:
         return RequestOptions(return_logprob=req.logprobs, top_logprobs_num=req.top_logprobs or 0,

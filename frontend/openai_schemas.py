@@ -120,6 +120,10 @@ class ChatRequest(_Common, kw_only=True, forbid_unknown_fields=True):
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    # vLLM's chat-template options (frontend/chat_prompt.py)
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
     store: bool | None = None
     metadata: dict[str, str] | None = None
 

@@ -16,22 +16,26 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from radixflow.frontend.body import json_response, off_loop_if_large, read_json
-from radixflow.frontend.chat import message_chars, template_messages
+from radixflow.frontend.chat_prompt import check_chat_prompt, render_chat
 from radixflow.frontend.errors import APIError
 from radixflow.frontend.openai_common import check_model
-from radixflow.frontend.openai_schemas import ChatMessage
+from radixflow.frontend.openai_schemas import ChatMessage, Tool
 
 
 class TokenizeRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Exactly one of `prompt` and `messages`. `add_special_tokens` defaults to True for a prompt
     (BOS where the tokenizer adds it, as a completion's prompt) and False for messages (the chat
-    template writes its own)."""
+    template writes its own). With messages, `tools` and the template options are a chat
+    request's (the tools are shown to the template as with tool_choice auto)."""
 
     model: str | None = None
     prompt: str | list[str] | None = None
     messages: list[ChatMessage] | None = None
+    tools: list[Tool] | None = None
     add_special_tokens: bool | None = None
     add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
     return_token_strs: bool = False
 
 
@@ -60,11 +64,7 @@ def _check_model(request: Request, model: str | None) -> None:
 
 def _encode(req: TokenizeRequest, tokenizer: Any) -> list[list[int]]:
     if req.messages is not None:
-        try:
-            text = tokenizer.apply_chat_template(template_messages(req.messages),
-                                                 add_generation_prompt=req.add_generation_prompt)
-        except ValueError as exc:
-            raise APIError(400, str(exc), param="messages") from exc
+        text = render_chat(req, tokenizer, msgspec.to_builtins(req.tools) if req.tools else None)
         return [tokenizer.encode(text, add_special_tokens=bool(req.add_special_tokens))]
     prompts = [req.prompt] if isinstance(req.prompt, str) else req.prompt
     special = req.add_special_tokens is not False
@@ -75,11 +75,12 @@ def _check_tokenize(request: Request, req: TokenizeRequest) -> None:
     limits = request.app.state.server.limits
     if (req.prompt is None) == (req.messages is None):
         raise APIError(400, "send exactly one of prompt and messages")
+    if req.prompt is not None and (req.tools or req.chat_template_kwargs or req.continue_final_message):
+        raise APIError(400, "tools, chat_template_kwargs and continue_final_message go with messages, not a prompt")
     if req.messages is not None:
         if not req.messages:
             raise APIError(400, "messages must not be empty", param="messages")
-        limits.check_messages(len(req.messages), "messages")
-        limits.check_text(message_chars(req.messages), "messages")
+        check_chat_prompt(req, limits)
     else:
         prompts = [req.prompt] if isinstance(req.prompt, str) else req.prompt
         limits.check_prompts(len(prompts), "prompt")

@@ -294,6 +294,7 @@ class Tokenizer:
         messages: list[dict],
         add_generation_prompt: bool = False,
         tokenize: bool = False,
+        continue_final_message: bool = False,
         **kwargs: Any,
     ) -> str | list[int]:
         """Render `messages` with the model's chat template, as transformers' apply_chat_template.
@@ -301,13 +302,18 @@ class Tokenizer:
         Templates see `messages`, `add_generation_prompt`, the named special tokens
         (`bos_token`, ...), `tools`, `documents` and any extra `kwargs`. Keys whose value is None
         are dropped from messages first. With `tokenize`, the text is encoded without adding
-        special tokens (the template writes BOS itself). Raises ValueError for a model without a
-        template, malformed messages, or a template that rejects the conversation.
+        special tokens (the template writes BOS itself). `continue_final_message` leaves the last
+        message open: the rendering ends with its content, which the model goes on writing.
+        Raises ValueError for a model without a template, malformed messages, or a template that
+        rejects the conversation.
         """
         if not isinstance(messages, list) or not messages:
             raise ValueError("messages must be a non-empty list of {'role': ..., 'content': ...} dicts")
         if not all(isinstance(m, Mapping) for m in messages):
             raise ValueError("every chat message must be a dict")
+        if continue_final_message and add_generation_prompt:
+            raise ValueError("continue_final_message continues the last message; add_generation_prompt would "
+                             "open a new one: set one of them")
         messages = [{k: v for k, v in m.items() if v is not None} for m in messages]
         context = {**self._template_tokens, "tools": None, "documents": None, **kwargs,
                    "messages": messages, "add_generation_prompt": add_generation_prompt}
@@ -316,6 +322,8 @@ class Tokenizer:
             text = template.render(context)
         except jinja2.TemplateError as e:
             raise ValueError(f"the chat template failed to render: {e}") from e
+        if continue_final_message:
+            text = _open_final_message(text, messages[-1].get("content"))
         return self.encode(text, add_special_tokens=False) if tokenize else text
 
     def role_markers(self) -> dict[str, Any]:
@@ -334,3 +342,17 @@ class Tokenizer:
             return self.chat_templates["default"]
         names = sorted(self.chat_templates)
         raise ValueError(f"the model has chat templates {names} but none named 'default'")
+
+
+def _open_final_message(text: str, content: Any) -> str:
+    """`text` cut right after the final message's content: where it last appears as given, else
+    stripped (some templates trim messages), as transformers cuts it."""
+    if isinstance(content, list):  # content parts: the last one's text
+        content = content[-1].get("text") if content and isinstance(content[-1], Mapping) else None
+    if not isinstance(content, str) or not content.strip():
+        raise ValueError("continue_final_message needs a final message with text to continue")
+    for piece in (content, content.strip()):
+        at = text.rfind(piece)
+        if at >= 0:
+            return text[:at + len(piece)]
+    raise ValueError("continue_final_message: the chat template does not render the final message's text")

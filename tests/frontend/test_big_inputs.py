@@ -51,7 +51,7 @@ def test_many_empty_messages_are_refused_before_rendering(default_server):
 
 
 def test_message_chars_count_roles_names_and_tool_call_ids():
-    from radixflow.frontend.chat import message_chars
+    from radixflow.frontend.chat_prompt import message_chars
     from radixflow.frontend.openai_schemas import ChatMessage
 
     messages = [ChatMessage(role="user", content="hi", name="bob"), ChatMessage(role="tool", tool_call_id="c1")]

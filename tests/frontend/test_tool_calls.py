@@ -13,7 +13,7 @@ import msgspec
 import openai
 import pytest
 
-from radixflow.frontend.chat import template_messages
+from radixflow.frontend.chat_prompt import template_messages
 from radixflow.frontend.openai_schemas import ChatMessage
 
 MODEL_NAME, API_KEY = "tiny", "test-key"  # the conftest server's

@@ -288,3 +288,25 @@ def test_bos_eos_flags_are_ignored_like_transformers(
 def test_missing_tokenizer_json(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="no tokenizer.json"):
         Tokenizer.from_dir(str(tmp_path))
+
+
+def test_continue_final_message_matches_transformers(tok: Tokenizer, hf) -> None:
+    """The final message left open, its text the start of what the model writes next: the
+    rendering up to that message's content, as transformers' `continue_final_message` cuts it."""
+    messages = [{"role": "user", "content": "Name a color."}, {"role": "assistant", "content": "The color is"}]
+    text = tok.apply_chat_template(messages, continue_final_message=True)
+    assert text == hf.apply_chat_template(messages, continue_final_message=True, tokenize=False)
+    assert text.endswith("<|im_start|>assistant\nThe color is")
+    ids = tok.apply_chat_template(messages, continue_final_message=True, tokenize=True)
+    assert ids == hf.apply_chat_template(messages, continue_final_message=True, tokenize=True, return_dict=False)
+    spaced = [messages[0], {"role": "assistant", "content": "  The color is "}]
+    assert tok.apply_chat_template(spaced, continue_final_message=True) == hf.apply_chat_template(
+        spaced, continue_final_message=True, tokenize=False)
+
+
+def test_continue_final_message_errors(tok: Tokenizer) -> None:
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hello"}]
+    with pytest.raises(ValueError, match="add_generation_prompt"):
+        tok.apply_chat_template(messages, add_generation_prompt=True, continue_final_message=True)
+    with pytest.raises(ValueError, match="final message"):
+        tok.apply_chat_template([messages[0], {"role": "assistant", "content": ""}], continue_final_message=True)
