@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from decimal import Decimal
 
 import jsonschema
 import pytest
@@ -81,12 +82,62 @@ def test_integer_bounds_hold_in_every_sample(engine):
         jsonschema.validate(json.loads(r["text"]), INTEGERS)
 
 
+NUMBERS = {
+    "type": "object",
+    "properties": {
+        "unit": {"type": "number", "minimum": 0.5, "maximum": 2.25},
+        "open": {"type": "number", "exclusiveMinimum": -1e-3, "exclusiveMaximum": 0},
+        "draft4": {"type": "number", "minimum": -3.5, "exclusiveMinimum": True, "maximum": 7, "exclusiveMaximum": True},
+        "low": {"type": "number", "minimum": 1e3},
+        "high": {"type": "number", "maximum": -3.7},
+        "step": {"type": "number", "minimum": 0, "maximum": 2, "multipleOf": 0.25},
+    },
+    "required": ["unit", "open", "draft4", "low", "high", "step"],
+    "additionalProperties": False,
+}
+
+
+def _check_numbers(value: dict) -> None:
+    """NUMBERS's bounds, compared exactly (a float may round onto an exclusive bound)."""
+    assert Decimal("0.5") <= value["unit"] <= Decimal("2.25"), value
+    assert Decimal("-0.001") < value["open"] < 0, value
+    assert Decimal("-3.5") < value["draft4"] < 7, value
+    assert value["low"] >= 1000 and value["high"] <= Decimal("-3.7"), value
+    assert 0 <= value["step"] <= 2 and value["step"] % Decimal("0.25") == 0, value
+
+
+def test_number_bounds_hold_in_every_sample(engine):
+    """outlines-core ignores number bounds: the range regex must hold every one of them."""
+    out = engine.generate([f"Nums {i}" for i in range(30)],
+                          {"json_schema": NUMBERS, "temperature": 1.0, "max_new_tokens": 96})
+    done = [r for r in out if r["meta_info"]["finish_reason"]["type"] == "stop"]
+    assert len(done) > 10
+    for r in done:
+        _check_numbers(json.loads(r["text"], parse_float=Decimal, parse_int=Decimal))
+
+
+def test_number_bounds_under_llguidance():
+    pytest.importorskip("llguidance")
+    with Engine(demo_model("tiny"), dtype="float32", kv_cache_tokens=8192, grammar_backend="llguidance") as e:
+        schema = {**NUMBERS, "properties": {k: v for k, v in NUMBERS["properties"].items() if k != "step"},
+                  "required": [k for k in NUMBERS["required"] if k != "step"]}
+        out = e.generate([f"Nums {i}" for i in range(10)], {"json_schema": schema, "temperature": 1.0,
+                                                            "max_new_tokens": 96})
+        for r in out:
+            if r["meta_info"]["finish_reason"]["type"] == "stop":
+                _check_numbers({**json.loads(r["text"], parse_float=Decimal, parse_int=Decimal), "step": 0})
+
+
 def test_schema_keywords_a_regex_cannot_hold_are_refused(engine):
     unique = {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}
     with pytest.raises(ValueError, match="uniqueItems"):
         engine.generate("x", {"json_schema": unique})
     with pytest.raises(ValueError, match="multipleOf"):
         engine.generate("x", {"json_schema": {"type": "integer", "multipleOf": 7}})
+    with pytest.raises(ValueError, match="multipleOf"):
+        engine.generate("x", {"json_schema": {"type": "number", "minimum": 0, "multipleOf": 0.5}})
+    with pytest.raises(ValueError, match="too long"):
+        engine.generate("x", {"json_schema": {"type": "number", "minimum": 1e-300}})
     assert engine.generate("ok", {"json_schema": {"type": "array", "items": {"type": "integer"}, "uniqueItems": True,
                                                   "maxItems": 1}, "max_new_tokens": 16})
 
