@@ -83,49 +83,55 @@ def test_integer_bounds_hold_in_every_sample(engine):
 
 
 NUMBERS = {
-    "type": "object",
-    "properties": {
-        "unit": {"type": "number", "minimum": 0.5, "maximum": 2.25},
-        "open": {"type": "number", "exclusiveMinimum": -1e-3, "exclusiveMaximum": 0},
-        "draft4": {"type": "number", "minimum": -3.5, "exclusiveMinimum": True, "maximum": 7, "exclusiveMaximum": True},
-        "low": {"type": "number", "minimum": 1e3},
-        "high": {"type": "number", "maximum": -3.7},
-        "step": {"type": "number", "minimum": 0, "maximum": 2, "multipleOf": 0.25},
-    },
-    "required": ["unit", "open", "draft4", "low", "high", "step"],
-    "additionalProperties": False,
+    "unit": {"type": "number", "minimum": 0.5, "maximum": 2.25},
+    "open": {"type": "number", "exclusiveMinimum": -1e-3, "exclusiveMaximum": 0},
+    "draft4": {"type": "number", "minimum": -3.5, "exclusiveMinimum": True, "maximum": 7, "exclusiveMaximum": True},
+    "low": {"type": "number", "minimum": 1e3},
+    "high": {"type": "number", "maximum": -3.7},
+    "step": {"type": "number", "minimum": 0, "maximum": 2, "multipleOf": 0.25},
+}
+IN_RANGE = {  # compared exactly: a float may round onto an exclusive bound
+    "unit": lambda x: Decimal("0.5") <= x <= Decimal("2.25"),
+    "open": lambda x: Decimal("-0.001") < x < 0,
+    "draft4": lambda x: Decimal("-3.5") < x < 7,
+    "low": lambda x: x >= 1000,
+    "high": lambda x: x <= Decimal("-3.7"),
+    "step": lambda x: 0 <= x <= 2 and x % Decimal("0.25") == 0,
 }
 
 
-def _check_numbers(value: dict) -> None:
-    """NUMBERS's bounds, compared exactly (a float may round onto an exclusive bound)."""
-    assert Decimal("0.5") <= value["unit"] <= Decimal("2.25"), value
-    assert Decimal("-0.001") < value["open"] < 0, value
-    assert Decimal("-3.5") < value["draft4"] < 7, value
-    assert value["low"] >= 1000 and value["high"] <= Decimal("-3.7"), value
-    assert 0 <= value["step"] <= 2 and value["step"] % Decimal("0.25") == 0, value
+def _finished_numbers(engine, name: str, schema: dict, n: int) -> list[Decimal]:
+    """The values of the finished samples of `schema` alone and as an object's one property (the
+    tiny model likes digits: a fraction often runs past max_new_tokens, hence both forms)."""
+    wrapped = {"type": "object", "properties": {name: schema}, "required": [name], "additionalProperties": False}
+    values = []
+    for form in (schema, wrapped):
+        out = engine.generate([f"Num {name} {i}" for i in range(n)],
+                              {"json_schema": form, "temperature": 1.0, "max_new_tokens": 64})
+        for r in out:
+            if r["meta_info"]["finish_reason"]["type"] == "stop":
+                value = json.loads(r["text"], parse_float=Decimal, parse_int=Decimal)
+                values.append(value if form is schema else value[name])
+    return values
 
 
-def test_number_bounds_hold_in_every_sample(engine):
+@pytest.mark.parametrize("name", list(NUMBERS))
+def test_number_bounds_hold_in_every_sample(engine, name):
     """outlines-core ignores number bounds: the range regex must hold every one of them."""
-    out = engine.generate([f"Nums {i}" for i in range(30)],
-                          {"json_schema": NUMBERS, "temperature": 1.0, "max_new_tokens": 96})
-    done = [r for r in out if r["meta_info"]["finish_reason"]["type"] == "stop"]
-    assert len(done) > 10
-    for r in done:
-        _check_numbers(json.loads(r["text"], parse_float=Decimal, parse_int=Decimal))
+    values = _finished_numbers(engine, name, NUMBERS[name], 20)
+    assert len(values) >= 5
+    for x in values:
+        assert IN_RANGE[name](x), (name, x)
 
 
 def test_number_bounds_under_llguidance():
+    """llguidance enforces number bounds itself, except that "-0" passes an exclusive upper bound
+    of 0 (llguidance 1.x; the README says so). multipleOf on numbers is not checked here."""
     pytest.importorskip("llguidance")
     with Engine(demo_model("tiny"), dtype="float32", kv_cache_tokens=8192, grammar_backend="llguidance") as e:
-        schema = {**NUMBERS, "properties": {k: v for k, v in NUMBERS["properties"].items() if k != "step"},
-                  "required": [k for k in NUMBERS["required"] if k != "step"]}
-        out = e.generate([f"Nums {i}" for i in range(10)], {"json_schema": schema, "temperature": 1.0,
-                                                            "max_new_tokens": 96})
-        for r in out:
-            if r["meta_info"]["finish_reason"]["type"] == "stop":
-                _check_numbers({**json.loads(r["text"], parse_float=Decimal, parse_int=Decimal), "step": 0})
+        for name in ("unit", "open", "draft4", "high"):
+            for x in _finished_numbers(e, name, NUMBERS[name], 8):
+                assert IN_RANGE[name](x) or name == "open" and x == 0, (name, x)
 
 
 def test_schema_keywords_a_regex_cannot_hold_are_refused(engine):
