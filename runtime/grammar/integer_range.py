@@ -1,4 +1,10 @@
-"""JSON-schema integer bounds as regexes: outlines-core renders any integer as any digit run."""
+"""JSON-schema integer bounds as regexes: outlines-core renders any integer as any digit run.
+
+Alternatives are ordered so that one matching a string comes after every one matching a longer
+string that begins with it (wider numbers first): outlines-core determinizes with leftmost-first
+semantics, where a match of an earlier alternative ends the later ones, so "(1|1[0-9])" at the
+end of a grammar would never give 10..19.
+"""
 from __future__ import annotations
 
 import math
@@ -23,8 +29,8 @@ def group(parts: list[str]) -> str:
 
 def magnitudes(a: int, b: int | None) -> list[str]:
     """Alternatives matching the canonical spellings of the integers in [a, b] (0 <= a; b None:
-    unbounded). Consecutive widths wholly inside are one repetition, so a bound like 10**300
-    costs a few alternatives, not three per width."""
+    unbounded), widest first. Consecutive widths wholly inside are one repetition, so a bound
+    like 10**300 costs a few alternatives, not three per width."""
     parts: list[str] = []
     full: list[int] = []  # the current run of widths (> 1) wholly in [a, b]
     top = len(str(a)) if b is None else len(str(b))
@@ -40,7 +46,7 @@ def magnitudes(a: int, b: int | None) -> list[str]:
             parts += _same_width(str(start), str(end))
     if b is None:  # every wider number
         full.append(top + 1)
-    return parts + _widths(full, unbounded=b is None)
+    return (parts + _widths(full, unbounded=b is None))[::-1]
 
 
 def _widths(run: list[int], unbounded: bool = False) -> list[str]:

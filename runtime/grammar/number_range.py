@@ -7,7 +7,8 @@ JSON number's value has a plain decimal one), while an exact regex over mantissa
 pairs would need to compare digit strings shifted by any exponent. Otherwise every JSON spelling
 of an in-range value is kept: trailing fraction zeros ("1.50") and "-0" when 0 is in range.
 Bounds are compared as decimals: a float bound is the decimal of its shortest repr (0.1 is
-1/10), as in the schema text.
+1/10), as in the schema text. Alternatives are ordered as integer_range.py explains (one that
+matches a string after those matching its extensions).
 """
 from __future__ import annotations
 
@@ -16,9 +17,9 @@ from decimal import Decimal
 
 from radixflow.runtime.grammar.integer_range import digit_class, group, magnitudes
 
-# A regex past this many characters is refused: only bounds with many significant digits, or a
-# long run of zeros after the point (1e-300), get there; compile time grows with the regex.
-MAX_NUMBER_REGEX = 4000
+# A range regex (number or integer) past this many characters is refused: only bounds with many
+# significant digits, or a long run of zeros after the point (1e-300), get there.
+MAX_RANGE_REGEX = 4000
 MAX_MULTIPLES = 1000
 ANY_FRACTION = r"(\.[0-9]+)?"
 
@@ -30,7 +31,7 @@ def number_schema_regex(schema: dict) -> str | None:
     neither. ValueError when no number satisfies them, when `multipleOf` leaves more than
     MAX_MULTIPLES values (or the range is open), or when the regex would be too long."""
     lo, hi = number_bounds(schema)
-    step = _decimal(schema.get("multipleOf"))
+    step = decimal_bound(schema.get("multipleOf"))
     if step is not None and step > 0:
         if lo is None or hi is None or (hi[0] - lo[0]) / step > MAX_MULTIPLES:
             raise ValueError(f"multipleOf on a number needs minimum and maximum at most {MAX_MULTIPLES} steps apart")
@@ -41,9 +42,14 @@ def number_schema_regex(schema: dict) -> str | None:
         regex = number_range_regex(lo, hi)
     if regex is None:
         raise ValueError(f"no number satisfies the bounds of {schema}")
-    if len(regex) > MAX_NUMBER_REGEX:
+    return check_range_regex(regex, schema)
+
+
+def check_range_regex(regex: str, schema: dict) -> str:
+    """`regex`, or ValueError when it is longer than MAX_RANGE_REGEX."""
+    if len(regex) > MAX_RANGE_REGEX:
         raise ValueError(f"the bounds of {schema} need a regex too long ({len(regex)} characters, at most "
-                         f"{MAX_NUMBER_REGEX}): use bounds with fewer digits")
+                         f"{MAX_RANGE_REGEX}): use bounds with fewer digits")
     return regex
 
 
@@ -55,16 +61,18 @@ def number_bounds(schema: dict) -> tuple[Bound | None, Bound | None]:
 
 def _tighter(schema: dict, inclusive: str, exclusive: str, sign: int) -> Bound | None:
     found = []
-    value, flag = _decimal(schema.get(inclusive)), schema.get(exclusive)
+    value, flag = decimal_bound(schema.get(inclusive)), schema.get(exclusive)
     if value is not None:
         found.append((value, flag is True))
-    if _decimal(flag) is not None:
-        found.append((_decimal(flag), True))
+    if decimal_bound(flag) is not None:
+        found.append((decimal_bound(flag), True))
     # the greatest lower (least upper) bound; at equal values the strict one
     return max(found, key=lambda b: (sign * b[0], b[1]), default=None)
 
 
-def _decimal(x: object) -> Decimal | None:
+def decimal_bound(x: object) -> Decimal | None:
+    """x as the decimal the schema text spelled (a float by its shortest repr), None unless a
+    finite number."""
     if isinstance(x, float):
         return Decimal(repr(x)) if math.isfinite(x) else None
     return Decimal(x) if isinstance(x, int) and not isinstance(x, bool) else None
@@ -94,17 +102,17 @@ def _magnitudes(a: Bound, b: Bound | None) -> list[str]:
         return []
     a_int, a_frac = _split(a[0])
     if b is None:
-        return [str(a_int) + _fraction(a_frac, a[1], None, False), group(magnitudes(a_int + 1, None)) + ANY_FRACTION]
+        return [group(magnitudes(a_int + 1, None)) + ANY_FRACTION, str(a_int) + _fraction(a_frac, a[1], None, False)]
     b_int, b_frac = _split(b[0])
     if a_int == b_int:
         return [str(a_int) + _fraction(a_frac, a[1], b_frac, b[1])]
-    parts = [str(a_int) + _fraction(a_frac, a[1], None, False)]
-    if a_int + 1 < b_int:
-        parts.append(group(magnitudes(a_int + 1, b_int - 1)) + ANY_FRACTION)
+    parts = []  # a's integer part last: it may begin the others ("1" of "15")
     top = _fraction("", False, b_frac, b[1])
     if top is not None:  # None: b is an integer, excluded
         parts.append(str(b_int) + top)
-    return parts
+    if a_int + 1 < b_int:
+        parts.append(group(magnitudes(a_int + 1, b_int - 1)) + ANY_FRACTION)
+    return parts + [str(a_int) + _fraction(a_frac, a[1], None, False)]
 
 
 def _split(x: Decimal) -> tuple[int, str]:
@@ -134,26 +142,29 @@ def _digits(lo: str, lo_strict: bool, hi: str | None, hi_strict: bool, empty_ok:
         return ["0*[1-9][0-9]*"] if lo_strict else ["[0-9]*" if empty_ok else "[0-9]+"]
     if not lo and hi == "":
         return [] if lo_strict or hi_strict else ["0*" if empty_ok else "0+"]
-    parts = [""] if empty_ok and not lo and not lo_strict else []
+    parts = []
     first_lo = int(lo[0]) if lo else 0
     first_hi = int(hi[0]) if hi else 10  # hi None: no first digit is the bound's
     if first_lo == first_hi:
-        return parts + [str(first_lo) + p for p in _digits(lo[1:], lo_strict, hi[1:], hi_strict, True)]
-    parts += [str(first_lo) + p for p in _digits(lo[1:], lo_strict, None, False, True)]
-    if first_lo + 1 <= min(first_hi - 1, 9):
-        parts.append(digit_class(first_lo + 1, min(first_hi - 1, 9)) + "[0-9]*")
-    if hi:
-        parts += [hi[0] + p for p in _digits("", False, hi[1:], hi_strict, True)]
-    return parts
+        parts += [str(first_lo) + p for p in _digits(lo[1:], lo_strict, hi[1:], hi_strict, True)]
+    else:
+        parts += [str(first_lo) + p for p in _digits(lo[1:], lo_strict, None, False, True)]
+        if first_lo + 1 <= min(first_hi - 1, 9):
+            parts.append(digit_class(first_lo + 1, min(first_hi - 1, 9)) + "[0-9]*")
+        if hi:
+            parts += [hi[0] + p for p in _digits("", False, hi[1:], hi_strict, True)]
+    # the empty string last: it begins every other
+    return parts + [""] if empty_ok and not lo and not lo_strict else parts
 
 
 def _multiples(lo: Bound, hi: Bound, step: Decimal) -> str | None:
-    """The multiples of `step` within the bounds, each spelled plainly with any trailing zeros."""
+    """The multiples of `step` within the bounds, each spelled plainly with any trailing zeros,
+    in descending string order (an extension of a spelling sorts after it, so comes first)."""
     first, last = math.ceil(lo[0] / step), math.floor(hi[0] / step)
-    values = [k * step for k in range(first, last + 1)
-              if not (lo[1] and k * step == lo[0]) and not (hi[1] and k * step == hi[0])]
+    plain = sorted((format((k * step).normalize() if k else Decimal(0), "f") for k in range(first, last + 1)
+                    if not (lo[1] and k * step == lo[0]) and not (hi[1] and k * step == hi[0])), reverse=True)
     spellings = []
-    for v in values:
-        whole, _, frac = format(v.normalize() if v else Decimal(0), "f").partition(".")
+    for p in plain:
+        whole, _, frac = p.partition(".")
         spellings.append(f"{whole}\\.{frac}0*" if frac else f"{whole}(\\.0+)?")
     return group(spellings) if spellings else None

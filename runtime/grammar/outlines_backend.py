@@ -10,7 +10,7 @@ from outlines_core.json_schema import build_regex_from_schema
 
 from radixflow.runtime.grammar.backend import GrammarError
 from radixflow.runtime.grammar.integer_range import integer_range_regex
-from radixflow.runtime.grammar.number_range import number_schema_regex
+from radixflow.runtime.grammar.number_range import check_range_regex, decimal_bound, number_schema_regex
 from radixflow.runtime.grammar.spec import GrammarKey
 from radixflow.runtime.grammar.vocab import TokenVocab
 from radixflow.runtime.grammar.worker import CompileFailed, CompileTimeout, CompileWorkers
@@ -33,20 +33,19 @@ _NUMERIC_KEYS = ("type", "minimum", "maximum", "exclusiveMinimum", "exclusiveMax
 
 def integer_bounds(schema: dict) -> tuple[int | None, int | None]:
     """The least and greatest integer `schema` allows (None: unbounded), folding the exclusive
-    bounds in (numbers since draft 6, booleans beside minimum/maximum in draft 4)."""
-    lo, hi = schema.get("minimum"), schema.get("maximum")
+    bounds in (numbers since draft 6, booleans beside minimum/maximum in draft 4). A float bound
+    is the decimal its text spells: 1e300 is 10**300, not the nearest double's 301 digits."""
+    lo, hi = decimal_bound(schema.get("minimum")), decimal_bound(schema.get("maximum"))
     xlo, xhi = schema.get("exclusiveMinimum"), schema.get("exclusiveMaximum")
-    lo = None if not _is_number(lo) else math.floor(lo) + 1 if xlo is True else math.ceil(lo)
-    hi = None if not _is_number(hi) else math.ceil(hi) - 1 if xhi is True else math.floor(hi)
-    if _is_number(xlo):
-        lo = max(lo, math.floor(xlo) + 1) if lo is not None else math.floor(xlo) + 1
-    if _is_number(xhi):
-        hi = min(hi, math.ceil(xhi) - 1) if hi is not None else math.ceil(xhi) - 1
+    lo = None if lo is None else math.floor(lo) + 1 if xlo is True else math.ceil(lo)
+    hi = None if hi is None else math.ceil(hi) - 1 if xhi is True else math.floor(hi)
+    if decimal_bound(xlo) is not None:
+        xlo = math.floor(decimal_bound(xlo)) + 1
+        lo = max(lo, xlo) if lo is not None else xlo
+    if decimal_bound(xhi) is not None:
+        xhi = math.ceil(decimal_bound(xhi)) - 1
+        hi = min(hi, xhi) if hi is not None else xhi
     return lo, hi
-
-
-def _is_number(x: object) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool) or isinstance(x, float) and math.isfinite(x)
 
 
 def bound_integers(schema: object) -> object:
@@ -66,7 +65,7 @@ def bound_integers(schema: object) -> object:
     lo, hi = integer_bounds(out)
     step = out.get("multipleOf")
     if lo is not None and hi is not None and hi - lo < MAX_INTEGER_ENUM:
-        values = [v for v in range(lo, hi + 1) if not _is_number(step) or v % step == 0]
+        values = [v for v in range(lo, hi + 1) if decimal_bound(step) is None or v % step == 0]
         if not values:
             raise ValueError(f"no integer satisfies the bounds of {json.dumps(schema)}")
         rest = {k: v for k, v in out.items() if k not in _NUMERIC_KEYS}
@@ -90,7 +89,7 @@ def range_placeholders(schema: object, regexes: list[str]) -> object:
         return schema
     out = {k: range_placeholders(v, regexes) if k not in ("enum", "const") else v for k, v in schema.items()}
     if out.get("type") == "integer" and integer_bounds(out) != (None, None):
-        regex = integer_range_regex(*integer_bounds(out))
+        regex = check_range_regex(integer_range_regex(*integer_bounds(out)), out)
     elif out.get("type") == "number" and "enum" not in out and "const" not in out:
         regex = number_schema_regex(out)
     else:
@@ -133,7 +132,8 @@ def to_regex(key: GrammarKey) -> str:
         except (ValueError, TypeError) as exc:
             raise GrammarError(f"json_schema is not supported: {exc}") from exc
     if key.kind == "choices":
-        return "(" + "|".join(escape_literal(c) for c in json.loads(key.text)) + ")"
+        # descending: a choice that begins another comes after it (integer_range.py says why)
+        return "(" + "|".join(escape_literal(c) for c in sorted(json.loads(key.text), reverse=True)) + ")"
     raise GrammarError(f"unknown grammar kind {key.kind!r}")
 
 

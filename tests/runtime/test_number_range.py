@@ -2,12 +2,18 @@
 JSON number strings whose value is in range, checked against Decimal over many spellings."""
 from __future__ import annotations
 
+import json
 import re
 from decimal import Decimal
 
 import pytest
 
-from radixflow.runtime.grammar.number_range import MAX_NUMBER_REGEX, number_schema_regex
+from radixflow.runtime.grammar.number_range import MAX_RANGE_REGEX, number_schema_regex
+from radixflow.runtime.grammar.outlines_backend import OutlinesBackend
+from radixflow.runtime.grammar.spec import GrammarKey
+from radixflow.runtime.grammar.vocab import TokenVocab
+from radixflow.runtime.model.demo import demo_model
+from radixflow.runtime.text.tokenizer import Tokenizer
 
 JSON_PLAIN_NUMBER = re.compile(r"-?(0|[1-9][0-9]*)(\.[0-9]+)?")
 
@@ -114,7 +120,7 @@ def test_too_precise_bounds_are_refused():
         number_schema_regex({"type": "number", "minimum": 0, "maximum": int("1234567890" * 60)})
     with pytest.raises(ValueError, match="too long"):
         number_schema_regex({"type": "number", "minimum": 1e-300})
-    assert MAX_NUMBER_REGEX >= 2000
+    assert MAX_RANGE_REGEX >= 2000
 
 
 def test_empty_ranges_are_refused():
@@ -143,3 +149,69 @@ def test_multiple_of_without_a_small_range_is_refused():
             number_schema_regex({"type": "number", **schema})
     with pytest.raises(ValueError, match="no number satisfies"):
         number_schema_regex({"type": "number", "minimum": 0.1, "maximum": 0.2, "multipleOf": 0.25})
+
+
+@pytest.fixture(scope="module")
+def backend():
+    tokenizer = Tokenizer.from_dir(demo_model("tiny"))
+    b = OutlinesBackend(TokenVocab.from_tokenizer(tokenizer, tokenizer.vocab_size, tokenizer.eos_token_ids))
+    yield b
+    b.close()
+
+
+def _index_accepts(backend, grammar, text: str) -> bool:
+    """Whether outlines-core's index, walked a byte at a time, ends `text` in a final state."""
+    single = {bytes(b): t for t, b in enumerate(backend.vocab.token_bytes) if len(b) == 1}
+    state = grammar.index.get_initial_state()
+    for byte in text.encode():
+        state = grammar.index.get_next_state(state, single[bytes([byte])])
+        if state is None:
+            return False
+    return grammar.index.is_final_state(state)
+
+
+@pytest.mark.parametrize("schema,lo,hi", [CASES[1], CASES[4], CASES[12], CASES[13], CASES[17], CASES[18]],
+                         ids=lambda x: str(x) if isinstance(x, dict) else "")
+def test_the_compiled_index_accepts_exactly_the_range(backend, schema, lo, hi):
+    """Through outlines-core's index: exact for a number followed by more JSON (an object's value);
+    alone (the end of the grammar) never out of range. There outlines-core drops a byte leading
+    from a complete match to an incomplete one ("2" then "."), so "2.5" needs a token like ".5"."""
+    number = {"type": "number", **schema}
+    wrapped = {"type": "object", "properties": {"x": number}, "required": ["x"], "additionalProperties": False}
+    inner = backend.compile(GrammarKey("json_schema", json.dumps(wrapped)), 30.0)
+    alone = backend.compile(GrammarKey("json_schema", json.dumps(number)), 30.0)
+    few = ["", "0", "5", "05", "50", "25", "001", "999"]
+    texts = {f"{n}.{f}" if f else str(n) for n in range(-60, 1100) for f in few} | {"-0", "-0.0", "007", "1e2"}
+    for bound in (lo, hi):
+        whole = int(bound[0])
+        texts |= {f"{s}{abs(n)}.{f}" for n in (whole - 1, whole, whole + 1) for s in "-" ""
+                  for f in _fraction_digits(1) + _fraction_digits(2) + _fraction_digits(3)}
+    for s in texts:
+        expected = bool(JSON_PLAIN_NUMBER.fullmatch(s)) and _inside(Decimal(s), lo, hi)
+        assert _index_accepts(backend, inner, '{"x":' + s + "}") == expected, s
+        assert expected or not _index_accepts(backend, alone, s), s
+
+
+def test_compiled_integers_and_choices_keep_every_alternative(backend):
+    grammar = backend.compile(GrammarKey("json_schema", json.dumps({"type": "integer", "minimum": -50,
+                                                                    "maximum": 5000})), 30.0)
+    for n in range(-60, 5100):
+        assert _index_accepts(backend, grammar, str(n)) == (-50 <= n <= 5000), n
+    steps = {"type": "number", "minimum": -1, "maximum": 12, "multipleOf": 0.25}
+    grammar = backend.compile(GrammarKey("json_schema", json.dumps({"type": "array", "items": steps})), 30.0)
+    for s in ("-1", "-0.75", "0", "1", "1.25", "1.250", "10", "12", "12.0"):
+        assert _index_accepts(backend, grammar, f"[{s}]"), s
+    assert not _index_accepts(backend, grammar, "[1.3]")
+    grammar = backend.compile(GrammarKey("choices", json.dumps(["a", "ab", "abc", "b"])), 30.0)
+    assert all(_index_accepts(backend, grammar, c) for c in ("a", "ab", "abc", "b"))
+
+
+def test_integer_bounds_are_the_decimals_spelled_and_capped():
+    """A float bound of an integer is its text's decimal (1e300 is 10**300, not the double's 301
+    significant digits, which made an 82,617-character regex); a too-long range is refused."""
+    from radixflow.runtime.grammar.outlines_backend import json_schema_regex
+
+    rx = json_schema_regex({"type": "integer", "minimum": 0, "exclusiveMaximum": 1e300})
+    assert len(rx) < 2000 and re.fullmatch(rx, "9" * 300) and not re.fullmatch(rx, "1" + "0" * 300)
+    with pytest.raises(ValueError, match="too long"):
+        json_schema_regex({"type": "integer", "minimum": 0, "maximum": int("1234567890" * 60)})
