@@ -13,7 +13,7 @@ matches a string after those matching its extensions).
 from __future__ import annotations
 
 import math
-from decimal import Decimal
+from decimal import Decimal, localcontext
 
 from radixflow.runtime.grammar.integer_range import digit_class, group, magnitudes
 
@@ -158,13 +158,14 @@ def _digits(lo: str, lo_strict: bool, hi: str | None, hi_strict: bool, empty_ok:
 
 
 def _multiples(lo: Bound, hi: Bound, step: Decimal) -> str | None:
-    """The multiples of `step` within the bounds, each spelled plainly with any trailing zeros,
-    in descending string order (an extension of a spelling sorts after it, so comes first)."""
-    first, last = math.ceil(lo[0] / step), math.floor(hi[0] / step)
-    plain = sorted((format((k * step).normalize() if k else Decimal(0), "f") for k in range(first, last + 1)
-                    if not (lo[1] and k * step == lo[0]) and not (hi[1] and k * step == hi[0])), reverse=True)
+    """The multiples of `step` within the bounds, each spelled plainly with any trailing zeros.
+    Descending string order: a spelling's extensions ("1.25" of "1") sort above it, so come first."""
+    with localcontext(prec=MAX_RANGE_REGEX):  # exact for any bounds a regex within the cap can hold
+        ks = range(math.floor(lo[0] / step), math.ceil(hi[0] / step) + 1)
+        values = [k * step for k in ks]
+    inside = [v for v in values if (v > lo[0] or v == lo[0] and not lo[1]) and (v < hi[0] or v == hi[0] and not hi[1])]
     spellings = []
-    for p in plain:
-        whole, _, frac = p.partition(".")
+    for whole, frac in sorted(((w, f.rstrip("0")) for w, _, f in (format(v, "f").partition(".") for v in inside)),
+                              reverse=True):
         spellings.append(f"{whole}\\.{frac}0*" if frac else f"{whole}(\\.0+)?")
     return group(spellings) if spellings else None

@@ -144,7 +144,8 @@ def test_multiple_of_enumerates_a_bounded_range():
 
 
 def test_multiple_of_without_a_small_range_is_refused():
-    for schema in ({"multipleOf": 0.5}, {"minimum": 0, "multipleOf": 0.5}, {"minimum": 0, "maximum": 1e6, "multipleOf": 0.5}):
+    for schema in ({"multipleOf": 0.5}, {"minimum": 0, "multipleOf": 0.5},
+                   {"minimum": 0, "maximum": 1e6, "multipleOf": 0.5}):
         with pytest.raises(ValueError, match="multipleOf"):
             number_schema_regex({"type": "number", **schema})
     with pytest.raises(ValueError, match="no number satisfies"):
@@ -215,3 +216,11 @@ def test_integer_bounds_are_the_decimals_spelled_and_capped():
     assert len(rx) < 2000 and re.fullmatch(rx, "9" * 300) and not re.fullmatch(rx, "1" + "0" * 300)
     with pytest.raises(ValueError, match="too long"):
         json_schema_regex({"type": "integer", "minimum": 0, "maximum": int("1234567890" * 60)})
+
+
+def test_multiples_of_precise_bounds_stay_inside():
+    """Bounds and step with more digits than Decimal's default 28 still give only in-range multiples."""
+    lo, hi = 10 ** 30, 10 ** 30 + 2
+    rx = re.compile(number_schema_regex({"type": "number", "exclusiveMinimum": lo, "maximum": hi, "multipleOf": 0.5}))
+    assert rx.fullmatch(str(lo) + ".5") and rx.fullmatch(str(hi)) and not rx.fullmatch(str(lo))
+    assert not rx.fullmatch(str(hi) + ".5")
