@@ -6,6 +6,7 @@ Map of the package (the engine uses `GrammarCompiler`, `grammar_bitmask` and `ad
     vocab.py        the tokenizer byte by byte (TokenVocab); canonical tokenization of forced bytes
     backend.py      the interface: GrammarBackend -> CompiledGrammar -> Matcher; GrammarError
     outlines_backend.py / llguidance_backend.py   the two implementations
+    integer_range.py / number_range.py   JSON-schema bounds as exact regexes (outlines-core ignores them)
     worker.py       killable compile subprocesses for outlines-core (time and memory limits)
     cache.py        LRU of compiled grammars per key, bounded in count and bytes, in-flight dedupe
     compiler.py     GrammarCompiler: the engine-facing glue (caller threads)

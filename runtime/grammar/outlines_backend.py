@@ -10,6 +10,7 @@ from outlines_core.json_schema import build_regex_from_schema
 
 from radixflow.runtime.grammar.backend import GrammarError
 from radixflow.runtime.grammar.integer_range import integer_range_regex
+from radixflow.runtime.grammar.number_range import check_range_regex, decimal_bound, number_schema_regex
 from radixflow.runtime.grammar.spec import GrammarKey
 from radixflow.runtime.grammar.vocab import TokenVocab
 from radixflow.runtime.grammar.worker import CompileFailed, CompileTimeout, CompileWorkers
@@ -27,25 +28,24 @@ def escape_literal(text: str) -> str:
     return "".join("\\" + c if c in _REGEX_META else c for c in text)
 
 
-_INTEGER_KEYS = ("type", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
+_NUMERIC_KEYS = ("type", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
 
 
 def integer_bounds(schema: dict) -> tuple[int | None, int | None]:
     """The least and greatest integer `schema` allows (None: unbounded), folding the exclusive
-    bounds in (numbers since draft 6, booleans beside minimum/maximum in draft 4)."""
-    lo, hi = schema.get("minimum"), schema.get("maximum")
+    bounds in (numbers since draft 6, booleans beside minimum/maximum in draft 4). A float bound
+    is the decimal its text spells: 1e300 is 10**300, not the nearest double's 301 digits."""
+    lo, hi = decimal_bound(schema.get("minimum")), decimal_bound(schema.get("maximum"))
     xlo, xhi = schema.get("exclusiveMinimum"), schema.get("exclusiveMaximum")
-    lo = None if not _is_number(lo) else math.floor(lo) + 1 if xlo is True else math.ceil(lo)
-    hi = None if not _is_number(hi) else math.ceil(hi) - 1 if xhi is True else math.floor(hi)
-    if _is_number(xlo):
-        lo = max(lo, math.floor(xlo) + 1) if lo is not None else math.floor(xlo) + 1
-    if _is_number(xhi):
-        hi = min(hi, math.ceil(xhi) - 1) if hi is not None else math.ceil(xhi) - 1
+    lo = None if lo is None else math.floor(lo) + 1 if xlo is True else math.ceil(lo)
+    hi = None if hi is None else math.ceil(hi) - 1 if xhi is True else math.floor(hi)
+    if decimal_bound(xlo) is not None:
+        xlo = math.floor(decimal_bound(xlo)) + 1
+        lo = max(lo, xlo) if lo is not None else xlo
+    if decimal_bound(xhi) is not None:
+        xhi = math.ceil(decimal_bound(xhi)) - 1
+        hi = min(hi, xhi) if hi is not None else xhi
     return lo, hi
-
-
-def _is_number(x: object) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def bound_integers(schema: object) -> object:
@@ -65,38 +65,46 @@ def bound_integers(schema: object) -> object:
     lo, hi = integer_bounds(out)
     step = out.get("multipleOf")
     if lo is not None and hi is not None and hi - lo < MAX_INTEGER_ENUM:
-        values = [v for v in range(lo, hi + 1) if not _is_number(step) or v % step == 0]
+        values = [v for v in range(lo, hi + 1) if decimal_bound(step) is None or v % step == 0]
         if not values:
             raise ValueError(f"no integer satisfies the bounds of {json.dumps(schema)}")
-        rest = {k: v for k, v in out.items() if k not in _INTEGER_KEYS}
+        rest = {k: v for k, v in out.items() if k not in _NUMERIC_KEYS}
         return {**rest, "enum": values}
     if step is not None and step != 1:
         raise ValueError(f"multipleOf on an integer needs minimum and maximum at most {MAX_INTEGER_ENUM} apart")
     return out
 
 
-_PLACEHOLDER = "RFxINTEGERx{}xQZ"
+_PLACEHOLDER = "RFxRANGEx{}xQZ"
 
 
-def integer_placeholders(schema: object, regexes: list[str]) -> object:
-    """`schema` with each bounded integer left by `bound_integers` replaced by a unique string
-    const; its range regex is appended to `regexes` (the const's rendering is swapped for it)."""
+def range_placeholders(schema: object, regexes: list[str]) -> object:
+    """`schema` with each bounded integer left by `bound_integers`, and each number with bounds or
+    `multipleOf` (not pinned by enum / const), replaced by a unique string const; its range regex
+    (integer_range.py, number_range.py) is appended to `regexes` (the const's rendering is
+    swapped for it). ValueError for number bounds number_range.py refuses."""
     if isinstance(schema, list):
-        return [integer_placeholders(s, regexes) for s in schema]
+        return [range_placeholders(s, regexes) for s in schema]
     if not isinstance(schema, dict):
         return schema
-    out = {k: integer_placeholders(v, regexes) if k not in ("enum", "const") else v for k, v in schema.items()}
-    if out.get("type") != "integer" or integer_bounds(out) == (None, None):
+    out = {k: range_placeholders(v, regexes) if k not in ("enum", "const") else v for k, v in schema.items()}
+    if out.get("type") == "integer" and integer_bounds(out) != (None, None):
+        regex = check_range_regex(integer_range_regex(*integer_bounds(out)), out)
+    elif out.get("type") == "number" and "enum" not in out and "const" not in out:
+        regex = number_schema_regex(out)
+    else:
+        regex = None
+    if regex is None:
         return out
-    rest = {k: v for k, v in out.items() if k not in _INTEGER_KEYS}
-    regexes.append(integer_range_regex(*integer_bounds(out)))
+    regexes.append(regex)
+    rest = {k: v for k, v in out.items() if k not in _NUMERIC_KEYS}
     return {**rest, "const": _PLACEHOLDER.format(len(regexes) - 1)}
 
 
 def json_schema_regex(schema: object) -> str:
-    """The regex of a JSON schema, integer bounds included."""
+    """The regex of a JSON schema, integer and number bounds included."""
     regexes: list[str] = []
-    schema = integer_placeholders(bound_integers(schema), regexes)
+    schema = range_placeholders(bound_integers(schema), regexes)
     regex = build_regex_from_schema(json.dumps(schema), whitespace_pattern=JSON_WHITESPACE)
     for k, rx in enumerate(regexes):
         regex = regex.replace(f'"{_PLACEHOLDER.format(k)}"', f"({rx})")
@@ -124,7 +132,8 @@ def to_regex(key: GrammarKey) -> str:
         except (ValueError, TypeError) as exc:
             raise GrammarError(f"json_schema is not supported: {exc}") from exc
     if key.kind == "choices":
-        return "(" + "|".join(escape_literal(c) for c in json.loads(key.text)) + ")"
+        # descending: a choice that begins another comes after it (integer_range.py says why)
+        return "(" + "|".join(escape_literal(c) for c in sorted(json.loads(key.text), reverse=True)) + ")"
     raise GrammarError(f"unknown grammar kind {key.kind!r}")
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import types
+from decimal import Decimal
 
 import pytest
 
@@ -46,6 +47,24 @@ def test_json_object_over_http(client):
     assert choice["text"].startswith("{")
     if choice["finish_reason"] == "stop":  # complete output must parse as an object
         assert isinstance(json.loads(choice["text"]), dict)
+
+
+def test_number_bounds_over_http(client):
+    """A bounded number schema through response_format: every finished value is in range (exactly)."""
+    schema = {"type": "number", "minimum": 0.5, "exclusiveMaximum": 2.25}
+    body = {"model": "tiny", "prompt": "A number:", "max_tokens": 32, "temperature": 1.0, "n": 8,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}}
+    r = client.post("/v1/completions", json=body)
+    assert r.status_code == 200, r.text
+    done = [c for c in r.json()["choices"] if c["finish_reason"] == "stop"]
+    assert done
+    for c in done:
+        x = json.loads(c["text"], parse_float=Decimal, parse_int=Decimal)
+        assert Decimal("0.5") <= x < Decimal("2.25"), c["text"]
+    too_precise = {"type": "number", "minimum": 1e-300}
+    bad = client.post("/v1/completions", json={**body, "n": 1, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": too_precise}}})
+    assert bad.status_code == 400 and "too long" in bad.json()["error"]["message"]
 
 
 def test_invalid_schema_is_400(client):
