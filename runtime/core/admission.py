@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -28,13 +29,18 @@ CLIP_MAX_NEW_TOKENS = 4096
 IN_BATCH_DEDUP_MIN_TOKENS = 32
 
 
+NO_FIT = {"type": "abort", "message": "the KV cache is too small for this request to continue"}
+
+
 @dataclass(frozen=True)
 class _Blocked:
     """Why `_admit` did not admit: `need` is the availability (free + evictable - reserved, before
     locking its prefix) at which the request would fit; 0 when it was not memory (the step's
-    token budget), which the next step renews anyway."""
+    token budget), which the next step renews anyway. `never`: it did not fit while nothing else
+    held KV, so it never will."""
 
     need: int
+    never: bool = False
 
 
 class Admission:
@@ -48,6 +54,7 @@ class Admission:
     cache: RadixCache
     waiting: list[Req]
     prefilling: list[Req]
+    finish: Callable[[Req, dict], None]
     new_token_ratio: float
     prefill_budget_scale: float
     _blocked_until: int | None
@@ -114,7 +121,9 @@ class Admission:
                     continue
             n = self._admit(req, key, match, token_budget, chunk, reserved, batch)
             if isinstance(n, _Blocked):
-                if n.need > 0 and not admitted:
+                if n.never:
+                    self.finish(req, NO_FIT)
+                elif n.need > 0 and not admitted:
                     self._blocked_until = n.need
                 break
             admitted.append(req)
@@ -159,7 +168,9 @@ class Admission:
             self.cache.dec_lock_ref(match.node)
             self.req_pool.free_row(req.row)
             req.row, req.last_node, req.slots, req.tree_len = None, None, SlotList(), 0
-            return _Blocked(self._available(reserved) + 1)
+            # Alone, every slot but its prefix's was free or evictable: it holds more tokens than
+            # the pool (a jump-forward grew it past the pool before it was retracted).
+            return _Blocked(self._available(reserved) + 1, never=not self.holding() and not batch.reqs)
         if not req.prefix_counted:
             self.cache.record_query(len(key), match.length, match.node)
             req.prefix_counted, req.divergent_at = True, diverged_at

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from radixflow.radix import Node, RadixCache
-from radixflow.runtime.core.admission import Admission
+from radixflow.runtime.core.admission import NO_FIT, Admission
 from radixflow.runtime.core.kv_pool import KVPool, ReqToTokenPool, SlotIds
 from radixflow.runtime.core.request import Req, Status
 from radixflow.runtime.core.scheduled_batch import ScheduledBatch, mixed
@@ -147,7 +147,7 @@ class Scheduler(Admission, SlotAccounting):
             batch = self._schedule_decode()
         if batch is None and self.prefilling and not self.running:
             # The chunked request cannot grow and nothing else holds KV: it can never fit.
-            self.finish(self.prefilling[0], _NO_FIT)
+            self.finish(self.prefilling[0], NO_FIT)
         return batch
 
     def _schedule_mixed(self) -> ScheduledBatch | None:
@@ -293,7 +293,7 @@ class Scheduler(Admission, SlotAccounting):
             if self.prefilling:
                 self._retract(self.prefilling[0])
             elif len(self.running) == 1:
-                self.finish(self.running[0], _NO_FIT)
+                self.finish(self.running[0], NO_FIT)
             else:
                 self._retract(min(self.running, key=lambda r: (len(r.output_ids), -len(r.prompt_ids))))
 
@@ -360,5 +360,3 @@ class Scheduler(Admission, SlotAccounting):
             self.prefilling.remove(req)
         req.row, req.last_node, req.slots, req.tree_len = None, None, SlotList(), 0
 
-
-_NO_FIT = {"type": "abort", "message": "the KV cache is too small for this request to continue"}
