@@ -11,8 +11,8 @@ class InFlight:
     """The engine rids of every fan-out this server runs, and which client rid each belongs to.
 
     A client rid is refused while a request of this server still uses it (n > 1 samples run as
-    `rid-0`, `rid-1`, ... so the engine alone would not see the clash); `abort(rid)` ends every
-    sample of the request the client named `rid`; `abort_all()` ends everything this server
+    `rid-0`, `rid-1`, ... so the engine alone would not see the clash); `abort(rid)` asks the
+    engine to end `rid`, whichever server runs it; `abort_all()` ends everything this server
     runs (shutdown: the streams finish with reason abort instead of being cut). Thread-safe.
     """
 
@@ -45,12 +45,12 @@ class InFlight:
             for group in [g for g, members in self._groups.items() if rids.intersection(members)]:
                 del self._groups[group]
 
-    def abort(self, engine: Any, rid: str) -> None:
-        """Abort the request the client named `rid` (each of its samples), or the engine rid `rid`."""
-        with self._lock:
-            rids = list(self._groups.get(rid, [rid]))
-        for one in rids:
-            engine.abort(one)
+    @staticmethod
+    def abort(engine: Any, rid: str) -> None:
+        """Abort the request the client named `rid`, or the engine rid `rid`. Sent to the engine
+        even when this server does not run it: with several API servers another one may, and
+        the core ends every sample of an n > 1 request by its rid (each carries it as `group`)."""
+        engine.abort(rid)
 
     def abort_all(self, engine: Any) -> None:
         """Abort everything this server runs and refuse new fan-outs (shutdown)."""

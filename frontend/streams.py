@@ -47,7 +47,9 @@ def expand(prompts: list[list[int]], sampling: list[SamplingParams], options: li
         for j in range(sp.n):
             child = sp if sp.n == 1 else sp.for_sample(j)
             rid = new_rid() if group is None else group if sp.n == 1 else f"{group}-{j}"
-            jobs.append(Job(p * sp.n + j, ids, child, {**opts, "rid": rid}, group))
+            # a sample carries its client rid: the core ends it on an abort of that rid from any server
+            sample = {"group": group} if sp.n > 1 and group is not None else {}
+            jobs.append(Job(p * sp.n + j, ids, child, {**opts, "rid": rid, **sample}, group))
     return jobs
 
 

@@ -115,9 +115,10 @@ class EngineClient:
                               logprob_start_len: int | None = None, top_logprobs_num: int = 0,
                               return_text_in_logprobs: bool = False, rid: str | None = None,
                               lora_path: str | None = None, session_id: str | None = None,
-                              lora: str | None = None, incremental: bool = False) -> AsyncIterator[dict]:
+                              lora: str | None = None, incremental: bool = False,
+                              group: str | None = None) -> AsyncIterator[dict]:
         """As Engine.generate_stream: cumulative chunks (`incremental`: each chunk's new text and
-        ids only); closing the iterator early aborts."""
+        ids only); closing the iterator early aborts. `group`: as Engine.generate_stream's."""
         lora = lora if lora is not None else lora_path
         check_options(rid, return_logprob=return_logprob, logprob_start_len=logprob_start_len,
                       top_logprobs_num=top_logprobs_num, return_text_in_logprobs=return_text_in_logprobs,
@@ -139,7 +140,7 @@ class EngineClient:
         outputs = channel.open(rid)
         self._send(SubmitRequest(rid=rid, input_ids=ids, sampling=sp, return_logprob=return_logprob,
                                  logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num,
-                                 lora=lora, session_id=session_id))
+                                 lora=lora, session_id=session_id, group=group))
         try:
             while not chunks.done:
                 batch = await outputs.take()

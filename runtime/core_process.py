@@ -264,7 +264,8 @@ class CoreServer:
             sp.validate()
             opts = LogprobOptions(m.return_logprob, m.logprob_start_len, m.top_logprobs_num)
             # tokens only: the client detokenizes and checks stop strings
-            self.engine.start_stream(m.input_ids, sp, opts, m.rid, m.lora, m.session_id, self._sink(identity))
+            self.engine.start_stream(m.input_ids, sp, opts, m.rid, m.lora, m.session_id, self._sink(identity),
+                                     group=m.group)
         except Exception as exc:  # bad input, a full queue, a stopped engine: the client raises it
             self.outbox.put(identity, Rejected.of(m.rid, exc))
             started = False

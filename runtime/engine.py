@@ -142,11 +142,13 @@ class Engine:
                               logprob_start_len: int | None = None, top_logprobs_num: int = 0,
                               return_text_in_logprobs: bool = False, rid: str | None = None,
                               lora_path: str | None = None, session_id: str | None = None,
-                              lora: str | None = None, incremental: bool = False) -> AsyncIterator[dict]:
+                              lora: str | None = None, incremental: bool = False,
+                              group: str | None = None) -> AsyncIterator[dict]:
         """Yield SGLang-style stream chunks: cumulative `text` and `output_ids` (`incremental`:
         only those new since the previous chunk, `completion_tokens` still counting all); logprob
         lists hold only the entries new since the previous chunk. Closing the iterator early (a
-        client gone away) aborts the request."""
+        client gone away) aborts the request. `group`: the rid of the n > 1 request this stream
+        is a sample (or the prefill) of, so `abort(group)` ends it too."""
         lora_path = lora if lora is not None else lora_path
         check_options(rid, return_logprob=return_logprob, logprob_start_len=logprob_start_len,
                       top_logprobs_num=top_logprobs_num, return_text_in_logprobs=return_text_in_logprobs,
@@ -163,7 +165,7 @@ class Engine:
         # Opened before the submit: a constrained request is submitted from a worker thread while
         # this loop runs on, and its first outputs may be delivered before that call returns.
         outputs = channel.open(rid)  # ValueError if a stream of this loop has the rid
-        start = functools.partial(self.start_stream, ids, sp, opts, rid, lora_path, session_id, channel)
+        start = functools.partial(self.start_stream, ids, sp, opts, rid, lora_path, session_id, channel, group=group)
         submitted = None
         try:
             if sp.is_constrained:  # the grammar compiles in a worker thread: the loop must not wait for it
@@ -192,14 +194,17 @@ class Engine:
             self.abort(rid)
 
     def start_stream(self, ids: list[int], sp: SamplingParams, opts: LogprobOptions, rid: str | None,
-                     lora: str | None, session_id: str | None, sink: OutputSink) -> Req:
+                     lora: str | None, session_id: str | None, sink: OutputSink, *,
+                     group: str | None = None) -> Req:
         """Submit one request whose outputs go to `sink` (one StepOutput per step, posted on the
         engine thread); returns it. Raises what validation or a full queue raises; a grammar
         compiles here, so call it off any event loop when `sp.is_constrained`. Its outputs carry
         token ids only: detokenizing and stop strings are the caller's (ClientText), which ends
-        the request with `abort(rid, reason)` at a stop."""
+        the request with `abort(rid, reason)` at a stop. `group`: as `Req.group`."""
+        if group is not None and not isinstance(group, str):
+            raise ValueError(f"group must be a request id (a string), got {group!r}")
         req = self._make_req(ids, sp, opts, rid, lora, None, with_text=False)
-        req.sink, req.cursor, req.session_id = sink, StreamCursor(), session_id
+        req.sink, req.cursor, req.session_id, req.group = sink, StreamCursor(), session_id, group
         self.loop.submit(req)
         return req
 

@@ -47,7 +47,10 @@ class EngineLoop:
         self.loras, self.by_adapter = loras, by_adapter
         self.inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
         self.active: set[str] = set()  # rids submitted and not yet finished
-        self.lock = threading.Lock()   # guards `active` and the stopped state
+        # the n > 1 request rids (Req.group) of those, with how many: `abort(rid)` ends a group's
+        # members, so a group's rid is in use as long as one of them is
+        self.groups: dict[str, int] = {}
+        self.lock = threading.Lock()   # guards `active`, `groups` and the stopped state
         self.finish_listeners: list[Callable[[RequestTiming], None]] = []
         self.recent_timings: deque[RequestTiming] = deque(maxlen=10000)
         self.invariant_violations: list[str] = []  # with check_invariants: what broke, per step
@@ -65,16 +68,21 @@ class EngineLoop:
     # -- callers' side ----------------------------------------------------------------------------
 
     def submit(self, req: Req) -> None:
-        """Queue `req`; ValueError for a rid in flight, QueueFullError past the in-flight cap."""
+        """Queue `req`; ValueError for a rid in flight (as a request's or a group's), QueueFullError
+        past the in-flight cap."""
         limit = self.config.max_queued_requests + self.config.max_num_seqs
         with self.lock:
             self._refuse_if_stopped()
-            if req.rid in self.active:
+            if req.rid in self.active or req.rid in self.groups:
                 raise ValueError(f"request id {req.rid!r} is already in use")
+            if req.group in self.active:
+                raise ValueError(f"request id {req.group!r} is already in use")
             if len(self.active) >= limit:
                 raise QueueFullError(f"{len(self.active)} requests are in flight (max_num_seqs + "
                                      f"max_queued_requests = {limit}); retry later")
             self.active.add(req.rid)
+            if req.group is not None:
+                self.groups[req.group] = self.groups.get(req.group, 0) + 1
             self.inbox.put(("add", req))
 
     def call(self, fn: Callable[[], Any]) -> Any:
@@ -286,6 +294,10 @@ class EngineLoop:
                 log.error("request %s finished more than once", req.rid)
                 return False
             self.active.discard(req.rid)
+            if req.group is not None:
+                left = self.groups.pop(req.group) - 1
+                if left:
+                    self.groups[req.group] = left
         try:
             self._record(req)
         except Exception:  # noqa: BLE001 - a bookkeeping bug must not leave its caller waiting

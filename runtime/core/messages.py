@@ -76,7 +76,10 @@ class Hello(msgspec.Struct, frozen=True, kw_only=True, tag="hello"):
 
 
 class SubmitRequest(msgspec.Struct, frozen=True, kw_only=True, tag="submit"):
-    """One request, already tokenized and validated by the client (the core checks again)."""
+    """One request, already tokenized and validated by the client (the core checks again).
+    `group`: the rid of the n > 1 request it is a sample (or the prefill) of: an abort of that
+    rid from any client ends it (the client that got `/abort_request` may not be the one that
+    runs the samples)."""
 
     rid: str
     input_ids: list[int]
@@ -86,6 +89,7 @@ class SubmitRequest(msgspec.Struct, frozen=True, kw_only=True, tag="submit"):
     top_logprobs_num: int = 0
     lora: str | None = None
     session_id: str | None = None
+    group: str | None = None
 
 
 class AbortRequest(msgspec.Struct, frozen=True, tag="abort"):

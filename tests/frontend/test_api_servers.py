@@ -1,0 +1,103 @@
+"""Two API servers on one engine core (`radixflow serve --api-server-count 2`), each with its own
+EngineClient: what one server does to requests the other runs. The servers listen on ports of
+their own here, so a test picks which server gets each HTTP request."""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from .conftest import LiveServer
+from radixflow.frontend.server import create_app
+from radixflow.runtime import EngineClient
+from radixflow.runtime.model.demo import demo_model
+
+LONG = {"max_new_tokens": 1900, "ignore_eos": True}  # the tiny model: a 2,048-token context
+
+
+@pytest.fixture(scope="module")
+def two() -> Iterator[tuple[EngineClient, LiveServer, LiveServer]]:
+    model = demo_model("tiny")
+    first = EngineClient(model, kv_cache_tokens=8192, check_invariants=True)
+    second = EngineClient(model, address=first.address, kv_cache_tokens=8192, check_invariants=True)
+    a = LiveServer(create_app(first, "tiny")).start()
+    b = LiveServer(create_app(second, "tiny")).start()
+    yield first, a, b
+    a.stop()
+    b.stop()
+    second.shutdown()
+    first.shutdown()
+
+
+def _stream_finish_reasons(url: str, body: dict, started: threading.Event, out: dict) -> None:
+    """Stream /generate; set `started` at the first chunk of every index; `out[index]` = finish reason."""
+    seen: set[int] = set()
+    want = body["sampling_params"].get("n", 1)
+    with httpx.Client(base_url=url, timeout=60) as c, c.stream("POST", "/generate", json={**body, "stream": True}) as r:
+        for line in r.iter_lines():
+            if not line.startswith("data:") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[5:])
+            index = chunk.get("index", 0)
+            seen.add(index)
+            if len(seen) == want:
+                started.set()
+            if chunk["meta_info"]["finish_reason"] is not None:
+                out[index] = chunk["meta_info"]["finish_reason"]
+
+
+def _wait_idle(engine: EngineClient) -> None:
+    deadline = time.monotonic() + 5
+    while (s := engine.stats()).num_running or s.num_waiting:
+        assert time.monotonic() < deadline, s
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_abort_request_on_the_other_server_ends_every_sample(two, n):
+    """/abort_request by a client rid reaches the request on whichever server runs it: the server
+    that does not know the rid still asks the core, which ends every sample (`rid-0`, ...)."""
+    engine, a, b = two
+    started, reasons = threading.Event(), {}
+    body = {"text": "a long one", "sampling_params": {**LONG, "n": n}, "rid": f"cross-{n}"}
+    runner = threading.Thread(target=_stream_finish_reasons, args=(a.url, body, started, reasons))
+    runner.start()
+    assert started.wait(30)
+    with httpx.Client(base_url=b.url, timeout=10) as c:
+        assert c.post("/abort_request", json={"rid": f"cross-{n}"}).status_code == 200
+    runner.join(timeout=10)
+    assert not runner.is_alive(), "the samples ran on"
+    assert sorted(reasons) == list(range(n)) and {r["type"] for r in reasons.values()} == {"abort"}, reasons
+    _wait_idle(engine)
+    engine.check_accounting()
+    assert engine.invariant_violations == []
+
+
+def test_a_client_rid_in_use_on_one_server_is_refused_on_the_other(two):
+    """The rid of an n > 1 request running on one server is in use on the other too (as on one
+    server): accepted there, a stop string or disconnect of that request would end the samples
+    of the first (an abort of a rid ends its group's samples)."""
+    engine, a, b = two
+    started, reasons = threading.Event(), {}
+    body = {"text": "a long one", "sampling_params": {**LONG, "n": 2}, "rid": "shared"}
+    runner = threading.Thread(target=_stream_finish_reasons, args=(a.url, body, started, reasons))
+    runner.start()
+    assert started.wait(30)
+    try:
+        with httpx.Client(base_url=b.url, timeout=30) as c:
+            again = c.post("/generate", json={"text": "x", "sampling_params": {"max_new_tokens": 2}, "rid": "shared"})
+            assert again.status_code == 400 and "already in use" in again.text, again.text
+            sample = c.post("/generate", json={"text": "x", "sampling_params": {"max_new_tokens": 2},
+                                               "rid": "shared-1"})
+            assert sample.status_code == 400 and "already in use" in sample.text, sample.text
+    finally:
+        with httpx.Client(base_url=a.url, timeout=10) as c:
+            c.post("/abort_request", json={"rid": "shared"})
+        runner.join(timeout=10)
+    assert {r["type"] for r in reasons.values()} == {"abort"}, reasons
+    _wait_idle(engine)
+    engine.check_accounting()
