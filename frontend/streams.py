@@ -53,18 +53,34 @@ def expand(prompts: list[list[int]], sampling: list[SamplingParams], options: li
     return jobs
 
 
-async def prefill(engine: Any, prompts: list[list[int]]) -> list[int]:
-    """Prefill-only requests (max_new_tokens 0), so n samples of a prompt share one prefill.
+_ADAPTER_KEYS = ("lora_path", "lora_version")
+
+
+async def prefill(engine: Any, prompts: list[tuple[list[int], dict[str, Any]]]) -> list[int]:
+    """Prefill-only requests (max_new_tokens 0), so n samples of a prompt share one prefill: on
+    the samples' adapter (its KV is the adapter's own), given each prompt's (ids, options).
     Returns each prompt's cached_tokens before this request."""
     warm = SamplingParams.from_dict({"max_new_tokens": 0})
 
-    async def one(ids: list[int]) -> int:
+    async def one(ids: list[int], options: dict[str, Any]) -> int:
         last: dict = {}
-        async for last in engine.generate_stream(input_ids=ids, sampling_params=warm):
+        adapter = {key: options[key] for key in _ADAPTER_KEYS if options.get(key) is not None}
+        async for last in engine.generate_stream(input_ids=ids, sampling_params=warm, **adapter):
             pass
         return int(last["meta_info"]["cached_tokens"])
 
-    return list(await asyncio.gather(*(one(ids) for ids in prompts)))
+    return list(await asyncio.gather(*(one(ids, options) for ids, options in prompts)))
+
+
+async def pin_adapter(engine: Any, options: dict[str, Any]) -> dict[str, Any]:
+    """`options` with the weights its adapter means now (`lora_version`), for the samples of an
+    n > 1 request: each is a submit of its own, and a load replacing the name between two of
+    them must not run them on different weights (the engine refuses a sample whose adapter
+    changed). Blocking in the engine (a call to the core, perhaps a read from disk): off the loop."""
+    lora = options.get("lora_path")
+    if lora is None:
+        return options
+    return {**options, "lora_version": await asyncio.to_thread(engine.adapter_version, lora)}
 
 
 _END = object()
@@ -276,7 +292,8 @@ async def launch(receive: Receive | None, engine: Any, prompts: list[list[int]],
     """
     for ids, sp in zip(prompts, sampling):
         engine.validate_prompt(ids, sp)
-    shared = [ids for ids, sp in zip(prompts, sampling) if sp.n > 1]
+    options = [await pin_adapter(engine, opts) if sp.n > 1 else opts for sp, opts in zip(sampling, options)]
+    shared = [(ids, opts) for ids, sp, opts in zip(prompts, sampling, options) if sp.n > 1]
     cached = await until_disconnect(receive, prefill(engine, shared)) if shared else []
     fanout = Fanout(engine, expand(prompts, sampling, options), in_flight)
     await until_disconnect(receive, fanout.start())

@@ -116,9 +116,9 @@ class EngineClient:
                               return_text_in_logprobs: bool = False, rid: str | None = None,
                               lora_path: str | None = None, session_id: str | None = None,
                               lora: str | None = None, incremental: bool = False,
-                              group: str | None = None) -> AsyncIterator[dict]:
+                              group: str | None = None, lora_version: str | None = None) -> AsyncIterator[dict]:
         """As Engine.generate_stream: cumulative chunks (`incremental`: each chunk's new text and
-        ids only); closing the iterator early aborts. `group`: as Engine.generate_stream's."""
+        ids only); closing the iterator early aborts. `group`, `lora_version`: as Engine.generate_stream's."""
         lora = lora if lora is not None else lora_path
         check_options(rid, return_logprob=return_logprob, logprob_start_len=logprob_start_len,
                       top_logprobs_num=top_logprobs_num, return_text_in_logprobs=return_text_in_logprobs,
@@ -140,7 +140,8 @@ class EngineClient:
         outputs = channel.open(rid)
         self._send(SubmitRequest(rid=rid, input_ids=ids, sampling=sp, return_logprob=return_logprob,
                                  logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num,
-                                 lora=lora, session_id=session_id, group=group))
+                                 lora=lora, session_id=session_id, group=group,
+                                 lora_version=lora_version))
         try:
             while not chunks.done:
                 batch = await outputs.take()
@@ -183,6 +184,10 @@ class EngineClient:
 
     def unload_lora_adapter(self, name: str) -> None:
         self._call("unload_lora_adapter", name)
+
+    def adapter_version(self, lora: str) -> str:
+        """As Engine.adapter_version (blocking: call it off any event loop)."""
+        return self._call("adapter_version", lora)
 
     def lora_adapters(self) -> dict[str, str]:
         return self._call("lora_adapters")

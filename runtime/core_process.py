@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 
 # control calls a client may make; the slow ones run on a worker thread, the rest on the IO thread
 BLOCKING_CALLS = frozenset({"generate", "abort_all", "flush_cache", "load_lora_adapter", "unload_lora_adapter",
-                            "check_accounting", "set_fault_injector", "shutdown"})
+                            "adapter_version", "check_accounting", "set_fault_injector", "shutdown"})
 QUICK_CALLS = frozenset({"stats", "lora_adapters", "invariant_violations"})
 _BROADCAST = b""  # the outbox identity of a message for every client
 CLIENT_CHECK_S = 0.5  # how often the IO thread checks that the clients' processes are alive
@@ -265,7 +265,7 @@ class CoreServer:
             opts = LogprobOptions(m.return_logprob, m.logprob_start_len, m.top_logprobs_num)
             # tokens only: the client detokenizes and checks stop strings
             self.engine.start_stream(m.input_ids, sp, opts, m.rid, m.lora, m.session_id, self._sink(identity),
-                                     group=m.group)
+                                     group=m.group, lora_version=m.lora_version)
         except Exception as exc:  # bad input, a full queue, a stopped engine: the client raises it
             self.outbox.put(identity, Rejected.of(m.rid, exc))
             started = False

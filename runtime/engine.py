@@ -143,12 +143,13 @@ class Engine:
                               return_text_in_logprobs: bool = False, rid: str | None = None,
                               lora_path: str | None = None, session_id: str | None = None,
                               lora: str | None = None, incremental: bool = False,
-                              group: str | None = None) -> AsyncIterator[dict]:
+                              group: str | None = None, lora_version: str | None = None) -> AsyncIterator[dict]:
         """Yield SGLang-style stream chunks: cumulative `text` and `output_ids` (`incremental`:
         only those new since the previous chunk, `completion_tokens` still counting all); logprob
         lists hold only the entries new since the previous chunk. Closing the iterator early (a
         client gone away) aborts the request. `group`: the rid of the n > 1 request this stream
-        is a sample (or the prefill) of, so `abort(group)` ends it too."""
+        is a sample (or the prefill) of, so `abort(group)` ends it too. `lora_version`: what
+        `adapter_version(lora)` said when the request began (its other samples' weights)."""
         lora_path = lora if lora is not None else lora_path
         check_options(rid, return_logprob=return_logprob, logprob_start_len=logprob_start_len,
                       top_logprobs_num=top_logprobs_num, return_text_in_logprobs=return_text_in_logprobs,
@@ -165,7 +166,8 @@ class Engine:
         # Opened before the submit: a constrained request is submitted from a worker thread while
         # this loop runs on, and its first outputs may be delivered before that call returns.
         outputs = channel.open(rid)  # ValueError if a stream of this loop has the rid
-        start = functools.partial(self.start_stream, ids, sp, opts, rid, lora_path, session_id, channel, group=group)
+        start = functools.partial(self.start_stream, ids, sp, opts, rid, lora_path, session_id, channel, group=group,
+                                  lora_version=lora_version)
         submitted = None
         try:
             if sp.is_constrained:  # the grammar compiles in a worker thread: the loop must not wait for it
@@ -195,15 +197,19 @@ class Engine:
 
     def start_stream(self, ids: list[int], sp: SamplingParams, opts: LogprobOptions, rid: str | None,
                      lora: str | None, session_id: str | None, sink: OutputSink, *,
-                     group: str | None = None) -> Req:
+                     group: str | None = None, lora_version: str | None = None) -> Req:
         """Submit one request whose outputs go to `sink` (one StepOutput per step, posted on the
         engine thread); returns it. Raises what validation or a full queue raises; a grammar
         compiles here, so call it off any event loop when `sp.is_constrained`. Its outputs carry
         token ids only: detokenizing and stop strings are the caller's (ClientText), which ends
-        the request with `abort(rid, reason)` at a stop. `group`: as `Req.group`."""
+        the request with `abort(rid, reason)` at a stop. `group`: as `Req.group`; `lora_version`:
+        as generate_stream's (ValueError when `lora` means other weights now)."""
         if group is not None and not isinstance(group, str):
             raise ValueError(f"group must be a request id (a string), got {group!r}")
-        req = self._make_req(ids, sp, opts, rid, lora, None, with_text=False)
+        self.validate_prompt(ids, sp)  # before an adapter is chosen (perhaps read from disk)
+        check_lora_request(self.loras, lora)
+        choice = None if lora is None else self._choose_adapter(lora, lora_version)
+        req = self._make_req(ids, sp, opts, rid, choice, None, checked=True, with_text=False)
         req.sink, req.cursor, req.session_id, req.group = sink, StreamCursor(), session_id, group
         self.loop.submit(req)
         return req
@@ -245,6 +251,14 @@ class Engine:
         check_lora_request(self.loras, name)
         assert self.loras is not None
         self._drop_adapter_kv(self.loras.registry.unload(name))
+
+    def adapter_version(self, lora: str) -> str:
+        """Which weights adapter `lora` (a name, or a path under lora_dir) means now. The samples
+        of an n > 1 request submitted one by one (over HTTP) each pass it as `lora_version`: a
+        load replacing the name between two submits refuses the later ones (ValueError) instead
+        of running them on other weights than the first ones."""
+        check_lora_request(self.loras, lora)
+        return self._choose_adapter(lora).adapter.namespace
 
     def lora_adapters(self) -> dict[str, str]:
         """name -> path of the loaded adapters (empty without LoRA)."""
@@ -343,12 +357,16 @@ class Engine:
         req.grammar = self.grammar.new_state(sp, opts.return_logprob)
         return req
 
-    def _choose_adapter(self, lora_path: str) -> AdapterChoice:
-        """What adapter `lora_path` means now (ValueError when nothing)."""
+    def _choose_adapter(self, lora_path: str, version: str | None = None) -> AdapterChoice:
+        """What adapter `lora_path` means now (ValueError when nothing, or when that is not the
+        weights `version`, an adapter_version, named)."""
         assert self.loras is not None
         choice, orphan = self.loras.resolve(lora_path)
         if orphan is not None:  # its file changed on disk: drop the old content's KV (no waiting here)
             self.loop.post("drop", orphan)
+        if version is not None and choice.adapter.namespace != version:
+            raise ValueError(f"LoRA adapter {lora_path!r} was replaced (loaded again or changed on disk) while "
+                             f"this request's samples were being started; send the request again")
         return choice
 
     def _make_group(self, ids: list[int], sp: SamplingParams, opts: LogprobOptions, rid: str | None,

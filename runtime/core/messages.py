@@ -79,7 +79,9 @@ class SubmitRequest(msgspec.Struct, frozen=True, kw_only=True, tag="submit"):
     """One request, already tokenized and validated by the client (the core checks again).
     `group`: the rid of the n > 1 request it is a sample (or the prefill) of: an abort of that
     rid from any client ends it (the client that got `/abort_request` may not be the one that
-    runs the samples)."""
+    runs the samples). `lora_version`: the weights its `lora` meant when the request began
+    (Engine.adapter_version): a sample is refused rather than run on other weights than its
+    group's first samples."""
 
     rid: str
     input_ids: list[int]
@@ -90,6 +92,7 @@ class SubmitRequest(msgspec.Struct, frozen=True, kw_only=True, tag="submit"):
     lora: str | None = None
     session_id: str | None = None
     group: str | None = None
+    lora_version: str | None = None
 
 
 class AbortRequest(msgspec.Struct, frozen=True, tag="abort"):

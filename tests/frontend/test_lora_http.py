@@ -196,3 +196,59 @@ def test_serve_flags_for_adapters():
     assert cfg.lora_modules == ("a=/x", "b=/y") and cfg.max_loras == 3 and cfg.max_lora_rank == 64
     assert cfg.lora_enabled and cfg.lora_dir == "/adapters"
     assert not EngineConfig.from_kwargs(**engine_kwargs(build_parser().parse_args(["serve"]))).lora_enabled
+
+
+@pytest.mark.parametrize("kind", ["core-thread", "core-process"])
+def test_n_samples_over_http_never_split_across_a_replace(tmp_path, monkeypatch, kind):
+    """Over HTTP an n > 1 request's samples are submitted one by one; a load replacing their
+    adapter's name between two submits must not give some samples the old weights and others the
+    new ones (the in-process Engine resolves once per request, tests/runtime/test_lora_concurrency.py).
+    The request pins the weights its name means when it starts: it runs on them, or is refused."""
+    from radixflow.runtime import EngineClient
+    from radixflow.runtime.core.messages import SubmitRequest
+
+    model = demo_model("tiny")
+    old_path = write_adapter(str(tmp_path / "old"), model, rank=8, seed=11)
+    new_path = write_adapter(str(tmp_path / "new"), model, rank=8, seed=12)
+    make = EngineClient if kind == "core-process" else Engine
+    with make(model, dtype="float32", lora_modules=[f"x={old_path}", f"new={new_path}"]) as eng:
+        live = LiveServer(create_app(eng, "tiny")).start()
+        try:
+            with httpx.Client(base_url=live.url, timeout=60) as client:
+                old = _native(client, lora_path="x").json()["output_ids"]
+                assert old != _native(client, lora_path="new").json()["output_ids"]
+                samples = []
+
+                def replace_after_the_first_sample(max_new_tokens: int) -> None:
+                    if max_new_tokens > 0:  # a sample, not the shared prefill
+                        samples.append(max_new_tokens)
+                        if len(samples) == 1:  # x gets new weights now, before the next sample's submit
+                            eng.load_lora_adapter("x", new_path)
+                if kind == "core-process":
+                    send = eng._send
+
+                    def hooked_send(message) -> None:
+                        send(message)
+                        if isinstance(message, SubmitRequest) and message.lora == "x":
+                            replace_after_the_first_sample(message.sampling.max_new_tokens)
+                    monkeypatch.setattr(eng, "_send", hooked_send)
+                else:
+                    submit = eng.loop.submit
+
+                    def hooked_submit(req) -> None:
+                        submit(req)
+                        replace_after_the_first_sample(req.sampling.max_new_tokens)
+                    monkeypatch.setattr(eng.loop, "submit", hooked_submit)
+                r = _native(client, lora_path="x", sampling_params={**GREEDY, "n": 3})
+                monkeypatch.undo()
+                assert samples  # the replace happened after the first sample was submitted
+                assert r.status_code == 400 and "was replaced" in r.json()["error"]["message"], r.text
+                eng.load_lora_adapter("x", old_path)
+                again = _native(client, text="the sea rose and", lora_path="x", sampling_params={**GREEDY, "n": 3})
+                assert [s["output_ids"] for s in again.json()] == [again.json()[0]["output_ids"]] * 3
+                # the shared prefill ran on the adapter: every sample hits its KV
+                assert {s["meta_info"]["cached_tokens"] for s in again.json()} == {
+                    again.json()[0]["meta_info"]["prompt_tokens"] - 1}
+                eng.check_accounting()
+        finally:
+            live.stop()
