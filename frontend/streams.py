@@ -36,11 +36,15 @@ class Job:
     sampling: SamplingParams
     options: dict[str, Any] = field(default_factory=dict)  # logprob keys, rid
     group: str | None = None  # the rid the client gave (sample j of n runs as `group-j`)
+    ended: dict | None = None  # its whole stream: the request ended before its samples started
 
 
-def expand(prompts: list[list[int]], sampling: list[SamplingParams], options: list[dict[str, Any]]) -> list[Job]:
+def expand(prompts: list[list[int]], sampling: list[SamplingParams], options: list[dict[str, Any]],
+           ended: list[dict | None] | None = None) -> list[Job]:
     """One job per (prompt, sample); sample j of n gets `for_sample(j)` (seed + j) and rid `rid-j`, as the
-    engine does; a job without a client rid gets a fresh one (so the server knows what it runs)."""
+    engine does; a job without a client rid gets a fresh one (so the server knows what it runs).
+    `ended[p]`: the last chunk of prompt p's shared prefill when that ended the request (aborted by
+    its rid, or failed): its samples are that ending, not started."""
     jobs = []
     for p, (ids, sp, opts) in enumerate(zip(prompts, sampling, options)):
         group = opts.get("rid")
@@ -49,25 +53,29 @@ def expand(prompts: list[list[int]], sampling: list[SamplingParams], options: li
             rid = new_rid() if group is None else group if sp.n == 1 else f"{group}-{j}"
             # a sample carries its client rid: the core ends it on an abort of that rid from any server
             sample = {"group": group} if sp.n > 1 and group is not None else {}
-            jobs.append(Job(p * sp.n + j, ids, child, {**opts, "rid": rid, **sample}, group))
+            jobs.append(Job(p * sp.n + j, ids, child, {**opts, "rid": rid, **sample}, group,
+                            None if ended is None else ended[p]))
     return jobs
 
 
 _ADAPTER_KEYS = ("lora_path", "lora_version")
 
 
-async def prefill(engine: Any, prompts: list[tuple[list[int], dict[str, Any]]]) -> list[int]:
+async def prefill(engine: Any, prompts: list[tuple[list[int], dict[str, Any]]]) -> list[dict]:
     """Prefill-only requests (max_new_tokens 0), so n samples of a prompt share one prefill: on
-    the samples' adapter (its KV is the adapter's own), given each prompt's (ids, options).
-    Returns each prompt's cached_tokens before this request."""
+    the samples' adapter (its KV is the adapter's own) and in their group (an abort of the
+    client's rid ends the prefill too), given each prompt's (ids, options). Returns each
+    prefill's last chunk: its cached_tokens are the prompt's before this request."""
     warm = SamplingParams.from_dict({"max_new_tokens": 0})
 
-    async def one(ids: list[int], options: dict[str, Any]) -> int:
+    async def one(ids: list[int], options: dict[str, Any]) -> dict:
         last: dict = {}
-        adapter = {key: options[key] for key in _ADAPTER_KEYS if options.get(key) is not None}
-        async for last in engine.generate_stream(input_ids=ids, sampling_params=warm, **adapter):
+        keys = {key: options[key] for key in _ADAPTER_KEYS if options.get(key) is not None}
+        if options.get("rid") is not None:
+            keys["group"] = options["rid"]
+        async for last in engine.generate_stream(input_ids=ids, sampling_params=warm, **keys):
             pass
-        return int(last["meta_info"]["cached_tokens"])
+        return last
 
     return list(await asyncio.gather(*(one(ids, options) for ids, options in prompts)))
 
@@ -84,6 +92,13 @@ async def pin_adapter(engine: Any, options: dict[str, Any]) -> dict[str, Any]:
 
 
 _END = object()
+_ENDING = ("abort", "error")  # a shared prefill that ended so ends its request
+
+
+async def _ended_stream(job: Job) -> AsyncIterator[dict]:
+    """The stream of a sample that never started: its request's ending (the prefill's last chunk)."""
+    assert job.ended is not None
+    yield {"text": "", "output_ids": [], "meta_info": {**job.ended["meta_info"], "id": job.options["rid"]}}
 
 
 class Fanout:
@@ -104,6 +119,8 @@ class Fanout:
         self._first: Any = _END   # one job: its first chunk, until iterated
 
     def _open(self, job: Job) -> Any:
+        if job.ended is not None:
+            return _ended_stream(job)
         # incremental chunks unless a job asks otherwise (the native stream's cumulative shape)
         return self.engine.generate_stream(input_ids=job.input_ids, sampling_params=job.sampling,
                                            **{"incremental": True, **job.options})
@@ -294,10 +311,13 @@ async def launch(receive: Receive | None, engine: Any, prompts: list[list[int]],
         engine.validate_prompt(ids, sp)
     options = [await pin_adapter(engine, opts) if sp.n > 1 else opts for sp, opts in zip(sampling, options)]
     shared = [(ids, opts) for ids, sp, opts in zip(prompts, sampling, options) if sp.n > 1]
-    cached = await until_disconnect(receive, prefill(engine, shared)) if shared else []
-    fanout = Fanout(engine, expand(prompts, sampling, options), in_flight)
+    warmed = iter(await until_disconnect(receive, prefill(engine, shared)) if shared else [])
+    lasts = [next(warmed) if sp.n > 1 else None for sp in sampling]
+    ended = [last if last and (last["meta_info"]["finish_reason"] or {}).get("type") in _ENDING else None
+             for last in lasts]
+    fanout = Fanout(engine, expand(prompts, sampling, options, ended), in_flight)
     await until_disconnect(receive, fanout.start())
-    return fanout, cached
+    return fanout, [int(last["meta_info"]["cached_tokens"]) for last in lasts if last is not None]
 
 
 async def guarded(events: AsyncIterator[bytes], fanout: Fanout, what: str) -> AsyncIterator[bytes]:

@@ -101,3 +101,56 @@ def test_a_client_rid_in_use_on_one_server_is_refused_on_the_other(two):
     assert {r["type"] for r in reasons.values()} == {"abort"}, reasons
     _wait_idle(engine)
     engine.check_accounting()
+
+
+@pytest.fixture(scope="module")
+def narrow() -> Iterator[tuple[EngineClient, LiveServer, LiveServer]]:
+    """Two servers on a core that runs one request at a time: a second request waits in its queue."""
+    model = demo_model("tiny")
+    first = EngineClient(model, kv_cache_tokens=8192, max_num_seqs=1, check_invariants=True)
+    second = EngineClient(model, address=first.address, kv_cache_tokens=8192, max_num_seqs=1)
+    a = LiveServer(create_app(first, "tiny")).start()
+    b = LiveServer(create_app(second, "tiny")).start()
+    yield first, a, b
+    a.stop()
+    b.stop()
+    second.shutdown()
+    first.shutdown()
+
+
+@pytest.mark.parametrize("where", ["same", "other"])
+def test_an_abort_while_the_shared_prefill_waits_ends_the_request(narrow, where):
+    """An n > 1 request first runs a prefill its samples share; an /abort_request by its rid
+    while that prefill waits (or runs) ends the request: no sample starts afterwards."""
+    engine, a, b = narrow
+    blocker_started, blocker = threading.Event(), {}
+    hold = threading.Thread(target=_stream_finish_reasons, args=(a.url, {"text": "hold", "sampling_params": LONG,
+                                                                         "rid": f"hold-{where}"},
+                                                                 blocker_started, blocker))
+    hold.start()
+    assert blocker_started.wait(30)
+    result: dict = {}
+
+    def post() -> None:
+        with httpx.Client(base_url=a.url, timeout=60) as c:
+            result["r"] = c.post("/generate", json={"text": "wait for it", "rid": f"late-{where}",
+                                                     "sampling_params": {**LONG, "n": 2}})
+    runner = threading.Thread(target=post)
+    runner.start()
+    deadline = time.monotonic() + 10
+    while engine.stats().num_waiting == 0:  # its prefill queues behind the blocker
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    with httpx.Client(base_url=(a if where == "same" else b).url, timeout=10) as c:
+        assert c.post("/abort_request", json={"rid": f"late-{where}"}).status_code == 200
+        time.sleep(0.2)
+        assert c.post("/abort_request", json={"rid": f"hold-{where}"}).status_code == 200
+    runner.join(timeout=30)
+    hold.join(timeout=10)
+    assert not runner.is_alive(), "the samples ran on"
+    r = result["r"]
+    assert r.status_code == 200, r.text[:300]
+    assert [s["meta_info"]["finish_reason"]["type"] for s in r.json()] == ["abort", "abort"]
+    assert all(s["meta_info"]["completion_tokens"] == 0 for s in r.json())
+    _wait_idle(engine)
+    engine.check_accounting()
