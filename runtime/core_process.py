@@ -29,6 +29,7 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -84,6 +85,15 @@ class Outbox:
         os.close(self._wake)
 
 
+@dataclass
+class Compiling:
+    """A submit whose grammar compiles on a worker (the engine does not know it yet): its group,
+    and the abort that arrived meanwhile, applied once it starts."""
+
+    group: str | None
+    abort: AbortRequest | None = None
+
+
 class ClientSink:
     """One client's end of the engine output: the engine thread posts, the IO thread sends."""
 
@@ -110,7 +120,7 @@ class CoreServer:
         self.decoder = msgspec.msgpack.Decoder(ToCore)
         self.clients: dict[bytes, ClientSink] = {}
         self.workers = ThreadPoolExecutor(max_workers=16, thread_name_prefix="rf-core-call")
-        self._compiling: dict[tuple[bytes, str], AbortRequest | None] = {}  # grammar compiling → its abort
+        self._compiling: dict[tuple[bytes, str], Compiling] = {}  # (client, rid) → its grammar compiling
         self._local_pids: dict[bytes, tuple[int, bytes | None]] = {}  # clients on this host: identity → process
         self._host = socket.gethostname()
         self._lock = threading.Lock()
@@ -179,7 +189,7 @@ class CoreServer:
         if isinstance(message, SubmitRequest):
             self._submit(identity, message)
         elif isinstance(message, AbortRequest):
-            self._abort(identity, message.rid, message.reason)
+            self._abort(message.rid, message.reason)
         elif isinstance(message, ControlCall):
             self._call(identity, message)
         elif isinstance(message, Hello):
@@ -244,16 +254,16 @@ class CoreServer:
         sink = self.clients.pop(identity, None)
         reason = {"type": "abort", "message": why}
         with self._lock:
-            for key in self._compiling:
-                if key[0] == identity:
-                    self._compiling[key] = AbortRequest(key[1], reason)
+            for (owner, rid), pending in self._compiling.items():
+                if owner == identity:
+                    pending.abort = AbortRequest(rid, reason)
         if sink is not None:
             self.engine.abort_sink(sink, reason)
 
     def _submit(self, identity: bytes, m: SubmitRequest) -> None:
         if m.sampling.is_constrained:  # a grammar compiles on a worker: the IO thread goes on
             with self._lock:
-                self._compiling[(identity, m.rid)] = None
+                self._compiling[(identity, m.rid)] = Compiling(m.group)
             self.workers.submit(self._start, identity, m)
         else:
             self._start(identity, m)
@@ -273,15 +283,18 @@ class CoreServer:
             started = True
         finally:
             with self._lock:
-                aborted = self._compiling.pop((identity, m.rid), None)
-        if started and aborted is not None:
-            self.engine.abort(m.rid, aborted.reason)
+                pending = self._compiling.pop((identity, m.rid), None)
+        if started and pending is not None and pending.abort is not None:
+            self.engine.abort(m.rid, pending.abort.reason)
 
-    def _abort(self, identity: bytes, rid: str, reason: dict | None) -> None:
+    def _abort(self, rid: str, reason: dict | None) -> None:
+        """End `rid` (each member of the group `rid` too), whichever client sent it (an
+        /abort_request reaches any API server): in the engine, and once started, each request
+        whose grammar still compiles."""
         with self._lock:
-            if (identity, rid) in self._compiling:
-                self._compiling[(identity, rid)] = AbortRequest(rid, reason)
-                return
+            for (_, compiling), pending in self._compiling.items():
+                if rid in (compiling, pending.group):
+                    pending.abort = AbortRequest(compiling, reason)
         self.engine.abort(rid, reason)
 
     def _call(self, identity: bytes, m: ControlCall) -> None:

@@ -357,3 +357,63 @@ def test_a_finished_stream_frees_its_rid_before_it_is_closed(engines, side):
     first, second = asyncio.run(asyncio.wait_for(run(), 30))
     assert first[-1]["output_ids"] == second[-1]["output_ids"] == engine.generate("rid reuse", sp)["output_ids"]
     engine.check_accounting()
+
+
+@pytest.mark.parametrize("abort_rid", ["g", "g-0"])
+def test_an_abort_from_any_client_reaches_a_request_still_compiling_its_grammar(tmp_path, abort_rid):
+    """A constrained request's grammar compiles on a worker before the engine knows the request:
+    an abort arriving meanwhile is kept and applied once it starts. One from another client (an
+    /abort_request on the other API server), or by the rid of its n > 1 request (`group`),
+    must be kept too: found nothing in the engine, it was lost and the request ran to its limit."""
+    import threading
+
+    import msgspec
+    import zmq
+
+    from radixflow.runtime.core.messages import AbortRequest, SubmitRequest
+    from radixflow.runtime.core_process import CoreServer
+    from radixflow.runtime.sampling_params import SamplingParams
+
+    compiling, release = threading.Event(), threading.Event()
+
+    class CompilingEngine:
+        def __init__(self) -> None:
+            self.events: list = []
+
+        def add_finish_listener(self, fn) -> None:
+            pass
+
+        def start_stream(self, ids, sp, opts, rid, lora, session_id, sink, group=None, lora_version=None) -> None:
+            compiling.set()
+            assert release.wait(10)
+            self.events.append(("start", rid))
+
+        def abort(self, rid, reason=None) -> None:
+            self.events.append(("abort", rid))
+
+    engine = CompilingEngine()
+    address = f"ipc://{tmp_path}/core.sock"
+    server = CoreServer(engine, address)
+    owner, other = (server.ctx.socket(zmq.DEALER) for _ in range(2))
+    for sock, name in ((owner, b"owner"), (other, b"other")):
+        sock.setsockopt(zmq.IDENTITY, name)
+        sock.connect(address)
+    try:
+        sampling = SamplingParams.from_dict({"regex": "[ab]+", "max_new_tokens": 8})
+        owner.send(msgspec.msgpack.encode(SubmitRequest(rid="g-0", input_ids=[1, 2], sampling=sampling, group="g")))
+        assert server.sock.poll(5000)
+        server._receive()
+        assert compiling.wait(5)
+        other.send(msgspec.msgpack.encode(AbortRequest(abort_rid)))
+        assert server.sock.poll(5000)
+        server._receive()
+        release.set()
+        deadline = time.monotonic() + 5
+        while ("start", "g-0") not in engine.events or engine.events[-1] != ("abort", "g-0"):
+            assert time.monotonic() < deadline, engine.events  # started, and aborted after it started
+            time.sleep(0.01)
+    finally:
+        release.set()
+        owner.close(linger=0)
+        other.close(linger=0)
+        server.close()
