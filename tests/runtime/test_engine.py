@@ -361,3 +361,36 @@ def test_queue_limit_rejects_with_a_reason_and_serves_on():
         assert rejected and "max_queued_requests" in rejected[0]
         assert len(done) + len(rejected) == 6 and len(done) >= 2
         assert e.generate("after", {"max_new_tokens": 2, "ignore_eos": True})["meta_info"]["completion_tokens"] == 2
+
+
+@pytest.mark.parametrize("abort_rid", ["c", "g"])
+def test_an_abort_while_the_grammar_compiles_ends_the_request_once_started(engine, monkeypatch, abort_rid):
+    """A constrained stream compiles its grammar on a worker thread before the engine loop knows
+    it: an abort(rid) meanwhile (an /abort_request; by its n > 1 request's rid `g` too) found
+    nothing to end, and the request then ran to its limit."""
+    import threading
+
+    compiling, release = threading.Event(), threading.Event()
+    new_state = engine.grammar.new_state
+
+    def slow_new_state(sp, want_logprob):
+        compiling.set()
+        assert release.wait(10)
+        return new_state(sp, want_logprob)
+    monkeypatch.setattr(engine.grammar, "new_state", slow_new_state)
+
+    async def run() -> dict:
+        stream = engine.generate_stream("x", {"regex": "[ab]{900}", "max_new_tokens": 1000},
+                                        rid="c", group="g")
+        first = asyncio.ensure_future(stream.__anext__())
+        await asyncio.to_thread(compiling.wait, 10)
+        engine.abort(abort_rid)
+        release.set()
+        last = await first
+        async for last in stream:
+            pass
+        return last
+
+    last = asyncio.run(asyncio.wait_for(run(), 30))
+    assert last["meta_info"]["finish_reason"]["type"] == "abort" and last["meta_info"]["completion_tokens"] < 900
+    engine.check_accounting()
