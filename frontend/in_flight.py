@@ -12,14 +12,17 @@ class InFlight:
 
     A client rid is refused while a request of this server still uses it (n > 1 samples run as
     `rid-0`, `rid-1`, ... so the engine alone would not see the clash); `abort(rid)` asks the
-    engine to end `rid`, whichever server runs it; `abort_all()` ends everything this server
-    runs (shutdown: the streams finish with reason abort instead of being cut). Thread-safe.
+    engine to end `rid`, whichever server runs it, and remembers it for a request of this server
+    between its shared prefill and its samples (`aborted`), when the engine holds nothing of it;
+    `abort_all()` ends everything this server runs (shutdown: the streams finish with reason
+    abort instead of being cut). Thread-safe.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._by_key: dict[int, list[str]] = {}  # a fan-out → its engine rids
         self._groups: dict[str, list[str]] = {}  # a client rid → the engine rids of its samples
+        self._aborted: set[str] = set()  # client rids of this server that an abort named
         self._stopping = False
 
     def add(self, key: int, jobs: list[tuple[str, str | None]]) -> None:
@@ -44,13 +47,21 @@ class InFlight:
             rids = set(self._by_key.pop(key, ()))
             for group in [g for g, members in self._groups.items() if rids.intersection(members)]:
                 del self._groups[group]
+                self._aborted.discard(group)
 
-    @staticmethod
-    def abort(engine: Any, rid: str) -> None:
+    def abort(self, engine: Any, rid: str) -> None:
         """Abort the request the client named `rid`, or the engine rid `rid`. Sent to the engine
         even when this server does not run it: with several API servers another one may, and
         the core ends every sample of an n > 1 request by its rid (each carries it as `group`)."""
+        with self._lock:
+            if rid in self._groups:
+                self._aborted.add(rid)
         engine.abort(rid)
+
+    def aborted(self, rid: str) -> bool:
+        """Whether an abort named the client rid `rid` of a request this server runs."""
+        with self._lock:
+            return rid in self._aborted
 
     def abort_all(self, engine: Any) -> None:
         """Abort everything this server runs and refuse new fan-outs (shutdown)."""

@@ -36,15 +36,13 @@ class Job:
     sampling: SamplingParams
     options: dict[str, Any] = field(default_factory=dict)  # logprob keys, rid
     group: str | None = None  # the rid the client gave (sample j of n runs as `group-j`)
+    prompt: int = 0  # which prompt of the request
     ended: dict | None = None  # its whole stream: the request ended before its samples started
 
 
-def expand(prompts: list[list[int]], sampling: list[SamplingParams], options: list[dict[str, Any]],
-           ended: list[dict | None] | None = None) -> list[Job]:
+def expand(prompts: list[list[int]], sampling: list[SamplingParams], options: list[dict[str, Any]]) -> list[Job]:
     """One job per (prompt, sample); sample j of n gets `for_sample(j)` (seed + j) and rid `rid-j`, as the
-    engine does; a job without a client rid gets a fresh one (so the server knows what it runs).
-    `ended[p]`: the last chunk of prompt p's shared prefill when that ended the request (aborted by
-    its rid, or failed): its samples are that ending, not started."""
+    engine does; a job without a client rid gets a fresh one (so the server knows what it runs)."""
     jobs = []
     for p, (ids, sp, opts) in enumerate(zip(prompts, sampling, options)):
         group = opts.get("rid")
@@ -53,8 +51,7 @@ def expand(prompts: list[list[int]], sampling: list[SamplingParams], options: li
             rid = new_rid() if group is None else group if sp.n == 1 else f"{group}-{j}"
             # a sample carries its client rid: the core ends it on an abort of that rid from any server
             sample = {"group": group} if sp.n > 1 and group is not None else {}
-            jobs.append(Job(p * sp.n + j, ids, child, {**opts, "rid": rid, **sample}, group,
-                            None if ended is None else ended[p]))
+            jobs.append(Job(p * sp.n + j, ids, child, {**opts, "rid": rid, **sample}, group, p))
     return jobs
 
 
@@ -95,6 +92,18 @@ _END = object()
 _ENDING = ("abort", "error")  # a shared prefill that ended so ends its request
 
 
+def _ending(last: dict, group: str | None, in_flight: InFlight | None) -> dict | None:
+    """The ending of an n > 1 request whose shared prefill gave `last`: that chunk when the
+    prefill was aborted (by the client's rid) or failed; an abort when the client's rid was
+    aborted on this server after it; None when its samples are to start."""
+    if (last["meta_info"]["finish_reason"] or {}).get("type") in _ENDING:
+        return last
+    if group is not None and in_flight is not None and in_flight.aborted(group):
+        meta = {**last["meta_info"], "finish_reason": {"type": "abort", "message": "aborted"}, "completion_tokens": 0}
+        return {**last, "meta_info": meta}
+    return None
+
+
 async def _ended_stream(job: Job) -> AsyncIterator[dict]:
     """The stream of a sample that never started: its request's ending (the prefill's last chunk)."""
     assert job.ended is not None
@@ -125,9 +134,13 @@ class Fanout:
         return self.engine.generate_stream(input_ids=job.input_ids, sampling_params=job.sampling,
                                            **{"incremental": True, **job.options})
 
-    async def start(self) -> None:
-        if self.in_flight is not None:  # ValueError (a client rid in use) before anything runs
+    def register(self) -> None:
+        """Enter the jobs in the server's registry: ValueError (a client rid in use) before anything runs."""
+        if self.in_flight is not None:
             self.in_flight.add(id(self), [(job.options["rid"], job.group) for job in self.jobs])
+
+    async def start(self) -> None:
+        """Start every job (register() first)."""
         if len(self.jobs) == 1:
             self._stream = self._open(self.jobs[0])
             try:
@@ -310,13 +323,20 @@ async def launch(receive: Receive | None, engine: Any, prompts: list[list[int]],
     for ids, sp in zip(prompts, sampling):
         engine.validate_prompt(ids, sp)
     options = [await pin_adapter(engine, opts) if sp.n > 1 else opts for sp, opts in zip(sampling, options)]
-    shared = [(ids, opts) for ids, sp, opts in zip(prompts, sampling, options) if sp.n > 1]
-    warmed = iter(await until_disconnect(receive, prefill(engine, shared)) if shared else [])
-    lasts = [next(warmed) if sp.n > 1 else None for sp in sampling]
-    ended = [last if last and (last["meta_info"]["finish_reason"] or {}).get("type") in _ENDING else None
-             for last in lasts]
-    fanout = Fanout(engine, expand(prompts, sampling, options, ended), in_flight)
-    await until_disconnect(receive, fanout.start())
+    fanout = Fanout(engine, expand(prompts, sampling, options), in_flight)
+    fanout.register()  # before the prefill: an abort of the client's rid is remembered from now on
+    try:
+        shared = [(ids, opts) for ids, sp, opts in zip(prompts, sampling, options) if sp.n > 1]
+        warmed = iter(await until_disconnect(receive, prefill(engine, shared)) if shared else [])
+        lasts = [next(warmed) if sp.n > 1 else None for sp in sampling]
+        endings = [None if last is None else _ending(last, opts.get("rid"), in_flight)
+                   for last, opts in zip(lasts, options)]
+        for job in fanout.jobs:
+            job.ended = endings[job.prompt]
+        await until_disconnect(receive, fanout.start())
+    except BaseException:
+        await fanout.close()
+        raise
     return fanout, [int(last["meta_info"]["cached_tokens"]) for last in lasts if last is not None]
 
 

@@ -154,3 +154,26 @@ def test_an_abort_while_the_shared_prefill_waits_ends_the_request(narrow, where)
     assert all(s["meta_info"]["completion_tokens"] == 0 for s in r.json())
     _wait_idle(engine)
     engine.check_accounting()
+
+
+def test_an_abort_between_the_shared_prefill_and_the_samples_ends_the_request(two, monkeypatch):
+    """The window after an n > 1 request's shared prefill finished and before its samples are
+    submitted: the engine holds nothing of the request, so an /abort_request on the server that
+    runs it must be remembered there, or the samples start afterwards and run to their limit."""
+    from radixflow.frontend import streams
+
+    engine, a, _ = two
+    prefill = streams.prefill
+
+    async def abort_after_the_prefill(eng, prompts):
+        lasts = await prefill(eng, prompts)
+        a.app.state.server.in_flight.abort(eng, "window")  # as /abort_request would, on this server
+        return lasts
+    monkeypatch.setattr(streams, "prefill", abort_after_the_prefill)
+    with httpx.Client(base_url=a.url, timeout=60) as c:
+        r = c.post("/generate", json={"text": "in the window", "rid": "window", "sampling_params": {**LONG, "n": 2}})
+    assert r.status_code == 200, r.text[:300]
+    assert [s["meta_info"]["finish_reason"]["type"] for s in r.json()] == ["abort", "abort"]
+    assert all(s["meta_info"]["completion_tokens"] == 0 for s in r.json())
+    _wait_idle(engine)
+    engine.check_accounting()
