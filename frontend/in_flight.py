@@ -58,10 +58,11 @@ class InFlight:
                 self._aborted.add(rid)
         engine.abort(rid)
 
-    def aborted(self, rid: str) -> bool:
-        """Whether an abort named the client rid `rid` of a request this server runs."""
+    def aborted(self, rid: str | None) -> bool:
+        """Whether a request of this server under client rid `rid` (None: none given) is to end:
+        an abort named it, or the server is shutting down."""
         with self._lock:
-            return rid in self._aborted
+            return self._stopping or rid in self._aborted
 
     def abort_all(self, engine: Any) -> None:
         """Abort everything this server runs and refuse new fan-outs (shutdown)."""

@@ -95,10 +95,11 @@ _ENDING = ("abort", "error")  # a shared prefill that ended so ends its request
 def _ending(last: dict, group: str | None, in_flight: InFlight | None) -> dict | None:
     """The ending of an n > 1 request whose shared prefill gave `last`: that chunk when the
     prefill was aborted (by the client's rid) or failed; an abort when the client's rid was
-    aborted on this server after it; None when its samples are to start."""
+    aborted on this server after it, or the server began shutting down; None when its samples
+    are to start."""
     if (last["meta_info"]["finish_reason"] or {}).get("type") in _ENDING:
         return last
-    if group is not None and in_flight is not None and in_flight.aborted(group):
+    if in_flight is not None and in_flight.aborted(group):
         meta = {**last["meta_info"], "finish_reason": {"type": "abort", "message": "aborted"}, "completion_tokens": 0}
         return {**last, "meta_info": meta}
     return None

@@ -177,3 +177,30 @@ def test_an_abort_between_the_shared_prefill_and_the_samples_ends_the_request(tw
     assert all(s["meta_info"]["completion_tokens"] == 0 for s in r.json())
     _wait_idle(engine)
     engine.check_accounting()
+
+
+def test_a_shutdown_between_the_shared_prefill_and_the_samples_starts_no_sample(two, monkeypatch):
+    """A server shutting down aborts what it runs; an n > 1 request past its shared prefill but
+    not yet started (no client rid: nothing to abort by name) must not start its samples then."""
+    from radixflow.frontend import streams
+
+    engine = two[0]
+    client = EngineClient(demo_model("tiny"), address=engine.address, kv_cache_tokens=8192)
+    live = LiveServer(create_app(client, "tiny")).start()
+    prefill = streams.prefill
+
+    async def shut_down_after_the_prefill(eng, prompts):
+        lasts = await prefill(eng, prompts)
+        live.app.state.server.in_flight.abort_all(eng)  # as the server's shutdown does
+        return lasts
+    monkeypatch.setattr(streams, "prefill", shut_down_after_the_prefill)
+    try:
+        with httpx.Client(base_url=live.url, timeout=60) as c:
+            r = c.post("/generate", json={"text": "closing", "sampling_params": {**LONG, "n": 2}})
+        assert r.status_code == 200, r.text[:300]
+        assert [s["meta_info"]["finish_reason"]["type"] for s in r.json()] == ["abort", "abort"]
+    finally:
+        live.stop()
+        client.shutdown()
+    _wait_idle(engine)
+    engine.check_accounting()
