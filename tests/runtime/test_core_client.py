@@ -239,7 +239,9 @@ from radixflow.runtime import EngineClient
 client = EngineClient(sys.argv[1], address=sys.argv[2], dtype="float32")
 
 async def main():
-    streams = [client.generate_stream("a long one", {"max_new_tokens": 1000, "ignore_eos": True}, rid=f"victim{i}")
+    # as long as the tiny model's 2,048-token context allows: no stream may end by length before
+    # the kill is noticed, even on a loaded machine
+    streams = [client.generate_stream("a long one", {"max_new_tokens": 2000, "ignore_eos": True}, rid=f"victim{i}")
                for i in range(12)]
     first = [asyncio.ensure_future(s.__anext__()) for s in streams]
     await asyncio.wait(first, return_when=asyncio.FIRST_COMPLETED)
@@ -284,7 +286,7 @@ def test_requests_of_a_client_whose_process_dies_are_aborted(tmp_path):
             victim.kill()
             victim.wait()
         assert {rid for rid in finished} == {f"victim{i}" for i in range(12)}
-        assert all(kind == "abort" and n < 1000 for kind, n in finished.values()), finished
+        assert all(kind == "abort" and n < 2000 for kind, n in finished.values()), finished
         stats = owner.stats()
         assert stats.num_running == 0 and stats.num_waiting == 0
         owner.check_accounting()
