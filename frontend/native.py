@@ -236,6 +236,10 @@ async def get_server_info(request: Request) -> Response:
     })
 
 
+async def version(request: Request) -> Response:
+    return json_response({"version": importlib.metadata.version("radixflow")})
+
+
 async def flush_cache(request: Request) -> Response:
     await asyncio.to_thread(request.app.state.server.engine.flush_cache)
     return Response("Cache flushed.\n", media_type="text/plain")

@@ -50,6 +50,7 @@ OPERATIONS: dict[str, tuple[str, str, type | None, type | None]] = {
     "/server_info": ("get", "same as /get_server_info", None, None),
     "/get_load": ("get", "requests running and waiting", None, None),
     "/flush_cache": ("post", "drop the unlocked prefix cache", None, None),
+    "/version": ("get", "the radixflow version", None, None),
     "/health": ("get", "liveness", None, None),
     "/health_generate": ("get", "generates one token", None, None),
     "/metrics": ("get", "Prometheus metrics", None, None),

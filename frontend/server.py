@@ -77,6 +77,7 @@ ROUTES = [
     Route("/get_server_info", native.get_server_info, methods=["GET"]),
     Route("/server_info", native.get_server_info, methods=["GET"]),
     Route("/flush_cache", native.flush_cache, methods=["GET", "POST"]),
+    Route("/version", native.version, methods=["GET"]),
     Route("/health", native.health, methods=["GET"]),
     Route("/health_generate", native.health_generate, methods=["GET"]),
     Route("/abort_request", native.abort_request, methods=["POST"]),

@@ -1,6 +1,7 @@
 """The SGLang-compatible native API over httpx."""
 from __future__ import annotations
 
+import importlib.metadata
 import itertools
 import json
 
@@ -105,6 +106,7 @@ def test_info_routes(client, engine):
     for path in ("/get_server_info", "/server_info"):
         data = client.get(path).json()
         assert data["kv_cache_tokens"] == engine.stats().kv_slots_total and data["config"]["kv_cache_tokens"] == 4096
+    assert client.get("/version").json() == {"version": importlib.metadata.version("radixflow")}
     assert client.post("/flush_cache").status_code == 200
     assert client.get("/health").status_code == 200
     assert client.get("/health_generate").status_code == 200
