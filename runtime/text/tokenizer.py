@@ -292,6 +292,7 @@ class Tokenizer:
     def apply_chat_template(
         self,
         messages: list[dict],
+        /,
         add_generation_prompt: bool = False,
         tokenize: bool = False,
         continue_final_message: bool = False,
@@ -305,7 +306,9 @@ class Tokenizer:
         special tokens (the template writes BOS itself). `continue_final_message` leaves the last
         message open: the rendering ends with its content, which the model goes on writing.
         Raises ValueError for a model without a template, malformed messages, or a template that
-        rejects the conversation.
+        rejects the conversation, or fails on a variable of the wrong type (`bos_token + ...` with
+        a number): the variables are the caller's data. `self` and `messages` are positional-only,
+        so a template variable of either name is just a variable.
         """
         if not isinstance(messages, list) or not messages:
             raise ValueError("messages must be a non-empty list of {'role': ..., 'content': ...} dicts")
@@ -322,6 +325,8 @@ class Tokenizer:
             text = template.render(context)
         except jinja2.TemplateError as e:
             raise ValueError(f"the chat template failed to render: {e}") from e
+        except (TypeError, AttributeError, LookupError, ArithmeticError) as e:
+            raise ValueError(f"the chat template failed to render: {type(e).__name__}: {e}") from e
         if continue_final_message:
             text = _open_final_message(text, messages[-1].get("content"))
         return self.encode(text, add_special_tokens=False) if tokenize else text
