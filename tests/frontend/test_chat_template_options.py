@@ -107,3 +107,15 @@ def test_kwargs_named_like_the_renderers_own_parameters_are_variables(client, pa
     assert r.status_code == 200, r.text
     count = r.json()["count"] if path == "/tokenize" else r.json()["usage"]["prompt_tokens"]
     assert count == plain["count"]
+
+
+@pytest.mark.parametrize("final", ["<", "d", "end", "  x "])
+def test_continue_final_message_cuts_after_the_content_not_in_the_markup(client, engine, final):
+    """A final message whose text also occurs in the markup after it ("<" and "d" in "<|im_end|>")
+    is continued from the message, not from inside the end tag."""
+    messages = [PARTIAL[0], {"role": "assistant", "content": final}]
+    r = client.post("/tokenize", json={"messages": messages, "add_generation_prompt": False,
+                                       "continue_final_message": True})
+    assert r.status_code == 200, r.text
+    text = engine.tokenizer.decode(r.json()["tokens"], skip_special_tokens=False)
+    assert text.endswith("<|im_start|>assistant\n" + final), text
