@@ -125,7 +125,8 @@ def _calls_schema(tools: list[Tool], one: bool) -> dict[str, Any]:
     defs: dict[str, dict[str, Any]] = {}
     calls = []
     for i, tool in enumerate(tools):
-        parameters = _parameters(tool)
+        at = f"#/$defs/{tool.function.name}.arguments"
+        parameters, rebased = _rebase_refs(_parameters(tool), at)
         for key in _DEFS:
             moved = parameters.get(key) or {}
             if not isinstance(moved, dict):
@@ -134,10 +135,8 @@ def _calls_schema(tools: list[Tool], one: bool) -> dict[str, Any]:
             for name, value in moved.items():
                 _define(defs, key, name, value)
         parameters = {k: v for k, v in parameters.items() if k not in _DEFS}
-        at = f"#/$defs/{tool.function.name}.arguments"
-        rebased = _rebase_refs(parameters, at)
-        if rebased != parameters:
-            _define(defs, "$defs", at.rsplit("/", 1)[1], rebased)
+        if rebased:
+            _define(defs, "$defs", at.rsplit("/", 1)[1], parameters)
             parameters = {"$ref": at}
         calls.append({"type": "object", "properties": {"name": {"const": tool.function.name},
                                                         "arguments": parameters},
@@ -156,14 +155,21 @@ _DATA = ("const", "enum", "default", "examples")  # in a schema, values rather t
 _NAMED = ("properties", "patternProperties", "dependentSchemas", *_DEFS)  # maps of names to schemas
 
 
-def _rebase_refs(schema: dict[str, Any], at: str) -> dict[str, Any]:
-    """A copy of `schema` whose local refs outside $defs / definitions ("#", "#/properties/x")
-    point under the JSON pointer `at`; values (const, enum, ...) are left as they are. Iterative:
-    the parameters may be nested past Python's recursion limit before the depth limit refuses them."""
-    def rebased(ref: Any) -> Any:
+def _rebase_refs(schema: dict[str, Any], at: str) -> tuple[dict[str, Any], bool]:
+    """A copy of `schema` whose local refs outside $defs / definitions ("#", "#/properties/x"),
+    its $defs' included, point under the JSON pointer `at`, and whether there was any; values
+    (const, enum, ...) are left as they are. Iterative: the parameters may be nested past
+    Python's recursion limit before the depth limit refuses them."""
+    rebased = False
+
+    def rebase(ref: Any) -> Any:
+        nonlocal rebased
         if not isinstance(ref, str) or not (ref == "#" or ref.startswith("#/")):
             return ref
-        return ref if any(ref.startswith(f"#/{key}/") for key in _DEFS) else at + ref[1:]
+        if any(ref.startswith(f"#/{key}/") for key in _DEFS):
+            return ref
+        rebased = True
+        return at + ref[1:]
 
     root: dict[str, Any] = {}
     stack: list[tuple[Any, Any, bool]] = [(schema, root, False)]  # (source, its copy, a map of names)
@@ -175,6 +181,6 @@ def _rebase_refs(schema: dict[str, Any], at: str) -> dict[str, Any]:
                 stack.append((value, child, not names and key in _NAMED))
                 value = child
             elif key == "$ref" and not names:
-                value = rebased(value)
+                value = rebase(value)
             copy[key] = value
-    return root
+    return root, rebased

@@ -119,8 +119,12 @@ def test_required_keeps_refs_to_the_tools_own_root(client):
     # kids optional: outlines-core cuts the recursion with {} a few levels down
     tree = {"type": "object", "properties": {"kids": {"type": "array", "items": {"$ref": "#"}, "maxItems": 1}},
             "additionalProperties": False}
-    out = _chat(client, tools=[_fn("pair", parameters=pair)], tool_choice="required", parallel_tool_calls=False)
-    assert json.loads(out["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"]) == {"v": 7, "w": 7}
+    via_defs = {**pair, "properties": {**pair["properties"], "w": {"$ref": "#/$defs/w"}},
+                "$defs": {"w": {"$ref": "#/properties/v"}}}
+    for parameters in (pair, via_defs):
+        out = _chat(client, tools=[_fn("pair", parameters=parameters)], tool_choice="required",
+                    parallel_tool_calls=False)
+        assert json.loads(out["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"]) == {"v": 7, "w": 7}
     outs = _chat(client, tools=[_fn("tree", parameters=tree)], tool_choice="required", max_tokens=60, n=4,
                  temperature=1.0)["choices"]
     for choice in outs:
