@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from decimal import Decimal, localcontext
+from fractions import Fraction
 
 from radixflow.runtime.grammar.integer_range import digit_class, group, magnitudes
 
@@ -86,7 +87,13 @@ def within_bounds(value: object, schema: dict) -> bool:
         return False
     if hi is not None and (number > hi[0] or (hi[1] and number == hi[0])):
         return False
-    return step is None or number % step == 0
+    return step is None or is_multiple(number, step)
+
+
+def is_multiple(value: Decimal | int, step: Decimal) -> bool:
+    """Whether `value` is an integer times `step`, exactly (1 is a multiple of 0.1 as the schema
+    spells it, though 1 % 0.1 on doubles is 0.09999999999999995; no Decimal context to overflow)."""
+    return (Fraction(value) / Fraction(step)).denominator == 1
 
 
 def check_range_regex(regex: str, schema: dict) -> str:

@@ -11,7 +11,7 @@ from outlines_core.json_schema import build_regex_from_schema
 from radixflow.runtime.grammar.backend import GrammarError
 from radixflow.runtime.grammar.integer_range import integer_range_regex
 from radixflow.runtime.grammar.number_range import (
-    check_numeric_keywords, check_range_regex, decimal_bound, number_schema_regex, within_bounds,
+    check_numeric_keywords, check_range_regex, decimal_bound, is_multiple, number_schema_regex, within_bounds,
 )
 from radixflow.runtime.grammar.spec import GrammarKey
 from radixflow.runtime.grammar.vocab import TokenVocab
@@ -70,7 +70,7 @@ def bound_integers(schema: object) -> object:
     lo, hi = integer_bounds(out)
     step = out.get("multipleOf")
     if lo is not None and hi is not None and hi - lo < MAX_INTEGER_ENUM:
-        values = [v for v in range(lo, hi + 1) if decimal_bound(step) is None or v % step == 0]
+        values = [v for v in range(lo, hi + 1) if decimal_bound(step) is None or is_multiple(v, decimal_bound(step))]
         if not values:
             raise ValueError(f"no integer satisfies the bounds of {json.dumps(schema)}")
         rest = {k: v for k, v in out.items() if k not in _NUMERIC_KEYS}

@@ -256,3 +256,13 @@ def test_enum_and_const_members_keep_to_the_bounds(schema, allowed, refused):
     assert all(re.fullmatch(regex, s) for s in allowed) and not any(re.fullmatch(regex, s) for s in refused)
     with pytest.raises(ValueError, match="no member"):
         json_schema_regex({"type": "number", "const": 100, "maximum": 5})
+
+
+@pytest.mark.parametrize("step, values", [(0.1, [0, 1, 2, 3, 4, 5]), (0.3, [0, 3]), (1e-320, [0, 1, 2, 3, 4, 5]),
+                                          (1.5, [0, 3]), (2, [0, 2, 4])])
+def test_integer_multiples_of_a_fraction_are_exact(step, values):
+    """An integer's multipleOf is the decimal the schema spells: 1 = 10 * 0.1 is a multiple (float
+    modulo said 1 % 0.1 = 0.09999999999999995 and left only 0)."""
+    from radixflow.runtime.grammar.outlines_backend import bound_integers
+
+    assert bound_integers({"type": "integer", "minimum": 0, "maximum": 5, "multipleOf": step})["enum"] == values
