@@ -63,7 +63,7 @@ def check_numeric_keywords(schema: dict) -> None:
             raise ValueError(f"{present[0]} beside the type list {types} is not supported: "
                              "give the bounded type its own schema under anyOf")
         return
-    if types not in numeric:
+    if not isinstance(types, str) or types not in numeric:
         return
     for key in _BOUND_KEYS:
         value = schema.get(key)

@@ -244,6 +244,13 @@ def test_bounds_json_schema_forbids_are_refused(schema):
         json_schema_regex({"type": "object", "properties": {"v": schema}})
 
 
+@pytest.mark.parametrize("schema", [{"type": ["string", "null"]}, {"type": ["integer", "string"]}, {"type": {}}])
+def test_type_lists_without_bounds_still_compile(schema):
+    from radixflow.runtime.grammar.outlines_backend import bound_integers
+
+    assert bound_integers(schema) == schema
+
+
 @pytest.mark.parametrize("schema, allowed, refused", [
     ({"type": "integer", "enum": [1, 2, 100], "maximum": 5}, ["1", "2"], ["100"]),
     ({"type": "number", "enum": [0.5, 1.5, "x"], "exclusiveMinimum": 0.5, "multipleOf": 0.5}, ["1.5"], ["0.5"]),
