@@ -119,8 +119,20 @@ def add_limit_flags(parser: argparse.ArgumentParser) -> None:
     for table, prefix in _TABLES:
         for f in dataclasses.fields(table):
             name = prefix + f.name
-            group.add_argument("--" + name.replace("_", "-"), type=type(f.default), default=f.default,
+            group.add_argument("--" + name.replace("_", "-"), type=_positive(type(f.default)), default=f.default,
                                dest=name, help=f"{f.metadata['help']} (default: {f.default})")
+
+
+def _positive(kind: type) -> Any:
+    """argparse type of a limit: above 0 (a body timeout of 0 or nan would fail every request
+    with a body; a cap of 0 or below would refuse everything)."""
+    def parse(text: str) -> Any:
+        value = kind(text)
+        if not value > 0:  # nan compares false
+            raise argparse.ArgumentTypeError(f"must be above 0, not {text}")
+        return value
+    parse.__name__ = kind.__name__  # argparse names the type in its "invalid float value" message
+    return parse
 
 
 def limits_from_flags(ns: argparse.Namespace) -> tuple[RequestLimits, ProgramLimits]:

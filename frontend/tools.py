@@ -119,18 +119,68 @@ def _parameters(tool: Tool) -> dict[str, Any]:
 
 def _calls_schema(tools: list[Tool], one: bool) -> dict[str, Any]:
     """[{"name": <a tool>, "arguments": <its parameters>}, ...]: at least one call (exactly one when
-    `one`). The tools' $defs move to the top, where their "#/$defs/..." refs now point."""
+    `one`). The tools' $defs move to the top, where their "#/$defs/..." refs now point. A tool whose
+    parameters refer to their own root ("#", "#/properties/...") moves to $defs too, as
+    "<name>.arguments", its refs rebased there: at the array's root they would mean the array."""
     defs: dict[str, dict[str, Any]] = {}
     calls = []
-    for tool in tools:
-        parameters = dict(_parameters(tool))
+    for i, tool in enumerate(tools):
+        at = f"#/$defs/{tool.function.name}.arguments"
+        parameters, rebased = _rebase_refs(_parameters(tool), at)
         for key in _DEFS:
-            for name, value in (parameters.pop(key, None) or {}).items():
-                if defs.setdefault(key, {}).setdefault(name, value) != value:
-                    raise APIError(400, f"tools define {key}/{name} differently; tool_choice 'required' "
-                                   "needs one definition per name", param="tools")
+            moved = parameters.get(key) or {}
+            if not isinstance(moved, dict):
+                raise APIError(400, f"tools[{i}].function.parameters.{key} must be an object of schemas",
+                               param="tools")
+            for name, value in moved.items():
+                _define(defs, key, name, value)
+        parameters = {k: v for k, v in parameters.items() if k not in _DEFS}
+        if rebased:
+            _define(defs, "$defs", at.rsplit("/", 1)[1], parameters)
+            parameters = {"$ref": at}
         calls.append({"type": "object", "properties": {"name": {"const": tool.function.name},
                                                         "arguments": parameters},
                       "required": ["name", "arguments"], "additionalProperties": False})
     schema: dict[str, Any] = {"type": "array", "items": {"anyOf": calls}, "minItems": 1, **defs}
     return {**schema, "maxItems": 1} if one else schema
+
+
+def _define(defs: dict[str, dict[str, Any]], key: str, name: str, value: Any) -> None:
+    if defs.setdefault(key, {}).setdefault(name, value) != value:
+        raise APIError(400, f"tools define {key}/{name} differently; tool_choice 'required' "
+                       "needs one definition per name", param="tools")
+
+
+_DATA = ("const", "enum", "default", "examples")  # in a schema, values rather than schemas
+_NAMED = ("properties", "patternProperties", "dependentSchemas", *_DEFS)  # maps of names to schemas
+
+
+def _rebase_refs(schema: dict[str, Any], at: str) -> tuple[dict[str, Any], bool]:
+    """A copy of `schema` whose local refs outside $defs / definitions ("#", "#/properties/x"),
+    its $defs' included, point under the JSON pointer `at`, and whether there was any; values
+    (const, enum, ...) are left as they are. Iterative: the parameters may be nested past
+    Python's recursion limit before the depth limit refuses them."""
+    rebased = False
+
+    def rebase(ref: Any) -> Any:
+        nonlocal rebased
+        if not isinstance(ref, str) or not (ref == "#" or ref.startswith("#/")):
+            return ref
+        if any(ref.startswith(f"#/{key}/") for key in _DEFS):
+            return ref
+        rebased = True
+        return at + ref[1:]
+
+    root: dict[str, Any] = {}
+    stack: list[tuple[Any, Any, bool]] = [(schema, root, False)]  # (source, its copy, a map of names)
+    while stack:
+        source, copy, names = stack.pop()
+        for key, value in (source.items() if isinstance(source, dict) else enumerate(source)):
+            if isinstance(value, (dict, list)) and (names or key not in _DATA):
+                child: Any = {} if isinstance(value, dict) else [None] * len(value)
+                stack.append((value, child, not names and key in _NAMED))
+                value = child
+            elif key == "$ref" and not names:
+                value = rebase(value)
+            copy[key] = value
+    return root, rebased

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from decimal import Decimal, localcontext
+from fractions import Fraction
 
 from radixflow.runtime.grammar.integer_range import digit_class, group, magnitudes
 
@@ -43,6 +44,56 @@ def number_schema_regex(schema: dict) -> str | None:
     if regex is None:
         raise ValueError(f"no number satisfies the bounds of {schema}")
     return check_range_regex(regex, schema)
+
+
+_BOUND_KEYS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
+
+
+def check_numeric_keywords(schema: dict) -> None:
+    """ValueError unless the bounds of a number / integer schema are what JSON Schema allows:
+    minimum / maximum finite numbers, the exclusive forms numbers or (draft 4) booleans,
+    multipleOf a number above 0. Others would be ignored, and the output then satisfy a schema
+    the caller did not write. Bounds beside a list of types are refused too: outlines-core
+    renders each type on its own, without them."""
+    types = schema.get("type")
+    numeric = {"number", "integer"}
+    if isinstance(types, list) and numeric.intersection(t for t in types if isinstance(t, str)):
+        present = [k for k in _BOUND_KEYS if k in schema]
+        if present:
+            raise ValueError(f"{present[0]} beside the type list {types} is not supported: "
+                             "give the bounded type its own schema under anyOf")
+        return
+    if not isinstance(types, str) or types not in numeric:
+        return
+    for key in _BOUND_KEYS:
+        value = schema.get(key)
+        if key not in schema or (key.startswith("exclusive") and isinstance(value, bool)):
+            continue
+        number = decimal_bound(value)
+        if number is None or (key == "multipleOf" and number <= 0):
+            need = "a number above 0" if key == "multipleOf" else "a finite number"
+            raise ValueError(f"{key} must be {need}, not {value!r}")
+
+
+def within_bounds(value: object, schema: dict) -> bool:
+    """Whether `value` (an enum or const member) satisfies the schema's bounds and multipleOf;
+    a value that is not a number is left to the other keywords."""
+    number = decimal_bound(value)
+    if number is None:
+        return True
+    lo, hi = number_bounds(schema)
+    step = decimal_bound(schema.get("multipleOf"))
+    if lo is not None and (number < lo[0] or (lo[1] and number == lo[0])):
+        return False
+    if hi is not None and (number > hi[0] or (hi[1] and number == hi[0])):
+        return False
+    return step is None or is_multiple(number, step)
+
+
+def is_multiple(value: Decimal | int, step: Decimal) -> bool:
+    """Whether `value` is an integer times `step`, exactly (1 is a multiple of 0.1 as the schema
+    spells it, though 1 % 0.1 on doubles is 0.09999999999999995; no Decimal context to overflow)."""
+    return (Fraction(value) / Fraction(step)).denominator == 1
 
 
 def check_range_regex(regex: str, schema: dict) -> str:

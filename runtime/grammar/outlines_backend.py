@@ -10,7 +10,9 @@ from outlines_core.json_schema import build_regex_from_schema
 
 from radixflow.runtime.grammar.backend import GrammarError
 from radixflow.runtime.grammar.integer_range import integer_range_regex
-from radixflow.runtime.grammar.number_range import check_range_regex, decimal_bound, number_schema_regex
+from radixflow.runtime.grammar.number_range import (
+    check_numeric_keywords, check_range_regex, decimal_bound, is_multiple, number_schema_regex, within_bounds,
+)
 from radixflow.runtime.grammar.spec import GrammarKey
 from radixflow.runtime.grammar.vocab import TokenVocab
 from radixflow.runtime.grammar.worker import CompileFailed, CompileTimeout, CompileWorkers
@@ -60,12 +62,15 @@ def bound_integers(schema: object) -> object:
     out = {k: bound_integers(v) if k not in ("enum", "const") else v for k, v in schema.items()}
     if out.get("uniqueItems") is True and not (isinstance(out.get("maxItems"), int) and out["maxItems"] <= 1):
         raise ValueError("uniqueItems is not supported (the grammar cannot see earlier items)")
+    check_numeric_keywords(out)
+    if out.get("type") in ("number", "integer") and ("enum" in out or "const" in out):
+        return _pinned(out)
     if out.get("type") != "integer":
         return out
     lo, hi = integer_bounds(out)
     step = out.get("multipleOf")
     if lo is not None and hi is not None and hi - lo < MAX_INTEGER_ENUM:
-        values = [v for v in range(lo, hi + 1) if decimal_bound(step) is None or v % step == 0]
+        values = [v for v in range(lo, hi + 1) if decimal_bound(step) is None or is_multiple(v, decimal_bound(step))]
         if not values:
             raise ValueError(f"no integer satisfies the bounds of {json.dumps(schema)}")
         rest = {k: v for k, v in out.items() if k not in _NUMERIC_KEYS}
@@ -73,6 +78,20 @@ def bound_integers(schema: object) -> object:
     if step is not None and step != 1:
         raise ValueError(f"multipleOf on an integer needs minimum and maximum at most {MAX_INTEGER_ENUM} apart")
     return out
+
+
+def _pinned(schema: dict) -> dict:
+    """A number / integer schema pinned by enum or const: the members its bounds and multipleOf
+    allow, as an enum (outlines-core would render every member, bounds ignored)."""
+    values = schema["enum"] if "enum" in schema else [schema["const"]]
+    if not isinstance(values, list):
+        return schema
+    allowed = [v for v in values if within_bounds(v, schema)]
+    if not allowed:
+        raise ValueError(f"no member of the enum / const of {json.dumps(schema)} satisfies its bounds")
+    rest = {k: v for k, v in schema.items() if k not in _NUMERIC_KEYS or k == "type"}
+    rest = {k: v for k, v in rest.items() if k not in ("enum", "const")}
+    return {**rest, "enum": allowed}
 
 
 _PLACEHOLDER = "RFxRANGEx{}xQZ"

@@ -292,6 +292,7 @@ class Tokenizer:
     def apply_chat_template(
         self,
         messages: list[dict],
+        /,
         add_generation_prompt: bool = False,
         tokenize: bool = False,
         continue_final_message: bool = False,
@@ -305,7 +306,9 @@ class Tokenizer:
         special tokens (the template writes BOS itself). `continue_final_message` leaves the last
         message open: the rendering ends with its content, which the model goes on writing.
         Raises ValueError for a model without a template, malformed messages, or a template that
-        rejects the conversation.
+        rejects the conversation, or fails on a variable of the wrong type (`bos_token + ...` with
+        a number): the variables are the caller's data. `self` and `messages` are positional-only,
+        so a template variable of either name is just a variable.
         """
         if not isinstance(messages, list) or not messages:
             raise ValueError("messages must be a non-empty list of {'role': ..., 'content': ...} dicts")
@@ -318,12 +321,9 @@ class Tokenizer:
         context = {**self._template_tokens, "tools": None, "documents": None, **kwargs,
                    "messages": messages, "add_generation_prompt": add_generation_prompt}
         template = compile_chat_template(self._select_template(has_tools=context["tools"] is not None))
-        try:
-            text = template.render(context)
-        except jinja2.TemplateError as e:
-            raise ValueError(f"the chat template failed to render: {e}") from e
+        text = _render(template, context)
         if continue_final_message:
-            text = _open_final_message(text, messages[-1].get("content"))
+            text = _open_final_message(text, messages[-1].get("content"), _content_end(template, context))
         return self.encode(text, add_special_tokens=False) if tokenize else text
 
     def role_markers(self) -> dict[str, Any]:
@@ -344,15 +344,53 @@ class Tokenizer:
         raise ValueError(f"the model has chat templates {names} but none named 'default'")
 
 
-def _open_final_message(text: str, content: Any) -> str:
-    """`text` cut right after the final message's content: where it last appears as given, else
-    stripped (some templates trim messages), as transformers cuts it."""
-    if isinstance(content, list):  # content parts: the last one's text
+def _render(template: Any, context: dict[str, Any]) -> str:
+    try:
+        return template.render(context)
+    except jinja2.TemplateError as e:
+        raise ValueError(f"the chat template failed to render: {e}") from e
+    except (TypeError, AttributeError, LookupError, ArithmeticError) as e:
+        raise ValueError(f"the chat template failed to render: {type(e).__name__}: {e}") from e
+
+
+_MARK = "\x00radixflow-final-message-end\x00"
+
+
+def _final_text(content: Any) -> str | None:
+    """The final message's text to continue: a string, or its content parts' last text."""
+    if isinstance(content, list):
         content = content[-1].get("text") if content and isinstance(content[-1], Mapping) else None
-    if not isinstance(content, str) or not content.strip():
+    return content if isinstance(content, str) else None
+
+
+def _content_end(template: Any, context: dict[str, Any]) -> int | None:
+    """Where the final message's content ends at the latest: the rendering with a mark after that
+    content, cut at the mark (the markup after it may hold the content's text too: "<" or "d" in
+    "<|im_end|>"). None when the template does not render the mark."""
+    messages = context["messages"]
+    content = messages[-1].get("content")
+    if _final_text(content) is None:
+        return None
+    if isinstance(content, list):
+        content = [*content[:-1], {**content[-1], "text": content[-1]["text"] + _MARK}]
+    else:
+        content += _MARK
+    marked = _render(template, {**context, "messages": [*messages[:-1], {**messages[-1], "content": content}]})
+    at = marked.rfind(_MARK)
+    return at if at >= 0 else None
+
+
+def _open_final_message(text: str, content: Any, end: int | None) -> str:
+    """`text` cut right after the final message's content: where it last appears as given, else
+    stripped (some templates trim messages), as transformers cuts it, searching only before `end`
+    (its trailing whitespace less for the stripped text, which a trimming template dropped)."""
+    content = _final_text(content)
+    if content is None or not content.strip():
         raise ValueError("continue_final_message needs a final message with text to continue")
-    for piece in (content, content.strip()):
-        at = text.rfind(piece)
+    end = len(text) if end is None else end
+    trailing = len(content) - len(content.rstrip())
+    for piece, limit in ((content, end), (content.strip(), end - trailing)):
+        at = text.rfind(piece, 0, limit)
         if at >= 0:
             return text[:at + len(piece)]
     raise ValueError("continue_final_message: the chat template does not render the final message's text")

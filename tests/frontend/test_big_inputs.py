@@ -116,3 +116,18 @@ def test_a_body_that_stops_arriving_is_a_408(engine, path):
             assert time.monotonic() - start < 5
     finally:
         live.stop()
+
+
+@pytest.mark.parametrize("flag", ["--body-timeout-s=0", "--body-timeout-s=-1", "--body-timeout-s=nan",
+                                  "--max-body-bytes=0", "--program-deadline-s=-5"])
+def test_limit_flags_must_be_above_zero(flag):
+    """--body-timeout-s 0 (or nan) used to start a server that answered every body with 408."""
+    import argparse
+
+    from radixflow.frontend.limits import add_limit_flags
+
+    parser = argparse.ArgumentParser()
+    add_limit_flags(parser)
+    assert parser.parse_args(["--body-timeout-s=0.25"]).body_timeout_s == 0.25
+    with pytest.raises(SystemExit):
+        parser.parse_args([flag])

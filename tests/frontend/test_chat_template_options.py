@@ -65,7 +65,7 @@ def templated_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveS
     from radixflow.runtime.model.demo import demo_model
 
     template = Path(tmp_path_factory.mktemp("template")) / "chat_template.jinja"
-    template.write_text("{% if mood is defined %}[{{ mood }}]{% endif %}"
+    template.write_text("{% if mood is defined %}{{ '[' + mood + ']' }}{% endif %}"
                         "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
                         "{% if add_generation_prompt %}<assistant>{% endif %}")
     with Engine(demo_model("tiny"), kv_cache_tokens=1024, chat_template=str(template)) as engine:
@@ -86,3 +86,36 @@ def test_chat_template_kwargs_reach_the_template(templated_server):
     r = httpx.post(url + "/v1/chat/completions", json={"model": MODEL_NAME, "messages": messages, "max_tokens": 1,
                                                        "chat_template_kwargs": {"mood": "cheerful"}})
     assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] == moody["count"]
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/tokenize"])
+def test_a_kwarg_the_template_cannot_use_is_a_400(templated_server, path):
+    """`'[' + mood + ']'` with a number raises TypeError inside the template: the caller's data,
+    not a server fault."""
+    body = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": {"mood": 3}}
+    r = httpx.post(templated_server.url + path, json=body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "messages" and "TypeError" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/tokenize"])
+def test_kwargs_named_like_the_renderers_own_parameters_are_variables(client, path):
+    """`self` and `kwargs` are no parameter of apply_chat_template: just variables the template ignores."""
+    body = {"model": MODEL_NAME, "messages": PARTIAL[:1], "chat_template_kwargs": {"self": 1, "kwargs": {}}}
+    plain = client.post("/tokenize", json={"messages": PARTIAL[:1]}).json()
+    r = client.post(path, json=body if path == "/tokenize" else {**body, "max_tokens": 1})
+    assert r.status_code == 200, r.text
+    count = r.json()["count"] if path == "/tokenize" else r.json()["usage"]["prompt_tokens"]
+    assert count == plain["count"]
+
+
+@pytest.mark.parametrize("final", ["<", "d", "end", "  x "])
+def test_continue_final_message_cuts_after_the_content_not_in_the_markup(client, engine, final):
+    """A final message whose text also occurs in the markup after it ("<" and "d" in "<|im_end|>")
+    is continued from the message, not from inside the end tag."""
+    messages = [PARTIAL[0], {"role": "assistant", "content": final}]
+    r = client.post("/tokenize", json={"messages": messages, "add_generation_prompt": False,
+                                       "continue_final_message": True})
+    assert r.status_code == 200, r.text
+    text = engine.tokenizer.decode(r.json()["tokens"], skip_special_tokens=False)
+    assert text.endswith("<|im_start|>assistant\n" + final), text

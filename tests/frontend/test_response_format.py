@@ -75,3 +75,14 @@ def test_invalid_schema_is_400(client):
     assert r.status_code == 400 and r.json()["error"]["message"]
     ok = client.post("/v1/completions", json={"model": "tiny", "prompt": "x", "max_tokens": 2})
     assert ok.status_code == 200
+
+
+@pytest.mark.parametrize("message", ["json_schema: grammar compilation exceeded the 5 s limit",
+                                     "json_schema is not supported: Unsupported type: frob"])
+@pytest.mark.parametrize("constraint", ["response_format", "tools"])
+def test_grammar_errors_name_the_constraint(message, constraint):
+    """A schema whose compilation times out is as much the constraint's fault as one that does not
+    compile: both name the field that carried it (the timeout's "json_schema:" used to name none)."""
+    from radixflow.frontend.errors import bad_request
+
+    assert bad_request(ValueError(message), {"json_schema": constraint}).param == constraint

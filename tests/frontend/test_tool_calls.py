@@ -111,6 +111,30 @@ def test_required_with_refs_between_tools(client):
     assert r.status_code == 400 and r.json()["error"]["param"] == "tools"
 
 
+def test_required_keeps_refs_to_the_tools_own_root(client):
+    """"#" and "#/properties/..." in a tool's parameters mean that tool's object, also inside the
+    required schema's call array (they used to resolve against the array, or not at all)."""
+    pair = {"type": "object", "properties": {"v": {"enum": [7]}, "w": {"$ref": "#/properties/v"}},
+            "required": ["v", "w"], "additionalProperties": False}
+    # kids optional: outlines-core cuts the recursion with {} a few levels down
+    tree = {"type": "object", "properties": {"kids": {"type": "array", "items": {"$ref": "#"}, "maxItems": 1}},
+            "additionalProperties": False}
+    via_defs = {**pair, "properties": {**pair["properties"], "w": {"$ref": "#/$defs/w"}},
+                "$defs": {"w": {"$ref": "#/properties/v"}}}
+    for parameters in (pair, via_defs):
+        out = _chat(client, tools=[_fn("pair", parameters=parameters)], tool_choice="required",
+                    parallel_tool_calls=False)
+        assert json.loads(out["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"]) == {"v": 7, "w": 7}
+    outs = _chat(client, tools=[_fn("tree", parameters=tree)], tool_choice="required", max_tokens=60, n=4,
+                 temperature=1.0)["choices"]
+    for choice in outs:
+        for call in choice["message"]["tool_calls"] or []:
+            jsonschema.validate(json.loads(call["function"]["arguments"]), tree)
+    r = client.post("/v1/chat/completions", json={**BASE, "tools": [_fn("f", parameters={"type": "object", "$defs": 5})],
+                                                   "tool_choice": "required"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tools", r.text
+
+
 def test_required_gives_calls_whose_arguments_follow_the_parameters(client):
     out = _chat(client, tool_choice="required", parallel_tool_calls=False)["choices"][0]
     assert out["finish_reason"] == "tool_calls" and out["message"]["content"] is None

@@ -224,3 +224,52 @@ def test_multiples_of_precise_bounds_stay_inside():
     rx = re.compile(number_schema_regex({"type": "number", "exclusiveMinimum": lo, "maximum": hi, "multipleOf": 0.5}))
     assert rx.fullmatch(str(lo) + ".5") and rx.fullmatch(str(hi)) and not rx.fullmatch(str(lo))
     assert not rx.fullmatch(str(hi) + ".5")
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "number", "minimum": "3"},
+    {"type": "number", "maximum": True},
+    {"type": "integer", "minimum": [1], "maximum": 9},
+    {"type": "number", "minimum": 0, "maximum": 10, "multipleOf": -2},
+    {"type": "integer", "minimum": 0, "maximum": 5, "multipleOf": 0},  # was "integer modulo by zero"
+    {"type": "number", "multipleOf": {"a": 1}, "minimum": 1, "maximum": 2},
+    {"type": "integer", "exclusiveMinimum": "x", "minimum": 0, "maximum": 3},
+    {"type": ["number", "null"], "minimum": 5, "maximum": 6},  # outlines-core would drop the bounds
+])
+def test_bounds_json_schema_forbids_are_refused(schema):
+    """Such bounds used to be ignored: the output then satisfied a schema nobody wrote."""
+    from radixflow.runtime.grammar.outlines_backend import json_schema_regex
+
+    with pytest.raises(ValueError, match="(?i)minimum|maximum|multipleOf"):
+        json_schema_regex({"type": "object", "properties": {"v": schema}})
+
+
+@pytest.mark.parametrize("schema", [{"type": ["string", "null"]}, {"type": ["integer", "string"]}, {"type": {}}])
+def test_type_lists_without_bounds_still_compile(schema):
+    from radixflow.runtime.grammar.outlines_backend import bound_integers
+
+    assert bound_integers(schema) == schema
+
+
+@pytest.mark.parametrize("schema, allowed, refused", [
+    ({"type": "integer", "enum": [1, 2, 100], "maximum": 5}, ["1", "2"], ["100"]),
+    ({"type": "number", "enum": [0.5, 1.5, "x"], "exclusiveMinimum": 0.5, "multipleOf": 0.5}, ["1.5"], ["0.5"]),
+    ({"type": "number", "const": 3, "minimum": 3}, ["3"], ["4"]),
+])
+def test_enum_and_const_members_keep_to_the_bounds(schema, allowed, refused):
+    from radixflow.runtime.grammar.outlines_backend import json_schema_regex
+
+    regex = json_schema_regex(schema)
+    assert all(re.fullmatch(regex, s) for s in allowed) and not any(re.fullmatch(regex, s) for s in refused)
+    with pytest.raises(ValueError, match="no member"):
+        json_schema_regex({"type": "number", "const": 100, "maximum": 5})
+
+
+@pytest.mark.parametrize("step, values", [(0.1, [0, 1, 2, 3, 4, 5]), (0.3, [0, 3]), (1e-320, [0, 1, 2, 3, 4, 5]),
+                                          (1.5, [0, 3]), (2, [0, 2, 4])])
+def test_integer_multiples_of_a_fraction_are_exact(step, values):
+    """An integer's multipleOf is the decimal the schema spells: 1 = 10 * 0.1 is a multiple (float
+    modulo said 1 % 0.1 = 0.09999999999999995 and left only 0)."""
+    from radixflow.runtime.grammar.outlines_backend import bound_integers
+
+    assert bound_integers({"type": "integer", "minimum": 0, "maximum": 5, "multipleOf": step})["enum"] == values
