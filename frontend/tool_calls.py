@@ -61,8 +61,9 @@ class HermesParser:
     content as written; so does an unclosed one, unless the output ends with it complete.
 
     Content is trimmed where calls were (the newlines models put around the tags): whitespace
-    before a call, after one and at the end is dropped once a call was parsed; without calls the
-    text is kept exactly."""
+    after a call and at the end is dropped once a call was parsed, and whitespace before a call
+    too unless text follows the calls, which it then separates from the text before them
+    (`"Hi <call> x"` is `"Hi x"`); without calls the text is kept exactly."""
 
     def __init__(self, names: Set[str]) -> None:
         self.names = names
@@ -71,6 +72,8 @@ class HermesParser:
         self._searched = 0  # in a call: where the search for CLOSE goes on (each text is scanned once)
         self._space = ""  # trailing whitespace held back (dropped if a call follows)
         self._trim = False  # just after a call: leading whitespace is dropped
+        self._sep = ""  # the whitespace before the calls since the last text: owed to the next text
+        self._said = False  # some text was given out
         self._calls = 0
 
     def feed(self, text: str) -> list[Event]:
@@ -115,6 +118,8 @@ class HermesParser:
             return
         out.append(call)
         self._calls += 1
+        if self._said and not self._sep:
+            self._sep = self._space
         self._space, self._trim = "", True
 
     def _text(self, text: str, out: list[Event]) -> None:
@@ -123,11 +128,13 @@ class HermesParser:
             if not text:
                 return
             self._trim = False
-        text = self._space + text
+        text = self._space + self._sep + text
+        self._sep = ""
         body = text.rstrip()
         self._space = text[len(body):]
         if body:
             out.append(body)
+            self._said = True
 
 
 class JsonCallsParser:

@@ -157,7 +157,7 @@ def test_auto_parses_tool_call_blocks_and_keeps_the_rest_as_content(client):
     out = _chat(client, regex=re.escape(FORCED), max_tokens=200)["choices"][0]
     assert out["finish_reason"] == "tool_calls"
     assert _valid_calls(out["message"]) == [("get_weather", {"city": "Rome", "days": 2})]
-    assert out["message"]["content"] == 'Let me check.<tool_call>{"name": "rm", "arguments": {}}</tool_call>'
+    assert out["message"]["content"] == 'Let me check.\n<tool_call>{"name": "rm", "arguments": {}}</tool_call>'
     plain = _chat(client, regex="No tools needed\\.")["choices"][0]
     assert plain == {**plain, "message": {"role": "assistant", "content": "No tools needed."}, "finish_reason": "stop"}
     none = _chat(client, regex=re.escape(FORCED), max_tokens=200, tool_choice="none")["choices"][0]
