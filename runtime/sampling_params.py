@@ -92,6 +92,11 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
             from radixflow.runtime.text.stop_regex import compile_stop_regexes
 
             compile_stop_regexes(tuple(self.stop_regexes))  # ValueError: invalid, unsupported, too big
+        if isinstance(self.json_schema, dict):
+            try:  # what the engine core's messages carry: integers in [-2^63, 2^64)
+                msgspec.msgpack.encode(self.json_schema)
+            except (OverflowError, TypeError, RecursionError) as exc:
+                raise ValueError(f"json_schema holds a value the engine cannot take: {exc!r}") from None
         if isinstance(self.json_schema, str):
             try:
                 json.loads(self.json_schema)

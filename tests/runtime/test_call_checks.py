@@ -74,6 +74,7 @@ def test_wrong_types_are_value_errors(engine, call, match):
     ({"stop_regex": ""}, "stop_regex"),
     ({"stop_regex": "x*"}, "stop_regex"),
     ({"json_schema": "[" * 5000 + "]" * 5000}, "json_schema"),
+    ({"json_schema": {"type": "integer", "maximum": 2**70}}, "json_schema"),  # the core's messages carry 64 bits
 ])
 def test_out_of_range_sampling_values_are_value_errors(engine, params, match):
     with pytest.raises(ValueError, match=match):
