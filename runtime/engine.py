@@ -13,7 +13,6 @@ import functools
 import threading
 from collections import deque
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -37,21 +36,12 @@ from radixflow.runtime.lora.service import AdapterChoice, LoraService, check_lor
 from radixflow.runtime.stats import EngineStats, RequestTiming
 from radixflow.runtime.core.engine_loop import EngineLoop
 from radixflow.runtime.core.step import StepRunner
+from radixflow.runtime.starting import StartingRequests
 from radixflow.runtime.request_inputs import (
     InputIds, Prompt, check_options, check_prompt, normalize_inputs, stream_inputs,
 )
 from radixflow.runtime.text.output_text import OutputText
 from radixflow.runtime.text.tokenizer import Tokenizer
-
-
-@dataclass
-class _Starting:
-    """A request start_stream is making (its grammar may compile for a while), not yet in the
-    engine loop: an abort of its rid or group meanwhile is kept here and applied once it is."""
-
-    group: str | None
-    aborted: bool = False
-    reason: dict | None = None
 
 
 class Engine:
@@ -93,8 +83,7 @@ class Engine:
         by_adapter = None if self.loras is None else AdapterRequestCounts()
         step.by_adapter = by_adapter
         self._channels = ChannelsByLoop()
-        self._starting: dict[str, _Starting] = {}  # rid → a request start_stream is making
-        self._starting_lock = threading.Lock()
+        self._starting = StartingRequests()  # requests start_stream is making
         self.loop = EngineLoop(self.config, self.runner, self.scheduler, step, self.loras, by_adapter)
 
     # -- public API -------------------------------------------------------------------------
@@ -220,10 +209,7 @@ class Engine:
         if group is not None and not isinstance(group, str):
             raise ValueError(f"group must be a request id (a string), got {group!r}")
         rid = rid or new_rid()
-        with self._starting_lock:
-            if rid in self._starting:
-                raise ValueError(f"request id {rid!r} is already in use")
-            self._starting[rid] = _Starting(group)
+        self._starting.begin(rid, group)
         try:
             self.validate_prompt(ids, sp)  # before an adapter is chosen (perhaps read from disk)
             check_lora_request(self.loras, lora)
@@ -232,10 +218,9 @@ class Engine:
             req.sink, req.cursor, req.session_id, req.group = sink, StreamCursor(), session_id, group
             self.loop.submit(req)
         finally:
-            with self._starting_lock:
-                starting = self._starting.pop(rid)
-        if starting.aborted:  # while it was being made: now the loop knows it
-            self.abort(rid, starting.reason)
+            aborted, reason = self._starting.end(rid)
+        if aborted:  # while it was being made: now the loop knows it
+            self.abort(rid, reason)
         return req
 
     def _decode_token(self, token: int) -> str:
@@ -246,10 +231,7 @@ class Engine:
         and free all it holds (no-op if unknown/finished). The rid of an n > 1 request ends each
         of its samples. A stream still being started (its grammar compiling) ends once started."""
         check_finish_reason(reason)
-        with self._starting_lock:
-            for key, starting in self._starting.items():
-                if rid in (key, starting.group):
-                    starting.aborted, starting.reason = True, reason
+        self._starting.abort(rid, reason)
         self.loop.post("abort", (rid, reason))
 
     def abort_sink(self, sink: OutputSink, reason: dict) -> None:
