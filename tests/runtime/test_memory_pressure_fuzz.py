@@ -306,20 +306,23 @@ def run_scenario(sc: Scenario, config: dict, pressure: bool) -> Run:
     e = Engine(demo_model("tiny"), dtype="float32", check_invariants=True, **config)
     try:
         cap = config["kv_cache_tokens"]
-        threads = [threading.Thread(target=run_chain, args=(e, j, cap, pressure, run, errors), daemon=True)
-                   for j in sc.jobs]
+        chains = [threading.Thread(target=run_chain, args=(e, j, cap, pressure, run, errors), daemon=True)
+                  for j in sc.jobs]
+        helpers = []
         if pressure:
-            threads += [threading.Thread(target=abort_later, args=(e, j), daemon=True)
-                        for j in sc.jobs if j.abort_after is not None]
-            threads.append(threading.Thread(target=flush_at, args=(e, sc.flush_at), daemon=True))
+            helpers = [threading.Thread(target=abort_later, args=(e, j, stop), daemon=True)
+                       for j in sc.jobs if j.abort_after is not None]
+            helpers.append(threading.Thread(target=flush_at, args=(e, sc.flush_at, stop), daemon=True))
         threading.Thread(target=poll_stats, args=(e, config["max_num_seqs"], stop, run.problems), daemon=True).start()
         deadline = time.monotonic() + RUN_BOUND_S
-        for t in threads:
+        for t in chains + helpers:
             t.start()
-        for t in threads:
+        for t in chains:
             t.join(max(0.1, deadline - time.monotonic()))
-        stop.set()
-        alive = sum(t.is_alive() for t in threads)
+        stop.set()  # every caller is back (or hangs): later aborts and flushes have nothing to act on
+        for t in helpers:
+            t.join(max(0.1, deadline - time.monotonic()))
+        alive = sum(t.is_alive() for t in chains + helpers)
         if alive:
             s = e.scheduler
             run.problems.append(f"HANG: {alive} threads alive; waiting={[r.rid for r in s.waiting]} "
@@ -337,16 +340,20 @@ def run_scenario(sc: Scenario, config: dict, pressure: bool) -> Run:
         e.shutdown()
 
 
-def abort_later(e: Engine, job: Job) -> None:
-    time.sleep(job.delay + job.abort_after)
+def abort_later(e: Engine, job: Job, stop: threading.Event) -> None:
+    """Abort every turn of `job` at its time, unless the run is over by then."""
+    if stop.wait(job.delay + job.abort_after):
+        return
     for t in range(job.turns):
         e.abort(job.rid(t))
 
 
-def flush_at(e: Engine, times: list[float]) -> None:
+def flush_at(e: Engine, times: list[float], stop: threading.Event) -> None:
+    """flush_cache at each of `times` (seconds from now) until the run is over."""
     start = time.monotonic()
     for at in times:
-        time.sleep(max(0.0, at - (time.monotonic() - start)))
+        if stop.wait(max(0.0, at - (time.monotonic() - start))):
+            return
         e.flush_cache()
 
 
