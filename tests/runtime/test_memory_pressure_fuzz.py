@@ -99,6 +99,7 @@ class Job:
 
 @dataclass
 class Scenario:
+    """An engine config and the callers to run on it (plus when to flush the cache)."""
     seed: int
     config: dict
     jobs: list[Job]
@@ -106,7 +107,8 @@ class Scenario:
     optimistic: bool             # admission with new-token ratio 0: retraction is common
 
     def features(self) -> set[str]:
-        """What the mix exercises by construction (retraction is only observed: see run)."""
+        """What the mix exercises by construction (retraction is only observed: the fast tier
+        asserts it of RETRACTING_FAST_SEEDS)."""
         f = set()
         if self.config["chunked_prefill_size"]:
             f.add("chunked")
@@ -228,6 +230,7 @@ class Run:
     prompts: dict[str, list[list[int]]] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
     preemptions: int = 0
+    forced_tokens: int = 0       # the reference's jump-forward tokens (set by fuzz)
 
 
 def engine_config(config: dict, adapters: dict[str, str]) -> dict:
@@ -518,16 +521,34 @@ def fuzz(seed: int, adapters: dict[str, str], monkeypatch: pytest.MonkeyPatch) -
     if not any(p.startswith("HANG") for p in problems):
         problems += compare_runs(sc, ref, got, margins)
     assert not problems, f"seed {seed} config {sc.config}:\n  " + "\n  ".join(problems[:20])
+    got.forced_tokens = count_forced(sc, ref, margins)
     return sc, got
+
+
+def count_forced(sc: Scenario, ref: Run, margins: dict[tuple[str, int], float]) -> int:
+    """Output tokens of the reference's greedy requests that were not sampled (no margin): the
+    ones jump-forward appended."""
+    forced = 0
+    for job in sc.jobs:
+        if not job.greedy:
+            continue
+        for t, turn in enumerate(ref.results.get(job.name, [])):
+            outs = as_list(turn)
+            for k, x in enumerate(outs):
+                rid = child_rid(job.rid(t), k, len(outs))
+                forced += sum((rid, p) not in margins for p in range(len(x["output_ids"])))
+    return forced
 
 
 # -- the tiers -------------------------------------------------------------------------------------
 
-# Chosen to cover, together: retraction (2, 14, 16, 22 retract; 16 and 22 several times, which
-# is asserted), chunked prefill (14, 16), jump-forward (2, 14, 16, 22), LoRA (16, 22), n > 1,
-# aborts, flush_cache, and greedy logprobs of retracted requests (22).
+# Chosen to cover, together: retraction (all may retract; 16 and 22 always did, several times),
+# chunked prefill (14, 16), jump-forward (all; 2 and 14 append 40+ forced tokens), LoRA (16,
+# 22), n > 1, aborts, flush_cache, and greedy logprobs of retracted requests (22). What is only
+# observed at run time (retraction, jump-forward) is asserted of the seeds below.
 FAST_SEEDS = [2, 14, 16, 22]
 RETRACTING_FAST_SEEDS = {16, 22}
+JUMP_FORWARD_FAST_SEEDS = {2, 14}
 SLOW_SEEDS = range(100, 200)
 
 
@@ -536,6 +557,8 @@ def test_pressure_fuzz_fast(seed, adapters, monkeypatch):
     _, got = fuzz(seed, adapters, monkeypatch)
     if seed in RETRACTING_FAST_SEEDS:
         assert got.preemptions > 0, f"seed {seed} no longer retracts: the fast tier lost its retraction case"
+    if seed in JUMP_FORWARD_FAST_SEEDS:
+        assert got.forced_tokens > 0, f"seed {seed} no longer jumps forward: the fast tier lost that case"
 
 
 def test_fast_seeds_cover_the_features():
