@@ -467,7 +467,7 @@ def compare_one(where: str, rid: str, ref: dict, got: dict, margins: dict, parti
     tie = first_tie(margins, rid, len(a))
     if partial:
         n = min(len(b), tie)
-        if b[:n] != a[:n]:
+        if b[:n] != a[:n] or (tie == len(a) and len(b) > len(a)):
             return [f"{where} partial output is not a prefix of the reference: {b} vs {a} (tie at {tie})"]
         return compare_logprobs(where, ref, got, n, partial=True)
     if tie < len(a):
