@@ -7,6 +7,7 @@ import json
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -149,11 +150,7 @@ def test_an_abort_while_the_shared_prefill_waits_ends_the_request(narrow, where)
     hold.join(timeout=10)
     assert not runner.is_alive(), "the samples ran on"
     r = result["r"]
-    assert r.status_code == 200, r.text[:300]
-    assert [s["meta_info"]["finish_reason"]["type"] for s in r.json()] == ["abort", "abort"]
-    assert all(s["meta_info"]["completion_tokens"] == 0 for s in r.json())
-    _wait_idle(engine)
-    engine.check_accounting()
+    _assert_ended_unstarted(r, engine)
 
 
 def test_an_abort_between_the_shared_prefill_and_the_samples_ends_the_request(two, monkeypatch):
@@ -172,11 +169,7 @@ def test_an_abort_between_the_shared_prefill_and_the_samples_ends_the_request(tw
     monkeypatch.setattr(streams, "prefill", abort_after_the_prefill)
     with httpx.Client(base_url=a.url, timeout=60) as c:
         r = c.post("/generate", json={"text": "in the window", "rid": "window", "sampling_params": {**LONG, "n": 2}})
-    assert r.status_code == 200, r.text[:300]
-    assert [s["meta_info"]["finish_reason"]["type"] for s in r.json()] == ["abort", "abort"]
-    assert all(s["meta_info"]["completion_tokens"] == 0 for s in r.json())
-    _wait_idle(engine)
-    engine.check_accounting()
+    _assert_ended_unstarted(r, engine)
 
 
 def test_a_shutdown_between_the_shared_prefill_and_the_samples_starts_no_sample(two, monkeypatch):
@@ -202,5 +195,15 @@ def test_a_shutdown_between_the_shared_prefill_and_the_samples_starts_no_sample(
     finally:
         live.stop()
         client.shutdown()
+    _wait_idle(engine)
+    engine.check_accounting()
+
+
+def _assert_ended_unstarted(r: httpx.Response, engine: Any) -> None:
+    """An n = 2 request that ended before its samples started: both abort with no tokens, and
+    nothing is left in the engine."""
+    assert r.status_code == 200, r.text[:300]
+    assert [s["meta_info"]["finish_reason"]["type"] for s in r.json()] == ["abort", "abort"]
+    assert all(s["meta_info"]["completion_tokens"] == 0 for s in r.json())
     _wait_idle(engine)
     engine.check_accounting()
