@@ -20,11 +20,11 @@ from radixflow.runtime.model.demo import demo_model
 LONG = {"max_new_tokens": 1900, "ignore_eos": True}  # the tiny model: a 2,048-token context
 
 
-@pytest.fixture(scope="module")
-def two() -> Iterator[tuple[EngineClient, LiveServer, LiveServer]]:
+def _two_servers(**config: object) -> Iterator[tuple[EngineClient, LiveServer, LiveServer]]:
+    """One core (owned by the first client), two API servers, each on a client of its own."""
     model = demo_model("tiny")
-    first = EngineClient(model, kv_cache_tokens=8192, check_invariants=True)
-    second = EngineClient(model, address=first.address, kv_cache_tokens=8192, check_invariants=True)
+    first = EngineClient(model, kv_cache_tokens=8192, check_invariants=True, **config)
+    second = EngineClient(model, address=first.address, kv_cache_tokens=8192, **config)
     a = LiveServer(create_app(first, "tiny")).start()
     b = LiveServer(create_app(second, "tiny")).start()
     yield first, a, b
@@ -32,6 +32,11 @@ def two() -> Iterator[tuple[EngineClient, LiveServer, LiveServer]]:
     b.stop()
     second.shutdown()
     first.shutdown()
+
+
+@pytest.fixture(scope="module")
+def two() -> Iterator[tuple[EngineClient, LiveServer, LiveServer]]:
+    yield from _two_servers()
 
 
 def _stream_finish_reasons(url: str, body: dict, started: threading.Event, out: dict) -> None:
@@ -107,16 +112,7 @@ def test_a_client_rid_in_use_on_one_server_is_refused_on_the_other(two):
 @pytest.fixture(scope="module")
 def narrow() -> Iterator[tuple[EngineClient, LiveServer, LiveServer]]:
     """Two servers on a core that runs one request at a time: a second request waits in its queue."""
-    model = demo_model("tiny")
-    first = EngineClient(model, kv_cache_tokens=8192, max_num_seqs=1, check_invariants=True)
-    second = EngineClient(model, address=first.address, kv_cache_tokens=8192, max_num_seqs=1)
-    a = LiveServer(create_app(first, "tiny")).start()
-    b = LiveServer(create_app(second, "tiny")).start()
-    yield first, a, b
-    a.stop()
-    b.stop()
-    second.shutdown()
-    first.shutdown()
+    yield from _two_servers(max_num_seqs=1)
 
 
 @pytest.mark.parametrize("where", ["same", "other"])
