@@ -25,11 +25,9 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -85,15 +83,6 @@ class Outbox:
         os.close(self._wake)
 
 
-@dataclass
-class Compiling:
-    """A submit whose grammar compiles on a worker (the engine does not know it yet): its group,
-    and the abort that arrived meanwhile, applied once it starts."""
-
-    group: str | None
-    abort: AbortRequest | None = None
-
-
 class ClientSink:
     """One client's end of the engine output: the engine thread posts, the IO thread sends."""
 
@@ -120,10 +109,8 @@ class CoreServer:
         self.decoder = msgspec.msgpack.Decoder(ToCore)
         self.clients: dict[bytes, ClientSink] = {}
         self.workers = ThreadPoolExecutor(max_workers=16, thread_name_prefix="rf-core-call")
-        self._compiling: dict[tuple[bytes, str], Compiling] = {}  # (client, rid) → its grammar compiling
         self._local_pids: dict[bytes, tuple[int, bytes | None]] = {}  # clients on this host: identity → process
         self._host = socket.gethostname()
-        self._lock = threading.Lock()
         self._stop = False
         self._healthy = True
         engine.add_finish_listener(self._on_finish)
@@ -188,8 +175,8 @@ class CoreServer:
     def _handle(self, identity: bytes, message: Any) -> None:
         if isinstance(message, SubmitRequest):
             self._submit(identity, message)
-        elif isinstance(message, AbortRequest):
-            self._abort(message.rid, message.reason)
+        elif isinstance(message, AbortRequest):  # from any client (an /abort_request reaches any API
+            self.engine.abort(message.rid, message.reason)  # server): a rid, or an n > 1 request's group
         elif isinstance(message, ControlCall):
             self._call(identity, message)
         elif isinstance(message, Hello):
@@ -247,55 +234,37 @@ class CoreServer:
                 self.forget(identity, f"its client (process {pid}) is gone")
 
     def forget(self, identity: bytes, why: str) -> None:
-        """A client is gone: abort its requests (started, or still compiling a grammar) and
-        stop sending to it."""
+        """A client is gone: abort its requests (started, or still waiting for a worker or
+        compiling a grammar: the engine keeps those aborts until they start) and stop sending
+        to it."""
         log.warning("aborting the requests of a client: %s", why)
         self._local_pids.pop(identity, None)
         sink = self.clients.pop(identity, None)
-        reason = {"type": "abort", "message": why}
-        with self._lock:
-            for (owner, rid), pending in self._compiling.items():
-                if owner == identity:
-                    pending.abort = AbortRequest(rid, reason)
         if sink is not None:
-            self.engine.abort_sink(sink, reason)
+            self.engine.abort_sink(sink, {"type": "abort", "message": why})
 
     def _submit(self, identity: bytes, m: SubmitRequest) -> None:
-        if m.sampling.is_constrained:  # a grammar compiles on a worker: the IO thread goes on
-            with self._lock:
-                self._compiling[(identity, m.rid)] = Compiling(m.group)
-            self.workers.submit(self._start, identity, m)
-        else:
-            self._start(identity, m)
-
-    def _start(self, identity: bytes, m: SubmitRequest) -> None:
+        sink = self._sink(identity)
         try:
-            sp = m.sampling  # decoded as a SamplingParams: its types are checked, its ranges not yet
-            sp.validate()
+            m.sampling.validate()  # decoded as a SamplingParams: its types are checked, its ranges not yet
+            if m.sampling.is_constrained:  # a grammar compiles on a worker: the IO thread goes on
+                self.engine.reserve(m.rid, m.group, sink)  # aborts meanwhile are kept by the engine
+        except Exception as exc:  # the client raises it
+            self.outbox.put(identity, Rejected.of(m.rid, exc))
+            return
+        if m.sampling.is_constrained:
+            self.workers.submit(self._start, identity, sink, m, True)
+        else:
+            self._start(identity, sink, m, False)
+
+    def _start(self, identity: bytes, sink: ClientSink, m: SubmitRequest, reserved: bool) -> None:
+        try:
             opts = LogprobOptions(m.return_logprob, m.logprob_start_len, m.top_logprobs_num)
             # tokens only: the client detokenizes and checks stop strings
-            self.engine.start_stream(m.input_ids, sp, opts, m.rid, m.lora, m.session_id, self._sink(identity),
-                                     group=m.group, lora_version=m.lora_version)
+            self.engine.start_stream(m.input_ids, m.sampling, opts, m.rid, m.lora, m.session_id, sink,
+                                     group=m.group, lora_version=m.lora_version, reserved=reserved)
         except Exception as exc:  # bad input, a full queue, a stopped engine: the client raises it
             self.outbox.put(identity, Rejected.of(m.rid, exc))
-            started = False
-        else:
-            started = True
-        finally:
-            with self._lock:
-                pending = self._compiling.pop((identity, m.rid), None)
-        if started and pending is not None and pending.abort is not None:
-            self.engine.abort(m.rid, pending.abort.reason)
-
-    def _abort(self, rid: str, reason: dict | None) -> None:
-        """End `rid` (each member of the group `rid` too), whichever client sent it (an
-        /abort_request reaches any API server): in the engine, and once started, each request
-        whose grammar still compiles."""
-        with self._lock:
-            for (_, compiling), pending in self._compiling.items():
-                if rid in (compiling, pending.group):
-                    pending.abort = AbortRequest(compiling, reason)
-        self.engine.abort(rid, reason)
 
     def _call(self, identity: bytes, m: ControlCall) -> None:
         if m.method in QUICK_CALLS:

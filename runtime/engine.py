@@ -199,17 +199,19 @@ class Engine:
 
     def start_stream(self, ids: list[int], sp: SamplingParams, opts: LogprobOptions, rid: str | None,
                      lora: str | None, session_id: str | None, sink: OutputSink, *,
-                     group: str | None = None, lora_version: str | None = None) -> Req:
+                     group: str | None = None, lora_version: str | None = None, reserved: bool = False) -> Req:
         """Submit one request whose outputs go to `sink` (one StepOutput per step, posted on the
         engine thread); returns it. Raises what validation or a full queue raises; a grammar
         compiles here, so call it off any event loop when `sp.is_constrained`. Its outputs carry
         token ids only: detokenizing and stop strings are the caller's (ClientText), which ends
         the request with `abort(rid, reason)` at a stop. `group`: as `Req.group`; `lora_version`:
-        as generate_stream's (ValueError when `lora` means other weights now)."""
-        if group is not None and not isinstance(group, str):
-            raise ValueError(f"group must be a request id (a string), got {group!r}")
-        rid = rid or new_rid()
-        self._starting.begin(rid, group)
+        as generate_stream's (ValueError when `lora` means other weights now). `reserved`: the
+        caller called `reserve(rid, group, sink)` first; this call takes the reservation over."""
+        if not reserved:
+            rid = rid or new_rid()
+            self.reserve(rid, group, sink)
+        elif rid is None:
+            raise ValueError("a reserved request is started by its rid")
         try:
             self.validate_prompt(ids, sp)  # before an adapter is chosen (perhaps read from disk)
             check_lora_request(self.loras, lora)
@@ -222,6 +224,15 @@ class Engine:
         if aborted:  # while it was being made: now the loop knows it
             self.abort(rid, reason)
         return req
+
+    def reserve(self, rid: str, group: str | None, sink: OutputSink) -> None:
+        """Announce a request that `start_stream(..., reserved=True)` will start later (another
+        thread may run it once a worker is free): from now on an abort of `rid`, of `group`, or
+        of `sink` ends it once started. ValueError: `rid` is being started already, or `group`
+        is not a string."""
+        if group is not None and not isinstance(group, str):
+            raise ValueError(f"group must be a request id (a string), got {group!r}")
+        self._starting.begin(rid, group, sink)
 
     def _decode_token(self, token: int) -> str:
         return self.tokenizer.decode([token], skip_special_tokens=False)
@@ -236,7 +247,8 @@ class Engine:
 
     def abort_sink(self, sink: OutputSink, reason: dict) -> None:
         """Finish with `reason` every request in flight whose outputs go to `sink` (its consumer
-        is gone)."""
+        is gone), those still being started included."""
+        self._starting.abort_sink(sink, reason)
         self.loop.post("abort_sink", (sink, reason))
 
     def abort_all(self) -> None:

@@ -361,61 +361,74 @@ def test_a_finished_stream_frees_its_rid_before_it_is_closed(engines, side):
     engine.check_accounting()
 
 
-@pytest.mark.parametrize("abort_rid", ["g", "g-0"])
-def test_an_abort_from_any_client_reaches_a_request_still_compiling_its_grammar(tmp_path, abort_rid):
-    """A constrained request's grammar compiles on a worker before the engine knows the request:
-    an abort arriving meanwhile is kept and applied once it starts. One from another client (an
-    /abort_request on the other API server), or by the rid of its n > 1 request (`group`),
-    must be kept too: found nothing in the engine, it was lost and the request ran to its limit."""
+@pytest.mark.parametrize("abort", ["rid", "group", "client gone"])
+def test_an_abort_reaches_a_request_still_compiling_its_grammar(tmp_path, monkeypatch, abort):
+    """A constrained request's grammar compiles on a worker before the engine loop knows the
+    request: an abort arriving meanwhile is kept and applied once it starts. One from another
+    client (an /abort_request on the other API server), by the rid of its n > 1 request
+    (`group`), or for a client that is gone, must be kept too: found nothing in the loop, it was
+    lost and the request ran to its limit."""
     import threading
 
     import msgspec
     import zmq
 
-    from radixflow.runtime.core.messages import AbortRequest, SubmitRequest
+    from radixflow.runtime.core.messages import AbortRequest, FromCore, StepOutput, SubmitRequest
     from radixflow.runtime.core_process import CoreServer
     from radixflow.runtime.sampling_params import SamplingParams
 
     compiling, release = threading.Event(), threading.Event()
+    with Engine(demo_model("tiny"), dtype="float32", kv_cache_tokens=4096) as engine:
+        new_state = engine.grammar.new_state
 
-    class CompilingEngine:
-        def __init__(self) -> None:
-            self.events: list = []
-
-        def add_finish_listener(self, fn) -> None:
-            pass
-
-        def start_stream(self, ids, sp, opts, rid, lora, session_id, sink, group=None, lora_version=None) -> None:
+        def slow_compile(sp, *args):
             compiling.set()
             assert release.wait(10)
-            self.events.append(("start", rid))
+            return new_state(sp, *args)
+        monkeypatch.setattr(engine.grammar, "new_state", slow_compile)
+        finished, completion_tokens, ended = [], [], threading.Event()
 
-        def abort(self, rid, reason=None) -> None:
-            self.events.append(("abort", rid))
-
-    engine = CompilingEngine()
-    address = f"ipc://{tmp_path}/core.sock"
-    server = CoreServer(engine, address)
-    owner, other = (server.ctx.socket(zmq.DEALER) for _ in range(2))
-    for sock, name in ((owner, b"owner"), (other, b"other")):
-        sock.setsockopt(zmq.IDENTITY, name)
-        sock.connect(address)
-    try:
-        sampling = SamplingParams.from_dict({"regex": "[ab]+", "max_new_tokens": 8})
-        owner.send(msgspec.msgpack.encode(SubmitRequest(rid="g-0", input_ids=[1, 2], sampling=sampling, group="g")))
-        assert server.sock.poll(5000)
-        server._receive()
-        assert compiling.wait(5)
-        other.send(msgspec.msgpack.encode(AbortRequest(abort_rid)))
-        assert server.sock.poll(5000)
-        server._receive()
-        release.set()
-        deadline = time.monotonic() + 5
-        while ("start", "g-0") not in engine.events or engine.events[-1] != ("abort", "g-0"):
-            assert time.monotonic() < deadline, engine.events  # started, and aborted after it started
-            time.sleep(0.01)
-    finally:
-        release.set()
-        owner.close(linger=0)
-        other.close(linger=0)
-        server.close()
+        def on_finish(timing) -> None:
+            finished.append((timing.rid, timing.finish_type))
+            completion_tokens.append(timing.completion_tokens)
+            ended.set()
+        engine.add_finish_listener(on_finish)
+        address = f"ipc://{tmp_path}/core.sock"
+        server = CoreServer(engine, address)
+        owner, other = (server.ctx.socket(zmq.DEALER) for _ in range(2))
+        for sock, name in ((owner, b"owner"), (other, b"other")):
+            sock.setsockopt(zmq.IDENTITY, name)
+            sock.connect(address)
+        try:
+            sampling = SamplingParams.from_dict({"regex": "[ab]{200}", "max_new_tokens": 200})
+            owner.send(msgspec.msgpack.encode(SubmitRequest(rid="g-0", input_ids=[1, 2], sampling=sampling,
+                                                            group="g")))
+            assert server.sock.poll(5000)
+            server._receive()
+            assert compiling.wait(5)
+            if abort == "client gone":
+                server.forget(b"owner", "its client is gone")
+            else:
+                other.send(msgspec.msgpack.encode(AbortRequest("g-0" if abort == "rid" else "g")))
+                assert server.sock.poll(5000)
+                server._receive()
+            release.set()
+            assert ended.wait(10), "the aborted request was not ended"
+            assert finished == [("g-0", "abort")] and completion_tokens[0] < 200
+            stats = engine.stats()
+            assert (stats.num_running, stats.num_waiting) == (0, 0)
+            if abort != "client gone":  # its owner hears of the abort (a gone client hears nothing)
+                outputs: list = []
+                while not outputs or outputs[-1].finish_reason is None:
+                    server._send(server.outbox.take())  # the engine thread may post it after the finish listener ran
+                    assert owner.poll(5000), outputs
+                    message = msgspec.msgpack.Decoder(FromCore).decode(owner.recv())
+                    if isinstance(message, StepOutput):
+                        outputs += message.request_outputs()
+                assert outputs[-1].finish_reason["type"] == "abort"
+            engine.check_accounting()
+        finally:
+            release.set()
+            owner.close(linger=0)
+            other.close(linger=0)
+            server.close()
