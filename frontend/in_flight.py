@@ -52,11 +52,30 @@ class InFlight:
     def abort(self, engine: Any, rid: str) -> None:
         """Abort the request the client named `rid`, or the engine rid `rid`. Sent to the engine
         even when this server does not run it: with several API servers another one may, and
-        the core ends every sample of an n > 1 request by its rid (each carries it as `group`)."""
+        the core ends every sample of an n > 1 request by its rid (each carries it as `group`)
+        and tells the other servers (`notice`)."""
         with self._lock:
             if rid in self._groups:
                 self._aborted.add(rid)
+        engine.abort_request(rid)
+
+    def notice(self, engine: Any, rid: str) -> None:
+        """Another server's abort named `rid` (any thread): when a request of this server runs
+        under that client rid, remember it (its samples may not be submitted yet: `aborted`,
+        `end_if_aborted`) and end what it submitted."""
+        with self._lock:
+            if rid not in self._groups:
+                return
+            self._aborted.add(rid)
         engine.abort(rid)
+
+    def end_if_aborted(self, engine: Any, rids: set[str]) -> None:
+        """Once a fan-out's requests are submitted: end those under a client rid an abort named
+        meanwhile. Such an abort may have reached the engine before they did, and found nothing."""
+        with self._lock:
+            aborted = rids & self._aborted
+        for rid in aborted:
+            engine.abort(rid)
 
     def aborted(self, rid: str | None) -> bool:
         """Whether a request of this server under client rid `rid` (None: none given) is to end:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import logging
 import threading
@@ -70,6 +71,7 @@ class ServerState:
             self.served_model_name = engine.model_path
         self.role_markers = engine.tokenizer.role_markers()
         self.metrics.bind(engine, self.served_model_name)
+        engine.add_abort_listener(functools.partial(self.in_flight.notice, engine))
         self.phase = "ready"
         log.info("engine ready: %s (%s), KV pool %d tokens, max context %d tokens", self.served_model_name,
                  engine.model_path, engine.stats().kv_slots_total, engine.max_context_len)

@@ -335,6 +335,8 @@ async def launch(receive: Receive | None, engine: Any, prompts: list[list[int]],
         for job in fanout.jobs:
             job.ended = endings[job.prompt]
         await until_disconnect(receive, fanout.start())
+        if in_flight is not None:
+            in_flight.end_if_aborted(engine, {job.group for job in fanout.jobs if job.group is not None})
     except BaseException:
         await fanout.close()
         raise

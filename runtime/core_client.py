@@ -37,7 +37,7 @@ import zmq
 
 from radixflow.runtime.config import EngineConfig
 from radixflow.runtime.core.messages import (
-    AbortRequest, ControlCall, ControlReply, CoreInfo, FromCore, Health, Hello, Rejected, RequestOutput, StepOutput,
+    AbortNotice, AbortRequest, ControlCall, ControlReply, CoreInfo, FromCore, Health, Hello, Rejected, RequestOutput, StepOutput,
     SubmitRequest, Timings)
 from radixflow.runtime.core.request import LogprobOptions, new_rid
 from radixflow.runtime.core_process import QUICK_CALLS, Outbox, start_core
@@ -80,6 +80,7 @@ class EngineClient:
         self._calls: dict[int, concurrent.futures.Future] = {}
         self._call_ids = itertools.count()
         self._finish_listeners: list[Callable[[RequestTiming], None]] = []
+        self._abort_listeners: list[Callable[[str], None]] = []
         self._channels = ChannelsByLoop()
         self._closed = False
         self._dead: str | None = None
@@ -172,6 +173,17 @@ class EngineClient:
     def abort(self, rid: str) -> None:
         if self._dead is None and not self._stopping:
             self._send(AbortRequest(rid))
+
+    def abort_request(self, rid: str) -> None:
+        """An /abort_request of `rid`: as abort, and the core's other clients hear of it
+        (add_abort_listener): one of them may run the request without having submitted it yet."""
+        if self._dead is None and not self._stopping:
+            self._send(AbortRequest(rid, notify=True))
+
+    def add_abort_listener(self, fn: Callable[[str], None]) -> None:
+        """`fn(rid)` runs on this client's IO thread when another client's abort_request names
+        `rid`: keep it cheap."""
+        self._abort_listeners.append(fn)
 
     def abort_all(self) -> None:
         self._call("abort_all")
@@ -362,6 +374,9 @@ class EngineClient:
             self._reply(message)
         elif isinstance(message, Timings):
             self._on_timings(message.timings)
+        elif isinstance(message, AbortNotice):
+            for fn in self._abort_listeners:
+                fn(message.rid)
         elif isinstance(message, Health):
             if not message.healthy and not self._closed:
                 self._core_gone(message.message)

@@ -34,7 +34,7 @@ import msgspec
 import zmq
 
 from radixflow.runtime.core.messages import (
-    AbortRequest, ControlCall, ControlReply, CoreInfo, Health, Hello, Rejected, RequestOutput, StepOutput,
+    AbortNotice, AbortRequest, ControlCall, ControlReply, CoreInfo, Health, Hello, Rejected, RequestOutput, StepOutput,
     SubmitRequest, Timings, ToCore, undecodable_submit_rid)
 from radixflow.runtime.core.request import LogprobOptions
 from radixflow.runtime.process_liveness import process_alive, process_start
@@ -177,6 +177,10 @@ class CoreServer:
             self._submit(identity, message)
         elif isinstance(message, AbortRequest):  # from any client (an /abort_request reaches any API
             self.engine.abort(message.rid, message.reason)  # server): a rid, or an n > 1 request's group
+            if message.notify:
+                notice = self.encoder.encode(AbortNotice(message.rid))
+                for other in [c for c in self.clients if c != identity]:
+                    self.sock.send_multipart([other, notice], copy=False)
         elif isinstance(message, ControlCall):
             self._call(identity, message)
         elif isinstance(message, Hello):

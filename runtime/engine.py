@@ -84,6 +84,7 @@ class Engine:
         step.by_adapter = by_adapter
         self._channels = ChannelsByLoop()
         self._starting = StartingRequests()  # requests start_stream is making
+        self._abort_listeners: list[Callable[[str], None]] = []
         self.loop = EngineLoop(self.config, self.runner, self.scheduler, step, self.loras, by_adapter)
 
     # -- public API -------------------------------------------------------------------------
@@ -244,6 +245,17 @@ class Engine:
         check_finish_reason(reason)
         self._starting.abort(rid, reason)
         self.loop.post("abort", (rid, reason))
+
+    def abort_request(self, rid: str) -> None:
+        """An /abort_request of `rid`: as abort, and every abort listener hears of it (servers
+        sharing this engine: one may run the request without having submitted it yet)."""
+        self.abort(rid)
+        for fn in self._abort_listeners:
+            fn(rid)
+
+    def add_abort_listener(self, fn: Callable[[str], None]) -> None:
+        """`fn(rid)` runs, on the caller's thread, for each abort_request."""
+        self._abort_listeners.append(fn)
 
     def abort_sink(self, sink: OutputSink, reason: dict) -> None:
         """Finish with `reason` every request in flight whose outputs go to `sink` (its consumer

@@ -97,10 +97,14 @@ class SubmitRequest(msgspec.Struct, frozen=True, kw_only=True, tag="submit"):
 
 class AbortRequest(msgspec.Struct, frozen=True, tag="abort"):
     """End `rid`: a client gone (reason abort), or a stop string or regex the client found in
-    the text (`reason` is that stop: the core finishes the request with it)."""
+    the text (`reason` is that stop: the core finishes the request with it). `notify`: an
+    /abort_request, which may name a request another client runs but has not submitted yet (an
+    n > 1 request between its shared prefill and its samples): the core tells every other client
+    (AbortNotice)."""
 
     rid: str
     reason: dict[str, Any] | None = None
+    notify: bool = False
 
 
 class ControlCall(msgspec.Struct, frozen=True, tag="call"):
@@ -180,5 +184,12 @@ class Health(msgspec.Struct, frozen=True, tag="health"):
     message: str
 
 
+class AbortNotice(msgspec.Struct, frozen=True, tag="abort_notice"):
+    """Another client's /abort_request named `rid`: the client that runs a request under that
+    rid (or group) ends what it submits of it from now on."""
+
+    rid: str
+
+
 ToCore = Union[Hello, SubmitRequest, AbortRequest, ControlCall]
-FromCore = Union[StepOutput, CoreInfo, Rejected, ControlReply, Timings, Health]
+FromCore = Union[StepOutput, CoreInfo, Rejected, ControlReply, Timings, Health, AbortNotice]

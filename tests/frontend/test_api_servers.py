@@ -3,6 +3,7 @@ EngineClient: what one server does to requests the other runs. The servers liste
 their own here, so a test picks which server gets each HTTP request."""
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
@@ -166,6 +167,66 @@ def test_an_abort_between_the_shared_prefill_and_the_samples_ends_the_request(tw
     with httpx.Client(base_url=a.url, timeout=60) as c:
         r = c.post("/generate", json={"text": "in the window", "rid": "window", "sampling_params": {**LONG, "n": 2}})
     _assert_ended_unstarted(r, engine)
+
+
+@pytest.mark.parametrize("settle", [True, False])
+def test_an_abort_on_the_other_server_between_the_shared_prefill_and_the_samples_ends_the_request(
+        two, monkeypatch, settle):
+    """The same window, with the /abort_request on the server that does not run the request: the
+    core holds nothing of it then, so the abort must reach the server that runs it. With
+    `settle`, the samples start after that server heard of the abort (none starts); without,
+    they may start before (they end aborted soon after, far from their limit)."""
+    from radixflow.frontend import streams
+
+    engine, a, b = two
+    prefill = streams.prefill
+    rid = f"window-other-{settle}"
+
+    async def abort_after_the_prefill(eng, prompts):
+        lasts = await prefill(eng, prompts)
+        b.app.state.server.in_flight.abort(b.app.state.server.engine, rid)  # as /abort_request on b would
+        deadline = time.monotonic() + 5
+        while settle and not a.app.state.server.in_flight.aborted(rid):
+            assert time.monotonic() < deadline, "the server running the request never heard of the abort"
+            await asyncio.sleep(0.01)
+        return lasts
+    monkeypatch.setattr(streams, "prefill", abort_after_the_prefill)
+    with httpx.Client(base_url=a.url, timeout=60) as c:
+        r = c.post("/generate", json={"text": "in the window", "rid": rid, "sampling_params": {**LONG, "n": 2}})
+    if settle:
+        _assert_ended_unstarted(r, engine)
+    else:
+        assert r.status_code == 200, r.text[:300]
+        assert [s["meta_info"]["finish_reason"]["type"] for s in r.json()] == ["abort", "abort"]
+        assert all(s["meta_info"]["completion_tokens"] < LONG["max_new_tokens"] for s in r.json())
+        _wait_idle(engine)
+        engine.check_accounting()
+
+
+def test_an_abort_on_the_other_server_before_the_submit_ends_the_request(two, monkeypatch):
+    """An /abort_request on the other server that reaches the core before the request it names
+    (accepted by this server, not yet submitted): the core finds nothing, so this server must
+    end the request once it submitted it."""
+    from radixflow.frontend import streams
+
+    engine, a, b = two
+    register = streams.Fanout.register
+
+    def abort_before_the_submit(fanout) -> None:
+        register(fanout)
+        b.app.state.server.in_flight.abort(b.app.state.server.engine, "early")  # as /abort_request on b would
+        deadline = time.monotonic() + 5
+        while not a.app.state.server.in_flight.aborted("early"):
+            assert time.monotonic() < deadline, "the server running the request never heard of the abort"
+            time.sleep(0.01)
+    monkeypatch.setattr(streams.Fanout, "register", abort_before_the_submit)
+    with httpx.Client(base_url=a.url, timeout=60) as c:
+        r = c.post("/generate", json={"text": "early", "rid": "early", "sampling_params": LONG})
+    assert r.status_code == 200, r.text[:300]
+    meta = r.json()["meta_info"]
+    assert meta["finish_reason"]["type"] == "abort" and meta["completion_tokens"] < LONG["max_new_tokens"], meta
+    _wait_idle(engine)
+    engine.check_accounting()
 
 
 def test_a_shutdown_between_the_shared_prefill_and_the_samples_starts_no_sample(two, monkeypatch):
