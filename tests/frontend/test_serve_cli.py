@@ -84,6 +84,12 @@ def test_an_unknown_tool_call_parser_is_refused_at_startup(capsys, caplog):
         create_app(lambda: None, tool_call_parser="qwen")
     ns = argparse.Namespace(host="127.0.0.1", port=0, demo_size="tiny", tool_call_parser="qwen")
     assert serve(ns, {}) == 2 and message in caplog.text
+    from radixflow.frontend.tool_call_formats import PARSERS
+
+    readme = open(__file__.rsplit("/tests/", 1)[0] + "/README.md").read()
+    assert "`radixflow serve --tool-call-parser NAME`" in readme
+    for name in PARSERS:  # the README describes every format
+        assert f"  - `{name}`" in readme, name
 
 
 def test_two_api_servers_share_one_engine_core():
