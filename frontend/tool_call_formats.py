@@ -4,8 +4,9 @@
 The last three write their calls as a bracketed value (an object, a list) where the output starts
 (Llama 3.2: several objects, `;` between; Mistral: also after its marker). Such a value is held
 back from its opening bracket until it closes, then parsed: calls when it is valid calls of the
-tools, else content as written (an unclosed one too). Text that cannot start a call streams as it comes; each parser gives its
-content and calls through `Content` (the whitespace rules Hermes has).
+tools, else content as written (an unclosed one too). Text that cannot start a call streams as
+it comes; each parser gives its content and calls through `Content` (the whitespace rules
+Hermes has).
 """
 from __future__ import annotations
 

@@ -146,7 +146,8 @@ LLAMA = [
      ['{"name": "add", "parameters": [1]}']),
     ("an unfinished object stays content", '<|python_tag|>{"name": "add", "param',
      ['<|python_tag|>{"name": "add", "param']),
-    ("JSON after text is content", 'Calling: {"name": "add", "parameters": {}}', ['Calling: {"name": "add", "parameters": {}}']),
+    ("JSON after text is content", 'Calling: {"name": "add", "parameters": {}}',
+     ['Calling: {"name": "add", "parameters": {}}']),
     ("a bad call after a good one: it and what follows stay content",
      '{"name": "add", "parameters": {"a": 1}}; {"name": "rm", "parameters": {}} x',
      [ADD1, '{"name": "rm", "parameters": {}} x']),
@@ -164,7 +165,8 @@ MISTRAL = [
      ["Let me check.", ADD1]),
     ("a bare list at the start (the marker skipped as a special token)",
      ' [{"name": "add", "arguments": {"a": 1}}]', [ADD1]),
-    ("brackets in strings", '[TOOL_CALLS][{"name": "add", "arguments": {"s": "]\\"["}}]', [Call("add", '{"s": "]\\"["}')]),
+    ("brackets in strings", '[TOOL_CALLS][{"name": "add", "arguments": {"s": "]\\"["}}]',
+     [Call("add", '{"s": "]\\"["}')]),
     ("text after the calls", '[TOOL_CALLS][{"name": "add"}]\n done', [Call("add", "{}"), "done"]),
     ("one unknown tool leaves the whole list content",
      '[TOOL_CALLS][{"name": "add", "arguments": {"a": 1}}, {"name": "rm", "arguments": {}}]',
@@ -174,7 +176,8 @@ MISTRAL = [
     ("a bare list after text is content", 'x [{"name": "add", "arguments": {"a": 1}}]',
      ['x [{"name": "add", "arguments": {"a": 1}}]']),
     ("the marker before something else stays content", "[TOOL_CALLS] hello", ["[TOOL_CALLS] hello"]),
-    ("an unfinished list stays content", 'ok [TOOL_CALLS][{"name": "add", "argu', ['ok [TOOL_CALLS][{"name": "add", "argu']),
+    ("an unfinished list stays content", 'ok [TOOL_CALLS][{"name": "add", "argu',
+     ['ok [TOOL_CALLS][{"name": "add", "argu']),
     ("malformed JSON stays content", '[TOOL_CALLS][{"name": "add", "arguments": {]}]',
      ['[TOOL_CALLS][{"name": "add", "arguments": {]}]']),
 ]
@@ -248,8 +251,8 @@ def test_parsers_by_flag_name():
 ONE_CALL = [
     (HermesParser, 'A <tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call> B '
      '<tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call> C', ["A", WEATHER, " B C"]),
-    (Llama3JsonParser, '{"name": "get_weather", "parameters": {"city": "Paris"}}; {"name": "add", "parameters": {"a": 1}}',
-     [WEATHER]),
+    (Llama3JsonParser, '{"name": "get_weather", "parameters": {"city": "Paris"}}; '
+     '{"name": "add", "parameters": {"a": 1}}', [WEATHER]),
     (MistralParser, '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "add"}] ok',
      [WEATHER, "ok"]),
     (PythonicParser, '[get_weather(city="Paris"), add(a=1)]', [WEATHER]),
