@@ -89,7 +89,7 @@ class ChatShape:
                 raise APIError(400, "top_logprobs needs logprobs=true", param="top_logprobs")
             limits.check_top_logprobs(req.top_logprobs, "top_logprobs")
         check_chat_prompt(req, limits)
-        return tool_plan(req, limits, getattr(server.engine, "supports_grammar", False))
+        return tool_plan(req, limits, getattr(server.engine, "supports_grammar", False), server.tool_call_parser)
 
     def constraint(self, plan: ToolPlan) -> Constraint | None:
         return plan.constraint

@@ -63,6 +63,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--incremental-streaming-output", action="store_true",
                        help="native /generate streams send each chunk's new text and output_ids only, not the "
                             "whole output so far (SGLang's flag; OpenAI streams always send deltas)")
+    from radixflow.frontend.tool_call_formats import PARSERS
+
+    serve.add_argument("--tool-call-parser", choices=tuple(PARSERS), default="hermes",
+                       help="the format of the model's tool calls under tool_choice 'auto': hermes "
+                            "(<tool_call> blocks), llama3_json, mistral ([TOOL_CALLS]) or pythonic (default: hermes)")
     add_engine_flags(serve)
     from radixflow.frontend.limits import add_limit_flags
 

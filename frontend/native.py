@@ -231,6 +231,7 @@ async def get_server_info(request: Request) -> Response:
         "served_model_name": server.served_model_name,
         "max_context_len": engine.max_context_len, "kv_cache_tokens": engine.stats().kv_slots_total,
         "supports_grammar": bool(getattr(engine, "supports_grammar", False)),
+        "tool_call_parser": server.tool_call_parser,
         "api_server_pid": os.getpid(), "engine_core_pid": getattr(engine, "core_pid", os.getpid()),
         "config": dataclasses.asdict(engine.config), "stats": dataclasses.asdict(engine.stats()),
     })

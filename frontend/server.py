@@ -32,6 +32,7 @@ from radixflow.frontend.openapi import openapi_json
 from radixflow.frontend.programs import run_program
 from radixflow.frontend.state import Gate, ServerState, refusal
 from radixflow.frontend.tokenize import detokenize, tokenize
+from radixflow.frontend.tool_call_formats import check_parser_name
 from radixflow.frontend.streams import ClientGone
 
 log = logging.getLogger(__name__)
@@ -159,17 +160,20 @@ def create_app(engine_or_factory: EngineOrFactory, served_model_name: str | None
                api_key: str | None = None, *, limits: RequestLimits | None = None,
                max_body_bytes: int | None = None, program_limits: ProgramLimits | None = None,
                health_timeout_s: float = 20.0, on_failure: Callable[[], None] | None = None,
-               incremental_streaming_output: bool = False) -> Starlette:
+               incremental_streaming_output: bool = False, tool_call_parser: str = "hermes") -> Starlette:
     """The ASGI app. Given a factory, the engine is built in the background at start-up (requests
     get 503 until it is ready) and shut down when the app stops; given an Engine, the caller keeps
     ownership. `served_model_name` defaults to the engine's model path. `max_body_bytes`
     overrides that one field of `limits`. `incremental_streaming_output`: native streams send
-    each chunk's new text and output_ids only."""
+    each chunk's new text and output_ids only. `tool_call_parser`: the format tool_choice "auto"
+    output is parsed for (a tool_call_formats.PARSERS name; ValueError otherwise)."""
+    check_parser_name(tool_call_parser)
     limits = limits or RequestLimits()
     if max_body_bytes is not None:
         limits = dataclasses.replace(limits, max_body_bytes=max_body_bytes)
     server = ServerState(served_model_name, api_key, limits, program_limits or ProgramLimits(), health_timeout_s,
-                         on_failure=on_failure, incremental_streaming_output=incremental_streaming_output)
+                         on_failure=on_failure, incremental_streaming_output=incremental_streaming_output,
+                         tool_call_parser=tool_call_parser)
     owned = _is_factory(engine_or_factory)
 
     @contextlib.asynccontextmanager
@@ -229,6 +233,7 @@ def serve(ns: argparse.Namespace, engine_kwargs: dict[str, Any]) -> int:
     try:
         if not 0 <= ns.port <= 65535:
             raise ValueError(f"--port must be 0 to 65535, got {ns.port}")
+        check_parser_name(getattr(ns, "tool_call_parser", "hermes"))
         path = model or (demo_model(demo_size) if demo_size else resolve_model_path(None))
         resolve_model_path(path)  # a path that cannot be a model fails here, before listening
         EngineConfig.from_kwargs(model=path, **kwargs)  # bad flags fail here, before listening
@@ -265,7 +270,8 @@ def _serve_one(ns: argparse.Namespace, factory: Callable[[], Any], name: str, so
 
     limits, program_limits = limits_from_flags(ns)
     app = create_app(factory, name, ns.api_key, on_failure=stop, limits=limits, program_limits=program_limits,
-                     incremental_streaming_output=getattr(ns, "incremental_streaming_output", False))
+                     incremental_streaming_output=getattr(ns, "incremental_streaming_output", False),
+                     tool_call_parser=getattr(ns, "tool_call_parser", "hermes"))
     config = uvicorn.Config(app, host=ns.host, port=ns.port, log_level=ns.log_level.lower(), lifespan="on",
                             timeout_graceful_shutdown=10)  # then open streams are cancelled (= aborted)
     server = holder["server"] = _Server(config, app.state.server)

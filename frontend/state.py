@@ -40,6 +40,7 @@ class ServerState:
     role_markers: dict[str, Any] | None = None
     on_failure: Callable[[], None] | None = None
     incremental_streaming_output: bool = False  # native streams: each chunk's new text and ids only
+    tool_call_parser: str = "hermes"  # the format of tool_choice "auto" calls (tool_call_formats.PARSERS)
     in_flight: InFlight = field(default_factory=InFlight)  # this server's engine requests
     # programs block a thread for their whole run: their own pool (one thread per admitted
     # program, so nothing queues), never the default executor that tokenization uses

@@ -1,5 +1,6 @@
-"""Tool calls in generated text: Hermes-style `<tool_call>` blocks (tool_choice "auto") and the JSON
-that tool_choice "required" or a named function constrains the output to.
+"""Tool calls in generated text: the Parser protocol, Hermes-style `<tool_call>` blocks (the default
+format of tool_choice "auto"; the others are in tool_call_formats.py) and the JSON that
+tool_choice "required" or a named function constrains the output to.
 
 A parser is fed a choice's text as it is generated and returns events: text (content) or a complete
 `Call`; `finish()` flushes what it held back. The non-streamed response feeds the whole text at
@@ -34,20 +35,26 @@ def _arguments(value: object) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
-def parse_call(payload: str, names: Set[str]) -> Call | None:
+def parse_call(payload: str, names: Set[str], keys: tuple[str, ...] = ("arguments",)) -> Call | None:
     """The call in JSON `payload`, or None unless it is {"name": <one of names>, "arguments": {...}}
-    (missing arguments are {}, as models write a call of a function without parameters)."""
+    (missing arguments are {}, as models write a call of a function without parameters).
+    `keys`: where the arguments may be, first found wins (Llama 3 writes "parameters")."""
     try:
         obj = json.loads(payload)
     except (ValueError, RecursionError):
         return None
+    return call_of(obj, names, keys)
+
+
+def call_of(obj: object, names: Set[str], keys: tuple[str, ...] = ("arguments",)) -> Call | None:
+    """parse_call of decoded JSON."""
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or obj["name"] not in names:
         return None
-    arguments = obj.get("arguments", {})
+    arguments = next((obj[k] for k in keys if k in obj), {})
     return Call(obj["name"], _arguments(arguments)) if isinstance(arguments, dict) else None
 
 
-def _partial_tag(text: str, tag: str) -> int:
+def partial_tag(text: str, tag: str) -> int:
     """Length of the longest proper prefix of `tag` that `text` ends with."""
     for k in range(min(len(tag) - 1, len(text)), 0, -1):
         if text.endswith(tag[:k]):
@@ -55,26 +62,60 @@ def _partial_tag(text: str, tag: str) -> int:
     return 0
 
 
+class Content:
+    """A choice's events as a parser finds them, content trimmed where calls were (the newlines
+    models put around calls): whitespace after a call and at the end is dropped once a call was
+    parsed, and whitespace before a call too unless text follows the calls, which it then
+    separates from the text before them (`"Hi <call> x"` is `"Hi x"`); without calls the text is
+    kept exactly. Each parser of "auto" gives its text and calls through one of these."""
+
+    def __init__(self) -> None:
+        self._space = ""  # trailing whitespace held back (dropped if a call follows)
+        self._trim = False  # just after a call: leading whitespace is dropped
+        self._sep = ""  # the whitespace before the calls since the last text: owed to the next text
+        self._said = False  # some text was given out
+        self.calls = 0
+
+    def call(self, call: Call, out: list[Event]) -> None:
+        out.append(call)
+        self.calls += 1
+        if self._said and not self._sep:
+            self._sep = self._space
+        self._space, self._trim = "", True
+
+    def text(self, text: str, out: list[Event]) -> None:
+        if self._trim:
+            text = text.lstrip()
+            if not text:
+                return
+            self._trim = False
+        text = self._space + self._sep + text
+        self._sep = ""
+        body = text.rstrip()
+        self._space = text[len(body):]
+        if body:
+            out.append(body)
+            self._said = True
+
+    def finish(self, out: list[Event]) -> None:
+        """The whitespace held back at the end: kept only when there was no call."""
+        if self._space and not self.calls:
+            out.append(self._space)
+        self._space = ""
+
+
 class HermesParser:
     """`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, any number, anywhere in the text
     (Qwen2.5 and Hermes models). A block that does not parse, or names an unknown tool, stays
     content as written; so does an unclosed one, unless the output ends with it complete.
-
-    Content is trimmed where calls were (the newlines models put around the tags): whitespace
-    after a call and at the end is dropped once a call was parsed, and whitespace before a call
-    too unless text follows the calls, which it then separates from the text before them
-    (`"Hi <call> x"` is `"Hi x"`); without calls the text is kept exactly."""
+    Content is trimmed where calls were (see `Content`)."""
 
     def __init__(self, names: Set[str]) -> None:
         self.names = names
         self._buf = ""  # text not yet given out: a possible tag start, or a call's body so far
         self._in_call = False
         self._searched = 0  # in a call: where the search for CLOSE goes on (each text is scanned once)
-        self._space = ""  # trailing whitespace held back (dropped if a call follows)
-        self._trim = False  # just after a call: leading whitespace is dropped
-        self._sep = ""  # the whitespace before the calls since the last text: owed to the next text
-        self._said = False  # some text was given out
-        self._calls = 0
+        self._content = Content()
 
     def feed(self, text: str) -> list[Event]:
         self._buf += text
@@ -91,11 +132,11 @@ class HermesParser:
             else:
                 start = self._buf.find(OPEN)
                 if start < 0:
-                    keep = len(self._buf) - _partial_tag(self._buf, OPEN)
-                    self._text(self._buf[:keep], out)
+                    keep = len(self._buf) - partial_tag(self._buf, OPEN)
+                    self._content.text(self._buf[:keep], out)
                     self._buf = self._buf[keep:]
                     return out
-                self._text(self._buf[:start], out)
+                self._content.text(self._buf[:start], out)
                 self._buf = self._buf[start + len(OPEN):]
                 self._in_call, self._searched = True, 0
 
@@ -104,37 +145,42 @@ class HermesParser:
         if self._in_call:
             self._block(self._buf, OPEN + self._buf, out)
         else:
-            self._text(self._buf, out)
+            self._content.text(self._buf, out)
         self._buf, self._in_call = "", False
-        if self._space and not self._calls:
-            out.append(self._space)
-        self._space = ""
+        self._content.finish(out)
         return out
 
     def _block(self, payload: str, raw: str, out: list[Event]) -> None:
         call = parse_call(payload, self.names)
         if call is None:
-            self._text(raw, out)
-            return
-        out.append(call)
-        self._calls += 1
-        if self._said and not self._sep:
-            self._sep = self._space
-        self._space, self._trim = "", True
+            self._content.text(raw, out)
+        else:
+            self._content.call(call, out)
 
-    def _text(self, text: str, out: list[Event]) -> None:
-        if self._trim:
-            text = text.lstrip()
-            if not text:
-                return
-            self._trim = False
-        text = self._space + self._sep + text
-        self._sep = ""
-        body = text.rstrip()
-        self._space = text[len(body):]
-        if body:
-            out.append(body)
-            self._said = True
+
+class FirstCallOnly:
+    """parallel_tool_calls false under "auto": `parser`'s events with every call after the first
+    dropped (OpenAI's at most one call). The dropped calls are not content; text around them is."""
+
+    def __init__(self, parser: Parser) -> None:
+        self.parser = parser
+        self._called = False
+
+    def feed(self, text: str) -> list[Event]:
+        return self._keep(self.parser.feed(text))
+
+    def finish(self) -> list[Event]:
+        return self._keep(self.parser.finish())
+
+    def _keep(self, events: list[Event]) -> list[Event]:
+        out = []
+        for event in events:
+            if isinstance(event, Call):
+                if self._called:
+                    continue
+                self._called = True
+            out.append(event)
+        return out
 
 
 class JsonCallsParser:

@@ -3,7 +3,9 @@ field), the tools as the chat template gets them, and the constraint of tool_cho
 a named function, compiled like any json_schema (one grammar per distinct tool set, cached).
 
     none      tools are not shown to the template; the text is plain content
-    auto      (the default with tools) the text is parsed for Hermes `<tool_call>` blocks
+    auto      (the default with tools) the text is parsed for calls in the server's format
+              (`--tool-call-parser`, Hermes `<tool_call>` blocks by default; at most one call with
+              parallel_tool_calls false)
     required  the output is a JSON array of one or more {"name", "arguments"} calls of the tools
               (exactly one with parallel_tool_calls false)
     named     the output is the named function's arguments object
@@ -19,7 +21,8 @@ import msgspec
 from radixflow.frontend.errors import APIError
 from radixflow.frontend.openai_schemas import ChatRequest, NamedToolChoice, Tool
 from radixflow.frontend.openai_sampling import Constraint
-from radixflow.frontend.tool_calls import HermesParser, JsonCallsParser, Parser
+from radixflow.frontend.tool_call_formats import auto_parser
+from radixflow.frontend.tool_calls import JsonCallsParser, Parser
 
 _NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")  # OpenAI's rule for function names
 _NO_PARAMETERS = {"type": "object", "properties": {}, "additionalProperties": False}
@@ -34,11 +37,13 @@ class ToolPlan:
     names: frozenset[str]
     named: str | None = None  # the function of mode "named"
     constraint: Constraint | None = None  # required / named
+    call_format: str = "hermes"  # auto: the server's --tool-call-parser
+    parallel: bool = True  # auto: parallel_tool_calls not false (else the first call only)
 
     def parser(self) -> Parser | None:
         """A fresh parser for one choice's text; None when the text is plain content."""
         if self.mode == "auto":
-            return HermesParser(self.names)
+            return auto_parser(self.call_format, self.names, self.parallel)
         if self.mode in ("required", "named"):
             return JsonCallsParser(self.names, self.named)
         return None
@@ -60,8 +65,9 @@ def tool_chars(req: ChatRequest) -> int:
     return len(msgspec.json.encode(req.tools)) if req.tools else 0
 
 
-def tool_plan(req: ChatRequest, limits: Any, supports_grammar: bool) -> ToolPlan:
-    """Check the tool fields and plan the request; APIError(400) naming the field otherwise."""
+def tool_plan(req: ChatRequest, limits: Any, supports_grammar: bool, call_format: str = "hermes") -> ToolPlan:
+    """Check the tool fields and plan the request; APIError(400) naming the field otherwise.
+    `call_format`: how "auto" output is parsed (a tool_call_formats.PARSERS name)."""
     choice = req.tool_choice
     if not req.tools:
         if isinstance(choice, NamedToolChoice) or choice == "required":
@@ -73,7 +79,7 @@ def tool_plan(req: ChatRequest, limits: Any, supports_grammar: bool) -> ToolPlan
     if choice == "none":
         return ToolPlan("none", names)
     if choice is None or choice == "auto":
-        return ToolPlan("auto", names)
+        return ToolPlan("auto", names, call_format=call_format, parallel=req.parallel_tool_calls is not False)
     if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
         raise APIError(400, f"tool_choice names the function {choice.function.name!r}, which is not "
                        "among the tools", param="tool_choice")

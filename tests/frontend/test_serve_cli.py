@@ -21,7 +21,8 @@ def _free_port() -> int:
 def test_serve_demo_model_with_api_key():
     port = _free_port()
     proc = subprocess.Popen([sys.executable, "-m", "radixflow.frontend.cli", "serve", "--demo-size", "tiny", "--port", str(port),
-                             "--kv-cache-tokens", "2048", "--api-key", "sekrit", "--max-num-seqs", "8"],
+                             "--kv-cache-tokens", "2048", "--api-key", "sekrit", "--max-num-seqs", "8",
+                             "--tool-call-parser", "pythonic"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -38,6 +39,7 @@ def test_serve_demo_model_with_api_key():
                 time.sleep(0.1)
             info = c.get("/get_server_info").json()
             assert info["config"]["max_num_seqs"] == 8 and info["kv_cache_tokens"] == 2048
+            assert info["tool_call_parser"] == "pythonic"
             out = c.post("/v1/completions", json={"model": "radixflow-demo-tiny", "prompt": "Hi", "max_tokens": 2,
                                                       "ignore_eos": True})
             assert out.status_code == 200 and out.json()["usage"]["completion_tokens"] == 2
@@ -63,6 +65,31 @@ def test_limit_flags_reach_the_server_limits():
     readme = open(__file__.rsplit("/tests/", 1)[0] + "/README.md").read()
     for flag, _, _ in limit_table():  # the README's limits table lists every flag
         assert f"`{flag}`" in readme, flag
+
+
+def test_an_unknown_tool_call_parser_is_refused_at_startup(capsys, caplog):
+    import argparse
+
+    import pytest
+
+    from radixflow.frontend.cli import build_parser
+    from radixflow.frontend.server import create_app, serve
+
+    with pytest.raises(SystemExit) as exc:
+        build_parser().parse_args(["serve", "--tool-call-parser", "qwen"])
+    assert exc.value.code == 2 and "--tool-call-parser: invalid choice: 'qwen'" in capsys.readouterr().err
+    assert build_parser().parse_args(["serve"]).tool_call_parser == "hermes"
+    message = "--tool-call-parser must be one of hermes, llama3_json, mistral, pythonic; got 'qwen'"
+    with pytest.raises(ValueError, match=message):
+        create_app(lambda: None, tool_call_parser="qwen")
+    ns = argparse.Namespace(host="127.0.0.1", port=0, demo_size="tiny", tool_call_parser="qwen")
+    assert serve(ns, {}) == 2 and message in caplog.text
+    from radixflow.frontend.tool_call_formats import PARSERS
+
+    readme = open(__file__.rsplit("/tests/", 1)[0] + "/README.md").read()
+    assert "`radixflow serve --tool-call-parser NAME`" in readme
+    for name in PARSERS:  # the README describes every format
+        assert f"  - `{name}`" in readme, name
 
 
 def test_two_api_servers_share_one_engine_core():

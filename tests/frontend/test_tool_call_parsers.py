@@ -1,12 +1,18 @@
-"""The tool-call parsers on their own: Hermes `<tool_call>` blocks (tool_choice "auto") and the JSON
-that tool_choice "required" / a named function constrains the output to, fed whole and piecewise."""
+"""The tool-call parsers on their own: the formats of tool_choice "auto" (Hermes `<tool_call>`
+blocks, Llama 3 JSON, Mistral `[TOOL_CALLS]`, pythonic lists), at most one call with
+parallel_tool_calls false, and the JSON that tool_choice "required" / a named function constrains
+the output to; fed whole, piecewise and in random pieces."""
 from __future__ import annotations
 
 import json
+import random
 
 import pytest
 
-from radixflow.frontend.tool_calls import Call, HermesParser, JsonCallsParser
+from radixflow.frontend.tool_call_formats import (
+    PARSERS, Llama3JsonParser, MistralParser, PythonicParser, auto_parser,
+)
+from radixflow.frontend.tool_calls import Call, FirstCallOnly, HermesParser, JsonCallsParser
 
 NAMES = frozenset({"get_weather", "add"})
 
@@ -35,6 +41,10 @@ def every_split(text):
     yield list(text)
     for i in range(len(text) + 1):
         yield [text[:i], text[i:]]
+    rng = random.Random(len(text))
+    for _ in range(20):
+        cuts = sorted(rng.sample(range(len(text) + 1), min(len(text) + 1, rng.randint(2, 6))))
+        yield [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
 
 
 WEATHER = Call("get_weather", '{"city": "Paris"}')
@@ -117,3 +127,143 @@ def test_named_function_output_is_its_arguments():
     for pieces in every_split('{"a":1,"b":{"c":"\\"}"}}'):
         assert run(JsonCallsParser(NAMES, name="add"), pieces) == [Call("add", '{"a": 1, "b": {"c": "\\"}"}}')]
     assert run(JsonCallsParser(NAMES, name="add"), ['{"a":']) == ['{"a":']
+
+
+ADD1 = Call("add", '{"a": 1}')
+LLAMA = [
+    ("plain text, no call", "Sure, it is {sunny} today; ok", ["Sure, it is {sunny} today; ok"]),
+    ("one call with parameters", '{"name": "get_weather", "parameters": {"city": "Paris"}}', [WEATHER]),
+    ("arguments are accepted too", '{"name": "add", "arguments": {"a": 1}}', [ADD1]),
+    ("after <|python_tag|>", '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}', [WEATHER]),
+    ("calls separated by ;", '{"name": "get_weather", "parameters": {"city": "Paris"}}; {"name": "add", '
+     '"parameters": {"a": 1}}', [WEATHER, ADD1]),
+    ("braces and ; in strings", '{"name": "add", "parameters": {"s": "}{;\\"}"}}', [Call("add", '{"s": "}{;\\"}"}')]),
+    ("whitespace around, text after", ' \n{"name": "add", "parameters": {"a": 1}}\nDone. ', [ADD1, "Done."]),
+    ("missing parameters are {}", '{"name": "add"}', [Call("add", "{}")]),
+    ("an unknown tool stays content", '{"name": "rm", "parameters": {}}', ['{"name": "rm", "parameters": {}}']),
+    ("malformed JSON stays content", '{"name": "add", "parameters": {]}', ['{"name": "add", "parameters": {]}']),
+    ("parameters that are not an object stay content", '{"name": "add", "parameters": [1]}',
+     ['{"name": "add", "parameters": [1]}']),
+    ("an unfinished object stays content", '<|python_tag|>{"name": "add", "param',
+     ['<|python_tag|>{"name": "add", "param']),
+    ("JSON after text is content", 'Calling: {"name": "add", "parameters": {}}',
+     ['Calling: {"name": "add", "parameters": {}}']),
+    ("a bad call after a good one: it and what follows stay content",
+     '{"name": "add", "parameters": {"a": 1}}; {"name": "rm", "parameters": {}} x',
+     [ADD1, '{"name": "rm", "parameters": {}} x']),
+    ("a trailing ; is dropped", '{"name": "add", "parameters": {"a": 1}};\n', [ADD1]),
+    ("the tag before something else stays content", "<|python_tag|>print(1)", ["<|python_tag|>print(1)"]),
+    ("a partial tag stays content", "<|python", ["<|python"]),
+    ("whitespace-only text is kept", "  \n", ["  \n"]),
+]
+
+MISTRAL = [
+    ("plain text, no call", "Hello [world] [TOOL", ["Hello [world] [TOOL"]),
+    ("a list of calls", '[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris"}}, '
+     '{"name": "add", "arguments": {"a": 1}}]', [WEATHER, ADD1]),
+    ("text before the marker is content", 'Let me check.\n[TOOL_CALLS][{"name": "add", "arguments": {"a": 1}}]',
+     ["Let me check.", ADD1]),
+    ("a bare list at the start (the marker skipped as a special token)",
+     ' [{"name": "add", "arguments": {"a": 1}}]', [ADD1]),
+    ("brackets in strings", '[TOOL_CALLS][{"name": "add", "arguments": {"s": "]\\"["}}]',
+     [Call("add", '{"s": "]\\"["}')]),
+    ("text after the calls", '[TOOL_CALLS][{"name": "add"}]\n done', [Call("add", "{}"), "done"]),
+    ("one unknown tool leaves the whole list content",
+     '[TOOL_CALLS][{"name": "add", "arguments": {"a": 1}}, {"name": "rm", "arguments": {}}]',
+     ['[TOOL_CALLS][{"name": "add", "arguments": {"a": 1}}, {"name": "rm", "arguments": {}}]']),
+    ("an empty list stays content", "[TOOL_CALLS][]", ["[TOOL_CALLS][]"]),
+    ("a list of other values stays content", "[1, 2] and [3]", ["[1, 2] and [3]"]),
+    ("a bare list after text is content", 'x [{"name": "add", "arguments": {"a": 1}}]',
+     ['x [{"name": "add", "arguments": {"a": 1}}]']),
+    ("the marker before something else stays content", "[TOOL_CALLS] hello", ["[TOOL_CALLS] hello"]),
+    ("an unfinished list stays content", 'ok [TOOL_CALLS][{"name": "add", "argu',
+     ['ok [TOOL_CALLS][{"name": "add", "argu']),
+    ("malformed JSON stays content", '[TOOL_CALLS][{"name": "add", "arguments": {]}]',
+     ['[TOOL_CALLS][{"name": "add", "arguments": {]}]']),
+]
+
+PYTHONIC = [
+    ("plain text, no call", "Sure (or not) [ok]", ["Sure (or not) [ok]"]),
+    ("a list of calls", '[get_weather(city="Paris"), add(a=1)]', [WEATHER, ADD1]),
+    ("every kind of literal", "[add(a=-1, b=[1, 2.5, (3,)], c={'k': None}, d=True, e='x')]",
+     [Call("add", json.dumps({"a": -1, "b": [1, 2.5, [3]], "c": {"k": None}, "d": True, "e": "x"}))]),
+    ("no arguments", "[add()]", [Call("add", "{}")]),
+    ("brackets and quotes in strings", '[get_weather(city="Par]i\'s)\\"")]',
+     [Call("get_weather", json.dumps({"city": "Par]i's)\""}))]),
+    ("whitespace around, text after", '\n[add(a=1)]\nDone.', [ADD1, "Done."]),
+    ("an unknown tool leaves the list content", '[add(a=1), rm(path="/")]', ['[add(a=1), rm(path="/")]']),
+    ("an expression is not a literal", "[add(a=1+1)]", ["[add(a=1+1)]"]),
+    ("a call inside is not a literal", '[add(a=os.system("x"))]', ['[add(a=os.system("x"))]']),
+    ("positional arguments are not a call", "[add(1)]", ["[add(1)]"]),
+    ("**kwargs are not a call", "[add(**{'a': 1})]", ["[add(**{'a': 1})]"]),
+    ("a method is not a call", "[x.add(a=1)]", ["[x.add(a=1)]"]),
+    ("a value JSON cannot hold is not a call", "[add(a={1, 2})]", ["[add(a={1, 2})]"]),
+    ("a list of other values stays content", "[1, 2]", ["[1, 2]"]),
+    ("a list after text is content", "Calling [add(a=1)]", ["Calling [add(a=1)]"]),
+    ("an unfinished list stays content", "[add(a=1), get_weather(city='Pa", ["[add(a=1), get_weather(city='Pa"]),
+    ("invalid syntax stays content", "[add(a=1]", ["[add(a=1]"]),
+]
+
+
+def _cases(cases):
+    return pytest.mark.parametrize("text,expected", [c[1:] for c in cases], ids=[c[0] for c in cases])
+
+
+@_cases(LLAMA)
+def test_llama3_json(text, expected):
+    for pieces in every_split(text):
+        assert merged(run(Llama3JsonParser(NAMES), pieces)) == expected, pieces
+
+
+@_cases(MISTRAL)
+def test_mistral(text, expected):
+    for pieces in every_split(text):
+        assert merged(run(MistralParser(NAMES), pieces)) == expected, pieces
+
+
+@_cases(PYTHONIC)
+def test_pythonic(text, expected):
+    for pieces in every_split(text):
+        assert merged(run(PythonicParser(NAMES), pieces)) == expected, pieces
+
+
+def test_plain_text_streams_once_it_cannot_be_a_call():
+    """Each format holds back only what may still become a call."""
+    llama = Llama3JsonParser(NAMES)
+    assert llama.feed(" <|py") == [] and llama.feed("thon") == [] and llama.feed("n") == [" <|pythonn"]
+    assert llama.feed(" more") == [" more"]
+    mistral = MistralParser(NAMES)
+    assert mistral.feed("[TOOL") == [] and merged(mistral.feed("S] x [TO")) == ["[TOOLS] x"]
+    assert mistral.feed("OL_CALLS][") == [] and mistral.feed('{"name": "add"}]') == [Call("add", "{}")]
+    pythonic = PythonicParser(NAMES)
+    assert pythonic.feed("[add(a=1)") == [] and pythonic.feed("] ok") == [ADD1, "ok"]
+    assert pythonic.feed(" go") == [" go"]
+
+
+def test_parsers_by_flag_name():
+    assert set(PARSERS) == {"hermes", "llama3_json", "mistral", "pythonic"}
+    assert isinstance(auto_parser("mistral", NAMES, parallel=True), MistralParser)
+    with pytest.raises(ValueError, match="--tool-call-parser must be one of hermes, llama3_json, mistral, "
+                                         "pythonic; got 'qwen'"):
+        auto_parser("qwen", NAMES, parallel=True)
+
+
+ONE_CALL = [
+    (HermesParser, 'A <tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call> B '
+     '<tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call> C', ["A", WEATHER, " B C"]),
+    (Llama3JsonParser, '{"name": "get_weather", "parameters": {"city": "Paris"}}; '
+     '{"name": "add", "parameters": {"a": 1}}', [WEATHER]),
+    (MistralParser, '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "add"}] ok',
+     [WEATHER, "ok"]),
+    (PythonicParser, '[get_weather(city="Paris"), add(a=1)]', [WEATHER]),
+]
+
+
+@pytest.mark.parametrize("kind,text,expected", ONE_CALL, ids=[c[0].__name__ for c in ONE_CALL])
+def test_parallel_tool_calls_false_keeps_the_first_call_only(kind, text, expected):
+    """Later calls are dropped, not shown as content; text around them stays."""
+    for pieces in every_split(text):
+        assert merged(run(FirstCallOnly(kind(NAMES)), pieces)) == expected, pieces
+    name = next(n for n, k in PARSERS.items() if k is kind)
+    assert merged(run(auto_parser(name, NAMES, parallel=False), [text])) == expected
+    assert len([e for e in run(auto_parser(name, NAMES, parallel=True), [text]) if isinstance(e, Call)]) == 2

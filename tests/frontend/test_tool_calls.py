@@ -1,7 +1,8 @@
 """OpenAI tool calling on /v1/chat/completions, through the live server (both engine cores):
 field errors, required / named calls constrained by the tools' schemas, auto parsing of Hermes
-`<tool_call>` blocks (the output forced by a regex), streams against whole responses, n = 2, the
-official openai client and a multi-turn round trip."""
+`<tool_call>` blocks and of each --tool-call-parser format, with parallel_tool_calls false too
+(the output forced by a regex), streams against whole responses, n = 2, the official openai
+client and a multi-turn round trip."""
 from __future__ import annotations
 
 import json
@@ -162,6 +163,47 @@ def test_auto_parses_tool_call_blocks_and_keeps_the_rest_as_content(client):
     assert plain == {**plain, "message": {"role": "assistant", "content": "No tools needed."}, "finish_reason": "stop"}
     none = _chat(client, regex=re.escape(FORCED), max_tokens=200, tool_choice="none")["choices"][0]
     assert none["message"] == {"role": "assistant", "content": FORCED} and none["finish_reason"] == "stop"
+
+
+# per --tool-call-parser: two calls as the model would write them (forced by a regex), and the content
+TWO_CALLS = {
+    "hermes": ('Checking.\n<tool_call>{"name": "get_weather", "arguments": {"city": "Rome", "days": 2}}</tool_call>\n'
+               '<tool_call>{"name": "add", "arguments": {"a": 3}}</tool_call>', "Checking."),
+    "llama3_json": ('{"name": "get_weather", "parameters": {"city": "Rome", "days": 2}}; '
+                    '{"name": "add", "parameters": {"a": 3}}', None),
+    "mistral": ('Checking. [TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Rome", "days": 2}}, '
+                '{"name": "add", "arguments": {"a": 3}}]', "Checking."),
+    "pythonic": ('[get_weather(city="Rome", days=2), add(a=3)]', None),
+}
+
+
+@pytest.mark.parametrize("call_format", list(TWO_CALLS))
+def test_tool_call_parser_formats_and_parallel_tool_calls_false(client, live_server, engine, call_format):
+    """A server's --tool-call-parser reads "auto" output in its format, whole and streamed alike;
+    parallel_tool_calls false keeps the first call only; a named function's output is still its
+    constrained JSON. The default (Hermes) server leaves another format's calls as content."""
+    from radixflow.frontend.server import create_app
+
+    text, content = TWO_CALLS[call_format]
+    both = [("get_weather", {"city": "Rome", "days": 2}), ("add", {"a": 3})]
+    live = live_server(create_app(engine, MODEL_NAME, tool_call_parser=call_format)).start()
+    try:
+        with httpx.Client(base_url=live.url, timeout=60) as c:
+            for extra, calls in (({}, both), ({"parallel_tool_calls": False}, both[:1])):
+                extra = {**extra, "regex": re.escape(text), "max_tokens": 200}
+                whole = _chat(c, **extra)["choices"][0]
+                assert _valid_calls(whole["message"]) == calls and whole["finish_reason"] == "tool_calls"
+                assert whole["message"]["content"] == content
+                streamed = _reassemble(_stream(c, {**BASE, **extra}))[0]
+                assert streamed == {"content": content or "", "finish_reason": "tool_calls",
+                                    "tool_calls": [call["function"] for call in whole["message"]["tool_calls"]]}
+            named = _chat(c, tool_choice=NAMED)["choices"][0]  # the constrained JSON, whatever the format
+            assert [name for name, _ in _valid_calls(named["message"])] == ["add"]
+    finally:
+        live.stop()
+    if call_format != "hermes":
+        plain = _chat(client, regex=re.escape(text), max_tokens=200)["choices"][0]
+        assert plain["message"] == {"role": "assistant", "content": text} and plain["finish_reason"] == "stop"
 
 
 def test_tools_reach_the_template_unless_tool_choice_is_none(client):

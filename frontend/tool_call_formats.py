@@ -1,0 +1,277 @@
+"""The call formats tool_choice "auto" can parse (`radixflow serve --tool-call-parser`): Hermes
+(tool_calls.py), Llama 3 JSON, Mistral `[TOOL_CALLS]` and pythonic lists.
+
+The last three write their calls as a bracketed value (an object, a list) where the output starts
+(Llama 3.2: several objects, `;` between; Mistral: also after its marker). Such a value is held
+back from its opening bracket until it closes, then parsed: calls when it is valid calls of the
+tools, else content as written (an unclosed one too). Text that cannot start a call streams as
+it comes; each parser gives its content and calls through `Content` (the whitespace rules
+Hermes has).
+"""
+from __future__ import annotations
+
+import ast
+import json
+from collections.abc import Callable, Set
+
+from radixflow.frontend.tool_calls import (
+    Call, Content, Event, FirstCallOnly, HermesParser, Parser, call_of, parse_call, partial_tag,
+)
+
+
+
+class _Value:
+    """A bracketed value held back in a parser's buffer, opened at `start`: where it closes is
+    found as the buffer grows, each character read once. ( [ { open and ) ] } close outside
+    strings (quoted by one of `quotes`, with backslash escapes); mismatched brackets count as
+    matching, and the parse that follows rejects what they close."""
+
+    def __init__(self, start: int, quotes: str) -> None:
+        self.start = self._read = start
+        self._quotes = quotes
+        self._depth = 0
+        self._quote = ""  # the quote of the string being read, "" outside strings
+        self._escaped = False
+
+    def end(self, buf: str) -> int:
+        """Read buf on from where the last call stopped; the index just past the value, or -1."""
+        for i in range(self._read, len(buf)):
+            c = buf[i]
+            if self._quote:
+                if self._escaped:
+                    self._escaped = False
+                elif c == "\\":
+                    self._escaped = True
+                elif c == self._quote:
+                    self._quote = ""
+            elif c in self._quotes:
+                self._quote = c
+            elif c in "([{":
+                self._depth += 1
+            elif c in ")]}":
+                self._depth -= 1
+                if self._depth == 0:
+                    return i + 1
+        self._read = len(buf)
+        return -1
+
+
+class _ValueParser:
+    """A parser as states over its buffer: `_<state>(out)` reads self._buf and returns True when
+    it moved on and the next state should read. A subclass has `_start` (what the output opens
+    with) and `_calls` (a value's calls, or None when it is not calls of the tools)."""
+
+    quotes = '"'  # the string quotes of the values
+    after = "text"  # the state after a value that was calls
+
+    def __init__(self, names: Set[str]) -> None:
+        self.names = names
+        self._buf = ""  # text not yet given out
+        self._state = "start"  # start | held (a value read on) | text | a format's own (gap, marker)
+        self._value: _Value | None = None
+        self._content = Content()
+
+    def feed(self, text: str) -> list[Event]:
+        self._buf += text
+        out: list[Event] = []
+        while getattr(self, "_" + self._state)(out):
+            pass
+        return out
+
+    def finish(self) -> list[Event]:
+        out: list[Event] = []
+        if self._state != "gap":  # a gap holds only a separator: dropped
+            self._content.text(self._buf, out)  # an unclosed value too, as written
+        self._buf, self._state = "", "text"
+        self._content.finish(out)
+        return out
+
+    def _start(self, out: list[Event]) -> bool:
+        raise NotImplementedError
+
+    def _calls(self, value: str) -> list[Call] | None:
+        raise NotImplementedError
+
+    def _hold(self, start: int) -> None:
+        self._value, self._state = _Value(start, self.quotes), "held"
+
+    def _held(self, out: list[Event]) -> bool:
+        value = self._value
+        end = value.end(self._buf)
+        if end < 0:
+            return False
+        calls = self._calls(self._buf[value.start:end])
+        if calls is None:
+            self._content.text(self._buf[:end], out)  # as written, with what led to it
+        for call in calls or ():
+            self._content.call(call, out)
+        self._buf, self._state = self._buf[end:], self.after if calls else "text"
+        return True
+
+    def _text(self, out: list[Event]) -> bool:
+        self._content.text(self._buf, out)
+        self._buf = ""
+        return False
+
+
+PYTHON_TAG = "<|python_tag|>"
+
+
+class Llama3JsonParser(_ValueParser):
+    """Llama 3.1 / 3.2: the output is `{"name": ..., "parameters": {...}}` ("arguments" taken too),
+    after an optional `<|python_tag|>`; Llama 3.2 separates several calls with `;`. Each object
+    is a call as soon as it closes. Output that does not start with an object is content; so is
+    the first object that is not a call of the tools, and everything after it."""
+
+    after = "gap"
+
+    def _start(self, out: list[Event]) -> bool:
+        body = self._buf.lstrip()
+        if body.startswith(PYTHON_TAG):
+            body = body[len(PYTHON_TAG):].lstrip()
+        elif PYTHON_TAG.startswith(body):
+            return False  # nothing yet, or maybe the tag
+        if not body:
+            return False
+        if body[0] == "{":
+            self._hold(len(self._buf) - len(body))
+        else:
+            self._state = "text"
+        return True
+
+    def _calls(self, value: str) -> list[Call] | None:
+        call = parse_call(value, self.names, ("parameters", "arguments"))
+        return None if call is None else [call]
+
+    def _gap(self, out: list[Event]) -> bool:
+        """After a call: `;` and the next object, or the rest as content."""
+        body = self._buf.lstrip()
+        if body.startswith(";"):
+            body = body[1:].lstrip()
+            if not body:
+                return False
+            self._buf = body
+            if body[0] == "{":
+                self._hold(0)
+                return True
+        elif not body:
+            return False
+        self._buf, self._state = body, "text"
+        return True
+
+
+TOOL_CALLS = "[TOOL_CALLS]"
+
+
+class MistralParser(_ValueParser):
+    """Mistral: `[TOOL_CALLS]` and a JSON list of {"name", "arguments"} objects, after content or
+    none. `[TOOL_CALLS]` is a special token, dropped from the text unless the request sets
+    skip_special_tokens false, so a list that starts the output is read as calls too. The list is
+    given whole when it closes: all calls, or content as written when any item is not a call of
+    the tools. Text after it is content (and may hold another marker)."""
+
+    def _start(self, out: list[Event]) -> bool:
+        body = self._buf.lstrip()
+        if not body or (len(body) < len(TOOL_CALLS) and TOOL_CALLS.startswith(body)):
+            return False  # nothing yet, or maybe the marker
+        if body[0] == "[" and not body.startswith(TOOL_CALLS):
+            self._hold(len(self._buf) - len(body))
+        else:
+            self._state = "text"
+        return True
+
+    def _text(self, out: list[Event]) -> bool:
+        at = self._buf.find(TOOL_CALLS)
+        if at < 0:
+            keep = len(self._buf) - partial_tag(self._buf, TOOL_CALLS)
+            self._content.text(self._buf[:keep], out)
+            self._buf = self._buf[keep:]
+            return False
+        self._content.text(self._buf[:at], out)
+        self._buf, self._state = self._buf[at:], "marker"
+        return True
+
+    def _marker(self, out: list[Event]) -> bool:
+        """The buffer starts with the marker: a list follows, or the marker is content."""
+        body = self._buf[len(TOOL_CALLS):].lstrip()
+        if not body:
+            return False
+        if body[0] == "[":
+            self._hold(len(self._buf) - len(body))
+        else:  # the search goes on after it
+            self._content.text(TOOL_CALLS, out)
+            self._buf, self._state = self._buf[len(TOOL_CALLS):], "text"
+        return True
+
+    def _calls(self, value: str) -> list[Call] | None:
+        try:
+            items = json.loads(value)
+        except (ValueError, RecursionError):
+            return None
+        if not isinstance(items, list) or not items:
+            return None
+        calls = [call_of(item, self.names) for item in items]
+        return None if None in calls else calls
+
+
+class PythonicParser(_ValueParser):
+    """Llama 3.2 / 4 pythonic calls: the output starts with a Python list of calls,
+    `[get_weather(city="Paris"), add(a=1)]`, keyword arguments whose values are literals (read
+    with `ast`, never evaluated). The list is given whole when it closes: all calls, or content as
+    written when any item is not such a call of a tool. Text after it is content; output that
+    does not start with `[` is content."""
+
+    quotes = "'\""
+
+    def _start(self, out: list[Event]) -> bool:
+        body = self._buf.lstrip()
+        if not body:
+            return False
+        if body[0] == "[":
+            self._hold(len(self._buf) - len(body))
+        else:
+            self._state = "text"
+        return True
+
+    def _calls(self, value: str) -> list[Call] | None:
+        return python_calls(value, self.names)
+
+
+def python_calls(source: str, names: Set[str]) -> list[Call] | None:
+    """The calls of a Python list of calls with literal keyword arguments, or None."""
+    try:
+        tree = ast.parse(source, mode="eval").body
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+    if not isinstance(tree, ast.List) or not tree.elts:
+        return None
+    calls = []
+    for node in tree.elts:
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in names
+                and not node.args and all(k.arg is not None for k in node.keywords)):
+            return None
+        try:
+            arguments = {k.arg: ast.literal_eval(k.value) for k in node.keywords}
+            text = json.dumps(arguments, ensure_ascii=False, allow_nan=False)
+        except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError):
+            return None  # not a literal, or not one JSON can hold (a set, bytes, inf)
+        calls.append(Call(node.func.id, text))
+    return calls
+
+
+PARSERS: dict[str, Callable[[Set[str]], Parser]] = {
+    "hermes": HermesParser, "llama3_json": Llama3JsonParser, "mistral": MistralParser, "pythonic": PythonicParser,
+}
+
+
+def check_parser_name(name: str) -> str:
+    if name not in PARSERS:
+        raise ValueError(f"--tool-call-parser must be one of {', '.join(PARSERS)}; got {name!r}")
+    return name
+
+
+def auto_parser(name: str, names: Set[str], parallel: bool) -> Parser:
+    """A fresh parser of format `name` (a PARSERS key) for one choice's text under tool_choice
+    "auto"; with `parallel` false it gives the first call only."""
+    parser = PARSERS[check_parser_name(name)](names)
+    return parser if parallel else FirstCallOnly(parser)
