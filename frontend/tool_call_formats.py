@@ -19,7 +19,6 @@ from radixflow.frontend.tool_calls import (
 )
 
 
-
 class _Value:
     """A bracketed value held back in a parser's buffer, opened at `start`: where it closes is
     found as the buffer grows, each character read once. ( [ { open and ) ] } close outside
