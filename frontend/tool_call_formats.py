@@ -94,6 +94,17 @@ class _ValueParser:
     def _hold(self, start: int) -> None:
         self._value, self._state = _Value(start, self.quotes), "held"
 
+    def _open(self, body: str, bracket: str) -> bool:
+        """`body` is the buffer's tail past any whitespace (and marker): hold the value it opens
+        with `bracket`, else read it as text; False while it is empty (nothing to decide yet)."""
+        if not body:
+            return False
+        if body[0] == bracket:
+            self._hold(len(self._buf) - len(body))
+        else:
+            self._state = "text"
+        return True
+
     def _held(self, out: list[Event]) -> bool:
         value = self._value
         end = value.end(self._buf)
@@ -130,13 +141,7 @@ class Llama3JsonParser(_ValueParser):
             body = body[len(PYTHON_TAG):].lstrip()
         elif PYTHON_TAG.startswith(body):
             return False  # nothing yet, or maybe the tag
-        if not body:
-            return False
-        if body[0] == "{":
-            self._hold(len(self._buf) - len(body))
-        else:
-            self._state = "text"
-        return True
+        return self._open(body, "{")
 
     def _calls(self, value: str) -> list[Call] | None:
         call = parse_call(value, self.names, ("parameters", "arguments"))
@@ -223,14 +228,7 @@ class PythonicParser(_ValueParser):
     quotes = "'\""
 
     def _start(self, out: list[Event]) -> bool:
-        body = self._buf.lstrip()
-        if not body:
-            return False
-        if body[0] == "[":
-            self._hold(len(self._buf) - len(body))
-        else:
-            self._state = "text"
-        return True
+        return self._open(self._buf.lstrip(), "[")
 
     def _calls(self, value: str) -> list[Call] | None:
         return python_calls(value, self.names)
