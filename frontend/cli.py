@@ -63,6 +63,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--incremental-streaming-output", action="store_true",
                        help="native /generate streams send each chunk's new text and output_ids only, not the "
                             "whole output so far (SGLang's flag; OpenAI streams always send deltas)")
+    serve.add_argument("--max-stored-responses", type=int, default=None,
+                       help="/v1/responses kept in memory for previous_response_id and GET /v1/responses/{id}, "
+                            "least recently used dropped first; per API server process and lost on restart "
+                            "(default: 1000 with one API server; several keep none, since a later request may "
+                            "reach another process)")
     add_engine_flags(serve)
     from radixflow.frontend.limits import add_limit_flags
 
