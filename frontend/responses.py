@@ -1,13 +1,17 @@
 """POST /v1/responses (OpenAI's Responses API) on the chat path, and GET / DELETE
 /v1/responses/{id}: a request becomes the chat request it means (responses_input.py), runs as one
 (frontend/openai_route.prepare: limits, sampling, grammar, tool plan, prompt, engine streams), and
-its text and tool calls become output items (responses_output.py)."""
+its text and tool calls become output items (responses_output.py), whole or as stream events."""
 from __future__ import annotations
 
+import itertools
 import logging
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
+import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -24,6 +28,7 @@ from radixflow.frontend.responses_schemas import (
     DeletedResponse, IncompleteDetails, Item, OutputItem, Reasoning, ResponseError, ResponseObject,
     ResponsesRequest, ResponseUsage, TextConfig,
 )
+from radixflow.frontend.streams import Fanout, EventStream
 from radixflow.frontend.tool_calls import Event, Parser
 
 log = logging.getLogger(__name__)
@@ -96,8 +101,6 @@ async def create_response(request: Request) -> Response:
     store: ResponseStore = server.responses
     req = await read_json(request, ResponsesRequest)
     check_request(req, getattr(server.engine, "supports_grammar", False))
-    if req.stream:
-        raise APIError(400, "stream is not supported yet", param="stream")
     turn = Turn(req, "resp_" + uuid.uuid4().hex, now(), _previous(store, req.previous_response_id) +
                 read_items(req.input), _stores(req, store))
     try:
@@ -106,6 +109,8 @@ async def create_response(request: Request) -> Response:
         exc.param = _PARAMS.get(exc.param or "", exc.param)
         exc.message = exc.message.replace("].function.", "].")  # chat's tools nest what Responses' keep flat
         raise
+    if req.stream:
+        return EventStream(_stream(turn, job, fanout, store))
     [result] = await fanout.finish(request.receive)
     reason = finish_reason(result["meta_info"])
     output = OutputItems()
@@ -127,6 +132,47 @@ def _parsed(parser: Parser | None, text: str, last: bool) -> list[Event]:
 
 def _usage(job: Job, meta: dict) -> ResponseUsage:
     return response_usage(usage({0: meta}, 1, job.shared))
+
+
+def _frame(event: dict[str, Any], number: int) -> bytes:
+    data = msgspec.json.encode({**event, "sequence_number": number})
+    return b"event: " + event["type"].encode() + b"\ndata: " + data + b"\n\n"
+
+
+async def _stream(turn: Turn, job: Job, fanout: Fanout, store: ResponseStore) -> AsyncIterator[bytes]:
+    """response.created / in_progress, the output items' events, then response.completed (or
+    .incomplete) with the whole response; an engine failure after the 200 is response.failed.
+    Closing the iterator (the client left) closes the fan-out: the engine aborts the request."""
+    numbers = itertools.count()
+    output = OutputItems()
+    try:
+        opening = turn.response("in_progress", [], None)
+        for kind in ("response.created", "response.in_progress"):
+            yield _frame({"type": kind, "response": opening}, next(numbers))
+        parser, reason, meta = job.state.parser(), None, {}
+        async for _, chunk in fanout:
+            meta = chunk["meta_info"]
+            reason = finish_reason(meta)
+            for event in _parsed(parser, chunk["text"], reason is not None):
+                for frame in output.add(event):
+                    yield _frame(frame, next(numbers))
+        status, incomplete = status_of(reason)
+        for frame in output.finish(status):
+            yield _frame(frame, next(numbers))
+        response = turn.response(status, output.items, _usage(job, meta), incomplete)
+        turn.keep(store, response)
+        kind = "response.completed" if status == "completed" else "response.incomplete"
+        yield _frame({"type": kind, "response": response}, next(numbers))
+    except APIError as exc:  # the 200 is already sent: report in-band
+        log.warning("responses stream failed: %s", exc.message)
+        failed = turn.response("failed", output.items, None, error=ResponseError("server_error", exc.message))
+        yield _frame({"type": "response.failed", "response": failed}, next(numbers))
+    except Exception as exc:  # the 200 is already sent: report in-band
+        log.exception("responses stream failed")
+        failed = turn.response("failed", output.items, None, error=ResponseError("server_error", str(exc)))
+        yield _frame({"type": "response.failed", "response": failed}, next(numbers))
+    finally:
+        await fanout.close()
 
 
 async def response_by_id(request: Request) -> Response:

@@ -1,12 +1,14 @@
 """POST /v1/responses (OpenAI's Responses API) through the live server (both engine cores), with the
 real openai client: prompts equal to the equivalent chat request's, the length limit as an
-incomplete response, text.format, function calls out and back, stored responses
+incomplete response, streamed events, text.format, function calls out and back, stored responses
 continued by previous_response_id (served from the radix cache), and 400 / 404 errors naming the field."""
 from __future__ import annotations
 
 import json
+import time
 import types
 
+import httpx
 import jsonschema
 import openai
 import pytest
@@ -74,12 +76,36 @@ def test_instructions_and_message_items_render_as_chat_messages(oai, client):
     assert out.output_text == chat["choices"][0]["message"]["content"]
 
 
+def test_stream_events_in_order_and_equal_to_the_whole_response(oai):
+    kwargs = {"model": MODEL_NAME, "input": "Tell a story", "max_output_tokens": 6, "temperature": 0}
+    whole = oai.responses.create(**kwargs)
+    events = list(oai.responses.create(**kwargs, stream=True))
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    kinds = [e.type for e in events]
+    deltas = [e for e in events if e.type == "response.output_text.delta"]
+    assert kinds == ["response.created", "response.in_progress", "response.output_item.added",
+                     "response.content_part.added", *[d.type for d in deltas], "response.output_text.done",
+                     "response.content_part.done", "response.output_item.done", "response.incomplete"]
+    item_id = events[2].item.id
+    assert all(d.item_id == item_id and d.output_index == 0 and d.content_index == 0 for d in deltas)
+    text = "".join(d.delta for d in deltas)
+    assert text == events[-4].text == whole.output_text and events[-2].item.content[0].text == text
+    final = events[-1].response
+    assert final.id == events[0].response.id and final.output_text == text and events[0].response.status == "in_progress"
+    assert final.usage.output_tokens == 6 and final.incomplete_details.reason == "max_output_tokens"
 
-def test_json_schema_format(oai):
+
+def test_json_schema_format_and_the_stream_helper(oai):
     fmt = {"format": {"type": "json_schema", "name": "yn", "schema": YES_NO, "strict": True}}
+    with oai.responses.stream(model=MODEL_NAME, input="yes or no?", text=fmt, max_output_tokens=40,
+                              temperature=0) as stream:
+        kinds = [e.type for e in stream]
+        final = stream.get_final_response()
+    assert kinds[-1] == "response.completed" and final.status == "completed"
+    jsonschema.validate(json.loads(final.output_text), YES_NO)
+    assert final.text.format.type == "json_schema"
     whole = oai.responses.create(model=MODEL_NAME, input="yes or no?", text=fmt, max_output_tokens=40, temperature=0)
-    assert whole.status == "completed" and whole.text.format.type == "json_schema"
-    jsonschema.validate(json.loads(whole.output_text), YES_NO)
+    assert whole.output_text == final.output_text
 
 
 def test_forced_function_call_and_its_output_sent_back(oai, client):
@@ -102,6 +128,19 @@ def test_forced_function_call_and_its_output_sent_back(oai, client):
                           {"role": "tool", "tool_call_id": call.call_id, "content": "sunny"}], tools=CHAT_TOOLS)
     assert second.usage.input_tokens == chat["usage"]["prompt_tokens"]
 
+
+def test_required_call_streams_as_a_function_call_item(oai):
+    events = list(oai.responses.create(model=MODEL_NAME, input="Weather?", tools=TOOLS, tool_choice="required",
+                                       parallel_tool_calls=False, temperature=0, stream=True))
+    kinds = [e.type for e in events]
+    assert kinds == ["response.created", "response.in_progress", "response.output_item.added",
+                     "response.function_call_arguments.delta", "response.function_call_arguments.done",
+                     "response.output_item.done", "response.completed"]
+    added, delta, done, item_done, completed = events[2:]
+    assert added.item.type == "function_call" and added.item.status == "in_progress"
+    assert delta.delta == done.arguments == item_done.item.arguments and delta.item_id == added.item.id
+    jsonschema.validate(json.loads(done.arguments), WEATHER)
+    assert completed.response.output[0].call_id == added.item.call_id
 
 
 def test_previous_response_id_continues_from_the_cache(oai, client):
@@ -151,6 +190,23 @@ def test_bad_fields_are_400_naming_the_field(client, extra, param):
     error = r.json()["error"]
     assert error["param"] == param and error["type"] == "invalid_request_error", error
 
+
+def test_a_client_that_leaves_a_stream_aborts_its_request(server, engine, wait_idle):
+    aborts = engine.stats().finish_counts.get("abort", 0)
+    body = {"model": MODEL_NAME, "input": "Tell me a very long story", "max_output_tokens": 1500, "temperature": 0,
+            "stream": True}
+    with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {API_KEY}"}, timeout=30) as c:
+        with c.stream("POST", "/v1/responses", json=body) as r:
+            deltas = 0
+            for line in r.iter_lines():
+                deltas += line == "event: response.output_text.delta"
+                if deltas == 3:
+                    break
+    deadline = time.monotonic() + 10
+    while engine.stats().finish_counts.get("abort", 0) == aborts:
+        assert time.monotonic() < deadline, "the request was not aborted"
+        time.sleep(0.02)
+    wait_idle(engine, kv=True)
 
 
 def test_the_store_keeps_the_most_recently_used():
