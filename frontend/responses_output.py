@@ -29,6 +29,7 @@ class OutputItems:
         self.items: list[OutputItem] = []
         self._message: OutputMessage | None = None
         self._pieces: list[str] = []  # the open message's text
+        self._index = 0  # the open message's output_index
 
     def add(self, event: Event) -> list[dict[str, Any]]:
         if isinstance(event, Call):
@@ -43,7 +44,7 @@ class OutputItems:
     def _open(self) -> list[dict[str, Any]]:
         message = self._message = OutputMessage(id=item_id("msg"), status="in_progress")
         self.items.append(message)
-        index = len(self.items) - 1
+        index = self._index = len(self.items) - 1
         added = _builtins(message)
         message.content.append(OutputText(text=""))
         return [{"type": "response.output_item.added", "output_index": index, "item": added},
@@ -62,8 +63,7 @@ class OutputItems:
         part.text, message.status = "".join(self._pieces), status
         out = [{"type": "response.output_text.done", **self._at(), "text": part.text, "logprobs": []},
                {"type": "response.content_part.done", **self._at(), "part": _builtins(part)},
-               {"type": "response.output_item.done", "output_index": self._at()["output_index"],
-                "item": _builtins(message)}]
+               {"type": "response.output_item.done", "output_index": self._index, "item": _builtins(message)}]
         self._message, self._pieces = None, []
         return out
 
@@ -81,7 +81,7 @@ class OutputItems:
 
     def _at(self) -> dict[str, Any]:
         assert self._message is not None
-        return {"item_id": self._message.id, "output_index": self.items.index(self._message), "content_index": 0}
+        return {"item_id": self._message.id, "output_index": self._index, "content_index": 0}
 
 
 def _builtins(struct: msgspec.Struct) -> Any:

@@ -224,3 +224,19 @@ def test_the_store_keeps_the_most_recently_used():
     with pytest.raises(ValueError):
         ResponseStore(-1)
 
+
+
+def test_text_after_a_call_opens_a_new_message_item():
+    from radixflow.frontend.responses_output import OutputItems
+    from radixflow.frontend.tool_calls import Call
+
+    output = OutputItems()
+    events = [e for step in ("Let me check.", Call("get_weather", '{"city": "Rome"}'), "Done", " now")
+              for e in output.add(step)] + output.finish("completed")
+    first, call, last = output.items
+    assert [first.content[0].text, call.name, last.content[0].text] == ["Let me check.", "get_weather", "Done now"]
+    assert first.status == call.status == last.status == "completed"
+    assert [(e["type"], e["output_index"]) for e in events if e["type"].startswith("response.output_item")] == [
+        ("response.output_item.added", 0), ("response.output_item.done", 0), ("response.output_item.added", 1),
+        ("response.output_item.done", 1), ("response.output_item.added", 2), ("response.output_item.done", 2)]
+    assert events[0]["item"]["status"] == "in_progress" and events[0]["item"]["content"] == []
