@@ -68,6 +68,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--tool-call-parser", choices=tuple(PARSERS), default="hermes",
                        help="the format of the model's tool calls under tool_choice 'auto': hermes "
                             "(<tool_call> blocks), llama3_json, mistral ([TOOL_CALLS]) or pythonic (default: hermes)")
+    serve.add_argument("--max-stored-responses", type=int, default=None,
+                       help="/v1/responses kept in memory for previous_response_id and GET /v1/responses/{id}, "
+                            "least recently used dropped first; per API server process and lost on restart "
+                            "(default: 1000 with one API server; several keep none, since a later request may "
+                            "reach another process)")
     add_engine_flags(serve)
     from radixflow.frontend.limits import add_limit_flags
 

@@ -99,9 +99,22 @@ def fit_context(job_prompts: list[list[int]], sp: SamplingParams, requested: int
 
 
 async def handle(request: Request, shape: Shape) -> Response:
+    req = await read_json(request, shape.schema, RENAMED)
+    job, fanout = await prepare(request, shape, req)
+    tokenizer = request.app.state.server.engine.tokenizer
+    if req.stream:
+        include_usage = req.stream_options is not None and req.stream_options.include_usage
+        return EventStream(guarded(_events(fanout, shape, job, tokenizer, include_usage), fanout,
+                                   shape.id_prefix))
+    results = await fanout.finish(request.receive)
+    return json_response(shape.response(job, results, tokenizer))
+
+
+async def prepare(request: Request, shape: Shape, req: Any) -> tuple[Job, Fanout]:
+    """Check `req` (the shape's request), tokenize its prompts and start its engine streams: the
+    running job and its fan-out, which the caller answers from and closes."""
     server = request.app.state.server
     engine = server.engine
-    req = await read_json(request, shape.schema, RENAMED)
     server.limits.check_session(req.user, "user")
     lora = check_model(request, req.model)
     state = shape.check(req, request)
@@ -117,12 +130,7 @@ async def handle(request: Request, shape: Shape) -> Response:
     # the fan-out's chunks are incremental (O(new tokens) each): a stream sends them as deltas
     fanout, job.shared = await start(request, prompts.ids, per_prompt, {**shape.options(req), "lora_path": lora},
                                      names)
-    if req.stream:
-        include_usage = req.stream_options is not None and req.stream_options.include_usage
-        return EventStream(guarded(_events(fanout, shape, job, engine.tokenizer, include_usage), fanout,
-                                   shape.id_prefix))
-    results = await fanout.finish(request.receive)
-    return json_response(shape.response(job, results, engine.tokenizer))
+    return job, fanout
 
 
 def encode_chunk(chunk: msgspec.Struct, include_usage: bool) -> bytes:

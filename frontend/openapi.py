@@ -14,6 +14,7 @@ from radixflow.frontend.openai_schemas import (
     ChatCompletion, ChatRequest, Completion, CompletionRequest, ModelCard, ModelList,
 )
 from radixflow.frontend.programs import ProgramRequest
+from radixflow.frontend.responses_schemas import ResponseObject, ResponsesRequest
 from radixflow.frontend.tokenize import DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse
 
 REF = "#/components/schemas/{name}"
@@ -36,6 +37,9 @@ class ErrorBody(msgspec.Struct):
 OPERATIONS: dict[str, tuple[str, str, type | None, type | None]] = {
     "/v1/completions": ("post", "OpenAI completions (stream: SSE of Completion chunks)", CompletionRequest, Completion),
     "/v1/chat/completions": ("post", "OpenAI chat completions (stream: SSE chunks)", ChatRequest, ChatCompletion),
+    "/v1/responses": ("post", "OpenAI Responses API, a subset: text and function tools (stream: SSE of response "
+                      "events)", ResponsesRequest, ResponseObject),
+    "/v1/responses/{response_id}": ("get", "a stored response (DELETE forgets it)", None, ResponseObject),
     "/v1/models": ("get", "served models", None, ModelList),
     "/v1/models/{model}": ("get", "one served model", None, ModelCard),
     "/v1/programs": ("post", "run a program IR", ProgramRequest, None),

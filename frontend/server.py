@@ -30,6 +30,8 @@ from radixflow.frontend.openai_common import check_model, now
 from radixflow.frontend.openai_schemas import ModelCard, ModelList
 from radixflow.frontend.openapi import openapi_json
 from radixflow.frontend.programs import run_program
+from radixflow.frontend.response_store import DEFAULT_MAX_RESPONSES, ResponseStore
+from radixflow.frontend.responses import create_response, response_by_id
 from radixflow.frontend.state import Gate, ServerState, refusal
 from radixflow.frontend.tokenize import detokenize, tokenize
 from radixflow.frontend.tool_call_formats import check_parser_name
@@ -66,6 +68,8 @@ async def metrics(request: Request) -> Response:
 ROUTES = [
     Route("/v1/completions", create_completion, methods=["POST"]),
     Route("/v1/chat/completions", create_chat_completion, methods=["POST"]),
+    Route("/v1/responses", create_response, methods=["POST"]),
+    Route("/v1/responses/{response_id}", response_by_id, methods=["GET", "DELETE"]),
     Route("/v1/models", list_models, methods=["GET"]),
     Route("/v1/models/{model:path}", get_model, methods=["GET"]),
     Route("/v1/programs", run_program, methods=["POST"]),
@@ -102,7 +106,7 @@ async def _client_gone(request: Request, exc: Exception) -> Response:
 # stream, the wrappers every chunk's `send` went through (~7% of the API server's CPU over a burst
 # of 256 streams). Other methods on these paths still reach the router (405).
 DIRECT_ROUTES = {"/generate": native.generate, "/v1/completions": create_completion,
-                 "/v1/chat/completions": create_chat_completion}
+                 "/v1/chat/completions": create_chat_completion, "/v1/responses": create_response}
 
 
 class App(Starlette):
@@ -160,20 +164,23 @@ def create_app(engine_or_factory: EngineOrFactory, served_model_name: str | None
                api_key: str | None = None, *, limits: RequestLimits | None = None,
                max_body_bytes: int | None = None, program_limits: ProgramLimits | None = None,
                health_timeout_s: float = 20.0, on_failure: Callable[[], None] | None = None,
-               incremental_streaming_output: bool = False, tool_call_parser: str = "hermes") -> Starlette:
+               incremental_streaming_output: bool = False, tool_call_parser: str = "hermes",
+               max_stored_responses: int = DEFAULT_MAX_RESPONSES) -> Starlette:
     """The ASGI app. Given a factory, the engine is built in the background at start-up (requests
     get 503 until it is ready) and shut down when the app stops; given an Engine, the caller keeps
     ownership. `served_model_name` defaults to the engine's model path. `max_body_bytes`
     overrides that one field of `limits`. `incremental_streaming_output`: native streams send
     each chunk's new text and output_ids only. `tool_call_parser`: the format tool_choice "auto"
-    output is parsed for (a tool_call_formats.PARSERS name; ValueError otherwise)."""
+    output is parsed for (a tool_call_formats.PARSERS name; ValueError otherwise).
+    `max_stored_responses`: /v1/responses kept in this process's memory for previous_response_id
+    and GET (least recently used dropped first; 0: none)."""
     check_parser_name(tool_call_parser)
     limits = limits or RequestLimits()
     if max_body_bytes is not None:
         limits = dataclasses.replace(limits, max_body_bytes=max_body_bytes)
     server = ServerState(served_model_name, api_key, limits, program_limits or ProgramLimits(), health_timeout_s,
                          on_failure=on_failure, incremental_streaming_output=incremental_streaming_output,
-                         tool_call_parser=tool_call_parser)
+                         tool_call_parser=tool_call_parser, responses=ResponseStore(max_stored_responses))
     owned = _is_factory(engine_or_factory)
 
     @contextlib.asynccontextmanager
@@ -239,6 +246,11 @@ def serve(ns: argparse.Namespace, engine_kwargs: dict[str, Any]) -> int:
         EngineConfig.from_kwargs(model=path, **kwargs)  # bad flags fail here, before listening
         if count < 1 or (count > 1 and core != "process"):
             raise ValueError("--api-server-count must be >= 1, and above 1 needs --engine-core process")
+        stored = getattr(ns, "max_stored_responses", None)
+        if stored is not None and (stored < 0 or (stored > 0 and count > 1)):
+            raise ValueError("--max-stored-responses must be >= 0, and 0 with --api-server-count above 1: "
+                             "each API server process keeps its own responses, and a request with "
+                             "previous_response_id may reach another one")
     except ValueError as exc:
         log.error("radixflow serve: %s", exc)
         return 2
@@ -269,9 +281,12 @@ def _serve_one(ns: argparse.Namespace, factory: Callable[[], Any], name: str, so
         holder["server"].should_exit = True
 
     limits, program_limits = limits_from_flags(ns)
+    stored = getattr(ns, "max_stored_responses", None)
+    if stored is None:  # one of several API servers (`sock` given) keeps none: see serve()
+        stored = DEFAULT_MAX_RESPONSES if sock is None else 0
     app = create_app(factory, name, ns.api_key, on_failure=stop, limits=limits, program_limits=program_limits,
                      incremental_streaming_output=getattr(ns, "incremental_streaming_output", False),
-                     tool_call_parser=getattr(ns, "tool_call_parser", "hermes"))
+                     tool_call_parser=getattr(ns, "tool_call_parser", "hermes"), max_stored_responses=stored)
     config = uvicorn.Config(app, host=ns.host, port=ns.port, log_level=ns.log_level.lower(), lifespan="on",
                             timeout_graceful_shutdown=10)  # then open streams are cancelled (= aborted)
     server = holder["server"] = _Server(config, app.state.server)

@@ -15,6 +15,7 @@ from radixflow.frontend.errors import APIError
 from radixflow.frontend.in_flight import InFlight
 from radixflow.frontend.limits import ProgramLimits, RequestLimits
 from radixflow.frontend.metrics import Metrics
+from radixflow.frontend.response_store import DEFAULT_MAX_RESPONSES, ResponseStore
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +43,7 @@ class ServerState:
     incremental_streaming_output: bool = False  # native streams: each chunk's new text and ids only
     tool_call_parser: str = "hermes"  # the format of tool_choice "auto" calls (tool_call_formats.PARSERS)
     in_flight: InFlight = field(default_factory=InFlight)  # this server's engine requests
+    responses: ResponseStore = field(default_factory=lambda: ResponseStore(DEFAULT_MAX_RESPONSES))  # /v1/responses
     # programs block a thread for their whole run: their own pool (one thread per admitted
     # program, so nothing queues), never the default executor that tokenization uses
     program_pool: ThreadPoolExecutor = field(init=False)

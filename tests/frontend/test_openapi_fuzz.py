@@ -18,7 +18,7 @@ from radixflow.runtime.sampling_params import RequestOptions, SamplingParams
 
 from .conftest import LiveServer
 
-FUZZED = ["/v1/completions", "/v1/chat/completions", "/generate", "/v1/programs", "/abort_request", "/tokenize",
+FUZZED = ["/v1/completions", "/v1/chat/completions", "/v1/responses", "/generate", "/v1/programs", "/abort_request", "/tokenize",
           "/detokenize"]
 
 
@@ -80,7 +80,7 @@ def test_generated_bodies_never_5xx(fuzz_server, path):
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large])
     @given(body=from_schema(schema), data=st.data())
     def check(body: dict, data: st.DataObject) -> None:
-        if path in ("/v1/completions", "/v1/chat/completions") and isinstance(body, dict):
+        if path in ("/v1/completions", "/v1/chat/completions", "/v1/responses") and isinstance(body, dict):
             body["model"] = data.draw(st.sampled_from(["tiny", body.get("model", "x")]))
         if path == "/generate" and isinstance(body, dict) and body.get("text") is None:
             body["text"] = data.draw(st.text(max_size=20) | st.lists(st.text(max_size=5), max_size=2))

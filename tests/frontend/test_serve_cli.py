@@ -142,6 +142,15 @@ def test_a_port_out_of_range_is_refused_before_anything_starts(caplog):
         assert f"--port must be 0 to 65535, got {port}" in caplog.text
 
 
+def test_stored_responses_with_several_api_servers_are_refused(caplog):
+    """Each API server process keeps its own responses: a previous_response_id could reach another."""
+    from radixflow.frontend.cli import main
+
+    argv = ["serve", "--demo-size", "tiny", "--port", str(_free_port()), "--api-server-count", "2"]
+    assert main([*argv, "--max-stored-responses", "5"]) == 2
+    assert "--max-stored-responses must be >= 0, and 0 with --api-server-count above 1" in caplog.text
+
+
 def test_a_model_path_that_does_not_exist_is_refused_before_listening(caplog):
     from radixflow.frontend.cli import main
 

@@ -1,0 +1,175 @@
+"""A Responses request as the chat request it means: fields radixflow cannot honour refused (400
+naming the field), input items read into conversation items, the conversation (a previous
+response's, then the new input) as chat messages, the flat function tools as chat's, and
+`text.format` as the grammar chat's json_schema field gives. The chat path does the rest."""
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from radixflow.frontend.errors import APIError
+from radixflow.frontend.openai_schemas import (
+    ChatMessage, ChatRequest, FunctionCall, FunctionDefinition, FunctionName, NamedToolChoice, Tool, ToolCall,
+)
+from radixflow.frontend.responses_schemas import (
+    CallItem, CallOutputItem, FunctionChoice, Item, MessageItem, ResponsesRequest, TextFormat,
+)
+
+_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+_ROLES = ("user", "system", "developer", "assistant")
+_TEXT_PARTS = {"input_text": "text", "output_text": "text", "refusal": "refusal"}  # part type → its text key
+_TOOL_KEYS = frozenset({"type", "name", "description", "parameters", "strict"})
+
+
+def check_request(req: ResponsesRequest, supports_grammar: bool) -> None:
+    """Refuse what would change the request's meaning if ignored."""
+    if req.include:
+        raise APIError(400, f"include {req.include[0]!r} is not supported (no built-in tools, logprobs or "
+                       "reasoning items here)", param="include")
+    if req.reasoning is not None and (req.reasoning.effort not in (None, "none") or req.reasoning.summary
+                                      or req.reasoning.generate_summary):
+        raise APIError(400, "reasoning is not supported: the model's output is all message text; send "
+                       "reasoning.effort null or 'none'", param="reasoning")
+    if req.background:
+        raise APIError(400, "background responses are not supported", param="background")
+    if req.truncation == "auto":
+        raise APIError(400, "truncation 'auto' is not supported: an input past the context is a 400",
+                       param="truncation")
+    if req.service_tier not in (None, "auto", "default"):
+        raise APIError(400, "service_tier must be 'auto' or 'default'", param="service_tier")
+    if req.max_output_tokens is not None and req.max_output_tokens < 1:
+        raise APIError(400, "max_output_tokens must be at least 1", param="max_output_tokens")
+    if req.input is None and req.previous_response_id is None:
+        raise APIError(400, "input is required", param="input")
+    if isinstance(req.input, list) and not req.input and req.previous_response_id is None:
+        raise APIError(400, "input has no items", param="input")
+    _check_format(req.text.format if req.text else None, supports_grammar)
+
+
+def _check_format(fmt: TextFormat | None, supports_grammar: bool) -> None:
+    if fmt is None or fmt.type == "text":
+        return
+    if not supports_grammar:
+        raise APIError(400, f"text.format {fmt.type!r} needs constrained decoding, which this engine does not have",
+                       param="text")
+    if fmt.type == "json_schema" and fmt.schema is None:
+        raise APIError(400, "text.format json_schema needs a schema", param="text")
+    if fmt.type == "json_schema" and not _NAME.fullmatch(fmt.name or ""):
+        raise APIError(400, "text.format.name must be 1-64 of a-z, A-Z, 0-9, _ and -", param="text")
+
+
+def format_schema(fmt: TextFormat | None) -> dict[str, Any] | None:
+    if fmt is None or fmt.type == "text":
+        return None
+    return {"type": "object"} if fmt.type == "json_object" else fmt.schema
+
+
+def read_items(value: str | list[dict[str, Any]] | None) -> list[Item]:
+    """The request's input as conversation items; a string is one user message."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [MessageItem("user", value)]
+    return [_item(i, raw) for i, raw in enumerate(value)]
+
+
+def _item(i: int, raw: dict[str, Any]) -> Item:
+    kind = raw.get("type", "message")
+    try:
+        if kind == "message":
+            role = raw["role"]
+            if role not in _ROLES:
+                raise APIError(400, f"input[{i}].role must be one of {', '.join(_ROLES)} (tool results are "
+                               "function_call_output items)", param="input")
+            return MessageItem(role, _text(raw["content"], f"input[{i}].content"))
+        if kind == "function_call":
+            return CallItem(_str(raw, "call_id"), _str(raw, "name"), _str(raw, "arguments"))
+        if kind == "function_call_output":
+            return CallOutputItem(_str(raw, "call_id"), _text(raw["output"], f"input[{i}].output"))
+    except KeyError as exc:
+        raise APIError(400, f"input[{i}] ({kind}) needs {exc.args[0]!r}", param="input") from None
+    except TypeError as exc:
+        raise APIError(400, f"input[{i}] ({kind}): {exc}", param="input") from None
+    raise APIError(400, f"input[{i}]: items of type {kind!r} are not supported (messages, function_call and "
+                   "function_call_output are)", param="input")
+
+
+def _str(raw: dict[str, Any], key: str) -> str:
+    value = raw[key]
+    if not isinstance(value, str):
+        raise TypeError(f"{key} must be a string")
+    return value
+
+
+def _text(content: Any, where: str) -> str:
+    """A message's text: a string, or text parts joined (images, files and audio are refused)."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise TypeError("content must be a string or a list of parts")
+    out = []
+    for k, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        key = _TEXT_PARTS.get(kind) if isinstance(kind, str) else None
+        if key is None or not isinstance(part.get(key), str):
+            raise APIError(400, f"{where}[{k}]: only text parts are supported (input_text, output_text, refusal), "
+                           f"not {kind!r}", param="input")
+        out.append(part[key])
+    return "".join(out)
+
+
+def chat_messages(items: list[Item]) -> list[ChatMessage]:
+    """Items as the chat template's turns: function_call items join the assistant turn before them
+    (or make one) as its tool_calls; a function_call_output is a tool turn."""
+    out: list[ChatMessage] = []
+    for item in items:
+        if isinstance(item, MessageItem):
+            out.append(ChatMessage(role=item.role, content=item.text))  # type: ignore[arg-type]
+        elif isinstance(item, CallItem):
+            call = ToolCall(FunctionCall(item.name, item.arguments), id=item.call_id)
+            last = out[-1] if out else None
+            if last is None or last.role != "assistant":
+                last = ChatMessage(role="assistant", content=None)
+                out.append(last)
+            last.tool_calls = [*(last.tool_calls or []), call]
+        else:
+            out.append(ChatMessage(role="tool", content=item.output, tool_call_id=item.call_id))
+    return out
+
+
+def chat_tools(tools: list[dict[str, Any]] | None) -> list[Tool] | None:
+    """Flat Responses function tools as chat's nested ones; other tool types are refused."""
+    if tools is None:
+        return None
+    out = []
+    for i, tool in enumerate(tools):
+        kind = tool.get("type")
+        if kind != "function":
+            raise APIError(400, f"tools[{i}]: {kind!r} tools are not supported (function tools are)", param="tools")
+        unknown = sorted(set(tool) - _TOOL_KEYS)
+        if unknown:
+            raise APIError(400, f"tools[{i}] has unknown field {unknown[0]!r}", param="tools")
+        name, parameters = tool.get("name"), tool.get("parameters")
+        description, strict = tool.get("description"), tool.get("strict")
+        if not (isinstance(name, str) and isinstance(parameters, (dict, type(None)))
+                and isinstance(description, (str, type(None))) and isinstance(strict, (bool, type(None)))):
+            raise APIError(400, f"tools[{i}] needs a string name; parameters an object, description a string, "
+                           "strict a boolean", param="tools")
+        out.append(Tool("function", FunctionDefinition(name, description, parameters, strict)))
+    return out
+
+
+def chat_request(req: ResponsesRequest, conversation: list[Item]) -> ChatRequest:
+    """The chat request of the Responses request whose whole conversation is `conversation`."""
+    instructions = [ChatMessage(role="system", content=req.instructions)] if req.instructions is not None else []
+    tools = chat_tools(req.tools)
+    choice = req.tool_choice
+    schema = format_schema(req.text.format if req.text else None)
+    if schema is not None and (choice == "required" or isinstance(choice, FunctionChoice)):
+        raise APIError(400, "tool_choice 'required' or a named function and text.format both constrain the "
+                       "output; give one of them", param="tool_choice")
+    return ChatRequest(
+        model=req.model, messages=instructions + chat_messages(conversation), max_completion_tokens=req.max_output_tokens,
+        temperature=req.temperature, top_p=req.top_p, tools=tools, json_schema=schema, user=req.user,
+        tool_choice=NamedToolChoice("function", FunctionName(choice.name)) if isinstance(choice, FunctionChoice)
+        else choice, parallel_tool_calls=req.parallel_tool_calls if tools else None)

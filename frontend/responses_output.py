@@ -1,0 +1,114 @@
+"""A response's output items, built in order from its text and tool calls (the chat path's tool
+parser events), and the stream events each step makes: the streamed and the whole response are
+the same walk, so they give the same items."""
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+import msgspec
+
+from radixflow.frontend.openai_schemas import Usage
+from radixflow.frontend.responses_schemas import (
+    CallItem, FunctionCall, IncompleteDetails, InputTokensDetails, Item, MessageItem, OutputItem, OutputMessage,
+    OutputText, OutputTokensDetails, ResponseUsage,
+)
+from radixflow.frontend.tool_calls import Call, Event
+
+
+def item_id(prefix: str) -> str:
+    return f"{prefix}_{secrets.token_hex(12)}"
+
+
+class OutputItems:
+    """`items` so far. Text goes to the open message item (one is opened for text after a call);
+    a call closes it and adds a function_call item. Each method returns the stream events it
+    makes, without sequence numbers; items in them are snapshots."""
+
+    def __init__(self) -> None:
+        self.items: list[OutputItem] = []
+        self._message: OutputMessage | None = None
+        self._pieces: list[str] = []  # the open message's text
+        self._index = 0  # the open message's output_index
+
+    def add(self, event: Event) -> list[dict[str, Any]]:
+        if isinstance(event, Call):
+            return self._close("completed") + self._call(event)
+        return self._text(event) if event else []
+
+    def finish(self, status: str) -> list[dict[str, Any]]:
+        """Close the open message with `status` (an output of nothing is one empty message)."""
+        out = [] if self.items else self._open()
+        return out + self._close(status)
+
+    def _open(self) -> list[dict[str, Any]]:
+        message = self._message = OutputMessage(id=item_id("msg"), status="in_progress")
+        self.items.append(message)
+        index = self._index = len(self.items) - 1
+        added = _builtins(message)
+        message.content.append(OutputText(text=""))
+        return [{"type": "response.output_item.added", "output_index": index, "item": added},
+                {"type": "response.content_part.added", **self._at(), "part": _builtins(message.content[0])}]
+
+    def _text(self, text: str) -> list[dict[str, Any]]:
+        out = self._open() if self._message is None else []
+        self._pieces.append(text)
+        return out + [{"type": "response.output_text.delta", **self._at(), "delta": text, "logprobs": []}]
+
+    def _close(self, status: str) -> list[dict[str, Any]]:
+        message = self._message
+        if message is None:
+            return []
+        part = message.content[0]
+        part.text, message.status = "".join(self._pieces), status
+        out = [{"type": "response.output_text.done", **self._at(), "text": part.text, "logprobs": []},
+               {"type": "response.content_part.done", **self._at(), "part": _builtins(part)},
+               {"type": "response.output_item.done", "output_index": self._index, "item": _builtins(message)}]
+        self._message, self._pieces = None, []
+        return out
+
+    def _call(self, call: Call) -> list[dict[str, Any]]:
+        item = FunctionCall(id=item_id("fc"), call_id=item_id("call"), name=call.name, arguments="",
+                            status="in_progress")
+        self.items.append(item)
+        at = {"item_id": item.id, "output_index": len(self.items) - 1}
+        added = _builtins(item)
+        item.arguments, item.status = call.arguments, "completed"
+        return [{"type": "response.output_item.added", "output_index": at["output_index"], "item": added},
+                {"type": "response.function_call_arguments.delta", **at, "delta": call.arguments},
+                {"type": "response.function_call_arguments.done", **at, "arguments": call.arguments},
+                {"type": "response.output_item.done", "output_index": at["output_index"], "item": _builtins(item)}]
+
+    def _at(self) -> dict[str, Any]:
+        assert self._message is not None
+        return {"item_id": self._message.id, "output_index": self._index, "content_index": 0}
+
+
+def _builtins(struct: msgspec.Struct) -> Any:
+    return msgspec.to_builtins(struct)
+
+
+def conversation_items(output: list[OutputItem]) -> list[Item]:
+    """A response's output as items of the conversation a later response continues."""
+    out: list[Item] = []
+    for item in output:
+        if isinstance(item, FunctionCall):
+            out.append(CallItem(item.call_id, item.name, item.arguments))
+        else:
+            out.append(MessageItem("assistant", "".join(p.text for p in item.content)))
+    return out
+
+
+def status_of(reason: str | None) -> tuple[str, IncompleteDetails | None]:
+    """The response's status from its finish reason: stop → completed; length → incomplete
+    (max_output_tokens); abort → incomplete (abort)."""
+    if reason == "length":
+        return "incomplete", IncompleteDetails("max_output_tokens")
+    if reason == "abort":
+        return "incomplete", IncompleteDetails("abort")
+    return "completed", None
+
+
+def response_usage(usage: Usage) -> ResponseUsage:
+    return ResponseUsage(usage.prompt_tokens, InputTokensDetails(usage.prompt_tokens_details.cached_tokens),
+                         usage.completion_tokens, OutputTokensDetails(), usage.total_tokens)
