@@ -21,6 +21,8 @@ def to_grammar(key: GrammarKey) -> str:
         return llg.LLMatcher.grammar_from_json_schema(key.text, defaults=JSON_OPTIONS)
     if key.kind == "choices":
         return llg.grammar_from("choice", key.text)
+    if key.kind == "ebnf":  # GBNF converted to Lark; a grammar already in Lark syntax is kept
+        return llg.grammar_from("ebnf", key.text)
     raise GrammarError(f"unknown grammar kind {key.kind!r}")
 
 
@@ -81,20 +83,21 @@ class LLGuidanceBackend:
                                          eos_token=list(vocab.eos_ids) or None)
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="radixflow-llguidance")
 
-    def _build(self, grammar: str) -> LLGuidanceGrammar:
-        matcher = llg.LLMatcher(self.tokenizer, grammar, log_level=0)
-        if matcher.is_error():
-            raise GrammarError(f"grammar does not compile: {matcher.get_error()}")
-        if matcher.is_stopped():
-            raise GrammarError("grammar matches only the empty string: nothing to generate")
-        return LLGuidanceGrammar(matcher, len(grammar) * 4)
-
-    def compile(self, key: GrammarKey, timeout_s: float) -> LLGuidanceGrammar:
+    def _build(self, key: GrammarKey) -> LLGuidanceGrammar:
+        """Errors start with the kind (the request field they are about)."""
         try:
             grammar = to_grammar(key)
         except ValueError as exc:
             raise GrammarError(f"{key.kind} is not valid: {exc}") from exc
-        future = self._pool.submit(self._build, grammar)
+        matcher = llg.LLMatcher(self.tokenizer, grammar, log_level=0)
+        if matcher.is_error():
+            raise GrammarError(f"{key.kind}: grammar does not compile: {matcher.get_error()}")
+        if matcher.is_stopped():
+            raise GrammarError(f"{key.kind}: grammar matches only the empty string: nothing to generate")
+        return LLGuidanceGrammar(matcher, len(grammar) * 4)
+
+    def compile(self, key: GrammarKey, timeout_s: float) -> LLGuidanceGrammar:
+        future = self._pool.submit(self._build, key)  # converting an EBNF grammar counts too
         try:
             return future.result(timeout=timeout_s)
         except FutureTimeout as exc:
