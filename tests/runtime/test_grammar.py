@@ -327,3 +327,17 @@ def test_ebnf_without_llguidance_names_the_extra(engine, monkeypatch):
         compiler.compile(SamplingParams(ebnf='root ::= "a"'))
     assert compiler.compile(SamplingParams(regex="[ab]")) is not None  # outlines-core still serves the rest
     compiler.close()
+
+
+def test_ebnf_rule_chains_are_bounded(engine):
+    """llguidance follows a chain of rules recursively: ~2,500 of them overflowed an 8 MB stack
+    and killed the process. Past MAX_EBNF_RULES it is a ValueError; below, a chain compiles."""
+    from radixflow.runtime.grammar.llguidance_backend import MAX_EBNF_RULES
+
+    def chain(n: int) -> str:
+        return "root ::= r0\n" + "".join(f'r{i} ::= "w" r{i + 1}\n' for i in range(n)) + f'r{n} ::= "."'
+
+    with pytest.raises(ValueError, match=rf"^ebnf.*{MAX_EBNF_RULES}"):
+        engine.generate("x", {"ebnf": chain(3 * MAX_EBNF_RULES), "max_new_tokens": 4})
+    out = engine.generate("x", {"ebnf": chain(MAX_EBNF_RULES - 2), "max_new_tokens": 4})
+    assert out["text"] == "wwww"
