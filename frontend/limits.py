@@ -34,7 +34,7 @@ class RequestLimits:
     max_n: int = _limit(128, "samples per prompt (n)")
     max_top_logprobs: int = _limit(20, "top logprobs per position (logprobs / top_logprobs / top_logprobs_num)")
     max_choices: int = _limit(1024, "choices of one constrained request")
-    max_grammar_chars: int = _limit(65_536, "characters of one regex or JSON schema")
+    max_grammar_chars: int = _limit(65_536, "characters of one regex, JSON schema or EBNF grammar")
     max_json_depth: int = _limit(64, "nesting depth of a JSON schema (json_schema, response_format)")
     max_user_chars: int = _limit(256, "characters of `user` (OpenAI) / `session_id` (native), which the engine "
                                  "keeps per session; 256 fits a UUID, a hash or an e-mail address")
@@ -45,7 +45,8 @@ class RequestLimits:
                            param=param, code="limit_exceeded")
 
     def check_sampling(self, params: dict[str, Any], rename: dict[str, str] | None = None) -> None:
-        """Bounds on raw sampling fields (before SamplingParams / grammar compilation)."""
+        """Bounds on raw sampling fields (before SamplingParams / grammar compilation); `rename`:
+        engine names → the fields the client used, for the errors."""
         rename = rename or {}
         stops = _as_list(params.get("stop")) + _as_list(params.get("stop_regex"))
         self.check(len(stops) <= self.max_stop, "max_stop", len(stops), "stop")
@@ -56,14 +57,14 @@ class RequestLimits:
             self.check(n <= self.max_n, "max_n", n, rename.get("n", "n"))
         choices = params.get("choices")
         if isinstance(choices, list):
-            self.check(len(choices) <= self.max_choices, "max_choices", len(choices), "choices")
-        for key in ("regex", "json_schema"):
+            self.check(len(choices) <= self.max_choices, "max_choices", len(choices), rename.get("choices", "choices"))
+        for key in ("regex", "json_schema", "ebnf"):
             value = params.get(key)
             if value is not None:
-                self.check_grammar(value, key)
+                self.check_grammar(value, rename.get(key, key))
 
     def check_grammar(self, value: Any, param: str) -> None:
-        """A regex or JSON schema's size and nesting depth."""
+        """A regex, JSON schema or EBNF grammar's size and nesting depth."""
         size = len(value) if isinstance(value, str) else len(repr(value))
         self.check(size <= self.max_grammar_chars, "max_grammar_chars", size, param)
         depth = json_depth(value)

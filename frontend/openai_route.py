@@ -19,7 +19,7 @@ from starlette.responses import Response
 from radixflow.frontend.body import json_response, off_loop_if_large, read_json
 from radixflow.frontend.errors import APIError
 from radixflow.frontend.openai_common import check_model, new_id, now, start, usage
-from radixflow.frontend.openai_sampling import RENAMED, Constraint, client_names, sampling_params
+from radixflow.frontend.openai_sampling import RENAMED, Constraint, client_names, request_constraint, sampling_params
 from radixflow.frontend.streams import EventStream, Fanout, guarded, sse
 from radixflow.runtime.sampling_params import SamplingParams
 
@@ -118,10 +118,11 @@ async def prepare(request: Request, shape: Shape, req: Any) -> tuple[Job, Fanout
     server.limits.check_session(req.user, "user")
     lora = check_model(request, req.model)
     state = shape.check(req, request)
-    constraint = shape.constraint(state)
+    own = request_constraint(req, engine)  # None when the route constrains (it refused the request's own)
+    constraint = shape.constraint(state) or own
     requested, requested_param = shape.max_tokens(req), shape.max_tokens_param(req)
-    names = client_names(req, requested_param, shape.prompt_param, constraint)
-    sp = sampling_params(req, engine, requested, server.limits, names, constraint)
+    names = client_names(requested_param, shape.prompt_param, constraint)
+    sp = sampling_params(req, requested, server.limits, names, constraint)
     prompts = await off_loop_if_large(request, shape.prompts, req, engine.tokenizer)
     per_prompt = fit_context(prompts.ids, sp, requested, engine,
                              shape.prompt_param if requested is None else requested_param)

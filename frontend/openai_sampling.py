@@ -6,12 +6,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from radixflow.frontend.errors import APIError, bad_request
-from radixflow.frontend.openai_schemas import SHARED_SAMPLING_FIELDS, ResponseFormat
+from radixflow.frontend.openai_schemas import SHARED_SAMPLING_FIELDS, VLLM_CONSTRAINTS, ResponseFormat
 from radixflow.runtime.sampling_params import SamplingParams
 
 # engine name → OpenAI name, for error messages
 RENAMED = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens"}
 _NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+_CONSTRAINTS = ("regex", "json_schema", "choices", "ebnf")  # the engine's; set from one Constraint
 
 
 @dataclass(frozen=True)
@@ -43,15 +44,46 @@ def response_format_params(fmt: ResponseFormat | None, engine: Any) -> dict[str,
     return {"json_schema": fmt.json_schema.schema}
 
 
-def _format_constraint(req: Any, engine: Any) -> dict[str, Any]:
-    """response_format's constraint; 400 when the request also gives its own regex or json_schema
-    (one would silently replace the other)."""
-    constraint = response_format_params(req.response_format, engine)
-    clash = [name for name in ("regex", "json_schema") if constraint and getattr(req, name) is not None]
-    if clash:
-        raise APIError(400, f"response_format and {clash[0]} both constrain the output; give one of them",
-                       param="response_format")
-    return constraint
+def constraint_fields(req: Any) -> list[str]:
+    """The fields of `req` that constrain its output, as the client named them: response_format,
+    the engine's own names (regex, json_schema, ebnf), vLLM's guided_<name> and
+    structured_outputs.<name>."""
+    given = ["response_format"] if req.response_format is not None and req.response_format.type != "text" else []
+    given += [name for name in ("regex", "json_schema", "ebnf") if getattr(req, name) is not None]
+    given += [f"guided_{name}" for name in VLLM_CONSTRAINTS if getattr(req, f"guided_{name}") is not None]
+    outputs = req.structured_outputs
+    if outputs is not None:
+        given += [f"structured_outputs.{name}" for name in (*VLLM_CONSTRAINTS, "json_object")
+                  if getattr(outputs, name) not in (None, False)]
+    return given
+
+
+def request_constraint(req: Any, engine: Any) -> Constraint | None:
+    """The request's own constraint, in the engine's terms; 400 when it gives two (one would
+    silently replace the other) or an empty `structured_outputs`."""
+    fields = constraint_fields(req)
+    if req.structured_outputs is not None and not any(f.startswith("structured_outputs.") for f in fields):
+        raise APIError(400, "structured_outputs needs one of json, regex, choice, grammar, json_object",
+                       param="structured_outputs")
+    if len(fields) > 1:
+        raise APIError(400, f"{', '.join(fields[:-1])} and {fields[-1]} each constrain the output; give one "
+                       "of them", param=fields[0])
+    if not fields:
+        return None
+    field = fields[0]
+    if field == "response_format":
+        return Constraint(response_format_params(req.response_format, engine), field)
+    if not getattr(engine, "supports_grammar", False):
+        raise APIError(400, f"{field} needs constrained decoding, which this engine does not have", param=field)
+    if field.startswith("structured_outputs."):
+        name = field.split(".", 1)[1]
+        if name == "json_object":
+            return Constraint({"json_schema": {"type": "object"}}, field)
+        return Constraint({VLLM_CONSTRAINTS[name]: getattr(req.structured_outputs, name)}, field)
+    if field.startswith("guided_"):
+        name = field[len("guided_"):]
+        return Constraint({VLLM_CONSTRAINTS[name]: getattr(req, field)}, field)
+    return Constraint({field: getattr(req, field)}, field)
 
 
 def _check_openai_ranges(req: Any) -> None:
@@ -64,34 +96,30 @@ def _check_openai_ranges(req: Any) -> None:
         raise APIError(400, "stream_options is only allowed with stream=true", param="stream_options")
 
 
-def client_names(req: Any, max_tokens_param: str, prompt_param: str,
-                 constraint: Constraint | None = None) -> dict[str, str]:
+def client_names(max_tokens_param: str, prompt_param: str, constraint: Constraint | None) -> dict[str, str]:
     """Engine names → the fields this request used, for bad_request: the max_tokens field the
-    client sent (`max_tokens_param`), the route's prompt field, and the constraint a grammar
-    error is about (the route's `constraint`, else response_format's when it constrains)."""
+    client sent (`max_tokens_param`), the route's prompt field, and the field of the constraint
+    a grammar error is about (the route's, else the request's own: see request_constraint)."""
     names = {**RENAMED, "max_new_tokens": max_tokens_param, "prompt": prompt_param}
     if constraint is not None:
-        names.update(json_schema=constraint.param, regex=constraint.param, grammar=constraint.param)
-    elif req.response_format is not None and req.response_format.type != "text":
-        names.update(json_schema="response_format", grammar="response_format")
-    else:
-        names["grammar"] = next((n for n in ("regex", "json_schema") if getattr(req, n) is not None), "grammar")
+        names.update(dict.fromkeys(("json_schema", "regex", "choices", "ebnf", "grammar"), constraint.param))
     return names
 
 
-def sampling_params(req: Any, engine: Any, max_tokens: int | None, limits: Any = None,
+def sampling_params(req: Any, max_tokens: int | None, limits: Any = None,
                     names: dict[str, str] | None = None, constraint: Constraint | None = None) -> SamplingParams:
     """Build and validate the engine's parameters; out-of-range values → 400 naming the field
     as the client did (`names`: see client_names; RENAMED by default).
     `max_tokens` None leaves the engine's default (the route then fits it to the context).
-    `constraint`: the route's own grammar (it checked that the request gives no other)."""
+    `constraint`: the route's grammar, or the request's own (request_constraint); the only one."""
     _check_openai_ranges(req)
-    params = {name: getattr(req, name) for name in SHARED_SAMPLING_FIELDS}
+    params = {name: getattr(req, name) for name in SHARED_SAMPLING_FIELDS if name not in _CONSTRAINTS}
     params["max_new_tokens"] = max_tokens
     params["min_new_tokens"] = req.min_tokens
-    params.update(_format_constraint(req, engine) if constraint is None else constraint.params)
+    if constraint is not None:
+        params.update(constraint.params)
     if limits is not None:
-        limits.check_sampling(params)
+        limits.check_sampling(params, names or RENAMED)
     try:
         return SamplingParams.from_dict(params)  # None values mean "the engine's default"
     except ValueError as exc:

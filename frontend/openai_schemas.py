@@ -16,13 +16,25 @@ from radixflow.runtime.sampling_params import SamplingParams
 # (temperature ... n) and the usual vLLM/SGLang extras (top_k ... no_stop_trim).
 SHARED_SAMPLING_FIELDS = (
     "temperature", "top_p", "n", "stop", "seed", "presence_penalty", "frequency_penalty",
-    "top_k", "min_p", "repetition_penalty", "regex", "json_schema", "ignore_eos", "stop_token_ids",
+    "top_k", "min_p", "repetition_penalty", "regex", "json_schema", "ebnf", "ignore_eos", "stop_token_ids",
     "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim",
 )
+# vLLM's names of the engine's constraints: `structured_outputs.<name>` (vLLM >= 0.10) and the
+# older top-level `guided_<name>` (removed in vLLM 0.12; older clients still send them).
+VLLM_CONSTRAINTS = {"json": "json_schema", "regex": "regex", "choice": "choices", "grammar": "ebnf"}
 _TYPES = {f.name: f.type for f in msgspec.structs.fields(SamplingParams)}
+_VLLM_FIELDS = [(name, _TYPES[engine] | None, None) for name, engine in VLLM_CONSTRAINTS.items()]
 
 SamplingFields = msgspec.defstruct(
-    "SamplingFields", [(name, _TYPES[name] | None, None) for name in SHARED_SAMPLING_FIELDS],
+    "SamplingFields", [(name, _TYPES[name] | None, None) for name in SHARED_SAMPLING_FIELDS]
+    + [("guided_" + name, kind, default) for name, kind, default in _VLLM_FIELDS]
+    + [("guided_decoding_backend", str | None, None)],  # no effect: the grammar's kind picks the backend
+    kw_only=True, forbid_unknown_fields=True, module=__name__)
+
+StructuredOutputs = msgspec.defstruct(
+    "StructuredOutputs", [*_VLLM_FIELDS, ("json_object", bool | None, None),
+                          ("disable_fallback", bool | None, None),  # no effect: there is no fallback
+                          ("disable_any_whitespace", bool | None, None)],  # no effect: JSON is always compact
     kw_only=True, forbid_unknown_fields=True, module=__name__)
 
 
@@ -51,6 +63,7 @@ class _Common(SamplingFields, kw_only=True, forbid_unknown_fields=True):
     stream: bool = False
     stream_options: StreamOptions | None = None
     response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
     logit_bias: dict[str, float] | None = None
     user: str | None = None
 

@@ -20,7 +20,7 @@ import msgspec
 
 from radixflow.frontend.errors import APIError
 from radixflow.frontend.openai_schemas import ChatRequest, NamedToolChoice, Tool
-from radixflow.frontend.openai_sampling import Constraint
+from radixflow.frontend.openai_sampling import Constraint, constraint_fields
 from radixflow.frontend.tool_call_formats import auto_parser
 from radixflow.frontend.tool_calls import JsonCallsParser, Parser
 
@@ -86,11 +86,9 @@ def tool_plan(req: ChatRequest, limits: Any, supports_grammar: bool, call_format
     if not supports_grammar:
         raise APIError(400, "tool_choice 'required' or a named function needs constrained decoding, "
                        "which this engine does not have", param="tool_choice")
-    clash = next((n for n in ("regex", "json_schema") if getattr(req, n) is not None), None)
-    if clash is None and req.response_format is not None and req.response_format.type != "text":
-        clash = "response_format"
-    if clash is not None:
-        raise APIError(400, f"tool_choice and {clash} both constrain the output; give one of them",
+    clash = constraint_fields(req)
+    if clash:
+        raise APIError(400, f"tool_choice and {clash[0]} both constrain the output; give one of them",
                        param="tool_choice")
     if isinstance(choice, NamedToolChoice):
         tool = next(t for t in req.tools if t.function.name == choice.function.name)

@@ -19,7 +19,7 @@ def gen(name: str | None = None, *, dtype: Any = None, choices_method: ChoicesMe
     """One generation request whose prompt is the whole text so far; stores the output as `name`.
 
     Keyword arguments are the runtime's sampling parameters (`max_new_tokens`, `stop`,
-    `temperature`, `regex`, `json_schema`, `choices`, ...; SGLang's `max_tokens`/`min_tokens` work
+    `temperature`, `regex`, `json_schema`, `choices`, `ebnf`, ...; SGLang's `max_tokens`/`min_tokens` work
     too) and the top-level logprob keys (`return_logprob`, `logprob_start_len`, ...).
     `dtype=int|float|str|bool` constrains the output with a regex and stores the converted value.
     `choices=[...]` constrains the output to one of the strings; with `choices_method` it becomes
@@ -33,8 +33,8 @@ def gen(name: str | None = None, *, dtype: Any = None, choices_method: ChoicesMe
     sampling, extras = params.split_kwargs(kwargs)
     kind = params.dtype_name(dtype)
     if kind is not None:
-        if "regex" in sampling or "json_schema" in sampling or "choices" in sampling:
-            raise ValueError("give dtype or one of regex/json_schema/choices, not both")
+        if any(c in sampling for c in ("regex", "json_schema", "choices", "ebnf")):
+            raise ValueError("give dtype or one of regex/json_schema/choices/ebnf, not both")
         sampling["regex"] = params.DTYPES[kind][0]
     return Expr([ir.Gen(name=name, params=sampling, extras=extras, dtype=kind)])
 

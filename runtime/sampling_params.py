@@ -18,7 +18,9 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     `max_new_tokens=0` prefills only (the prompt lands in the prefix cache).
     `temperature=0` (or any under GREEDY_BELOW) is greedy. `top_k=-1`, `top_p=1`, `min_p=0` disable those filters.
     `stop` strings end generation at their first occurrence and are trimmed from the text
-    (unless `no_stop_trim`). At most one of `regex`, `json_schema`, `choices` constrains output.
+    (unless `no_stop_trim`). At most one of `regex`, `json_schema`, `choices`, `ebnf` constrains
+    output; `ebnf` is a context-free grammar in GBNF style (`root ::= "yes" | "no"`), or in Lark
+    syntax as llguidance takes it (a `start:` rule), and always compiles with llguidance.
     `stream_interval`: a streamed request gets a chunk every this many new tokens (the first
     token and the end at once); None: the engine's `stream_interval` setting.
     """
@@ -44,6 +46,7 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     regex: str | None = None
     json_schema: str | dict[str, Any] | None = None
     choices: list[str] | None = None
+    ebnf: str | None = None
     stream_interval: int | None = None
 
     @classmethod
@@ -85,8 +88,8 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
                "must be token ids (>= 0)")
         _check(self.seed is None or SEED_RANGE[0] <= self.seed <= SEED_RANGE[1], "seed",
                f"must be in [{SEED_RANGE[0]}, {SEED_RANGE[1]}]")
-        constraints = [c for c in (self.regex, self.json_schema, self.choices) if c is not None]
-        _check(len(constraints) <= 1, "regex", "at most one of regex, json_schema, choices may be set")
+        constraints = [c for c in (self.regex, self.json_schema, self.choices, self.ebnf) if c is not None]
+        _check(len(constraints) <= 1, "regex", "at most one of regex, json_schema, choices, ebnf may be set")
         _check(self.choices is None or len(self.choices) > 0, "choices", "must not be empty")
         if self.stop_regexes:
             from radixflow.runtime.text.stop_regex import compile_stop_regexes
@@ -129,15 +132,15 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
     @property
     def is_constrained(self) -> bool:
-        return self.regex is not None or self.json_schema is not None or self.choices is not None
+        return (self.regex is not None or self.json_schema is not None or self.choices is not None
+                or self.ebnf is not None)
 
 
 # SGLang sampling keys radixflow reads under another name, ignores (no effect on output), or
 # refuses because honouring them matters.
 ALIASES = {"sampling_seed": "seed"}
 IGNORED = ("custom_params",)
-UNSUPPORTED = {"ebnf": "EBNF grammars are not supported; use regex or json_schema",
-               "structural_tag": "structural_tag is not supported; use json_schema"}
+UNSUPPORTED = {"structural_tag": "structural_tag is not supported; use json_schema or ebnf"}
 
 
 def _sglang_names(params: dict[str, Any]) -> dict[str, Any]:

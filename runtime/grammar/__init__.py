@@ -1,11 +1,11 @@
-"""Constrained decoding: grammars (regex, JSON schema, choices) compiled to token automata.
+"""Constrained decoding: grammars (regex, JSON schema, choices, EBNF) compiled to token automata.
 
 Map of the package (the engine uses `GrammarCompiler`, `grammar_bitmask` and `advance`):
 
     spec.py         SamplingParams -> GrammarKey (kind, normalized text)
     vocab.py        the tokenizer byte by byte (TokenVocab); canonical tokenization of forced bytes
     backend.py      the interface: GrammarBackend -> CompiledGrammar -> Matcher; GrammarError
-    outlines_backend.py / llguidance_backend.py   the two implementations
+    outlines_backend.py / llguidance_backend.py   the two implementations (EBNF: llguidance only)
     integer_range.py / number_range.py   JSON-schema bounds as exact regexes (outlines-core ignores them)
     worker.py       killable compile subprocesses for outlines-core (time and memory limits)
     cache.py        LRU of compiled grammars per key, bounded in count and bytes, in-flight dedupe
@@ -19,6 +19,9 @@ Decisions:
   (HTTP 400) and the engine loop never waits; a request not yet compiled is simply not queued.
 - outlines-core builds run in killable worker processes (worker.py explains why and what was
   measured); llguidance builds run on a thread (its own fuel limits bound them).
+- Context-free grammars (`ebnf`) compile with llguidance whatever `grammar_backend` says:
+  outlines-core has none, and routing one kind elsewhere costs one more backend object (built
+  on the first such request); without the package they are a ValueError naming the extra.
 - JSON compiles compact (no optional whitespace) so the bytes between values are forced.
 - Jump-forward and pinning: runs of forced bytes are tokenized the tokenizer's way; with
   `jump_forward` the tokens are appended without sampling (one extend step), without it each

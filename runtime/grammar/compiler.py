@@ -1,6 +1,7 @@
 """GrammarCompiler: the engine's entry point: compile (cached, time-limited) and make request state."""
 from __future__ import annotations
 
+import importlib.util
 import logging
 import threading
 
@@ -14,13 +15,20 @@ from radixflow.runtime.sampling_params import SamplingParams
 log = logging.getLogger(__name__)
 
 
+# Kinds only llguidance compiles (outlines-core has no context-free grammars): they go to it
+# whatever the engine's `grammar_backend` is.
+LLGUIDANCE_KINDS = frozenset({"ebnf"})
+INSTALL_LLGUIDANCE = "pip install 'radixflow[llguidance]'"
+
+
 class GrammarCompiler:
     """Compiles grammars for one tokenizer in caller threads (never the engine loop).
 
     `compile(sp)` blocks its caller for at most about `timeout_s` and raises ValueError with the
     reason when the grammar is invalid or too slow; the result is cached per (kind, text) — the
-    tokenizer is fixed per compiler, so it is part of the key implicitly. The backend and its
-    vocabulary tables are built on first use.
+    tokenizer is fixed per compiler, so it is part of the key implicitly. Each kind compiles on
+    one backend: `backend`, except LLGUIDANCE_KINDS on llguidance. Backends and the vocabulary
+    tables are built on first use.
     """
 
     def __init__(self, tokenizer, model_vocab_size: int, eos_ids: frozenset[int], backend: str,
@@ -28,30 +36,41 @@ class GrammarCompiler:
         self.tokenizer, self.model_vocab_size, self.eos_ids = tokenizer, model_vocab_size, eos_ids
         self.backend_name, self.timeout_s, self.jump_forward = backend, timeout_s, jump_forward
         self.cache = cache or GrammarCache()
-        self._backend: GrammarBackend | None = None
+        self._backends: dict[str, GrammarBackend] = {}  # backend name -> backend
         self._vocab: TokenVocab | None = None
         self._init_lock = threading.Lock()
 
-    def _ready(self) -> tuple[GrammarBackend, TokenVocab]:
+    def _ready(self, name: str) -> tuple[GrammarBackend, TokenVocab]:
+        """Backend `name` ("outlines" or "llguidance") and the vocabulary; GrammarError when
+        llguidance is not installed."""
         with self._init_lock:
-            if self._backend is None:
+            if self._vocab is None:
                 self._vocab = TokenVocab.from_tokenizer(self.tokenizer, self.model_vocab_size, self.eos_ids)
-                if self.backend_name == "llguidance":
-                    from radixflow.runtime.grammar.llguidance_backend import LLGuidanceBackend
+            if name not in self._backends:
+                self._backends[name] = self._make_backend(name, self._vocab)
+            return self._backends[name], self._vocab
 
-                    self._backend = LLGuidanceBackend(self.tokenizer, self._vocab)
-                else:
-                    from radixflow.runtime.grammar.outlines_backend import OutlinesBackend
+    def _make_backend(self, name: str, vocab: TokenVocab) -> GrammarBackend:
+        if name == "llguidance":
+            if importlib.util.find_spec("llguidance") is None:
+                raise GrammarError(f"need the llguidance package: {INSTALL_LLGUIDANCE}")
+            from radixflow.runtime.grammar.llguidance_backend import LLGuidanceBackend
 
-                    self._backend = OutlinesBackend(self._vocab)
-            return self._backend, self._vocab
+            return LLGuidanceBackend(self.tokenizer, vocab)
+        from radixflow.runtime.grammar.outlines_backend import OutlinesBackend
+
+        return OutlinesBackend(vocab)
 
     def compile(self, sp: SamplingParams) -> CompiledGrammar | None:
         """The compiled grammar of `sp` (None when unconstrained). ValueError on failure."""
         key = grammar_key(sp)
         if key is None:
             return None
-        backend, _ = self._ready()
+        name = "llguidance" if key.kind in LLGUIDANCE_KINDS else self.backend_name
+        try:
+            backend, _ = self._ready(name)
+        except GrammarError as exc:  # the package is missing: raised before the cache, nothing to remember
+            raise GrammarError(f"{key.kind} grammars {exc}") from exc
         # A timeout caused by waiting for a busy worker says nothing about the grammar: not cached.
         remember = lambda err: getattr(err, "ran_s", self.timeout_s) >= 0.9 * self.timeout_s  # noqa: E731
         return self.cache.get_or_compile(key, lambda: backend.compile(key, self.timeout_s), remember)
@@ -68,15 +87,15 @@ class GrammarCompiler:
         compiled = self.compile(sp)
         if compiled is None:
             return None
-        _, vocab = self._ready()
+        vocab = self._vocab  # built by compile()
         stop_ids = frozenset(t for t in sp.stop_token_ids or () if 0 <= t < len(vocab.token_bytes) and vocab.token_bytes[t])
         return GrammarState(compiled.new_matcher(), vocab, jump_forward=self.jump_forward and not want_logprob,
                             allow_eos=not sp.ignore_eos, stop_ids=stop_ids)
 
     def close(self) -> None:
         with self._init_lock:
-            if self._backend is not None:
-                self._backend.close()
+            for backend in self._backends.values():
+                backend.close()
 
 
 __all__ = ["GrammarCompiler", "GrammarError"]

@@ -1,7 +1,9 @@
 """llguidance backend: lazy (derivative-based) lexer + Earley parser; compiles in milliseconds."""
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
+import re
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 
 import llguidance as llg
@@ -12,6 +14,17 @@ from radixflow.runtime.grammar.vocab import TokenVocab
 
 # Compact JSON, as the outlines backend: {"a":1,"b":[2,3]}.
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"}
+# NOTE: llguidance follows a chain of rules (r0 ::= "w" r1, r1 ::= "w" r2, ...) recursively, about
+# 3 KB of stack per rule: a chain of ~2,500 overflowed an 8 MB thread stack and killed the whole
+# process (measured, llguidance 1.9.1), and its GBNF converter (Python, holding the GIL) takes
+# time quadratic in such a chain: 0.4 s at 500 rules, 7 s at 2,000 (2 cores). So an EBNF grammar
+# has at most MAX_EBNF_RULES rules, and builds run on threads with BUILD_STACK_BYTES of stack
+# (address space; pages are committed as used).
+MAX_EBNF_RULES = 500
+BUILD_STACK_BYTES = 64 << 20
+# a GBNF (`name ::=`) or Lark (`name:`) rule's head; counts a literal that looks like one too
+_RULE = re.compile(r"(?:\A|\s)[?!]?[A-Za-z_][\w.-]*\s*:")
+_STACK_LOCK = threading.Lock()
 
 
 def to_grammar(key: GrammarKey) -> str:
@@ -21,6 +34,11 @@ def to_grammar(key: GrammarKey) -> str:
         return llg.LLMatcher.grammar_from_json_schema(key.text, defaults=JSON_OPTIONS)
     if key.kind == "choices":
         return llg.grammar_from("choice", key.text)
+    if key.kind == "ebnf":  # GBNF converted to Lark; a grammar already in Lark syntax is kept
+        num_rules = len(_RULE.findall(key.text))
+        if num_rules > MAX_EBNF_RULES:
+            raise ValueError(f"{num_rules} rules; at most {MAX_EBNF_RULES} are allowed")
+        return llg.grammar_from("ebnf", key.text)
     raise GrammarError(f"unknown grammar kind {key.kind!r}")
 
 
@@ -81,20 +99,30 @@ class LLGuidanceBackend:
                                          eos_token=list(vocab.eos_ids) or None)
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="radixflow-llguidance")
 
-    def _build(self, grammar: str) -> LLGuidanceGrammar:
-        matcher = llg.LLMatcher(self.tokenizer, grammar, log_level=0)
-        if matcher.is_error():
-            raise GrammarError(f"grammar does not compile: {matcher.get_error()}")
-        if matcher.is_stopped():
-            raise GrammarError("grammar matches only the empty string: nothing to generate")
-        return LLGuidanceGrammar(matcher, len(grammar) * 4)
-
-    def compile(self, key: GrammarKey, timeout_s: float) -> LLGuidanceGrammar:
+    def _build(self, key: GrammarKey) -> LLGuidanceGrammar:
+        """Errors start with the kind (the request field they are about)."""
         try:
             grammar = to_grammar(key)
         except ValueError as exc:
             raise GrammarError(f"{key.kind} is not valid: {exc}") from exc
-        future = self._pool.submit(self._build, grammar)
+        matcher = llg.LLMatcher(self.tokenizer, grammar, log_level=0)
+        if matcher.is_error():
+            raise GrammarError(f"{key.kind}: grammar does not compile: {matcher.get_error()}")
+        if matcher.is_stopped():
+            raise GrammarError(f"{key.kind}: grammar matches only the empty string: nothing to generate")
+        return LLGuidanceGrammar(matcher, len(grammar) * 4)
+
+    def _submit(self, key: GrammarKey) -> Future:
+        """The pool starts its threads inside submit(): they get BUILD_STACK_BYTES of stack."""
+        with _STACK_LOCK:
+            default = threading.stack_size(BUILD_STACK_BYTES)
+            try:
+                return self._pool.submit(self._build, key)
+            finally:
+                threading.stack_size(default)
+
+    def compile(self, key: GrammarKey, timeout_s: float) -> LLGuidanceGrammar:
+        future = self._submit(key)  # converting an EBNF grammar counts too
         try:
             return future.result(timeout=timeout_s)
         except FutureTimeout as exc:

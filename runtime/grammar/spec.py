@@ -7,13 +7,13 @@ from dataclasses import dataclass
 from radixflow.runtime.grammar.ascii_classes import ascii_classes, ascii_schema_patterns
 from radixflow.runtime.sampling_params import SamplingParams
 
-KINDS = ("regex", "json_schema", "choices")
+KINDS = ("regex", "json_schema", "choices", "ebnf")
 
 
 @dataclass(frozen=True)
 class GrammarKey:
     """`kind` is one of KINDS; `text` is the regex, the schema as compact JSON (key order kept:
-    it decides the order of generated keys), or the choices as a JSON list."""
+    it decides the order of generated keys), the choices as a JSON list, or the grammar as given."""
 
     kind: str
     text: str
@@ -34,4 +34,6 @@ def grammar_key(sp: SamplingParams) -> GrammarKey | None:
         if not all(isinstance(c, str) and c for c in sp.choices):
             raise ValueError("sampling_params.choices must be non-empty strings")
         return GrammarKey("choices", json.dumps(list(sp.choices), ensure_ascii=False))
+    if sp.ebnf is not None:
+        return GrammarKey("ebnf", sp.ebnf)
     return None

@@ -126,7 +126,10 @@ CASES = [
     ("g-top-logprobs-huge", "/generate", {**G, "top_logprobs_num": 1000}, 400, "top_logprobs_num"),
     ("g-logprob-start-bad", "/generate", {**G, "return_logprob": True, "logprob_start_len": -3}, 400,
      "logprob_start_len"),
+    # GBNF quotes literals with ", so this grammar does not parse
     ("g-ebnf", "/generate", {"text": "x", "sampling_params": {"ebnf": "root ::= 'a'"}}, 400, "ebnf"),
+    ("g-structural-tag", "/generate", {"text": "x", "sampling_params": {"structural_tag": "{}"}}, 400,
+     "structural_tag"),
     ("g-too-many-prompts", "/generate", {"text": ["a"] * 1000}, 400, "text"),
     ("g-n-huge", "/generate", {"text": "x", "sampling_params": {"n": 1000}}, 400, "n"),
     ("g-stream-bad-logprobs", "/generate", {**G, "stream": True, "top_logprobs_num": -1}, 400, "top_logprobs_num"),

@@ -254,3 +254,90 @@ def test_any_json_object_compiles_in_time_and_nests(engine):
         assert out["text"].startswith("{")
         if out["meta_info"]["finish_reason"]["type"] == "stop":
             assert isinstance(json.loads(out["text"]), dict)
+
+
+# -- EBNF grammars (GBNF style): compiled by llguidance whatever the engine's default backend ------
+
+ARITH = '''root ::= expr
+expr ::= term (("+" | "-") term)*
+term ::= num | "(" expr ")"
+num ::= [0-9]{1,3}
+'''
+
+
+def _arith_end(text: str, i: int = 0) -> int:
+    """Where ARITH's `expr` starting at text[i] ends (-1: no expr there); a hand-written parser."""
+    def term(i: int) -> int:
+        if text[i: i + 1] == "(":
+            j = expr(i + 1)
+            return j + 1 if j >= 0 and text[j: j + 1] == ")" else -1
+        j = i
+        while j < len(text) and j - i < 3 and text[j] in "0123456789":
+            j += 1
+        return j if j > i else -1
+
+    def expr(i: int) -> int:
+        j = term(i)
+        while j >= 0 and text[j: j + 1] in ("+", "-") and j < len(text):
+            j = term(j + 1)
+        return j
+
+    return expr(i)
+
+
+def test_ebnf_output_matches_the_grammar_on_the_default_backend(engine):
+    """The module's engine runs outlines-core, which has no context-free grammars: `ebnf` goes to
+    llguidance. Parentheses nest, which no regex can check; every finished output parses."""
+    assert all(_arith_end(t) == len(t) for t in ("1", "12+(3-456)", "((7))"))
+    assert all(_arith_end(t) != len(t) for t in ("1234", "(1", "1+", "()", "1)"))
+    out = engine.generate([f"Sum {i}:" for i in range(24)],
+                          {"ebnf": ARITH, "temperature": 1.0, "max_new_tokens": 24, "seed": 3})
+    done = [r["text"] for r in out if r["meta_info"]["finish_reason"]["type"] == "stop"]
+    assert len(done) >= 6 and len(set(done)) > 3, done
+    assert all(_arith_end(t) == len(t) for t in done), done
+    for r in out:  # a cut output is a prefix of a match: no character outside the grammar's
+        assert re.fullmatch(r"[0-9()+-]+", r["text"]), r["text"]
+    yes_no = engine.generate(["Answer:"] * 8, {"ebnf": 'root ::= "yes" | "no"', "max_new_tokens": 8})
+    assert {r["text"] for r in yes_no} <= {"yes", "no"} and _stopped(yes_no) == ["stop"] * 8
+
+
+def test_ebnf_jump_forward_appends_forced_text(engine):
+    grammar = 'root ::= "The answer, after careful consideration, is: " ("yes" | "no") "."'
+    before = engine.stats().num_steps
+    out = engine.generate("Q:", {"ebnf": grammar, "temperature": 0, "max_new_tokens": 64})
+    assert re.fullmatch(r"The answer, after careful consideration, is: (yes|no)\.", out["text"]), out["text"]
+    assert engine.stats().num_steps - before < len(out["output_ids"]) // 2  # forced runs took no steps
+
+
+@pytest.mark.parametrize("grammar", ["root ::= [a", "root ::= undefined_rule", "start: missing", "x" * 10])
+def test_bad_ebnf_is_a_value_error_naming_the_field(engine, grammar):
+    with pytest.raises(ValueError, match=r"^ebnf"):
+        engine.generate("x", {"ebnf": grammar, "max_new_tokens": 4})
+    with pytest.raises(ValueError, match="ebnf"):
+        engine.generate("x", {"ebnf": 'root ::= "a"', "regex": "a"})
+
+
+def test_ebnf_without_llguidance_names_the_extra(engine, monkeypatch):
+    from radixflow.runtime.grammar.compiler import GrammarCompiler
+    from radixflow.runtime.sampling_params import SamplingParams
+
+    monkeypatch.setitem(sys.modules, "llguidance", None)
+    compiler = GrammarCompiler(engine.tokenizer, engine.vocab_size, engine.eos_ids, "outlines", 3.0, True)
+    with pytest.raises(ValueError, match=r"^ebnf.*pip install 'radixflow\[llguidance\]'"):
+        compiler.compile(SamplingParams(ebnf='root ::= "a"'))
+    assert compiler.compile(SamplingParams(regex="[ab]")) is not None  # outlines-core still serves the rest
+    compiler.close()
+
+
+def test_ebnf_rule_chains_are_bounded(engine):
+    """llguidance follows a chain of rules recursively: ~2,500 of them overflowed an 8 MB stack
+    and killed the process. Past MAX_EBNF_RULES it is a ValueError; below, a chain compiles."""
+    from radixflow.runtime.grammar.llguidance_backend import MAX_EBNF_RULES
+
+    def chain(n: int) -> str:
+        return "root ::= r0\n" + "".join(f'r{i} ::= "w" r{i + 1}\n' for i in range(n)) + f'r{n} ::= "."'
+
+    with pytest.raises(ValueError, match=rf"^ebnf.*{MAX_EBNF_RULES}"):
+        engine.generate("x", {"ebnf": chain(3 * MAX_EBNF_RULES), "max_new_tokens": 4})
+    out = engine.generate("x", {"ebnf": chain(MAX_EBNF_RULES - 2), "max_new_tokens": 4})
+    assert out["text"] == "wwww"

@@ -1,0 +1,105 @@
+"""Grammars over HTTP: SGLang's `ebnf`, vLLM's `structured_outputs` and its older `guided_*`
+fields, each mapped onto the engine's constraints; a bad grammar or two constraints are a 400
+naming the fields."""
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+YES_NO = 'root ::= "yes" | "no"'
+LIST = 'root ::= "[" item ("," item)* "]"\nitem ::= [a-c] | root'  # nested lists: no regex says this
+CHOICES = ["red", "green", "blue"]
+
+
+def _list_state(text: str) -> str:
+    """"complete" when `text` is in LIST's language (a bracketed, comma-separated list of a-c or
+    such lists), "prefix" when it is a prefix of a member, "bad" otherwise."""
+    depth, expect = 0, "["
+    for ch in text:
+        if ch == "[" and expect in ("[", "item"):
+            depth, expect = depth + 1, "item"
+        elif expect == "item" and ch in "abc":
+            expect = "after"
+        elif expect == "after" and ch == ",":
+            expect = "item"
+        elif expect == "after" and ch == "]":
+            depth -= 1
+            expect = "after" if depth else "end"
+        else:
+            return "bad"
+    return "complete" if expect == "end" else "prefix"
+
+
+def _error(r, param: str) -> str:
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == param, err
+    return err["message"]
+
+
+def test_native_ebnf(client):
+    assert [_list_state(t) for t in ("[a,[b],c]", "[[a]]", "[a,[b", "[a]]", "[]")] == [
+        "complete", "complete", "prefix", "bad", "bad"]
+    body = {"text": [f"A list {i}:" for i in range(6)],
+            "sampling_params": {"ebnf": LIST, "max_new_tokens": 24, "temperature": 1.0}}
+    out = client.post("/generate", json=body)
+    assert out.status_code == 200, out.text
+    for r in out.json():  # finished: a complete list; cut by max_new_tokens: the start of one
+        finished = r["meta_info"]["finish_reason"]["type"] == "stop"
+        assert _list_state(r["text"]) == ("complete" if finished else "prefix"), r
+    assert "ebnf" in _error(client.post("/generate", json={"text": "x", "sampling_params": {"ebnf": "root ::= [a"}}),
+                            "ebnf")
+
+
+@pytest.mark.parametrize("route, field, value, check", [
+    ("/v1/completions", "structured_outputs", {"grammar": YES_NO}, lambda t: t in ("yes", "no")),
+    ("/v1/chat/completions", "guided_grammar", YES_NO, lambda t: t in ("yes", "no")),
+    ("/v1/completions", "ebnf", YES_NO, lambda t: t in ("yes", "no")),
+    ("/v1/chat/completions", "guided_choice", CHOICES, lambda t: t in CHOICES),
+    ("/v1/completions", "structured_outputs", {"choice": CHOICES}, lambda t: t in CHOICES),
+    ("/v1/completions", "guided_regex", "[0-9]{3}", lambda t: re.fullmatch("[0-9]{3}", t)),
+    ("/v1/chat/completions", "structured_outputs", {"json": {"enum": ["on", "off"]}},
+     lambda t: json.loads(t) in ("on", "off")),
+    ("/v1/completions", "guided_json", json.dumps({"type": "boolean"}), lambda t: json.loads(t) in (True, False)),
+])
+def test_vllm_fields_constrain_the_output(client, route, field, value, check):
+    prompt = {"messages": [{"role": "user", "content": "?"}]} if "chat" in route else {"prompt": "?"}
+    body = {"model": "tiny", **prompt, "max_tokens": 12, "temperature": 1.0, "n": 2, field: value}
+    r = client.post(route, json=body)
+    assert r.status_code == 200, r.text
+    for choice in r.json()["choices"]:
+        text = choice["message"]["content"] if "chat" in route else choice["text"]
+        assert choice["finish_reason"] == "stop" and check(text), choice
+
+
+@pytest.mark.parametrize("extra, param", [
+    ({"structured_outputs": {"grammar": "root ::= [a"}}, "structured_outputs.grammar"),
+    ({"guided_grammar": "root ::= undefined"}, "guided_grammar"),
+    ({"structured_outputs": {"choice": ["a", ""]}}, "structured_outputs.choice"),
+    ({"guided_regex": "(unclosed"}, "guided_regex"),
+    ({"guided_json": {"type": "no-such-type"}}, "guided_json"),
+    ({"guided_grammar": "x" * 70_000}, "guided_grammar"),  # --max-grammar-chars
+    ({"structured_outputs": {"regex": "a", "grammar": YES_NO}}, "structured_outputs.regex"),
+    ({"structured_outputs": {}}, "structured_outputs"),
+    ({"structured_outputs": {"structural_tag": "{}"}}, "structured_outputs"),
+])
+def test_bad_vllm_constraints_are_400_naming_the_field(client, extra, param):
+    body = {"model": "tiny", "prompt": "x", "max_tokens": 4, **extra}
+    _error(client.post("/v1/completions", json=body), param)
+
+
+@pytest.mark.parametrize("fields", [
+    {"guided_json": {"type": "object"}, "response_format": {"type": "json_object"}},
+    {"guided_choice": ["a"], "regex": "a"},
+    {"structured_outputs": {"grammar": YES_NO}, "guided_grammar": YES_NO},
+    {"ebnf": YES_NO, "json_schema": {"type": "object"}},
+])
+def test_two_constraints_are_a_400_naming_both(client, fields):
+    names = sorted(fields)
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "x"}], "max_tokens": 4, **fields}
+    r = client.post("/v1/chat/completions", json=body)
+    assert r.status_code == 400, r.text
+    message = r.json()["error"]["message"]
+    assert all(name in message for name in names) and r.json()["error"]["param"] in message, message
