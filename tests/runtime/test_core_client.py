@@ -275,8 +275,10 @@ def test_requests_of_a_client_whose_process_dies_are_aborted(tmp_path):
                                   text=True)
         try:
             assert victim.stdout.readline().strip() == "streaming"
-            stats = owner.stats()
-            assert stats.num_running >= 1 and stats.num_running + stats.num_waiting == 12
+            deadline = time.monotonic() + 10  # the stats are refreshed after a step posts its outputs
+            while not ((stats := owner.stats()).num_running >= 1 and stats.num_running + stats.num_waiting == 12):
+                assert time.monotonic() < deadline, stats
+                time.sleep(0.01)
             victim.send_signal(signal.SIGKILL)
             victim.wait()
             killed = time.monotonic()
