@@ -7,6 +7,7 @@ Map of the package (the engine uses `GrammarCompiler`, `grammar_bitmask` and `ad
     backend.py      the interface: GrammarBackend -> CompiledGrammar -> Matcher; GrammarError
     outlines_backend.py / llguidance_backend.py   the two implementations (EBNF: llguidance only)
     integer_range.py / number_range.py   JSON-schema bounds as exact regexes (outlines-core ignores them)
+    json_routing.py JSON schemas outlines-core would cut (free nesting, $ref cycles): to llguidance
     worker.py       killable compile subprocesses for outlines-core (time and memory limits)
     cache.py        LRU of compiled grammars per key, bounded in count and bytes, in-flight dedupe
     compiler.py     GrammarCompiler: the engine-facing glue (caller threads)
@@ -22,6 +23,10 @@ Decisions:
 - Context-free grammars (`ebnf`) compile with llguidance whatever `grammar_backend` says:
   outlines-core has none, and routing one kind elsewhere costs one more backend object (built
   on the first such request); without the package they are a ValueError naming the extra.
+- JSON schemas outlines-core would cut (json_routing.py says which) compile with llguidance when
+  the package is installed and outlines-core is the backend, unless one of their bounds is one
+  llguidance gets wrong; a schema llguidance refuses, and every schema without the package,
+  compiles on outlines-core as before. The cache key holds the backend a schema was routed to.
 - JSON compiles compact (no optional whitespace) so the bytes between values are forced.
 - Jump-forward and pinning: runs of forced bytes are tokenized the tokenizer's way; with
   `jump_forward` the tokens are appended without sampling (one extend step), without it each

@@ -10,6 +10,10 @@ class GrammarError(ValueError):
     """A grammar that cannot be used: invalid, unsupported, too slow or too big to compile."""
 
 
+class GrammarTimeout(GrammarError):
+    """The compile ran past its time limit (says nothing about whether the grammar is valid)."""
+
+
 class Matcher(Protocol):
     """One request's position in a grammar. Used by one thread at a time (the engine loop).
 

@@ -5,9 +5,10 @@ import importlib.util
 import logging
 import threading
 
-from radixflow.runtime.grammar.backend import CompiledGrammar, GrammarBackend, GrammarError
+from radixflow.runtime.grammar.backend import CompiledGrammar, GrammarBackend, GrammarError, GrammarTimeout
 from radixflow.runtime.grammar.cache import GrammarCache
-from radixflow.runtime.grammar.spec import grammar_key
+from radixflow.runtime.grammar.json_routing import prefers_llguidance
+from radixflow.runtime.grammar.spec import GrammarKey, grammar_key
 from radixflow.runtime.grammar.state import GrammarState
 from radixflow.runtime.grammar.vocab import TokenVocab
 from radixflow.runtime.sampling_params import SamplingParams
@@ -26,9 +27,11 @@ class GrammarCompiler:
 
     `compile(sp)` blocks its caller for at most about `timeout_s` and raises ValueError with the
     reason when the grammar is invalid or too slow; the result is cached per (kind, text) — the
-    tokenizer is fixed per compiler, so it is part of the key implicitly. Each kind compiles on
-    one backend: `backend`, except LLGUIDANCE_KINDS on llguidance. Backends and the vocabulary
-    tables are built on first use.
+    tokenizer is fixed per compiler, so it is part of the key implicitly) and the backend it is
+    routed to. Each grammar compiles on `backend`, except LLGUIDANCE_KINDS on llguidance, and,
+    when `backend` is outlines-core and llguidance is installed, JSON schemas outlines-core would
+    cut (json_routing.py); llguidance refusing one of those (a keyword it lacks), outlines-core
+    compiles it as before. Backends and the vocabulary tables are built on first use.
     """
 
     def __init__(self, tokenizer, model_vocab_size: int, eos_ids: frozenset[int], backend: str,
@@ -39,6 +42,7 @@ class GrammarCompiler:
         self._backends: dict[str, GrammarBackend] = {}  # backend name -> backend
         self._vocab: TokenVocab | None = None
         self._init_lock = threading.Lock()
+        self.can_route_json = backend == "outlines" and importlib.util.find_spec("llguidance") is not None
 
     def _ready(self, name: str) -> tuple[GrammarBackend, TokenVocab]:
         """Backend `name` ("outlines" or "llguidance") and the vocabulary; GrammarError when
@@ -66,14 +70,39 @@ class GrammarCompiler:
         key = grammar_key(sp)
         if key is None:
             return None
-        name = "llguidance" if key.kind in LLGUIDANCE_KINDS else self.backend_name
+        name = self.backend_for(key)
         try:
             backend, _ = self._ready(name)
         except GrammarError as exc:  # the package is missing: raised before the cache, nothing to remember
             raise GrammarError(f"{key.kind} grammars {exc}") from exc
+        routed = name != self.backend_name and key.kind not in LLGUIDANCE_KINDS
+
+        def compile_fn() -> CompiledGrammar:
+            return self._compile_routed(backend, key) if routed else backend.compile(key, self.timeout_s)
+
         # A timeout caused by waiting for a busy worker says nothing about the grammar: not cached.
         remember = lambda err: getattr(err, "ran_s", self.timeout_s) >= 0.9 * self.timeout_s  # noqa: E731
-        return self.cache.get_or_compile(key, lambda: backend.compile(key, self.timeout_s), remember)
+        return self.cache.get_or_compile((name, key), compile_fn, remember)
+
+    def backend_for(self, key: GrammarKey) -> str:
+        """The backend `key` is routed to ("outlines" or "llguidance")."""
+        if key.kind in LLGUIDANCE_KINDS:
+            return "llguidance"
+        if self.can_route_json and key.kind == "json_schema" and prefers_llguidance(key.text):
+            return "llguidance"
+        return self.backend_name
+
+    def _compile_routed(self, llguidance: GrammarBackend, key: GrammarKey) -> CompiledGrammar:
+        """A JSON schema outlines-core would cut, on llguidance; on outlines-core as before where
+        llguidance refuses it (`oneOf` it cannot prove disjoint, `uniqueItems`, a huge float bound)."""
+        try:
+            return llguidance.compile(key, self.timeout_s)
+        except GrammarTimeout:
+            raise
+        except GrammarError as exc:
+            log.info("json_schema left to outlines-core (cut deep down): llguidance refused it: %s", exc)
+        outlines, _ = self._ready("outlines")
+        return outlines.compile(key, self.timeout_s)
 
     def new_state(self, sp: SamplingParams, want_logprob: bool) -> GrammarState | None:
         """A fresh GrammarState for one request of `sp`, or None when it needs none.

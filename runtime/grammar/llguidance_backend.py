@@ -8,7 +8,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 
 import llguidance as llg
 
-from radixflow.runtime.grammar.backend import GrammarError
+from radixflow.runtime.grammar.backend import GrammarError, GrammarTimeout
 from radixflow.runtime.grammar.spec import GrammarKey
 from radixflow.runtime.grammar.vocab import TokenVocab
 
@@ -126,7 +126,7 @@ class LLGuidanceBackend:
         try:
             return future.result(timeout=timeout_s)
         except FutureTimeout as exc:
-            raise GrammarError(f"{key.kind}: grammar compilation exceeded the {timeout_s:g} s limit") from exc
+            raise GrammarTimeout(f"{key.kind}: grammar compilation exceeded the {timeout_s:g} s limit") from exc
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

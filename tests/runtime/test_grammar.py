@@ -235,9 +235,10 @@ def test_llguidance_without_the_package_names_the_extra(monkeypatch):
 
 
 def test_any_json_object_compiles_in_time_and_nests(engine):
-    """`{"type": "object"}` (response_format json_object) compiles well inside the engine's 3 s
-    limit here (outlines-core's own three-level rendering took ~11 s on this project's CI CPU and
-    was rejected), and the grammar admits objects nested two levels deep and nothing else."""
+    """`{"type": "object"}` (response_format json_object) as outlines-core renders it (without
+    llguidance; with it the schema goes there) admits objects nested two levels deep and nothing
+    else (outlines-core's own three-level rendering took ~11 s on this project's CI CPU and was
+    rejected); the engine compiles it well inside its 3 s limit."""
     from radixflow.runtime.grammar.outlines_backend import to_regex
     from radixflow.runtime.grammar.spec import GrammarKey
 
@@ -341,3 +342,112 @@ def test_ebnf_rule_chains_are_bounded(engine):
         engine.generate("x", {"ebnf": chain(3 * MAX_EBNF_RULES), "max_new_tokens": 4})
     out = engine.generate("x", {"ebnf": chain(MAX_EBNF_RULES - 2), "max_new_tokens": 4})
     assert out["text"] == "wwww"
+
+
+# -- JSON schemas outlines-core cuts (any-value nesting, $ref cycles): llguidance when installed ------
+
+def _node(**fields: dict) -> dict:
+    return {"type": "object", "properties": {"tag": {"enum": ["a", "b"]}, **fields,
+                                             "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}, "maxItems": 1}},
+            "required": ["tag", "kids"], "additionalProperties": False}
+
+
+# A tree of nodes whose kids are nodes, with optional bounded fields: integer, exclusive number, multipleOf.
+BOUNDED = {"i": {"type": "integer", "minimum": -50, "maximum": 5000},
+           "x": {"type": "number", "exclusiveMinimum": -3.5, "exclusiveMaximum": 7},
+           "m": {"type": "number", "minimum": 0, "maximum": 2, "multipleOf": 0.25}}
+TREE = {"$defs": {"node": _node(**BOUNDED)}, "$ref": "#/$defs/node"}
+
+
+def _tree(depth: int, **fields: object) -> str:
+    node: dict = {"tag": "a", **fields, "kids": []}
+    for _ in range(depth):
+        node = {"tag": "b", "kids": [node]}
+    return json.dumps(node, separators=(",", ":"))
+
+
+def _accepts(compiler, schema: dict, text: str) -> bool:
+    """The compiled grammar of `schema` takes `text`'s tokens and is then complete."""
+    from radixflow.runtime.sampling_params import SamplingParams
+
+    matcher = compiler.compile(SamplingParams(json_schema=schema)).new_matcher()
+    ids = compiler.tokenizer.encode(text, add_special_tokens=False)
+    return all(matcher.accept(t) for t in ids) and matcher.is_accepting()
+
+
+def test_recursive_schema_is_exact_at_any_depth(engine):
+    """outlines-core cuts a $ref cycle four levels down (the property holding it is dropped, even
+    when required); the engine's default backend routes the schema to llguidance instead."""
+    assert all(_accepts(engine.grammar, TREE, _tree(d)) for d in (0, 1, 4, 7))
+    for text in ('{"tag":"a","kids":[{"tag":"b"}]}', '{"tag":"a",}', _tree(6)[:-1] + ',"x":1}'):
+        assert not _accepts(engine.grammar, TREE, text), text
+    bare = {"$defs": {"node": _node()}, "$ref": "#/$defs/node"}  # no digits to run on: outputs finish
+    out = engine.generate([f"Tree {i}:" for i in range(24)], [{"json_schema": bare, "temperature": 1.0,
+                                                               "max_new_tokens": 96, "seed": i} for i in range(24)])
+    done = [r["text"] for r in out if r["meta_info"]["finish_reason"]["type"] == "stop"]
+    assert len(done) >= 12 and max(t.count("{") for t in done) > 4, done  # past outlines-core's cut
+    for text in done:
+        jsonschema.validate(json.loads(text), bare)
+
+
+def test_recursive_schema_keeps_its_bounds_exact(engine):
+    """Bounds on a schema routed to llguidance are llguidance's own: checked deep in the tree."""
+    ok = [("i", -50), ("i", 5000), ("x", -3.25), ("x", 6.999), ("x", 0), ("m", 1.75), ("m", 0)]
+    bad = [("i", -51), ("i", 5001), ("i", 1.5), ("x", 7), ("x", -3.5), ("m", 2.25), ("m", 0.3)]
+    assert all(_accepts(engine.grammar, TREE, _tree(5, **{k: v})) for k, v in ok)
+    assert not any(_accepts(engine.grammar, TREE, _tree(5, **{k: v})) for k, v in bad)
+    # a bound no double holds exactly (llguidance would round it): kept on outlines-core, exact
+    big = {"$defs": {"node": _node(i={"type": "integer", "minimum": 2**53 + 1})}, "$ref": "#/$defs/node"}
+    assert _accepts(engine.grammar, big, _tree(2, i=2**53 + 1)) and not _accepts(engine.grammar, big, _tree(2, i=2**53))
+    unique = {"$defs": {"node": _node(u={"type": "array", "uniqueItems": True})}, "$ref": "#/$defs/node"}
+    with pytest.raises(ValueError, match="uniqueItems"):
+        engine.generate("x", {"json_schema": unique, "max_new_tokens": 4})
+
+
+def test_any_object_nests_past_two_levels(engine):
+    """json_object / {"type": "object"} / a property of any value: nested four levels deep."""
+    deep = '{"a":{"b":{"c":{"d":[1,{"e":null,"f":[[true]]}]}}}}'
+    assert _accepts(engine.grammar, {"type": "object"}, deep)
+    assert _accepts(engine.grammar, {"type": "object", "properties": {"m": {}}, "required": ["m"]}, '{"m":%s}' % deep)
+    for text in ('{"a":1,}', "[1]", '{"a":{"b":}}'):
+        assert not _accepts(engine.grammar, {"type": "object"}, text), text
+
+
+def test_ordinary_schemas_stay_on_outlines_core(engine):
+    from radixflow.runtime.grammar.json_routing import ANY_VALUE, DEEP_REFS, outlines_cut
+    from radixflow.runtime.grammar.spec import GrammarKey
+
+    def chain(n: int) -> dict:  # $refs nested n + 1 deep (the root's counts), no cycle
+        defs = {f"d{i}": {"type": "object", "properties": {"v": {"$ref": f"#/$defs/d{i + 1}"}}, "required": ["v"]}
+                for i in range(n)}
+        return {"$defs": defs | {f"d{n}": {"type": "integer"}}, "$ref": "#/$defs/d0"}
+
+    for schema in (PERSON, KEY_HEAVY, PATHOLOGICAL, chain(3), {"type": "object", "properties": {"a": {"type": "array", "maxItems": 0}}},
+                   {"type": "object", "additionalProperties": {"type": "integer"}}, {"enum": [1, 2]}):
+        assert outlines_cut(schema) is None, schema
+        assert engine.grammar.backend_for(GrammarKey("json_schema", json.dumps(schema))) == "outlines"
+    for schema, cut in (({}, ANY_VALUE), ({"type": "array"}, ANY_VALUE), ({"anyOf": [{"type": "null"}, {"type": "object"}]}, ANY_VALUE),
+                        ({"type": "array", "items": {"type": "object", "additionalProperties": True}}, ANY_VALUE),
+                        (chain(4), DEEP_REFS), (TREE, DEEP_REFS), ({"$ref": "#"}, DEEP_REFS)):
+        assert outlines_cut(schema) == cut, schema
+    from outlines_core.json_schema import build_regex_from_schema  # the rule is outlines-core's own
+
+    for n in (3, 4):
+        assert ("[1-9][0-9]*" in build_regex_from_schema(json.dumps(chain(n)))) == (outlines_cut(chain(n)) is None)
+
+
+def test_cut_schemas_without_llguidance_keep_outlines_core(engine, monkeypatch):
+    """Without the package: today's outlines-core renderings, no error; the cache keeps the two
+    backends' grammars of one schema apart."""
+    from radixflow.runtime.grammar.compiler import GrammarCompiler
+
+    assert _accepts(engine.grammar, TREE, _tree(6))  # cached in the shared cache, compiled by llguidance
+    monkeypatch.setitem(sys.modules, "llguidance", None)
+    compiler = GrammarCompiler(engine.tokenizer, engine.vocab_size, engine.eos_ids, "outlines", 3.0, True,
+                               cache=engine.grammar.cache)
+    try:
+        assert _accepts(compiler, TREE, _tree(2)) and not _accepts(compiler, TREE, _tree(6))
+        assert _accepts(compiler, {"type": "object"}, '{"a":{"b":1}}')
+        assert not _accepts(compiler, {"type": "object"}, '{"a":{"b":{"c":1}}}')
+    finally:
+        compiler.close()
