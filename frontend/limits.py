@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,13 +62,14 @@ class RequestLimits:
         for key in ("regex", "json_schema", "ebnf"):
             value = params.get(key)
             if value is not None:
-                self.check_grammar(value, rename.get(key, key))
+                self.check_grammar(value, rename.get(key, key), is_json_text=key == "json_schema")
 
-    def check_grammar(self, value: Any, param: str) -> None:
-        """A regex, JSON schema or EBNF grammar's size and nesting depth."""
+    def check_grammar(self, value: Any, param: str, is_json_text: bool = False) -> None:
+        """A regex, JSON schema or EBNF grammar's size and nesting depth; `is_json_text`: a string
+        `value` is a JSON schema's text, as deep as the schema it holds."""
         size = len(value) if isinstance(value, str) else len(repr(value))
         self.check(size <= self.max_grammar_chars, "max_grammar_chars", size, param)
-        depth = json_depth(value)
+        depth = text_depth(value) if is_json_text and isinstance(value, str) else json_depth(value)
         self.check(depth <= self.max_json_depth, "max_json_depth", depth, param)
 
     def check_text(self, total_chars: int, param: str) -> None:
@@ -106,6 +108,23 @@ def json_depth(value: Any) -> int:
         if isinstance(item, list):
             deepest = max(deepest, depth)
             stack.extend((child, depth + 1) for child in item)
+    return deepest
+
+
+# a string (to its end when unclosed: each character is read once), or a bracket
+_TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"?|[\[\]{}]', re.DOTALL)
+
+
+def text_depth(text: str) -> int:
+    """Nesting depth of the JSON in `text` (json_depth of its value when it is valid), from its
+    brackets outside strings: decoding deep text would exhaust the decoder's stack."""
+    deepest = depth = 0
+    for token in _TOKENS.findall(text):
+        if token in ("[", "{"):
+            depth += 1
+            deepest = max(deepest, depth)
+        elif token in ("]", "}"):
+            depth -= 1
     return deepest
 
 

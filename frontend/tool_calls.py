@@ -32,7 +32,8 @@ class Parser(Protocol):
 
 
 def _arguments(value: object) -> str:
-    return json.dumps(value, ensure_ascii=False)
+    """`value` as JSON text; ValueError for NaN and infinities, which Python's json reads but JSON lacks."""
+    return json.dumps(value, ensure_ascii=False, allow_nan=False)
 
 
 def parse_call(payload: str, names: Set[str], keys: tuple[str, ...] = ("arguments",)) -> Call | None:
@@ -51,7 +52,12 @@ def call_of(obj: object, names: Set[str], keys: tuple[str, ...] = ("arguments",)
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or obj["name"] not in names:
         return None
     arguments = next((obj[k] for k in keys if k in obj), {})
-    return Call(obj["name"], _arguments(arguments)) if isinstance(arguments, dict) else None
+    if not isinstance(arguments, dict):
+        return None
+    try:
+        return Call(obj["name"], _arguments(arguments))
+    except ValueError:
+        return None
 
 
 def partial_tag(text: str, tag: str) -> int:

@@ -11,6 +11,7 @@ import pytest
 YES_NO = 'root ::= "yes" | "no"'
 LIST = 'root ::= "[" item ("," item)* "]"\nitem ::= [a-c] | root'  # nested lists: no regex says this
 CHOICES = ["red", "green", "blue"]
+DEEP = '{"type": "object", "properties": {"x": ' * 40 + "{}" + "}}" * 40  # JSON text 81 deep: past --max-json-depth
 
 
 def _list_state(text: str) -> str:
@@ -81,6 +82,7 @@ def test_vllm_fields_constrain_the_output(client, route, field, value, check):
     ({"guided_regex": "(unclosed"}, "guided_regex"),
     ({"guided_json": {"type": "no-such-type"}}, "guided_json"),
     ({"guided_grammar": "x" * 70_000}, "guided_grammar"),  # --max-grammar-chars
+    ({"guided_json": DEEP}, "guided_json"),  # --max-json-depth, of a schema sent as JSON text too
     ({"structured_outputs": {"regex": "a", "grammar": YES_NO}}, "structured_outputs.regex"),
     ({"structured_outputs": {}}, "structured_outputs"),
     ({"structured_outputs": {"structural_tag": "{}"}}, "structured_outputs"),

@@ -267,3 +267,19 @@ def test_parallel_tool_calls_false_keeps_the_first_call_only(kind, text, expecte
     name = next(n for n, k in PARSERS.items() if k is kind)
     assert merged(run(auto_parser(name, NAMES, parallel=False), [text])) == expected
     assert len([e for e in run(auto_parser(name, NAMES, parallel=True), [text]) if isinstance(e, Call)]) == 2
+
+
+NOT_JSON = [  # Python's json reads NaN and Infinity (and 1e999 as inf); JSON has neither
+    (HermesParser, '<tool_call>{"name": "add", "arguments": {"a": NaN}}</tool_call>', None),
+    (HermesParser, '<tool_call>{"name": "add", "arguments": {"a": 1e999}}</tool_call>', None),
+    (Llama3JsonParser, '{"name": "add", "parameters": {"a": -Infinity}}', None),
+    (MistralParser, '[TOOL_CALLS][{"name": "add", "arguments": {"a": Infinity}}]', None),
+    (JsonCallsParser, '[{"name": "add", "arguments": {"a": NaN}}]', '{"name": "add", "arguments": {"a": NaN}}'),
+    (lambda names: JsonCallsParser(names, name="add"), '{"a": NaN}', None),
+]
+
+
+@pytest.mark.parametrize("kind,text,content", NOT_JSON)
+def test_arguments_json_cannot_hold_stay_content(kind, text, content):
+    """A call's arguments are always JSON text: a call whose values JSON has no words for is content."""
+    assert merged(run(kind(NAMES), [text])) == [content or text]
