@@ -7,6 +7,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 
 import llguidance as llg
+import numpy as np
 
 from radixflow.runtime.grammar.backend import GrammarError, GrammarTimeout
 from radixflow.runtime.grammar.spec import GrammarKey
@@ -25,6 +26,12 @@ BUILD_STACK_BYTES = 64 << 20
 # a GBNF (`name ::=`) or Lark (`name:`) rule's head; counts a literal that looks like one too
 _RULE = re.compile(r"(?:\A|\s)[?!]?[A-Za-z_][\w.-]*\s*:")
 _STACK_LOCK = threading.Lock()
+
+
+def short_error(error: str) -> str:
+    """llguidance's error, cut to its first line and 300 characters (some quote the whole grammar)."""
+    line = error.strip().split("\n", 1)[0]
+    return line if len(line) <= 300 else line[:300] + "..."
 
 
 def to_grammar(key: GrammarKey) -> str:
@@ -58,7 +65,7 @@ class LLGuidanceMatcher:
     def fill_mask(self, ptr: int, num_words: int) -> None:
         self.m.unsafe_compute_mask_ptr(ptr, num_words * 4)
         if self.m.is_error():
-            self.error = f"grammar error: {self.m.get_error()}"
+            self.error = f"grammar error: {short_error(self.m.get_error())}"
 
     def accept(self, token: int) -> bool:
         return self.m.consume_token(token)
@@ -97,6 +104,7 @@ class LLGuidanceBackend:
     def __init__(self, tokenizer, vocab: TokenVocab) -> None:
         self.tokenizer = llg.LLTokenizer(tokenizer.backend.to_str(), n_vocab=vocab.num_words * 32,
                                          eos_token=list(vocab.eos_ids) or None)
+        self.eos_ids = frozenset(vocab.eos_ids)
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="radixflow-llguidance")
 
     def _build(self, key: GrammarKey) -> LLGuidanceGrammar:
@@ -107,10 +115,31 @@ class LLGuidanceBackend:
             raise GrammarError(f"{key.kind} is not valid: {exc}") from exc
         matcher = llg.LLMatcher(self.tokenizer, grammar, log_level=0)
         if matcher.is_error():
-            raise GrammarError(f"{key.kind}: grammar does not compile: {matcher.get_error()}")
-        if matcher.is_stopped():
+            raise GrammarError(f"{key.kind}: grammar does not compile: {short_error(matcher.get_error())}")
+        if matcher.is_stopped() or self._only_empty(matcher):
             raise GrammarError(f"{key.kind}: grammar matches only the empty string: nothing to generate")
+        self._probe(key, matcher)
         return LLGuidanceGrammar(matcher, len(grammar) * 4)
+
+    def _only_empty(self, matcher: llg.LLMatcher) -> bool:
+        """Whether the grammar's start allows nothing but ending (`root ::= ""`)."""
+        if not matcher.is_accepting():
+            return False
+        bits = np.unpackbits(np.frombuffer(matcher.compute_bitmask(), dtype=np.uint8), bitorder="little")
+        return set(np.flatnonzero(bits).tolist()) <= self.eos_ids
+
+    def _probe(self, key: GrammarKey, matcher: llg.LLMatcher) -> None:
+        """Some grammars compile, then fail at their first mask: no text matches them (`root ::=
+        root`), or what the output must start with passes llguidance's limits (an alternation of
+        thousands of words, a forced run of a million bytes). Run the start of one on a copy, so
+        that is a GrammarError here rather than an error ending the request at its first step."""
+        probe = matcher.deep_copy()
+        forced = probe.compute_ff_tokens()
+        if not probe.is_error() and (not forced or probe.consume_tokens(forced)):
+            probe.compute_bitmask()
+        if probe.is_error():
+            raise GrammarError(f"{key.kind}: grammar does not compile (no text matches it, or it passes "
+                               f"llguidance's limits): {short_error(probe.get_error())}")
 
     def _submit(self, key: GrammarKey) -> Future:
         """The pool starts its threads inside submit(): they get BUILD_STACK_BYTES of stack."""

@@ -53,13 +53,15 @@ def integer_bounds(schema: dict) -> tuple[int | None, int | None]:
 def bound_integers(schema: object) -> object:
     """outlines-core ignores `minimum`/`maximum` (and the exclusive forms, `multipleOf`) of
     integers: an integer with at most MAX_INTEGER_ENUM allowed values becomes the equivalent
-    enum. ValueError for what no regex here can hold: `multipleOf` over a wider range, and
-    `uniqueItems` on arrays that may have two items."""
+    enum. ValueError for what no regex here can hold: `multipleOf` over a wider range,
+    `uniqueItems` on arrays that may have two items, and an empty `enum`."""
     if isinstance(schema, list):
         return [bound_integers(s) for s in schema]
     if not isinstance(schema, dict):
         return schema
     out = {k: bound_integers(v) if k not in ("enum", "const") else v for k, v in schema.items()}
+    if out.get("enum") == []:  # outlines-core renders it as nothing: `{"a":}` would end `stop`
+        raise ValueError("an empty enum: no value satisfies it")
     if out.get("uniqueItems") is True and not (isinstance(out.get("maxItems"), int) and out["maxItems"] <= 1):
         raise ValueError("uniqueItems is not supported (the grammar cannot see earlier items)")
     check_numeric_keywords(out)
@@ -150,6 +152,8 @@ def to_regex(key: GrammarKey) -> str:
             return json_schema_regex(parsed)
         except (ValueError, TypeError) as exc:
             raise GrammarError(f"json_schema is not supported: {exc}") from exc
+        except RecursionError:  # deeper than the server's JSON depth limit allows, if raised
+            raise GrammarError("json_schema is nested too deeply") from None
     if key.kind == "choices":
         # descending: a choice that begins another comes after it (integer_range.py says why)
         return "(" + "|".join(escape_literal(c) for c in sorted(json.loads(key.text), reverse=True)) + ")"

@@ -318,6 +318,47 @@ def test_bad_ebnf_is_a_value_error_naming_the_field(engine, grammar):
         engine.generate("x", {"ebnf": 'root ::= "a"', "regex": "a"})
 
 
+BIG_ALTERNATION = "root ::= " + " | ".join(f'"w{i}"' for i in range(5000))
+
+
+@pytest.mark.parametrize("grammar, why", [
+    ("root ::= root", "grammar does not compile"),        # no finite derivation
+    ('root ::= ""', "only the empty string"),             # as regex "" is refused
+    (BIG_ALTERNATION, "grammar does not compile"),       # past llguidance's limits after its first token
+    ('root ::= "a"{1000000}', "grammar does not compile"),  # a forced run past llguidance's limits
+])
+def test_an_ebnf_that_cannot_generate_is_refused_at_submit(engine, grammar, why):
+    """Such a grammar compiled, then ended its request as `abort` at the first step (or gave an
+    empty `stop`), with an error message that quoted the whole grammar (~60 KB above)."""
+    with pytest.raises(ValueError, match=r"^ebnf") as info:
+        engine.generate("x", {"ebnf": grammar, "max_new_tokens": 4})
+    assert why in str(info.value) and len(str(info.value)) < 1000, str(info.value)[:2000]
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "object", "properties": {"a": {"enum": []}}, "required": ["a"]},
+    {"type": "array", "items": {"enum": []}, "minItems": 1},
+])
+def test_a_schema_with_an_empty_enum_inside_is_refused(engine, schema):
+    """No value satisfies `enum: []`: outlines-core rendered it as nothing, so `{"a":}` (not JSON)
+    finished `stop`. Refused, as a whole-schema `{"enum": []}` already was."""
+    with pytest.raises(ValueError, match=r"^json_schema.*enum"):
+        engine.generate("x", {"json_schema": json.dumps(schema), "max_new_tokens": 8})
+
+
+def test_a_schema_too_deep_for_the_stack_is_a_value_error():
+    """Past the server's --max-json-depth (when raised), the schema walk ran out of stack: a
+    RecursionError, not the ValueError naming the field."""
+    from radixflow.runtime.grammar.outlines_backend import to_regex
+    from radixflow.runtime.grammar.spec import GrammarKey
+
+    schema: dict = {"type": "string"}
+    for _ in range(300):
+        schema = {"type": "object", "properties": {"a": schema}, "required": ["a"]}
+    with pytest.raises(ValueError, match=r"^json_schema"):
+        to_regex(GrammarKey("json_schema", json.dumps(schema)))
+
+
 def test_ebnf_without_llguidance_names_the_extra(engine, monkeypatch):
     from radixflow.runtime.grammar.compiler import GrammarCompiler
     from radixflow.runtime.sampling_params import SamplingParams
