@@ -43,10 +43,29 @@ def check_request(req: ResponsesRequest, supports_grammar: bool) -> None:
         raise APIError(400, "input is required", param="input")
     if isinstance(req.input, list) and not req.input and req.previous_response_id is None:
         raise APIError(400, "input has no items", param="input")
+    _check_metadata(req.metadata)
     _check_format(req.text.format if req.text else None, supports_grammar)
 
 
+# OpenAI's bounds on `metadata`: pairs, and characters of a key and of a value
+METADATA_PAIRS, METADATA_KEY_CHARS, METADATA_VALUE_CHARS = 16, 64, 512
+
+
+def _check_metadata(metadata: dict[str, str] | None) -> None:
+    if not metadata:
+        return
+    if len(metadata) > METADATA_PAIRS:
+        raise APIError(400, f"metadata has {len(metadata)} pairs; at most {METADATA_PAIRS} are allowed",
+                       param="metadata")
+    for key, value in metadata.items():
+        if len(key) > METADATA_KEY_CHARS or len(value) > METADATA_VALUE_CHARS:
+            raise APIError(400, f"metadata keys are at most {METADATA_KEY_CHARS} characters and values at most "
+                           f"{METADATA_VALUE_CHARS}", param="metadata")
+
+
 def _check_format(fmt: TextFormat | None, supports_grammar: bool) -> None:
+    if fmt is not None and fmt.type != "json_schema" and (fmt.schema is not None or fmt.name is not None):
+        raise APIError(400, f"text.format {fmt.type!r} takes no name or schema (json_schema does)", param="text")
     if fmt is None or fmt.type == "text":
         return
     if not supports_grammar:

@@ -183,6 +183,11 @@ def test_previous_response_id_continues_from_the_cache(oai, client):
     ({"temperature": 3}, "temperature"),
     ({"max_output_tokens": 0}, "max_output_tokens"),
     ({"top_logprobs": 2}, "top_logprobs"),
+    ({"text": {"format": {"type": "text", "schema": {"type": "object"}}}}, "text"),  # the schema meant nothing
+    ({"text": {"format": {"type": "json_object", "name": "x"}}}, "text"),
+    ({"metadata": {f"k{i}": "v" for i in range(17)}}, "metadata"),  # OpenAI's limits: 16 pairs,
+    ({"metadata": {"k" * 65: "v"}}, "metadata"),                    # keys of 64 characters,
+    ({"metadata": {"k": "v" * 513}}, "metadata"),                   # values of 512
 ])
 def test_bad_fields_are_400_naming_the_field(client, extra, param):
     r = client.post("/v1/responses", json={"model": MODEL_NAME, "input": "hi", "max_output_tokens": 1, **extra})
