@@ -181,6 +181,7 @@ class Engine:
         except BaseException:  # the submit failed, or this stream was cancelled while it ran
             channel.close(rid, outputs)
             if submitted is not None:  # what the worker submits after all is aborted
+                self._starting.abort(rid, None)  # its grammar compile may stop now
                 submitted.add_done_callback(lambda done: self._abort_submitted(done, rid))
             raise
         try:
@@ -217,7 +218,8 @@ class Engine:
             self.validate_prompt(ids, sp)  # before an adapter is chosen (perhaps read from disk)
             check_lora_request(self.loras, lora)
             choice = None if lora is None else self._choose_adapter(lora, lora_version)
-            req = self._make_req(ids, sp, opts, rid, choice, None, checked=True, with_text=False)
+            req = self._make_req(ids, sp, opts, rid, choice, None, checked=True, with_text=False,
+                                 cancel=self._starting.cancel_event(rid))
             req.sink, req.cursor, req.session_id, req.group = sink, StreamCursor(), session_id, group
             self.loop.submit(req)
         finally:
@@ -368,9 +370,10 @@ class Engine:
 
     def _make_req(self, ids: list[int], sp: SamplingParams, opts: LogprobOptions, rid: str | None,
                   lora_path: str | AdapterChoice | None, on_output: Callable[[Req, bool], None] | None,
-                  checked: bool = False, with_text: bool = True) -> Req:
+                  checked: bool = False, with_text: bool = True, cancel: threading.Event | None = None) -> Req:
         """`checked`: the caller already ran validate_prompt(ids, sp) (an O(prompt) scan);
-        `with_text=False`: tokens only, its text and stop strings are the caller's. The text of
+        `with_text=False`: tokens only, its text and stop strings are the caller's; `cancel`: set
+        when the request is aborted while its grammar compiles (it gets none then). The text of
         a request nobody streams and no stop string or regex ends is made once, at its finish
         (`Req.deferred_text`): its steps append tokens only."""
         if not checked:
@@ -388,7 +391,7 @@ class Engine:
                 req.deferred_text = text
         if sp.seed is not None:
             req.generator = torch.Generator(self.runner.device).manual_seed(sp.seed)
-        req.grammar = self.grammar.new_state(sp, opts.return_logprob)
+        req.grammar = self.grammar.new_state(sp, opts.return_logprob, cancel)
         return req
 
     def _choose_adapter(self, lora_path: str, version: str | None = None) -> AdapterChoice:

@@ -6,7 +6,7 @@ sink receives (a client that is gone) — is kept here and applied once the loop
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -16,6 +16,7 @@ class _Starting:
     sink: Any
     aborted: bool = False
     reason: dict | None = None
+    cancel: threading.Event = field(default_factory=threading.Event)  # set with `aborted`: its compile may stop
 
 
 class StartingRequests:
@@ -29,6 +30,11 @@ class StartingRequests:
             if rid in self._requests:
                 raise ValueError(f"request id {rid!r} is already in use")
             self._requests[rid] = _Starting(group, sink)
+
+    def cancel_event(self, rid: str) -> threading.Event:
+        """Set once `rid` (being started) is aborted: what its grammar compile watches."""
+        with self._lock:
+            return self._requests[rid].cancel
 
     def end(self, rid: str) -> tuple[bool, dict | None]:
         """`rid` is submitted (or failed): (aborted meanwhile, with what reason)."""
@@ -49,3 +55,4 @@ class StartingRequests:
             for key, starting in self._requests.items():
                 if matches(key, starting):
                     starting.aborted, starting.reason = True, reason
+                    starting.cancel.set()

@@ -1,9 +1,17 @@
 """The grammar backend interface: compile a GrammarKey once, then one Matcher per request."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 from radixflow.runtime.grammar.spec import GrammarKey
+
+
+Gone = Callable[[], bool]  # whether nobody waits for a compile any more (polled while it runs)
+
+
+def never() -> bool:
+    return False
 
 
 class GrammarError(ValueError):
@@ -12,6 +20,11 @@ class GrammarError(ValueError):
 
 class GrammarTimeout(GrammarError):
     """The compile ran past its time limit (says nothing about whether the grammar is valid)."""
+
+
+class GrammarCancelled(Exception):
+    """Every request waiting for the compile was aborted meanwhile: it was stopped, and says
+    nothing about the grammar (not a GrammarError: never cached, never a client's error)."""
 
 
 class Matcher(Protocol):
@@ -61,7 +74,8 @@ class CompiledGrammar(Protocol):
 
 
 class GrammarBackend(Protocol):
-    def compile(self, key: GrammarKey, timeout_s: float) -> CompiledGrammar:
-        """Compile `key`; GrammarError with the reason on failure or past `timeout_s`."""
+    def compile(self, key: GrammarKey, timeout_s: float, gone: Gone = never) -> CompiledGrammar:
+        """Compile `key`; GrammarError with the reason on failure or past `timeout_s`;
+        GrammarCancelled once `gone()` (nobody waits for it any more) where it can stop."""
 
     def close(self) -> None: ...

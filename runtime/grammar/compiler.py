@@ -5,7 +5,9 @@ import importlib.util
 import logging
 import threading
 
-from radixflow.runtime.grammar.backend import CompiledGrammar, GrammarBackend, GrammarError, GrammarTimeout
+from radixflow.runtime.grammar.backend import (
+    CompiledGrammar, GrammarBackend, GrammarCancelled, GrammarError, GrammarTimeout, Gone,
+)
 from radixflow.runtime.grammar.cache import GrammarCache
 from radixflow.runtime.grammar.json_routing import prefers_llguidance
 from radixflow.runtime.grammar.spec import GrammarKey, grammar_key
@@ -65,8 +67,9 @@ class GrammarCompiler:
 
         return OutlinesBackend(vocab)
 
-    def compile(self, sp: SamplingParams) -> CompiledGrammar | None:
-        """The compiled grammar of `sp` (None when unconstrained). ValueError on failure."""
+    def compile(self, sp: SamplingParams, cancel: threading.Event | None = None) -> CompiledGrammar | None:
+        """The compiled grammar of `sp` (None when unconstrained). ValueError on failure;
+        GrammarCancelled once `cancel` is set (the request was aborted: see GrammarCache)."""
         key = grammar_key(sp)
         if key is None:
             return None
@@ -77,12 +80,12 @@ class GrammarCompiler:
             raise GrammarError(f"{key.kind} grammars {exc}") from exc
         routed = name != self.backend_name and key.kind not in LLGUIDANCE_KINDS
 
-        def compile_fn() -> CompiledGrammar:
-            return self._compile_routed(backend, key) if routed else backend.compile(key, self.timeout_s)
+        def compile_fn(gone: Gone) -> CompiledGrammar:
+            return self._compile_routed(backend, key, gone) if routed else backend.compile(key, self.timeout_s, gone)
 
         # A timeout caused by waiting for a busy worker says nothing about the grammar: not cached.
         remember = lambda err: getattr(err, "ran_s", self.timeout_s) >= 0.9 * self.timeout_s  # noqa: E731
-        return self.cache.get_or_compile((name, key), compile_fn, remember)
+        return self.cache.get_or_compile((name, key), compile_fn, remember, cancel)
 
     def backend_for(self, key: GrammarKey) -> str:
         """The backend `key` is routed to ("outlines" or "llguidance")."""
@@ -92,20 +95,22 @@ class GrammarCompiler:
             return "llguidance"
         return self.backend_name
 
-    def _compile_routed(self, llguidance: GrammarBackend, key: GrammarKey) -> CompiledGrammar:
+    def _compile_routed(self, llguidance: GrammarBackend, key: GrammarKey, gone: Gone) -> CompiledGrammar:
         """A JSON schema outlines-core would cut, on llguidance; on outlines-core as before where
         llguidance refuses it (`oneOf` it cannot prove disjoint, `uniqueItems`, a huge float bound)."""
         try:
-            return llguidance.compile(key, self.timeout_s)
+            return llguidance.compile(key, self.timeout_s, gone)
         except GrammarTimeout:
             raise
         except GrammarError as exc:
             log.info("json_schema left to outlines-core (cut deep down): llguidance refused it: %s", exc)
         outlines, _ = self._ready("outlines")
-        return outlines.compile(key, self.timeout_s)
+        return outlines.compile(key, self.timeout_s, gone)
 
-    def new_state(self, sp: SamplingParams, want_logprob: bool) -> GrammarState | None:
-        """A fresh GrammarState for one request of `sp`, or None when it needs none.
+    def new_state(self, sp: SamplingParams, want_logprob: bool,
+                  cancel: threading.Event | None = None) -> GrammarState | None:
+        """A fresh GrammarState for one request of `sp`, or None when it needs none, or when
+        `cancel` was set while its grammar compiled (the request is aborted before it runs).
 
         Jump-forward is off for requests asking for logprobs: forced tokens are never sampled,
         so they would have none (the token sequence is the same either way). Stop token ids
@@ -113,7 +118,10 @@ class GrammarCompiler:
         """
         if sp.max_new_tokens == 0:
             return None
-        compiled = self.compile(sp)
+        try:
+            compiled = self.compile(sp, cancel)
+        except GrammarCancelled:
+            return None
         if compiled is None:
             return None
         vocab = self._vocab  # built by compile()

@@ -3,15 +3,17 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 
 import llguidance as llg
 import numpy as np
 
-from radixflow.runtime.grammar.backend import GrammarError, GrammarTimeout
+from radixflow.runtime.grammar.backend import GrammarCancelled, GrammarError, GrammarTimeout, Gone, never
 from radixflow.runtime.grammar.spec import GrammarKey
 from radixflow.runtime.grammar.vocab import TokenVocab
+from radixflow.runtime.grammar.worker import POLL_S
 
 # Compact JSON, as the outlines backend: {"a":1,"b":[2,3]}.
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"}
@@ -150,12 +152,19 @@ class LLGuidanceBackend:
             finally:
                 threading.stack_size(default)
 
-    def compile(self, key: GrammarKey, timeout_s: float) -> LLGuidanceGrammar:
+    def compile(self, key: GrammarKey, timeout_s: float, gone: Gone = never) -> LLGuidanceGrammar:
+        """Once `gone()`, the caller stops waiting (the build, bounded by llguidance's limits, ends
+        on its own)."""
         future = self._submit(key)  # converting an EBNF grammar counts too
-        try:
-            return future.result(timeout=timeout_s)
-        except FutureTimeout as exc:
-            raise GrammarTimeout(f"{key.kind}: grammar compilation exceeded the {timeout_s:g} s limit") from exc
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                return future.result(timeout=max(0.0, min(POLL_S, deadline - time.monotonic())))
+            except FutureTimeout as exc:
+                if gone():
+                    raise GrammarCancelled("nobody waits for this compile any more") from exc
+                if time.monotonic() >= deadline:
+                    raise GrammarTimeout(f"{key.kind}: grammar compilation exceeded the {timeout_s:g} s limit") from exc
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -8,14 +8,14 @@ import pickle
 from outlines_core import Guide, Index
 from outlines_core.json_schema import build_regex_from_schema
 
-from radixflow.runtime.grammar.backend import GrammarError
+from radixflow.runtime.grammar.backend import GrammarCancelled, GrammarError, Gone, never
 from radixflow.runtime.grammar.integer_range import integer_range_regex
 from radixflow.runtime.grammar.number_range import (
     check_numeric_keywords, check_range_regex, decimal_bound, is_multiple, number_schema_regex, within_bounds,
 )
 from radixflow.runtime.grammar.spec import GrammarKey
 from radixflow.runtime.grammar.vocab import TokenVocab
-from radixflow.runtime.grammar.worker import CompileFailed, CompileTimeout, CompileWorkers
+from radixflow.runtime.grammar.worker import CompileCancelled, CompileFailed, CompileTimeout, CompileWorkers
 
 # JSON is compiled with no optional whitespace at all ({"a":1,"b":[2,3]}): every byte between
 # values is then forced, which is what makes jump-forward runs long.
@@ -263,10 +263,12 @@ class OutlinesBackend:
         self.eos_id = vocab.eos_ids[0] if vocab.eos_ids else len(vocab.token_bytes)
         self.workers = CompileWorkers(self.eos_id, vocab.outlines_map(), max_workers=max_workers)
 
-    def compile(self, key: GrammarKey, timeout_s: float) -> OutlinesGrammar:
+    def compile(self, key: GrammarKey, timeout_s: float, gone: Gone = never) -> OutlinesGrammar:
         regex = to_regex(key)
         try:
-            blob = self.workers.build_index(regex, timeout_s)
+            blob = self.workers.build_index(regex, timeout_s, gone)
+        except CompileCancelled as exc:
+            raise GrammarCancelled(str(exc)) from exc
         except CompileTimeout as exc:
             err = GrammarError(f"{key.kind}: {exc}")
             err.ran_s = exc.ran_s  # type: ignore[attr-defined]

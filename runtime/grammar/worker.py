@@ -28,12 +28,14 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_WORKERS = 2
 DEFAULT_MAX_MEMORY_BYTES = 8 << 30   # address-space cap of one worker
+POLL_S = 0.05  # how often a waiting or running job checks whether anybody still waits for it
 
 
 class CompileTimeout(Exception):
@@ -42,6 +44,10 @@ class CompileTimeout(Exception):
     def __init__(self, message: str, ran_s: float) -> None:
         super().__init__(message)
         self.ran_s = ran_s
+
+
+class CompileCancelled(Exception):
+    """Nobody waited for the job any more: it was stopped (its worker killed)."""
 
 
 class CompileFailed(Exception):
@@ -84,16 +90,21 @@ class CompileWorkers:
         self._lock = threading.Lock()
         self._closed = False
 
-    def build_index(self, regex: str, timeout_s: float) -> bytes:
+    def build_index(self, regex: str, timeout_s: float, gone: Callable[[], bool] = lambda: False) -> bytes:
+        """The pickled Index of `regex`. CompileCancelled once `gone()` (checked every POLL_S
+        while it waits for a worker or runs: the job is killed with its worker)."""
         deadline = time.monotonic() + timeout_s
-        if not self._slots.acquire(timeout=timeout_s):
-            raise CompileTimeout(f"no grammar compile worker became free within {timeout_s:g} s", 0.0)
+        while not self._slots.acquire(timeout=max(0.0, min(POLL_S, deadline - time.monotonic()))):
+            if gone():
+                raise CompileCancelled("nobody waits for this compile any more")
+            if time.monotonic() >= deadline:
+                raise CompileTimeout(f"no grammar compile worker became free within {timeout_s:g} s", 0.0)
         try:
-            return self._run(regex, deadline, timeout_s)
+            return self._run(regex, deadline, timeout_s, gone)
         finally:
             self._slots.release()
 
-    def _run(self, regex: str, deadline: float, timeout_s: float) -> bytes:
+    def _run(self, regex: str, deadline: float, timeout_s: float, gone: Callable[[], bool]) -> bytes:
         with self._lock:
             if self._closed:
                 raise CompileFailed("the engine is shut down")
@@ -102,10 +113,14 @@ class CompileWorkers:
         try:
             worker = worker or _Worker(self._payload, self._max_memory_bytes)
             worker.send.send_bytes(regex.encode("utf-8"))
-            if not worker.recv.poll(max(0.0, deadline - time.monotonic())):
-                worker.kill()
-                raise CompileTimeout(f"grammar compilation exceeded the {timeout_s:g} s limit",
-                                     time.monotonic() - start)
+            while not worker.recv.poll(max(0.0, min(POLL_S, deadline - time.monotonic()))):
+                if gone():
+                    worker.kill()
+                    raise CompileCancelled("nobody waits for this compile any more")
+                if time.monotonic() >= deadline:
+                    worker.kill()
+                    raise CompileTimeout(f"grammar compilation exceeded the {timeout_s:g} s limit",
+                                         time.monotonic() - start)
             reply = worker.recv.recv_bytes()
         except (EOFError, OSError) as exc:
             if worker is not None:

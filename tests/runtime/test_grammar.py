@@ -3,6 +3,7 @@ almost every unconstrained token wrong, so every valid output is the grammar's d
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import sys
@@ -128,6 +129,33 @@ def test_pathological_schema_fails_in_time_while_others_complete(engine):
         engine.generate("Code:", {"json_schema": PATHOLOGICAL})
     assert time.monotonic() - start < 0.5
     assert re.fullmatch(EMAIL, engine.generate("ok", {"regex": EMAIL, "max_new_tokens": 40})["text"])
+
+
+def test_streams_closed_while_their_grammars_compile_free_the_compile_workers(engine):
+    """Two slow regexes hold both compile workers; their streams close (clients gone) before
+    the compiles end. Those compiles are killed, so a cheap grammar from another client starts
+    at once instead of waiting out the slow ones' time limit; the slow ones are not cached as
+    failures (nothing was learned about them)."""
+    slow = [f"[ab]*{c}[ab]{{24}}" for c in "ab"]  # each would run past the 3 s limit
+
+    async def leave_early(regex: str) -> None:
+        stream = engine.generate_stream("x", {"regex": regex, "max_new_tokens": 4})
+        task = asyncio.ensure_future(stream.__anext__())
+        await asyncio.sleep(0.5)  # compiling now
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    async def run() -> float:
+        await asyncio.gather(*(leave_early(r) for r in slow))
+        start = time.monotonic()
+        out = await asyncio.to_thread(engine.generate, "ok", {"choices": ["x7", "y8"], "max_new_tokens": 4})
+        assert out["text"] in ("x7", "y8")
+        return time.monotonic() - start
+    assert asyncio.run(run()) < 1.5
+    cache = engine.grammar.cache
+    assert not any(key[1].text in slow for key in cache._entries)
+    engine.check_accounting()
 
 
 def test_stream_with_grammar(engine):

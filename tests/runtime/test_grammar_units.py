@@ -118,14 +118,14 @@ class _Sized:
 def test_cache_bounds_bytes_and_entries_and_dedupes():
     cache = GrammarCache(max_entries=3, max_bytes=100)
     for i in range(3):
-        cache.get_or_compile(i, lambda: _Sized(40))
+        cache.get_or_compile(i, lambda _gone: _Sized(40))
     assert len(cache) == 2 and cache.num_bytes == 80  # bytes bound evicted the oldest
     for i in range(10, 14):
-        cache.get_or_compile(i, lambda: _Sized(1))
+        cache.get_or_compile(i, lambda _gone: _Sized(1))
     assert len(cache) == 3  # count bound
     calls = []
 
-    def slow():
+    def slow(_gone):
         calls.append(1)
         time.sleep(0.2)
         return _Sized(1)
@@ -137,7 +137,7 @@ def test_cache_bounds_bytes_and_entries_and_dedupes():
         t.join()
     assert len(calls) == 1  # one compile for concurrent askers
 
-    def bad():
+    def bad(_gone):
         calls.append(1)
         raise GrammarError("nope")
 
@@ -145,6 +145,49 @@ def test_cache_bounds_bytes_and_entries_and_dedupes():
         with pytest.raises(GrammarError, match="nope"):
             cache.get_or_compile("bad", bad)
     assert len(calls) == 2  # the failure was remembered
+
+
+def test_cache_stops_a_compile_only_once_every_waiter_left():
+    """A waiter whose request was aborted stops waiting; the compile goes on while anyone else
+    waits, and is told to stop (`gone()`) once nobody does; a stopped compile is not cached."""
+    from radixflow.runtime.grammar.backend import GrammarCancelled
+
+    cache = GrammarCache()
+    owner_cancel, joiner_cancel = threading.Event(), threading.Event()
+    started, seen_gone = threading.Event(), []
+
+    def compile_fn(gone):
+        started.set()
+        deadline = time.monotonic() + 5
+        while not gone():
+            if time.monotonic() > deadline:
+                return _Sized(1)
+            time.sleep(0.01)
+        seen_gone.append(True)
+        raise GrammarCancelled("stopped")
+
+    results: dict[str, object] = {}
+
+    def ask(name, cancel):
+        try:
+            results[name] = cache.get_or_compile("k", compile_fn, cancel=cancel)
+        except GrammarCancelled as exc:
+            results[name] = exc
+
+    owner = threading.Thread(target=ask, args=("owner", owner_cancel))
+    owner.start()
+    assert started.wait(5)
+    joiner = threading.Thread(target=ask, args=("joiner", joiner_cancel))
+    joiner.start()
+    time.sleep(0.1)
+    joiner_cancel.set()  # one left: the owner still waits, the compile goes on
+    joiner.join(5)
+    assert isinstance(results["joiner"], GrammarCancelled) and not seen_gone
+    owner_cancel.set()  # nobody waits now
+    owner.join(5)
+    assert isinstance(results["owner"], GrammarCancelled) and seen_gone == [True]
+    assert len(cache) == 0  # not remembered: the next ask compiles
+    assert isinstance(cache.get_or_compile("k", lambda _gone: _Sized(1)), _Sized)
 
 
 def test_worker_killed_on_timeout_then_recovers(backend):
