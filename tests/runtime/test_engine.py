@@ -373,10 +373,10 @@ def test_an_abort_while_the_grammar_compiles_ends_the_request_once_started(engin
     compiling, release = threading.Event(), threading.Event()
     new_state = engine.grammar.new_state
 
-    def slow_new_state(sp, want_logprob):
+    def slow_new_state(sp, want_logprob, cancel=None):
         compiling.set()
         assert release.wait(10)
-        return new_state(sp, want_logprob)
+        return new_state(sp, want_logprob, cancel)
     monkeypatch.setattr(engine.grammar, "new_state", slow_new_state)
 
     async def run() -> dict:
