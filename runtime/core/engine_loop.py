@@ -62,6 +62,8 @@ class EngineLoop:
         self._num_listener_errors = 0
         self._closed = False
         self._dead: BaseException | None = None
+        self._fresh = False  # stats refreshed as this step's outputs were posted
+        step.before_publish = self._refresh_before_publish
         self._thread = threading.Thread(target=self._run, name="radixflow-engine", daemon=True)
         self._thread.start()
 
@@ -173,6 +175,7 @@ class EngineLoop:
                 return
             if not self.scheduler.has_work():
                 continue
+            self._fresh = False
             try:
                 stepped = self.step.run_one()
             except Exception as exc:  # a scheduling bug: fail what is in flight, keep serving
@@ -180,7 +183,7 @@ class EngineLoop:
                 self.step.discard()
                 self.scheduler.finish_all(error_reason(exc))
                 stepped = True
-            refreshed = self.hand_out()
+            refreshed = self.hand_out() or self._fresh
             if self.config.check_invariants:
                 self._check_invariants()
                 refreshed = False  # its violations count
@@ -328,6 +331,10 @@ class EngineLoop:
                              tuple(t.tokens), len(req.prompt_ids), len(req.output_ids), req.cached_len, reason,
                              tuple(req.miss_tokens.items()), req.divergent_at, req.session_id,
                              None if self.loras is None else req.lora_name or "")
+
+    def _refresh_before_publish(self) -> None:
+        self._refresh_stats()
+        self._fresh = True
 
     def _refresh_stats(self) -> None:
         s, pool, cache, g, step = self.scheduler, self.runner.kv_pool, self.scheduler.cache, self._goodput, self.step

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from radixflow.runtime.core.faults import NO_FAULTS
 from radixflow.runtime.core.overlap import InFlight, host_rows
-from radixflow.runtime.core.publish import publish
 from radixflow.runtime.core.sampler import BROKEN_ROW
 from radixflow.runtime.core.upload import upload
 
@@ -88,7 +87,7 @@ class OverlappedSteps:
         if ahead is not None:
             self.scheduler.drop_ahead(ahead.batch)
         self.scheduler.finish_step(step.batch)
-        publish([r for r in step.batch.reqs if not r.is_finished])
+        self._publish([r for r in step.batch.reqs if not r.is_finished])
 
     def _forward_error(self, step: InFlight) -> Exception | None:
         """Wait for `step`'s job; its forward's error (an injected one included), or None.

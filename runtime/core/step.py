@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -121,6 +122,7 @@ class StepRunner(OverlappedSteps):
         self.num_stale_rows = 0  # rows of launched steps dropped unsampled after a jump-forward
         self.launcher = Launcher(runner, generator) if overlap else None
         self._in_flight: InFlight | None = None
+        self.before_publish: Callable[[], None] = lambda: None  # the loop's stats refresh: see _publish
 
     def run_one(self) -> bool:
         """Schedule and run one step; finished requests land in `scheduler.done`.
@@ -157,8 +159,13 @@ class StepRunner(OverlappedSteps):
         except Exception as exc:  # batch-wide handling failed: no one request owns the error
             self._fail_batch(batch, exc)
         self.scheduler.finish_step(batch)
-        publish([r for r in batch.reqs if r.finish_reason is None])  # finished ones: at their hand-out
+        self._publish([r for r in batch.reqs if r.finish_reason is None])  # finished ones: at their hand-out
         return True
+
+    def _publish(self, reqs: list[Req]) -> None:
+        """Post the step's outputs, stats refreshed first (a consumer they wake reads this step's)."""
+        self.before_publish()
+        publish(reqs)
 
     # -- the steps' parts ------------------------------------------------------------------------
 

@@ -56,6 +56,28 @@ def test_each_step_posts_one_message_with_only_new_tokens(engine, monkeypatch):
     assert sum(1 for step in posted for out in step.request_outputs() if out.finish_reason) == len(prompts)
 
 
+@pytest.mark.parametrize("overlap", [False, True])
+def test_stats_are_fresh_when_a_steps_outputs_are_posted(overlap, monkeypatch):
+    """A consumer woken by a step's outputs reads stats that include that step: they were
+    refreshed after the outputs were posted, so a client that got its first token could read
+    num_running 0 (and generated tokens one step behind)."""
+    with Engine(demo_model("tiny"), kv_cache_tokens=4096, enable_overlap=overlap) as engine:
+        seen: list[tuple[int, int, int, bool]] = []  # at each post: running, generated, posted so far, a finish
+        posted = [0]
+        real_post = OutputChannel.post
+
+        def record(self, step):
+            stats, outputs = engine.stats(), step.request_outputs()
+            posted[0] += sum(len(out.new_token_ids) for out in outputs)
+            seen.append((stats.num_running, stats.generated_tokens, posted[0],
+                         any(out.finish_reason for out in outputs)))
+            real_post(self, step)
+        monkeypatch.setattr(OutputChannel, "post", record)
+        _stream_all(engine, ["fresh stats one", "fresh stats two"])
+    assert seen and all(running >= 1 for running, _, _, finish in seen if not finish), seen
+    assert all(generated >= sent for _, generated, sent, _ in seen), seen
+
+
 def test_stream_chunks_keep_the_native_shape(engine):
     full = engine.generate("Shape of a stream", GREEDY, return_logprob=True, top_logprobs_num=2,
                            logprob_start_len=0)
