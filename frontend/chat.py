@@ -3,6 +3,7 @@ calls out of the text, chat logprobs, role chunks)."""
 from __future__ import annotations
 
 import secrets
+from dataclasses import dataclass
 from typing import Any
 
 from starlette.requests import Request
@@ -16,7 +17,9 @@ from radixflow.frontend.openai_schemas import (
     AssistantMessage, CalledFunction, ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk,
     ChatRequest, ChatToolCall, ChoiceLogprobs, Delta, DeltaToolCall, TokenLogprob, TopLogprob,
 )
-from radixflow.frontend.tool_calls import Call, Event, Parser
+from radixflow.frontend.openai_sampling import constraint_fields
+from radixflow.frontend.reasoning import FORMATS, ChoiceParser, ReasoningParser, Thought
+from radixflow.frontend.tool_calls import Call, Parser
 from radixflow.frontend.tools import ToolPlan, template_tools, tool_plan
 from radixflow.runtime.sampling_params import RequestOptions
 
@@ -44,35 +47,82 @@ def tool_reason(reason: str | None, called: bool) -> str | None:
     return "tool_calls" if called and reason == "stop" else reason
 
 
-def _text_and_calls(events: list[Event]) -> tuple[str, list[Call]]:
-    return "".join(e for e in events if isinstance(e, str)), [e for e in events if isinstance(e, Call)]
+@dataclass(frozen=True)
+class ChatPlan:
+    """How a chat request's output is read: its tool plan, and the reasoning format it is split
+    by (None: not split), whether the output starts inside the block, whether the reasoning is
+    returned (frontend/reasoning.py)."""
+
+    tools: ToolPlan
+    reasoning: str | None = None
+    opened: bool = False
+    include_reasoning: bool = True
+
+    @property
+    def constraint(self) -> Constraint | None:
+        return self.tools.constraint
+
+    def parser(self) -> Parser | ChoiceParser | None:
+        """A fresh parser for one choice's text; None when the text is plain content."""
+        tools = self.tools.parser()
+        if self.reasoning is None:
+            return tools
+        return ChoiceParser(ReasoningParser(self.opened), tools, self.include_reasoning)
 
 
-class _ToolStream:
+def reasoning_plan(req: ChatRequest, tools: ToolPlan, reasoning_parser: str | None) -> ChatPlan:
+    """The request's ChatPlan under the server's `--reasoning-parser`. The output starts inside
+    the block when the format says so, unless the template was told not to think
+    (`chat_template_kwargs` enable_thinking or thinking false) or a grammar writes the output from
+    its first token (tool_choice required / named, or a constraint field): then it is reasoning
+    only when it opens with <think>."""
+    if reasoning_parser is None or not req.separate_reasoning:
+        return ChatPlan(tools)
+    kwargs = req.chat_template_kwargs or {}
+    thinking = kwargs.get("enable_thinking", kwargs.get("thinking")) is not False
+    constrained = tools.constraint is not None or bool(constraint_fields(req))
+    return ChatPlan(tools, reasoning_parser, FORMATS[reasoning_parser] and thinking and not constrained,
+                    req.include_reasoning)
+
+
+def _split(events: list[Any]) -> tuple[str, str, list[Call]]:
+    """(reasoning, content, calls) of parser events."""
+    return ("".join(e.text for e in events if isinstance(e, Thought)), "".join(e for e in events if isinstance(e, str)),
+            [e for e in events if isinstance(e, Call)])
+
+
+def _saw_reasoning(parser: Any) -> bool:
+    return isinstance(parser, ChoiceParser) and parser.reasoning.saw_block
+
+
+class _ChoiceStream:
     """One streamed choice's parser, and how many calls it gave out (the next call's index)."""
 
-    def __init__(self, parser: Parser) -> None:
+    def __init__(self, parser: Parser | ChoiceParser) -> None:
         self.parser, self.calls = parser, 0
 
-    def step(self, text: str, last: bool) -> tuple[str, list[DeltaToolCall]]:
+    def step(self, text: str, last: bool) -> tuple[str, str, list[DeltaToolCall]]:
         events = self.parser.feed(text) + (self.parser.finish() if last else [])
-        text, calls = _text_and_calls(events)
+        thought, text, calls = _split(events)
         out = [DeltaToolCall(index=self.calls + k, id=call_id(), function=CalledFunction(c.name, c.arguments))
                for k, c in enumerate(calls)]
         self.calls += len(out)
-        return text, out
+        return thought, text, out
 
 
-def assistant_message(plan: ToolPlan, text: str, reason: str | None) -> tuple[AssistantMessage, str | None]:
-    """A whole choice's message and finish_reason: its text parsed for tool calls when the plan
-    says so; content null when the output is calls only."""
+def assistant_message(plan: ChatPlan, text: str, reason: str | None) -> tuple[AssistantMessage, str | None]:
+    """A whole choice's message and finish_reason: its reasoning split off and its text parsed
+    for tool calls when the plan says so; content null when the output is calls or reasoning
+    only."""
     parser = plan.parser()
     if parser is None:
         return AssistantMessage(role="assistant", content=text), reason
-    content, calls = _text_and_calls(parser.feed(text) + parser.finish())
+    thought, content, calls = _split(parser.feed(text) + parser.finish())
+    reasoning = thought if _saw_reasoning(parser) and plan.include_reasoning else None
     tool_calls = [ChatToolCall(id=call_id(), function=CalledFunction(c.name, c.arguments)) for c in calls]
-    message = AssistantMessage(role="assistant", content=None if calls and not content else content,
-                               tool_calls=tool_calls or None)
+    empty = not content and (calls or _saw_reasoning(parser))
+    message = AssistantMessage(role="assistant", content=None if empty else content, reasoning_content=reasoning,
+                               reasoning=reasoning, tool_calls=tool_calls or None)
     return message, tool_reason(reason, bool(calls))
 
 
@@ -81,7 +131,7 @@ class ChatShape:
     id_prefix = "chatcmpl"
     prompt_param = "messages"
 
-    def check(self, req: ChatRequest, request: Request) -> ToolPlan:
+    def check(self, req: ChatRequest, request: Request) -> ChatPlan:
         server = request.app.state.server
         limits = server.limits
         if req.top_logprobs is not None:
@@ -89,9 +139,10 @@ class ChatShape:
                 raise APIError(400, "top_logprobs needs logprobs=true", param="top_logprobs")
             limits.check_top_logprobs(req.top_logprobs, "top_logprobs")
         check_chat_prompt(req, limits)
-        return tool_plan(req, limits, getattr(server.engine, "supports_grammar", False), server.tool_call_parser)
+        tools = tool_plan(req, limits, getattr(server.engine, "supports_grammar", False), server.tool_call_parser)
+        return reasoning_plan(req, tools, server.reasoning_parser)
 
-    def constraint(self, plan: ToolPlan) -> Constraint | None:
+    def constraint(self, plan: ChatPlan) -> Constraint | None:
         return plan.constraint
 
     def max_tokens(self, req: ChatRequest) -> int | None:
@@ -122,18 +173,19 @@ class ChatShape:
 
     def delta(self, job: Job, index: int, chunk: dict, reason: str | None,
               tokenizer: Any) -> ChatCompletionChunk | None:
-        delta, calls = chunk["text"], []  # the stream is incremental: only what is new
+        thought, delta, calls = "", chunk["text"], []  # the stream is incremental: only what is new
         stream = job.streams.get(index)
         if stream is None and (parser := job.state.parser()) is not None:
-            stream = job.streams[index] = _ToolStream(parser)
+            stream = job.streams[index] = _ChoiceStream(parser)
         if stream is not None:
-            delta, calls = stream.step(delta, reason is not None)
+            thought, delta, calls = stream.step(delta, reason is not None)
             reason = tool_reason(reason, stream.calls > 0)
         lp = to_logprobs(chunk["meta_info"], tokenizer)
-        if not (delta or calls or reason is not None or (lp is not None and lp.content)):
+        if not (thought or delta or calls or reason is not None or (lp is not None and lp.content)):
             return None
-        return self.chunk(job, [ChatChunkChoice(index, Delta(content=delta or None, tool_calls=calls or None), lp,
-                                                reason)], None)
+        out = Delta(content=delta or None, reasoning_content=thought or None, reasoning=thought or None,
+                    tool_calls=calls or None)
+        return self.chunk(job, [ChatChunkChoice(index, out, lp, reason)], None)
 
     def chunk(self, job: Job, choices: list, usage: Any) -> ChatCompletionChunk:
         return ChatCompletionChunk(**job.head, choices=choices, usage=usage)

@@ -35,7 +35,8 @@ def _tool_calls(calls: list[ToolCall]) -> list[dict[str, Any]]:
 
 def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
     """Messages as the chat template expects them: text content, `developer` read as `system`,
-    tool_calls (arguments decoded) and tool_call_id kept."""
+    tool_calls (arguments decoded) and tool_call_id kept, an assistant turn's reasoning as
+    `reasoning_content` (sent as that or as `reasoning`)."""
     out = []
     for m in messages:
         content = m.content if m.content is None or isinstance(m.content, str) else "".join(p.text for p in m.content)
@@ -46,6 +47,9 @@ def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
             msg["tool_calls"] = _tool_calls(m.tool_calls)
         if m.tool_call_id is not None:
             msg["tool_call_id"] = m.tool_call_id
+        reasoning = m.reasoning_content if m.reasoning_content is not None else m.reasoning
+        if reasoning is not None:
+            msg["reasoning_content"] = reasoning  # the name thinking models' templates read
         out.append(msg)
     return out
 
@@ -56,6 +60,7 @@ def message_chars(messages: list[ChatMessage]) -> int:
     total = 0
     for m in messages:
         total += len(m.role) + len(m.name or "") + len(m.tool_call_id or "")
+        total += len(m.reasoning_content or "") + len(m.reasoning or "")
         if isinstance(m.content, str):
             total += len(m.content)
         elif m.content is not None:

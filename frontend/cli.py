@@ -68,6 +68,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--tool-call-parser", choices=tuple(PARSERS), default="hermes",
                        help="the format of the model's tool calls under tool_choice 'auto': hermes "
                             "(<tool_call> blocks), llama3_json, mistral ([TOOL_CALLS]) or pythonic (default: hermes)")
+    from radixflow.frontend.reasoning import FORMATS
+
+    serve.add_argument("--reasoning-parser", choices=(*FORMATS, *(f.replace("_", "-") for f in FORMATS)),
+                       default=None,
+                       help="split a thinking model's <think> block from its answer in chat responses "
+                            "(message.reasoning_content): deepseek_r1 or qwen3_thinking (the output starts "
+                            "in the block), qwen3 (only when the output opens with <think>) (default: none)")
     serve.add_argument("--max-stored-responses", type=int, default=None,
                        help="/v1/responses kept in memory for previous_response_id and GET /v1/responses/{id}, "
                             "least recently used dropped first; per API server process and lost on restart "

@@ -18,6 +18,7 @@ from radixflow.frontend.body import json_response, off_loop_if_large, read_json
 from radixflow.frontend.errors import RETRY_AFTER_S, APIError, bad_request
 from radixflow.frontend.in_flight import InFlight
 from radixflow.frontend.limits import RequestLimits
+from radixflow.frontend.reasoning import SeparateRequest, check_reasoning_parser, separate
 from radixflow.frontend.streams import SSE_DONE, EventStream, Fanout, launch, sse
 from radixflow.runtime.sampling_params import RequestOptions, SamplingParams, request_option_names
 
@@ -231,7 +232,7 @@ async def get_server_info(request: Request) -> Response:
         "served_model_name": server.served_model_name,
         "max_context_len": engine.max_context_len, "kv_cache_tokens": engine.stats().kv_slots_total,
         "supports_grammar": bool(getattr(engine, "supports_grammar", False)),
-        "tool_call_parser": server.tool_call_parser,
+        "tool_call_parser": server.tool_call_parser, "reasoning_parser": server.reasoning_parser,
         "api_server_pid": os.getpid(), "engine_core_pid": getattr(engine, "core_pid", os.getpid()),
         "config": dataclasses.asdict(engine.config), "stats": dataclasses.asdict(engine.stats()),
     })
@@ -297,3 +298,17 @@ async def concate_and_append_request(request: Request) -> Response:
     """SGLang's join(mode="concate_and_append"): the client already holds the joined text; no-op."""
     await read_json(request)
     return Response(status_code=200)
+
+
+async def separate_reasoning(request: Request) -> Response:
+    """A thinking model's text split into its answer and its reasoning (frontend/reasoning.py)."""
+    req = await read_json(request, SeparateRequest)
+    server = request.app.state.server
+    server.limits.check_text(len(req.text), "text")
+    try:
+        name = check_reasoning_parser(req.reasoning_parser or server.reasoning_parser)
+    except ValueError as exc:
+        raise APIError(400, str(exc).replace("--reasoning-parser", "reasoning_parser"), param="reasoning_parser")
+    if name is None:
+        raise APIError(400, "give reasoning_parser: this server has no --reasoning-parser", param="reasoning_parser")
+    return json_response(separate(req.text, name))

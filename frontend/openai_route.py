@@ -44,7 +44,7 @@ class Job:
     head: dict[str, Any]
     shared: dict[int, int] = field(default_factory=dict)  # prompt → cached_tokens before its n samples
     streams: dict[int, Any] = field(default_factory=dict)  # per choice: its stream's state
-    state: Any = None  # what the shape's check() returned (chat: the request's ToolPlan)
+    state: Any = None  # what the shape's check() returned (chat: the request's ChatPlan)
 
 
 class Shape(Protocol):

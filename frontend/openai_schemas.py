@@ -102,6 +102,8 @@ class ChatMessage(Struct, forbid_unknown_fields=True):
     tool_calls: list[ToolCall] | None = None  # assistant turns that called tools
     tool_call_id: str | None = None  # tool turns: which call this answers
     refusal: str | None = None
+    reasoning_content: str | None = None  # an assistant turn's reasoning, as responses give it back
+    reasoning: str | None = None  # the same under vLLM's newer name
 
 
 class FunctionDefinition(Struct, forbid_unknown_fields=True, omit_defaults=True):
@@ -137,6 +139,8 @@ class ChatRequest(_Common, kw_only=True, forbid_unknown_fields=True):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
+    separate_reasoning: bool = True  # SGLang's: false keeps the reasoning in the content (frontend/reasoning.py)
+    include_reasoning: bool = True  # vLLM's: false leaves the reasoning out of the response
     store: bool | None = None
     metadata: dict[str, str] | None = None
 
@@ -213,6 +217,8 @@ class ChatToolCall(Struct, kw_only=True):
 class AssistantMessage(Struct, kw_only=True, omit_defaults=True):
     role: str  # no default: omit_defaults would leave it out
     content: str | None
+    reasoning_content: str | None = None  # with --reasoning-parser (SGLang's and DeepSeek's name)
+    reasoning: str | None = None  # the same, under vLLM's newer name
     tool_calls: list[ChatToolCall] | None = None  # present only when the model called tools
 
 
@@ -244,6 +250,8 @@ class DeltaToolCall(Struct, kw_only=True):
 class Delta(Struct, omit_defaults=True):
     role: str | None = None
     content: str | None = None
+    reasoning_content: str | None = None
+    reasoning: str | None = None
     tool_calls: list[DeltaToolCall] | None = None
 
 

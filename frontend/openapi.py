@@ -14,6 +14,7 @@ from radixflow.frontend.openai_schemas import (
     ChatCompletion, ChatRequest, Completion, CompletionRequest, ModelCard, ModelList,
 )
 from radixflow.frontend.programs import ProgramRequest
+from radixflow.frontend.reasoning import SeparateRequest, SeparateResponse
 from radixflow.frontend.responses_schemas import ResponseObject, ResponsesRequest
 from radixflow.frontend.tokenize import DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse
 
@@ -45,6 +46,8 @@ OPERATIONS: dict[str, tuple[str, str, type | None, type | None]] = {
     "/v1/programs": ("post", "run a program IR", ProgramRequest, None),
     "/generate": ("post", "SGLang-native generate", GenerateRequest, None),
     "/abort_request": ("post", "abort one request (rid) or all (abort_all)", AbortRequest, None),
+    "/separate_reasoning": ("post", "a thinking model's text split into answer and reasoning", SeparateRequest,
+                            SeparateResponse),
     "/tokenize": ("post", "token ids of a prompt or of chat messages (also /v1/tokenize)", TokenizeRequest,
                   TokenizeResponse),
     "/detokenize": ("post", "text of token ids (also /v1/detokenize)", DetokenizeRequest, DetokenizeResponse),

@@ -12,12 +12,13 @@ from radixflow.frontend.openai_schemas import (
     ChatMessage, ChatRequest, FunctionCall, FunctionDefinition, FunctionName, NamedToolChoice, Tool, ToolCall,
 )
 from radixflow.frontend.responses_schemas import (
-    CallItem, CallOutputItem, FunctionChoice, Item, MessageItem, ResponsesRequest, TextFormat,
+    CallItem, CallOutputItem, FunctionChoice, Item, MessageItem, ResponsesRequest, TextFormat, ThoughtItem,
 )
 
 _NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 _ROLES = ("user", "system", "developer", "assistant")
 _TEXT_PARTS = {"input_text": "text", "output_text": "text", "refusal": "refusal"}  # part type → its text key
+_REASONING_PARTS = {"reasoning_text": "text", "summary_text": "text"}
 _TOOL_KEYS = frozenset({"type", "name", "description", "parameters", "strict"})
 
 
@@ -28,8 +29,8 @@ def check_request(req: ResponsesRequest, supports_grammar: bool) -> None:
                        "reasoning items here)", param="include")
     if req.reasoning is not None and (req.reasoning.effort not in (None, "none") or req.reasoning.summary
                                       or req.reasoning.generate_summary):
-        raise APIError(400, "reasoning is not supported: the model's output is all message text; send "
-                       "reasoning.effort null or 'none'", param="reasoning")
+        raise APIError(400, "reasoning effort and summaries are not supported (with --reasoning-parser a thinking "
+                       "model's block is a reasoning item); send reasoning.effort null or 'none'", param="reasoning")
     if req.background:
         raise APIError(400, "background responses are not supported", param="background")
     if req.truncation == "auto":
@@ -105,12 +106,15 @@ def _item(i: int, raw: dict[str, Any]) -> Item:
             return CallItem(_str(raw, "call_id"), _str(raw, "name"), _str(raw, "arguments"))
         if kind == "function_call_output":
             return CallOutputItem(_str(raw, "call_id"), _text(raw["output"], f"input[{i}].output"))
+        if kind == "reasoning":  # a response's reasoning item sent back: its text, else its summary's
+            return ThoughtItem(_text(raw.get("content") or raw.get("summary") or [], f"input[{i}].content",
+                                     _REASONING_PARTS))
     except KeyError as exc:
         raise APIError(400, f"input[{i}] ({kind}) needs {exc.args[0]!r}", param="input") from None
     except TypeError as exc:
         raise APIError(400, f"input[{i}] ({kind}): {exc}", param="input") from None
-    raise APIError(400, f"input[{i}]: items of type {kind!r} are not supported (messages, function_call and "
-                   "function_call_output are)", param="input")
+    raise APIError(400, f"input[{i}]: items of type {kind!r} are not supported (messages, function_call, "
+                   "function_call_output and reasoning are)", param="input")
 
 
 def _str(raw: dict[str, Any], key: str) -> str:
@@ -120,8 +124,9 @@ def _str(raw: dict[str, Any], key: str) -> str:
     return value
 
 
-def _text(content: Any, where: str) -> str:
-    """A message's text: a string, or text parts joined (images, files and audio are refused)."""
+def _text(content: Any, where: str, parts: dict[str, str] = _TEXT_PARTS) -> str:
+    """A message's text: a string, or text parts joined (images, files and audio are refused).
+    `parts`: the part types taken, each with the key of its text."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
@@ -129,9 +134,9 @@ def _text(content: Any, where: str) -> str:
     out = []
     for k, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
-        key = _TEXT_PARTS.get(kind) if isinstance(kind, str) else None
+        key = parts.get(kind) if isinstance(kind, str) else None
         if key is None or not isinstance(part.get(key), str):
-            raise APIError(400, f"{where}[{k}]: only text parts are supported (input_text, output_text, refusal), "
+            raise APIError(400, f"{where}[{k}]: only text parts are supported ({', '.join(parts)}), "
                            f"not {kind!r}", param="input")
         out.append(part[key])
     return "".join(out)
@@ -139,20 +144,33 @@ def _text(content: Any, where: str) -> str:
 
 def chat_messages(items: list[Item]) -> list[ChatMessage]:
     """Items as the chat template's turns: function_call items join the assistant turn before them
-    (or make one) as its tool_calls; a function_call_output is a tool turn."""
+    (or make one) as its tool_calls; a function_call_output is a tool turn; a reasoning item is
+    the reasoning_content of the assistant turn after it, or an assistant turn of its own."""
     out: list[ChatMessage] = []
+    thought: str | None = None
     for item in items:
+        if isinstance(item, ThoughtItem):
+            thought = item.text if thought is None else thought + item.text
+            continue
+        assistant = isinstance(item, CallItem) or (isinstance(item, MessageItem) and item.role == "assistant")
+        if thought is not None and not assistant:
+            out.append(ChatMessage(role="assistant", content=None, reasoning_content=thought))
+            thought = None
         if isinstance(item, MessageItem):
             out.append(ChatMessage(role=item.role, content=item.text))  # type: ignore[arg-type]
         elif isinstance(item, CallItem):
             call = ToolCall(FunctionCall(item.name, item.arguments), id=item.call_id)
             last = out[-1] if out else None
-            if last is None or last.role != "assistant":
+            if last is None or last.role != "assistant" or thought is not None:
                 last = ChatMessage(role="assistant", content=None)
                 out.append(last)
             last.tool_calls = [*(last.tool_calls or []), call]
         else:
             out.append(ChatMessage(role="tool", content=item.output, tool_call_id=item.call_id))
+        if out[-1].role == "assistant" and thought is not None:
+            out[-1].reasoning_content, thought = thought, None
+    if thought is not None:
+        out.append(ChatMessage(role="assistant", content=None, reasoning_content=thought))
     return out
 
 

@@ -1,6 +1,6 @@
-"""A response's output items, built in order from its text and tool calls (the chat path's tool
-parser events), and the stream events each step makes: the streamed and the whole response are
-the same walk, so they give the same items."""
+"""A response's output items, built in order from its reasoning, text and tool calls (the chat
+path's parser events), and the stream events each step makes: the streamed and the whole response
+are the same walk, so they give the same items."""
 from __future__ import annotations
 
 import secrets
@@ -11,8 +11,9 @@ import msgspec
 from radixflow.frontend.openai_schemas import Usage
 from radixflow.frontend.responses_schemas import (
     CallItem, FunctionCall, IncompleteDetails, InputTokensDetails, Item, MessageItem, OutputItem, OutputMessage,
-    OutputText, OutputTokensDetails, ResponseUsage,
+    OutputText, OutputTokensDetails, ReasoningOutput, ReasoningText, ResponseUsage, ThoughtItem,
 )
+from radixflow.frontend.reasoning import Thought
 from radixflow.frontend.tool_calls import Call, Event
 
 
@@ -21,25 +22,55 @@ def item_id(prefix: str) -> str:
 
 
 class OutputItems:
-    """`items` so far. Text goes to the open message item (one is opened for text after a call);
-    a call closes it and adds a function_call item. Each method returns the stream events it
-    makes, without sequence numbers; items in them are snapshots."""
+    """`items` so far. Reasoning goes to the open reasoning item, text to the open message item
+    (one is opened for text after anything else); a call closes them and adds a function_call
+    item. Each method returns the stream events it makes, without sequence numbers; items in them
+    are snapshots."""
 
     def __init__(self) -> None:
         self.items: list[OutputItem] = []
         self._message: OutputMessage | None = None
         self._pieces: list[str] = []  # the open message's text
         self._index = 0  # the open message's output_index
+        self._reasoning: ReasoningOutput | None = None
+        self._thoughts: list[str] = []  # the open reasoning item's text
 
-    def add(self, event: Event) -> list[dict[str, Any]]:
+    def add(self, event: Event | Thought) -> list[dict[str, Any]]:
+        if isinstance(event, Thought):
+            return self._close("completed") + self._thought(event.text)
+        out = self._close_reasoning("completed")
         if isinstance(event, Call):
-            return self._close("completed") + self._call(event)
-        return self._text(event) if event else []
+            return out + self._close("completed") + self._call(event)
+        return out + (self._text(event) if event else [])
 
     def finish(self, status: str) -> list[dict[str, Any]]:
-        """Close the open message with `status` (an output of nothing is one empty message)."""
+        """Close the open item with `status` (an output of nothing is one empty message)."""
         out = [] if self.items else self._open()
-        return out + self._close(status)
+        return out + self._close_reasoning(status) + self._close(status)
+
+    def _thought(self, text: str) -> list[dict[str, Any]]:
+        out = []
+        if self._reasoning is None:
+            item = self._reasoning = ReasoningOutput(id=item_id("rs"), status="in_progress")
+            self.items.append(item)
+            out.append({"type": "response.output_item.added", "output_index": len(self.items) - 1,
+                        "item": _builtins(item)})
+        self._thoughts.append(text)
+        return out + [{"type": "response.reasoning_text.delta", **self._reasoning_at(), "delta": text}]
+
+    def _close_reasoning(self, status: str) -> list[dict[str, Any]]:
+        item = self._reasoning
+        if item is None:
+            return []
+        at = self._reasoning_at()
+        item.content, item.status = [ReasoningText(text="".join(self._thoughts))], status
+        self._reasoning, self._thoughts = None, []
+        return [{"type": "response.reasoning_text.done", **at, "text": item.content[0].text},
+                {"type": "response.output_item.done", "output_index": at["output_index"], "item": _builtins(item)}]
+
+    def _reasoning_at(self) -> dict[str, Any]:
+        assert self._reasoning is not None
+        return {"item_id": self._reasoning.id, "output_index": len(self.items) - 1, "content_index": 0}
 
     def _open(self) -> list[dict[str, Any]]:
         message = self._message = OutputMessage(id=item_id("msg"), status="in_progress")
@@ -94,6 +125,8 @@ def conversation_items(output: list[OutputItem]) -> list[Item]:
     for item in output:
         if isinstance(item, FunctionCall):
             out.append(CallItem(item.call_id, item.name, item.arguments))
+        elif isinstance(item, ReasoningOutput):
+            out.append(ThoughtItem("".join(part.text for part in item.content)))
         else:
             out.append(MessageItem("assistant", "".join(p.text for p in item.content)))
     return out

@@ -77,7 +77,11 @@ class CallOutputItem(Struct):
     output: str
 
 
-Item = MessageItem | CallItem | CallOutputItem
+class ThoughtItem(Struct):
+    text: str  # a reasoning item's text: the next assistant turn's reasoning_content
+
+
+Item = MessageItem | CallItem | CallOutputItem | ThoughtItem
 
 
 # -- the response object ----------------------------------------------------------------------
@@ -103,7 +107,20 @@ class FunctionCall(Struct, kw_only=True, tag_field="type", tag="function_call"):
     status: str
 
 
-OutputItem = OutputMessage | FunctionCall
+class ReasoningText(Struct, kw_only=True, tag_field="type", tag="reasoning_text"):
+    text: str
+
+
+class ReasoningOutput(Struct, kw_only=True, tag_field="type", tag="reasoning"):
+    """A thinking model's block (with --reasoning-parser): its text as one reasoning_text part."""
+
+    id: str
+    status: str
+    summary: list[Any] = msgspec.field(default_factory=list)
+    content: list[ReasoningText] = msgspec.field(default_factory=list)
+
+
+OutputItem = OutputMessage | FunctionCall | ReasoningOutput
 
 
 class InputTokensDetails(Struct):

@@ -34,6 +34,7 @@ from radixflow.frontend.response_store import DEFAULT_MAX_RESPONSES, ResponseSto
 from radixflow.frontend.responses import create_response, response_by_id
 from radixflow.frontend.state import Gate, ServerState, refusal
 from radixflow.frontend.tokenize import detokenize, tokenize
+from radixflow.frontend.reasoning import check_reasoning_parser
 from radixflow.frontend.tool_call_formats import check_parser_name
 from radixflow.frontend.streams import ClientGone
 
@@ -86,6 +87,7 @@ ROUTES = [
     Route("/health", native.health, methods=["GET"]),
     Route("/health_generate", native.health_generate, methods=["GET"]),
     Route("/abort_request", native.abort_request, methods=["POST"]),
+    Route("/separate_reasoning", native.separate_reasoning, methods=["POST"]),
     Route("/concate_and_append_request", native.concate_and_append_request, methods=["POST"]),
     Route("/tokenize", tokenize, methods=["POST"]),
     Route("/v1/tokenize", tokenize, methods=["POST"]),
@@ -165,22 +167,26 @@ def create_app(engine_or_factory: EngineOrFactory, served_model_name: str | None
                max_body_bytes: int | None = None, program_limits: ProgramLimits | None = None,
                health_timeout_s: float = 20.0, on_failure: Callable[[], None] | None = None,
                incremental_streaming_output: bool = False, tool_call_parser: str = "hermes",
-               max_stored_responses: int = DEFAULT_MAX_RESPONSES) -> Starlette:
+               max_stored_responses: int = DEFAULT_MAX_RESPONSES, reasoning_parser: str | None = None) -> Starlette:
     """The ASGI app. Given a factory, the engine is built in the background at start-up (requests
     get 503 until it is ready) and shut down when the app stops; given an Engine, the caller keeps
     ownership. `served_model_name` defaults to the engine's model path. `max_body_bytes`
     overrides that one field of `limits`. `incremental_streaming_output`: native streams send
     each chunk's new text and output_ids only. `tool_call_parser`: the format tool_choice "auto"
     output is parsed for (a tool_call_formats.PARSERS name; ValueError otherwise).
+    `reasoning_parser`: how a chat output's reasoning is split from its answer (a reasoning.FORMATS
+    name, or SGLang's spelling of one; None: it is not).
     `max_stored_responses`: /v1/responses kept in this process's memory for previous_response_id
     and GET (least recently used dropped first; 0: none)."""
     check_parser_name(tool_call_parser)
+    reasoning_parser = check_reasoning_parser(reasoning_parser)
     limits = limits or RequestLimits()
     if max_body_bytes is not None:
         limits = dataclasses.replace(limits, max_body_bytes=max_body_bytes)
     server = ServerState(served_model_name, api_key, limits, program_limits or ProgramLimits(), health_timeout_s,
                          on_failure=on_failure, incremental_streaming_output=incremental_streaming_output,
-                         tool_call_parser=tool_call_parser, responses=ResponseStore(max_stored_responses))
+                         tool_call_parser=tool_call_parser, reasoning_parser=reasoning_parser,
+                         responses=ResponseStore(max_stored_responses))
     owned = _is_factory(engine_or_factory)
 
     @contextlib.asynccontextmanager
@@ -241,6 +247,7 @@ def serve(ns: argparse.Namespace, engine_kwargs: dict[str, Any]) -> int:
         if not 0 <= ns.port <= 65535:
             raise ValueError(f"--port must be 0 to 65535, got {ns.port}")
         check_parser_name(getattr(ns, "tool_call_parser", "hermes"))
+        check_reasoning_parser(getattr(ns, "reasoning_parser", None))
         path = model or (demo_model(demo_size) if demo_size else resolve_model_path(None))
         resolve_model_path(path)  # a path that cannot be a model fails here, before listening
         EngineConfig.from_kwargs(model=path, **kwargs)  # bad flags fail here, before listening
@@ -286,7 +293,8 @@ def _serve_one(ns: argparse.Namespace, factory: Callable[[], Any], name: str, so
         stored = DEFAULT_MAX_RESPONSES if sock is None else 0
     app = create_app(factory, name, ns.api_key, on_failure=stop, limits=limits, program_limits=program_limits,
                      incremental_streaming_output=getattr(ns, "incremental_streaming_output", False),
-                     tool_call_parser=getattr(ns, "tool_call_parser", "hermes"), max_stored_responses=stored)
+                     tool_call_parser=getattr(ns, "tool_call_parser", "hermes"), max_stored_responses=stored,
+                     reasoning_parser=getattr(ns, "reasoning_parser", None))
     config = uvicorn.Config(app, host=ns.host, port=ns.port, log_level=ns.log_level.lower(), lifespan="on",
                             timeout_graceful_shutdown=10)  # then open streams are cancelled (= aborted)
     server = holder["server"] = _Server(config, app.state.server)

@@ -1,0 +1,126 @@
+"""The reasoning parsers on their own (`--reasoning-parser`): reasoning and content of an output fed
+whole, a character at a time, cut at every position and in random pieces, alone and ahead of a
+tool-call parser."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from radixflow.frontend.reasoning import (
+    FORMATS, ChoiceParser, ReasoningParser, Thought, check_reasoning_parser,
+)
+from radixflow.frontend.tool_calls import Call, HermesParser
+
+
+def pieces(text):
+    yield [text]
+    yield list(text)
+    for i in range(len(text) + 1):
+        yield [text[:i], text[i:]]
+    rng = random.Random(len(text))
+    for _ in range(20):
+        cuts = sorted(rng.sample(range(len(text) + 1), min(len(text) + 1, rng.randint(2, 6))))
+        yield [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
+
+
+def split(parser, parts):
+    """(reasoning, content, calls, whether a block was seen) of the parts fed in order."""
+    events = []
+    for part in parts:
+        events += parser.feed(part)
+    events += parser.finish()
+    assert all(e != "" and e != Thought("") for e in events), events  # nothing empty is given out
+    thought = "".join(e.text for e in events if isinstance(e, Thought))
+    content = "".join(e for e in events if isinstance(e, str))
+    calls = [e for e in events if isinstance(e, Call)]
+    block = parser.saw_block if isinstance(parser, ReasoningParser) else parser.reasoning.saw_block
+    return thought, content, calls, block
+
+
+CASES = [
+    # (output, opened: reasoning, content, saw a block ; not opened: the same)
+    ("<think>\nLet me add.\n</think>\n\nIt is 4.", ("Let me add.", "It is 4.", True), ("Let me add.", "It is 4.", True)),
+    ("Let me add.\n</think>\n\nIt is 4.", ("Let me add.", "It is 4.", True),
+     (None, "Let me add.\n</think>\n\nIt is 4.", False)),
+    ("It is 4.", ("It is 4.", "", True), (None, "It is 4.", False)),
+    ("<think>still going", ("still going", "", True), ("still going", "", True)),
+    ("<think></think>answer", ("", "answer", True), ("", "answer", True)),
+    ("<think>a\n\n b </think>", ("a\n\n b", "", True), ("a\n\n b", "", True)),
+    ("<think>x</think> <think>y</think>", ("x", "<think>y</think>", True), ("x", "<think>y</think>", True)),
+    ("a < b </thinking> </think>c", ("a < b </thinking>", "c", True), (None, "a < b </thinking> </think>c", False)),
+    ("<thi", ("<thi", "", True), (None, "<thi", False)),
+    (" <think>x</think>y", ("<think>x", "y", True), (None, " <think>x</think>y", False)),
+    ("<think>x</thi", ("x</thi", "", True), ("x</thi", "", True)),
+    ("", ("", "", False), (None, "", False)),
+]
+
+
+@pytest.mark.parametrize("text, opened_case, plain_case", CASES)
+def test_reasoning_and_content_fed_in_any_pieces(text, opened_case, plain_case):
+    for opened, (thought, content, block) in ((True, opened_case), (False, plain_case)):
+        for parts in pieces(text):
+            got = split(ReasoningParser(opened), parts)
+            assert got == (thought or "", content, [], block), (opened, parts)
+
+
+def test_content_after_the_block_goes_to_the_tool_parser():
+    text = ('<think>I should call <tool_call>{"name": "add"}</tool_call> maybe</think>\n'
+            'Sure.<tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>')
+    for parts in pieces(text):
+        parser = ChoiceParser(ReasoningParser(False), HermesParser(frozenset({"add"})), include=True)
+        assert split(parser, parts) == ('I should call <tool_call>{"name": "add"}</tool_call> maybe', "Sure.",
+                                        [Call("add", '{"a": 1}')], True)
+
+
+def test_include_false_drops_the_reasoning():
+    parser = ChoiceParser(ReasoningParser(True), None, include=False)
+    assert split(parser, ["thinking</think>", "answer"]) == ("", "answer", [], True)
+
+
+def test_format_names():
+    assert check_reasoning_parser(None) is None
+    assert check_reasoning_parser("deepseek-r1") == "deepseek_r1"
+    assert {check_reasoning_parser(name) for name in FORMATS} == set(FORMATS)
+    with pytest.raises(ValueError, match="--reasoning-parser must be one of"):
+        check_reasoning_parser("o1")
+
+
+def test_response_items_in_the_order_of_the_events():
+    from radixflow.frontend.responses_output import OutputItems, conversation_items
+    from radixflow.frontend.responses_schemas import CallItem, MessageItem, ThoughtItem
+
+    items = OutputItems()
+    frames = [f for e in (Thought("a"), Thought("b"), "Sure.", Call("add", "{}"), "Done.") for f in items.add(e)]
+    frames += items.finish("completed")
+    assert [i.__struct_config__.tag for i in items.items] == ["reasoning", "message", "function_call", "message"]
+    assert items.items[0].content[0].text == "ab" and items.items[0].status == "completed"
+    assert [f["type"] for f in frames if "reasoning" in f["type"]] == ["response.reasoning_text.delta"] * 2 + [
+        "response.reasoning_text.done"]
+    assert conversation_items(items.items) == [ThoughtItem("ab"), MessageItem("assistant", "Sure."),
+                                               CallItem(items.items[2].call_id, "add", "{}"),
+                                               MessageItem("assistant", "Done.")]
+
+
+def test_a_reasoning_item_is_the_next_assistant_turns_reasoning():
+    from radixflow.frontend.responses_input import chat_messages, read_items
+
+    items = read_items([{"role": "user", "content": "Hi"},
+                        {"type": "reasoning", "id": "rs_1", "summary": [],
+                         "content": [{"type": "reasoning_text", "text": "hmm"}]},
+                        {"type": "function_call", "call_id": "c1", "name": "add", "arguments": "{}"},
+                        {"type": "function_call_output", "call_id": "c1", "output": "2"},
+                        {"type": "reasoning", "summary": [{"type": "summary_text", "text": "ok"}]},
+                        {"type": "message", "role": "assistant", "content": "It is 2."}])
+    turns = [(m.role, m.content, m.reasoning_content, bool(m.tool_calls)) for m in chat_messages(items)]
+    assert turns == [("user", "Hi", None, False), ("assistant", None, "hmm", True), ("tool", "2", None, False),
+                     ("assistant", "It is 2.", "ok", False)]
+
+
+def test_a_reasoning_item_before_a_user_turn_is_an_assistant_turn_of_its_own():
+    from radixflow.frontend.responses_input import chat_messages, read_items
+
+    items = read_items([{"type": "reasoning", "summary": [{"type": "summary_text", "text": "a"}]},
+                        {"role": "user", "content": "Hi"}, {"type": "reasoning", "content": [], "summary": []}])
+    assert [(m.role, m.content, m.reasoning_content) for m in chat_messages(items)] == [
+        ("assistant", None, "a"), ("user", "Hi", None), ("assistant", None, "")]

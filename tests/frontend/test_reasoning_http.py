@@ -1,0 +1,146 @@
+"""`--reasoning-parser` through the live server (both engine cores): a thinking model's block as
+message.reasoning_content / reasoning, whole and streamed alike, the answer as content and alone
+parsed for tool calls, the request switches (separate_reasoning, include_reasoning,
+enable_thinking), reasoning sent back in assistant turns, and the Responses API's reasoning item.
+The tiny random model writes what a regex forces, or its own text for the forced-open formats."""
+from __future__ import annotations
+
+import json
+import re
+
+import httpx
+import pytest
+
+from radixflow.frontend.server import create_app
+
+MODEL_NAME = "tiny"
+THOUGHT = "<think>\nThe capital of France.\n</think>\n\nParis."
+CALL = '<tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>'
+TOOLS = [{"type": "function", "function": {"name": "add", "parameters": {
+    "type": "object", "properties": {"a": {"type": "integer"}}}}}]
+BASE = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "Capital of France?"}], "max_tokens": 60,
+        "temperature": 0}
+
+
+@pytest.fixture(scope="module")
+def r1(engine, live_server):
+    live = live_server(create_app(engine, MODEL_NAME, reasoning_parser="deepseek-r1")).start()
+    with httpx.Client(base_url=live.url, timeout=60) as c:
+        yield c
+    live.stop()
+
+
+def _chat(client, **extra):
+    r = client.post("/v1/chat/completions", json={**BASE, **extra})
+    assert r.status_code == 200, r.text
+    return r.json()["choices"][0]
+
+
+def _streamed(client, **extra):
+    """The first choice as a client rebuilds it from the deltas."""
+    with client.stream("POST", "/v1/chat/completions", json={**BASE, **extra, "stream": True}) as r:
+        assert r.status_code == 200
+        events = [line[len("data: "):] for line in r.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    out = {"content": "", "reasoning_content": "", "reasoning": "", "tool_calls": [], "finish_reason": None}
+    for chunk in map(json.loads, events[:-1]):
+        for c in chunk["choices"]:
+            for key in ("content", "reasoning_content", "reasoning"):
+                out[key] += c["delta"].get(key) or ""
+            out["tool_calls"] += [call["function"] for call in c["delta"].get("tool_calls", [])]
+            out["finish_reason"] = c["finish_reason"] or out["finish_reason"]
+    return out
+
+
+def _as_streamed(choice):
+    message = choice["message"]
+    return {"content": message["content"] or "", "reasoning_content": message.get("reasoning_content") or "",
+            "reasoning": message.get("reasoning") or "", "finish_reason": choice["finish_reason"],
+            "tool_calls": [c["function"] for c in message.get("tool_calls") or []]}
+
+
+def test_the_block_is_reasoning_and_the_rest_content(r1, client):
+    forced = {"regex": re.escape(THOUGHT)}
+    whole = _chat(r1, **forced)
+    assert whole["message"] == {"role": "assistant", "content": "Paris.",
+                                "reasoning_content": "The capital of France.", "reasoning": "The capital of France."}
+    assert _streamed(r1, **forced) == _as_streamed(whole)
+    # vLLM's include_reasoning false: the answer alone; SGLang's separate_reasoning false: the text as written
+    assert _chat(r1, include_reasoning=False, **forced)["message"] == {"role": "assistant", "content": "Paris."}
+    assert _chat(r1, separate_reasoning=False, **forced)["message"] == {"role": "assistant", "content": THOUGHT}
+    # a server without --reasoning-parser leaves the text alone
+    assert _chat(client, **forced)["message"] == {"role": "assistant", "content": THOUGHT}
+
+
+def test_an_output_that_never_closes_the_block_is_all_reasoning(r1, client):
+    """deepseek_r1: the template opened the block, so the output thinks from its first token; told
+    not to think (enable_thinking false) it is content."""
+    plain = _chat(client)["message"]["content"]
+    whole = _chat(r1)
+    assert whole["message"]["content"] is None and whole["message"]["reasoning_content"] == plain.strip()
+    assert _streamed(r1) == _as_streamed(whole)
+    assert _chat(r1, chat_template_kwargs={"enable_thinking": False})["message"] == {"role": "assistant",
+                                                                                     "content": plain}
+
+
+def test_tool_calls_are_read_from_the_answer_only(r1):
+    text = f"<think>Maybe {CALL}?</think>{CALL}"
+    extra = {"regex": re.escape(text), "tools": TOOLS, "max_tokens": 200}
+    whole = _chat(r1, **extra)
+    message = whole["message"]
+    assert message["reasoning_content"] == f"Maybe {CALL}?" and message["content"] is None
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in message["tool_calls"]] == [("add", '{"a": 1}')]
+    assert whole["finish_reason"] == "tool_calls"
+    assert _streamed(r1, **extra) == _as_streamed(whole)
+
+
+def test_reasoning_sent_back_in_an_assistant_turn_is_accepted(r1):
+    messages = [BASE["messages"][0], {"role": "assistant", "content": "Paris.", "reasoning_content": "France."},
+                {"role": "user", "content": "And Italy?"}, {"role": "assistant", "content": "Rome.",
+                                                            "reasoning": "Italy."}, {"role": "user", "content": "ok"}]
+    assert _chat(r1, messages=messages, max_tokens=1)["finish_reason"] == "length"
+
+
+def test_the_parser_name_is_checked_and_shown(r1):
+    with pytest.raises(ValueError, match="--reasoning-parser must be one of"):
+        create_app(object(), MODEL_NAME, reasoning_parser="o1")
+    assert r1.get("/get_server_info").json()["reasoning_parser"] == "deepseek_r1"
+
+
+def test_responses_give_the_block_as_a_reasoning_item(r1, engine, live_server):
+    import openai
+
+    chat = _chat(r1, max_tokens=6)["message"]
+    with openai.OpenAI(base_url=str(r1.base_url).rstrip("/") + "/v1", api_key="x", max_retries=0) as oai:
+        kwargs = {"model": MODEL_NAME, "input": BASE["messages"][0]["content"], "max_output_tokens": 6,
+                  "temperature": 0}
+        whole = oai.responses.create(**kwargs)
+        [item] = whole.output
+        assert item.type == "reasoning" and item.id.startswith("rs_") and item.status == "incomplete"
+        assert [part.text for part in item.content] == [chat["reasoning_content"]] and whole.output_text == ""
+        events = list(oai.responses.create(**kwargs, stream=True))
+        deltas = [e for e in events if e.type == "response.reasoning_text.delta"]
+        assert [e.type for e in events] == ["response.created", "response.in_progress", "response.output_item.added",
+                                            *[d.type for d in deltas], "response.reasoning_text.done",
+                                            "response.output_item.done", "response.incomplete"]
+        assert "".join(d.delta for d in deltas) == events[-3].text == chat["reasoning_content"]
+        # the output sent back as input: the reasoning is the assistant turn's reasoning_content
+        again = oai.responses.create(**{**kwargs, "input": [{"role": "user", "content": "Hi"}, *whole.output,
+                                                            {"role": "user", "content": "More"}]})
+    turns = [{"role": "user", "content": "Hi"},
+             {"role": "assistant", "content": None, "reasoning_content": chat["reasoning_content"]},
+             {"role": "user", "content": "More"}]
+    prompt = r1.post("/v1/chat/completions", json={**BASE, "messages": turns, "max_tokens": 1}).json()
+    assert again.usage.input_tokens == prompt["usage"]["prompt_tokens"]
+
+
+def test_separate_reasoning_route(r1, client):
+    assert r1.post("/separate_reasoning", json={"text": THOUGHT}).json() == {
+        "text": "Paris.", "reasoning_text": "The capital of France."}
+    out = client.post("/separate_reasoning", json={"text": "Paris.", "reasoning_parser": "qwen3"})
+    assert out.json() == {"text": "Paris.", "reasoning_text": ""}
+    for body, message in (({"text": "x"}, "this server has no --reasoning-parser"),
+                          ({"text": "x", "reasoning_parser": "o1"}, "reasoning_parser must be one of")):
+        r = client.post("/separate_reasoning", json=body)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "reasoning_parser"
+        assert message in r.json()["error"]["message"]
