@@ -17,8 +17,7 @@ from radixflow.frontend.openai_schemas import (
     AssistantMessage, CalledFunction, ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk,
     ChatRequest, ChatToolCall, ChoiceLogprobs, Delta, DeltaToolCall, TokenLogprob, TopLogprob,
 )
-from radixflow.frontend.openai_sampling import constraint_fields
-from radixflow.frontend.reasoning import FORMATS, ChoiceParser, ReasoningParser, Thought
+from radixflow.frontend.reasoning import CLOSE, FORMATS, ChoiceParser, ReasoningParser, Thought
 from radixflow.frontend.tool_calls import Call, Parser
 from radixflow.frontend.tools import ToolPlan, template_tools, tool_plan
 from radixflow.runtime.sampling_params import RequestOptions
@@ -57,10 +56,15 @@ class ChatPlan:
     reasoning: str | None = None
     opened: bool = False
     include_reasoning: bool = True
+    thinking: bool = False  # a constraint holds after the block (the template was not told not to think)
 
-    @property
-    def constraint(self) -> Constraint | None:
-        return self.tools.constraint
+    def constraint(self, own: Constraint | None) -> Constraint | None:
+        """The output's grammar: the tool plan's, else the request's own; with a reasoning
+        format and thinking on, it starts after `</think>`."""
+        constraint = self.tools.constraint or own
+        if constraint is None or not self.thinking:
+            return constraint
+        return Constraint({**constraint.params, "constrain_after": CLOSE}, constraint.param)
 
     def parser(self) -> Parser | ChoiceParser | None:
         """A fresh parser for one choice's text; None when the text is plain content."""
@@ -73,16 +77,13 @@ class ChatPlan:
 def reasoning_plan(req: ChatRequest, tools: ToolPlan, reasoning_parser: str | None) -> ChatPlan:
     """The request's ChatPlan under the server's `--reasoning-parser`. The output starts inside
     the block when the format says so, unless the template was told not to think
-    (`chat_template_kwargs` enable_thinking or thinking false) or a grammar writes the output from
-    its first token (tool_choice required / named, or a constraint field): then it is reasoning
-    only when it opens with <think>."""
+    (`chat_template_kwargs` enable_thinking or thinking false): then it is reasoning only when it
+    opens with <think>, and a grammar holds from the first token, else from after </think>."""
     if reasoning_parser is None or not req.separate_reasoning:
         return ChatPlan(tools)
     kwargs = req.chat_template_kwargs or {}
     thinking = kwargs.get("enable_thinking", kwargs.get("thinking")) is not False
-    constrained = tools.constraint is not None or bool(constraint_fields(req))
-    return ChatPlan(tools, reasoning_parser, FORMATS[reasoning_parser] and thinking and not constrained,
-                    req.include_reasoning)
+    return ChatPlan(tools, reasoning_parser, FORMATS[reasoning_parser] and thinking, req.include_reasoning, thinking)
 
 
 def _split(events: list[Any]) -> tuple[str, str, list[Call]]:
@@ -142,8 +143,8 @@ class ChatShape:
         tools = tool_plan(req, limits, getattr(server.engine, "supports_grammar", False), server.tool_call_parser)
         return reasoning_plan(req, tools, server.reasoning_parser)
 
-    def constraint(self, plan: ChatPlan) -> Constraint | None:
-        return plan.constraint
+    def constraint(self, plan: ChatPlan, own: Constraint | None) -> Constraint | None:
+        return plan.constraint(own)
 
     def max_tokens(self, req: ChatRequest) -> int | None:
         return req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens

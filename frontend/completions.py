@@ -8,6 +8,7 @@ from starlette.responses import Response
 
 from radixflow.frontend.errors import APIError
 from radixflow.frontend.openai_route import Job, Prompts, finish_reason, handle, response_usage
+from radixflow.frontend.openai_sampling import Constraint
 from radixflow.frontend.openai_schemas import Completion, CompletionChoice, CompletionLogprobs, CompletionRequest
 from radixflow.runtime.sampling_params import RequestOptions
 
@@ -85,8 +86,8 @@ class CompletionShape:
             raise APIError(400, "best_of other than n is not supported", param="best_of")
         _check_prompt_size(req.prompt, limits)
 
-    def constraint(self, state: None) -> None:
-        return None  # a completion's constraints are its own fields
+    def constraint(self, state: None, own: Constraint | None) -> Constraint | None:
+        return own  # a completion's constraints are its own fields
 
     def max_tokens(self, req: CompletionRequest) -> int | None:
         return req.max_tokens

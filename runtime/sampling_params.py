@@ -9,6 +9,7 @@ import msgspec
 GREEDY_BELOW = 1e-5  # a temperature under this is greedy: dividing logits by it would overflow fp32
 INT64_MAX = 2**63 - 1  # bounds of the integer fields (what the engine core's messages carry)
 SEED_RANGE = (-2**63, 2**64 - 1)  # what torch.manual_seed takes; n > 1 samples wrap within it
+MAX_CONSTRAIN_AFTER_CHARS = 64
 _INT_FIELDS = ("max_new_tokens", "min_new_tokens", "top_k", "n", "stream_interval")
 
 
@@ -23,6 +24,9 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     syntax as llguidance takes it (a `start:` rule), and always compiles with llguidance.
     `stream_interval`: a streamed request gets a chunk every this many new tokens (the first
     token and the end at once); None: the engine's `stream_interval` setting.
+    `constrain_after`: the constraint holds from the token after the one whose text completes
+    this text in the output (a thinking model's `</think>`: it reasons freely first); any token
+    before (EOS not: the constrained part is still to come). No effect without a constraint.
     """
 
     max_new_tokens: int = 128
@@ -48,6 +52,7 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     choices: list[str] | None = None
     ebnf: str | None = None
     stream_interval: int | None = None
+    constrain_after: str | None = None
 
     @classmethod
     def from_dict(cls, params: dict[str, Any] | SamplingParams | None) -> SamplingParams:
@@ -91,6 +96,8 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
         constraints = [c for c in (self.regex, self.json_schema, self.choices, self.ebnf) if c is not None]
         _check(len(constraints) <= 1, "regex", "at most one of regex, json_schema, choices, ebnf may be set")
         _check(self.choices is None or len(self.choices) > 0, "choices", "must not be empty")
+        _check(self.constrain_after is None or 0 < len(self.constrain_after) <= MAX_CONSTRAIN_AFTER_CHARS,
+               "constrain_after", f"must be 1-{MAX_CONSTRAIN_AFTER_CHARS} characters")
         if self.stop_regexes:
             from radixflow.runtime.text.stop_regex import compile_stop_regexes
 

@@ -5,6 +5,7 @@ import importlib.util
 import logging
 import threading
 
+from radixflow.runtime.grammar.after_text import AfterText
 from radixflow.runtime.grammar.backend import (
     CompiledGrammar, GrammarBackend, GrammarCancelled, GrammarError, GrammarTimeout, Gone,
 )
@@ -126,7 +127,10 @@ class GrammarCompiler:
             return None
         vocab = self._vocab  # built by compile()
         stop_ids = frozenset(t for t in sp.stop_token_ids or () if 0 <= t < len(vocab.token_bytes) and vocab.token_bytes[t])
-        return GrammarState(compiled.new_matcher(), vocab, jump_forward=self.jump_forward and not want_logprob,
+        matcher = compiled.new_matcher()
+        if sp.constrain_after is not None:
+            matcher = AfterText(matcher, sp.constrain_after.encode(), vocab)
+        return GrammarState(matcher, vocab, jump_forward=self.jump_forward and not want_logprob,
                             allow_eos=not sp.ignore_eos, stop_ids=stop_ids)
 
     def close(self) -> None:

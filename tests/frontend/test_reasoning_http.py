@@ -59,8 +59,12 @@ def _as_streamed(choice):
             "tool_calls": [c["function"] for c in message.get("tool_calls") or []]}
 
 
+# a grammar holds after </think> while the model thinks; told not to think, from the first token
+UNTHINKING = {"chat_template_kwargs": {"enable_thinking": False}}
+
+
 def test_the_block_is_reasoning_and_the_rest_content(r1, client):
-    forced = {"regex": re.escape(THOUGHT)}
+    forced = {"regex": re.escape(THOUGHT), **UNTHINKING}
     whole = _chat(r1, **forced)
     assert whole["message"] == {"role": "assistant", "content": "Paris.",
                                 "reasoning_content": "The capital of France.", "reasoning": "The capital of France."}
@@ -70,6 +74,18 @@ def test_the_block_is_reasoning_and_the_rest_content(r1, client):
     assert _chat(r1, separate_reasoning=False, **forced)["message"] == {"role": "assistant", "content": THOUGHT}
     # a server without --reasoning-parser leaves the text alone
     assert _chat(client, **forced)["message"] == {"role": "assistant", "content": THOUGHT}
+
+
+def test_a_grammar_holds_after_the_block(r1, client):
+    """Thinking on, a constraint starts after </think>: the random model never writes it, so its
+    output is the unconstrained one, all reasoning; told not to think, the grammar holds at once."""
+    for extra in ({"regex": "yes|no"}, {"response_format": {"type": "json_object"}}, {"tool_choice": "required",
+                                                                                         "tools": TOOLS}):
+        plain = _chat(client, max_tokens=8, tools=extra.get("tools"))["message"]["content"]  # same prompt
+        thinking = _chat(r1, max_tokens=8, **extra)
+        assert thinking["message"] == {"role": "assistant", "content": None, "reasoning_content": plain.strip(),
+                                       "reasoning": plain.strip()}, extra
+    assert _chat(r1, regex="yes|no", **UNTHINKING)["message"]["content"] in ("yes", "no")
 
 
 def test_an_output_that_never_closes_the_block_is_all_reasoning(r1, client):
@@ -85,7 +101,7 @@ def test_an_output_that_never_closes_the_block_is_all_reasoning(r1, client):
 
 def test_tool_calls_are_read_from_the_answer_only(r1):
     text = f"<think>Maybe {CALL}?</think>{CALL}"
-    extra = {"regex": re.escape(text), "tools": TOOLS, "max_tokens": 200}
+    extra = {"regex": re.escape(text), "tools": TOOLS, "max_tokens": 200, **UNTHINKING}
     whole = _chat(r1, **extra)
     message = whole["message"]
     assert message["reasoning_content"] == f"Maybe {CALL}?" and message["content"] is None
