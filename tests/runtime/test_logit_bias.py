@@ -196,3 +196,14 @@ def test_overlap_gives_what_it_gives_without_it():
     assert outs[0] == outs[1]
     assert outs[0][1] == [55] * GREEDY["max_new_tokens"]
     assert steps.num_overlapped_steps > 0 and steps.num_host_rows > 0
+
+
+def test_the_language_gen_takes_logit_bias(engine):
+    import radixflow.lang as rf
+
+    @rf.function
+    def prog(s):
+        s += "Once upon a" + rf.gen("x", max_tokens=3, temperature=0, ignore_eos=True, logit_bias={1234: 100})
+
+    state = prog.run(backend=rf.Engine(engine=engine))
+    assert state["x"] == engine.tokenizer.decode([1234] * 3)
