@@ -1,4 +1,4 @@
-"""Vectorized sampling over a batch of logit rows: penalties, filters, seeds, logprobs.
+"""Vectorized sampling over a batch of logit rows: logit bias, penalties, filters, seeds, logprobs.
 
 Per step, whatever the batch: a constant number of tensor ops (no per-row tensor work), one
 top-k over the candidates instead of a full-vocabulary sort where top_k / top_p allow, one
