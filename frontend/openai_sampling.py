@@ -90,8 +90,6 @@ def _check_openai_ranges(req: Any) -> None:
     """Limits OpenAI documents that are tighter than the engine's own."""
     if req.temperature is not None and req.temperature > 2.0:
         raise APIError(400, "temperature must be in [0, 2]", param="temperature")
-    if req.logit_bias:
-        raise APIError(400, "logit_bias is not supported", param="logit_bias")
     if req.stream_options is not None and not req.stream:
         raise APIError(400, "stream_options is only allowed with stream=true", param="stream_options")
 

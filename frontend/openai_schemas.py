@@ -13,11 +13,11 @@ from msgspec import Struct
 from radixflow.runtime.sampling_params import SamplingParams
 
 # Engine sampling fields an OpenAI request may carry under the engine's own name: OpenAI's
-# (temperature ... n) and the usual vLLM/SGLang extras (top_k ... no_stop_trim).
+# (temperature ... n, logit_bias) and the usual vLLM/SGLang extras (top_k ... no_stop_trim).
 SHARED_SAMPLING_FIELDS = (
     "temperature", "top_p", "n", "stop", "seed", "presence_penalty", "frequency_penalty",
     "top_k", "min_p", "repetition_penalty", "regex", "json_schema", "ebnf", "ignore_eos", "stop_token_ids",
-    "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim",
+    "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim", "logit_bias",
 )
 # vLLM's names of the engine's constraints: `structured_outputs.<name>` (vLLM >= 0.10) and the
 # older top-level `guided_<name>` (removed in vLLM 0.12; older clients still send them).
@@ -64,7 +64,6 @@ class _Common(SamplingFields, kw_only=True, forbid_unknown_fields=True):
     stream_options: StreamOptions | None = None
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputs | None = None
-    logit_bias: dict[str, float] | None = None
     user: str | None = None
 
 

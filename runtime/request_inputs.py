@@ -91,6 +91,9 @@ def check_prompt(ids: list[int], sp: SamplingParams, vocab: int, max_context_len
     if sp.stop_token_ids and max(sp.stop_token_ids) >= vocab:
         raise ValueError(f"sampling_params.stop_token_ids holds {max(sp.stop_token_ids)}, outside the vocabulary "
                          f"[0, {vocab})")
+    biased = max(sp.logit_bias_ids, default=-1)
+    if biased >= vocab:
+        raise ValueError(f"sampling_params.logit_bias holds token id {biased}, outside the vocabulary [0, {vocab})")
     limit = max_context_len - (1 if sp.max_new_tokens > 0 else 0)
     if len(ids) > limit:
         raise ValueError(f"the prompt has {len(ids)} tokens but max_model_len is {max_context_len}"

@@ -11,6 +11,8 @@ INT64_MAX = 2**63 - 1  # bounds of the integer fields (what the engine core's me
 SEED_RANGE = (-2**63, 2**64 - 1)  # what torch.manual_seed takes; n > 1 samples wrap within it
 MAX_CONSTRAIN_AFTER_CHARS = 64
 _INT_FIELDS = ("max_new_tokens", "min_new_tokens", "top_k", "n", "stream_interval")
+LOGIT_BIAS_RANGE = (-100.0, 100.0)  # OpenAI's: -100 bans a token, +100 all but forces it
+MAX_LOGIT_BIAS = 300  # entries of one request's logit_bias
 
 
 class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -27,6 +29,9 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     `constrain_after`: the constraint holds from the token after the one whose text completes
     this text in the output (a thinking model's `</think>`: it reasons freely first); any token
     before (EOS not: the constrained part is still to come). No effect without a constraint.
+    `logit_bias`: token id (a decimal string, as OpenAI's JSON keys; int keys are read too) →
+    a value in [-100, 100] added to that token's logit before the grammar mask, penalties,
+    temperature and filters (greedy too); at most MAX_LOGIT_BIAS entries.
     """
 
     max_new_tokens: int = 128
@@ -53,6 +58,7 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     ebnf: str | None = None
     stream_interval: int | None = None
     constrain_after: str | None = None
+    logit_bias: dict[str, float] | None = None
 
     @classmethod
     def from_dict(cls, params: dict[str, Any] | SamplingParams | None) -> SamplingParams:
@@ -65,6 +71,8 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
         cleaned = _sglang_names({k: v for k, v in (params or {}).items() if v is not None})
         if cleaned.get("stop") == []:
             del cleaned["stop"]
+        if isinstance(cleaned.get("logit_bias"), dict):
+            cleaned["logit_bias"] = _bias_keys(cleaned["logit_bias"])
         try:
             sp = msgspec.convert(cleaned, cls, strict=False)
         except msgspec.ValidationError as exc:
@@ -91,6 +99,7 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
         _check(all(s for s in self.stop_strings), "stop", "strings must be non-empty")
         _check(all(0 <= t <= INT64_MAX for t in self.stop_token_ids or []), "stop_token_ids",
                "must be token ids (>= 0)")
+        self._check_logit_bias()
         _check(self.seed is None or SEED_RANGE[0] <= self.seed <= SEED_RANGE[1], "seed",
                f"must be in [{SEED_RANGE[0]}, {SEED_RANGE[1]}]")
         constraints = [c for c in (self.regex, self.json_schema, self.choices, self.ebnf) if c is not None]
@@ -115,6 +124,15 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
             except RecursionError:
                 raise ValueError("json_schema nests too deeply to be read") from None
 
+    def _check_logit_bias(self) -> None:
+        bias = self.logit_bias or {}
+        _check(len(bias) <= MAX_LOGIT_BIAS, "logit_bias", f"holds {len(bias)} entries; at most {MAX_LOGIT_BIAS}")
+        bad = [k for k in bias if not _is_token_id(k)]
+        _check(not bad, "logit_bias", f"{_BIAS_KEYS}, got {bad[:1]!r}")
+        low, high = LOGIT_BIAS_RANGE
+        bad = next((v for v in bias.values() if not low <= v <= high), None)  # NaN compares false
+        _check(bad is None, "logit_bias", f"values must be in [{low:g}, {high:g}], got {bad}")
+
     def for_sample(self, j: int) -> SamplingParams:
         """Sample j of an n > 1 request: n = 1 and seed + j, wrapped into [0, 2^64) (the same
         generator state for torch, and never past the seed range)."""
@@ -136,6 +154,11 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     def is_penalized(self) -> bool:
         """A frequency, presence or repetition penalty applies."""
         return bool(self.frequency_penalty or self.presence_penalty or self.repetition_penalty != 1.0)
+
+    @property
+    def logit_bias_ids(self) -> list[int]:
+        """The token ids `logit_bias` biases (its keys, validated as decimal ids)."""
+        return [int(k) for k in self.logit_bias or ()]
 
     @property
     def is_constrained(self) -> bool:
@@ -161,6 +184,23 @@ def _sglang_names(params: dict[str, Any]) -> dict[str, Any]:
     for name in IGNORED:
         params.pop(name, None)
     return params
+
+
+_BIAS_KEYS = 'keys must be token ids written in decimal ("42")'
+
+
+def _bias_keys(bias: dict) -> dict | None:
+    """Int keys (the Python API's) as the decimal strings OpenAI's JSON sends; an empty dict
+    is no bias."""
+    bad = [k for k in bias if type(k) not in (str, int)]
+    _check(not bad, "logit_bias", f"{_BIAS_KEYS}, got {bad[:1]!r}")
+    return {str(k) if type(k) is int else k: v for k, v in bias.items()} or None
+
+
+def _is_token_id(key: str) -> bool:
+    """A token id in canonical decimal, at most 19 digits (int() of a longer one is slow, or a
+    ValueError past Python's digit limit): "0", "42"; not "-1", "05", " 5", "4.0"."""
+    return len(key) <= 19 and key.isascii() and key.isdigit() and (key == "0" or key[0] != "0")
 
 
 def _check(ok: bool, name: str, what: str) -> None:

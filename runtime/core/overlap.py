@@ -10,11 +10,11 @@ forward runs on one worker thread (torch ops release the GIL); on CUDA launching
 already, so it runs inline and the tokens come back through a pinned buffer.
 
 Rows of plain requests (`is_plain`) are sampled on the device by the step's job. The others
-(grammar, penalties, logprobs, a seed, stop tokens held back by min_new_tokens) are host rows:
-their sampling needs the request's state after its previous token (the grammar advanced, the
-penalty counts, the output count), so the engine thread prepares them (grammar plans and
-masks) once that token is appended, while the step's forward runs, samples them from the
-step's logits once it is done, and writes their tokens into the step's device tokens before
+(grammar, penalties, logit bias, logprobs, a seed, stop tokens held back by min_new_tokens) are
+host rows: their sampling needs the request's state after its previous token (the grammar
+advanced, the penalty counts, the output count), so the engine thread prepares them (grammar
+plans and masks) once that token is appended, while the step's forward runs, samples them from
+the step's logits once it is done, and writes their tokens into the step's device tokens before
 the next step is launched from them (runtime/core/overlap_steps.py). Only those rows
 wait for the previous token; appending, stop checks, releasing and publishing still overlap.
 A jump-forward appends forced tokens after a sampled one: the step launched on that token
@@ -44,11 +44,12 @@ StepTokens = tuple[torch.Tensor, torch.Tensor, "torch.cuda.Event | None", "torch
 
 def is_plain(req: Req, num_pending: int) -> bool:
     """Whether req's next token can be sampled on the device with no host work
-    (`sample_on_device`): no grammar, penalties, logprobs or seed, and min_new_tokens no longer
-    holding stop tokens back once its `num_pending` tokens still on the device are appended."""
+    (`sample_on_device`): no grammar, penalties, logit bias, logprobs or seed, and min_new_tokens
+    no longer holding stop tokens back once its `num_pending` tokens still on the device are
+    appended."""
     sp = req.sampling
     return (req.grammar is None and req.generator is None and not req.logprob.return_logprob
-            and not req.logprob.top_logprobs_num and not sp.is_penalized
+            and not req.logprob.top_logprobs_num and not sp.is_penalized and not sp.logit_bias
             and len(req.output_ids) + num_pending >= sp.min_new_tokens)
 
 

@@ -18,12 +18,16 @@ class RowState:
     view into the last step's batch tensor), covering output_ids[:num_counted]; None until a
     penalty needs it. `prompt_seen`: [vocab] bool, the prompt's tokens (repetition penalty).
     `num_draws`: seeded draws made so far (the counter of runtime/core/seeded.py).
+    `bias_ids` [K] int64 / `bias_values` [K] fp32: the request's logit_bias on the logits'
+    device (runtime/core/logit_bias.py), None until its first biased step.
     """
 
     counts: torch.Tensor | None = None
     prompt_seen: torch.Tensor | None = None
     num_counted: int = 0
     num_draws: int = 0
+    bias_ids: torch.Tensor | None = None
+    bias_values: torch.Tensor | None = None
 
 
 def _fresh(row: SampleRow, vocab: int, device: torch.device) -> bool:

@@ -1,4 +1,4 @@
-"""Vectorized sampling over a batch of logit rows: penalties, filters, seeds, logprobs.
+"""Vectorized sampling over a batch of logit rows: logit bias, penalties, filters, seeds, logprobs.
 
 Per step, whatever the batch: a constant number of tensor ops (no per-row tensor work), one
 top-k over the candidates instead of a full-vocabulary sort where top_k / top_p allow, one
@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import torch
 
 from radixflow.kernels.logits_mask import apply_token_bitmask, apply_token_bitmask_ref
+from radixflow.runtime.core.logit_bias import apply_logit_bias
 from radixflow.runtime.core.penalties import RowState, apply_penalties
 from radixflow.runtime.sampling_params import SamplingParams
 from radixflow.runtime.core.seeded import counter_uniforms
@@ -44,12 +45,14 @@ class SampleRow:
     want_logprob: bool = False
     state: RowState = field(default_factory=RowState)
     penalized: bool = field(init=False)  # a frequency, presence or repetition penalty
-    plain: bool = field(init=False)      # greedy, nothing blocked or penalized, no logprob: an argmax
+    biased: bool = field(init=False)     # a logit_bias
+    plain: bool = field(init=False)      # greedy, nothing blocked, penalized or biased, no logprob: an argmax
 
     def __post_init__(self) -> None:
         sp = self.sampling
         self.penalized = sp.is_penalized
-        self.plain = sp.is_greedy and not (self.penalized or self.blocked_ids or self.want_logprob)
+        self.biased = bool(sp.logit_bias)
+        self.plain = sp.is_greedy and not (self.penalized or self.biased or self.blocked_ids or self.want_logprob)
 
 
 @dataclass
@@ -108,10 +111,11 @@ def sample(logits: torch.Tensor, rows: list[SampleRow], generator: torch.Generat
            bitmask: tuple[torch.Tensor, torch.Tensor] | None = None, plain: bool | None = None) -> SampleResult:
     """Choose one token per row of `logits` [B, vocab] (fp32, modified in place).
 
-    `bitmask`, when given, marks the allowed tokens (grammar), packed: (int32 [R, >= vocab/32]
-    bits, int64 [R] logits rows they apply to), see kernels/logits_mask.py. It applies before
-    everything else. Logprobs are of the raw distribution, before the grammar, penalties and
-    filters, computed only for rows with `want_logprob`. Mutates each row's `state`. A row whose
+    Order: each row's logit_bias, then `bitmask`, when given, which marks the allowed tokens
+    (grammar), packed: (int32 [R, >= vocab/32] bits, int64 [R] logits rows they apply to), see
+    kernels/logits_mask.py (after the bias, so no bias unmasks a token), then penalties, blocked
+    ids, temperature and filters. Logprobs are of the raw distribution, before all of these
+    (the logit bias too), computed only for rows with `want_logprob`. Mutates each row's `state`. A row whose
     logits hold a NaN (the model broke for that request), or are not finite after its penalties
     and temperature, gets token -1 (BROKEN_ROW). `plain`: whether every
     row is `plain`, when the caller knows (else it is found here).
@@ -125,6 +129,7 @@ def sample(logits: torch.Tensor, rows: list[SampleRow], generator: torch.Generat
         return SampleResult(argmax_rows(logits).masked_fill(broken, -1).tolist(), None, None)
     want = [i for i, r in enumerate(rows) if r.want_logprob]
     raw = logits.index_select(0, torch.tensor(want, device=device)) if want else None  # [len(want), vocab], a copy
+    apply_logit_bias(logits, rows)
     _mask(logits, bitmask)
     apply_penalties(logits, rows)
     _block(logits, rows)
@@ -140,7 +145,7 @@ def sample_on_device(logits: torch.Tensor, rows: list[SampleRow], generator: tor
     """Token ids [B] int64 on the logits' device, -1 where a row's logits hold a NaN, with no
     host sync, except where a row has top_p without top_k (checking whether its nucleus is wider
     than TOP_P_CANDIDATES reads one flag back). Only for rows without
-    grammar, penalties, blocked ids, logprobs or seed: the overlapped decode steps' rows
+    grammar, penalties, logit bias, blocked ids, logprobs or seed: the overlapped decode steps' rows
     (runtime/core/overlap.py), whose tokens the host reads a step later. For such rows it
     picks what `sample` picks."""
     peak = logits.amax(dim=-1)  # [B]

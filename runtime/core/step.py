@@ -91,7 +91,7 @@ class RowsToSample:
     reqs: list[Req]
     sample_rows: list[SampleRow]
     bitmask: tuple[torch.Tensor, torch.Tensor] | None
-    plain: bool  # every sampler row is `plain` (an argmax; nothing blocked or penalized)
+    plain: bool  # every sampler row is `plain` (an argmax; nothing blocked, penalized or biased)
 
 
 class StepRunner(OverlappedSteps):
@@ -367,11 +367,12 @@ class StepRunner(OverlappedSteps):
 def _rows_to_sample(logits: torch.Tensor, prepared: RowsToSample) -> torch.Tensor:
     """The logit rows to sample, which `sample` may change in place: a copy, unless they are all
     the rows (ascending: a decode step) and nothing will change them (no grammar mask, penalty or
-    blocked id), so a row-by-row retry after a failure still reads the model's logits."""
+    blocked id, penalty or logit bias), so a row-by-row retry after a failure still reads the
+    model's logits."""
     rows = prepared.rows
     whole = len(rows) == logits.shape[0] and rows[-1] == len(rows) - 1
     if whole and prepared.bitmask is None and (prepared.plain or not any(
-            r.blocked_ids or r.penalized for r in prepared.sample_rows)):
+            r.blocked_ids or r.penalized or r.biased for r in prepared.sample_rows)):
         return logits
     return logits[torch.tensor(rows, device=logits.device)]
 

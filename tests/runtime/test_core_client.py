@@ -46,6 +46,7 @@ def _cases(local) -> list[dict]:
             (prompt, {"temperature": 0, "max_new_tokens": 24}),  # may end at EOS
             (prompt, {**GREEDY, "max_new_tokens": 12, "regex": "[a-z ]{3,30}"}),
             (prompt, {**GREEDY, "max_new_tokens": 6, "stop": ["e"], "min_new_tokens": 2}),
+            (prompt, {**GREEDY, "max_new_tokens": 6, "logit_bias": {"1234": 100, "7": -100}}),
         ]
     return cases
 
