@@ -366,9 +366,8 @@ class StepRunner(OverlappedSteps):
 
 def _rows_to_sample(logits: torch.Tensor, prepared: RowsToSample) -> torch.Tensor:
     """The logit rows to sample, which `sample` may change in place: a copy, unless they are all
-    the rows (ascending: a decode step) and nothing will change them (no grammar mask, penalty or
-    blocked id, penalty or logit bias), so a row-by-row retry after a failure still reads the
-    model's logits."""
+    the rows (ascending: a decode step) and nothing will change them (no grammar mask, penalty,
+    blocked id or logit bias), so a row-by-row retry after a failure still reads the model's logits."""
     rows = prepared.rows
     whole = len(rows) == logits.shape[0] and rows[-1] == len(rows) - 1
     if whole and prepared.bitmask is None and (prepared.plain or not any(
