@@ -1,7 +1,9 @@
 """A live radixflow server (uvicorn in a thread, 127.0.0.1, ephemeral port) on the tiny demo model."""
 from __future__ import annotations
 
+import os
 import socket
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -13,6 +15,9 @@ import uvicorn
 
 from radixflow.frontend.server import create_app
 from radixflow.runtime.model.demo import demo_model
+
+# test helpers beside this file (text_pieces.py) import by name
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 MODEL_NAME = "tiny"
 API_KEY = "test-key"

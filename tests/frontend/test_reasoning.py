@@ -3,25 +3,13 @@ whole, a character at a time, cut at every position and in random pieces, alone 
 tool-call parser."""
 from __future__ import annotations
 
-import random
-
 import pytest
+from text_pieces import every_split  # noqa: E402  (tests/frontend is on sys.path via conftest)
 
 from radixflow.frontend.reasoning import (
     FORMATS, ChoiceParser, ReasoningParser, Thought, check_reasoning_parser,
 )
 from radixflow.frontend.tool_calls import Call, HermesParser
-
-
-def pieces(text):
-    yield [text]
-    yield list(text)
-    for i in range(len(text) + 1):
-        yield [text[:i], text[i:]]
-    rng = random.Random(len(text))
-    for _ in range(20):
-        cuts = sorted(rng.sample(range(len(text) + 1), min(len(text) + 1, rng.randint(2, 6))))
-        yield [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
 
 
 def split(parser, parts):
@@ -59,7 +47,7 @@ CASES = [
 @pytest.mark.parametrize("text, opened_case, plain_case", CASES)
 def test_reasoning_and_content_fed_in_any_pieces(text, opened_case, plain_case):
     for opened, (thought, content, block) in ((True, opened_case), (False, plain_case)):
-        for parts in pieces(text):
+        for parts in every_split(text):
             got = split(ReasoningParser(opened), parts)
             assert got == (thought or "", content, [], block), (opened, parts)
 
@@ -67,7 +55,7 @@ def test_reasoning_and_content_fed_in_any_pieces(text, opened_case, plain_case):
 def test_content_after_the_block_goes_to_the_tool_parser():
     text = ('<think>I should call <tool_call>{"name": "add"}</tool_call> maybe</think>\n'
             'Sure.<tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>')
-    for parts in pieces(text):
+    for parts in every_split(text):
         parser = ChoiceParser(ReasoningParser(False), HermesParser(frozenset({"add"})), include=True)
         assert split(parser, parts) == ('I should call <tool_call>{"name": "add"}</tool_call> maybe', "Sure.",
                                         [Call("add", '{"a": 1}')], True)

@@ -5,9 +5,9 @@ the output to; fed whole, piecewise and in random pieces."""
 from __future__ import annotations
 
 import json
-import random
 
 import pytest
+from text_pieces import every_split  # noqa: E402  (tests/frontend is on sys.path via conftest)
 
 from radixflow.frontend.tool_call_formats import (
     PARSERS, Llama3JsonParser, MistralParser, PythonicParser, auto_parser,
@@ -33,18 +33,6 @@ def merged(events):
         else:
             out.append(e)
     return out
-
-
-def every_split(text):
-    """The text whole, one character at a time, and cut at every position."""
-    yield [text]
-    yield list(text)
-    for i in range(len(text) + 1):
-        yield [text[:i], text[i:]]
-    rng = random.Random(len(text))
-    for _ in range(20):
-        cuts = sorted(rng.sample(range(len(text) + 1), min(len(text) + 1, rng.randint(2, 6))))
-        yield [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
 
 
 WEATHER = Call("get_weather", '{"city": "Paris"}')
