@@ -17,10 +17,11 @@ from radixflow.frontend.openai_schemas import (
     AssistantMessage, CalledFunction, ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk,
     ChatRequest, ChatToolCall, ChoiceLogprobs, Delta, DeltaToolCall, TokenLogprob, TopLogprob,
 )
-from radixflow.frontend.reasoning import CLOSE, FORMATS, ChoiceParser, ReasoningParser, Thought
+from radixflow.frontend.reasoning import ChoiceParser
 from radixflow.frontend.tool_calls import Call, Parser
 from radixflow.frontend.tools import ToolPlan, template_tools, tool_plan
 from radixflow.runtime.sampling_params import RequestOptions
+from radixflow.runtime.text.reasoning import CLOSE, FORMATS, ReasoningParser, Thought
 
 
 def to_logprobs(meta: dict, tokenizer: Any) -> ChoiceLogprobs | None:

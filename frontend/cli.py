@@ -68,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--tool-call-parser", choices=tuple(PARSERS), default="hermes",
                        help="the format of the model's tool calls under tool_choice 'auto': hermes "
                             "(<tool_call> blocks), llama3_json, mistral ([TOOL_CALLS]) or pythonic (default: hermes)")
-    from radixflow.frontend.reasoning import FORMATS
+    from radixflow.runtime.text.reasoning import FORMATS
 
     serve.add_argument("--reasoning-parser", choices=(*FORMATS, *(f.replace("_", "-") for f in FORMATS)),
                        default=None,

@@ -18,9 +18,10 @@ from radixflow.frontend.body import json_response, off_loop_if_large, read_json
 from radixflow.frontend.errors import RETRY_AFTER_S, APIError, bad_request
 from radixflow.frontend.in_flight import InFlight
 from radixflow.frontend.limits import RequestLimits
-from radixflow.frontend.reasoning import SeparateRequest, check_reasoning_parser, separate
+from radixflow.frontend.reasoning import SeparateRequest, separate
 from radixflow.frontend.streams import SSE_DONE, EventStream, Fanout, launch, sse
 from radixflow.runtime.sampling_params import RequestOptions, SamplingParams, request_option_names
+from radixflow.runtime.text.reasoning import check_reasoning_parser
 
 log = logging.getLogger(__name__)
 

@@ -1,126 +1,13 @@
-"""A thinking model's reasoning, apart from its answer (`--reasoning-parser`): the text it writes
-in a `<think> ... </think>` block before the answer becomes the chat message's
-`reasoning_content` (and `reasoning`, vLLM's newer name), the text after it the `content`, which
-alone is parsed for tool calls.
-
-    deepseek_r1     the template opens the block, so the output thinks from its first token (an
-                    opening <think> it writes anyway is dropped); without </think> it is all
-                    reasoning (an output cut while thinking)
-    qwen3           reasoning only when the output opens with <think>; otherwise all content
-                    (Qwen3 with enable_thinking false, or an answer without thinking)
-    qwen3_thinking  as deepseek_r1 (Qwen3 thinking models, whose template opens the block)
-
-A parser is fed a choice's text as it is generated and returns events, `Thought` pieces and
-content text; text that may still be a tag (`</thi`) is held back until it cannot be, and so is
-whitespace at the block's edges, which is dropped (the newlines models write around the tags),
-as is whitespace between `</think>` and the answer. Fed whole or in pieces, it gives the same
-reasoning and content.
-"""
+"""A chat output's reasoning, answer and tool calls (`--reasoning-parser`): the block a thinking
+model writes first (runtime/text/reasoning.py) becomes the message's `reasoning_content` (and
+`reasoning`, vLLM's newer name), the text after it the `content`, which alone is parsed for tool
+calls; and SGLang's POST /separate_reasoning."""
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import msgspec
 
-from radixflow.frontend.tool_calls import Call, Parser, partial_tag
-
-OPEN, CLOSE = "<think>", "</think>"
-
-# format → whether the output is in the block from its first token (the template opened it)
-FORMATS = {"deepseek_r1": True, "qwen3": False, "qwen3_thinking": True}
-_ALIASES = {name.replace("_", "-"): name for name in FORMATS}  # SGLang spells them with dashes
-
-
-def check_reasoning_parser(name: str | None) -> str | None:
-    """The format `name` means (None: no parser); ValueError for an unknown one."""
-    if name is None:
-        return None
-    name = _ALIASES.get(name, name)
-    if name not in FORMATS:
-        raise ValueError(f"--reasoning-parser must be one of {', '.join(FORMATS)}; got {name!r}")
-    return name
-
-
-@dataclass(frozen=True)
-class Thought:
-    """A piece of the reasoning."""
-
-    text: str
-
-
-_START, _THINKING, _AFTER, _CONTENT = range(4)
-
-
-class ReasoningParser:
-    """One choice's text split into Thought pieces and content (see the module's docstring).
-    `opened`: the output starts inside the block. `saw_block`: whether it was in one."""
-
-    def __init__(self, opened: bool) -> None:
-        self._opened = opened
-        self._state = _START
-        self._held = ""  # text that may still be a tag, or whitespace at the block's end
-        self._leading = False  # in the block, before its first character other than whitespace
-        self.saw_block = False
-
-    def feed(self, text: str) -> list[Thought | str]:
-        out: list[Thought | str] = []
-        text, self._held = self._held + text, ""
-        while text:
-            if self._state == _START:
-                if text.startswith(OPEN):
-                    text = text[len(OPEN):]
-                    self._think()
-                elif OPEN.startswith(text):
-                    self._held = text  # maybe the opening tag, not yet whole
-                    break
-                elif self._opened:
-                    self._think()
-                else:
-                    self._state = _CONTENT
-            elif self._state == _THINKING:
-                end = text.find(CLOSE)
-                if end < 0:
-                    keep = partial_tag(text, CLOSE)
-                    body = text[:len(text) - keep]
-                    shown = body.rstrip()
-                    self._held = body[len(shown):] + text[len(text) - keep:]
-                    text = shown
-                    out.append(Thought(self._lead(text)))
-                    break
-                out.append(Thought(self._lead(text[:end].rstrip())))
-                text = text[end + len(CLOSE):]
-                self._state = _AFTER
-            elif self._state == _AFTER:  # whitespace between </think> and the answer is dropped
-                text = text.lstrip()
-                if text:
-                    self._state = _CONTENT
-            else:
-                out.append(text)
-                text = ""
-        return [e for e in out if (e.text if isinstance(e, Thought) else e)]
-
-    def finish(self) -> list[Thought | str]:
-        """What was held back: a partial tag at the end is text like any other."""
-        held, self._held = self._held, ""
-        if not held:
-            return []
-        if self._state == _START:
-            self.saw_block = self._opened
-            return [Thought(held) if self._opened else held]
-        if self._state == _THINKING:
-            text = self._lead(held.rstrip())
-            return [Thought(text)] if text else []
-        return [held]
-
-    def _think(self) -> None:
-        self._state, self.saw_block, self._leading = _THINKING, True, True
-
-    def _lead(self, text: str) -> str:
-        """Whitespace at the start of the block is dropped, up to its first other character."""
-        if self._leading:
-            text = text.lstrip()
-            self._leading = not text
-        return text
+from radixflow.frontend.tool_calls import Call, Parser
+from radixflow.runtime.text.reasoning import ReasoningParser, Thought, split_reasoning
 
 
 class ChoiceParser:
@@ -166,7 +53,5 @@ class SeparateResponse(msgspec.Struct):
 
 def separate(text: str, name: str) -> SeparateResponse:
     """A whole output's answer and reasoning under format `name` (a FORMATS key)."""
-    parser = ReasoningParser(FORMATS[name])
-    events = parser.feed(text) + parser.finish()
-    return SeparateResponse("".join(e for e in events if isinstance(e, str)),
-                            "".join(e.text for e in events if isinstance(e, Thought)))
+    reasoning, answer = split_reasoning(text, name)
+    return SeparateResponse(answer, reasoning or "")

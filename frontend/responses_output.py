@@ -13,8 +13,8 @@ from radixflow.frontend.responses_schemas import (
     CallItem, FunctionCall, IncompleteDetails, InputTokensDetails, Item, MessageItem, OutputItem, OutputMessage,
     OutputText, OutputTokensDetails, ReasoningOutput, ReasoningText, ResponseUsage, ThoughtItem,
 )
-from radixflow.frontend.reasoning import Thought
 from radixflow.frontend.tool_calls import Call, Event
+from radixflow.runtime.text.reasoning import Thought
 
 
 def item_id(prefix: str) -> str:

@@ -34,9 +34,9 @@ from radixflow.frontend.response_store import DEFAULT_MAX_RESPONSES, ResponseSto
 from radixflow.frontend.responses import create_response, response_by_id
 from radixflow.frontend.state import Gate, ServerState, refusal
 from radixflow.frontend.tokenize import detokenize, tokenize
-from radixflow.frontend.reasoning import check_reasoning_parser
 from radixflow.frontend.tool_call_formats import check_parser_name
 from radixflow.frontend.streams import ClientGone
+from radixflow.runtime.text.reasoning import check_reasoning_parser
 
 log = logging.getLogger(__name__)
 

@@ -14,6 +14,8 @@ from collections.abc import Set
 from dataclasses import dataclass
 from typing import Protocol
 
+from radixflow.runtime.text.reasoning import partial_tag
+
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 
 
@@ -58,14 +60,6 @@ def call_of(obj: object, names: Set[str], keys: tuple[str, ...] = ("arguments",)
         return Call(obj["name"], _arguments(arguments))
     except ValueError:
         return None
-
-
-def partial_tag(text: str, tag: str) -> int:
-    """Length of the longest proper prefix of `tag` that `text` ends with."""
-    for k in range(min(len(tag) - 1, len(text)), 0, -1):
-        if text.endswith(tag[:k]):
-            return k
-    return 0
 
 
 class Content:

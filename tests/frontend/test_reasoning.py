@@ -6,9 +6,8 @@ from __future__ import annotations
 import pytest
 from text_pieces import every_split  # noqa: E402  (tests/frontend is on sys.path via conftest)
 
-from radixflow.frontend.reasoning import (
-    FORMATS, ChoiceParser, ReasoningParser, Thought, check_reasoning_parser,
-)
+from radixflow.frontend.reasoning import ChoiceParser
+from radixflow.runtime.text.reasoning import FORMATS, ReasoningParser, Thought, check_reasoning_parser, split_reasoning
 from radixflow.frontend.tool_calls import Call, HermesParser
 
 
@@ -112,3 +111,10 @@ def test_a_reasoning_item_before_a_user_turn_is_an_assistant_turn_of_its_own():
                         {"role": "user", "content": "Hi"}, {"type": "reasoning", "content": [], "summary": []}])
     assert [(m.role, m.content, m.reasoning_content) for m in chat_messages(items)] == [
         ("assistant", None, "a"), ("user", "Hi", None), ("assistant", None, "")]
+
+
+def test_split_reasoning_of_a_whole_output():
+    assert split_reasoning("<think>a</think> b", "qwen3") == ("a", "b")
+    assert split_reasoning("b", "qwen3") == (None, "b")
+    assert split_reasoning("a</think>b", "deepseek_r1") == ("a", "b")
+    assert split_reasoning("", "deepseek_r1") == (None, "")
