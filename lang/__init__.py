@@ -22,7 +22,7 @@ from radixflow.lang.executor import ProgramError
 from radixflow.lang.expr import Expr, TraceError
 from radixflow.lang.function import Function, function
 from radixflow.lang.interpreter import Limits, ProgramTimeout, execute, validate_ir
-from radixflow.lang.primitives import gen, gen_int, gen_string, if_, select
+from radixflow.lang.primitives import gen, gen_int, gen_string, if_, select, separate_reasoning
 from radixflow.lang.roles import (
     assistant, assistant_begin, assistant_end, system, system_begin, system_end, user, user_begin, user_end,
 )
@@ -38,7 +38,7 @@ __all__ = [
     "Backend", "BackendError", "Endpoint", "Engine", "Expr", "Function", "Limits", "ProgramError", "ProgramTimeout",
     "ProgramState", "TraceError", "assistant", "assistant_begin", "assistant_end", "execute",
     "function", "gen", "gen_int", "gen_string", "get_default_backend", "greedy_token_selection",
-    "if_", "select", "set_default_backend", "system", "system_begin", "system_end",
+    "if_", "select", "separate_reasoning", "set_default_backend", "system", "system_begin", "system_end",
     "token_length_normalized", "trace", "unconditional_likelihood_normalized", "user",
     "user_begin", "user_end", "validate_ir",
 ]

@@ -37,15 +37,20 @@ class RoleEnd(_Op, tag="role_end"):
     role: str
 
 
+REASONING_SUFFIX = "_reasoning_content"  # a gen's reasoning variable: its name + this (SGLang's)
+
+
 class Gen(_Op, tag="gen"):
     """`params`: native `sampling_params` keys. `extras`: top-level request keys (return_logprob, ...).
     `dtype` ("int", "float", "str", "bool"): `params["regex"]` already constrains the text; the
-    stored value is converted."""
+    stored value is converted. `reasoning`: a reasoning format (runtime/text/reasoning.py): the
+    output's block is split off (separate_reasoning), stored as `<name>_reasoning_content`."""
 
     name: str | None = None
     params: dict[str, Any] = {}
     extras: dict[str, Any] = {}
     dtype: Literal["int", "float", "str", "bool"] | None = None
+    reasoning: str | None = None
 
 
 class Select(_Op, tag="select"):

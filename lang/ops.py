@@ -92,14 +92,22 @@ def _gen_body(ctx: ProgramContext, op: ir.Gen) -> dict:
 def _gen(ctx: ProgramContext, op: ir.Gen) -> None:
     body = _gen_body(ctx, op)
     if ctx.stream:
-        text, meta = _gen_stream(ctx, body, op.name)
+        text, meta = _gen_stream(ctx, body, op.name, op.reasoning)
     else:
         response = _generate(ctx, body)
         check_finished(response, f"gen {op.name!r}")
         text, meta = response["text"], response.get("meta_info")
+    reasoning = None
+    if op.reasoning is not None:
+        from radixflow.runtime.text.reasoning import split_reasoning  # pure text: no torch
+
+        reasoning, text = split_reasoning(text, op.reasoning)
+    if not ctx.stream:
         ctx.append(text, op.name)
     if op.name is not None:
         ctx.set_var(op.name, params.convert(text, op.dtype), meta)
+        if op.reasoning is not None:
+            ctx.set_var(op.name + ir.REASONING_SUFFIX, reasoning or "")
 
 
 def _generate(ctx: ProgramContext, body: dict) -> dict:
@@ -113,13 +121,15 @@ def _generate(ctx: ProgramContext, body: dict) -> dict:
         return ctx.backend.generate(body)
 
 
-def _gen_stream(ctx: ProgramContext, body: dict, name: str | None) -> tuple[str, Any]:
-    """Append each chunk's new text as it arrives; chunks carry the cumulative completion.
+def _gen_stream(ctx: ProgramContext, body: dict, name: str | None, reasoning: str | None) -> tuple[str, Any]:
+    """Append each chunk's new text as it arrives (with a `reasoning` format, the answer's only);
+    chunks carry the cumulative completion. Returns the whole output, as written.
 
     Once `ctx.stopped` is set (the program's body failed) the stream is closed, which aborts the
     request in every backend, instead of generating on to max_new_tokens for nobody.
     """
     text, meta = "", None
+    shown = _answer_only(reasoning)
     chunks = ctx.backend.generate_stream({**body, "stream": True})
     try:
         for chunk in chunks:
@@ -127,7 +137,8 @@ def _gen_stream(ctx: ProgramContext, body: dict, name: str | None) -> tuple[str,
                 raise RuntimeError(f"gen {name!r} stopped: the program's body failed")
             cumulative = chunk["text"]
             if len(cumulative) > len(text):
-                ctx.append(cumulative[len(text):], name)
+                for piece in shown(cumulative[len(text):], False):
+                    ctx.append(piece, name)
                 text = cumulative
             meta = chunk.get("meta_info", meta)
     finally:
@@ -135,7 +146,24 @@ def _gen_stream(ctx: ProgramContext, body: dict, name: str | None) -> tuple[str,
         if close is not None:
             close()
     check_finished({"meta_info": meta}, f"gen {name!r}")
+    for piece in shown("", True):
+        ctx.append(piece, name)
     return text, meta
+
+
+def _answer_only(reasoning: str | None) -> Callable[[str, bool], list[str]]:
+    """piece, last → the text of it to show: all of it, or with a reasoning format the answer's
+    (held back while it may still be a tag)."""
+    if reasoning is None:
+        return lambda piece, last: [piece] if piece else []
+    from radixflow.runtime.text.reasoning import FORMATS, ReasoningParser  # pure text: no torch
+
+    parser = ReasoningParser(FORMATS[reasoning])
+
+    def shown(piece: str, last: bool) -> list[str]:
+        events = parser.feed(piece) + (parser.finish() if last else [])
+        return [e for e in events if isinstance(e, str)]
+    return shown
 
 
 def _select(ctx: ProgramContext, op: ir.Select) -> None:

@@ -1,7 +1,9 @@
-"""The generation primitives: gen(), gen_int(), gen_string(), select() and if_()."""
+"""The generation primitives: gen(), gen_int(), gen_string(), select(), if_() and separate_reasoning()."""
 from __future__ import annotations
 
 from typing import Any
+
+import msgspec
 
 from radixflow.lang import ir, params
 from radixflow.lang.expr import Condition, Expr, to_expr
@@ -75,3 +77,40 @@ def if_(condition: bool | Condition, then: Any = "", else_: Any = "") -> Expr:
     if not isinstance(condition, bool):
         raise TypeError(f"if_() needs a comparison like s['x'] == 'value', got {type(condition).__name__}")
     return Expr(then_ops if condition else else_ops)
+
+
+_CONSTRAINTS = ("regex", "json_schema", "choices", "ebnf")
+
+
+def reasoning_format(model_type: str) -> str:
+    """The reasoning format `model_type` names (ValueError for an unknown one)."""
+    from radixflow.runtime.text.reasoning import check_reasoning_parser  # pure text: no torch
+
+    if not isinstance(model_type, str):  # a traced program's argument: its value comes too late
+        raise ValueError(f"separate_reasoning's model_type must be a str written in the program, got {model_type!r}")
+    try:
+        return check_reasoning_parser(model_type)  # type: ignore[return-value]
+    except ValueError as exc:
+        raise ValueError(str(exc).replace("--reasoning-parser", "separate_reasoning's model_type")) from None
+
+
+def separate_reasoning(expr: Any, model_type: str = "deepseek_r1") -> Expr:
+    """The gen()s of `expr` with a thinking model's `<think>` block split off, as SGLang's
+    separate_reasoning: a gen stores its answer as its variable and its reasoning as
+    `<name>_reasoning_content` ("" without a block), and only the answer joins the text (as
+    thinking models' templates drop past reasoning). A constrained gen's grammar holds after
+    `</think>`. `model_type`: deepseek_r1 or qwen3_thinking (the output starts in the block), qwen3
+    (a block only when the output opens with `<think>`); SGLang's dashed names too."""
+    fmt = reasoning_format(model_type)
+    out: list[ir.Op] = []
+    for op in to_expr(expr).ops:
+        if isinstance(op, ir.Select):
+            raise ValueError("separate_reasoning takes gen()s: a select's choices are whole answers")
+        if isinstance(op, ir.Gen):
+            constrained = any(op.params.get(c) is not None for c in _CONSTRAINTS)
+            after = {"constrain_after": "</think>"} if constrained else {}
+            op = msgspec.structs.replace(op, reasoning=fmt, params={**op.params, **after})
+        out.append(op)
+    if not any(isinstance(op, ir.Gen) for op in out):
+        raise ValueError("separate_reasoning needs a gen() to split")
+    return Expr(out)

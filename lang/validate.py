@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from radixflow.lang import ir, ops, params
+from radixflow.lang.primitives import reasoning_format
 from radixflow.lang.select_scoring import method_name
 
 
@@ -100,6 +101,8 @@ def _check_ops(program: ir.Program, limits: Limits) -> None:
                    "completion); use a fork of n branches")
             bad = set(op.extras) - set(params.request_keys())
             _check(not bad, f"gen {op.name!r}: unknown request keys {sorted(bad)}")
+            if op.reasoning is not None:
+                reasoning_format(op.reasoning)
             choices = op.params.get("choices") or []
             _check(len(choices) <= limits.max_choices,
                    f"gen {op.name!r}: {len(choices)} choices; the limit max_choices is {limits.max_choices}")
