@@ -17,7 +17,7 @@ a begin or an end is an operator. Kept free of llguidance: spec.py builds keys w
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, NoReturn
 
 from radixflow.runtime.grammar.ascii_classes import ascii_schema_patterns
 
@@ -50,9 +50,9 @@ def _normalize(tag: object) -> str:
         _fail('only the {"structures": [...], "triggers": [...]} form is supported, not "format"')
     _check(tag.get("type", "structural_tag") == "structural_tag", 'type must be "structural_tag"')
     _check(set(tag) <= _KEYS, f"unknown keys {sorted(set(tag) - _KEYS)}; the form is structures and triggers")
+    given = _list(tag.get("structures"), "structures", MAX_STRUCTURES)
     triggers = _triggers(tag.get("triggers"))
-    structures = [_structure(s, i, triggers) for i, s in enumerate(_list(tag.get("structures"), "structures",
-                                                                         MAX_STRUCTURES))]
+    structures = [_structure(s, i, triggers) for i, s in enumerate(given)]
     return json.dumps({"structures": structures, "triggers": triggers}, separators=(",", ":"), ensure_ascii=False)
 
 
@@ -84,7 +84,7 @@ def _check(ok: object, what: str) -> None:
         _fail(what)
 
 
-def _fail(what: str) -> None:
+def _fail(what: str) -> NoReturn:
     raise ValueError(f"{FIELD}: {what}")
 
 
