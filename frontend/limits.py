@@ -63,9 +63,8 @@ class RequestLimits:
         for key in ("regex", "json_schema", "ebnf", "structural_tag"):
             value = params.get(key)
             if value is not None:
-                # a structural tag's schemas sit 3 levels down: {"structures": [{"schema": ...}]}
-                self.check_grammar(value, rename.get(key, key), is_json_text=key != "regex" and key != "ebnf",
-                                   wrapper_depth=3 if key == "structural_tag" else 0)
+                self.check_grammar(value, rename.get(key, key), is_json_text=key in _SCHEMA_DEPTH,
+                                   wrapper_depth=_SCHEMA_DEPTH.get(key, 0))
 
     def check_grammar(self, value: Any, param: str, is_json_text: bool = False, wrapper_depth: int = 0) -> None:
         """A regex, JSON schema, EBNF grammar or structural tag's size and nesting depth;
@@ -95,6 +94,11 @@ class RequestLimits:
 
     def check_top_logprobs(self, value: int, param: str) -> None:
         self.check(0 <= value <= self.max_top_logprobs, "max_top_logprobs", value, param)
+
+
+# JSON-valued constraints → levels above their schemas: a structural tag's sit 3 down,
+# {"structures": [{"schema": ...}]}
+_SCHEMA_DEPTH = {"json_schema": 0, "structural_tag": 3}
 
 
 def _as_list(value: Any) -> list:
