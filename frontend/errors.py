@@ -46,7 +46,7 @@ _SAMPLING_FIELD = re.compile(r"sampling_params\.(\w+)")
 # the engine's prompt checks (runtime/request_inputs.py) → "prompt"; its grammar errors start
 # with the constraint's kind (runtime/grammar/), or "grammar" where the backend does not say
 _PROMPT = re.compile(r"^(?:token id -?\d+ is outside the vocabulary|the prompt is empty)")
-_GRAMMAR = re.compile(r"^(regex|json_schema|choices|ebnf|grammar)[ :]")
+_GRAMMAR = re.compile(r"^(regex|json_schema|choices|ebnf|structural_tag|grammar)[ :]")
 
 
 def _param(message: str) -> str | None:

@@ -35,8 +35,9 @@ class RequestLimits:
     max_n: int = _limit(128, "samples per prompt (n)")
     max_top_logprobs: int = _limit(20, "top logprobs per position (logprobs / top_logprobs / top_logprobs_num)")
     max_choices: int = _limit(1024, "choices of one constrained request")
-    max_grammar_chars: int = _limit(65_536, "characters of one regex, JSON schema or EBNF grammar")
-    max_json_depth: int = _limit(64, "nesting depth of a JSON schema (json_schema, response_format)")
+    max_grammar_chars: int = _limit(65_536, "characters of one regex, JSON schema, EBNF grammar or structural tag")
+    max_json_depth: int = _limit(64, "nesting depth of a JSON schema (json_schema, response_format, each schema "
+                                 "of a structural tag)")
     max_user_chars: int = _limit(256, "characters of `user` (OpenAI) / `session_id` (native), which the engine "
                                  "keeps per session; 256 fits a UUID, a hash or an e-mail address")
 
@@ -59,17 +60,20 @@ class RequestLimits:
         choices = params.get("choices")
         if isinstance(choices, list):
             self.check(len(choices) <= self.max_choices, "max_choices", len(choices), rename.get("choices", "choices"))
-        for key in ("regex", "json_schema", "ebnf"):
+        for key in ("regex", "json_schema", "ebnf", "structural_tag"):
             value = params.get(key)
             if value is not None:
-                self.check_grammar(value, rename.get(key, key), is_json_text=key == "json_schema")
+                self.check_grammar(value, rename.get(key, key), is_json_text=key in _SCHEMA_DEPTH,
+                                   wrapper_depth=_SCHEMA_DEPTH.get(key, 0))
 
-    def check_grammar(self, value: Any, param: str, is_json_text: bool = False) -> None:
-        """A regex, JSON schema or EBNF grammar's size and nesting depth; `is_json_text`: a string
-        `value` is a JSON schema's text, as deep as the schema it holds."""
+    def check_grammar(self, value: Any, param: str, is_json_text: bool = False, wrapper_depth: int = 0) -> None:
+        """A regex, JSON schema, EBNF grammar or structural tag's size and nesting depth;
+        `is_json_text`: a string `value` is JSON text, as deep as the value it holds;
+        `wrapper_depth`: levels above the schemas, not counted."""
         size = len(value) if isinstance(value, str) else len(repr(value))
         self.check(size <= self.max_grammar_chars, "max_grammar_chars", size, param)
         depth = text_depth(value) if is_json_text and isinstance(value, str) else json_depth(value)
+        depth = max(0, depth - wrapper_depth)
         self.check(depth <= self.max_json_depth, "max_json_depth", depth, param)
 
     def check_text(self, total_chars: int, param: str) -> None:
@@ -90,6 +94,11 @@ class RequestLimits:
 
     def check_top_logprobs(self, value: int, param: str) -> None:
         self.check(0 <= value <= self.max_top_logprobs, "max_top_logprobs", value, param)
+
+
+# JSON-valued constraints → levels above their schemas: a structural tag's sit 3 down,
+# {"structures": [{"schema": ...}]}
+_SCHEMA_DEPTH = {"json_schema": 0, "structural_tag": 3}
 
 
 def _as_list(value: Any) -> list:

@@ -137,7 +137,7 @@ class GenerateJob:
 
 def _client_names(req: GenerateRequest, sampling: list[SamplingParams]) -> dict[str, str]:
     """The engine's "prompt" and "grammar" errors → the fields this request used."""
-    grammar = next((name for sp in sampling for name in ("regex", "json_schema", "choices", "ebnf")
+    grammar = next((name for sp in sampling for name in ("regex", "json_schema", "choices", "ebnf", "structural_tag")
                     if getattr(sp, name) is not None), "grammar")
     return {"prompt": "text" if req.input_ids is None else "input_ids", "grammar": grammar}
 

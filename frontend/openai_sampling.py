@@ -5,8 +5,12 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
 from radixflow.frontend.errors import APIError, bad_request
-from radixflow.frontend.openai_schemas import SHARED_SAMPLING_FIELDS, VLLM_CONSTRAINTS, ResponseFormat
+from radixflow.frontend.openai_schemas import (
+    SHARED_SAMPLING_FIELDS, STRUCTURED_OUTPUTS, VLLM_CONSTRAINTS, ResponseFormat,
+)
 from radixflow.runtime.sampling_params import SamplingParams
 
 # engine name → OpenAI name, for error messages
@@ -26,7 +30,11 @@ class Constraint:
 
 def response_format_params(fmt: ResponseFormat | None, engine: Any) -> dict[str, Any]:
     """`response_format` as engine constraints: json_object → json_schema {"type": "object"},
-    json_schema → its schema. 400 while the engine has no constrained decoding."""
+    json_schema → its schema, structural_tag → structural_tag {structures, triggers}. 400 while the
+    engine has no constrained decoding."""
+    if fmt is not None and fmt.type != "structural_tag" and (fmt.structures, fmt.triggers, fmt.format) != (None,) * 3:
+        raise APIError(400, f"response_format {fmt.type!r} takes no structures, triggers or format "
+                       "(structural_tag does)", param="response_format")
     if fmt is None or fmt.type == "text":
         return {}
     if not getattr(engine, "supports_grammar", False):
@@ -34,6 +42,8 @@ def response_format_params(fmt: ResponseFormat | None, engine: Any) -> dict[str,
                        "(constrained decoding is not available in this engine)", param="response_format")
     if fmt.type == "json_object":
         return {"json_schema": {"type": "object"}}
+    if fmt.type == "structural_tag":
+        return {"structural_tag": _structural_tag(fmt)}
     if fmt.json_schema is None or fmt.json_schema.schema is None:
         raise APIError(400, "response_format json_schema needs json_schema.schema", param="response_format")
     if not _NAME.fullmatch(fmt.json_schema.name):
@@ -42,6 +52,17 @@ def response_format_params(fmt: ResponseFormat | None, engine: Any) -> dict[str,
     # NOTE: `strict` needs no switch: the schema is always enforced by the grammar, token by
     # token, so output is schema-valid with strict true or false.
     return {"json_schema": fmt.json_schema.schema}
+
+
+def _structural_tag(fmt: ResponseFormat) -> dict[str, Any]:
+    """The engine's structural_tag of a response_format of that type (its contents are checked
+    where the grammar compiles)."""
+    if fmt.format is not None:
+        raise APIError(400, "response_format structural_tag: only the structures / triggers form is supported, "
+                       "not format", param="response_format")
+    if fmt.structures is None or fmt.triggers is None:
+        raise APIError(400, "response_format structural_tag needs structures and triggers", param="response_format")
+    return {"structures": [msgspec.structs.asdict(s) for s in fmt.structures], "triggers": fmt.triggers}
 
 
 def constraint_fields(req: Any) -> list[str]:
@@ -53,7 +74,7 @@ def constraint_fields(req: Any) -> list[str]:
     given += [f"guided_{name}" for name in VLLM_CONSTRAINTS if getattr(req, f"guided_{name}") is not None]
     outputs = req.structured_outputs
     if outputs is not None:
-        given += [f"structured_outputs.{name}" for name in (*VLLM_CONSTRAINTS, "json_object")
+        given += [f"structured_outputs.{name}" for name in (*STRUCTURED_OUTPUTS, "json_object")
                   if getattr(outputs, name) not in (None, False)]
     return given
 
@@ -63,7 +84,8 @@ def request_constraint(req: Any, engine: Any) -> Constraint | None:
     silently replace the other) or an empty `structured_outputs`."""
     fields = constraint_fields(req)
     if req.structured_outputs is not None and not any(f.startswith("structured_outputs.") for f in fields):
-        raise APIError(400, "structured_outputs needs one of json, regex, choice, grammar, json_object",
+        raise APIError(400, "structured_outputs needs one of json, regex, choice, grammar, structural_tag, "
+                       "json_object",
                        param="structured_outputs")
     if len(fields) > 1:
         raise APIError(400, f"{', '.join(fields[:-1])} and {fields[-1]} each constrain the output; give one "
@@ -79,7 +101,7 @@ def request_constraint(req: Any, engine: Any) -> Constraint | None:
         name = field.split(".", 1)[1]
         if name == "json_object":
             return Constraint({"json_schema": {"type": "object"}}, field)
-        return Constraint({VLLM_CONSTRAINTS[name]: getattr(req.structured_outputs, name)}, field)
+        return Constraint({STRUCTURED_OUTPUTS[name]: getattr(req.structured_outputs, name)}, field)
     if field.startswith("guided_"):
         name = field[len("guided_"):]
         return Constraint({VLLM_CONSTRAINTS[name]: getattr(req, field)}, field)
@@ -100,7 +122,8 @@ def client_names(max_tokens_param: str, prompt_param: str, constraint: Constrain
     a grammar error is about (the route's, else the request's own: see request_constraint)."""
     names = {**RENAMED, "max_new_tokens": max_tokens_param, "prompt": prompt_param}
     if constraint is not None:
-        names.update(dict.fromkeys(("json_schema", "regex", "choices", "ebnf", "grammar"), constraint.param))
+        names.update(dict.fromkeys(("json_schema", "regex", "choices", "ebnf", "structural_tag", "grammar"),
+                                   constraint.param))
     return names
 
 

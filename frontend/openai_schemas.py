@@ -22,8 +22,11 @@ SHARED_SAMPLING_FIELDS = (
 # vLLM's names of the engine's constraints: `structured_outputs.<name>` (vLLM >= 0.10) and the
 # older top-level `guided_<name>` (removed in vLLM 0.12; older clients still send them).
 VLLM_CONSTRAINTS = {"json": "json_schema", "regex": "regex", "choice": "choices", "grammar": "ebnf"}
+# `structured_outputs` takes them and vLLM's structural_tag (JSON text; never a `guided_` field)
+STRUCTURED_OUTPUTS = {**VLLM_CONSTRAINTS, "structural_tag": "structural_tag"}
 _TYPES = {f.name: f.type for f in msgspec.structs.fields(SamplingParams)}
 _VLLM_FIELDS = [(name, _TYPES[engine] | None, None) for name, engine in VLLM_CONSTRAINTS.items()]
+_STRUCTURED_FIELDS = [(name, _TYPES[engine] | None, None) for name, engine in STRUCTURED_OUTPUTS.items()]
 
 SamplingFields = msgspec.defstruct(
     "SamplingFields", [(name, _TYPES[name] | None, None) for name in SHARED_SAMPLING_FIELDS]
@@ -32,7 +35,7 @@ SamplingFields = msgspec.defstruct(
     kw_only=True, forbid_unknown_fields=True, module=__name__)
 
 StructuredOutputs = msgspec.defstruct(
-    "StructuredOutputs", [*_VLLM_FIELDS, ("json_object", bool | None, None),
+    "StructuredOutputs", [*_STRUCTURED_FIELDS, ("json_object", bool | None, None),
                           ("disable_fallback", bool | None, None),  # no effect: there is no fallback
                           ("disable_any_whitespace", bool | None, None)],  # no effect: JSON is always compact
     kw_only=True, forbid_unknown_fields=True, module=__name__)
@@ -49,9 +52,21 @@ class JsonSchemaFormat(Struct, forbid_unknown_fields=True):
     strict: bool | None = None
 
 
+class TagStructure(Struct, forbid_unknown_fields=True):
+    """One structure of a structural_tag: `begin` (it starts with a trigger), JSON of `schema`, `end`."""
+
+    begin: str
+    schema: dict[str, Any]
+    end: str
+
+
 class ResponseFormat(Struct, forbid_unknown_fields=True):
-    type: Literal["text", "json_object", "json_schema"]
+    type: Literal["text", "json_object", "json_schema", "structural_tag"]
     json_schema: JsonSchemaFormat | None = None
+    # structural_tag, as SGLang and vLLM take it; `format` (xgrammar's newer form) is refused by name
+    structures: list[TagStructure] | None = None
+    triggers: list[str] | None = None
+    format: Any = None
 
 
 class _Common(SamplingFields, kw_only=True, forbid_unknown_fields=True):

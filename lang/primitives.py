@@ -35,8 +35,8 @@ def gen(name: str | None = None, *, dtype: Any = None, choices_method: ChoicesMe
     sampling, extras = params.split_kwargs(kwargs)
     kind = params.dtype_name(dtype)
     if kind is not None:
-        if any(c in sampling for c in ("regex", "json_schema", "choices", "ebnf")):
-            raise ValueError("give dtype or one of regex/json_schema/choices/ebnf, not both")
+        if any(c in sampling for c in ("regex", "json_schema", "choices", "ebnf", "structural_tag")):
+            raise ValueError("give dtype or one of regex/json_schema/choices/ebnf/structural_tag, not both")
         sampling["regex"] = params.DTYPES[kind][0]
     return Expr([ir.Gen(name=name, params=sampling, extras=extras, dtype=kind)])
 

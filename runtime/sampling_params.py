@@ -21,9 +21,11 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     `max_new_tokens=0` prefills only (the prompt lands in the prefix cache).
     `temperature=0` (or any under GREEDY_BELOW) is greedy. `top_k=-1`, `top_p=1`, `min_p=0` disable those filters.
     `stop` strings end generation at their first occurrence and are trimmed from the text
-    (unless `no_stop_trim`). At most one of `regex`, `json_schema`, `choices`, `ebnf` constrains
-    output; `ebnf` is a context-free grammar in GBNF style (`root ::= "yes" | "no"`), or in Lark
-    syntax as llguidance takes it (a `start:` rule), and always compiles with llguidance.
+    (unless `no_stop_trim`). At most one of `regex`, `json_schema`, `choices`, `ebnf`,
+    `structural_tag` constrains output; `ebnf` is a context-free grammar in GBNF style (`root ::=
+    "yes" | "no"`), or in Lark syntax as llguidance takes it (a `start:` rule); `structural_tag`
+    is SGLang's `{"structures": [{"begin", "schema", "end"}], "triggers": [...]}` (JSON text or a
+    dict: free text, a tagged JSON value at each trigger); both always compile with llguidance.
     `stream_interval`: a streamed request gets a chunk every this many new tokens (the first
     token and the end at once); None: the engine's `stream_interval` setting.
     `constrain_after`: the constraint holds from the token after the one whose text completes
@@ -56,6 +58,7 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     json_schema: str | dict[str, Any] | None = None
     choices: list[str] | None = None
     ebnf: str | None = None
+    structural_tag: str | dict[str, Any] | None = None
     stream_interval: int | None = None
     constrain_after: str | None = None
     logit_bias: dict[str, float] | None = None
@@ -102,8 +105,10 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
         self._check_logit_bias()
         _check(self.seed is None or SEED_RANGE[0] <= self.seed <= SEED_RANGE[1], "seed",
                f"must be in [{SEED_RANGE[0]}, {SEED_RANGE[1]}]")
-        constraints = [c for c in (self.regex, self.json_schema, self.choices, self.ebnf) if c is not None]
-        _check(len(constraints) <= 1, "regex", "at most one of regex, json_schema, choices, ebnf may be set")
+        constraints = [c for c in (self.regex, self.json_schema, self.choices, self.ebnf, self.structural_tag)
+                       if c is not None]
+        _check(len(constraints) <= 1, "regex", "at most one of regex, json_schema, choices, ebnf, structural_tag "
+               "may be set")
         _check(self.choices is None or len(self.choices) > 0, "choices", "must not be empty")
         _check(self.constrain_after is None or 0 < len(self.constrain_after) <= MAX_CONSTRAIN_AFTER_CHARS,
                "constrain_after", f"must be 1-{MAX_CONSTRAIN_AFTER_CHARS} characters")
@@ -111,18 +116,8 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
             from radixflow.runtime.text.stop_regex import compile_stop_regexes
 
             compile_stop_regexes(tuple(self.stop_regexes))  # ValueError: invalid, unsupported, too big
-        if isinstance(self.json_schema, dict):
-            try:  # what the engine core's messages carry: integers in [-2^63, 2^64)
-                msgspec.msgpack.encode(self.json_schema)
-            except (OverflowError, TypeError, RecursionError) as exc:
-                raise ValueError(f"json_schema holds a value the engine cannot take: {exc!r}") from None
-        if isinstance(self.json_schema, str):
-            try:
-                json.loads(self.json_schema)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"json_schema is not valid JSON: {exc}") from exc
-            except RecursionError:
-                raise ValueError("json_schema nests too deeply to be read") from None
+        for name in ("json_schema", "structural_tag"):
+            _check_json(name, getattr(self, name))
 
     def _check_logit_bias(self) -> None:
         bias = self.logit_bias or {}
@@ -163,14 +158,14 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     @property
     def is_constrained(self) -> bool:
         return (self.regex is not None or self.json_schema is not None or self.choices is not None
-                or self.ebnf is not None)
+                or self.ebnf is not None or self.structural_tag is not None)
 
 
 # SGLang sampling keys radixflow reads under another name, ignores (no effect on output), or
 # refuses because honouring them matters.
 ALIASES = {"sampling_seed": "seed"}
 IGNORED = ("custom_params",)
-UNSUPPORTED = {"structural_tag": "structural_tag is not supported; use json_schema or ebnf"}
+UNSUPPORTED: dict[str, str] = {}
 
 
 def _sglang_names(params: dict[str, Any]) -> dict[str, Any]:
@@ -206,6 +201,22 @@ def _is_token_id(key: str) -> bool:
 def _check(ok: bool, name: str, what: str) -> None:
     if not ok:
         raise ValueError(f"sampling_params.{name} {what}")
+
+
+def _check_json(name: str, value: Any) -> None:
+    """A JSON-valued field (a dict, or its JSON text) the engine core's messages can carry."""
+    if isinstance(value, dict):
+        try:  # what the engine core's messages carry: integers in [-2^63, 2^64)
+            msgspec.msgpack.encode(value)
+        except (OverflowError, TypeError, RecursionError) as exc:
+            raise ValueError(f"{name} holds a value the engine cannot take: {exc!r}") from None
+    if isinstance(value, str):
+        try:
+            json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{name} is not valid JSON: {exc}") from exc
+        except RecursionError:
+            raise ValueError(f"{name} nests too deeply to be read") from None
 
 
 class RequestOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

@@ -1,13 +1,14 @@
-"""Constrained decoding: grammars (regex, JSON schema, choices, EBNF) compiled to token automata.
+"""Constrained decoding: grammars (regex, JSON schema, choices, EBNF, structural tags) compiled to token automata.
 
 Map of the package (the engine uses `GrammarCompiler`, `grammar_bitmask` and `advance`):
 
     spec.py         SamplingParams -> GrammarKey (kind, normalized text)
     vocab.py        the tokenizer byte by byte (TokenVocab); canonical tokenization of forced bytes
     backend.py      the interface: GrammarBackend -> CompiledGrammar -> Matcher; GrammarError
-    outlines_backend.py / llguidance_backend.py   the two implementations (EBNF: llguidance only)
+    outlines_backend.py / llguidance_backend.py   the two implementations (EBNF, structural tags: llguidance only)
     integer_range.py / number_range.py   JSON-schema bounds as exact regexes (outlines-core ignores them)
     json_routing.py JSON schemas outlines-core would cut (free nesting, $ref cycles): to llguidance
+    structural_tag.py  structural tags (free text, tagged JSON at triggers) checked, and as Lark grammars
     worker.py       killable compile subprocesses for outlines-core (time and memory limits)
     cache.py        LRU of compiled grammars per key, bounded in count and bytes, in-flight dedupe
     compiler.py     GrammarCompiler: the engine-facing glue (caller threads)
@@ -20,9 +21,10 @@ Decisions:
   (HTTP 400) and the engine loop never waits; a request not yet compiled is simply not queued.
 - outlines-core builds run in killable worker processes (worker.py explains why and what was
   measured); llguidance builds run on a thread (its own fuel limits bound them).
-- Context-free grammars (`ebnf`) compile with llguidance whatever `grammar_backend` says:
-  outlines-core has none, and routing one kind elsewhere costs one more backend object (built
-  on the first such request); without the package they are a ValueError naming the extra.
+- Context-free grammars (`ebnf`) and structural tags compile with llguidance whatever
+  `grammar_backend` says: outlines-core has none, and routing one kind elsewhere costs one more
+  backend object (built on the first such request); without the package they are a ValueError
+  naming the extra.
 - JSON schemas outlines-core would cut (json_routing.py says which) compile with llguidance when
   the package is installed and outlines-core is the backend, unless one of their bounds is one
   llguidance gets wrong; a schema llguidance refuses, and every schema without the package,

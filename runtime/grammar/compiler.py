@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 
 # Kinds only llguidance compiles (outlines-core has no context-free grammars): they go to it
 # whatever the engine's `grammar_backend` is.
-LLGUIDANCE_KINDS = frozenset({"ebnf"})
+LLGUIDANCE_KINDS = frozenset({"ebnf", "structural_tag"})
 INSTALL_LLGUIDANCE = "pip install 'radixflow[llguidance]'"
 
 

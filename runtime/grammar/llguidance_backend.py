@@ -12,6 +12,7 @@ import numpy as np
 
 from radixflow.runtime.grammar.backend import GrammarCancelled, GrammarError, GrammarTimeout, Gone, never
 from radixflow.runtime.grammar.spec import GrammarKey
+from radixflow.runtime.grammar.structural_tag import structure_begins, structure_schemas, to_lark
 from radixflow.runtime.grammar.vocab import TokenVocab
 from radixflow.runtime.grammar.worker import POLL_S
 
@@ -48,6 +49,8 @@ def to_grammar(key: GrammarKey) -> str:
         if num_rules > MAX_EBNF_RULES:
             raise ValueError(f"{num_rules} rules; at most {MAX_EBNF_RULES} are allowed")
         return llg.grammar_from("ebnf", key.text)
+    if key.kind == "structural_tag":
+        return llg.LLMatcher.grammar_from_lark(to_lark(key.text, JSON_OPTIONS))
     raise GrammarError(f"unknown grammar kind {key.kind!r}")
 
 
@@ -117,11 +120,27 @@ class LLGuidanceBackend:
             raise GrammarError(f"{key.kind} is not valid: {exc}") from exc
         matcher = llg.LLMatcher(self.tokenizer, grammar, log_level=0)
         if matcher.is_error():
-            raise GrammarError(f"{key.kind}: grammar does not compile: {short_error(matcher.get_error())}")
+            raise GrammarError(self._whose_error(key) or
+                               f"{key.kind}: grammar does not compile: {short_error(matcher.get_error())}")
         if matcher.is_stopped() or self._only_empty(matcher):
             raise GrammarError(f"{key.kind}: grammar matches only the empty string: nothing to generate")
         self._probe(key, matcher)
+        if key.kind == "structural_tag":
+            for i, begin in enumerate(structure_begins(key.text)):
+                self._probe(key, matcher, begin, where=f" structures[{i}]")
         return LLGuidanceGrammar(matcher, len(grammar) * 4)
+
+    def _whose_error(self, key: GrammarKey) -> str | None:
+        """For a structural tag that does not compile: the first structure whose schema does not,
+        named (llguidance's own message points into the Lark text radixflow wrote)."""
+        if key.kind != "structural_tag":
+            return None
+        for i, schema in enumerate(structure_schemas(key.text)):
+            grammar = llg.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
+            is_error, messages = llg.LLMatcher.validate_grammar_with_warnings(grammar, self.tokenizer)
+            if is_error:
+                return f"{key.kind}: structures[{i}].schema does not compile: {short_error(messages[0])}"
+        return None
 
     def _only_empty(self, matcher: llg.LLMatcher) -> bool:
         """Whether the grammar's start allows nothing but ending (`root ::= ""`)."""
@@ -130,17 +149,20 @@ class LLGuidanceBackend:
         bits = np.unpackbits(np.frombuffer(matcher.compute_bitmask(), dtype=np.uint8), bitorder="little")
         return set(np.flatnonzero(bits).tolist()) <= self.eos_ids
 
-    def _probe(self, key: GrammarKey, matcher: llg.LLMatcher) -> None:
+    def _probe(self, key: GrammarKey, matcher: llg.LLMatcher, prefix: str = "", where: str = "") -> None:
         """Some grammars compile, then fail at their first mask: no text matches them (`root ::=
         root`), or what the output must start with passes llguidance's limits (an alternation of
         thousands of words, a forced run of a million bytes). Run the start of one on a copy, so
-        that is a GrammarError here rather than an error ending the request at its first step."""
+        that is a GrammarError here rather than an error ending the request at its first step.
+        `prefix`: text to consume first (a structure's begin: where its JSON starts)."""
         probe = matcher.deep_copy()
-        forced = probe.compute_ff_tokens()
+        if prefix and not probe.consume_tokens(self.tokenizer.greedy_tokenize(prefix)) and not probe.is_error():
+            raise GrammarError(f"{key.kind}:{where} does not compile: the grammar refuses {prefix!r}")
+        forced = [] if probe.is_error() else probe.compute_ff_tokens()
         if not probe.is_error() and (not forced or probe.consume_tokens(forced)):
             probe.compute_bitmask()
         if probe.is_error():
-            raise GrammarError(f"{key.kind}: grammar does not compile (no text matches it, or it passes "
+            raise GrammarError(f"{key.kind}:{where} grammar does not compile (no text matches it, or it passes "
                                f"llguidance's limits): {short_error(probe.get_error())}")
 
     def _submit(self, key: GrammarKey) -> Future:

@@ -5,15 +5,17 @@ import json
 from dataclasses import dataclass
 
 from radixflow.runtime.grammar.ascii_classes import ascii_classes, ascii_schema_patterns
+from radixflow.runtime.grammar.structural_tag import normalize as normalize_structural_tag
 from radixflow.runtime.sampling_params import SamplingParams
 
-KINDS = ("regex", "json_schema", "choices", "ebnf")
+KINDS = ("regex", "json_schema", "choices", "ebnf", "structural_tag")
 
 
 @dataclass(frozen=True)
 class GrammarKey:
     """`kind` is one of KINDS; `text` is the regex, the schema as compact JSON (key order kept:
-    it decides the order of generated keys), the choices as a JSON list, or the grammar as given."""
+    it decides the order of generated keys), the choices as a JSON list, the grammar as given, or
+    the structural tag as compact JSON (structural_tag.py)."""
 
     kind: str
     text: str
@@ -36,4 +38,6 @@ def grammar_key(sp: SamplingParams) -> GrammarKey | None:
         return GrammarKey("choices", json.dumps(list(sp.choices), ensure_ascii=False))
     if sp.ebnf is not None:
         return GrammarKey("ebnf", sp.ebnf)
+    if sp.structural_tag is not None:
+        return GrammarKey("structural_tag", normalize_structural_tag(sp.structural_tag))
     return None

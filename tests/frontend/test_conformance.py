@@ -219,7 +219,6 @@ def test_sglang_harmless_fields_are_accepted(client):
 
 
 @pytest.mark.parametrize("body, param", [
-    ({"text": "x", "sampling_params": {"structural_tag": "{}"}}, "structural_tag"),
     ({"text": "x", "image_data": "data:image/png;base64,AAAA"}, "image_data"),
     ({"text": "x", "custom_logit_processor": "{}"}, "custom_logit_processor"),
     ({"text": "x", "return_hidden_states": True}, "return_hidden_states"),

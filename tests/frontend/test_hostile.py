@@ -76,6 +76,12 @@ CASES = [
     ("c-huge-regex", "/v1/completions", {**C, "regex": "a" * 70_000}, 400, "regex"),
     ("c-schema-not-json", "/v1/completions", {**C, "json_schema": "{"}, 400, "json_schema"),
     ("c-schema-deep", "/v1/completions", {**C, "json_schema": deep_schema(100)}, 400, "json_schema"),
+    ("c-structural-tag-deep", "/v1/completions", {**C, "structured_outputs": {"structural_tag": json.dumps({
+        "structures": [{"begin": "<a>", "schema": deep_schema(100), "end": ""}], "triggers": ["<a"]})}}, 400,
+     "structured_outputs.structural_tag"),
+    ("c-structural-tag-triggers", "/v1/completions", {**C, "response_format": {
+        "type": "structural_tag", "structures": [{"begin": "<a>", "schema": {}, "end": ""}],
+        "triggers": [f"<{i}" for i in range(1000)] + ["<a"]}}, 400, "response_format"),
     ("c-stream-options-no-stream", "/v1/completions", {**C, "stream_options": {"include_usage": True}}, 400,
      "stream_options"),
     ("c-logit-bias-oov", "/v1/completions", {**C, "logit_bias": {str(10 ** 9): 1.0}}, 400, "logit_bias"),
@@ -129,8 +135,14 @@ CASES = [
      "logprob_start_len"),
     # GBNF quotes literals with ", so this grammar does not parse
     ("g-ebnf", "/generate", {"text": "x", "sampling_params": {"ebnf": "root ::= 'a'"}}, 400, "ebnf"),
-    ("g-structural-tag", "/generate", {"text": "x", "sampling_params": {"structural_tag": "{}"}}, 400,
+    ("g-structural-tag-empty", "/generate", {"text": "x", "sampling_params": {"structural_tag": "{}"}}, 400,
      "structural_tag"),
+    ("g-structural-tag-not-json", "/generate", {"text": "x", "sampling_params": {"structural_tag": "{"}}, 400,
+     "structural_tag"),
+    ("g-structural-tag-begin", "/generate", {"text": "x", "sampling_params": {"structural_tag": {
+        "structures": [{"begin": "<b>", "schema": {}, "end": ""}], "triggers": ["<a"]}}}, 400, "structural_tag"),
+    ("g-structural-tag-schema", "/generate", {"text": "x", "sampling_params": {"structural_tag": {
+        "structures": [{"begin": "<a>", "schema": "{}", "end": ""}], "triggers": ["<a"]}}}, 400, "structural_tag"),
     ("g-too-many-prompts", "/generate", {"text": ["a"] * 1000}, 400, "text"),
     ("g-n-huge", "/generate", {"text": "x", "sampling_params": {"n": 1000}}, 400, "n"),
     ("g-stream-bad-logprobs", "/generate", {**G, "stream": True, "top_logprobs_num": -1}, 400, "top_logprobs_num"),

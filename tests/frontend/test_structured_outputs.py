@@ -11,6 +11,12 @@ import pytest
 YES_NO = 'root ::= "yes" | "no"'
 LIST = 'root ::= "[" item ("," item)* "]"\nitem ::= [a-c] | root'  # nested lists: no regex says this
 CHOICES = ["red", "green", "blue"]
+# Free text where each "e" opens a structure (the tiny model's random text has many): none holds
+# an "e", so the text before the last "e" of an output is a complete match of STRUCTURED.
+TAGGED = {"structures": [{"begin": "e[", "schema": {"type": "integer", "minimum": 0, "maximum": 99}, "end": "]"},
+                         {"begin": "e(", "schema": {"enum": ["x", "yy"]}, "end": ")"}],
+          "triggers": ["e"]}
+STRUCTURED = r'(?:[^e]*(?:e\[(?:0|[1-9][0-9]?)\]|e\("(?:x|yy)"\)))*[^e]*'
 DEEP = '{"type": "object", "properties": {"x": ' * 40 + "{}" + "}}" * 40  # JSON text 81 deep: past --max-json-depth
 
 
@@ -85,7 +91,21 @@ def test_vllm_fields_constrain_the_output(client, route, field, value, check):
     ({"guided_json": DEEP}, "guided_json"),  # --max-json-depth, of a schema sent as JSON text too
     ({"structured_outputs": {"regex": "a", "grammar": YES_NO}}, "structured_outputs.regex"),
     ({"structured_outputs": {}}, "structured_outputs"),
-    ({"structured_outputs": {"structural_tag": "{}"}}, "structured_outputs"),
+    ({"structured_outputs": {"whitespace_pattern": " "}}, "structured_outputs"),
+    ({"structured_outputs": {"structural_tag": "{}"}}, "structured_outputs.structural_tag"),
+    ({"structured_outputs": {"structural_tag": "{structures"}}, "structured_outputs.structural_tag"),
+    ({"structured_outputs": {"structural_tag": json.dumps({**TAGGED, "triggers": ["<f"]})}},
+     "structured_outputs.structural_tag"),  # a begin that starts with no trigger
+    ({"structured_outputs": {"structural_tag": json.dumps({"type": "structural_tag", "format": {}})}},
+     "structured_outputs.structural_tag"),  # xgrammar's newer form
+    ({"response_format": {"type": "structural_tag", "triggers": ["e"]}}, "response_format"),
+    ({"response_format": {"type": "structural_tag", "structures": [{"begin": "e", "schema": [1], "end": ""}],
+                          "triggers": ["e"]}}, "response_format"),
+    ({"response_format": {"type": "structural_tag", "format": {"type": "triggered_tags"}}}, "response_format"),
+    ({"response_format": {"type": "json_object", "triggers": ["e"]}}, "response_format"),
+    ({"response_format": {"type": "structural_tag", "structures": [{"begin": "e", "schema": json.loads(DEEP),
+                                                                    "end": ""}], "triggers": ["e"]}},
+     "response_format"),  # --max-json-depth holds for each structure's schema
 ])
 def test_bad_vllm_constraints_are_400_naming_the_field(client, extra, param):
     body = {"model": "tiny", "prompt": "x", "max_tokens": 4, **extra}
@@ -97,6 +117,7 @@ def test_bad_vllm_constraints_are_400_naming_the_field(client, extra, param):
     {"guided_choice": ["a"], "regex": "a"},
     {"structured_outputs": {"grammar": YES_NO}, "guided_grammar": YES_NO},
     {"ebnf": YES_NO, "json_schema": {"type": "object"}},
+    {"response_format": {"type": "structural_tag", **TAGGED}, "guided_regex": "a"},
 ])
 def test_two_constraints_are_a_400_naming_both(client, fields):
     names = sorted(fields)
@@ -105,3 +126,22 @@ def test_two_constraints_are_a_400_naming_both(client, fields):
     assert r.status_code == 400, r.text
     message = r.json()["error"]["message"]
     assert all(name in message for name in names) and r.json()["error"]["param"] in message, message
+
+
+@pytest.mark.parametrize("route, fields", [
+    ("/v1/chat/completions", {"response_format": {"type": "structural_tag", **TAGGED}}),
+    ("/v1/completions", {"structured_outputs": {"structural_tag": json.dumps(TAGGED)}}),
+    ("/generate", {"sampling_params": {"structural_tag": json.dumps({"type": "structural_tag", **TAGGED}),
+                                       "max_new_tokens": 24, "temperature": 1.0, "n": 3}}),
+])
+def test_structural_tag_on_each_route(client, route, fields):
+    prompt = {"messages": [{"role": "user", "content": "?"}]} if "chat" in route else {"prompt": "?"}
+    body = ({"text": "?", **fields} if route == "/generate" else
+            {"model": "tiny", **prompt, "max_tokens": 24, "temperature": 1.0, "n": 3, **fields})
+    r = client.post(route, json=body)
+    assert r.status_code == 200, r.text
+    outputs = r.json() if route == "/generate" else r.json()["choices"]
+    texts = [o["text"] if "text" in o else o["message"]["content"] for o in outputs]
+    for text in texts:
+        assert re.fullmatch(STRUCTURED, text[: text.rfind("e")] if "e" in text else text), text
+    assert any(re.search(r'e(\[[0-9]|\(")', t) for t in texts), texts

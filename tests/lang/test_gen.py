@@ -51,7 +51,8 @@ def test_every_declared_sampling_param_is_accepted():
 
     samples = {"stop": "x", "stop_token_ids": [3], "stop_regex": "y", "regex": "a+", "seed": 3,
                "json_schema": "{}", "choices": ["a"], "ebnf": 'root ::= "a"', "stream_interval": 2,
-               "constrain_after": "</think>", "logit_bias": {"5": 1.0}}
+               "constrain_after": "</think>", "logit_bias": {"5": 1.0},
+               "structural_tag": '{"structures": [{"begin": "<a>", "schema": {}, "end": ""}], "triggers": ["<a"]}'}
     for name in SamplingParams.__struct_fields__:
         value = samples.get(name, getattr(SamplingParams(), name))
         assert rf.gen("x", **{name: value}).ops[0].params == {name: value}

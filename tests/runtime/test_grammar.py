@@ -387,14 +387,15 @@ def test_a_schema_too_deep_for_the_stack_is_a_value_error():
         to_regex(GrammarKey("json_schema", json.dumps(schema)))
 
 
-def test_ebnf_without_llguidance_names_the_extra(engine, monkeypatch):
+@pytest.mark.parametrize("kind, value", [("ebnf", 'root ::= "a"'), ("structural_tag", None)])
+def test_llguidance_kinds_without_llguidance_name_the_extra(engine, monkeypatch, kind, value):
     from radixflow.runtime.grammar.compiler import GrammarCompiler
     from radixflow.runtime.sampling_params import SamplingParams
 
     monkeypatch.setitem(sys.modules, "llguidance", None)
     compiler = GrammarCompiler(engine.tokenizer, engine.vocab_size, engine.eos_ids, "outlines", 3.0, True)
-    with pytest.raises(ValueError, match=r"^ebnf.*pip install 'radixflow\[llguidance\]'"):
-        compiler.compile(SamplingParams(ebnf='root ::= "a"'))
+    with pytest.raises(ValueError, match=rf"^{kind}.*pip install 'radixflow\[llguidance\]'"):
+        compiler.compile(SamplingParams(**{kind: value or TAGGED}))
     assert compiler.compile(SamplingParams(regex="[ab]")) is not None  # outlines-core still serves the rest
     compiler.close()
 
@@ -411,6 +412,40 @@ def test_ebnf_rule_chains_are_bounded(engine):
         engine.generate("x", {"ebnf": chain(3 * MAX_EBNF_RULES), "max_new_tokens": 4})
     out = engine.generate("x", {"ebnf": chain(MAX_EBNF_RULES - 2), "max_new_tokens": 4})
     assert out["text"] == "wwww"
+
+
+# -- structural_tag: free text, a tagged JSON value at each trigger (llguidance, as ebnf) ------------
+
+# The trigger "e" is in many of the tiny model's tokens, so random text reaches it often.
+TAGGED = {"structures": [{"begin": "e[", "schema": {"type": "integer", "minimum": 0, "maximum": 99}, "end": "]"},
+                         {"begin": "e(", "schema": {"enum": ["x", "yy"]}, "end": ")"}],
+          "triggers": ["e"]}
+# Every structure TAGGED allows; none holds an "e", so the last "e" of a text opens its last structure.
+TAGGED_STRUCTURES = [f"e[{n}]" for n in range(100)] + ['e("x")', 'e("yy")']
+
+
+def _tagged_ok(text: str, complete: bool) -> bool:
+    """`text` is a match of TAGGED (`complete`), or a prefix of one."""
+    *closed, last = ["e" + s for s in text.split("e")[1:]] or [""]  # from each trigger to the next
+    if not all(any(t.startswith(s) for s in TAGGED_STRUCTURES) for t in closed):
+        return False
+    if not last or any(last.startswith(s) for s in TAGGED_STRUCTURES):
+        return True
+    return not complete and any(s.startswith(last) for s in TAGGED_STRUCTURES)
+
+
+def test_structural_tag_output_always_parses(engine):
+    """At temperature 1 the random model reaches the trigger often: each time a structure
+    follows, with JSON of its schema; free text holds no other "e"."""
+    assert _tagged_ok('ab e[7]c e("yy")', True) and _tagged_ok("ab e[1", False) and not _tagged_ok("ab e[1", True)
+    assert not _tagged_ok("ab e[100]", True) and not _tagged_ok("e[1]e", True) and not _tagged_ok("he said", True)
+    out = engine.generate([f"Tag {i}:" for i in range(16)],
+                          {"structural_tag": TAGGED, "temperature": 1.0, "max_new_tokens": 32, "seed": 11})
+    texts = [r["text"] for r in out]
+    for r, text in zip(out, texts):
+        assert _tagged_ok(text, r["meta_info"]["finish_reason"]["type"] == "stop"), text
+    used = "".join(texts)
+    assert used.count("e[") + used.count("e(") >= 8 and "e(" in used and "e[" in used, texts
 
 
 # -- JSON schemas outlines-core cuts (any-value nesting, $ref cycles): llguidance when installed ------
