@@ -79,7 +79,7 @@ def if_(condition: bool | Condition, then: Any = "", else_: Any = "") -> Expr:
     return Expr(then_ops if condition else else_ops)
 
 
-_CONSTRAINTS = ("regex", "json_schema", "choices", "ebnf")
+_CONSTRAINTS = ("regex", "json_schema", "choices", "ebnf", "structural_tag")
 
 
 def reasoning_format(model_type: str) -> str:
