@@ -10,6 +10,9 @@ from radixflow.lang.expr import Condition, Expr, to_expr
 from radixflow.lang.select_scoring import ChoicesMethod, method_name, token_length_normalized
 
 
+_CONSTRAINTS = ("regex", "json_schema", "choices", "ebnf", "structural_tag")  # the sampling keys that constrain
+
+
 def check_name(name: Any) -> None:
     """A variable name is a str (or None: the output is not stored)."""
     if name is not None and not isinstance(name, str):
@@ -35,7 +38,7 @@ def gen(name: str | None = None, *, dtype: Any = None, choices_method: ChoicesMe
     sampling, extras = params.split_kwargs(kwargs)
     kind = params.dtype_name(dtype)
     if kind is not None:
-        if any(c in sampling for c in ("regex", "json_schema", "choices", "ebnf", "structural_tag")):
+        if any(c in sampling for c in _CONSTRAINTS):
             raise ValueError("give dtype or one of regex/json_schema/choices/ebnf/structural_tag, not both")
         sampling["regex"] = params.DTYPES[kind][0]
     return Expr([ir.Gen(name=name, params=sampling, extras=extras, dtype=kind)])
@@ -79,7 +82,6 @@ def if_(condition: bool | Condition, then: Any = "", else_: Any = "") -> Expr:
     return Expr(then_ops if condition else else_ops)
 
 
-_CONSTRAINTS = ("regex", "json_schema", "choices", "ebnf", "structural_tag")
 
 
 def reasoning_format(model_type: str) -> str:
