@@ -99,6 +99,23 @@ def test_an_output_that_never_closes_the_block_is_all_reasoning(r1, client):
                                                                                      "content": plain}
 
 
+def test_a_continued_final_message_is_read_from_where_it_stops(r1, client):
+    """continue_final_message: the output goes on from the final message's text, not from a new
+    turn the template opened, so it is in the block only when that text leaves one open, and a
+    grammar waits for </think> only then."""
+    def continued(c, text, **extra):
+        messages = [BASE["messages"][0], {"role": "assistant", "content": text}]
+        return _chat(c, messages=messages, add_generation_prompt=False, continue_final_message=True, max_tokens=8,
+                     **extra)["message"]
+
+    assert continued(r1, "<think>x</think>", regex="yes|no")["content"] in ("yes", "no")
+    assert continued(r1, "It is", regex="yes|no")["content"] in ("yes", "no")
+    plain = continued(client, "It is")["content"]  # the random model never writes </think>
+    assert continued(r1, "It is") == {"role": "assistant", "content": plain}
+    assert continued(r1, "<think>Hmm", regex="yes|no")["reasoning_content"] == continued(client, "<think>Hmm")[
+        "content"].strip()
+
+
 def test_tool_calls_are_read_from_the_answer_only(r1):
     text = f"<think>Maybe {CALL}?</think>{CALL}"
     extra = {"regex": re.escape(text), "tools": TOOLS, "max_tokens": 200, **UNTHINKING}
