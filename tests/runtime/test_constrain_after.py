@@ -44,6 +44,7 @@ def test_the_grammar_starts_after_the_text(engine):
 @pytest.mark.parametrize("params, match", [
     ({"constrain_after": "", "regex": "a"}, "constrain_after"),
     ({"constrain_after": "x" * 65, "regex": "a"}, "constrain_after"),
+    ({"constrain_after": "\ud800", "regex": "a"}, "constrain_after"),  # a lone surrogate: not text
 ])
 def test_bad_constrain_after_is_a_value_error(engine, params, match):
     with pytest.raises(ValueError, match=match):
