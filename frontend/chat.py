@@ -86,7 +86,7 @@ def reasoning_plan(req: ChatRequest, tools: ToolPlan, reasoning_parser: str | No
     kwargs = req.chat_template_kwargs or {}
     thinking = kwargs.get("enable_thinking", kwargs.get("thinking")) is not False
     opened = FORMATS[reasoning_parser] and thinking
-    if req.continue_final_message:
+    if req.continue_final_message and req.messages:  # (no messages: the template refuses them)
         opened = thinking = leaves_open(message_text(req.messages[-1]))
     return ChatPlan(tools, reasoning_parser, opened, req.include_reasoning, thinking)
 

@@ -114,6 +114,9 @@ def test_a_continued_final_message_is_read_from_where_it_stops(r1, client):
     assert continued(r1, "It is") == {"role": "assistant", "content": plain}
     assert continued(r1, "<think>Hmm", regex="yes|no")["reasoning_content"] == continued(client, "<think>Hmm")[
         "content"].strip()
+    r = r1.post("/v1/chat/completions", json={**BASE, "messages": [], "add_generation_prompt": False,
+                                              "continue_final_message": True})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages"
 
 
 def test_tool_calls_are_read_from_the_answer_only(r1):
