@@ -9,7 +9,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from radixflow.frontend.chat_prompt import check_chat_prompt, render_chat
+from radixflow.frontend.chat_prompt import check_chat_prompt, message_text, render_chat
 from radixflow.frontend.errors import APIError
 from radixflow.frontend.openai_route import Job, Prompts, finish_reason, handle, response_usage
 from radixflow.frontend.openai_sampling import Constraint
@@ -21,7 +21,7 @@ from radixflow.frontend.reasoning import ChoiceParser
 from radixflow.frontend.tool_calls import Call, Parser
 from radixflow.frontend.tools import ToolPlan, template_tools, tool_plan
 from radixflow.runtime.sampling_params import RequestOptions
-from radixflow.runtime.text.reasoning import CLOSE, FORMATS, ReasoningParser, Thought
+from radixflow.runtime.text.reasoning import CLOSE, FORMATS, ReasoningParser, Thought, leaves_open
 
 
 def to_logprobs(meta: dict, tokenizer: Any) -> ChoiceLogprobs | None:
@@ -79,12 +79,17 @@ def reasoning_plan(req: ChatRequest, tools: ToolPlan, reasoning_parser: str | No
     """The request's ChatPlan under the server's `--reasoning-parser`. The output starts inside
     the block when the format says so, unless the template was told not to think
     (`chat_template_kwargs` enable_thinking or thinking false): then it is reasoning only when it
-    opens with <think>, and a grammar holds from the first token, else from after </think>."""
+    opens with <think>, and a grammar holds from the first token, else from after </think>.
+    With `continue_final_message` the output goes on from the final message's text, not from the
+    start of a turn the template opened: it is in the block when that text leaves one open."""
     if reasoning_parser is None or not req.separate_reasoning:
         return ChatPlan(tools)
     kwargs = req.chat_template_kwargs or {}
     thinking = kwargs.get("enable_thinking", kwargs.get("thinking")) is not False
-    return ChatPlan(tools, reasoning_parser, FORMATS[reasoning_parser] and thinking, req.include_reasoning, thinking)
+    opened = FORMATS[reasoning_parser] and thinking
+    if req.continue_final_message and req.messages:  # (no messages: the template refuses them)
+        opened = thinking = leaves_open(message_text(req.messages[-1]))
+    return ChatPlan(tools, reasoning_parser, opened, req.include_reasoning, thinking)
 
 
 def _split(events: list[Any]) -> tuple[str, str, list[Call]]:

@@ -33,13 +33,21 @@ def _tool_calls(calls: list[ToolCall]) -> list[dict[str, Any]]:
     return out
 
 
+def message_text(message: ChatMessage) -> str:
+    """A message's text: its content, or its text parts joined ("" for none)."""
+    content = message.content
+    if content is None or isinstance(content, str):
+        return content or ""
+    return "".join(p.text for p in content)
+
+
 def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
     """Messages as the chat template expects them: text content, `developer` read as `system`,
     tool_calls (arguments decoded) and tool_call_id kept, an assistant turn's reasoning as
     `reasoning_content` (sent as that or as `reasoning`)."""
     out = []
     for m in messages:
-        content = m.content if m.content is None or isinstance(m.content, str) else "".join(p.text for p in m.content)
+        content = m.content if m.content is None else message_text(m)
         msg: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role, "content": content}
         if m.name is not None:
             msg["name"] = m.name

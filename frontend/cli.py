@@ -70,7 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
                             "(<tool_call> blocks), llama3_json, mistral ([TOOL_CALLS]) or pythonic (default: hermes)")
     from radixflow.runtime.text.reasoning import FORMATS
 
-    serve.add_argument("--reasoning-parser", choices=(*FORMATS, *(f.replace("_", "-") for f in FORMATS)),
+    names = dict.fromkeys([*FORMATS, *(f.replace("_", "-") for f in FORMATS)])  # qwen3 has no dashed spelling
+    serve.add_argument("--reasoning-parser", choices=tuple(names),
                        default=None,
                        help="split a thinking model's <think> block from its answer in chat responses "
                             "(message.reasoning_content): deepseek_r1 or qwen3_thinking (the output starts "

@@ -307,7 +307,7 @@ async def separate_reasoning(request: Request) -> Response:
     server = request.app.state.server
     server.limits.check_text(len(req.text), "text")
     try:
-        name = check_reasoning_parser(req.reasoning_parser or server.reasoning_parser)
+        name = check_reasoning_parser(server.reasoning_parser if req.reasoning_parser is None else req.reasoning_parser)
     except ValueError as exc:
         raise APIError(400, str(exc).replace("--reasoning-parser", "reasoning_parser"), param="reasoning_parser")
     if name is None:

@@ -112,6 +112,8 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
         _check(self.choices is None or len(self.choices) > 0, "choices", "must not be empty")
         _check(self.constrain_after is None or 0 < len(self.constrain_after) <= MAX_CONSTRAIN_AFTER_CHARS,
                "constrain_after", f"must be 1-{MAX_CONSTRAIN_AFTER_CHARS} characters")
+        _check(self.constrain_after is None or _is_text(self.constrain_after), "constrain_after",
+               "must be Unicode text (it is matched as UTF-8; a lone surrogate is not)")
         if self.stop_regexes:
             from radixflow.runtime.text.stop_regex import compile_stop_regexes
 
@@ -196,6 +198,14 @@ def _is_token_id(key: str) -> bool:
     """A token id in canonical decimal, at most 19 digits (int() of a longer one is slow, or a
     ValueError past Python's digit limit): "0", "42"; not "-1", "05", " 5", "4.0"."""
     return len(key) <= 19 and key.isascii() and key.isdigit() and (key == "0" or key[0] != "0")
+
+
+def _is_text(value: str) -> bool:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _check(ok: bool, name: str, what: str) -> None:

@@ -25,7 +25,7 @@ class AfterText:
 
     def _completes(self, tail: bytes, token: int) -> tuple[bool, bytes]:
         """(whether `token` after `tail` completes the text, the new tail)."""
-        seen = tail + self._bytes[token]
+        seen = tail + (self._bytes[token] if token < len(self._bytes) else b"")  # ids past the tokenizer's: b""
         return self._text in seen, seen[max(0, len(seen) - len(self._text) + 1):] if len(self._text) > 1 else b""
 
     def fill_mask(self, ptr: int, num_words: int) -> None:

@@ -44,6 +44,11 @@ def check_reasoning_parser(name: str | None) -> str | None:
     return name
 
 
+def leaves_open(text: str) -> bool:
+    """Whether `text` ends inside a block: its last <think> is not closed after it."""
+    return text.rfind(OPEN) > text.rfind(CLOSE)
+
+
 @dataclass(frozen=True)
 class Thought:
     """A piece of the reasoning."""

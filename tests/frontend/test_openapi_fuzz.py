@@ -19,7 +19,7 @@ from radixflow.runtime.sampling_params import RequestOptions, SamplingParams
 from .conftest import LiveServer
 
 FUZZED = ["/v1/completions", "/v1/chat/completions", "/v1/responses", "/generate", "/v1/programs", "/abort_request", "/tokenize",
-          "/detokenize"]
+          "/detokenize", "/separate_reasoning"]
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +30,8 @@ def fuzz_server() -> Iterator[tuple[LiveServer, dict]]:
     # Small bounds keep every generated request cheap; a request past them is a 400, as it should be.
     limits = RequestLimits(max_n=2, max_prompts=2, max_prompt_tokens=256, max_top_logprobs=2)
     with Engine(demo_model("tiny"), kv_cache_tokens=2048, max_model_len=64, grammar_timeout_s=2.0) as engine:
-        live = LiveServer(create_app(engine, "tiny", limits=limits)).start()
+        # a reasoning parser: chat and responses bodies reach its paths (the block, a grammar after it)
+        live = LiveServer(create_app(engine, "tiny", limits=limits, reasoning_parser="deepseek_r1")).start()
         doc = httpx.get(live.url + "/openapi.json").json()
         yield live, doc
         live.stop()

@@ -99,6 +99,26 @@ def test_an_output_that_never_closes_the_block_is_all_reasoning(r1, client):
                                                                                      "content": plain}
 
 
+def test_a_continued_final_message_is_read_from_where_it_stops(r1, client):
+    """continue_final_message: the output goes on from the final message's text, not from a new
+    turn the template opened, so it is in the block only when that text leaves one open, and a
+    grammar waits for </think> only then."""
+    def continued(c, text, **extra):
+        messages = [BASE["messages"][0], {"role": "assistant", "content": text}]
+        return _chat(c, messages=messages, add_generation_prompt=False, continue_final_message=True, max_tokens=8,
+                     **extra)["message"]
+
+    assert continued(r1, "<think>x</think>", regex="yes|no")["content"] in ("yes", "no")
+    assert continued(r1, "It is", regex="yes|no")["content"] in ("yes", "no")
+    plain = continued(client, "It is")["content"]  # the random model never writes </think>
+    assert continued(r1, "It is") == {"role": "assistant", "content": plain}
+    assert continued(r1, "<think>Hmm", regex="yes|no")["reasoning_content"] == continued(client, "<think>Hmm")[
+        "content"].strip()
+    r = r1.post("/v1/chat/completions", json={**BASE, "messages": [], "add_generation_prompt": False,
+                                              "continue_final_message": True})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages"
+
+
 def test_tool_calls_are_read_from_the_answer_only(r1):
     text = f"<think>Maybe {CALL}?</think>{CALL}"
     extra = {"regex": re.escape(text), "tools": TOOLS, "max_tokens": 200, **UNTHINKING}
@@ -117,10 +137,15 @@ def test_reasoning_sent_back_in_an_assistant_turn_is_accepted(r1):
     assert _chat(r1, messages=messages, max_tokens=1)["finish_reason"] == "length"
 
 
-def test_the_parser_name_is_checked_and_shown(r1):
+def test_the_parser_name_is_checked_and_shown(r1, capsys):
     with pytest.raises(ValueError, match="--reasoning-parser must be one of"):
         create_app(object(), MODEL_NAME, reasoning_parser="o1")
     assert r1.get("/get_server_info").json()["reasoning_parser"] == "deepseek_r1"
+    from radixflow.frontend.cli import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--help"])
+    assert "--reasoning-parser {deepseek_r1,qwen3,qwen3_thinking,deepseek-r1,qwen3-thinking}" in capsys.readouterr().out
 
 
 def test_responses_give_the_block_as_a_reasoning_item(r1, engine, live_server):
@@ -155,8 +180,9 @@ def test_separate_reasoning_route(r1, client):
         "text": "Paris.", "reasoning_text": "The capital of France."}
     out = client.post("/separate_reasoning", json={"text": "Paris.", "reasoning_parser": "qwen3"})
     assert out.json() == {"text": "Paris.", "reasoning_text": ""}
-    for body, message in (({"text": "x"}, "this server has no --reasoning-parser"),
-                          ({"text": "x", "reasoning_parser": "o1"}, "reasoning_parser must be one of")):
-        r = client.post("/separate_reasoning", json=body)
+    for c, body, message in ((client, {"text": "x"}, "this server has no --reasoning-parser"),
+                             (client, {"text": "x", "reasoning_parser": "o1"}, "reasoning_parser must be one of"),
+                             (r1, {"text": "x", "reasoning_parser": ""}, "reasoning_parser must be one of")):
+        r = c.post("/separate_reasoning", json=body)
         assert r.status_code == 400 and r.json()["error"]["param"] == "reasoning_parser"
         assert message in r.json()["error"]["message"]

@@ -44,6 +44,7 @@ def test_the_grammar_starts_after_the_text(engine):
 @pytest.mark.parametrize("params, match", [
     ({"constrain_after": "", "regex": "a"}, "constrain_after"),
     ({"constrain_after": "x" * 65, "regex": "a"}, "constrain_after"),
+    ({"constrain_after": "\ud800", "regex": "a"}, "constrain_after"),  # a lone surrogate: not text
 ])
 def test_bad_constrain_after_is_a_value_error(engine, params, match):
     with pytest.raises(ValueError, match=match):
@@ -74,3 +75,19 @@ def test_matcher_before_and_after_the_text(engine):
         assert all(m.accept(t) for t in ab) and m.is_accepting()
     finally:
         backend.close()
+
+
+def test_ids_without_bytes_are_free_text_before_the_text():
+    """Before the text every id the mask allows may be drawn: special tokens and ids past the
+    tokenizer's vocabulary (a padded model vocabulary) spell nothing; they never complete it."""
+    class Inner:
+        error = None
+
+        def count_valid(self, tokens):
+            return 0
+
+    vocab = TokenVocab([b"<", b"/t>", b""], [], model_vocab_size=64, encode=lambda text: [])
+    m = AfterText(Inner(), b"</t>", vocab)
+    assert m.count_valid([0, 40, 1, 0]) == 3 and not m.accepting_after([40])
+    assert m.accept(40) and m.accept(2) and not m.started
+    assert m.accept(0) and m.accept(1) and m.started
