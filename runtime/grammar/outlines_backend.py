@@ -13,6 +13,7 @@ from radixflow.runtime.grammar.integer_range import integer_range_regex
 from radixflow.runtime.grammar.number_range import (
     check_numeric_keywords, check_range_regex, decimal_bound, is_multiple, number_schema_regex, within_bounds,
 )
+from radixflow.runtime.grammar.schema_keywords import check_enforceable
 from radixflow.runtime.grammar.spec import GrammarKey
 from radixflow.runtime.grammar.vocab import TokenVocab
 from radixflow.runtime.grammar.worker import CompileCancelled, CompileFailed, CompileTimeout, CompileWorkers
@@ -123,7 +124,9 @@ def range_placeholders(schema: object, regexes: list[str]) -> object:
 
 
 def json_schema_regex(schema: object) -> str:
-    """The regex of a JSON schema, integer and number bounds included."""
+    """The regex of a JSON schema, integer and number bounds included; ValueError for a keyword
+    outlines-core would ignore (schema_keywords.py)."""
+    check_enforceable(schema)
     regexes: list[str] = []
     schema = range_placeholders(bound_integers(schema), regexes)
     regex = build_regex_from_schema(json.dumps(schema), whitespace_pattern=JSON_WHITESPACE)
