@@ -9,7 +9,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from radixflow.frontend.chat_prompt import check_chat_prompt, message_text, render_chat
+from radixflow.frontend.chat_prompt import check_chat_prompt, message_text, render_chat, template_kwargs
 from radixflow.frontend.errors import APIError
 from radixflow.frontend.openai_route import Job, Prompts, finish_reason, handle, response_usage
 from radixflow.frontend.openai_sampling import Constraint
@@ -77,14 +77,14 @@ class ChatPlan:
 
 def reasoning_plan(req: ChatRequest, tools: ToolPlan, reasoning_parser: str | None) -> ChatPlan:
     """The request's ChatPlan under the server's `--reasoning-parser`. The output starts inside
-    the block when the format says so, unless the template was told not to think
-    (`chat_template_kwargs` enable_thinking or thinking false): then it is reasoning only when it
-    opens with <think>, and a grammar holds from the first token, else from after </think>.
+    the block when the format says so, unless the template was told not to think (enable_thinking
+    or thinking false among its variables, `reasoning_effort` "none"): then it is reasoning only
+    when it opens with <think>, and a grammar holds from the first token, else from after </think>.
     With `continue_final_message` the output goes on from the final message's text, not from the
     start of a turn the template opened: it is in the block when that text leaves one open."""
     if reasoning_parser is None or not req.separate_reasoning:
         return ChatPlan(tools)
-    kwargs = req.chat_template_kwargs or {}
+    kwargs = template_kwargs(req)
     thinking = kwargs.get("enable_thinking", kwargs.get("thinking")) is not False
     opened = FORMATS[reasoning_parser] and thinking
     if req.continue_final_message and req.messages:  # (no messages: the template refuses them)

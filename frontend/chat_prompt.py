@@ -94,12 +94,27 @@ def check_chat_prompt(req: Any, limits: Any) -> None:
                        "fields give them", param="chat_template_kwargs")
 
 
+def template_kwargs(req: Any) -> dict[str, Any]:
+    """The template variables beside the messages: `chat_template_kwargs`, and OpenAI's
+    `reasoning_effort` as the variable of that name (templates of models with effort levels read
+    it); effort "none" also sets `enable_thinking` false (Qwen3's switch), unless the request's
+    own kwargs set either."""
+    effort = getattr(req, "reasoning_effort", None)
+    given = req.chat_template_kwargs or {}
+    if effort is None:
+        return given
+    implied: dict[str, Any] = {"reasoning_effort": effort}
+    if effort == "none":
+        implied["enable_thinking"] = False
+    return {**implied, **given}
+
+
 def render_chat(req: Any, tokenizer: Any, tools: list[dict[str, Any]] | None) -> str:
     """The prompt text of a checked request (check_chat_prompt); the template's refusal (a role
     it does not know, a final message with nothing to continue) is a 400 on `messages`."""
     try:
         return tokenizer.apply_chat_template(
             template_messages(req.messages), add_generation_prompt=req.add_generation_prompt,
-            continue_final_message=req.continue_final_message, tools=tools, **(req.chat_template_kwargs or {}))
+            continue_final_message=req.continue_final_message, tools=tools, **template_kwargs(req))
     except ValueError as exc:
         raise APIError(400, str(exc), param="messages") from exc

@@ -27,10 +27,9 @@ def check_request(req: ResponsesRequest, supports_grammar: bool) -> None:
     if req.include:
         raise APIError(400, f"include {req.include[0]!r} is not supported (no built-in tools, logprobs or "
                        "reasoning items here)", param="include")
-    if req.reasoning is not None and (req.reasoning.effort not in (None, "none") or req.reasoning.summary
-                                      or req.reasoning.generate_summary):
-        raise APIError(400, "reasoning effort and summaries are not supported (with --reasoning-parser a thinking "
-                       "model's block is a reasoning item); send reasoning.effort null or 'none'", param="reasoning")
+    if req.reasoning is not None and (req.reasoning.summary or req.reasoning.generate_summary):
+        raise APIError(400, "reasoning summaries are not supported (with --reasoning-parser a thinking model's "
+                       "block is a reasoning item, as written); send reasoning.summary null", param="reasoning")
     if req.background:
         raise APIError(400, "background responses are not supported", param="background")
     if req.truncation == "auto":
@@ -207,6 +206,7 @@ def chat_request(req: ResponsesRequest, conversation: list[Item]) -> ChatRequest
                        "output; give one of them", param="tool_choice")
     return ChatRequest(
         model=req.model, messages=instructions + chat_messages(conversation), max_completion_tokens=req.max_output_tokens,
+        reasoning_effort=req.reasoning.effort if req.reasoning is not None else None,
         temperature=req.temperature, top_p=req.top_p, tools=tools, json_schema=schema, user=req.user,
         tool_choice=NamedToolChoice("function", FunctionName(choice.name)) if isinstance(choice, FunctionChoice)
         else choice, parallel_tool_calls=req.parallel_tool_calls if tools else None)

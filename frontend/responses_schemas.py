@@ -22,9 +22,10 @@ class TextConfig(Struct, forbid_unknown_fields=True):
 
 
 class Reasoning(Struct, forbid_unknown_fields=True):
-    """Accepted only as "no reasoning" (effort null or "none"): radixflow's models do not reason apart."""
+    """`effort` is the chat request's `reasoning_effort` (a template variable; "none" also turns
+    thinking off); summaries are refused (nothing here writes one)."""
 
-    effort: str | None = None
+    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
     summary: str | None = None
     generate_summary: str | None = None
 

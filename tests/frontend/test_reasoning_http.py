@@ -186,3 +186,28 @@ def test_separate_reasoning_route(r1, client):
         r = c.post("/separate_reasoning", json=body)
         assert r.status_code == 400 and r.json()["error"]["param"] == "reasoning_parser"
         assert message in r.json()["error"]["message"]
+
+
+def test_reasoning_effort_reaches_the_template_and_none_turns_thinking_off(r1):
+    from radixflow.frontend.chat_prompt import template_kwargs
+    from radixflow.frontend.openai_schemas import ChatRequest
+
+    def kwargs(**fields):
+        return template_kwargs(ChatRequest(model=MODEL_NAME, messages=[], **fields))
+
+    assert kwargs(reasoning_effort="high") == {"reasoning_effort": "high"}
+    assert kwargs(reasoning_effort="none") == {"reasoning_effort": "none", "enable_thinking": False}
+    assert kwargs(reasoning_effort="none", chat_template_kwargs={"enable_thinking": True}) == {
+        "reasoning_effort": "none", "enable_thinking": True}
+    assert kwargs() == {}
+    plain = _chat(r1, **UNTHINKING)["message"]
+    assert _chat(r1, reasoning_effort="none")["message"] == plain and "reasoning_content" not in plain
+    assert "reasoning_content" in _chat(r1, reasoning_effort="high")["message"]
+    r = r1.post("/v1/chat/completions", json={**BASE, "reasoning_effort": "extreme"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "reasoning_effort"
+    # the Responses API's reasoning.effort is the chat request's reasoning_effort, echoed back
+    out = r1.post("/v1/responses", json={"model": MODEL_NAME, "input": BASE["messages"][0]["content"],
+                                         "max_output_tokens": 6, "temperature": 0, "reasoning": {"effort": "none"}})
+    assert out.status_code == 200, out.text
+    assert [item["type"] for item in out.json()["output"]] == ["message"]
+    assert out.json()["reasoning"]["effort"] == "none"
