@@ -41,6 +41,11 @@ StructuredOutputs = msgspec.defstruct(
     kw_only=True, forbid_unknown_fields=True, module=__name__)
 
 
+# OpenAI's reasoning_effort values: a chat template variable ("none" also turns thinking off;
+# chat_prompt.template_kwargs)
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
+
+
 class StreamOptions(Struct, forbid_unknown_fields=True):
     include_usage: bool = False
 
@@ -153,8 +158,7 @@ class ChatRequest(_Common, kw_only=True, forbid_unknown_fields=True):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
-    # OpenAI's: a template variable ("none" also turns thinking off; chat_prompt.template_kwargs)
-    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
+    reasoning_effort: ReasoningEffort | None = None
     separate_reasoning: bool = True  # SGLang's: false keeps the reasoning in the content (frontend/reasoning.py)
     include_reasoning: bool = True  # vLLM's: false leaves the reasoning out of the response
     store: bool | None = None

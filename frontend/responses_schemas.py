@@ -8,6 +8,8 @@ from typing import Any, Literal
 import msgspec
 from msgspec import Struct
 
+from radixflow.frontend.openai_schemas import ReasoningEffort
+
 
 class TextFormat(Struct, forbid_unknown_fields=True, omit_defaults=True):
     type: Literal["text", "json_object", "json_schema"]
@@ -25,7 +27,7 @@ class Reasoning(Struct, forbid_unknown_fields=True):
     """`effort` is the chat request's `reasoning_effort` (a template variable; "none" also turns
     thinking off); summaries are refused (nothing here writes one)."""
 
-    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
+    effort: ReasoningEffort | None = None
     summary: str | None = None
     generate_summary: str | None = None
 

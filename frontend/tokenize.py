@@ -19,7 +19,7 @@ from radixflow.frontend.body import json_response, off_loop_if_large, read_json
 from radixflow.frontend.chat_prompt import check_chat_prompt, render_chat
 from radixflow.frontend.errors import APIError
 from radixflow.frontend.openai_common import check_model
-from radixflow.frontend.openai_schemas import ChatMessage, Tool
+from radixflow.frontend.openai_schemas import ChatMessage, ReasoningEffort, Tool
 
 
 class TokenizeRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -36,6 +36,7 @@ class TokenizeRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
+    reasoning_effort: ReasoningEffort | None = None
     return_token_strs: bool = False
 
 
@@ -75,8 +76,10 @@ def _check_tokenize(request: Request, req: TokenizeRequest) -> None:
     limits = request.app.state.server.limits
     if (req.prompt is None) == (req.messages is None):
         raise APIError(400, "send exactly one of prompt and messages")
-    if req.prompt is not None and (req.tools or req.chat_template_kwargs or req.continue_final_message):
-        raise APIError(400, "tools, chat_template_kwargs and continue_final_message go with messages, not a prompt")
+    if req.prompt is not None and (req.tools or req.chat_template_kwargs or req.continue_final_message
+                                   or req.reasoning_effort is not None):
+        raise APIError(400, "tools, chat_template_kwargs, continue_final_message and reasoning_effort go with "
+                       "messages, not a prompt")
     if req.messages is not None:
         if not req.messages:
             raise APIError(400, "messages must not be empty", param="messages")
