@@ -68,8 +68,7 @@ def _check_properties(node: dict, at: str) -> None:
     least, most = node.get("minProperties"), node.get("maxProperties")
     if least is not None and not least <= len(set(required)):
         _refuse("minProperties", at, "beside properties (past the required ones)")
-    closed = node.get("additionalProperties") is False or "additionalProperties" not in node
-    if most is not None and not (closed and len(properties) <= most):
+    if most is not None and not len(properties) <= most:  # additionalProperties or not: no other key
         _refuse("maxProperties", at, "beside properties (below their number)")
 
 

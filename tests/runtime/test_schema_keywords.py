@@ -38,7 +38,6 @@ def test_names_values_and_kept_bounds_pass(schema):
 @pytest.mark.parametrize("schema, keyword", [
     ({**OBJ, "minProperties": 2}, "minProperties"),
     ({**OBJ, "maxProperties": 1}, "maxProperties"),
-    ({**OBJ, "maxProperties": 2, "additionalProperties": True}, "maxProperties"),
 ])
 def test_property_counts_beside_properties_are_refused_unless_always_met(schema, keyword):
     with pytest.raises(ValueError, match=keyword):
@@ -92,3 +91,10 @@ def test_keywords_outlines_core_drops_in_place_are_refused(monkeypatch, schema, 
 def test_kept_or_harmless_beside_what_outlines_core_renders(schema):
     check_enforceable(schema)
     to_regex(GrammarKey("json_schema", json.dumps(schema)))
+
+
+@pytest.mark.parametrize("extra", [True, {"type": "integer"}])
+def test_max_properties_beside_properties_hold_whatever_additional_properties_says(extra):
+    """Beside properties outlines-core writes no other key, so a bound no lower than their number holds."""
+    regex = to_regex(GrammarKey("json_schema", json.dumps({**OBJ, "maxProperties": 2, "additionalProperties": extra})))
+    assert re.fullmatch(regex, '{"a":1,"b":2}') and not re.fullmatch(regex, '{"a":1,"b":2,"c":3}')
