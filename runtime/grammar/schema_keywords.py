@@ -19,7 +19,8 @@ from typing import Any
 
 IGNORED = ("not", "if", "then", "else", "contains", "minContains", "maxContains", "propertyNames",
            "patternProperties", "dependentRequired", "dependentSchemas", "dependencies")
-_DATA = frozenset({"const", "enum", "default", "examples"})  # values, not schemas
+# values, not schemas (`discriminator`: OpenAPI's, which pydantic writes beside a oneOf: tag values)
+_DATA = frozenset({"const", "enum", "default", "examples", "discriminator"})
 _NAMED = frozenset({"properties", "$defs", "definitions"})  # maps of names to schemas
 
 

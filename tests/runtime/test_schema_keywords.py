@@ -28,6 +28,9 @@ def test_each_ignored_keyword_is_refused_where_it_is(keyword):
     {"type": "object", "properties": {"not": {"type": "integer"}, "if": {"type": "string"}}, "required": ["not"]},
     {"enum": [{"not": 1}], "default": {"contains": 2}},
     {"$defs": {"contains": {"type": "string"}}, "anyOf": [{"$ref": "#/$defs/contains"}]},
+    # pydantic's discriminated union whose tags spell keywords: the mapping's keys are tag values
+    {"oneOf": [{"$ref": "#/$defs/If"}], "discriminator": {"propertyName": "k", "mapping": {"if": "#/$defs/If"}},
+     "$defs": {"If": {"type": "object", "properties": {"k": {"const": "if"}}, "required": ["k"]}}},
     {**OBJ, "minProperties": 1, "maxProperties": 2, "additionalProperties": False},
 ])
 def test_names_values_and_kept_bounds_pass(schema):
