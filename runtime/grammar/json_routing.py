@@ -1,5 +1,8 @@
-"""Which JSON schemas leave outlines-core for llguidance: those outlines-core cuts, when llguidance
-keeps their bounds exact.
+"""Which JSON schemas leave outlines-core for llguidance: those outlines-core cuts, or would compile
+with a keyword it does not enforce (schema_keywords.py: `allOf` of several members,
+`patternProperties`, ... llguidance enforces some of them; where it refuses one, the schema goes
+back to outlines-core, which refuses it naming the keyword), when llguidance keeps their bounds
+exact.
 
 outlines-core (0.2.x) renders a schema as one regex, which cannot nest without limit, so it cuts
 two kinds of schema (its parser's rules, mirrored by `outlines_cut`, dispatch order included):
@@ -17,6 +20,8 @@ from __future__ import annotations
 import functools
 import json
 
+from radixflow.runtime.grammar.schema_keywords import check_enforceable
+
 # outlines-core refuses a `$ref` met while this many are already being resolved.
 OUTLINES_MAX_NESTED_REFS = 4
 ANY_VALUE = "a value of any type nested past three levels"
@@ -26,9 +31,18 @@ _BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multip
 
 @functools.lru_cache(maxsize=1024)  # asked on every request, cache hits included
 def prefers_llguidance(schema_text: str) -> bool:
-    """The schema (GrammarKey text) is one outlines-core cuts and llguidance compiles exactly."""
+    """The schema (GrammarKey text) is one outlines-core cuts or does not enforce, and llguidance
+    compiles exactly."""
     schema = json.loads(schema_text)
-    return outlines_cut(schema) is not None and llguidance_bounds_exact(schema)
+    return (outlines_cut(schema) is not None or not _outlines_enforces(schema)) and llguidance_bounds_exact(schema)
+
+
+def _outlines_enforces(schema: object) -> bool:
+    try:
+        check_enforceable(schema)
+    except ValueError:
+        return False
+    return True
 
 
 def outlines_cut(schema: object) -> str | None:

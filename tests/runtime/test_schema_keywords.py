@@ -101,3 +101,25 @@ def test_max_properties_beside_properties_hold_whatever_additional_properties_sa
     """Beside properties outlines-core writes no other key, so a bound no lower than their number holds."""
     regex = to_regex(GrammarKey("json_schema", json.dumps({**OBJ, "maxProperties": 2, "additionalProperties": extra})))
     assert re.fullmatch(regex, '{"a":1,"b":2}') and not re.fullmatch(regex, '{"a":1,"b":2,"c":3}')
+
+
+def test_with_llguidance_a_schema_outlines_core_would_not_enforce_compiles_there():
+    """allOf of two members and anyOf beside properties: exact on llguidance; `not`, which
+    llguidance does not implement either, is still refused naming it."""
+    pytest.importorskip("llguidance")
+    from radixflow.runtime import Engine
+    from radixflow.runtime.model.demo import demo_model
+
+    both = {"allOf": [{"type": "integer", "minimum": 0}, {"type": "integer", "maximum": 5}]}
+    beside = {"type": "object", "properties": {"a": {"enum": [1]}}, "anyOf": [{"required": ["a"]}],
+              "additionalProperties": False}
+    with Engine(demo_model("tiny"), kv_cache_tokens=2048) as engine:
+        for schema in (both, beside):
+            with pytest.raises(ValueError):
+                check_enforceable(schema)  # outlines-core would not enforce it
+            assert engine.grammar.backend_for(GrammarKey("json_schema", json.dumps(schema))) == "llguidance"
+            for out in engine.generate(["x"] * 3, {"json_schema": schema, "max_new_tokens": 40, "seed": 1}):
+                assert out["meta_info"]["finish_reason"]["type"] == "stop", out
+                jsonschema.validate(json.loads(out["text"]), schema)
+        with pytest.raises(ValueError, match="'not' at # is not supported"):
+            engine.generate("x", {"json_schema": {"type": "integer", "not": {"const": 3}}, "max_new_tokens": 4})
