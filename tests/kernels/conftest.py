@@ -162,20 +162,30 @@ def fresh_build(monkeypatch, tmp_path) -> Path:
     return tmp_path / "kernels"
 
 
+@pytest.fixture(scope="session")
+def builds_without_dir(tmp_path_factory) -> Path:
+    """Where build_without's libraries and compiler wrappers live for the whole session: each
+    flag's library is compiled once (the build cache keys on the compiler command, so the
+    wrapper's path stays the same) and loaded by every test that asks for it."""
+    return tmp_path_factory.mktemp("builds_without")
+
+
 @pytest.fixture
-def build_without(fresh_build, tmp_path, monkeypatch) -> Callable[[str], None]:
-    """build_without("-mno-avx512bf16"): library() builds anew with the C compiler told to leave
-    an instruction set out, as a CPU without it builds (x86 only, else the test skipped)."""
+def build_without(fresh_build, builds_without_dir, monkeypatch) -> Callable[[str], None]:
+    """build_without("-mno-avx512bf16"): library() loads a build made with the C compiler told
+    to leave an instruction set out, as a CPU without it builds (x86 only, else the test skipped)."""
     from radixflow.kernels import native
 
     def use(flag: str) -> None:
         cc = native._compiler()
         if cc is None or platform.machine() not in ("x86_64", "AMD64"):
             pytest.skip("needs an x86 C compiler")
-        wrapper = tmp_path / f"cc{flag}"
-        wrapper.write_text(f'#!/bin/sh\nexec {cc} "$@" {flag}\n')
-        wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
+        wrapper = builds_without_dir / f"cc{flag}"
+        if not wrapper.exists():
+            wrapper.write_text(f'#!/bin/sh\nexec {cc} "$@" {flag}\n')
+            wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
         monkeypatch.setenv("CC", str(wrapper))
+        monkeypatch.setenv("RADIXFLOW_CACHE", str(builds_without_dir))
     return use
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import subprocess
 import sys
 
@@ -204,18 +205,27 @@ def test_the_build_is_cached_per_source_and_machine(fresh_build, monkeypatch):
     assert [p.name for p in fresh_build.iterdir()] == [built.name] and built.stat().st_mtime_ns == stamp
     monkeypatch.setattr(native, "_loaded", {})
     monkeypatch.setattr(native, "_cpu_flags", lambda: "flags : another machine")
+    compiled = []  # another machine's build is its own file: asked for, and (a copy here) loaded
+
+    def compile_as_copy(cc, target):
+        compiled.append(target)
+        shutil.copyfile(built, target)
+        return True
+    monkeypatch.setattr(native, "_compile", compile_as_copy)
     assert native.library() is not None
-    assert len(list(fresh_build.glob("cpu_kernels-*.so"))) == 2
+    assert len(list(fresh_build.glob("cpu_kernels-*.so"))) == 2 and compiled and compiled[0] != built
 
 
 def test_loading_the_kernel_keeps_the_process_float_modes(tmp_path):
     """Linked with -ffast-math, a shared library sets flush-to-zero / denormals-are-zero for the
-    whole process when it loads; the kernel is linked without it (a fresh build, fresh process)."""
+    whole process when it loads; the kernel is linked without it (a fresh process, loading the
+    library from the session's build cache: its key holds the link flags, so a change to them
+    builds anew)."""
     if native._compiler() is None:
         pytest.skip("no C compiler")
     script = ("import torch; from radixflow.kernels import native; assert native.library() is not None; "
               "x = torch.tensor([1e-40]); print(float((x * 0.5)[0]), 1e-310 / 2)")
-    env = {**os.environ, "RADIXFLOW_CACHE": str(tmp_path), native.ENV_SWITCH: "1"}
+    env = {**os.environ, native.ENV_SWITCH: "1"}
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300,
                          cwd=tmp_path, check=True).stdout.split()
     assert float(out[0]) > 0 and float(out[1]) > 0  # denormals survive
