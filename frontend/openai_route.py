@@ -20,6 +20,7 @@ from radixflow.frontend.body import json_response, off_loop_if_large, read_json
 from radixflow.frontend.errors import APIError
 from radixflow.frontend.openai_common import check_model, new_id, now, start, usage
 from radixflow.frontend.openai_sampling import RENAMED, Constraint, client_names, request_constraint, sampling_params
+from radixflow.frontend.openai_schemas import PromptTokensDetails, Usage
 from radixflow.frontend.streams import EventStream, Fanout, guarded, sse
 from radixflow.runtime.sampling_params import SamplingParams
 
@@ -103,8 +104,10 @@ async def handle(request: Request, shape: Shape) -> Response:
     job, fanout = await prepare(request, shape, req)
     tokenizer = request.app.state.server.engine.tokenizer
     if req.stream:
-        include_usage = req.stream_options is not None and req.stream_options.include_usage
-        return EventStream(guarded(_events(fanout, shape, job, tokenizer, include_usage), fanout,
+        options = req.stream_options
+        include_usage = options is not None and options.include_usage
+        continuous = include_usage and options.continuous_usage_stats
+        return EventStream(guarded(_events(fanout, shape, job, tokenizer, include_usage, continuous), fanout,
                                    shape.id_prefix))
     results = await fanout.finish(request.receive)
     return json_response(shape.response(job, results, tokenizer))
@@ -142,9 +145,11 @@ def encode_chunk(chunk: msgspec.Struct, include_usage: bool) -> bytes:
     return sse(data)
 
 
-async def _events(fanout: Fanout, shape: Shape, job: Job, tokenizer: Any,
-                  include_usage: bool) -> AsyncIterator[bytes]:
-    """Opening chunks, one chunk per engine chunk with something new, then the usage chunk."""
+async def _events(fanout: Fanout, shape: Shape, job: Job, tokenizer: Any, include_usage: bool,
+                  continuous: bool = False) -> AsyncIterator[bytes]:
+    """Opening chunks, one chunk per engine chunk with something new, then the usage chunk.
+    `continuous` (vLLM's continuous_usage_stats): each chunk after the opening carries its
+    choice's usage so far."""
     metas: dict[int, dict] = {}
     for chunk in shape.opening(job):
         yield encode_chunk(chunk, include_usage)
@@ -152,9 +157,17 @@ async def _events(fanout: Fanout, shape: Shape, job: Job, tokenizer: Any,
         meta = metas[index] = engine_chunk["meta_info"]
         out = shape.delta(job, index, engine_chunk, finish_reason(meta), tokenizer)
         if out is not None:
+            if continuous:
+                out.usage = choice_usage(meta)
             yield encode_chunk(out, include_usage)
     if include_usage:
         yield sse(shape.chunk(job, [], usage(metas, job.sampling.n, job.shared)))
+
+
+def choice_usage(meta: dict) -> Usage:
+    """One choice's usage so far, from its latest meta_info."""
+    prompt, completion = meta["prompt_tokens"], meta["completion_tokens"]
+    return Usage(prompt, completion, prompt + completion, PromptTokensDetails(meta["cached_tokens"]))
 
 
 def response_usage(job: Job, results: list[dict]) -> Any:

@@ -48,6 +48,7 @@ ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "
 
 class StreamOptions(Struct, forbid_unknown_fields=True):
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM's: with include_usage, each chunk its choice's usage so far
 
 
 class JsonSchemaFormat(Struct, forbid_unknown_fields=True):

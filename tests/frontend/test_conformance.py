@@ -205,6 +205,30 @@ def test_stream_usage_only_with_include_usage(client):
     assert all(c["usage"] is None for c in chunks[:-1]) and chunks[-1]["usage"]["completion_tokens"] == 2
 
 
+@pytest.mark.parametrize("route, body", [("/v1/chat/completions", CHAT), ("/v1/completions", COMP)])
+def test_continuous_usage_stats_put_each_choices_count_on_its_chunks(client, route, body):
+    """vLLM's stream_options.continuous_usage_stats: every chunk after the opening carries the
+    usage of its choice so far; the last (choices empty) the request's, as without it."""
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    body = {**body, "stream": True, "stream_options": options, "max_tokens": 4, "n": 2, "temperature": 1.0,
+            "ignore_eos": True}
+    with client.stream("POST", route, json=body) as r:
+        chunks = _sse(r)
+    counts: dict[int, list[int]] = {0: [], 1: []}
+    for chunk in chunks[:-1]:
+        if chunk["usage"] is None:
+            assert chunk["choices"][0].get("delta", {}).get("role") == "assistant"  # the opening
+            continue
+        [choice] = chunk["choices"]
+        usage = chunk["usage"]
+        assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+        counts[choice["index"]].append(usage["completion_tokens"])
+    assert all(c == sorted(c) and c[-1] == 4 and c[0] >= 1 for c in counts.values()), counts
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 8
+    with client.stream("POST", route, json={**body, "stream_options": {"continuous_usage_stats": True}}) as r:
+        assert all("usage" not in c for c in _sse(r))  # without include_usage: no usage at all, as vLLM
+
+
 # -- SGLang native ---------------------------------------------------------------------------------
 
 
