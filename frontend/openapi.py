@@ -41,6 +41,8 @@ OPERATIONS: dict[str, tuple[str, str, type | None, type | None]] = {
     "/v1/responses": ("post", "OpenAI Responses API, a subset: text and function tools (stream: SSE of response "
                       "events)", ResponsesRequest, ResponseObject),
     "/v1/responses/{response_id}": ("get", "a stored response (DELETE forgets it)", None, ResponseObject),
+    "/v1/responses/{response_id}/input_items": ("get", "a stored response's input items (order, limit, after)",
+                                                None, None),
     "/v1/models": ("get", "served models", None, ModelList),
     "/v1/models/{model}": ("get", "one served model", None, ModelCard),
     "/v1/programs": ("post", "run a program IR", ProgramRequest, None),

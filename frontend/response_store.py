@@ -4,7 +4,8 @@ API server processes keeps none (frontend/server.py). Used on the event loop onl
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from radixflow.frontend.responses_schemas import Item, ResponseObject
 
@@ -15,6 +16,7 @@ DEFAULT_MAX_RESPONSES = 1000  # `radixflow serve --max-stored-responses` with on
 class StoredResponse:
     response: ResponseObject
     conversation: list[Item]  # the previous conversation, this input and this output (no instructions)
+    inputs: list[dict[str, Any]] = field(default_factory=list)  # this request's input items, with ids, in order
 
 
 class ResponseStore:

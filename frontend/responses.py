@@ -23,7 +23,9 @@ from radixflow.frontend.openai_route import Job, finish_reason, prepare
 from radixflow.frontend.openai_schemas import ChatRequest
 from radixflow.frontend.response_store import ResponseStore, StoredResponse
 from radixflow.frontend.responses_input import chat_request, check_request, read_items
-from radixflow.frontend.responses_output import OutputItems, conversation_items, response_usage, status_of
+from radixflow.frontend.responses_output import (
+    OutputItems, conversation_items, listed_items, response_usage, status_of,
+)
 from radixflow.frontend.responses_schemas import (
     DeletedResponse, IncompleteDetails, Item, OutputItem, Reasoning, ResponseError, ResponseObject,
     ResponsesRequest, ResponseUsage, TextConfig,
@@ -59,6 +61,7 @@ class Turn:
     created_at: int
     conversation: list[Item]  # the previous response's conversation, then this input
     store: bool
+    inputs: list[Item]  # this input
 
     def response(self, status: str, output: list[OutputItem], usage: ResponseUsage | None,
                  incomplete: IncompleteDetails | None = None, error: ResponseError | None = None) -> ResponseObject:
@@ -73,7 +76,8 @@ class Turn:
 
     def keep(self, store: ResponseStore, response: ResponseObject) -> None:
         if self.store:
-            store.put(StoredResponse(response, self.conversation + conversation_items(response.output)))
+            store.put(StoredResponse(response, self.conversation + conversation_items(response.output),
+                                     listed_items(self.inputs)))
 
 
 def _stores(req: ResponsesRequest, store: ResponseStore) -> bool:
@@ -101,8 +105,9 @@ async def create_response(request: Request) -> Response:
     store: ResponseStore = server.responses
     req = await read_json(request, ResponsesRequest)
     check_request(req, getattr(server.engine, "supports_grammar", False))
-    turn = Turn(req, "resp_" + uuid.uuid4().hex, now(), _previous(store, req.previous_response_id) +
-                read_items(req.input), _stores(req, store))
+    inputs = read_items(req.input)
+    turn = Turn(req, "resp_" + uuid.uuid4().hex, now(), _previous(store, req.previous_response_id) + inputs,
+                _stores(req, store), inputs)
     try:
         job, fanout = await prepare(request, SHAPE, chat_request(req, turn.conversation))
     except APIError as exc:
@@ -175,8 +180,8 @@ async def _stream(turn: Turn, job: Job, fanout: Fanout, store: ResponseStore) ->
         await fanout.close()
 
 
-async def response_by_id(request: Request) -> Response:
-    """GET: a stored response; DELETE: forget it. 404 for an id not (or no longer) stored."""
+def _stored(request: Request) -> StoredResponse:
+    """The stored response the path names; 404 for an id not (or no longer) stored."""
     store: ResponseStore = request.app.state.server.responses
     response_id = request.path_params["response_id"]
     entry = store.get(response_id)
@@ -184,7 +189,47 @@ async def response_by_id(request: Request) -> Response:
         raise APIError(404, f"No response with id {response_id!r} is stored (responses are kept in this API "
                        "server's memory until it restarts, the most recent first).", param="response_id",
                        code="response_not_found")
+    return entry
+
+
+async def response_by_id(request: Request) -> Response:
+    """GET: a stored response; DELETE: forget it. 404 for an id not (or no longer) stored."""
+    store: ResponseStore = request.app.state.server.responses
+    entry = _stored(request)
+    response_id = entry.response.id
     if request.method == "DELETE":
         store.delete(response_id)
         return json_response(DeletedResponse(response_id))
     return json_response(entry.response)
+
+
+MAX_LISTED = 100  # OpenAI's bound on `limit`
+
+
+async def input_items(request: Request) -> Response:
+    """GET /v1/responses/{id}/input_items: the stored response's input items (this request's, not
+    the previous response's or instructions), `order` desc (the default) or asc, `limit` 1-100
+    (20), `after` an item id from an earlier page; no `include` (nothing to add)."""
+    items = _stored(request).inputs
+    query = request.query_params
+    if "include" in query:
+        raise APIError(400, "include is not supported: the items are listed whole", param="include")
+    order = query.get("order", "desc")
+    if order not in ("asc", "desc"):
+        raise APIError(400, "order must be 'asc' or 'desc'", param="order")
+    try:
+        limit = int(query.get("limit", "20"))
+    except ValueError:
+        limit = 0
+    if not 1 <= limit <= MAX_LISTED:
+        raise APIError(400, f"limit must be an integer from 1 to {MAX_LISTED}", param="limit")
+    ordered = items if order == "asc" else items[::-1]
+    start = 0
+    if "after" in query:
+        ids = [item["id"] for item in ordered]
+        if query["after"] not in ids:
+            raise APIError(400, f"after: no input item {query['after']!r} in this response", param="after")
+        start = ids.index(query["after"]) + 1
+    page = ordered[start:start + limit]
+    return json_response({"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
+                          "last_id": page[-1]["id"] if page else None, "has_more": start + limit < len(ordered)})

@@ -119,6 +119,26 @@ def _builtins(struct: msgspec.Struct) -> Any:
     return msgspec.to_builtins(struct)
 
 
+def listed_items(items: list[Item]) -> list[dict[str, Any]]:
+    """A request's input items as GET /v1/responses/{id}/input_items lists them, each given an id."""
+    out: list[dict[str, Any]] = []
+    for item in items:
+        if isinstance(item, MessageItem):
+            part = "output_text" if item.role == "assistant" else "input_text"
+            out.append({"type": "message", "id": item_id("msg"), "role": item.role, "status": "completed",
+                        "content": [{"type": part, "text": item.text}]})
+        elif isinstance(item, CallItem):
+            out.append({"type": "function_call", "id": item_id("fc"), "call_id": item.call_id, "name": item.name,
+                        "arguments": item.arguments, "status": "completed"})
+        elif isinstance(item, ThoughtItem):
+            out.append({"type": "reasoning", "id": item_id("rs"), "summary": [],
+                        "content": [{"type": "reasoning_text", "text": item.text}]})
+        else:
+            out.append({"type": "function_call_output", "id": item_id("fco"), "call_id": item.call_id,
+                        "output": item.output, "status": "completed"})
+    return out
+
+
 def conversation_items(output: list[OutputItem]) -> list[Item]:
     """A response's output as items of the conversation a later response continues."""
     out: list[Item] = []

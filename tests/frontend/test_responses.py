@@ -166,6 +166,33 @@ def test_previous_response_id_continues_from_the_cache(oai, client):
     assert client.get(f"/v1/responses/{first.id}").status_code == 404
 
 
+def test_input_items_of_a_stored_response(oai, client):
+    """GET /v1/responses/{id}/input_items: the items of that request's input (not the previous
+    response's, not instructions), newest first by default, paged with after / limit."""
+    items = [{"role": "user", "content": "Weather?"},
+             {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": '{"city": "Rome"}'},
+             {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
+             {"role": "user", "content": [{"type": "input_text", "text": "So?"}]}]
+    out = oai.responses.create(model=MODEL_NAME, input=items, instructions="Be brief", tools=TOOLS,
+                               max_output_tokens=1)
+    listed = list(oai.responses.input_items.list(out.id, order="asc"))
+    assert [i.type for i in listed] == ["message", "function_call", "function_call_output", "message"]
+    assert listed[0].role == "user" and listed[0].content[0].text == "Weather?" and listed[3].content[0].text == "So?"
+    assert listed[1].call_id == "c1" and listed[1].arguments == '{"city": "Rome"}' and listed[2].output == "sunny"
+    assert len({i.id for i in listed}) == 4
+    newest = oai.responses.input_items.list(out.id, limit=3)
+    assert [i.id for i in newest.data] == [i.id for i in reversed(listed)][:3] and newest.has_more
+    rest = oai.responses.input_items.list(out.id, limit=3, after=newest.data[-1].id)
+    assert [i.id for i in rest.data] == [listed[0].id] and not rest.has_more
+    later = oai.responses.create(model=MODEL_NAME, input="More", previous_response_id=out.id, max_output_tokens=1)
+    assert [i.content[0].text for i in oai.responses.input_items.list(later.id)] == ["More"]
+    for query, param in (("limit=0", "limit"), ("order=up", "order"), ("after=msg_nope", "after"),
+                         ("include=message.input_image.image_url", "include")):
+        r = client.get(f"/v1/responses/{out.id}/input_items?{query}")
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+    assert client.get("/v1/responses/resp_nope/input_items").status_code == 404
+
+
 @pytest.mark.parametrize("extra, param", [
     ({"tools": [{"type": "web_search"}]}, "tools"),
     ({"tools": [{"type": "function", "name": "f", "paramters": {}}]}, "tools"),
