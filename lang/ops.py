@@ -91,10 +91,14 @@ def _gen_body(ctx: ProgramContext, op: ir.Gen) -> dict:
 
 def _gen(ctx: ProgramContext, op: ir.Gen) -> None:
     body = _gen_body(ctx, op)
-    if ctx.stream:
-        text, meta = _gen_stream(ctx, body, op.name, op.reasoning)
-    else:
-        response = _generate(ctx, body)
+    try:  # the engine's own checks (token ids against the vocabulary, grammars) name the gen too
+        if ctx.stream:
+            text, meta = _gen_stream(ctx, body, op.name, op.reasoning)
+        else:
+            response = _generate(ctx, body)
+    except ValueError as exc:
+        raise ValueError(f"gen {op.name!r}: {exc}") from exc
+    if not ctx.stream:
         check_finished(response, f"gen {op.name!r}")
         text, meta = response["text"], response.get("meta_info")
     reasoning = None

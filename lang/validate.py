@@ -95,14 +95,12 @@ def _check_ops(program: ir.Program, limits: Limits) -> None:
         if isinstance(op, ir.Gen):
             unknown = set(op.params) - fields
             _check(not unknown, f"gen {op.name!r}: unknown sampling_params {sorted(unknown)}")
-            params.check_params(op.params)
+            _check_gen_values(op)
             n = op.params.get("n")
             _check(n in (None, 1), f"gen {op.name!r}: n={n} is not supported in a program (its text holds one "
                    "completion); use a fork of n branches")
             bad = set(op.extras) - set(params.request_keys())
             _check(not bad, f"gen {op.name!r}: unknown request keys {sorted(bad)}")
-            if op.reasoning is not None:
-                reasoning_format(op.reasoning)
             choices = op.params.get("choices") or []
             _check(len(choices) <= limits.max_choices,
                    f"gen {op.name!r}: {len(choices)} choices; the limit max_choices is {limits.max_choices}")
@@ -120,6 +118,17 @@ def _check_ops(program: ir.Program, limits: Limits) -> None:
         ref = op.ref if isinstance(op, ir.If) else op
         if isinstance(ref, ir.VarRef):
             _check_ref(ref, program, fork_sizes)
+
+
+def _check_gen_values(op: ir.Gen) -> None:
+    """The gen's sampling values and reasoning format, as the engine will check them; the
+    ValueError names the gen."""
+    try:
+        params.check_params(op.params)
+        if op.reasoning is not None:
+            reasoning_format(op.reasoning)
+    except ValueError as exc:
+        raise ValueError(f"gen {op.name!r}: {exc}") from None
 
 
 def _check_ref(ref: ir.VarRef, program: ir.Program, fork_sizes: dict[str, int]) -> None:

@@ -102,3 +102,23 @@ def test_gen_aborted_inside_a_program_is_500(client, engine, wait_idle):
     assert r.status_code == 500, r.text
     assert "abort" in r.json()["error"]["message"]
     wait_idle(engine, kv=True)
+
+
+STAG = {"structures": [{"begin": "<f>", "schema": {"type": "nope"}, "end": "</f>"}], "triggers": ["<f>"]}
+
+
+@pytest.mark.parametrize("params, reasoning, words", [
+    ({"logit_bias": {"5": 1000}}, None, "logit_bias values must be in [-100, 100]"),
+    ({"structural_tag": "{bad"}, None, "structural_tag is not valid JSON"),
+    ({"json_schema": json.dumps({"not": {"const": 3}})}, None, "'not' at #"),
+    ({}, "nope", "model_type must be one of"),
+    ({"logit_bias": {"999999": 1}}, None, "outside the vocabulary"),  # checked by the engine, as the gen runs
+    ({"structural_tag": json.dumps(STAG)}, None, "structures[0].schema does not compile"),
+])
+def test_bad_gen_values_are_400s_naming_the_gen(client, params, reasoning, words):
+    gen = {"op": "gen", "name": "a", "params": {"max_new_tokens": 2, **params},
+           **({} if reasoning is None else {"reasoning": reasoning})}
+    r = client.post("/v1/programs", json={"program": {"ops": [{"op": "text", "text": "hi"}, gen]}})
+    assert r.status_code == 400, r.text
+    message = r.json()["error"]["message"]
+    assert message.startswith("gen 'a': ") and words in message, message
