@@ -70,7 +70,8 @@ class Turn:
             id=self.id, created_at=self.created_at, status=status, error=error, incomplete_details=incomplete,
             instructions=req.instructions, max_output_tokens=req.max_output_tokens, model=req.model, output=output,
             parallel_tool_calls=req.parallel_tool_calls is not False, previous_response_id=req.previous_response_id,
-            reasoning=req.reasoning or Reasoning(), store=self.store, temperature=req.temperature, text=req.text or TextConfig(),
+            reasoning=req.reasoning or Reasoning(), store=self.store, temperature=req.temperature,
+            text=req.text or TextConfig(),
             tool_choice=req.tool_choice or "auto", tools=req.tools or [], top_p=req.top_p, usage=usage,
             user=req.user, metadata=req.metadata or {})
 

@@ -49,8 +49,9 @@ class Engine:
 
     `Engine()` serves the default model (SmolLM2-135M-Instruct); `Engine(path, **config)` a Hugging
     Face directory or a GGUF file, config names as in EngineConfig. Use as a context manager or call `shutdown()`.
-    Grammars (`regex`, `json_schema`, `choices`, `ebnf`, `structural_tag`) compile in the caller's thread before a request
-    is submitted (cached; a failure or timeout raises ValueError), never on the engine loop.
+    Grammars (`regex`, `json_schema`, `choices`, `ebnf`, `structural_tag`) compile in the caller's
+    thread before a request is submitted (cached; a failure or timeout raises ValueError), never on
+    the engine loop.
     """
 
     supports_grammar = True  # the HTTP server enables response_format and the other constraint fields
