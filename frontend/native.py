@@ -307,9 +307,10 @@ async def separate_reasoning(request: Request) -> Response:
     server = request.app.state.server
     server.limits.check_text(len(req.text), "text")
     try:
-        name = check_reasoning_parser(server.reasoning_parser if req.reasoning_parser is None else req.reasoning_parser)
+        name = (check_reasoning_parser(server.reasoning_parser) if req.reasoning_parser is None
+                else check_reasoning_parser(req.reasoning_parser, "reasoning_parser"))
     except ValueError as exc:
-        raise APIError(400, str(exc).replace("--reasoning-parser", "reasoning_parser"), param="reasoning_parser")
+        raise APIError(400, str(exc), param="reasoning_parser") from None
     if name is None:
         raise APIError(400, "give reasoning_parser: this server has no --reasoning-parser", param="reasoning_parser")
     return json_response(separate(req.text, name))

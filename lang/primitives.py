@@ -90,10 +90,7 @@ def reasoning_format(model_type: str) -> str:
 
     if not isinstance(model_type, str):  # a traced program's argument: its value comes too late
         raise ValueError(f"separate_reasoning's model_type must be a str written in the program, got {model_type!r}")
-    try:
-        return check_reasoning_parser(model_type)  # type: ignore[return-value]
-    except ValueError as exc:
-        raise ValueError(str(exc).replace("--reasoning-parser", "separate_reasoning's model_type")) from None
+    return check_reasoning_parser(model_type, "separate_reasoning's model_type")  # type: ignore[return-value]
 
 
 def separate_reasoning(expr: Any, model_type: str = "deepseek_r1") -> Expr:

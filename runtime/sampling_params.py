@@ -163,17 +163,13 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
                 or self.ebnf is not None or self.structural_tag is not None)
 
 
-# SGLang sampling keys radixflow reads under another name, ignores (no effect on output), or
-# refuses because honouring them matters.
+# SGLang sampling keys radixflow reads under another name, or ignores (no effect on output);
+# any other unknown key is refused (forbid_unknown_fields).
 ALIASES = {"sampling_seed": "seed"}
 IGNORED = ("custom_params",)
-UNSUPPORTED: dict[str, str] = {}
 
 
 def _sglang_names(params: dict[str, Any]) -> dict[str, Any]:
-    for name, why in UNSUPPORTED.items():
-        if name in params:
-            raise ValueError(f"sampling_params.{name}: {why}")
     for alias, name in ALIASES.items():
         if alias in params:
             value = params.pop(alias)

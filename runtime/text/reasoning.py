@@ -34,13 +34,14 @@ FORMATS = {"deepseek_r1": True, "qwen3": False, "qwen3_thinking": True}
 _ALIASES = {name.replace("_", "-"): name for name in FORMATS}  # SGLang spells them with dashes
 
 
-def check_reasoning_parser(name: str | None) -> str | None:
-    """The format `name` means (None: no parser); ValueError for an unknown one."""
+def check_reasoning_parser(name: str | None, what: str = "--reasoning-parser") -> str | None:
+    """The format `name` means (None: no parser); ValueError naming `what` (where the name was
+    given) for an unknown one."""
     if name is None:
         return None
     name = _ALIASES.get(name, name)
     if name not in FORMATS:
-        raise ValueError(f"--reasoning-parser must be one of {', '.join(FORMATS)}; got {name!r}")
+        raise ValueError(f"{what} must be one of {', '.join(FORMATS)}; got {name!r}")
     return name
 
 
