@@ -34,8 +34,9 @@ def add_engine_flags(parser: argparse.ArgumentParser, skip: tuple[str, ...] = ()
             action = argparse.BooleanOptionalAction if f.default else "store_true"
             group.add_argument(_flag(f.name), action=action, default=f.default, help=help_text)
         else:
-            group.add_argument(_flag(f.name), type=base, default=f.default,
-                               choices=f.metadata.get("choices"), help=help_text)
+            choices = f.metadata.get("choices")  # all lower case: taken in any case (SGLang's NGRAM)
+            group.add_argument(_flag(f.name), type=str.lower if choices else base, default=f.default,
+                               choices=choices, help=help_text)
 
 
 def engine_kwargs(ns: argparse.Namespace, skip: tuple[str, ...] = ()) -> dict[str, Any]:

@@ -119,6 +119,12 @@ METRICS: tuple[MetricSpec, ...] = (
                "Tokens run through prefill (the sum of the miss reasons).", read=lambda s: s.prefill_tokens_computed),
     MetricSpec("radixflow_generation_tokens_total", "counter", "tokens", "Output tokens generated.",
                read=lambda s: s.generated_tokens),
+    MetricSpec("radixflow_spec_decode_draft_tokens_total", "counter", "tokens",
+               "Speculative decoding: draft tokens verified (--speculative-algorithm).",
+               read=lambda s: s.spec_draft_tokens),
+    MetricSpec("radixflow_spec_decode_accepted_tokens_total", "counter", "tokens",
+               "Speculative decoding: draft tokens accepted (acceptance rate: this over the drafts).",
+               read=lambda s: s.spec_accepted_tokens),
     MetricSpec("radixflow_failed_steps_total", "counter", "steps", "Forward passes that raised.",
                read=lambda s: s.failed_steps),
     # LoRA adapters

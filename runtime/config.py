@@ -16,6 +16,8 @@ ATTENTION_BACKENDS = ("auto", "triton", "torch")
 DEVICES = ("auto", "cpu", "cuda")
 LOAD_FORMATS = ("auto", "dummy")
 GRAMMAR_BACKENDS = ("outlines", "llguidance")
+SPECULATIVE_ALGORITHMS = ("none", "ngram")
+MAX_DRAFT_TOKENS = 16  # drafts per request per step, and the longest n-gram looked up
 LORA_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -53,6 +55,11 @@ class EngineConfig:
     grammar_backend: str = _opt("outlines", "Constrained decoding backend.", GRAMMAR_BACKENDS)
     grammar_timeout_s: float = _opt(10.0, "Longest time one grammar may take to compile before the request is rejected.")
     jump_forward: bool = _opt(True, "Append forced grammar continuations without sampling.")
+    speculative_algorithm: str = _opt("none", "Speculative decoding. ngram: prompt lookup, with no draft model: a running request whose last tokens occurred earlier in its prompt or output gets the tokens that followed as drafts, all checked in one step, so a step may append several tokens; greedy requests without grammar, penalties, logit bias or logprobs only (others decode as usual beside them); the output is the one plain decoding gives. Not with --enable-overlap; tested on CPU only.", SPECULATIVE_ALGORITHMS)
+    speculative_num_draft_tokens: int = _opt(4, "Most drafts per request per step (ngram).")
+    speculative_ngram_min: int = _opt(2, "Shortest suffix of a request's tokens looked up for drafts (ngram).")
+    speculative_ngram_max: int = _opt(4, "Longest suffix looked up; the longest that occurred before wins (ngram).")
+    speculative_max_batch: int = _opt(8, "Drafts are proposed only while at most this many requests run: a drafted row computes its drafts too, which pays where a step is bound by reading the weights (small batches), not where it is bound by arithmetic.")
     slo_ttft_ms: float | None = _opt(None, "Goodput SLO: time to first token in ms (unset: not checked).")
     slo_itl_ms: float | None = _opt(None, "Goodput SLO: a request's mean inter-token latency in ms (unset: not checked).")
     slo_e2e_ms: float | None = _opt(None, "Goodput SLO: end-to-end latency in ms (unset: not checked).")
@@ -70,7 +77,9 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "lora_modules", tuple(self.lora_modules))  # a CLI list, normalized once
+        object.__setattr__(self, "speculative_algorithm", self.speculative_algorithm.lower())  # SGLang's NGRAM
         self._check_lora()
+        self._check_speculative()
         for f in dataclasses.fields(self):
             choices = f.metadata.get("choices")
             if choices and getattr(self, f.name) not in choices:
@@ -105,6 +114,19 @@ class EngineConfig:
         if self.lora_target_modules is None:
             return frozenset(LORA_TARGET_MODULES)
         return frozenset(m.strip() for m in self.lora_target_modules.split(",") if m.strip())
+
+    def _check_speculative(self) -> None:
+        for name in ("speculative_num_draft_tokens", "speculative_ngram_min", "speculative_ngram_max"):
+            if not 1 <= getattr(self, name) <= MAX_DRAFT_TOKENS:
+                raise ValueError(f"{name} must be in [1, {MAX_DRAFT_TOKENS}], got {getattr(self, name)}")
+        if self.speculative_ngram_min > self.speculative_ngram_max:
+            raise ValueError(f"speculative_ngram_min ({self.speculative_ngram_min}) must be <= "
+                             f"speculative_ngram_max ({self.speculative_ngram_max})")
+        if self.speculative_max_batch < 1:
+            raise ValueError(f"speculative_max_batch must be >= 1, got {self.speculative_max_batch}")
+        if self.speculative_algorithm != "none" and self.enable_overlap:
+            raise ValueError("speculative_algorithm and enable_overlap cannot be combined: an overlapped "
+                             "step is launched before the tokens drafts would follow are known")
 
     def _check_lora(self) -> None:
         for name in ("max_loras", "max_lora_rank"):

@@ -30,6 +30,7 @@ from radixflow.runtime.output_channel import ChannelsByLoop
 from radixflow.runtime.stream_chunks import StreamChunks
 from radixflow.runtime.sampling_params import SamplingParams
 from radixflow.runtime.core.scheduler import Scheduler, SchedulerLimits
+from radixflow.runtime.core.speculative import drafter
 from radixflow.runtime.lora.capacity import NO_ADAPTERS
 from radixflow.runtime.lora.request_counts import AdapterRequestCounts
 from radixflow.runtime.lora.service import AdapterChoice, LoraService, check_lora_request
@@ -73,6 +74,7 @@ class Engine:
         self.loras = None if slots is None else LoraService(self.config, self.runner.args, slots)
         self.scheduler = Scheduler(limits, self.runner.kv_pool, self.runner.req_pool, cache,
                                    NO_ADAPTERS if self.loras is None else self.loras.capacity)
+        self.scheduler.drafter = drafter(self.config, self.max_context_len)
         self.eos_ids = frozenset(self.tokenizer.eos_token_ids) | frozenset(self.runner.args.eos_token_ids)
         self.grammar = GrammarCompiler(self.tokenizer, self.runner.args.vocab_size, self.eos_ids,
                                        self.config.grammar_backend, self.config.grammar_timeout_s,

@@ -75,6 +75,8 @@ class EngineStats:
     generated_tokens: int = 0
     num_steps: int = 0
     num_mixed_steps: int = 0        # prefill steps that also decoded running requests (enable_mixed_chunk)
+    spec_draft_tokens: int = 0      # speculative decoding: drafts verified
+    spec_accepted_tokens: int = 0   # of them accepted (tokens beyond one per drafted row and step)
     num_finished: int = 0
     finish_counts: dict[str, int] = field(default_factory=dict)
     invariant_violations: int = 0   # with check_invariants: steps after which a check failed

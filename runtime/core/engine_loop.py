@@ -346,6 +346,7 @@ class EngineLoop:
             prefill_tokens_computed=step.prefill_tokens, prompt_tokens=self._finished_prompt_tokens,
             generated_tokens=step.generated_tokens,
             num_steps=step.num_steps, num_mixed_steps=step.num_mixed_steps,
+            spec_draft_tokens=step.num_draft_tokens, spec_accepted_tokens=step.num_accepted_drafts,
             num_finished=sum(self._finished_counts.values()),
             finish_counts=dict(self._finished_counts),
             invariant_violations=len(self.invariant_violations), listener_errors=self._num_listener_errors,

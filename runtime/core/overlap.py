@@ -72,10 +72,10 @@ class InFlight:
     step: int                  # its step number (the fault injector's)
     result: Future             # -> StepTokens, or the forward's error
     host_rows: list[int] = field(default_factory=list)  # rows the engine thread samples
-    # once sampled, by host row: its outcome (step.Sampled), or None for a row not sampled (its
+    # once sampled, by host row: its outcome (sample_rows.Sampled), or None for a row not sampled (its
     # request finished, or its input was not its last token: a jump-forward); None before
     outcomes: dict[int, object] | None = None
-    prepared: object = None  # its host rows ready to sample (step.RowsToSample), once made
+    prepared: object = None  # its host rows ready to sample (sample_rows.RowsToSample), once made
     checked: bool = False               # whether its forward's outcome is known (StepRunner)
     error: Exception | None = None      # its forward's error, injected or raised, once checked
 

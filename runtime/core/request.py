@@ -149,6 +149,8 @@ class Req:
     finish_ids: frozenset[int] | None = None  # token ids that end it (runtime/core/output.py finish_limits)
     output_limit: int = 0        # output tokens that end it by length (the same)
     grammar: Any = None
+    ngram: Any = None            # its NgramIndex (runtime/core/speculative.py) once drafted for
+    drafts: list[int] | None = None  # this step's drafts, appended to output_ids until its forward ran
     input_logprobs: list[tuple[int, float, list[tuple[int, float]]]] = field(default_factory=list)
     output_logprobs: list[tuple[int, float, list[tuple[int, float]]]] = field(default_factory=list)
     times: Timestamps = field(default_factory=Timestamps)

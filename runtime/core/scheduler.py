@@ -28,6 +28,7 @@ from radixflow.runtime.core.request import Req, Status
 from radixflow.runtime.core.scheduled_batch import ScheduledBatch, mixed
 from radixflow.runtime.core.slot_accounting import SlotAccounting
 from radixflow.runtime.core.slot_list import SlotList, append_one_each
+from radixflow.runtime.core.speculative import Drafter
 from radixflow.runtime.lora.capacity import NO_ADAPTERS, AdapterAdmission
 
 log = logging.getLogger(__name__)
@@ -72,6 +73,7 @@ class Scheduler(Admission, SlotAccounting):
         # The head of a memory-blocked queue fits once availability reaches this; until then, or
         # until the queue, the tree or the holders change, admission is not tried (no re-match).
         self._blocked_until: int | None = None
+        self.drafter: Drafter | None = None  # speculative decoding's (runtime/core/speculative.py)
 
     # -- queues ----------------------------------------------------------------------------
 
@@ -158,7 +160,7 @@ class Scheduler(Admission, SlotAccounting):
         _, need = self._decode_need()
         if need > self.kv.num_free + self.cache.evictable_size():
             return None
-        decode = self._schedule_decode()  # retracts nothing: the room is there
+        decode = self._schedule_decode(speculate=False)  # retracts nothing: the room is there
         assert decode is not None
         prefill = self._schedule_prefill(reserved_tokens=need)
         return decode if prefill is None else mixed(prefill, decode)
@@ -198,7 +200,7 @@ class Scheduler(Admission, SlotAccounting):
         the head of the queue. KV committed before the step stays."""
         for req, prefix in zip(batch.reqs, batch.prefix_lens):
             if req.status is not Status.FINISHED:
-                self._free_from(req, prefix)
+                self.free_from(req, prefix)
         requeue = [r for r in batch.reqs if r in self.prefilling]
         for req in requeue:
             self._release(req)
@@ -213,9 +215,9 @@ class Scheduler(Admission, SlotAccounting):
         request's KV to the tree: the forward writing them may still fail."""
         for req, prefix in zip(batch.reqs, batch.prefix_lens):
             if req.is_finished and req.status is not Status.FINISHED:
-                self._free_from(req, prefix)
+                self.free_from(req, prefix)
 
-    def _free_from(self, req: Req, prefix: int) -> None:
+    def free_from(self, req: Req, prefix: int) -> None:
         """Free req's slots from position `prefix` on, uncached (their KV is not to be kept)."""
         self.kv.free(req.slots[prefix:])
         req.slots.truncate(prefix)
@@ -226,13 +228,15 @@ class Scheduler(Admission, SlotAccounting):
 
     # -- decode ----------------------------------------------------------------------------
 
-    def _schedule_decode(self) -> ScheduledBatch | None:
+    def _schedule_decode(self, speculate: bool = True) -> ScheduledBatch | None:
         """One new token per running request; more for one whose grammar appended forced tokens
-        (jump-forward), which makes the step an extend step (the model runner still replays the
-        one-token rows from its CUDA graphs)."""
+        (jump-forward), or with drafts to verify, which makes the step an extend step (the model
+        runner still replays the one-token rows from its CUDA graphs)."""
         news = self._make_room_for_decode()
         if not self.running:
             return None
+        if speculate and self.drafter is not None:
+            news = self._add_drafts(news)
         slots = self._alloc(len(self.running) if news is None else sum(news))
         assert slots is not None, "decode room was made above"
         self.new_token_ratio = max(NEW_TOKEN_RATIO_MIN, self.new_token_ratio - NEW_TOKEN_RATIO_DECAY)
@@ -296,6 +300,21 @@ class Scheduler(Admission, SlotAccounting):
                 self.finish(self.running[0], NO_FIT)
             else:
                 self._retract(min(self.running, key=lambda r: (len(r.output_ids), -len(r.prompt_ids))))
+
+    def _add_drafts(self, news: list[int] | None) -> list[int] | None:
+        """Ask the drafter for drafts within the free and evictable slots left after the decode
+        rows' own; a request's drafts go after its output ids until the step's forward ran."""
+        need = len(self.running) if news is None else sum(news)
+        drafts = self.drafter.propose(self.running, self.kv.num_free + self.cache.evictable_size() - need)
+        if not drafts or not any(drafts):
+            return news
+        news = [1] * len(self.running) if news is None else news
+        for i, (req, mine) in enumerate(zip(self.running, drafts)):
+            if mine:
+                req.drafts = mine
+                req.output_ids.extend(mine)
+                news[i] += len(mine)
+        return news
 
     def _decode_need(self) -> tuple[list[int] | None, int]:
         """Each running request's count of new tokens (None: one each) and their sum."""

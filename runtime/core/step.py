@@ -23,9 +23,11 @@ from radixflow.runtime.core.overlap import InFlight, Launcher, host_rows
 from radixflow.runtime.core.overlap_steps import OverlappedSteps
 from radixflow.runtime.core.publish import publish
 from radixflow.runtime.core.request import Req
+from radixflow.runtime.core.sample_rows import RowsToSample, Sampled, bitmask_row, rows_to_sample, unpack
 from radixflow.runtime.core.sampler import BROKEN_ROW, RowState, SampleRow, sample, score_tokens
 from radixflow.runtime.core.scheduled_batch import ScheduledBatch
 from radixflow.runtime.core.scheduler import MAX_STEP_RETRIES, Scheduler
+from radixflow.runtime.core.speculative import record_verify, take_drafts, verify_rows
 from radixflow.runtime.lora.request_counts import AdapterRequestCounts
 
 log = logging.getLogger(__name__)
@@ -78,22 +80,6 @@ def is_out_of_memory(exc: BaseException) -> bool:
     return isinstance(exc, torch.cuda.OutOfMemoryError) or "out of memory" in str(exc).lower()
 
 
-# One sampled row: (token, its logprob or None, its top logprobs or None), or the row's error.
-Sampled = tuple[int, float | None, list | None] | Exception
-
-
-@dataclass
-class RowsToSample:
-    """Logit rows ready to sample: their requests, sampler rows and grammar bitmask. Made from
-    the requests' state once their previous tokens are appended (`StepRunner._prepare_rows`)."""
-
-    rows: list[int]
-    reqs: list[Req]
-    sample_rows: list[SampleRow]
-    bitmask: tuple[torch.Tensor, torch.Tensor] | None
-    plain: bool  # every sampler row is `plain` (an argmax; nothing blocked, penalized or biased)
-
-
 class StepRunner(OverlappedSteps):
     """Runs steps for the engine thread; counts prefill tokens, generated tokens, steps.
 
@@ -120,6 +106,7 @@ class StepRunner(OverlappedSteps):
         self.num_mixed_steps = 0  # prefill steps that also decoded running requests
         self.num_host_rows = 0   # rows of launched steps the engine thread sampled (overlap.py)
         self.num_stale_rows = 0  # rows of launched steps dropped unsampled after a jump-forward
+        self.num_draft_tokens = self.num_accepted_drafts = 0  # speculative decoding's (speculative.py)
         self.launcher = Launcher(runner, generator) if overlap else None
         self._in_flight: InFlight | None = None
         self.before_publish: Callable[[], None] = lambda: None  # the loop's stats refresh: see _publish
@@ -140,21 +127,25 @@ class StepRunner(OverlappedSteps):
             return True
         if batch.is_decode:  # one token each, sampled; prompt logprobs were all taken at prefill
             plans = [_DECODE_PLAN] * len(batch.reqs)
-        else:
-            plans = [plan_logits(r, p, n, s) for r, p, n, s in
-                     zip(batch.reqs, batch.prefix_lens, batch.extend_lens, batch.sample)]
+        else:  # a drafted row's logits at every new token (speculative.py)
+            plans = [_LogitPlan(list(range(n)), [], True) if r.drafts else plan_logits(r, p, n, s)
+                     for r, p, n, s in zip(batch.reqs, batch.prefix_lens, batch.extend_lens, batch.sample)]
         try:
             self.faults.check("forward", batch.reqs, self.num_steps)
             logits = self.runner.forward(batch, [p.offsets for p in plans])
         except Exception as exc:  # the whole step's fault: nothing of it is kept
+            take_drafts(batch.reqs)  # none in a decode step
             self._forward_failed(batch, exc)
             return True
+        drafted = {} if batch.is_decode else take_drafts(batch.reqs)
         self.num_steps += 1
         self.num_mixed_steps += batch.num_decode_rows > 0
         self._count_misses(batch)
         try:
             self._check_batch_faults(batch.reqs)
             self._record_prompt_logprobs(batch, plans, logits)
+            if drafted:
+                self._verify_drafts(batch, plans, logits, drafted)
             self._sample_and_append(batch, plans, logits)
         except Exception as exc:  # batch-wide handling failed: no one request owns the error
             self._fail_batch(batch, exc)
@@ -315,7 +306,7 @@ class StepRunner(OverlappedSteps):
         rows, reqs, sample_rows, bitmask = prepared.rows, prepared.reqs, prepared.sample_rows, prepared.bitmask
         try:
             self.faults.check("sampler", reqs, step)
-            return _unpack(sample(_rows_to_sample(logits, prepared), sample_rows, self.generator, bitmask=bitmask,
+            return unpack(sample(rows_to_sample(logits, prepared), sample_rows, self.generator, bitmask=bitmask,
                                   plain=prepared.plain))
         except Exception as exc:
             if len(reqs) == 1:
@@ -325,8 +316,8 @@ class StepRunner(OverlappedSteps):
         for i, (req, row) in enumerate(zip(reqs, sample_rows)):
             try:
                 self.faults.check("sampler", (req,), step)
-                out.extend(_unpack(sample(logits[rows[i]: rows[i] + 1].clone(), [row], self.generator,
-                                          bitmask=_bitmask_row(bitmask, i))))
+                out.extend(unpack(sample(logits[rows[i]: rows[i] + 1].clone(), [row], self.generator,
+                                          bitmask=bitmask_row(bitmask, i))))
             except Exception as exc:  # this row's own error
                 out.append(exc)
         return out
@@ -346,6 +337,32 @@ class StepRunner(OverlappedSteps):
         if grammar is not None:  # may finish req, or append forced tokens (jump-forward)
             self.generated_tokens += advance_grammar(req, token, self.eos_ids, self.max_context_len)
 
+    def _verify_drafts(self, batch: ScheduledBatch, plans: list[_LogitPlan], logits: torch.Tensor,
+                       drafted: dict[int, list[int]]) -> None:
+        """Append each drafted row's accepted drafts and the argmax after them, free the KV of
+        the rejected ones (speculative.py), and make its plan sample nothing more."""
+        now = time.monotonic()
+        for i, tokens in verify_rows(batch.reqs, [len(p.offsets) for p in plans], logits, drafted, self.generator):
+            req, drafts, appended = batch.reqs[i], drafted[i], 0
+            for pos, token in enumerate(tokens):
+                if req.finish_reason is not None:
+                    break
+                try:
+                    if token < 0:
+                        raise ValueError(BROKEN_ROW)
+                    self._append(req, token, None, None, now)
+                except Exception as exc:  # its logits or its detokenizer: fail it alone
+                    self._fail(req, exc)
+                    break
+                appended += 1
+                if pos == len(drafts) or token != drafts[pos]:
+                    break
+            self.num_draft_tokens += len(drafts)
+            self.num_accepted_drafts += max(appended - 1, 0)
+            record_verify(req, len(drafts), max(appended - 1, 0))
+            self.scheduler.free_from(req, batch.prefix_lens[i] + appended)
+            plans[i] = _LogitPlan(plans[i].offsets, [], False)
+
     def _sample_row(self, req: Req) -> SampleRow:
         """req's sampler row: made once and reused (it reads the live token lists), except while
         min_new_tokens still blocks stop tokens (then a row with those blocked, each step)."""
@@ -362,39 +379,3 @@ class StepRunner(OverlappedSteps):
         if not blocked:
             req.sample_row = row
         return row
-
-
-def _rows_to_sample(logits: torch.Tensor, prepared: RowsToSample) -> torch.Tensor:
-    """The logit rows to sample, which `sample` may change in place: a copy, unless they are all
-    the rows (ascending: a decode step) and nothing will change them (no grammar mask, penalty,
-    blocked id or logit bias), so a row-by-row retry after a failure still reads the model's logits."""
-    rows = prepared.rows
-    whole = len(rows) == logits.shape[0] and rows[-1] == len(rows) - 1
-    if whole and prepared.bitmask is None and (prepared.plain or not any(
-            r.blocked_ids or r.penalized or r.biased for r in prepared.sample_rows)):
-        return logits
-    return logits[torch.tensor(rows, device=logits.device)]
-
-
-def _unpack(result) -> list[Sampled]:
-    """Per row (token, logprob, tops), or the row's error (token -1: its logits held a NaN)."""
-    n = len(result.tokens)
-    if result.logprobs is None and result.top_logprobs is None and (not n or min(result.tokens) >= 0):
-        return [(t, None, None) for t in result.tokens]  # the common case: tokens alone
-    lps = result.logprobs if result.logprobs is not None else [None] * n
-    tops = result.top_logprobs if result.top_logprobs is not None else [None] * n
-    return [(t, lp, top) if t >= 0 else ValueError(BROKEN_ROW)
-            for t, lp, top in zip(result.tokens, lps, tops)]
-
-
-def _bitmask_row(bitmask: tuple[torch.Tensor, torch.Tensor] | None,
-                 i: int) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """The part of a batch's grammar bitmask for sample row `i` alone (or None)."""
-    if bitmask is None:
-        return None
-    bits, rows = bitmask
-    k = (rows == i).nonzero()
-    if k.numel() == 0:
-        return None
-    k = int(k[0, 0])
-    return bits[k: k + 1], torch.zeros(1, dtype=rows.dtype, device=rows.device)

@@ -1,0 +1,178 @@
+"""Speculative decoding by n-gram lookup: drafts from a request's own tokens, verified in one step.
+
+A running greedy request whose last few tokens occurred before, in its prompt or its output,
+gets the tokens that followed that earlier occurrence as drafts (prompt lookup). The scheduler
+gives it 1 + k new slots and the step computes its pending token and its k drafts together,
+with logits at every position (an extend row instead of a decode row). The drafts are accepted
+while each equals the argmax at the position before it; the argmax after the last accepted one
+is appended too. So a step appends 1 to k + 1 tokens, exactly those one-token steps would have
+appended, and the KV of rejected drafts is freed before the radix tree takes the request's KV.
+
+Only rows whose sampling is an argmax (greedy; no grammar, penalty, logit bias, blocked id or
+logprob) are drafted; the others decode as usual in the same step. Drafts are proposed only
+while at most `max_batch` requests run (a speculative row costs k + 1 tokens of compute: a win
+where a step is bound by reading the weights, a loss where it is bound by arithmetic), and only
+into free or evictable KV slots (speculation never retracts anyone).
+"""
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from typing import Protocol
+
+import torch
+
+from radixflow.runtime.config import EngineConfig
+from radixflow.runtime.core.request import Req
+from radixflow.runtime.core.sampler import sample
+
+# Positions of a request's context the n-gram index covers when it is first built: the last
+# this many (building it costs ~1 µs a token; later tokens are added as they come).
+NGRAM_WINDOW = 8192
+MAX_BACKOFF = 32  # the longest pause in drafting after rejections, in tokens
+
+
+def drafter(config: EngineConfig, max_context_len: int) -> Drafter | None:
+    """The drafter `config` asks for, or None."""
+    if config.speculative_algorithm == "none":
+        return None
+    return NgramDrafter(config.speculative_num_draft_tokens, config.speculative_ngram_min,
+                        config.speculative_ngram_max, config.speculative_max_batch, max_context_len)
+
+
+class Drafter(Protocol):
+    def propose(self, reqs: list[Req], room: int) -> list[list[int]] | None:
+        """Drafts for each of `reqs` (empty: none), at most `room` in all; None: none at all."""
+
+
+def can_speculate(req: Req) -> bool:
+    """Whether req's next tokens are argmaxes a verify step can check: its sampler row is plain
+    (set once nothing blocks, after its first token) and it has no grammar."""
+    row = req.sample_row
+    return row is not None and row.plain and req.grammar is None
+
+
+def max_drafts(req: Req, k: int, max_context_len: int) -> int:
+    """At most k, and no more than its output limit and the context length leave room for: the
+    pending token and k drafts sit at positions seq_len - 1 .. seq_len - 1 + k, and a step may
+    append k + 1 tokens."""
+    left = req.output_limit - len(req.output_ids) - 1 if req.finish_ids is not None else k
+    return max(0, min(k, left, max_context_len - req.seq_len))
+
+
+class NgramIndex:
+    """Where each n-gram (n in [min_n, max_n]) of one request's tokens last ended.
+
+    `ends[tuple]` is the largest end e (exclusive) with `tokens[e - n: e] == tuple`, over the ends
+    below `next_end`. A lookup indexes the ends below the current length first, never the
+    current suffix's own end, so what it finds is an earlier occurrence."""
+
+    __slots__ = ("ends", "next_end", "resume_at", "backoff")
+
+    def __init__(self) -> None:
+        self.ends: dict[tuple[int, ...], int] = {}
+        self.next_end = 0
+        self.resume_at = 0  # no drafts while the request is shorter than this (after rejections)
+        self.backoff = 0    # tokens drafting pauses for after the next fully rejected verify
+
+
+def record_verify(req: Req, drafted: int, accepted: int) -> None:
+    """Back off after a verify step that accepted none of req's drafts: no drafts for the next
+    1, 2, 4, ... 32 tokens (each rejection in a row doubles the pause; an acceptance ends it),
+    so text the lookup does not predict costs few wasted verify rows."""
+    index = req.ngram
+    if index is None or not drafted:
+        return
+    if accepted:
+        index.backoff = 0
+        return
+    index.backoff = min(MAX_BACKOFF, max(1, 2 * index.backoff))
+    index.resume_at = req.seq_len + index.backoff
+
+
+class NgramDrafter:
+    """Prompt-lookup drafts: the k tokens after the latest earlier occurrence of the request's
+    last n tokens, the longest n in [min_n, max_n] that occurred (cost per step: a few dict
+    operations per request; its first step indexes the last NGRAM_WINDOW tokens)."""
+
+    def __init__(self, num_tokens: int, min_n: int, max_n: int, max_batch: int, max_context_len: int,
+                 window: int = NGRAM_WINDOW) -> None:
+        if not 1 <= min_n <= max_n:
+            raise ValueError(f"n-gram sizes must satisfy 1 <= min <= max, got {min_n}, {max_n}")
+        self.k, self.min_n, self.max_n = num_tokens, min_n, max_n
+        self.max_batch, self.max_context_len, self.window = max_batch, max_context_len, window
+
+    def propose(self, reqs: list[Req], room: int) -> list[list[int]] | None:
+        if len(reqs) > self.max_batch or room <= 0:
+            return None
+        out = []
+        for req in reqs:
+            drafts = self.draft(req, min(room, max_drafts(req, self.k, self.max_context_len))) \
+                if can_speculate(req) else []
+            room -= len(drafts)
+            out.append(drafts)
+        return out
+
+    def draft(self, req: Req, k: int) -> list[int]:
+        """Up to k drafts for req (empty when its suffix never occurred before), its index
+        brought up to its current length."""
+        index = req.ngram
+        if index is None:
+            index = req.ngram = NgramIndex()
+        length = req.seq_len
+        if length < index.resume_at:
+            return []  # backing off (indexed at its next lookup)
+        self._index(req, index, length)
+        found = None
+        for n in range(min(self.max_n, length - 1), self.min_n - 1, -1):
+            found = index.ends.get(tuple(req.ids_range(length - n, length)))
+            if found is not None:
+                break
+        if found is None or k <= 0:
+            return []
+        # The continuation of the earlier occurrence; where it runs into the current suffix the
+        # tokens repeat with period length - found (a loop goes on looping).
+        seg = req.ids_range(found, min(found + k, length))
+        return (seg * -(-k // len(seg)))[:k]
+
+    def _index(self, req: Req, index: NgramIndex, length: int) -> None:
+        """Add the n-grams ending at each position from index.next_end (or the window's start)
+        up to, not including, `length`."""
+        start = max(index.next_end, length - self.window, self.min_n)
+        if start >= length:
+            return
+        lo = max(0, start - self.max_n)
+        ids = req.ids_range(lo, length)
+        ends = index.ends
+        for e in range(start, length):
+            for n in range(self.min_n, min(self.max_n, e) + 1):
+                ends[tuple(ids[e - n - lo: e - lo])] = e
+        index.next_end = length
+
+
+def take_drafts(reqs: list[Req]) -> dict[int, list[int]]:
+    """After a step's forward: take each drafted request's drafts off the end of its output ids
+    (the verify step appends those it accepts); returns {row in reqs: its drafts}."""
+    out = {}
+    for i, req in enumerate(reqs):
+        drafts = req.drafts
+        if drafts:
+            del req.output_ids[len(req.output_ids) - len(drafts):]
+            req.drafts = None
+            out[i] = drafts
+    return out
+
+
+def verify_rows(reqs: list[Req], counts: list[int], logits: torch.Tensor, drafted: dict[int, list[int]],
+                generator: torch.Generator | None) -> Iterator[tuple[int, list[int]]]:
+    """For each drafted row i (its `counts[i]` logit rows: its pending token's and each draft's),
+    the argmax at each of its positions, as the sampler picks a plain row's token (-1 where the
+    logits hold a NaN): (i, tokens), in row order."""
+    starts = list(itertools.accumulate(counts, initial=0))
+    rows = [r for i in drafted for r in range(starts[i], starts[i] + counts[i])]
+    sample_rows = [reqs[i].sample_row for i in drafted for _ in range(counts[i])]
+    tokens = sample(logits[torch.tensor(rows, device=logits.device)], sample_rows, generator, plain=True).tokens
+    pos = 0
+    for i in drafted:
+        yield i, tokens[pos: pos + counts[i]]
+        pos += counts[i]

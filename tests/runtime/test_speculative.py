@@ -1,0 +1,277 @@
+"""Speculative decoding (runtime/core/speculative.py): the n-gram drafter, and verify steps that
+append exactly what one-token greedy steps append, the KV of rejected drafts freed."""
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+import torch
+
+from radixflow.frontend.cli import build_parser
+from radixflow.runtime import Engine, EngineClient
+from radixflow.runtime.config import EngineConfig
+from radixflow.runtime.core.faults import Fault, FaultInjector
+from radixflow.runtime.core.request import Req
+from radixflow.runtime.core.speculative import NgramDrafter, can_speculate, max_drafts, record_verify
+from radixflow.runtime.model.demo import demo_model
+from radixflow.runtime.sampling_params import SamplingParams
+
+# fp32: greedy tokens are compared across step shapes (see tests/runtime/test_engine.py)
+GREEDY = {"temperature": 0, "max_new_tokens": 20, "ignore_eos": True}
+
+
+def _req(prompt: list[int], output: list[int] = ()) -> Req:
+    req = Req("r", list(prompt), SamplingParams(temperature=0))
+    req.output_ids = list(output)
+    return req
+
+
+# -- the drafter ---------------------------------------------------------------------------------
+
+def test_drafts_follow_the_latest_earlier_occurrence_of_the_longest_suffix():
+    drafter = NgramDrafter(3, 1, 3, 8, 4096)
+    # suffix (7, 8): its 2-gram occurred at 1 (then 9, 10, 11) and its 1-gram (8) later at 6 (then 5)
+    req = _req([7, 8, 9, 10, 11, 0, 8, 5, 3, 7, 8])
+    assert drafter.draft(req, 3) == [9, 10, 11]
+    assert drafter.draft(req, 2) == [9, 10]  # the index is reused; k cuts
+
+
+def test_no_drafts_without_an_earlier_occurrence():
+    drafter = NgramDrafter(4, 2, 4, 8, 4096)
+    req = _req([1, 2, 3, 4, 5, 6])
+    assert drafter.draft(req, 4) == []
+    req.output_ids += [1, 2]     # (1, 2) occurred at the start: drafts are what followed it
+    assert drafter.draft(req, 4) == [3, 4, 5, 6]
+
+
+def test_a_continuation_running_into_the_suffix_repeats_it():
+    drafter = NgramDrafter(5, 1, 2, 8, 4096)
+    assert drafter.draft(_req([4, 9, 9, 9]), 5) == [9, 9, 9, 9, 9]        # a loop of one token
+    assert drafter.draft(_req([4, 1, 2, 1, 2]), 5) == [1, 2, 1, 2, 1]     # of two
+
+
+def test_the_index_grows_with_the_output_and_sees_only_its_window():
+    drafter = NgramDrafter(2, 2, 2, 8, 4096, window=4)
+    req = _req([1, 2, 3, 0, 0, 0, 0, 0])
+    assert drafter.draft(req, 2) == [0, 0]   # only the last four positions indexed: (1, 2) is not
+    req.output_ids += [1, 2]
+    assert drafter.draft(req, 2) == []       # (1, 2) lies before the window
+    req.output_ids += [6, 1, 2]
+    assert drafter.draft(req, 2) == [6, 1]   # the output's own (1, 2), indexed as it came
+
+
+def test_drafting_backs_off_after_rejections_and_resumes_on_acceptance():
+    drafter = NgramDrafter(2, 1, 1, 8, 4096)
+    req = _req([5, 6, 5])
+    assert drafter.draft(req, 2) == [6, 5]
+    record_verify(req, 2, 0)                 # none accepted: a pause of one token
+    assert drafter.draft(req, 2) == []
+    req.output_ids += [7]
+    assert drafter.draft(req, 2) == []       # (7) never occurred before
+    req.output_ids += [5]
+    assert drafter.draft(req, 2) == [7, 5]
+    record_verify(req, 2, 0)
+    record_verify(req, 2, 0)                 # a third rejection in a row: four tokens
+    req.output_ids += [6, 5, 6]
+    assert drafter.draft(req, 2) == []
+    req.output_ids += [5]
+    assert drafter.draft(req, 2) == [6, 5]
+    record_verify(req, 2, 1)                 # an acceptance ends the backoff
+    record_verify(req, 2, 0)
+    req.output_ids += [6]
+    assert req.ngram.backoff == 1 and drafter.draft(req, 2) == [5, 6]
+
+
+def test_only_plain_greedy_rows_without_grammar_are_drafted():
+    drafter = NgramDrafter(2, 1, 1, 1, 4096)
+    req = _req([5, 6, 5])
+    assert drafter.propose([req], 10) == [[]]  # no sampler row yet (before its first token)
+    req.sample_row = type("Row", (), {"plain": True})()
+    assert can_speculate(req) and drafter.propose([req], 10) == [[6, 5]]
+    assert drafter.propose([req], 1) == [[6]]           # the free slots bound the drafts
+    assert drafter.propose([req, _req([1])], 10) is None  # more requests than max_batch
+    req.grammar = object()
+    assert drafter.propose([req], 10) == [[]]
+
+
+def test_drafts_stop_at_the_output_limit_and_the_context_length():
+    req = _req(list(range(10)), [1, 2])
+    req.finish_ids, req.output_limit = frozenset(), 5
+    assert max_drafts(req, 4, 100) == 2    # 2 + (2 drafts + the token after them) = 5 outputs
+    assert max_drafts(req, 4, 14) == 2     # positions 11..13 for the pending token and 2 drafts
+    assert max_drafts(req, 4, 12) == 0
+
+
+# -- configuration -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"speculative_algorithm": "eagle"}, "speculative_algorithm"),
+    ({"speculative_algorithm": "ngram", "enable_overlap": True}, "enable_overlap"),
+    ({"speculative_num_draft_tokens": 0}, "speculative_num_draft_tokens"),
+    ({"speculative_ngram_min": 3, "speculative_ngram_max": 2}, "speculative_ngram_min"),
+    ({"speculative_max_batch": 0}, "speculative_max_batch"),
+])
+def test_bad_speculative_settings_are_refused(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        EngineConfig.from_kwargs(**kwargs)
+
+
+def test_sglang_spelling_of_the_algorithm_is_taken():
+    args = build_parser().parse_args(["serve", "--speculative-algorithm", "NGRAM"])
+    assert args.speculative_algorithm == "ngram"
+    assert EngineConfig.from_kwargs(speculative_algorithm="NGRAM").speculative_algorithm == "ngram"
+
+
+# -- verify steps on the tiny model --------------------------------------------------------------
+
+class Oracle:
+    """Drafts the known greedy continuation of each prompt, wrong (shifted by one id) at the
+    output positions in `wrong`: verification is then checked against what it must accept."""
+
+    def __init__(self, engine: Engine, truth: dict[tuple[int, ...], list[int]], k: int = 4,
+                 wrong: frozenset[int] = frozenset()) -> None:
+        self.engine, self.truth, self.k, self.wrong = engine, truth, k, wrong
+
+    def propose(self, reqs: list[Req], room: int) -> list[list[int]]:
+        out = []
+        for req in reqs:
+            truth = self.truth.get(tuple(req.prompt_ids))
+            k = min(room, max_drafts(req, self.k, self.engine.max_context_len))
+            if truth is None or not can_speculate(req) or k <= 0:
+                out.append([])
+                continue
+            n = len(req.output_ids)
+            drafts = [(t + 1) % 100 if n + j in self.wrong else t for j, t in enumerate(truth[n: n + k])]
+            room -= len(drafts)
+            out.append(drafts)
+        return out
+
+
+@pytest.fixture(scope="module")
+def engine():
+    with Engine(demo_model("tiny"), dtype="float32", kv_cache_tokens=4096, check_invariants=True) as e:
+        yield e
+    assert not e.invariant_violations
+
+
+@pytest.fixture(scope="module")
+def reference(engine):
+    rng = random.Random(3)
+    vocab = engine.runner.args.vocab_size
+    prompts = [[rng.randrange(vocab) for _ in range(rng.randrange(3, 30))] for _ in range(4)]
+    engine.scheduler.drafter = None
+    outs = [r["output_ids"] for r in engine.generate(input_ids=prompts, sampling_params=GREEDY)]
+    return prompts, outs
+
+
+def _run(engine, drafter, prompts, params=GREEDY):
+    engine.flush_cache()
+    engine.scheduler.drafter = drafter
+    before = engine.stats()
+    try:
+        results = engine.generate(input_ids=prompts, sampling_params=params)
+    finally:
+        engine.scheduler.drafter = None
+    after = engine.stats()
+    assert after.kv_slots_used == 0, "a request's KV stayed held after it finished"
+    return ([r["output_ids"] for r in results], after.spec_draft_tokens - before.spec_draft_tokens,
+            after.spec_accepted_tokens - before.spec_accepted_tokens, after.num_steps - before.num_steps)
+
+
+def test_right_drafts_are_all_accepted_in_fewer_steps(engine, reference):
+    prompts, truth = reference
+    _, _, _, plain_steps = _run(engine, None, prompts)
+    outs, drafted, accepted, steps = _run(engine, Oracle(engine, dict(zip(map(tuple, prompts), truth))), prompts)
+    assert outs == truth
+    assert drafted == accepted > 0
+    assert steps < plain_steps / 3  # five tokens a step after the first
+
+
+@pytest.mark.parametrize("wrong", [frozenset(range(100)), frozenset(range(1, 100, 3))], ids=["all", "some"])
+def test_wrong_drafts_are_rejected_and_the_output_is_unchanged(engine, reference, wrong):
+    prompts, truth = reference
+    outs, drafted, accepted, _ = _run(engine, Oracle(engine, dict(zip(map(tuple, prompts), truth)), wrong=wrong),
+                                      prompts)
+    assert outs == truth
+    assert drafted > 0
+    if len(wrong) == 100:
+        assert accepted == 0
+    else:  # the drafts before each wrong one are accepted
+        assert 0 < accepted < drafted
+
+
+def test_a_finish_inside_accepted_drafts_ends_the_output_there(engine, reference):
+    prompts, truth = reference
+    oracle = Oracle(engine, dict(zip(map(tuple, prompts), truth)))
+    outs, _, accepted, _ = _run(engine, oracle, prompts, {**GREEDY, "max_new_tokens": 7})
+    assert outs == [t[:7] for t in truth] and accepted > 0
+    stop = truth[0][4]
+    outs, _, _, _ = _run(engine, oracle, prompts[:1], {**GREEDY, "stop_token_ids": [stop]})
+    assert outs == [truth[0][: truth[0].index(stop) + 1]]
+
+
+def test_rows_not_drafted_decode_beside_drafted_ones(engine, reference):
+    """A logprob row and a penalized row are not plain: they take one token a step in the same
+    batch as drafted rows, and every output is what it is without drafting."""
+    prompts, truth = reference
+    params = [GREEDY, {**GREEDY, "frequency_penalty": 0.5}, GREEDY, GREEDY]
+    engine.flush_cache()
+    alone = [r["output_ids"] for r in engine.generate(input_ids=prompts, sampling_params=params)]
+    logprobs = engine.generate(input_ids=prompts[2], sampling_params=GREEDY, return_logprob=True)
+    oracle = Oracle(engine, {tuple(p): t for p, t in zip(prompts, alone)})
+    outs, drafted, accepted, _ = _run(engine, oracle, prompts, params)
+    assert outs == alone and accepted > 0
+    engine.scheduler.drafter = oracle
+    try:
+        again = engine.generate(input_ids=prompts[2], sampling_params=GREEDY, return_logprob=True)
+    finally:
+        engine.scheduler.drafter = None
+    assert again["output_ids"] == logprobs["output_ids"]
+    assert len(again["meta_info"]["output_token_logprobs"]) == len(again["output_ids"])
+
+
+def test_a_failed_verify_forward_leaves_no_draft_behind(engine, reference):
+    prompts, truth = reference
+    engine.flush_cache()
+    engine.scheduler.drafter = Oracle(engine, dict(zip(map(tuple, prompts), truth)))
+    fault = Fault("forward", after_step=engine.stats().num_steps + 2, times=1, exc=torch.cuda.OutOfMemoryError)
+    engine.set_fault_injector(FaultInjector([fault]))
+    try:
+        outs = [r["output_ids"] for r in engine.generate(input_ids=prompts, sampling_params=GREEDY)]
+    finally:
+        engine.set_fault_injector(None)
+        engine.scheduler.drafter = None
+    assert fault.fired == 1
+    assert outs == truth  # retried: the drafts the failed step carried never became output
+
+
+def test_the_ngram_drafter_end_to_end(engine):
+    """Prompt lookup on outputs that loop (this random model falls into loops): drafts are
+    accepted, and the output is plain greedy decoding's."""
+    rng = random.Random(0)
+    vocab = engine.runner.args.vocab_size
+    prompts = [[rng.randrange(vocab) for _ in range(20)] for _ in range(4)]
+    params = {**GREEDY, "max_new_tokens": 40}
+    plain, _, _, _ = _run(engine, None, prompts, params)
+    outs, drafted, accepted, _ = _run(engine, NgramDrafter(4, 1, 3, 8, engine.max_context_len), prompts, params)
+    assert outs == plain
+    assert 0 < accepted < drafted
+
+
+def test_the_core_process_drafts_and_streams_what_it_returns_whole():
+    """`radixflow serve`'s engine: the config reaches the core process, drafts are verified
+    there, and a stream of multi-token steps gives the text and ids of the whole response."""
+    async def stream(client, ids, params):
+        chunks = [c async for c in client.generate_stream(input_ids=ids, sampling_params=params)]
+        return chunks[-1]
+
+    ids, params = [5, 6, 7, 5, 6, 7, 5, 6], {**GREEDY, "max_new_tokens": 30}
+    with EngineClient(demo_model("tiny"), dtype="float32", kv_cache_tokens=2048, speculative_algorithm="ngram",
+                      speculative_ngram_min=1) as client:
+        whole = client.generate(input_ids=ids, sampling_params=params)
+        last = asyncio.run(stream(client, ids, params))
+        stats = client.stats()
+    assert len(whole["output_ids"]) == 30
+    assert (last["output_ids"], last["text"]) == (whole["output_ids"], whole["text"])
+    assert stats.spec_accepted_tokens > 0 and stats.kv_slots_used == 0
