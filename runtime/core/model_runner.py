@@ -153,6 +153,8 @@ class ModelRunner:
         graph_rows = self._graph_rows(batch, logit_offsets)
         if graph_rows:
             return self._forward_split(batch, logit_offsets, graph_rows)
+        if batch.is_decode_round and not batch.is_decode:
+            return self.model(self._decode_rows_batch(batch, logit_offsets), self.attention)
         fb = self.make_forward_batch(batch, logit_offsets)
         return self.model(fb, self.attention)
 
@@ -255,6 +257,31 @@ class ModelRunner:
             prefix_lens_cpu=list(prefix), extend_lens_cpu=[1] * n,
             lora=None if self.lora_slots is None else make_lora_batch(
                 self.lora_slots, [r.lora_id for r in reqs], [1] * n, dev, dev.type == "cuda"))
+
+    def _decode_rows_batch(self, batch: ScheduledBatch, logit_offsets: list[list[int]]) -> ForwardBatch:
+        """A decode round whose requests add several tokens (drafts to verify, a grammar's forced
+        tokens) as a decode batch of one row per new token: the token at position q attends to
+        its request's first q + 1 slots (the step writes every new token's KV before attending),
+        as a one-token step at q would, so its logits are the ones plain decoding computes, by
+        the decode kernels (the fused layers on a CPU with bf16)."""
+        ids, positions, slots, rows, loras, logit_rows = [], [], [], [], [], []
+        for req, prefix, n, offs in zip(batch.reqs, batch.prefix_lens, batch.extend_lens, logit_offsets):
+            logit_rows.extend(len(ids) + o for o in offs)
+            ids.extend(req.ids_range(prefix, prefix + n))
+            positions.extend(range(prefix, prefix + n))
+            slots.append(req.slots[prefix: prefix + n])
+            rows.extend([req.row] * n)
+            loras.extend([req.lora_id] * n)
+        t, dev = len(ids), self.device
+        ids_t, positions_t, out_slots, req_rows, ones, seq_lens, starts, logit_rows_t = upload(
+            [ids, positions, np.concatenate(slots), rows, np.ones(t, dtype=np.int64),
+             np.asarray(positions, dtype=np.int64) + 1, np.arange(t), logit_rows], dev)
+        return ForwardBatch(
+            is_decode=True, input_ids=ids_t, positions=positions_t, out_slots=out_slots,
+            req_to_token=self.req_pool.table, req_rows=req_rows, prefix_lens=positions_t, extend_lens=ones,
+            seq_lens=seq_lens, extend_starts=starts, logit_rows=logit_rows_t, prefix_lens_cpu=positions,
+            extend_lens_cpu=[1] * t, lora=None if self.lora_slots is None else make_lora_batch(
+                self.lora_slots, loras, [1] * t, dev, dev.type == "cuda"))
 
     def make_forward_batch(self, batch: ScheduledBatch, logit_offsets: list[list[int]],
                            input_ids: torch.Tensor | None = None) -> ForwardBatch:

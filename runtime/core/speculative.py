@@ -3,7 +3,8 @@
 A running greedy request whose last few tokens occurred before, in its prompt or its output,
 gets the tokens that followed that earlier occurrence as drafts (prompt lookup). The scheduler
 gives it 1 + k new slots and the step computes its pending token and its k drafts together,
-with logits at every position (an extend row instead of a decode row). The drafts are accepted
+with logits at every position, as k + 1 decode rows (model_runner._decode_rows_batch: the
+arithmetic of plain decoding, so bf16 near-ties fall the same way). The drafts are accepted
 while each equals the argmax at the position before it; the argmax after the last accepted one
 is appended too. So a step appends 1 to k + 1 tokens, exactly those one-token steps would have
 appended, and the KV of rejected drafts is freed before the radix tree takes the request's KV.

@@ -231,6 +231,22 @@ def test_rows_not_drafted_decode_beside_drafted_ones(engine, reference):
     assert len(again["meta_info"]["output_token_logprobs"]) == len(again["output_ids"])
 
 
+@pytest.mark.parametrize("wrong", [frozenset(), frozenset(range(1, 100, 3))], ids=["right", "some wrong"])
+def test_bf16_verify_rows_give_plain_decodings_tokens(wrong):
+    """In bf16 a near-tie falls the same way only where the arithmetic is the same: a verify
+    step runs its drafts as decode rows (model_runner._decode_rows_batch), so the tokens are
+    plain decoding's whatever the drafts."""
+    rng = random.Random(5)
+    with Engine(demo_model("tiny"), dtype="bfloat16", kv_cache_tokens=4096, check_invariants=True) as e:
+        prompts = [[rng.randrange(e.runner.args.vocab_size) for _ in range(rng.randrange(3, 300))] for _ in range(5)]
+        params = {**GREEDY, "max_new_tokens": 40}
+        truth, _, _, _ = _run(e, None, prompts, params)
+        outs, drafted, accepted, _ = _run(e, Oracle(e, dict(zip(map(tuple, prompts), truth)), wrong=wrong),
+                                          prompts, params)
+        assert not e.invariant_violations
+    assert outs == truth and accepted > 0
+
+
 def test_a_failed_verify_forward_leaves_no_draft_behind(engine, reference):
     prompts, truth = reference
     engine.flush_cache()
