@@ -211,6 +211,25 @@ def test_a_finish_inside_accepted_drafts_ends_the_output_there(engine, reference
     assert outs == [truth[0][: truth[0].index(stop) + 1]]
 
 
+def test_a_stop_string_inside_accepted_drafts_ends_the_text_there(engine, reference):
+    prompts, truth = reference
+    text = engine.tokenizer.decode(truth[1], skip_special_tokens=False)
+    params = {**GREEDY, "stop": [text[len(text) // 3: len(text) // 3 + 3]]}
+    engine.flush_cache()
+    plain = engine.generate(input_ids=prompts[1], sampling_params=params)
+    assert plain["meta_info"]["finish_reason"]["matched"] == params["stop"][0]
+    engine.flush_cache()
+    engine.scheduler.drafter = Oracle(engine, {tuple(prompts[1]): truth[1]})
+    accepted = engine.stats().spec_accepted_tokens
+    try:
+        spec = engine.generate(input_ids=prompts[1], sampling_params=params)
+    finally:
+        engine.scheduler.drafter = None
+    assert engine.stats().spec_accepted_tokens > accepted
+    assert (spec["text"], spec["output_ids"], spec["meta_info"]["finish_reason"]) == \
+        (plain["text"], plain["output_ids"], plain["meta_info"]["finish_reason"])
+
+
 def test_rows_not_drafted_decode_beside_drafted_ones(engine, reference):
     """A logprob row and a penalized row are not plain: they take one token a step in the same
     batch as drafted rows, and every output is what it is without drafting."""
@@ -245,6 +264,39 @@ def test_bf16_verify_rows_give_plain_decodings_tokens(wrong):
                                           prompts, params)
         assert not e.invariant_violations
     assert outs == truth and accepted > 0
+
+
+def test_adapter_rows_are_verified_with_their_adapter(tmp_path):
+    """Drafted rows of two LoRA adapters and the base model in one batch: each verify row gets
+    its request's adapter, so the outputs are plain decoding's."""
+    from lora_adapters import ALL, write_adapter
+
+    model = demo_model("tiny")
+    paths = [write_adapter(str(tmp_path / f"a{i}"), model, rank=8, targets=ALL, seed=i) for i in range(2)]
+    with Engine(model, dtype="float32", kv_cache_tokens=4096, max_loras=2, check_invariants=True,
+                lora_modules=[f"a{i}={p}" for i, p in enumerate(paths)]) as e:
+        jobs = [([7, 8, 9, 10], "a0"), ([11, 12, 13], "a1"), ([14, 15, 16, 17, 18], None)]
+
+        def run() -> list[list[int]]:
+            e.flush_cache()
+            return [r["output_ids"] for r in _concurrently(e, jobs)]
+
+        plain = run()
+        e.scheduler.drafter = Oracle(e, {tuple(p): out for (p, _), out in zip(jobs, plain)})
+        try:
+            spec = run()
+        finally:
+            e.scheduler.drafter = None
+        assert not e.invariant_violations and e.stats().spec_accepted_tokens > 0
+    assert spec == plain
+
+
+def _concurrently(engine: Engine, jobs: list[tuple[list[int], str | None]]) -> list[dict]:
+    async def main():
+        async def one(ids, lora):
+            return [c async for c in engine.generate_stream(input_ids=ids, sampling_params=GREEDY, lora=lora)][-1]
+        return await asyncio.gather(*(one(ids, lora) for ids, lora in jobs))
+    return asyncio.run(main())
 
 
 def test_a_failed_verify_forward_leaves_no_draft_behind(engine, reference):
