@@ -59,9 +59,12 @@ def finished_stats(req: Req) -> dict[str, Any]:
     def since(a: float | None, b: float | None) -> float | None:
         return None if a is None or b is None else round(b - a, 6)
 
-    return {
+    stats = {
         "prefill_miss_tokens": dict(req.miss_tokens),
         "divergent_at": req.divergent_at,
         "timings": {"queue_s": since(t.arrival, t.scheduled), "prefill_s": since(t.scheduled, t.first_token),
                     "ttft_s": since(t.arrival, t.first_token), "e2e_s": since(t.arrival, t.finished)},
     }
+    if req.num_verify_steps:  # speculative decoding drafted for it: SGLang's count of verify steps
+        stats["spec_verify_ct"] = req.num_verify_steps
+    return stats

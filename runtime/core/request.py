@@ -151,6 +151,7 @@ class Req:
     grammar: Any = None
     ngram: Any = None            # its NgramIndex (runtime/core/speculative.py) once drafted for
     drafts: list[int] | None = None  # this step's drafts, appended to output_ids until its forward ran
+    num_verify_steps: int = 0    # steps that verified drafts of it (meta_info spec_verify_ct)
     input_logprobs: list[tuple[int, float, list[tuple[int, float]]]] = field(default_factory=list)
     output_logprobs: list[tuple[int, float, list[tuple[int, float]]]] = field(default_factory=list)
     times: Timestamps = field(default_factory=Timestamps)

@@ -357,6 +357,7 @@ class StepRunner(OverlappedSteps):
                 appended += 1
                 if pos == len(drafts) or token != drafts[pos]:
                     break
+            req.num_verify_steps += 1
             self.num_draft_tokens += len(drafts)
             self.num_accepted_drafts += max(appended - 1, 0)
             record_verify(req, len(drafts), max(appended - 1, 0))

@@ -341,5 +341,6 @@ def test_the_core_process_drafts_and_streams_what_it_returns_whole():
         last = asyncio.run(stream(client, ids, params))
         stats = client.stats()
     assert len(whole["output_ids"]) == 30
+    assert 0 < whole["meta_info"]["spec_verify_ct"] < 29  # steps that verified drafts (SGLang's field)
     assert (last["output_ids"], last["text"]) == (whole["output_ids"], whole["text"])
     assert stats.spec_accepted_tokens > 0 and stats.kv_slots_used == 0
