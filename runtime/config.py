@@ -55,7 +55,7 @@ class EngineConfig:
     grammar_backend: str = _opt("outlines", "Constrained decoding backend.", GRAMMAR_BACKENDS)
     grammar_timeout_s: float = _opt(10.0, "Longest time one grammar may take to compile before the request is rejected.")
     jump_forward: bool = _opt(True, "Append forced grammar continuations without sampling.")
-    speculative_algorithm: str = _opt("none", "Speculative decoding. ngram: prompt lookup, with no draft model: a running request whose last tokens occurred earlier in its prompt or output gets the tokens that followed as drafts, all checked in one step, so a step may append several tokens; greedy requests without grammar, penalties, logit bias or logprobs only (others decode as usual beside them); the output is the one plain decoding gives. Not with --enable-overlap; tested on CPU only.", SPECULATIVE_ALGORITHMS)
+    speculative_algorithm: str = _opt("none", "Speculative decoding. ngram: prompt lookup, with no draft model: a running request whose last tokens occurred earlier in its prompt or output gets the tokens that followed as drafts, all checked in one step, so a step may append several tokens; requests without grammar, penalties, logit bias, logprobs or a seed (others decode as usual beside them); a greedy output is the one plain decoding gives, a sampled one is distributed as plain sampling's. Not with --enable-overlap; tested on CPU only.", SPECULATIVE_ALGORITHMS)
     speculative_num_draft_tokens: int = _opt(4, "Most drafts per request per step (ngram).")
     speculative_ngram_min: int = _opt(2, "Shortest suffix of a request's tokens looked up for drafts (ngram).")
     speculative_ngram_max: int = _opt(4, "Longest suffix looked up; the longest that occurred before wins (ngram).")

@@ -288,10 +288,20 @@ def _draw_unsorted(scaled: torch.Tensor, min_p: torch.Tensor, u: torch.Tensor, u
 def _draw_ranked(scaled: torch.Tensor, table: torch.Tensor, u: torch.Tensor,
                  width: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Rows with top_k and/or top_p, over their `width` best tokens (sorted, from one topk).
+    Returns the picks and `uncovered` (`_ranked_probs`)."""
+    probs, ids, uncovered = _ranked_probs(scaled, table, width)
+    pick = _invert(probs, u)
+    return ids.gather(1, pick[:, None])[:, 0], uncovered
+
+
+def _ranked_probs(scaled: torch.Tensor, table: torch.Tensor,
+                  width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The filtered probabilities [R, width] (unnormalized, 0 where dropped) of each row's
+    `width` best tokens, their ids [R, width], and `uncovered` [R].
 
     top_k renormalizes over the k best (as SGLang and vLLM do), then top_p and min_p filter.
-    A row without top_k keeps its full-vocabulary probabilities; `uncovered` [R] marks such
-    rows whose top_p nucleus reaches past `width` (their draw is then to be redone wider).
+    A row without top_k keeps its full-vocabulary probabilities; `uncovered` marks such rows
+    whose top_p nucleus reaches past `width` (to be redone wider).
     """
     top_k, top_p, min_p = table[:, 1], table[:, 2], table[:, 3]
     vals, ids = scaled.topk(width, dim=-1)  # [R, width], descending
@@ -305,5 +315,33 @@ def _draw_ranked(scaled: torch.Tensor, table: torch.Tensor, u: torch.Tensor,
     drop = ((cum - probs) > top_p[:, None]) | (probs < min_p[:, None] * probs[:, :1])
     drop[:, 0] = False  # the most likely token always survives
     uncovered = ~has_k & (cum[:, -1] < top_p)
-    pick = _invert(probs.masked_fill_(drop, 0.0), u)
-    return ids.gather(1, pick[:, None])[:, 0], uncovered
+    return probs.masked_fill_(drop, 0.0), ids, uncovered
+
+
+def filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """[R, vocab]: for each row of `logits` (a sampled row's: temperature > 0) the distribution
+    `choose` draws its token from, unnormalized (0 on what top_k, top_p and min_p drop); a row
+    whose largest logit over its temperature leaves fp32's range holds NaN or inf."""
+    device, vocab = logits.device, logits.shape[1]
+    top_ks = [p.top_k if p.top_k > 0 else 0 for p in params]
+    table = to_device(torch.tensor([[p.temperature, k, p.top_p, p.min_p] for p, k in zip(params, top_ks)],
+                                   dtype=torch.float32), device)  # [R, 4]
+    scaled = logits / table[:, :1]
+    out = torch.zeros_like(scaled)
+    plain = [j for j, p in enumerate(params) if top_ks[j] == 0 and p.top_p >= 1.0]
+    ranked = [j for j, p in enumerate(params) if top_ks[j] > 0 or p.top_p < 1.0]
+    if plain:
+        j = torch.tensor(plain, device=device)
+        probs = torch.softmax(scaled[j], dim=-1)
+        out[j] = probs.masked_fill(probs < table[j, 3:4] * probs.max(dim=-1, keepdim=True).values, 0.0)
+    if ranked:
+        j = torch.tensor(ranked, device=device)
+        width = min(vocab, max(top_ks[x] or TOP_P_CANDIDATES for x in ranked))
+        probs, ids, uncovered = _ranked_probs(scaled[j], table[j], width)
+        rows = torch.zeros(len(ranked), vocab, dtype=out.dtype, device=device).scatter_(1, ids, probs)
+        if width < vocab and bool(uncovered.any()):
+            wide = uncovered.nonzero().flatten()
+            probs, ids, _ = _ranked_probs(scaled[j[wide]], table[j[wide]], vocab)
+            rows[wide] = torch.zeros_like(probs).scatter_(1, ids, probs)
+        out[j] = rows
+    return out

@@ -1,19 +1,22 @@
 """Speculative decoding by n-gram lookup: drafts from a request's own tokens, verified in one step.
 
-A running greedy request whose last few tokens occurred before, in its prompt or its output,
-gets the tokens that followed that earlier occurrence as drafts (prompt lookup). The scheduler
+A running request whose last few tokens occurred before, in its prompt or its output, gets
+the tokens that followed that earlier occurrence as drafts (prompt lookup). The scheduler
 gives it 1 + k new slots and the step computes its pending token and its k drafts together,
 with logits at every position, as k + 1 decode rows (model_runner._decode_rows_batch: the
-arithmetic of plain decoding, so bf16 near-ties fall the same way). The drafts are accepted
-while each equals the argmax at the position before it; the argmax after the last accepted one
-is appended too. So a step appends 1 to k + 1 tokens, exactly those one-token steps would have
-appended, and the KV of rejected drafts is freed before the radix tree takes the request's KV.
+arithmetic of plain decoding, so bf16 near-ties fall the same way). A greedy row keeps its
+drafts while each equals the argmax before it and appends the argmax after the last kept one,
+exactly the tokens one-token steps would append; a sampled row keeps each draft with the
+probability its position's distribution gives it and draws the token after them from the rest
+(`accept_sampled`), so its tokens are distributed as plain sampling's. A step appends 1 to
+k + 1 tokens per drafted row, and the KV of rejected drafts is freed before the radix tree
+takes the request's KV.
 
-Only rows whose sampling is an argmax (greedy; no grammar, penalty, logit bias, blocked id or
-logprob) are drafted; the others decode as usual in the same step. Drafts are proposed only
-while at most `max_batch` requests run (a speculative row costs k + 1 tokens of compute: a win
-where a step is bound by reading the weights, a loss where it is bound by arithmetic), and only
-into free or evictable KV slots (speculation never retracts anyone).
+Drafted rows: no grammar, penalty, logit bias, blocked id or logprob, and no seed (a seeded
+request's draws stay those of plain decoding); the others decode as usual in the same step.
+Drafts are proposed only while at most `max_batch` requests run (a drafted row costs k + 1
+rows of compute: a win where a step is bound by reading the weights, a loss where it is bound
+by arithmetic), and only into free or evictable KV slots (speculation never retracts anyone).
 """
 from __future__ import annotations
 
@@ -25,7 +28,7 @@ import torch
 
 from radixflow.runtime.config import EngineConfig
 from radixflow.runtime.core.request import Req
-from radixflow.runtime.core.sampler import sample
+from radixflow.runtime.core.sampler import filtered_probs, sample
 
 # Positions of a request's context the n-gram index covers when it is first built: the last
 # this many (building it costs ~1.5 µs a token, ~12 ms for the whole window on this project's CPU, once
@@ -48,10 +51,13 @@ class Drafter(Protocol):
 
 
 def can_speculate(req: Req) -> bool:
-    """Whether req's next tokens are argmaxes a verify step can check: its sampler row is plain
-    (set once nothing blocks, after its first token) and it has no grammar."""
+    """Whether a verify step can check req's next tokens: it has no grammar, and its sampler row
+    (set once nothing blocks, after its first token) is an argmax, or an unseeded draw with no
+    penalty, logit bias or logprob (a seeded request's draws stay those of plain decoding)."""
     row = req.sample_row
-    return row is not None and row.plain and req.grammar is None
+    if row is None or req.grammar is not None:
+        return False
+    return row.plain or (row.generator is None and not (row.penalized or row.biased or row.want_logprob))
 
 
 def max_drafts(req: Req, k: int, max_context_len: int) -> int:
@@ -168,13 +174,66 @@ def take_drafts(reqs: list[Req]) -> dict[int, list[int]]:
 def verify_rows(reqs: list[Req], counts: list[int], logits: torch.Tensor, drafted: dict[int, list[int]],
                 generator: torch.Generator | None) -> Iterator[tuple[int, list[int]]]:
     """For each drafted row i (its `counts[i]` logit rows: its pending token's and each draft's),
-    the argmax at each of its positions, as the sampler picks a plain row's token (-1 where the
-    logits hold a NaN): (i, tokens), in row order."""
+    the tokens to append, in row order: its accepted drafts, then the token after them (-1 where
+    a position's logits are not finite). A greedy row keeps a draft that is the argmax before it
+    (as the sampler picks a plain row's token) and appends the argmax after the last kept one;
+    a sampled row, see `accept_sampled`."""
     starts = list(itertools.accumulate(counts, initial=0))
-    rows = [r for i in drafted for r in range(starts[i], starts[i] + counts[i])]
-    sample_rows = [reqs[i].sample_row for i in drafted for _ in range(counts[i])]
-    tokens = sample(logits[torch.tensor(rows, device=logits.device)], sample_rows, generator, plain=True).tokens
-    pos = 0
+    out: dict[int, list[int]] = {}
+    for greedy in (True, False):
+        mine = [i for i in drafted if reqs[i].sample_row.plain == greedy]
+        if not mine:
+            continue
+        rows = torch.tensor([r for i in mine for r in range(starts[i], starts[i] + counts[i])], device=logits.device)
+        if greedy:
+            sample_rows = [reqs[i].sample_row for i in mine for _ in range(counts[i])]
+            tokens = sample(logits[rows], sample_rows, generator, plain=True).tokens
+        else:
+            probs = filtered_probs(logits[rows], [reqs[i].sampling for i in mine for _ in range(counts[i])])
+        pos = 0
+        for i in mine:
+            n = counts[i]
+            out[i] = (accept_greedy(tokens[pos: pos + n], drafted[i]) if greedy
+                      else accept_sampled(probs[pos: pos + n], drafted[i], generator))
+            pos += n
     for i in drafted:
-        yield i, tokens[pos: pos + counts[i]]
-        pos += counts[i]
+        yield i, out[i]
+
+
+def accept_greedy(argmaxes: list[int], drafts: list[int]) -> list[int]:
+    """The drafts while each equals the argmax before it, then the argmax after the last."""
+    out = []
+    for pos, token in enumerate(argmaxes):
+        out.append(token)
+        if token < 0 or pos == len(drafts) or token != drafts[pos]:
+            break
+    return out
+
+
+def accept_sampled(probs: torch.Tensor, drafts: list[int], generator: torch.Generator | None) -> list[int]:
+    """Rejection sampling with drafts that are certain (a lookup, not a draft model's draw):
+    draft j is kept with probability p_j(draft) under its position's filtered distribution p_j
+    (`filtered_probs`, rows [k + 1, vocab]); at the first draft not kept the token is drawn from
+    p_j without it, renormalized; with all kept, from the last position's. Each appended token
+    is then distributed as plain sampling's: p(d) [kept] + (1 - p(d)) p(x) / (1 - p(d)) [x != d]."""
+    k = len(drafts)
+    total = probs.sum(dim=-1)  # [k + 1]
+    draws = torch.rand(2, k + 1, generator=generator, device=probs.device)
+    keep = probs[torch.arange(k, device=probs.device), torch.tensor(drafts, device=probs.device)] / total[:k]
+    kept = (draws[0, :k] < keep).tolist()
+    finite = (torch.isfinite(total) & (total > 0)).tolist()
+    out = []
+    for j in range(k + 1):
+        if not finite[j]:
+            return out + [-1]
+        if j == k or not kept[j]:
+            weights = probs[j].clone()
+            if j < k:
+                weights[drafts[j]] = 0.0
+                if not bool(weights.sum() > 0):  # p(d) rounded below 1 where nothing else has mass
+                    return out + [drafts[j]]
+            cdf = weights.cumsum(dim=0)
+            token = int(torch.searchsorted(cdf, draws[1, j] * cdf[-1], right=True).clamp_(max=cdf.shape[0] - 1))
+            return out + [token]
+        out.append(drafts[j])
+    return out

@@ -339,12 +339,12 @@ class StepRunner(OverlappedSteps):
 
     def _verify_drafts(self, batch: ScheduledBatch, plans: list[_LogitPlan], logits: torch.Tensor,
                        drafted: dict[int, list[int]]) -> None:
-        """Append each drafted row's accepted drafts and the argmax after them, free the KV of
+        """Append each drafted row's accepted drafts and the token after them, free the KV of
         the rejected ones (speculative.py), and make its plan sample nothing more."""
         now = time.monotonic()
         for i, tokens in verify_rows(batch.reqs, [len(p.offsets) for p in plans], logits, drafted, self.generator):
             req, drafts, appended = batch.reqs[i], drafted[i], 0
-            for pos, token in enumerate(tokens):
+            for token in tokens:
                 if req.finish_reason is not None:
                     break
                 try:
@@ -355,8 +355,6 @@ class StepRunner(OverlappedSteps):
                     self._fail(req, exc)
                     break
                 appended += 1
-                if pos == len(drafts) or token != drafts[pos]:
-                    break
             req.num_verify_steps += 1
             self.num_draft_tokens += len(drafts)
             self.num_accepted_drafts += max(appended - 1, 0)

@@ -13,7 +13,9 @@ from radixflow.runtime import Engine, EngineClient
 from radixflow.runtime.config import EngineConfig
 from radixflow.runtime.core.faults import Fault, FaultInjector
 from radixflow.runtime.core.request import Req
-from radixflow.runtime.core.speculative import NgramDrafter, can_speculate, max_drafts, record_verify
+from radixflow.runtime.core.sampler import filtered_probs, sample
+from radixflow.runtime.core.speculative import (NgramDrafter, accept_sampled, can_speculate, max_drafts,
+                                                 record_verify)
 from radixflow.runtime.model.demo import demo_model
 from radixflow.runtime.sampling_params import SamplingParams
 
@@ -101,6 +103,43 @@ def test_drafts_stop_at_the_output_limit_and_the_context_length():
     assert max_drafts(req, 4, 100) == 2    # 2 + (2 drafts + the token after them) = 5 outputs
     assert max_drafts(req, 4, 14) == 2     # positions 11..13 for the pending token and 2 drafts
     assert max_drafts(req, 4, 12) == 0
+
+
+# -- verifying sampled rows ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("params", [{"temperature": 0.8}, {"temperature": 1.0, "top_k": 3},
+                                    {"temperature": 1.3, "top_p": 0.8, "min_p": 0.05}], ids=["plain", "top_k", "top_p"])
+def test_sampled_verification_keeps_plain_samplings_distribution(params):
+    """The first token a verify step appends for a sampled row, and the second where the first
+    draft was kept, are distributed as the sampler draws them (`choose`), whatever the draft:
+    3,000 draws each, every probability within 4 standard errors."""
+    gen = torch.Generator().manual_seed(7)
+    logits = torch.tensor([[2.0, 1.5, 1.0, 0.3, -0.5, -2.0], [0.1, 1.2, -0.3, 2.2, 0.0, 0.9]])
+    sp = SamplingParams(**params)
+    probs = filtered_probs(logits, [sp, sp])
+    want = probs / probs.sum(dim=-1, keepdim=True)
+    n = 3000
+    from radixflow.runtime.core.sampler import SampleRow
+    row = SampleRow(sp, [], [], None, [])
+    drawn = torch.tensor(sample(logits[:1].repeat(n, 1), [row] * n, gen).tokens)
+    _close(torch.bincount(drawn, minlength=6) / n, want[0], n)  # filtered_probs is what the sampler draws from
+    for draft in (0, 2, 5):  # likely, unlikely, filtered out (top_k / top_p drop it)
+        firsts, seconds = [], []
+        for _ in range(n):
+            out = accept_sampled(probs, [draft], gen)
+            firsts.append(out[0])
+            if len(out) == 2:
+                assert out[0] == draft
+                seconds.append(out[1])
+        _close(torch.bincount(torch.tensor(firsts), minlength=6) / n, want[0], n)
+        if len(seconds) > 500:
+            _close(torch.bincount(torch.tensor(seconds), minlength=6) / len(seconds), want[1], len(seconds))
+
+
+def _close(got: torch.Tensor, want: torch.Tensor, n: int) -> None:
+    err = 4 * (want * (1 - want) / n).sqrt() + 1e-9
+    assert bool(((got - want).abs() <= err).all()), (got.tolist(), want.tolist())
+    assert bool((got[want == 0] == 0).all()), "a filtered-out token was drawn"
 
 
 # -- configuration -------------------------------------------------------------------------------
@@ -325,6 +364,20 @@ def test_the_ngram_drafter_end_to_end(engine):
     outs, drafted, accepted, _ = _run(engine, NgramDrafter(4, 1, 3, 8, engine.max_context_len), prompts, params)
     assert outs == plain
     assert 0 < accepted < drafted
+
+
+def test_sampled_rows_are_drafted_and_seeded_ones_keep_their_draws(engine):
+    rng = random.Random(0)
+    vocab = engine.runner.args.vocab_size
+    prompts = [[rng.randrange(vocab) for _ in range(20)] for _ in range(4)]
+    drafter = NgramDrafter(4, 1, 3, 8, engine.max_context_len)
+    params = {"temperature": 0.05, "top_p": 0.9, "max_new_tokens": 40, "ignore_eos": True}
+    outs, drafted, accepted, _ = _run(engine, drafter, prompts, params)
+    assert [len(o) for o in outs] == [40] * 4 and 0 < accepted < drafted
+    seeded = {**params, "temperature": 0.8, "seed": 11}
+    plain, _, _, _ = _run(engine, None, prompts, seeded)
+    outs, drafted, _, _ = _run(engine, drafter, prompts, seeded)
+    assert outs == plain and drafted == 0  # a seeded request's draws are plain decoding's
 
 
 def test_the_core_process_drafts_and_streams_what_it_returns_whole():
