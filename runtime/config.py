@@ -57,7 +57,7 @@ class EngineConfig:
     jump_forward: bool = _opt(True, "Append forced grammar continuations without sampling.")
     speculative_algorithm: str = _opt("none", "Speculative decoding. ngram: prompt lookup, with no draft model: a running request whose last tokens occurred earlier in its prompt or output gets the tokens that followed as drafts, all checked in one step, so a step may append several tokens; requests without grammar, penalties, logit bias, logprobs or a seed (others decode as usual beside them); a greedy output is the one plain decoding gives, a sampled one is distributed as plain sampling's. Not with --enable-overlap; tested on CPU only.", SPECULATIVE_ALGORITHMS)
     speculative_num_draft_tokens: int = _opt(4, "Most drafts per request per step (ngram).")
-    speculative_ngram_min: int = _opt(2, "Shortest suffix of a request's tokens looked up for drafts (ngram).")
+    speculative_ngram_min: int = _opt(3, "Shortest suffix of a request's tokens looked up for drafts (ngram).")
     speculative_ngram_max: int = _opt(4, "Longest suffix looked up; the longest that occurred before wins (ngram).")
     speculative_max_batch: int = _opt(8, "Drafts are proposed only while at most this many requests run: a drafted row computes its drafts too, which pays where a step is bound by reading the weights (small batches), not where it is bound by arithmetic.")
     slo_ttft_ms: float | None = _opt(None, "Goodput SLO: time to first token in ms (unset: not checked).")
