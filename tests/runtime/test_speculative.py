@@ -338,6 +338,23 @@ def _concurrently(engine: Engine, jobs: list[tuple[list[int], str | None]]) -> l
     return asyncio.run(main())
 
 
+def test_drafts_under_memory_pressure_never_retract_and_keep_the_output():
+    """A pool too small for every request: requests are retracted for one-token decode room as
+    without drafting, drafts take only what is free or evictable, and the outputs are plain
+    decoding's."""
+    rng = random.Random(9)
+    with Engine(demo_model("tiny"), dtype="float32", kv_cache_tokens=256, max_num_seqs=8,
+                check_invariants=True) as e:
+        prompts = [[rng.randrange(e.runner.args.vocab_size) for _ in range(30)] for _ in range(6)]
+        params = {**GREEDY, "max_new_tokens": 30}
+        truth, _, _, _ = _run(e, None, prompts, params)
+        preempted = e.stats().num_preemptions
+        assert preempted > 0, "the pool must be small enough to retract"
+        outs, drafted, accepted, _ = _run(e, Oracle(e, dict(zip(map(tuple, prompts), truth))), prompts, params)
+        assert not e.invariant_violations
+    assert outs == truth and accepted > 0
+
+
 def test_a_failed_verify_forward_leaves_no_draft_behind(engine, reference):
     prompts, truth = reference
     engine.flush_cache()
