@@ -21,6 +21,7 @@ by arithmetic), and only into free or evictable KV slots (speculation never retr
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Iterator
 from typing import Protocol
 
@@ -28,7 +29,8 @@ import torch
 
 from radixflow.runtime.config import EngineConfig
 from radixflow.runtime.core.request import Req
-from radixflow.runtime.core.sampler import filtered_probs, sample
+from radixflow.runtime.core.sampler import BROKEN_ROW, filtered_probs, sample
+from radixflow.runtime.core.scheduled_batch import ScheduledBatch
 
 # Positions of a request's context the n-gram index covers when it is first built: the last
 # this many (building it costs ~1.5 µs a token, ~12 ms for the whole window on this project's CPU, once
@@ -237,3 +239,57 @@ def accept_sampled(probs: torch.Tensor, drafts: list[int], generator: torch.Gene
             return out + [token]
         out.append(drafts[j])
     return out
+
+
+class VerifySteps:
+    """StepRunner's part that verifies drafts (a mixin: it uses the runner's scheduler,
+    generator, fault injector, counters and `_append` / `_fail`)."""
+
+    def _verify_drafts(self, batch: ScheduledBatch, counts: list[int], logits: torch.Tensor,
+                       drafted: dict[int, list[int]]) -> list[int]:
+        """Append each drafted row's accepted drafts and the token after them and free the KV
+        of the rejected ones; returns the rows done (their plans sample nothing more). `counts`:
+        each row's logit rows. All rows are verified at once; if that raises, one by one, so an
+        error fails only its own request. Each row done leaves `drafted`: what is left after a
+        raise was not verified."""
+        step = self.num_steps - 1
+        try:
+            self.faults.check("sampler", [batch.reqs[i] for i in drafted], step)
+            outcomes: dict[int, list[int] | Exception] = dict(
+                verify_rows(batch.reqs, counts, logits, drafted, self.generator))
+        except Exception as exc:
+            outcomes = {i: exc for i in drafted} if len(drafted) == 1 else {}
+            for i in drafted if len(drafted) > 1 else ():
+                try:
+                    self.faults.check("sampler", (batch.reqs[i],), step)
+                    outcomes.update(verify_rows(batch.reqs, counts, logits, {i: drafted[i]}, self.generator))
+                except Exception as own:  # this row's own error
+                    outcomes[i] = own
+        now = time.monotonic()
+        for i, outcome in outcomes.items():
+            req, drafts = batch.reqs[i], drafted.pop(i)
+            appended = self._append_verified(req, outcome, now)
+            req.num_verify_steps += 1
+            self.num_draft_tokens += len(drafts)
+            self.num_accepted_drafts += max(appended - 1, 0)
+            record_verify(req, len(drafts), max(appended - 1, 0))
+            self.scheduler.free_from(req, batch.prefix_lens[i] + appended)
+        return list(outcomes)
+
+    def _append_verified(self, req: Req, outcome: list[int] | Exception, now: float) -> int:
+        """Append a verified row's tokens until req finishes; an error (its verification's, its
+        logits', its detokenizer's) fails it. Returns how many were appended."""
+        appended = 0
+        try:
+            if isinstance(outcome, Exception):
+                raise outcome
+            for token in outcome:
+                if req.finish_reason is not None:
+                    break
+                if token < 0:
+                    raise ValueError(BROKEN_ROW)
+                self._append(req, token, None, None, now)
+                appended += 1
+        except Exception as exc:
+            self._fail(req, exc)
+        return appended

@@ -24,10 +24,10 @@ from radixflow.runtime.core.overlap_steps import OverlappedSteps
 from radixflow.runtime.core.publish import publish
 from radixflow.runtime.core.request import Req
 from radixflow.runtime.core.sample_rows import RowsToSample, Sampled, bitmask_row, rows_to_sample, unpack
-from radixflow.runtime.core.sampler import BROKEN_ROW, RowState, SampleRow, sample, score_tokens
+from radixflow.runtime.core.sampler import RowState, SampleRow, sample, score_tokens
 from radixflow.runtime.core.scheduled_batch import ScheduledBatch
 from radixflow.runtime.core.scheduler import MAX_STEP_RETRIES, Scheduler
-from radixflow.runtime.core.speculative import record_verify, take_drafts, verify_rows
+from radixflow.runtime.core.speculative import VerifySteps, take_drafts
 from radixflow.runtime.lora.request_counts import AdapterRequestCounts
 
 log = logging.getLogger(__name__)
@@ -80,7 +80,7 @@ def is_out_of_memory(exc: BaseException) -> bool:
     return isinstance(exc, torch.cuda.OutOfMemoryError) or "out of memory" in str(exc).lower()
 
 
-class StepRunner(OverlappedSteps):
+class StepRunner(OverlappedSteps, VerifySteps):
     """Runs steps for the engine thread; counts prefill tokens, generated tokens, steps.
 
     `faults` is the test-only fault injector (runtime/core/faults.py); serving uses NO_FAULTS.
@@ -144,10 +144,12 @@ class StepRunner(OverlappedSteps):
         try:
             self._check_batch_faults(batch.reqs)
             self._record_prompt_logprobs(batch, plans, logits)
-            if drafted:
-                self._verify_drafts(batch, plans, logits, drafted)
+            for i in self._verify_drafts(batch, [len(p.offsets) for p in plans], logits, drafted) if drafted else ():
+                plans[i] = _LogitPlan(plans[i].offsets, [], False)  # its tokens are appended
             self._sample_and_append(batch, plans, logits)
         except Exception as exc:  # batch-wide handling failed: no one request owns the error
+            for i in drafted:  # not verified: their new slots hold no token of theirs
+                self.scheduler.free_from(batch.reqs[i], batch.prefix_lens[i])
             self._fail_batch(batch, exc)
         self.scheduler.finish_step(batch)
         self._publish([r for r in batch.reqs if r.finish_reason is None])  # finished ones: at their hand-out
@@ -336,31 +338,6 @@ class StepRunner(OverlappedSteps):
         self.generated_tokens += 1
         if grammar is not None:  # may finish req, or append forced tokens (jump-forward)
             self.generated_tokens += advance_grammar(req, token, self.eos_ids, self.max_context_len)
-
-    def _verify_drafts(self, batch: ScheduledBatch, plans: list[_LogitPlan], logits: torch.Tensor,
-                       drafted: dict[int, list[int]]) -> None:
-        """Append each drafted row's accepted drafts and the token after them, free the KV of
-        the rejected ones (speculative.py), and make its plan sample nothing more."""
-        now = time.monotonic()
-        for i, tokens in verify_rows(batch.reqs, [len(p.offsets) for p in plans], logits, drafted, self.generator):
-            req, drafts, appended = batch.reqs[i], drafted[i], 0
-            for token in tokens:
-                if req.finish_reason is not None:
-                    break
-                try:
-                    if token < 0:
-                        raise ValueError(BROKEN_ROW)
-                    self._append(req, token, None, None, now)
-                except Exception as exc:  # its logits or its detokenizer: fail it alone
-                    self._fail(req, exc)
-                    break
-                appended += 1
-            req.num_verify_steps += 1
-            self.num_draft_tokens += len(drafts)
-            self.num_accepted_drafts += max(appended - 1, 0)
-            record_verify(req, len(drafts), max(appended - 1, 0))
-            self.scheduler.free_from(req, batch.prefix_lens[i] + appended)
-            plans[i] = _LogitPlan(plans[i].offsets, [], False)
 
     def _sample_row(self, req: Req) -> SampleRow:
         """req's sampler row: made once and reused (it reads the live token lists), except while

@@ -370,6 +370,31 @@ def test_a_failed_verify_forward_leaves_no_draft_behind(engine, reference):
     assert outs == truth  # retried: the drafts the failed step carried never became output
 
 
+@pytest.mark.parametrize("step_level", [False, True], ids=["one request", "the step"])
+def test_a_verify_fault_fails_its_requests_alone_and_frees_their_drafts(engine, reference, step_level):
+    """A sampler fault in a verify step: its own request fails (with step_level, the whole
+    step's), the others' outputs are plain decoding's, and no KV slot stays held."""
+    prompts, truth = reference
+    engine.flush_cache()
+    rids = [f"spec-fault-{step_level}-{i}" for i in range(len(prompts))]
+    # a request's own fault fires again when its row is verified alone after the batch raised
+    fault = Fault("sampler", rids=[rids[1]], after_step=engine.stats().num_steps + 2,
+                  times=1 if step_level else None, step_level=step_level)
+    engine.set_fault_injector(FaultInjector([fault]))
+    engine.scheduler.drafter = Oracle(engine, dict(zip(map(tuple, prompts), truth)))
+    try:
+        results = engine.generate(input_ids=prompts, sampling_params=GREEDY, rid=rids)
+    finally:
+        engine.set_fault_injector(None)
+        engine.scheduler.drafter = None
+    assert fault.fired >= 1
+    reasons = [r["meta_info"]["finish_reason"]["type"] for r in results]
+    failed = {i for i, reason in enumerate(reasons) if reason == "error"}
+    assert failed == ({i for i, r in enumerate(rids) if r in fault.fired_for} if step_level else {1})
+    assert all(results[i]["output_ids"] == truth[i] for i in range(len(prompts)) if i not in failed)
+    assert engine.stats().kv_slots_used == 0 and not engine.invariant_violations
+
+
 def test_the_ngram_drafter_end_to_end(engine):
     """Prompt lookup on outputs that loop (this random model falls into loops): drafts are
     accepted, and the output is plain greedy decoding's."""
