@@ -32,10 +32,12 @@ from radixflow.runtime.core.request import Req
 from radixflow.runtime.core.sampler import BROKEN_ROW, filtered_probs, sample
 from radixflow.runtime.core.scheduled_batch import ScheduledBatch
 
-# Positions of a request's context the n-gram index covers when it is first built: the last
-# this many (building it costs ~1.5 µs a token, ~12 ms for the whole window on this project's CPU, once
-# per request, at its first drafted step; later tokens are added as they come, ~3 µs a step).
+# Positions of a request's context the n-gram index reaches back over: the last this many.
 NGRAM_WINDOW = 8192
+# Positions indexed per lookup at most (newest first), so a long context is indexed over several
+# steps instead of stalling one: indexing costs ~1.5 µs a position on this project's CPU (8,192
+# at once took ~12 ms, a whole SmolLM2 decode step); a step's own new tokens cost ~3 µs.
+INDEX_BUDGET = 512
 MAX_BACKOFF = 32  # the longest pause in drafting after rejections, in tokens
 
 
@@ -74,14 +76,15 @@ class NgramIndex:
     """Where each n-gram (n in [min_n, max_n]) of one request's tokens last ended.
 
     `ends[tuple]` is the largest end e (exclusive) with `tokens[e - n: e] == tuple`, over the ends
-    below `next_end`. A lookup indexes the ends below the current length first, never the
-    current suffix's own end, so what it finds is an earlier occurrence."""
+    indexed: those in [lo, next_end). A lookup indexes the ends below the current length first,
+    never the current suffix's own end, so what it finds is an earlier occurrence. An index that
+    misses occurrences costs drafts, never correctness: every draft is verified."""
 
-    __slots__ = ("ends", "next_end", "resume_at", "backoff")
+    __slots__ = ("ends", "lo", "next_end", "resume_at", "backoff")
 
     def __init__(self) -> None:
         self.ends: dict[tuple[int, ...], int] = {}
-        self.next_end = 0
+        self.lo = self.next_end = 0
         self.resume_at = 0  # no drafts while the request is shorter than this (after rejections)
         self.backoff = 0    # tokens drafting pauses for after the next fully rejected verify
 
@@ -103,7 +106,8 @@ def record_verify(req: Req, drafted: int, accepted: int) -> None:
 class NgramDrafter:
     """Prompt-lookup drafts: the k tokens after the latest earlier occurrence of the request's
     last n tokens, the longest n in [min_n, max_n] that occurred (cost per step: a few dict
-    operations per request; its first step indexes the last NGRAM_WINDOW tokens)."""
+    operations per request, and at most INDEX_BUDGET positions indexed while a long context is
+    being indexed)."""
 
     def __init__(self, num_tokens: int, min_n: int, max_n: int, max_batch: int, max_context_len: int,
                  window: int = NGRAM_WINDOW) -> None:
@@ -146,18 +150,34 @@ class NgramDrafter:
         return (seg * -(-k // len(seg)))[:k]
 
     def _index(self, req: Req, index: NgramIndex, length: int) -> None:
-        """Add the n-grams ending at each position from index.next_end (or the window's start)
-        up to, not including, `length`."""
-        start = max(index.next_end, length - self.window, self.min_n)
-        if start >= length:
-            return
-        lo = max(0, start - self.max_n)
-        ids = req.ids_range(lo, length)
+        """Bring the index up to `length`, INDEX_BUDGET ends at most for each of its two parts:
+        the new ends (the newest of them, when more came since the last lookup), then older
+        ends of the window, newest first, from where the index reaches down."""
+        if index.next_end < length:
+            start = max(index.next_end, length - INDEX_BUDGET, length - self.window)
+            if start > index.next_end:  # the new ends older than `start`: left to the backfill
+                index.lo = start
+            self._add(req, index, start, length, newest_wins=True)
+            index.next_end = length
+        floor = max(self.min_n, length - self.window)
+        if index.lo > floor:
+            lo = max(floor, index.lo - INDEX_BUDGET)
+            self._add(req, index, lo, index.lo, newest_wins=False)
+            index.lo = lo
+
+    def _add(self, req: Req, index: NgramIndex, start: int, end: int, newest_wins: bool) -> None:
+        """Index the n-grams ending at start .. end - 1: over what is there (they are newer), or
+        under it (older: an end already indexed keeps its later occurrence)."""
+        off = max(0, start - self.max_n)
+        ids = req.ids_range(off, end)
         ends = index.ends
-        for e in range(start, length):
+        for e in (range(start, end) if newest_wins else range(end - 1, start - 1, -1)):
             for n in range(self.min_n, min(self.max_n, e) + 1):
-                ends[tuple(ids[e - n - lo: e - lo])] = e
-        index.next_end = length
+                key = tuple(ids[e - n - off: e - off])
+                if newest_wins:
+                    ends[key] = e
+                else:
+                    ends.setdefault(key, e)
 
 
 def take_drafts(reqs: list[Req]) -> dict[int, list[int]]:

@@ -12,6 +12,7 @@ from radixflow.frontend.cli import build_parser
 from radixflow.runtime import Engine, EngineClient
 from radixflow.runtime.config import EngineConfig
 from radixflow.runtime.core.faults import Fault, FaultInjector
+from radixflow.runtime.core import speculative
 from radixflow.runtime.core.request import Req
 from radixflow.runtime.core.sampler import filtered_probs, sample
 from radixflow.runtime.core.speculative import (NgramDrafter, accept_sampled, can_speculate, max_drafts,
@@ -61,6 +62,18 @@ def test_the_index_grows_with_the_output_and_sees_only_its_window():
     assert drafter.draft(req, 2) == []       # (1, 2) lies before the window
     req.output_ids += [6, 1, 2]
     assert drafter.draft(req, 2) == [6, 1]   # the output's own (1, 2), indexed as it came
+
+
+def test_a_long_context_is_indexed_newest_first_a_budget_at_a_time(monkeypatch):
+    monkeypatch.setattr(speculative, "INDEX_BUDGET", 4)
+    drafter = NgramDrafter(2, 2, 2, 8, 4096, window=100)
+    req = _req([9, 8, 7, 6] + list(range(20, 40)) + [5, 4, 3, 5, 4, 9, 8])
+    assert drafter.draft(req, 2) == []        # the ends of the last 8 positions: (9, 8) is older
+    assert req.ngram.lo == len(req.prompt_ids) - 8
+    # four more positions a lookup, newest first: the sixth more reaches (9, 8) at the start
+    assert [drafter.draft(req, 2) for _ in range(6)] == [[]] * 5 + [[7, 6]]
+    req.output_ids += [5, 4]
+    assert drafter.draft(req, 2) == [9, 8]    # the latest (5, 4) wins over the older one
 
 
 def test_drafting_backs_off_after_rejections_and_resumes_on_acceptance():
