@@ -15,10 +15,10 @@ from radixflow.frontend.openai_route import Job, Prompts, finish_reason, handle,
 from radixflow.frontend.openai_sampling import Constraint
 from radixflow.frontend.openai_schemas import (
     AssistantMessage, CalledFunction, ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk,
-    ChatRequest, ChatToolCall, ChoiceLogprobs, Delta, DeltaToolCall, TokenLogprob, TopLogprob,
+    ChatRequest, ChatToolCall, ChoiceLogprobs, Delta, DeltaFunction, DeltaToolCall, TokenLogprob, TopLogprob,
 )
 from radixflow.frontend.reasoning import ChoiceParser
-from radixflow.frontend.tool_calls import Call, Parser
+from radixflow.frontend.tool_calls import Call, CallArgs, CallStart, Parser, whole
 from radixflow.frontend.tools import ToolPlan, template_tools, tool_plan
 from radixflow.runtime.sampling_params import RequestOptions
 from radixflow.runtime.text.reasoning import CLOSE, FORMATS, ReasoningParser, Thought, leaves_open
@@ -92,10 +92,10 @@ def reasoning_plan(req: ChatRequest, tools: ToolPlan, reasoning_parser: str | No
     return ChatPlan(tools, reasoning_parser, opened, req.include_reasoning, thinking)
 
 
-def _split(events: list[Any]) -> tuple[str, str, list[Call]]:
-    """(reasoning, content, calls) of parser events."""
+def _split(events: list[Any]) -> tuple[str, str, list[Any]]:
+    """(reasoning, content, call events) of parser events."""
     return ("".join(e.text for e in events if isinstance(e, Thought)), "".join(e for e in events if isinstance(e, str)),
-            [e for e in events if isinstance(e, Call)])
+            [e for e in events if isinstance(e, (CallStart, CallArgs))])
 
 
 def _saw_reasoning(parser: Any) -> bool:
@@ -111,9 +111,16 @@ class _ChoiceStream:
     def step(self, text: str, last: bool) -> tuple[str, str, list[DeltaToolCall]]:
         events = self.parser.feed(text) + (self.parser.finish() if last else [])
         thought, text, calls = _split(events)
-        out = [DeltaToolCall(index=self.calls + k, id=call_id(), function=CalledFunction(c.name, c.arguments))
-               for k, c in enumerate(calls)]
-        self.calls += len(out)
+        out: list[DeltaToolCall] = []
+        for event in calls:  # a call's start and the pieces after it in this step are one delta
+            if isinstance(event, CallStart):
+                self.calls += 1
+                out.append(DeltaToolCall(index=self.calls - 1, id=call_id(), type="function",
+                                         function=DeltaFunction(name=event.name, arguments="")))
+            elif out:
+                out[-1].function.arguments += event.text
+            else:
+                out.append(DeltaToolCall(index=self.calls - 1, function=DeltaFunction(arguments=event.text)))
         return thought, text, out
 
 
@@ -124,7 +131,8 @@ def assistant_message(plan: ChatPlan, text: str, reason: str | None) -> tuple[As
     parser = plan.parser()
     if parser is None:
         return AssistantMessage(role="assistant", content=text), reason
-    thought, content, calls = _split(parser.feed(text) + parser.finish())
+    thought, content, events = _split(parser.feed(text) + parser.finish())
+    calls = [c for c in whole(events) if isinstance(c, Call)]
     reasoning = thought if _saw_reasoning(parser) and plan.include_reasoning else None
     tool_calls = [ChatToolCall(id=call_id(), function=CalledFunction(c.name, c.arguments)) for c in calls]
     empty = not content and (calls or _saw_reasoning(parser))

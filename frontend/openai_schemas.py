@@ -259,13 +259,19 @@ class ChatCompletion(Struct, kw_only=True):
     usage: Usage | None = None
 
 
-class DeltaToolCall(Struct, kw_only=True):
-    """A whole call in one delta (radixflow gives a call out once its JSON is complete)."""
+class DeltaFunction(Struct, kw_only=True, omit_defaults=True):
+    name: str | None = None  # in the call's first delta only
+    arguments: str  # the next piece of the arguments' JSON text
+
+
+class DeltaToolCall(Struct, kw_only=True, omit_defaults=True):
+    """A piece of a streamed call, as OpenAI streams one: the first has the call's `id`, `type`
+    and `function.name`; every one has `index` and the next piece of `function.arguments`."""
 
     index: int
-    id: str
-    type: str = "function"
-    function: CalledFunction
+    id: str | None = None
+    type: str | None = None
+    function: DeltaFunction
 
 
 class Delta(Struct, omit_defaults=True):

@@ -6,26 +6,26 @@ from __future__ import annotations
 
 import msgspec
 
-from radixflow.frontend.tool_calls import Call, Parser
+from radixflow.frontend.tool_calls import Event, Parser
 from radixflow.runtime.text.reasoning import ReasoningParser, Thought, split_reasoning
 
 
 class ChoiceParser:
-    """A choice's text as Thought, content and Call events: the reasoning split off first, then
+    """A choice's text as Thought, content and call events: the reasoning split off first, then
     the content parsed for tool calls (`tools`, when the request's tool plan has a parser).
     `include` false drops the Thought pieces (vLLM's `include_reasoning`)."""
 
     def __init__(self, reasoning: ReasoningParser, tools: Parser | None, include: bool) -> None:
         self.reasoning, self._tools, self._include = reasoning, tools, include
 
-    def feed(self, text: str) -> list[Thought | str | Call]:
+    def feed(self, text: str) -> list[Thought | Event]:
         return self._route(self.reasoning.feed(text), last=False)
 
-    def finish(self) -> list[Thought | str | Call]:
+    def finish(self) -> list[Thought | Event]:
         return self._route(self.reasoning.finish(), last=True)
 
-    def _route(self, events: list[Thought | str], last: bool) -> list[Thought | str | Call]:
-        out: list[Thought | str | Call] = []
+    def _route(self, events: list[Thought | str], last: bool) -> list[Thought | Event]:
+        out: list[Thought | Event] = []
         for event in events:
             if isinstance(event, Thought):
                 if self._include:

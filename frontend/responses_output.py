@@ -13,7 +13,7 @@ from radixflow.frontend.responses_schemas import (
     CallItem, FunctionCall, IncompleteDetails, InputTokensDetails, Item, MessageItem, OutputItem, OutputMessage,
     OutputText, OutputTokensDetails, ReasoningOutput, ReasoningText, ResponseUsage, ThoughtItem,
 )
-from radixflow.frontend.tool_calls import Call, Event
+from radixflow.frontend.tool_calls import CallArgs, CallStart, Event
 from radixflow.runtime.text.reasoning import Thought
 
 
@@ -23,9 +23,9 @@ def item_id(prefix: str) -> str:
 
 class OutputItems:
     """`items` so far. Reasoning goes to the open reasoning item, text to the open message item
-    (one is opened for text after anything else); a call closes them and adds a function_call
-    item. Each method returns the stream events it makes, without sequence numbers; items in them
-    are snapshots."""
+    (one is opened for text after anything else); a call's start closes them and opens a
+    function_call item, which its argument pieces go to until anything else comes. Each method
+    returns the stream events it makes, without sequence numbers; items in them are snapshots."""
 
     def __init__(self) -> None:
         self.items: list[OutputItem] = []
@@ -34,19 +34,24 @@ class OutputItems:
         self._index = 0  # the open message's output_index
         self._reasoning: ReasoningOutput | None = None
         self._thoughts: list[str] = []  # the open reasoning item's text
+        self._call: FunctionCall | None = None
+        self._arguments: list[str] = []  # the open call's arguments so far
 
     def add(self, event: Event | Thought) -> list[dict[str, Any]]:
+        if isinstance(event, CallArgs):
+            return self._args(event.text)
+        out = self._close_call("completed")
         if isinstance(event, Thought):
-            return self._close("completed") + self._thought(event.text)
-        out = self._close_reasoning("completed")
-        if isinstance(event, Call):
-            return out + self._close("completed") + self._call(event)
+            return out + self._close("completed") + self._thought(event.text)
+        out += self._close_reasoning("completed")
+        if isinstance(event, CallStart):
+            return out + self._close("completed") + self._open_call(event.name)
         return out + (self._text(event) if event else [])
 
     def finish(self, status: str) -> list[dict[str, Any]]:
         """Close the open item with `status` (an output of nothing is one empty message)."""
         out = [] if self.items else self._open()
-        return out + self._close_reasoning(status) + self._close(status)
+        return out + self._close_reasoning(status) + self._close(status) + self._close_call(status)
 
     def _thought(self, text: str) -> list[dict[str, Any]]:
         out = []
@@ -98,17 +103,29 @@ class OutputItems:
         self._message, self._pieces = None, []
         return out
 
-    def _call(self, call: Call) -> list[dict[str, Any]]:
-        item = FunctionCall(id=item_id("fc"), call_id=item_id("call"), name=call.name, arguments="",
-                            status="in_progress")
+    def _open_call(self, name: str) -> list[dict[str, Any]]:
+        item = self._call = FunctionCall(id=item_id("fc"), call_id=item_id("call"), name=name, arguments="",
+                                         status="in_progress")
         self.items.append(item)
-        at = {"item_id": item.id, "output_index": len(self.items) - 1}
-        added = _builtins(item)
-        item.arguments, item.status = call.arguments, "completed"
-        return [{"type": "response.output_item.added", "output_index": at["output_index"], "item": added},
-                {"type": "response.function_call_arguments.delta", **at, "delta": call.arguments},
-                {"type": "response.function_call_arguments.done", **at, "arguments": call.arguments},
+        return [{"type": "response.output_item.added", "output_index": len(self.items) - 1, "item": _builtins(item)}]
+
+    def _args(self, text: str) -> list[dict[str, Any]]:
+        self._arguments.append(text)
+        return [{"type": "response.function_call_arguments.delta", **self._call_at(), "delta": text}]
+
+    def _close_call(self, status: str) -> list[dict[str, Any]]:
+        item = self._call
+        if item is None:
+            return []
+        at = self._call_at()
+        item.arguments, item.status = "".join(self._arguments), status
+        self._call, self._arguments = None, []
+        return [{"type": "response.function_call_arguments.done", **at, "arguments": item.arguments},
                 {"type": "response.output_item.done", "output_index": at["output_index"], "item": _builtins(item)}]
+
+    def _call_at(self) -> dict[str, Any]:
+        assert self._call is not None
+        return {"item_id": self._call.id, "output_index": self.items.index(self._call)}
 
     def _at(self) -> dict[str, Any]:
         assert self._message is not None

@@ -3,10 +3,11 @@
 
 The last three write their calls as a bracketed value (an object, a list) where the output starts
 (Llama 3.2: several objects, `;` between; Mistral: also after its marker). Such a value is held
-back from its opening bracket until it closes, then parsed: calls when it is valid calls of the
-tools, else content as written (an unclosed one too). Text that cannot start a call streams as
-it comes; each parser gives its content and calls through `Content` (the whitespace rules
-Hermes has).
+back from its opening bracket: the JSON formats read it as it comes (call_stream.py: a call
+starts once its name and its arguments' opening are read, and its arguments stream), pythonic
+lists are parsed when they close. A value that gave no call is content as written (an unclosed
+one too). Text that cannot start a call streams as it comes; each parser gives its content and
+calls through `Content` (the whitespace rules Hermes has).
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import json
 from collections.abc import Callable, Set
 
 from radixflow.frontend.tool_calls import (
-    Call, Content, Event, FirstCallOnly, HermesParser, Parser, call_of, parse_call, partial_tag,
+    Call, CallListReader, CallReader, Content, Event, FirstCallOnly, HermesParser, Parser, call_events, partial_tag,
 )
 
 
@@ -58,7 +59,8 @@ class _Value:
 class _ValueParser:
     """A parser as states over its buffer: `_<state>(out)` reads self._buf and returns True when
     it moved on and the next state should read. A subclass has `_start` (what the output opens
-    with) and `_calls` (a value's calls, or None when it is not calls of the tools)."""
+    with) and either `_reader` (a fresh reader of a value as it comes) or `_calls` (a closed
+    value's calls, or None when it is not calls of the tools)."""
 
     quotes = '"'  # the string quotes of the values
     after = "text"  # the state after a value that was calls
@@ -68,6 +70,8 @@ class _ValueParser:
         self._buf = ""  # text not yet given out
         self._state = "start"  # start | held (a value read on) | text | a format's own (gap, marker)
         self._value: _Value | None = None
+        self._reading: CallReader | CallListReader | None = None  # the held value's reader
+        self._fed = 0  # how much of _buf the reader was given
         self._content = Content()
 
     def feed(self, text: str) -> list[Event]:
@@ -79,6 +83,10 @@ class _ValueParser:
 
     def finish(self) -> list[Event]:
         out: list[Event] = []
+        if self._state == "held" and self._value is not None:
+            self._read_to(len(self._buf), out)
+            if self._given(self._buf[self._value.start:], out):
+                self._buf = ""  # an unfinished call (or the calls before an unfinished item)
         if self._state != "gap":  # a gap holds only a separator: dropped
             self._content.text(self._buf, out)  # an unclosed value too, as written
         self._buf, self._state = "", "text"
@@ -88,11 +96,15 @@ class _ValueParser:
     def _start(self, out: list[Event]) -> bool:
         raise NotImplementedError
 
+    def _reader(self) -> CallReader | CallListReader | None:
+        return None
+
     def _calls(self, value: str) -> list[Call] | None:
         raise NotImplementedError
 
     def _hold(self, start: int) -> None:
         self._value, self._state = _Value(start, self.quotes), "held"
+        self._reading, self._fed = self._reader(), start
 
     def _open(self, body: str, bracket: str) -> bool:
         """`body` is the buffer's tail past any whitespace (and marker): hold the value it opens
@@ -107,15 +119,46 @@ class _ValueParser:
 
     def _held(self, out: list[Event]) -> bool:
         value = self._value
+        assert value is not None
         end = value.end(self._buf)
+        self._read_to(len(self._buf) if end < 0 else end, out)
         if end < 0:
             return False
-        calls = self._calls(self._buf[value.start:end])
-        if calls is None:
+        if self._reading is None:
+            calls = self._calls(self._buf[value.start:end])
+            for call in calls or ():
+                self._content.call(call_events(call), out)
+            given = bool(calls)
+        else:
+            given = self._given(self._buf[value.start:end], out)
+        if not given:
             self._content.text(self._buf[:end], out)  # as written, with what led to it
-        for call in calls or ():
-            self._content.call(call, out)
-        self._buf, self._state = self._buf[end:], self.after if calls else "text"
+        self._buf, self._state = self._buf[end:], self.after if given else "text"
+        return True
+
+    def _read_to(self, end: int, out: list[Event]) -> None:
+        """The held value's text up to `end` to its reader."""
+        reader = self._reading
+        if reader is not None and end > self._fed and not reader.ended:
+            events, _ = reader.feed(self._buf[self._fed:end])
+            self._content.call(events, out)
+        self._fed = max(self._fed, end)
+
+    def _given(self, value: str, out: list[Event]) -> bool:
+        """Whether the read value (closed, or cut by the output's end) gave calls; the part of a
+        list after its calls that is not one (a refused item onward, an unfinished item) is
+        content as written."""
+        reader = self._reading
+        if reader is None:
+            return False
+        if isinstance(reader, CallReader):
+            return reader.started
+        if not reader.calls:
+            return False
+        item = reader.item
+        at = reader.refused_at if reader.refused else (reader.item_at if item and not item.started else -1)
+        if at >= 0:
+            self._content.text(value[at:], out)
         return True
 
     def _text(self, out: list[Event]) -> bool:
@@ -130,8 +173,8 @@ PYTHON_TAG = "<|python_tag|>"
 class Llama3JsonParser(_ValueParser):
     """Llama 3.1 / 3.2: the output is `{"name": ..., "parameters": {...}}` ("arguments" taken too),
     after an optional `<|python_tag|>`; Llama 3.2 separates several calls with `;`. Each object
-    is a call as soon as it closes. Output that does not start with an object is content; so is
-    the first object that is not a call of the tools, and everything after it."""
+    is read as it comes (CallReader). Output that does not start with an object is content; so
+    is the first object that gives no call, and everything after it."""
 
     after = "gap"
 
@@ -143,9 +186,8 @@ class Llama3JsonParser(_ValueParser):
             return False  # nothing yet, or maybe the tag
         return self._open(body, "{")
 
-    def _calls(self, value: str) -> list[Call] | None:
-        call = parse_call(value, self.names, ("parameters", "arguments"))
-        return None if call is None else [call]
+    def _reader(self) -> CallReader:
+        return CallReader(self.names, ("parameters", "arguments"))
 
     def _gap(self, out: list[Event]) -> bool:
         """After a call: `;` and the next object, or the rest as content."""
@@ -171,8 +213,9 @@ class MistralParser(_ValueParser):
     """Mistral: `[TOOL_CALLS]` and a JSON list of {"name", "arguments"} objects, after content or
     none. `[TOOL_CALLS]` is a special token, dropped from the text unless the request sets
     skip_special_tokens false, so a list that starts the output is read as calls too. The list is
-    given whole when it closes: all calls, or content as written when any item is not a call of
-    the tools. Text after it is content (and may hold another marker)."""
+    read as it comes (CallListReader): its items are calls until one is not a call of the tools,
+    which with the rest of the list is content as written (the whole list when no call came
+    before it). Text after it is content (and may hold another marker)."""
 
     def _start(self, out: list[Event]) -> bool:
         body = self._buf.lstrip()
@@ -207,15 +250,8 @@ class MistralParser(_ValueParser):
             self._buf, self._state = self._buf[len(TOOL_CALLS):], "text"
         return True
 
-    def _calls(self, value: str) -> list[Call] | None:
-        try:
-            items = json.loads(value)
-        except (ValueError, RecursionError):
-            return None
-        if not isinstance(items, list) or not items:
-            return None
-        calls = [call_of(item, self.names) for item in items]
-        return None if None in calls else calls
+    def _reader(self) -> CallListReader:
+        return CallListReader(self.names)
 
 
 class PythonicParser(_ValueParser):

@@ -8,7 +8,7 @@ from text_pieces import every_split  # noqa: E402  (tests/frontend is on sys.pat
 
 from radixflow.frontend.reasoning import ChoiceParser
 from radixflow.runtime.text.reasoning import FORMATS, ReasoningParser, Thought, check_reasoning_parser, split_reasoning
-from radixflow.frontend.tool_calls import Call, HermesParser
+from radixflow.frontend.tool_calls import Call, HermesParser, call_events, whole
 
 
 def split(parser, parts):
@@ -20,7 +20,7 @@ def split(parser, parts):
     assert all(e != "" and e != Thought("") for e in events), events  # nothing empty is given out
     thought = "".join(e.text for e in events if isinstance(e, Thought))
     content = "".join(e for e in events if isinstance(e, str))
-    calls = [e for e in events if isinstance(e, Call)]
+    calls = [e for e in whole(events) if isinstance(e, Call)]
     block = parser.saw_block if isinstance(parser, ReasoningParser) else parser.reasoning.saw_block
     return thought, content, calls, block
 
@@ -78,7 +78,8 @@ def test_response_items_in_the_order_of_the_events():
     from radixflow.frontend.responses_schemas import CallItem, MessageItem, ThoughtItem
 
     items = OutputItems()
-    frames = [f for e in (Thought("a"), Thought("b"), "Sure.", Call("add", "{}"), "Done.") for f in items.add(e)]
+    events = (Thought("a"), Thought("b"), "Sure.", *call_events(Call("add", "{}")), "Done.")
+    frames = [f for e in events for f in items.add(e)]
     frames += items.finish("completed")
     assert [i.__struct_config__.tag for i in items.items] == ["reasoning", "message", "function_call", "message"]
     assert items.items[0].content[0].text == "ab" and items.items[0].status == "completed"

@@ -133,12 +133,15 @@ def test_required_call_streams_as_a_function_call_item(oai):
     events = list(oai.responses.create(model=MODEL_NAME, input="Weather?", tools=TOOLS, tool_choice="required",
                                        parallel_tool_calls=False, temperature=0, stream=True))
     kinds = [e.type for e in events]
-    assert kinds == ["response.created", "response.in_progress", "response.output_item.added",
-                     "response.function_call_arguments.delta", "response.function_call_arguments.done",
-                     "response.output_item.done", "response.completed"]
-    added, delta, done, item_done, completed = events[2:]
+    deltas = kinds.count("response.function_call_arguments.delta")
+    assert deltas > 2 and kinds == ["response.created", "response.in_progress", "response.output_item.added",
+                                     *["response.function_call_arguments.delta"] * deltas,
+                                     "response.function_call_arguments.done", "response.output_item.done",
+                                     "response.completed"]
+    added, *pieces, done, item_done, completed = events[2:]
     assert added.item.type == "function_call" and added.item.status == "in_progress"
-    assert delta.delta == done.arguments == item_done.item.arguments and delta.item_id == added.item.id
+    assert "".join(p.delta for p in pieces) == done.arguments == item_done.item.arguments
+    assert {p.item_id for p in pieces} == {added.item.id}
     jsonschema.validate(json.loads(done.arguments), WEATHER)
     assert completed.response.output[0].call_id == added.item.call_id
 
@@ -261,13 +264,15 @@ def test_the_store_keeps_the_most_recently_used():
 
 def test_text_after_a_call_opens_a_new_message_item():
     from radixflow.frontend.responses_output import OutputItems
-    from radixflow.frontend.tool_calls import Call
+    from radixflow.frontend.tool_calls import CallArgs, CallStart
 
     output = OutputItems()
-    events = [e for step in ("Let me check.", Call("get_weather", '{"city": "Rome"}'), "Done", " now")
-              for e in output.add(step)] + output.finish("completed")
+    steps = ("Let me check.", CallStart("get_weather"), CallArgs('{"city": '), CallArgs('"Rome"}'), "Done", " now")
+    events = [e for step in steps for e in output.add(step)] + output.finish("completed")
     first, call, last = output.items
     assert [first.content[0].text, call.name, last.content[0].text] == ["Let me check.", "get_weather", "Done now"]
+    assert call.arguments == '{"city": "Rome"}' and [e["delta"] for e in events if e["type"].endswith("arguments.delta")] \
+        == ['{"city": ', '"Rome"}']
     assert first.status == call.status == last.status == "completed"
     assert [(e["type"], e["output_index"]) for e in events if e["type"].startswith("response.output_item")] == [
         ("response.output_item.added", 0), ("response.output_item.done", 0), ("response.output_item.added", 1),

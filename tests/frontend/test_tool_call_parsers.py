@@ -12,7 +12,9 @@ from text_pieces import every_split  # noqa: E402  (tests/frontend is on sys.pat
 from radixflow.frontend.tool_call_formats import (
     PARSERS, Llama3JsonParser, MistralParser, PythonicParser, auto_parser,
 )
-from radixflow.frontend.tool_calls import Call, FirstCallOnly, HermesParser, JsonCallsParser
+from radixflow.frontend.tool_calls import (
+    Call, CallArgs, CallStart, FirstCallOnly, HermesParser, JsonCallsParser, whole,
+)
 
 NAMES = frozenset({"get_weather", "add"})
 
@@ -25,9 +27,10 @@ def run(parser, pieces):
 
 
 def merged(events):
-    """Adjacent text events joined: the content a client reassembles."""
+    """Each call's start and argument pieces folded into a Call, and adjacent text events joined:
+    what a client reassembles."""
     out = []
-    for e in events:
+    for e in whole(events):
         if isinstance(e, str) and out and isinstance(out[-1], str):
             out[-1] += e
         else:
@@ -50,9 +53,20 @@ CASES = [
      'Hi<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>x', ["Hi", WEATHER, "x"]),
     ("no separator before text when nothing came before the calls",
      ' <tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>\n x ', [WEATHER, "x"]),
-    ("malformed JSON stays content",
-     '<tool_call>{"name": "add", "arguments": {</tool_call>',
-     ['<tool_call>{"name": "add", "arguments": {</tool_call>']),
+    ("JSON that breaks before the call starts stays content",
+     '<tool_call>{"name": "add" "arguments": {}}</tool_call>',
+     ['<tool_call>{"name": "add" "arguments": {}}</tool_call>']),
+    ("JSON that breaks after the call started ends its arguments there (the rest of the block is dropped)",
+     '<tool_call>{"name": "add", "arguments": {"a": NaN}}</tool_call> ok', [Call("add", '{"a": '), "ok"]),
+    ("a block closed early leaves the arguments unfinished",
+     '<tool_call>{"name": "add", "arguments": {</tool_call>', [Call("add", "{")]),
+    ("arguments before the name come out when the name is read",
+     '<tool_call>{"arguments": {"a": 1}, "name": "add"}</tool_call>', [Call("add", '{"a": 1}')]),
+    ("whitespace outside strings takes canonical spacing; a raw newline in a string is escaped",
+     '<tool_call>{"name":"add","arguments":{\n  "a" :1,"s":"x\ny" ,"l":[ 1 ,{ } ]}}</tool_call>',
+     [Call("add", '{"a": 1, "s": "x\\ny", "l": [1, {}]}')]),
+    ("text after the object in the block is dropped",
+     '<tool_call>{"name": "add", "arguments": {"a": 1}}}</tool_call>', [Call("add", '{"a": 1}')]),
     ("an unknown tool stays content", '<tool_call>{"name": "rm", "arguments": {}}</tool_call>',
      ['<tool_call>{"name": "rm", "arguments": {}}</tool_call>']),
     ("arguments that are not an object stay content",
@@ -62,8 +76,10 @@ CASES = [
     ("missing arguments are {}", '<tool_call>{"name": "add"}</tool_call>', [Call("add", "{}")]),
     ("an unclosed last call that parses is a call", '<tool_call>{"name": "add", "arguments": {"a": 1}}',
      [Call("add", '{"a": 1}')]),
-    ("an unclosed call that does not parse is content", 'x <tool_call>{"name": "add", "argu',
+    ("an unclosed call that did not start is content", 'x <tool_call>{"name": "add", "argu',
      ['x <tool_call>{"name": "add", "argu']),
+    ("an unclosed call that started keeps its unfinished arguments", 'x <tool_call>{"name": "add", "arguments": {"a',
+     ["x", Call("add", '{"a')]),
     ("whitespace-only text is kept when there is no call", "  \n", ["  \n"]),
 ]
 
@@ -79,42 +95,46 @@ def test_hermes_streams_plain_text_and_holds_back_only_a_possible_tag():
     assert parser.feed("Hi there <tool") == ["Hi there"]  # " <tool" could start a call
     assert parser.feed("box> ok") == [" <toolbox> ok"]
     assert parser.feed("<tool_call>{") == []
-    assert parser.feed('"name": "add"}</tool_call>') == [Call("add", "{}")]
+    assert whole(parser.feed('"name": "add"}</tool_call>')) == [Call("add", "{}")]
     assert parser.finish() == []
 
 
 def test_hermes_arguments_are_compact_json_text_with_unicode_kept():
-    [call] = run(HermesParser(NAMES), ['<tool_call>{"name":"get_weather","arguments":{"city":"Zürich"}}</tool_call>'])
+    [call] = whole(run(HermesParser(NAMES), ['<tool_call>{"name":"get_weather","arguments":{"city":"Zürich"}}</tool_call>']))
     assert json.loads(call.arguments) == {"city": "Zürich"} and "Zürich" in call.arguments
 
 
 REQUIRED = '[{"name":"get_weather","arguments":{"city":"Paris"}},{"name":"add","arguments":{"a":1,"b":"}]"}}]'
 
 
-def test_required_array_gives_each_call_when_its_object_closes():
+def test_required_array_streams_each_call_from_its_arguments_opening():
     parser = JsonCallsParser(NAMES)
-    close = REQUIRED.index("},{")  # the first call's closing brace
-    assert parser.feed(REQUIRED[:close]) == []
-    assert parser.feed(REQUIRED[close:close + 1]) == [WEATHER]
-    assert parser.feed(REQUIRED[close + 1:-2]) == []  # "}]" inside a string closes nothing
-    assert parser.feed(REQUIRED[-2:]) == [Call("add", '{"a": 1, "b": "}]"}')]
-    assert parser.finish() == []
+    opening = REQUIRED.index('{"city"')
+    assert parser.feed(REQUIRED[:opening]) == []
+    assert parser.feed(REQUIRED[opening:opening + 8]) == [CallStart("get_weather"), CallArgs('{"city": ')]
+    assert parser.feed(REQUIRED[opening + 8:opening + 12]) == [CallArgs('"Par')]
+    close = REQUIRED.index("},{")
+    assert parser.feed(REQUIRED[opening + 12:close + 1]) == [CallArgs('is"}')]
+    assert whole(parser.feed(REQUIRED[close + 1:]) + parser.finish()) == [Call("add", '{"a": 1, "b": "}]"}')]
     for pieces in every_split(REQUIRED):
-        assert run(JsonCallsParser(NAMES), pieces) == [WEATHER, Call("add", '{"a": 1, "b": "}]"}')], pieces
+        assert whole(run(JsonCallsParser(NAMES), pieces)) == [WEATHER, Call("add", '{"a": 1, "b": "}]"}')], pieces
 
 
 def test_required_cut_short_leaves_the_rest_as_content():
     close = REQUIRED.index("},{")
     text = REQUIRED[:close + 12]
     for pieces in every_split(text):
-        assert run(JsonCallsParser(NAMES), pieces) == [WEATHER, text[close + 1:]], pieces
+        assert whole(run(JsonCallsParser(NAMES), pieces)) == [WEATHER, text[close + 1:]], pieces
     assert run(JsonCallsParser(NAMES), ['[{"na']) == ['[{"na']
+    cut = REQUIRED[:REQUIRED.index("Paris") + 3]  # inside a started call: its arguments stay unfinished
+    assert whole(run(JsonCallsParser(NAMES), [cut])) == [Call("get_weather", '{"city": "Par')]
 
 
 def test_named_function_output_is_its_arguments():
     for pieces in every_split('{"a":1,"b":{"c":"\\"}"}}'):
-        assert run(JsonCallsParser(NAMES, name="add"), pieces) == [Call("add", '{"a": 1, "b": {"c": "\\"}"}}')]
-    assert run(JsonCallsParser(NAMES, name="add"), ['{"a":']) == ['{"a":']
+        assert whole(run(JsonCallsParser(NAMES, name="add"), pieces)) == [Call("add", '{"a": 1, "b": {"c": "\\"}"}}')]
+    assert whole(run(JsonCallsParser(NAMES, name="add"), ['{"a":'])) == [Call("add", '{"a": ')]
+    assert run(JsonCallsParser(NAMES, name="add"), [' x']) == [' x']
 
 
 ADD1 = Call("add", '{"a": 1}')
@@ -129,7 +149,10 @@ LLAMA = [
     ("whitespace around, text after", ' \n{"name": "add", "parameters": {"a": 1}}\nDone. ', [ADD1, "Done."]),
     ("missing parameters are {}", '{"name": "add"}', [Call("add", "{}")]),
     ("an unknown tool stays content", '{"name": "rm", "parameters": {}}', ['{"name": "rm", "parameters": {}}']),
-    ("malformed JSON stays content", '{"name": "add", "parameters": {]}', ['{"name": "add", "parameters": {]}']),
+    ("malformed JSON before the call starts stays content", '{"name": "add", "parameters" {]}',
+     ['{"name": "add", "parameters" {]}']),
+    ("malformed JSON after the call started ends its arguments", '{"name": "add", "parameters": {]} ok',
+     [Call("add", "{"), "ok"]),
     ("parameters that are not an object stay content", '{"name": "add", "parameters": [1]}',
      ['{"name": "add", "parameters": [1]}']),
     ("an unfinished object stays content", '<|python_tag|>{"name": "add", "param',
@@ -156,9 +179,14 @@ MISTRAL = [
     ("brackets in strings", '[TOOL_CALLS][{"name": "add", "arguments": {"s": "]\\"["}}]',
      [Call("add", '{"s": "]\\"["}')]),
     ("text after the calls", '[TOOL_CALLS][{"name": "add"}]\n done', [Call("add", "{}"), "done"]),
-    ("one unknown tool leaves the whole list content",
-     '[TOOL_CALLS][{"name": "add", "arguments": {"a": 1}}, {"name": "rm", "arguments": {}}]',
-     ['[TOOL_CALLS][{"name": "add", "arguments": {"a": 1}}, {"name": "rm", "arguments": {}}]']),
+    ("an unknown tool first leaves the whole list content",
+     '[TOOL_CALLS][{"name": "rm", "arguments": {}}, {"name": "add", "arguments": {"a": 1}}]',
+     ['[TOOL_CALLS][{"name": "rm", "arguments": {}}, {"name": "add", "arguments": {"a": 1}}]']),
+    ("an unknown tool after calls is content, with the rest of the list",
+     '[TOOL_CALLS][{"name": "add", "arguments": {"a": 1}}, {"name": "rm", "arguments": {}}] x',
+     [ADD1, '{"name": "rm", "arguments": {}}] x']),
+    ("an unfinished item after calls is content", '[TOOL_CALLS][{"name": "add", "arguments": {"a": 1}}, {"na',
+     [ADD1, '{"na']),
     ("an empty list stays content", "[TOOL_CALLS][]", ["[TOOL_CALLS][]"]),
     ("a list of other values stays content", "[1, 2] and [3]", ["[1, 2] and [3]"]),
     ("a bare list after text is content", 'x [{"name": "add", "arguments": {"a": 1}}]',
@@ -166,8 +194,10 @@ MISTRAL = [
     ("the marker before something else stays content", "[TOOL_CALLS] hello", ["[TOOL_CALLS] hello"]),
     ("an unfinished list stays content", 'ok [TOOL_CALLS][{"name": "add", "argu',
      ['ok [TOOL_CALLS][{"name": "add", "argu']),
-    ("malformed JSON stays content", '[TOOL_CALLS][{"name": "add", "arguments": {]}]',
-     ['[TOOL_CALLS][{"name": "add", "arguments": {]}]']),
+    ("malformed JSON before a call starts stays content", '[TOOL_CALLS][{"name": "add", "arguments" {]}]',
+     ['[TOOL_CALLS][{"name": "add", "arguments" {]}]']),
+    ("malformed JSON after a call started ends its arguments and the list",
+     '[TOOL_CALLS][{"name": "add", "arguments": {]}, {"name": "add"}] ok', [Call("add", "{"), "ok"]),
 ]
 
 PYTHONIC = [
@@ -222,9 +252,9 @@ def test_plain_text_streams_once_it_cannot_be_a_call():
     assert llama.feed(" more") == [" more"]
     mistral = MistralParser(NAMES)
     assert mistral.feed("[TOOL") == [] and merged(mistral.feed("S] x [TO")) == ["[TOOLS] x"]
-    assert mistral.feed("OL_CALLS][") == [] and mistral.feed('{"name": "add"}]') == [Call("add", "{}")]
+    assert mistral.feed("OL_CALLS][") == [] and whole(mistral.feed('{"name": "add"}]')) == [Call("add", "{}")]
     pythonic = PythonicParser(NAMES)
-    assert pythonic.feed("[add(a=1)") == [] and pythonic.feed("] ok") == [ADD1, "ok"]
+    assert pythonic.feed("[add(a=1)") == [] and whole(pythonic.feed("] ok")) == [ADD1, "ok"]
     assert pythonic.feed(" go") == [" go"]
 
 
@@ -254,20 +284,23 @@ def test_parallel_tool_calls_false_keeps_the_first_call_only(kind, text, expecte
         assert merged(run(FirstCallOnly(kind(NAMES)), pieces)) == expected, pieces
     name = next(n for n, k in PARSERS.items() if k is kind)
     assert merged(run(auto_parser(name, NAMES, parallel=False), [text])) == expected
-    assert len([e for e in run(auto_parser(name, NAMES, parallel=True), [text]) if isinstance(e, Call)]) == 2
+    assert len([e for e in whole(run(auto_parser(name, NAMES, parallel=True), [text])) if isinstance(e, Call)]) == 2
 
 
-NOT_JSON = [  # Python's json reads NaN and Infinity (and 1e999 as inf); JSON has neither
-    (HermesParser, '<tool_call>{"name": "add", "arguments": {"a": NaN}}</tool_call>', None),
-    (HermesParser, '<tool_call>{"name": "add", "arguments": {"a": 1e999}}</tool_call>', None),
-    (Llama3JsonParser, '{"name": "add", "parameters": {"a": -Infinity}}', None),
-    (MistralParser, '[TOOL_CALLS][{"name": "add", "arguments": {"a": Infinity}}]', None),
-    (JsonCallsParser, '[{"name": "add", "arguments": {"a": NaN}}]', '{"name": "add", "arguments": {"a": NaN}}'),
-    (lambda names: JsonCallsParser(names, name="add"), '{"a": NaN}', None),
+BREAKS = [  # after the call started: its arguments end where the JSON broke (NaN and Infinity are not JSON)
+    (HermesParser, '<tool_call>{"name": "add", "arguments": {"a": NaN}}</tool_call>', '{"a": '),
+    (Llama3JsonParser, '{"name": "add", "parameters": {"a": -Infinity}}', '{"a": -'),
+    (MistralParser, '[TOOL_CALLS][{"name": "add", "arguments": {"a": Infinity}}, {"name": "add"}]', '{"a": '),
+    (JsonCallsParser, '[{"name": "add", "arguments": {"a": NaN}}]', '{"a": '),
+    (lambda names: JsonCallsParser(names, name="add"), '{"a": NaN}', '{"a": '),
 ]
 
 
-@pytest.mark.parametrize("kind,text,content", NOT_JSON)
-def test_arguments_json_cannot_hold_stay_content(kind, text, content):
-    """A call's arguments are always JSON text: a call whose values JSON has no words for is content."""
-    assert merged(run(kind(NAMES), [text])) == [content or text]
+@pytest.mark.parametrize("kind,text,arguments", BREAKS)
+def test_arguments_that_break_end_there(kind, text, arguments):
+    """A started call is never taken back: what was given of its arguments is the call's, a valid
+    start of JSON, and the rest of the call (and of its list) is dropped."""
+    for pieces in every_split(text):
+        assert merged(run(kind(NAMES), pieces)) == [Call("add", arguments)], pieces
+    assert merged(run(HermesParser(NAMES), ['<tool_call>{"name": "add", "arguments": {"a": 1e999}}</tool_call>'])) \
+        == [Call("add", '{"a": 1e999}')]  # a number JSON can write, however large

@@ -128,8 +128,9 @@ def test_required_keeps_refs_to_the_tools_own_root(client):
         assert json.loads(out["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"]) == {"v": 7, "w": 7}
     outs = _chat(client, tools=[_fn("tree", parameters=tree)], tool_choice="required", max_tokens=60, n=4,
                  temperature=1.0)["choices"]
-    for choice in outs:
-        for call in choice["message"].get("tool_calls") or []:
+    for choice in outs:  # cut by max_tokens, the last call's arguments may be unfinished
+        calls = choice["message"].get("tool_calls") or []
+        for call in calls[:-1] if choice["finish_reason"] == "length" else calls:
             jsonschema.validate(json.loads(call["function"]["arguments"]), tree)
     r = client.post("/v1/chat/completions", json={**BASE, "tools": [_fn("f", parameters={"type": "object", "$defs": 5})],
                                                    "tool_choice": "required"})
@@ -221,17 +222,25 @@ def _stream(client, body):
     return [json.loads(e) for e in events[:-1]]
 
 
-def _reassemble(chunks):
-    """Per choice: content, tool calls and finish_reason as a client rebuilds them from deltas."""
-    out = {}
+def _reassemble(chunks, pieces=None):
+    """Per choice: content, tool calls and finish_reason as a client rebuilds them from deltas
+    (`pieces`: per choice, how many deltas each call came in)."""
+    out, pieces = {}, {} if pieces is None else pieces
     for chunk in chunks:
         for c in chunk["choices"]:
             choice = out.setdefault(c["index"], {"content": "", "tool_calls": [], "finish_reason": None})
             choice["content"] += c["delta"].get("content") or ""
             for call in c["delta"].get("tool_calls", []):
-                assert call["index"] == len(choice["tool_calls"]) and call["id"].startswith("call_")
-                assert call["type"] == "function" and set(call["function"]) == {"name", "arguments"}
-                choice["tool_calls"].append(call["function"])
+                if "id" in call:  # a call's first delta: its id, type and name
+                    assert call["index"] == len(choice["tool_calls"]) and call["id"].startswith("call_")
+                    assert call["type"] == "function" and set(call["function"]) == {"name", "arguments"}
+                    choice["tool_calls"].append(dict(call["function"]))
+                    pieces.setdefault(c["index"], []).append(1)
+                else:  # the next piece of the last call's arguments
+                    assert call["index"] == len(choice["tool_calls"]) - 1 and set(call) == {"index", "function"}
+                    assert set(call["function"]) == {"arguments"} and call["function"]["arguments"]
+                    choice["tool_calls"][-1]["arguments"] += call["function"]["arguments"]
+                    pieces[c["index"]][-1] += 1
             choice["finish_reason"] = c["finish_reason"] or choice["finish_reason"]
     return out
 
@@ -239,20 +248,28 @@ def _reassemble(chunks):
 @pytest.mark.parametrize("extra", [
     {"tool_choice": "required", "parallel_tool_calls": False}, {"tool_choice": NAMED},
     {"regex": re.escape(FORCED), "max_tokens": 200}, {"regex": re.escape(FORCED), "max_tokens": 200, "n": 2},
-    {"tool_choice": "required", "max_tokens": 40},
-], ids=["required", "named", "auto", "auto-n2", "required-cut-short"])
+    {"tool_choice": "required", "max_tokens": 40}, {"tool_choice": "required", "max_tokens": 24},
+], ids=["required", "named", "auto", "auto-n2", "required-cut-short", "required-cut-in-arguments"])
 def test_streamed_calls_equal_the_whole_response(client, extra):
     body = {**BASE, **extra}
     whole = _chat(client, **extra)["choices"]
-    streamed = _reassemble(_stream(client, body))
+    pieces = {}
+    streamed = _reassemble(_stream(client, body), pieces)
     for choice in whole:
         message = choice["message"]
         expected = {"content": message["content"] or "", "finish_reason": choice["finish_reason"],
                     "tool_calls": [c["function"] for c in message.get("tool_calls") or []]}
         assert streamed[choice["index"]] == expected
         assert expected["tool_calls"]
-    if extra.get("max_tokens") == 40:  # cut inside the second call: its start is content
+        if "regex" not in extra:  # (a forced text comes in one step) the arguments stream: a call's
+            assert min(pieces[choice["index"]]) > 1, pieces  # name comes with their opening, the rest after
+    if extra.get("max_tokens") == 40:  # cut before the second call's arguments opened: its start is content
         assert whole[0]["finish_reason"] == "length" and whole[0]["message"]["content"].startswith(',{"name":"')
+    if extra.get("max_tokens") == 24:  # cut inside arguments that had started: they stay unfinished
+        message = whole[0]["message"]
+        assert whole[0]["finish_reason"] == "length" and message["content"] is None, message
+        with pytest.raises(json.JSONDecodeError):
+            json.loads(message["tool_calls"][-1]["function"]["arguments"])
 
 
 def test_n2_parses_each_choice(client):
@@ -292,6 +309,8 @@ def test_openai_client_parses_calls_and_sends_them_back(oai, engine):
                                                 tool_choice="required", parallel_tool_calls=False,
                                                 temperature=0, stream=True))
     deltas = [d for chunk in streamed for d in chunk.choices[0].delta.tool_calls or []]
-    assert len(deltas) == 1 and json.loads(deltas[0].function.arguments)
+    assert deltas[0].id.startswith("call_") and deltas[0].function.name in ("get_weather", "add")
+    assert len(deltas) > 2 and all(d.index == 0 and d.id is None and d.function.name is None for d in deltas[1:])
+    assert json.loads("".join(d.function.arguments for d in deltas))
     assert streamed[-1].choices[0].finish_reason == "tool_calls"
 
