@@ -93,19 +93,36 @@ class CallReader:
     def feed(self, text: str) -> tuple[list[Event], int]:
         """The events `text` makes, and how much of it was read (all of it unless the reading ended)."""
         out: list[Event] = []
-        for i, c in enumerate(text):
-            if self.ended:
-                return joined(out), i
-            self._read(c, out)
-        return joined(out), len(text)
+        i = 0
+        while i < len(text) and not self.ended:
+            end = self._json.plain(text, i)
+            if end > i:  # a run inside a string: no token ends in it
+                self._take(text[i:end], out)
+                i = end
+            elif self._read(text[i], out):
+                i += 1
+        return joined(out), i
 
-    def _read(self, c: str, out: list[Event]) -> None:
+    def _read(self, c: str, out: list[Event]) -> bool:
+        """Read `c`; False when it breaks the JSON (it is not read: it is where what follows starts)."""
         reader = self._json
         piece = reader.step(c)
         if piece is None:
             self.broken, self.refused = self.started, not self.started
-            return
-        member = reader.member
+            return False
+        self._take(piece, out)
+        if self.refused:
+            return True
+        if not self.started and self.name is not None and (self._args_at != "none" or reader.done):
+            self.started = True
+            out += [CallStart(self.name), CallArgs("".join(self._args) or "{}")]
+        elif reader.done and not self.started:
+            self.refused = True
+        return True
+
+    def _take(self, piece: str, out: list[Event]) -> None:
+        """A read piece to the name or the arguments, as the member it is in says."""
+        reader, member = self._json, self._json.member
         if reader.member_value and member == "name" and self._name is not None:
             self._name.append(piece)
             if reader.member_closed:
@@ -126,13 +143,6 @@ class CallReader:
                     self._args_at = "closed"
         elif reader.member_closed and member == "name" and self._name is not None:
             self._read_name()  # a number ends only at what follows it
-        if self.refused:
-            return
-        if not self.started and self.name is not None and (self._args_at != "none" or reader.done):
-            self.started = True
-            out += [CallStart(self.name), CallArgs("".join(self._args) or "{}")]
-        elif reader.done and not self.started:
-            self.refused = True
 
     def _read_name(self) -> None:
         text, self._name = "".join(self._name or ()), None
@@ -169,7 +179,13 @@ class CallListReader:
     def refused(self) -> bool:
         return self.state == "refused"
 
-    def feed(self, text: str) -> tuple[list[Event], int]:
+    @property
+    def broken(self) -> bool:
+        return self.state == "broken"
+
+    def feed(self, text: str, one: bool = False) -> tuple[list[Event], int]:
+        """The events `text` makes and how much of it was read; `one`: read one character, or
+        while an item is being read, up to that item's end."""
         out: list[Event] = []
         i = 0
         while i < len(text) and not self.ended:
@@ -179,9 +195,11 @@ class CallListReader:
                 self.calls += sum(isinstance(e, CallStart) for e in events)
                 i, self.read = i + used, self.read + used
                 self._item_read()
-                continue
-            self._step(text[i])
-            i, self.read = i + 1, self.read + 1
+            else:
+                self._step(text[i])
+                i, self.read = i + 1, self.read + 1
+            if one:
+                break
         return out, i
 
     def _step(self, c: str) -> None:

@@ -12,6 +12,7 @@ its next character shows it is valid.
 from __future__ import annotations
 
 import json
+import re
 
 WHITESPACE = " \t\n\r"
 CLOSING = {"{": "}", "[": "]"}
@@ -19,6 +20,7 @@ SIMPLE_ESCAPES = '"\\/bfnrt'
 CONTROL_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t", "\b": "\\b", "\f": "\\f"}
 HEX = "0123456789abcdefABCDEF"
 LITERALS = {"t": "rue", "f": "alse", "n": "ull"}
+PLAIN = re.compile(r'[^"\\\x00-\x1f]+')  # string characters that are their own canonical text
 # A number's states: what was read last; ACCEPT: states where the number may end.
 NUMBER_STEPS = {
     ("start", "-"): "sign", ("start", "0"): "zero", ("sign", "0"): "zero",
@@ -76,6 +78,17 @@ class JsonReader:
             self.member_value = self._in_member
         piece = getattr(self, "_on_" + self.state)(c)
         return self._fail() if piece is None else piece
+
+    def plain(self, text: str, at: int) -> int:
+        """Inside a value's string: read the run of plain characters of `text` from `at` at once
+        (what `step` would give each as it is); where the run ends (`at` when there is none)."""
+        if self.state != "string" or self._in_key:
+            return at
+        run = PLAIN.match(text, at)
+        if run is None:
+            return at
+        self.member_value, self.key_char, self.member_closed = self._in_member, False, False
+        return run.end()
 
     def _fail(self) -> None:
         self.state = "error"

@@ -71,7 +71,8 @@ class _ValueParser:
         self._state = "start"  # start | held (a value read on) | text | a format's own (gap, marker)
         self._value: _Value | None = None
         self._reading: CallReader | CallListReader | None = None  # the held value's reader
-        self._fed = 0  # how much of _buf the reader was given
+        self._fed = 0  # how much of _buf the reader read
+        self._value_at = 0  # where in _buf the held value starts
         self._content = Content()
 
     def feed(self, text: str) -> list[Event]:
@@ -83,10 +84,13 @@ class _ValueParser:
 
     def finish(self) -> list[Event]:
         out: list[Event] = []
-        if self._state == "held" and self._value is not None:
-            self._read_to(len(self._buf), out)
-            if self._given(self._buf[self._value.start:], out):
-                self._buf = ""  # an unfinished call (or the calls before an unfinished item)
+        reader = self._reading if self._state == "held" else None
+        if reader is not None:  # the output ended inside the value
+            if reader.broken:
+                self._buf = self._buf[self._fed:]  # the value never closed: the text after the break
+            elif _calls_given(reader):  # a call cut short, or the calls before an unfinished item
+                item = reader.item if isinstance(reader, CallListReader) else None
+                self._buf = "" if item is None or item.started else self._buf[self._value_at + reader.item_at:]
         if self._state != "gap":  # a gap holds only a separator: dropped
             self._content.text(self._buf, out)  # an unclosed value too, as written
         self._buf, self._state = "", "text"
@@ -104,7 +108,7 @@ class _ValueParser:
 
     def _hold(self, start: int) -> None:
         self._value, self._state = _Value(start, self.quotes), "held"
-        self._reading, self._fed = self._reader(), start
+        self._reading, self._fed, self._value_at = self._reader(), start, start
 
     def _open(self, body: str, bracket: str) -> bool:
         """`body` is the buffer's tail past any whitespace (and marker): hold the value it opens
@@ -118,53 +122,47 @@ class _ValueParser:
         return True
 
     def _held(self, out: list[Event]) -> bool:
-        value = self._value
+        value, reader = self._value, self._reading
         assert value is not None
-        end = value.end(self._buf)
-        self._read_to(len(self._buf) if end < 0 else end, out)
-        if end < 0:
-            return False
-        if self._reading is None:
+        if reader is None:  # read whole when it closes
+            end = value.end(self._buf)
+            if end < 0:
+                return False
             calls = self._calls(self._buf[value.start:end])
             for call in calls or ():
                 self._content.call(call_events(call), out)
-            given = bool(calls)
-        else:
-            given = self._given(self._buf[value.start:end], out)
-        if not given:
-            self._content.text(self._buf[:end], out)  # as written, with what led to it
-        self._buf, self._state = self._buf[end:], self.after if given else "text"
-        return True
-
-    def _read_to(self, end: int, out: list[Event]) -> None:
-        """The held value's text up to `end` to its reader."""
-        reader = self._reading
-        if reader is not None and end > self._fed and not reader.ended:
-            events, _ = reader.feed(self._buf[self._fed:end])
+            return self._after(end, bool(calls), out)
+        if not reader.ended:
+            events, used = reader.feed(self._buf[self._fed:])
             self._content.call(events, out)
-        self._fed = max(self._fed, end)
+            self._fed += used
+            if not reader.ended:
+                return False
+        if reader.broken:  # the rest of the value is dropped, once it closes
+            end = value.end(self._buf)
+            return end >= 0 and self._after(end, True, out)
+        given = _calls_given(reader)
+        if isinstance(reader, CallListReader) and reader.refused and given:  # the rest is content, as written
+            self._content.text(self._buf[self._value_at + reader.refused_at:self._fed], out)
+            self._buf, self._state = self._buf[self._fed:], "text"
+            return True
+        return self._after(self._fed, given and not reader.refused, out)
 
-    def _given(self, value: str, out: list[Event]) -> bool:
-        """Whether the read value (closed, or cut by the output's end) gave calls; the part of a
-        list after its calls that is not one (a refused item onward, an unfinished item) is
-        content as written."""
-        reader = self._reading
-        if reader is None:
-            return False
-        if isinstance(reader, CallReader):
-            return reader.started
-        if not reader.calls:
-            return False
-        item = reader.item
-        at = reader.refused_at if reader.refused else (reader.item_at if item and not item.started else -1)
-        if at >= 0:
-            self._content.text(value[at:], out)
+    def _after(self, end: int, given: bool, out: list[Event]) -> bool:
+        """The value ended before _buf[end]: it gave calls, or it is content as written."""
+        if not given:
+            self._content.text(self._buf[:end], out)  # with what led to it
+        self._buf, self._state = self._buf[end:], self.after if given else "text"
         return True
 
     def _text(self, out: list[Event]) -> bool:
         self._content.text(self._buf, out)
         self._buf = ""
         return False
+
+
+def _calls_given(reader: CallReader | CallListReader) -> bool:
+    return reader.started if isinstance(reader, CallReader) else reader.calls > 0
 
 
 PYTHON_TAG = "<|python_tag|>"
@@ -190,14 +188,15 @@ class Llama3JsonParser(_ValueParser):
         return CallReader(self.names, ("parameters", "arguments"))
 
     def _gap(self, out: list[Event]) -> bool:
-        """After a call: `;` and the next object, or the rest as content."""
+        """After a call: `;` and the next object, or the rest as content (with the `;`, unless
+        only whitespace follows it)."""
         body = self._buf.lstrip()
         if body.startswith(";"):
-            body = body[1:].lstrip()
-            if not body:
+            after = body[1:].lstrip()
+            if not after:
                 return False
-            self._buf = body
-            if body[0] == "{":
+            if after[0] == "{":
+                self._buf = after
                 self._hold(0)
                 return True
         elif not body:

@@ -80,70 +80,85 @@ class Content:
 
 class HermesParser:
     """`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, any number, anywhere in the text
-    (Qwen2.5 and Hermes models). A block's object is read as it comes (CallReader): the call
-    starts once its name and the opening of its arguments are read, and its arguments stream from
-    there; text in the block after the object is dropped. A block refused before its call started
-    (not JSON, an unknown tool, arguments that are not an object), or left unclosed before it
-    started, stays content as written. Content is trimmed where calls were (see `Content`)."""
+    (Qwen2.5 and Hermes models). A block's object is read as it comes (CallReader), so a closing
+    tag inside one of its strings is the string's. The call starts once its name and the opening of
+    its arguments are read, and its arguments stream from there; the block ends at the closing tag
+    after its object, or where text other than that tag follows the object. A block refused before
+    its call started (not JSON, an unknown tool, arguments that are not an object) is content as
+    written from the moment it is refused, and so is one the output ended inside before its call
+    started. After JSON that broke in a started call, the text up to the closing tag is dropped;
+    without one (a new block opens, or the output ends), that text is content. Content is
+    trimmed where calls were (see `Content`)."""
 
     def __init__(self, names: Set[str]) -> None:
         self.names = names
-        self._buf = ""  # text not yet given out: a possible tag start, or a block's body so far
+        self._buf = ""  # text not yet given out: a possible tag start, or the open block's text
         self._reader: CallReader | None = None  # the open block's, None outside blocks
-        self._read = 0  # in a block: how much of _buf the reader was given
-        self._searched = 0  # in a block: where the search for CLOSE goes on (each text is scanned once)
+        self._read = 0  # in a block: how much of _buf its reader read
         self._content = Content()
 
     def feed(self, text: str) -> list[Event]:
         self._buf += text
         out: list[Event] = []
-        while True:
-            if self._reader is not None:
-                end = self._buf.find(CLOSE, self._searched)
-                if end < 0:
-                    self._searched = max(0, len(self._buf) - len(CLOSE) + 1)
-                    self._give(len(self._buf) - partial_tag(self._buf, CLOSE), out)
-                    return out
-                self._give(end, out)
-                payload, self._buf = self._buf[:end], self._buf[end + len(CLOSE):]
-                self._block(OPEN + payload + CLOSE, out)
-            else:
-                start = self._buf.find(OPEN)
-                if start < 0:
-                    keep = len(self._buf) - partial_tag(self._buf, OPEN)
-                    self._content.text(self._buf[:keep], out)
-                    self._buf = self._buf[keep:]
-                    return out
-                self._content.text(self._buf[:start], out)
-                self._buf = self._buf[start + len(OPEN):]
-                self._reader, self._read, self._searched = CallReader(self.names), 0, 0
+        while self._step(out):
+            pass
+        return out
 
     def finish(self) -> list[Event]:
         out: list[Event] = []
-        if self._reader is not None:
-            self._give(len(self._buf), out)
-            self._block(OPEN + self._buf, out)
-        else:
+        reader, rest = self._reader, self._buf[self._read:]
+        if reader is None:
             self._content.text(self._buf, out)
-        self._buf = ""
+        elif not reader.started:
+            self._content.text(OPEN + self._buf, out)  # as written
+        elif reader.broken or (reader.ended and not CLOSE.startswith(rest.strip())):
+            self._content.text(rest, out)  # no closing tag came after the break (or the object)
+        self._buf, self._reader = "", None
         self._content.finish(out)
         return out
 
-    def _give(self, end: int, out: list[Event]) -> None:
-        """The block's text up to `end` to its reader."""
+    def _step(self, out: list[Event]) -> bool:
+        """One move on _buf; False when more text is needed."""
         reader = self._reader
-        assert reader is not None
-        if end > self._read and not reader.ended:
-            events, _ = reader.feed(self._buf[self._read:end])
+        if reader is None:
+            start = self._buf.find(OPEN)
+            if start < 0:
+                keep = len(self._buf) - partial_tag(self._buf, OPEN)
+                self._content.text(self._buf[:keep], out)
+                self._buf = self._buf[keep:]
+                return False
+            self._content.text(self._buf[:start], out)
+            self._buf, self._reader, self._read = self._buf[start + len(OPEN):], CallReader(self.names), 0
+            return True
+        if not reader.ended:
+            events, used = reader.feed(self._buf[self._read:])
             self._content.call(events, out)
-        self._read = max(self._read, end)
+            self._read += used
+            if not reader.ended:
+                return False
+        rest = self._buf[self._read:]
+        if reader.refused:  # as written; what follows is text again
+            self._content.text(OPEN + self._buf[:self._read], out)
+            return self._end(self._read)
+        if reader.broken:
+            close, again = rest.find(CLOSE), rest.find(OPEN)
+            if close >= 0 and (again < 0 or close < again):
+                return self._end(self._read + close + len(CLOSE))  # the block's rest is dropped
+            if again >= 0:
+                self._content.text(rest[:again], out)
+                return self._end(self._read + again)
+            return False
+        body = rest.lstrip()  # the object closed
+        if body.startswith(CLOSE):
+            return self._end(len(self._buf) - len(body) + len(CLOSE))
+        if not body or CLOSE.startswith(body):
+            return False
+        return self._end(self._read)  # no closing tag: what follows is text
 
-    def _block(self, raw: str, out: list[Event]) -> None:
-        """The block ended (its closing tag, or the output's end)."""
-        reader, self._reader = self._reader, None
-        assert reader is not None
-        if not reader.started:
-            self._content.text(raw, out)
+    def _end(self, at: int) -> bool:
+        """The open block ends before _buf[at]."""
+        self._buf, self._reader = self._buf[at:], None
+        return True
 
 
 class FirstCallOnly:
@@ -191,10 +206,10 @@ class JsonCallsParser:
         i = 0
         while i < len(text) and not self._refused:
             if self._list is not None:
-                self._feed_list(text[i], out)
+                i += self._feed_list(text[i:], out)
             else:
                 self._feed_arguments(text[i], out)
-            i += 1
+                i += 1
         if self._refused and (rest := self._held + text[i:]):
             out.append(rest)  # the rest of the output, as written
             self._held = ""
@@ -204,21 +219,23 @@ class JsonCallsParser:
         rest, self._held = self._held, ""
         return [rest] if rest.strip(" \t\n[],") and not self._refused else []
 
-    def _feed_list(self, c: str, out: list[Event]) -> None:
+    def _feed_list(self, text: str, out: list[Event]) -> int:
+        """Read a character of `text`, or a started call's arguments up to their end; how much was read."""
         reader = self._list
         assert reader is not None
         if reader.ended and not reader.refused:
-            return  # after the list (the grammar ends there), or after a call that broke
+            return len(text)  # after the list (the grammar ends there), or after a call that broke
         writing = reader.item is not None and reader.item.started
-        events, _ = reader.feed(c)
+        events, used = reader.feed(text, one=True)
         if reader.refused:
-            self._held += c
+            self._held += text[:used]
             self._refused = True
         elif any(isinstance(e, CallStart) for e in events):
             self._held = ""  # the list's syntax and the object's opening are the call
         elif not writing:
-            self._held += c
+            self._held += text[:used]
         out += events
+        return used
 
     def _feed_arguments(self, c: str, out: list[Event]) -> None:
         reader = self._args

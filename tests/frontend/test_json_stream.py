@@ -69,8 +69,8 @@ def test_hermes_arguments_stream_while_the_block_is_open():
     parser = HermesParser(frozenset({"write"}))
     assert parser.feed('<tool_call>\n{"name": "write", "arguments": {"path": "a.py", "code": "def f') == [
         CallStart("write"), CallArgs('{"path": "a.py", "code": "def f')]
-    assert parser.feed("():\n    return 1 <") == [CallArgs("():\\n    return 1 ")]  # "<" may start the closing tag
-    assert parser.feed('2"}}\n</tool_call>') == [CallArgs('<2"}')]  # the second brace closes the call object
+    assert parser.feed("():\n    return 1 <") == [CallArgs("():\\n    return 1 <")]  # in a string: not a tag
+    assert parser.feed('2"}}\n</tool_call>') == [CallArgs('2"}')]  # the second brace closes the call object
     assert parser.finish() == []
 
 

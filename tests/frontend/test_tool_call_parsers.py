@@ -39,6 +39,7 @@ def merged(events):
 
 
 WEATHER = Call("get_weather", '{"city": "Paris"}')
+ADD1 = Call("add", '{"a": 1}')
 CASES = [
     ("plain text, no call", "Hello <b>world</b> <tool", ["Hello <b>world</b> <tool"]),
     ("one call", '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>', [WEATHER]),
@@ -65,8 +66,8 @@ CASES = [
     ("whitespace outside strings takes canonical spacing; a raw newline in a string is escaped",
      '<tool_call>{"name":"add","arguments":{\n  "a" :1,"s":"x\ny" ,"l":[ 1 ,{ } ]}}</tool_call>',
      [Call("add", '{"a": 1, "s": "x\\ny", "l": [1, {}]}')]),
-    ("text after the object in the block is dropped",
-     '<tool_call>{"name": "add", "arguments": {"a": 1}}}</tool_call>', [Call("add", '{"a": 1}')]),
+    ("text after the object ends the block: it is content",
+     '<tool_call>{"name": "add", "arguments": {"a": 1}}}</tool_call>', [Call("add", '{"a": 1}'), "}</tool_call>"]),
     ("an unknown tool stays content", '<tool_call>{"name": "rm", "arguments": {}}</tool_call>',
      ['<tool_call>{"name": "rm", "arguments": {}}</tool_call>']),
     ("arguments that are not an object stay content",
@@ -81,6 +82,17 @@ CASES = [
     ("an unclosed call that started keeps its unfinished arguments", 'x <tool_call>{"name": "add", "arguments": {"a',
      ["x", Call("add", '{"a')]),
     ("whitespace-only text is kept when there is no call", "  \n", ["  \n"]),
+    ("a call without its closing tag ends with its object: text and calls after it are read",
+     '<tool_call>{"name": "add", "arguments": {"a": 1}}\nok <tool_call>{"name": "get_weather", "arguments": '
+     '{"city": "Paris"}}</tool_call> bye', [ADD1, "ok", WEATHER, " bye"]),
+    ("the closing tag inside a JSON string is the string's",
+     '<tool_call>{"name": "add", "arguments": {"s": "</tool_call>"}}</tool_call> ok',
+     [Call("add", '{"s": "</tool_call>"}'), "ok"]),
+    ("broken JSON with no closing tag after it: the text after the break is content",
+     '<tool_call>{"name": "add", "arguments": {"a": NaN and more', [Call("add", '{"a": '), "NaN and more"]),
+    ("a block broken before a new block: the text between is content",
+     '<tool_call>{"name": "add", "arguments": {"a": x <tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>',
+     [Call("add", '{"a": '), "x", ADD1]),
 ]
 
 
@@ -137,7 +149,6 @@ def test_named_function_output_is_its_arguments():
     assert run(JsonCallsParser(NAMES, name="add"), [' x']) == [' x']
 
 
-ADD1 = Call("add", '{"a": 1}')
 LLAMA = [
     ("plain text, no call", "Sure, it is {sunny} today; ok", ["Sure, it is {sunny} today; ok"]),
     ("one call with parameters", '{"name": "get_weather", "parameters": {"city": "Paris"}}', [WEATHER]),
@@ -163,6 +174,9 @@ LLAMA = [
      '{"name": "add", "parameters": {"a": 1}}; {"name": "rm", "parameters": {}} x',
      [ADD1, '{"name": "rm", "parameters": {}} x']),
     ("a trailing ; is dropped", '{"name": "add", "parameters": {"a": 1}};\n', [ADD1]),
+    ("a ; before text stays content", '{"name": "add", "parameters": {"a": 1}}; bye', [ADD1, "; bye"]),
+    ("broken JSON that never closes: the text after the break is content",
+     '{"name": "add", "parameters": {"a": [}} Then prose', [Call("add", '{"a": ['), "}} Then prose"]),
     ("the tag before something else stays content", "<|python_tag|>print(1)", ["<|python_tag|>print(1)"]),
     ("a partial tag stays content", "<|python", ["<|python"]),
     ("whitespace-only text is kept", "  \n", ["  \n"]),
@@ -246,7 +260,15 @@ def test_pythonic(text, expected):
 
 
 def test_plain_text_streams_once_it_cannot_be_a_call():
-    """Each format holds back only what may still become a call."""
+    """Each format holds back only what may still become a call: a refused object or list is
+    content as soon as it is refused, not when it closes."""
+    hermes = HermesParser(NAMES)
+    assert merged(hermes.feed('<tool_call>{"name": "rm",')) == ['<tool_call>{"name": "rm",']
+    assert hermes.feed(' "arguments": {}} and prose') == [' "arguments": {}} and prose']
+    llama = Llama3JsonParser(NAMES)
+    assert merged(llama.feed("{Note:")) == ["{Note:"] and llama.feed(" more") == [" more"]
+    mistral = MistralParser(NAMES)
+    assert merged(mistral.feed("[Note:")) == ["[Note:"] and mistral.feed(" more") == [" more"]
     llama = Llama3JsonParser(NAMES)
     assert llama.feed(" <|py") == [] and llama.feed("thon") == [] and llama.feed("n") == [" <|pythonn"]
     assert llama.feed(" more") == [" more"]
