@@ -16,7 +16,7 @@ import json
 from collections.abc import Callable, Set
 
 from radixflow.frontend.tool_calls import (
-    Call, CallListReader, CallReader, Content, Event, FirstCallOnly, HermesParser, Parser, call_events, partial_tag,
+    Call, CallListReader, CallReader, Content, Event, FirstCallOnly, HermesParser, Parser, call_events,
 )
 
 
@@ -133,9 +133,7 @@ class _ValueParser:
                 self._content.call(call_events(call), out)
             return self._after(end, bool(calls), out)
         if not reader.ended:
-            events, used = reader.feed(self._buf[self._fed:])
-            self._content.call(events, out)
-            self._fed += used
+            self._fed += self._content.read(reader, self._buf[self._fed:], out)
             if not reader.ended:
                 return False
         if reader.broken:  # the rest of the value is dropped, once it closes
@@ -227,15 +225,10 @@ class MistralParser(_ValueParser):
         return True
 
     def _text(self, out: list[Event]) -> bool:
-        at = self._buf.find(TOOL_CALLS)
-        if at < 0:
-            keep = len(self._buf) - partial_tag(self._buf, TOOL_CALLS)
-            self._content.text(self._buf[:keep], out)
-            self._buf = self._buf[keep:]
-            return False
-        self._content.text(self._buf[:at], out)
-        self._buf, self._state = self._buf[at:], "marker"
-        return True
+        self._buf, found = self._content.until(self._buf, TOOL_CALLS, out)
+        if found:
+            self._state = "marker"
+        return found
 
     def _marker(self, out: list[Event]) -> bool:
         """The buffer starts with the marker: a list follows, or the marker is content."""

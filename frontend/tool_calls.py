@@ -50,6 +50,21 @@ class Content:
             else:
                 out.append(event)
 
+    def read(self, reader: CallReader | CallListReader, text: str, out: list[Event]) -> int:
+        """Feed `text` to `reader`, its events through `call`; how much of `text` it read."""
+        events, used = reader.feed(text)
+        self.call(events, out)
+        return used
+
+    def until(self, buf: str, tag: str, out: list[Event]) -> tuple[str, bool]:
+        """`buf`'s text before `tag` given as text; (the rest: from the tag, or what may start it;
+        whether the tag is there)."""
+        at = buf.find(tag)
+        if at < 0:
+            at = len(buf) - partial_tag(buf, tag)
+        self.text(buf[:at], out)
+        return buf[at:], buf.startswith(tag, at)
+
     def _start(self, start: CallStart, out: list[Event]) -> None:
         out.append(start)
         self.calls += 1
@@ -121,19 +136,12 @@ class HermesParser:
         """One move on _buf; False when more text is needed."""
         reader = self._reader
         if reader is None:
-            start = self._buf.find(OPEN)
-            if start < 0:
-                keep = len(self._buf) - partial_tag(self._buf, OPEN)
-                self._content.text(self._buf[:keep], out)
-                self._buf = self._buf[keep:]
-                return False
-            self._content.text(self._buf[:start], out)
-            self._buf, self._reader, self._read = self._buf[start + len(OPEN):], CallReader(self.names), 0
-            return True
+            self._buf, found = self._content.until(self._buf, OPEN, out)
+            if found:
+                self._buf, self._reader, self._read = self._buf[len(OPEN):], CallReader(self.names), 0
+            return found
         if not reader.ended:
-            events, used = reader.feed(self._buf[self._read:])
-            self._content.call(events, out)
-            self._read += used
+            self._read += self._content.read(reader, self._buf[self._read:], out)
             if not reader.ended:
                 return False
         rest = self._buf[self._read:]
