@@ -1,5 +1,6 @@
 """The call formats tool_choice "auto" can parse (`radixflow serve --tool-call-parser`): Hermes
-(tool_calls.py), Llama 3 JSON, Mistral `[TOOL_CALLS]` and pythonic lists.
+(tool_calls.py), Llama 3 JSON, Mistral `[TOOL_CALLS]`, pythonic lists and Qwen3-Coder's XML
+(xml_calls.py).
 
 The last three write their calls as a bracketed value (an object, a list) where the output starts
 (Llama 3.2: several objects, `;` between; Mistral: also after its marker). Such a value is held
@@ -13,8 +14,9 @@ from __future__ import annotations
 
 import ast
 import json
-from collections.abc import Callable, Set
+from collections.abc import Callable, Mapping, Set
 
+from radixflow.frontend.xml_calls import Qwen3CoderParser
 from radixflow.frontend.tool_calls import (
     Call, CallListReader, CallReader, Content, Event, FirstCallOnly, HermesParser, Parser, call_events,
 )
@@ -286,6 +288,7 @@ def python_calls(source: str, names: Set[str]) -> list[Call] | None:
 
 PARSERS: dict[str, Callable[[Set[str]], Parser]] = {
     "hermes": HermesParser, "llama3_json": Llama3JsonParser, "mistral": MistralParser, "pythonic": PythonicParser,
+    "qwen3_coder": Qwen3CoderParser,
 }
 
 
@@ -295,8 +298,10 @@ def check_parser_name(name: str) -> str:
     return name
 
 
-def auto_parser(name: str, names: Set[str], parallel: bool) -> Parser:
+def auto_parser(name: str, names: Set[str], parallel: bool, strings: Mapping[str, Set[str]] | None = None) -> Parser:
     """A fresh parser of format `name` (a PARSERS key) for one choice's text under tool_choice
-    "auto"; with `parallel` false it gives the first call only."""
-    parser = PARSERS[check_parser_name(name)](names)
+    "auto"; with `parallel` false it gives the first call only. `strings`: per tool, its
+    string-typed parameters (the formats whose values are raw text need them)."""
+    factory = PARSERS[check_parser_name(name)]
+    parser = Qwen3CoderParser(names, strings) if factory is Qwen3CoderParser else factory(names)
     return parser if parallel else FirstCallOnly(parser)

@@ -13,7 +13,8 @@ a named function, compiled like any json_schema (one grammar per distinct tool s
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
@@ -22,6 +23,7 @@ from radixflow.frontend.errors import APIError
 from radixflow.frontend.openai_schemas import ChatRequest, NamedToolChoice, Tool
 from radixflow.frontend.openai_sampling import Constraint, constraint_fields
 from radixflow.frontend.tool_call_formats import auto_parser
+from radixflow.frontend.xml_calls import string_parameters
 from radixflow.frontend.tool_calls import JsonCallsParser, Parser
 
 _NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")  # OpenAI's rule for function names
@@ -39,11 +41,12 @@ class ToolPlan:
     constraint: Constraint | None = None  # required / named
     call_format: str = "hermes"  # auto: the server's --tool-call-parser
     parallel: bool = True  # auto: parallel_tool_calls not false (else the first call only)
+    strings: Mapping[str, frozenset[str]] = field(default_factory=dict)  # auto: string-typed parameters per tool
 
     def parser(self) -> Parser | None:
         """A fresh parser for one choice's text; None when the text is plain content."""
         if self.mode == "auto":
-            return auto_parser(self.call_format, self.names, self.parallel)
+            return auto_parser(self.call_format, self.names, self.parallel, self.strings)
         if self.mode in ("required", "named"):
             return JsonCallsParser(self.names, self.named)
         return None
@@ -79,7 +82,9 @@ def tool_plan(req: ChatRequest, limits: Any, supports_grammar: bool, call_format
     if choice == "none":
         return ToolPlan("none", names)
     if choice is None or choice == "auto":
-        return ToolPlan("auto", names, call_format=call_format, parallel=req.parallel_tool_calls is not False)
+        strings = string_parameters({t.function.name: t.function.parameters for t in req.tools})
+        return ToolPlan("auto", names, call_format=call_format, parallel=req.parallel_tool_calls is not False,
+                        strings=strings)
     if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
         raise APIError(400, f"tool_choice names the function {choice.function.name!r}, which is not "
                        "among the tools", param="tool_choice")

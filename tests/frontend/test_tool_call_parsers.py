@@ -12,6 +12,7 @@ from text_pieces import every_split  # noqa: E402  (tests/frontend is on sys.pat
 from radixflow.frontend.tool_call_formats import (
     PARSERS, Llama3JsonParser, MistralParser, PythonicParser, auto_parser,
 )
+from radixflow.frontend.xml_calls import Qwen3CoderParser
 from radixflow.frontend.tool_calls import (
     Call, CallArgs, CallStart, FirstCallOnly, HermesParser, JsonCallsParser, whole,
 )
@@ -237,6 +238,68 @@ PYTHONIC = [
 ]
 
 
+def _xml(name, **params):
+    body = "".join(f"<parameter={k}>\n{v}\n</parameter>\n" for k, v in params.items())
+    return f"<tool_call>\n<function={name}>\n{body}</function>\n</tool_call>"
+
+
+STRINGS = {"get_weather": frozenset({"city"}), "add": frozenset()}
+QWEN3_CODER = [
+    ("plain text, no call", "Hello <function=add> <tool", ["Hello <function=add> <tool"]),
+    ("one call: a string parameter, a number", _xml("get_weather", city="Paris"), [WEATHER]),
+    ("text around calls", "Let me check.\n" + _xml("get_weather", city="Paris") + "\n" + _xml("add", a=1) + "\nDone.",
+     ["Let me check.", WEATHER, ADD1, "\nDone."]),
+    ("a multi-line string keeps its inner newlines and quotes",
+     _xml("get_weather", city='line 1\n  "line" 2\n'), [Call("get_weather", '{"city": "line 1\\n  \\"line\\" 2\\n"}')]),
+    ("values that are not typed strings are JSON when they are JSON, else strings",
+     _xml("add", a="[1, {\"b\" :null}]", b="true", c="2.50", d="Rome", e="NaN"),
+     [Call("add", '{"a": [1, {"b": null}], "b": true, "c": 2.50, "d": "Rome", "e": "NaN"}')]),
+    ("no parameters", "<tool_call><function=add></function></tool_call>", [Call("add", "{}")]),
+    ("a missing </function> is forgiven", "<tool_call><function=add><parameter=a>1</parameter></tool_call> ok",
+     [ADD1, "ok"]),
+    ("an unknown tool stays content", _xml("rm", path="/"), [_xml("rm", path="/")]),
+    ("a block that is not a function stays content", "<tool_call>{\"name\": \"add\"}</tool_call>",
+     ["<tool_call>{\"name\": \"add\"}</tool_call>"]),
+    ("text in a call breaks it: its rest is dropped up to the closing tag",
+     "<tool_call><function=add><parameter=a>1</parameter>oops</function></tool_call> ok", [Call("add", '{"a": 1'), "ok"]),
+    ("an unclosed call that started keeps its unfinished arguments",
+     "x <tool_call><function=get_weather><parameter=city>\nPar", ["x", Call("get_weather", '{"city": "Par')]),
+    ("an unfinished function tag is content", "x <tool_call><function=ad", ["x <tool_call><function=ad"]),
+]
+
+
+@pytest.mark.parametrize("text,expected", [c[1:] for c in QWEN3_CODER], ids=[c[0] for c in QWEN3_CODER])
+def test_qwen3_coder(text, expected):
+    for pieces in every_split(text):
+        assert merged(run(Qwen3CoderParser(NAMES, STRINGS), pieces)) == expected, pieces
+
+
+def test_qwen3_coder_streams_string_values_while_they_are_written():
+    parser = Qwen3CoderParser(NAMES, STRINGS)
+    assert parser.feed("<tool_call>\n<function=get_weather>\n<parameter=city>\nPa") == [
+        CallStart("get_weather"), CallArgs("{"), CallArgs('"city": "'), CallArgs("Pa")]
+    assert parser.feed("ris\n") == [CallArgs("ris")]  # the newline may be the layout before </parameter>
+    assert parser.feed("\n</param") == [CallArgs("\\n")]
+    assert parser.feed('eter>\n<parameter=days>\n2') == [CallArgs('"'), CallArgs(', "days": ')]
+    assert parser.feed("\n</parameter>\n</function>\n</tool_call>") == [CallArgs("2"), CallArgs("}")]
+
+
+def test_qwen3_coder_types_come_from_the_tools_schemas():
+    """A request's string-typed parameters stay strings even when they read as JSON; others are JSON."""
+    import msgspec
+
+    from radixflow.frontend.openai_schemas import ChatRequest
+    from radixflow.frontend.tools import tool_plan
+
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
+        "s": {"type": "string"}, "n": {"type": ["string", "null"]}, "i": {"type": "integer"}, "e": {"enum": [1]}}}}}
+    req = msgspec.convert({"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": [tool]}, ChatRequest)
+    plan = tool_plan(req, None, True, "qwen3_coder")
+    assert plan.strings == {"f": frozenset({"s", "n"})}
+    text = "<tool_call><function=f>" + "".join(f"<parameter={k}>\n123\n</parameter>" for k in "snie") + "</function></tool_call>"
+    assert merged(run(plan.parser(), [text])) == [Call("f", '{"s": "123", "n": "123", "i": 123, "e": 123}')]
+
+
 def _cases(cases):
     return pytest.mark.parametrize("text,expected", [c[1:] for c in cases], ids=[c[0] for c in cases])
 
@@ -281,10 +344,10 @@ def test_plain_text_streams_once_it_cannot_be_a_call():
 
 
 def test_parsers_by_flag_name():
-    assert set(PARSERS) == {"hermes", "llama3_json", "mistral", "pythonic"}
+    assert set(PARSERS) == {"hermes", "llama3_json", "mistral", "pythonic", "qwen3_coder"}
     assert isinstance(auto_parser("mistral", NAMES, parallel=True), MistralParser)
     with pytest.raises(ValueError, match="--tool-call-parser must be one of hermes, llama3_json, mistral, "
-                                         "pythonic; got 'qwen'"):
+                                         "pythonic, qwen3_coder; got 'qwen'"):
         auto_parser("qwen", NAMES, parallel=True)
 
 
@@ -296,6 +359,7 @@ ONE_CALL = [
     (MistralParser, '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "add"}] ok',
      [WEATHER, "ok"]),
     (PythonicParser, '[get_weather(city="Paris"), add(a=1)]', [WEATHER]),
+    (Qwen3CoderParser, _xml("get_weather", city="Paris") + " B " + _xml("add", a=1), [WEATHER, "B"]),
 ]
 
 

@@ -175,6 +175,9 @@ TWO_CALLS = {
     "mistral": ('Checking. [TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Rome", "days": 2}}, '
                 '{"name": "add", "arguments": {"a": 3}}]', "Checking."),
     "pythonic": ('[get_weather(city="Rome", days=2), add(a=3)]', None),
+    "qwen3_coder": ("Checking.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nRome\n</parameter>\n"
+                    "<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=add>\n"
+                    "<parameter=a>\n3\n</parameter>\n</function>\n</tool_call>", "Checking."),
 }
 
 
