@@ -88,9 +88,10 @@ def test_generate_stream_interval(client):
     with client.stream("POST", "/generate", json=body) as r:
         chunks = _sse(r)
     counts = [c["meta_info"]["completion_tokens"] for c in chunks]
-    # the first output goes at once; outputs that reach the consumer together (a loaded machine:
-    # the engine a step ahead) make one chunk, so the first may hold two or three, never a whole interval
-    assert 1 <= counts[0] < 4 and counts[-1] == 13 and len(chunks) <= 5, counts
+    # the first output goes at once, but outputs that reach the consumer together make one chunk: on a
+    # loaded machine the engine runs steps ahead of the HTTP thread (CI once saw [5, 9, 13]), so the
+    # first chunk's size is timing; the interval between the later ones is not
+    assert counts[0] >= 1 and counts[-1] == 13 and len(chunks) <= 5, counts
     assert all(b - a >= 4 for a, b in zip(counts, counts[1:-1])), counts
     assert sum(len(c["meta_info"]["output_token_logprobs"]) for c in chunks) == 13
     whole = client.post("/generate", json={**body, "stream": False}).json()
