@@ -1,6 +1,6 @@
 """The call formats tool_choice "auto" can parse (`radixflow serve --tool-call-parser`): Hermes
-(tool_calls.py), Llama 3 JSON, Mistral `[TOOL_CALLS]`, pythonic lists and Qwen3-Coder's XML
-(xml_calls.py).
+(tool_calls.py), Llama 3 JSON, Mistral `[TOOL_CALLS]`, pythonic lists, and the XML-like blocks of
+Qwen3-Coder and GLM-4.5 / 4.7 (xml_calls.py).
 
 The last three write their calls as a bracketed value (an object, a list) where the output starts
 (Llama 3.2: several objects, `;` between; Mistral: also after its marker). Such a value is held
@@ -16,7 +16,7 @@ import ast
 import json
 from collections.abc import Callable, Mapping, Set
 
-from radixflow.frontend.xml_calls import Qwen3CoderParser
+from radixflow.frontend.xml_calls import Glm45Parser, Qwen3CoderParser
 from radixflow.frontend.tool_calls import (
     Call, CallListReader, CallReader, Content, Event, FirstCallOnly, HermesParser, Parser, call_events,
 )
@@ -288,8 +288,9 @@ def python_calls(source: str, names: Set[str]) -> list[Call] | None:
 
 PARSERS: dict[str, Callable[[Set[str]], Parser]] = {
     "hermes": HermesParser, "llama3_json": Llama3JsonParser, "mistral": MistralParser, "pythonic": PythonicParser,
-    "qwen3_coder": Qwen3CoderParser,
+    "qwen3_coder": Qwen3CoderParser, "glm45": Glm45Parser, "glm47": Glm45Parser,
 }
+TYPED = (Qwen3CoderParser, Glm45Parser)  # the formats whose values are raw text: they need the parameters' types
 
 
 def check_parser_name(name: str) -> str:
@@ -303,5 +304,5 @@ def auto_parser(name: str, names: Set[str], parallel: bool, strings: Mapping[str
     "auto"; with `parallel` false it gives the first call only. `strings`: per tool, its
     string-typed parameters (the formats whose values are raw text need them)."""
     factory = PARSERS[check_parser_name(name)]
-    parser = Qwen3CoderParser(names, strings) if factory is Qwen3CoderParser else factory(names)
+    parser = factory(names, strings) if factory in TYPED else factory(names)
     return parser if parallel else FirstCallOnly(parser)

@@ -1,5 +1,5 @@
-"""Qwen3-Coder's tool calls (`--tool-call-parser qwen3_coder`): XML-like blocks whose parameter
-values are raw text, turned into a JSON arguments object as they are written.
+"""Tool calls in XML-like blocks whose parameter values are raw text, turned into a JSON
+arguments object as they are written: Qwen3-Coder's (`--tool-call-parser qwen3_coder`)
 
     <tool_call>
     <function=get_weather>
@@ -9,16 +9,25 @@ values are raw text, turned into a JSON arguments object as they are written.
     </function>
     </tool_call>
 
-A call starts once `<function=NAME>` names one of the tools, and its arguments open with it. A
+and GLM-4.5's and 4.7's (`glm45`, `glm47`)
+
+    <tool_call>get_weather
+    <arg_key>city</arg_key>
+    <arg_value>Paris</arg_value>
+    </tool_call>
+
+A call starts once its function names one of the tools, and its arguments open with it. A
 parameter whose schema type is "string" streams as a JSON string while it is written; any other
-value is read when its `</parameter>` comes: as JSON when it is JSON, else as a string. One newline
-after `<parameter=KEY>` and one before `</parameter>` belong to the layout, not the value. A block
-that does not open with a tool's `<function=...>` is content as written; after a call started,
-text that is not a parameter or a closing tag ends its arguments there and the rest of the block
-is dropped (content when no closing tag comes), as in the JSON formats (call_stream.py).
+value is read when its closing tag comes: as JSON when it is JSON (or a Python literal JSON can
+hold), else as a string. Whitespace around a value is layout, not value (Qwen3-Coder: one newline
+each side; GLM: all of it). A block that does not open with a tool's function is content as
+written; after a call started, text that is not a parameter or a closing tag ends its arguments
+there and the rest of the block is dropped (content when no closing tag comes), as in the JSON
+formats (call_stream.py).
 """
 from __future__ import annotations
 
+import ast
 import json
 from collections.abc import Mapping, Set
 
@@ -28,6 +37,7 @@ from radixflow.runtime.text.reasoning import partial_tag
 
 FUNCTION, PARAMETER = "<function=", "<parameter="
 END_FUNCTION, END_PARAMETER = "</function>", "</parameter>"
+ARG_KEY, END_ARG_KEY, ARG_VALUE, END_ARG_VALUE = "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"
 MAX_NAME = 256  # characters of a function or parameter name: past that, no name is coming
 
 
@@ -49,21 +59,31 @@ def _escaped(text: str) -> str:
 
 
 def _json_value(text: str) -> str:
-    """A parameter that is not typed a string: its JSON in canonical spacing when it is JSON,
-    else the text as a JSON string."""
+    """A parameter that is not typed a string: its JSON in canonical spacing when it is JSON, else
+    the Python literal's JSON when it is one JSON can hold (`True`, `{'a': 1}`), else the text as
+    a JSON string."""
     reader, pieces = JsonReader(), []
     for c in text.strip() + " ":  # the space ends a bare number
         piece = reader.step(c)
         if piece is None:
-            return json.dumps(text, ensure_ascii=False)
+            break
         pieces.append(piece)
-    return "".join(pieces) if reader.done and text.strip() else json.dumps(text, ensure_ascii=False)
+    if reader.done and text.strip():
+        return "".join(pieces)
+    try:
+        return json.dumps(ast.literal_eval(text.strip()), ensure_ascii=False, allow_nan=False)
+    except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError):
+        return json.dumps(text, ensure_ascii=False)
 
 
-class Qwen3CoderParser:
-    """`<tool_call><function=NAME><parameter=KEY>value</parameter>...</function></tool_call>`
-    blocks, any number, anywhere in the text (Qwen3-Coder). `strings`: per tool, its string-typed
-    parameters (streamed as they are written). Content is trimmed where calls were (`Content`)."""
+class _XmlCallsParser:
+    """`<tool_call>` blocks, any number, anywhere in the text, as states over the buffer: a
+    subclass reads the function (`_block`) and each parameter's key (`_function`); values, the
+    block's end and breaks are read here. `strings`: per tool, its string-typed parameters
+    (streamed as they are written). Content is trimmed where calls were (`Content`)."""
+
+    end_value = ""  # the closing tag of a value
+    strip_all = False  # all whitespace around a value is layout (else one newline each side)
 
     def __init__(self, names: Set[str], strings: Mapping[str, Set[str]] | None = None) -> None:
         self.names, self.strings = names, strings or {}
@@ -100,73 +120,67 @@ class Qwen3CoderParser:
             self._buf, self._state = self._buf[len(OPEN):], "block"
         return found
 
-    def _block(self, out: list[Event]) -> bool:
-        """After `<tool_call>`: a tool's `<function=NAME>`, or the block is content."""
-        body = self._buf.lstrip()
-        name, end = self._tag(body, FUNCTION)
-        if name is None:
-            if end < 0:
-                return False
-            self._content.text(OPEN, out)  # not a call: the block is text, as written
-            self._state = "text"
-            return True
+    def _start(self, name: str, body: str, out: list[Event]) -> bool:
+        """The block names `name` and goes on with `body`: a call when it is a tool's, else text."""
         if name not in self.names:
-            self._content.text(OPEN, out)
-            self._state = "text"
-            return True
+            return self._not_a_call(out)
         self._content.call([CallStart(name), CallArgs("{")], out)
-        self._buf, self._state, self._name, self._members = body[end:], "function", name, 0
+        self._buf, self._state, self._name, self._members = body, "function", name, 0
         return True
 
-    def _tag(self, body: str, opening: str) -> tuple[str | None, int]:
-        """`body` opens with `opening` NAME `>`: (NAME, where the tag ends); (None, -1) while that
-        may still come, (None, 0) when it cannot."""
-        if not body.startswith(opening):
-            return None, (-1 if opening.startswith(body) else 0)
-        end = body.find(">", len(opening))
-        if end < 0:
-            return None, (-1 if len(body) - len(opening) <= MAX_NAME else 0)
-        return body[len(opening):end], end + 1
+    def _not_a_call(self, out: list[Event]) -> bool:
+        self._content.text(OPEN, out)  # the block is text, as written
+        self._state = "text"
+        return True
 
-    def _function(self, out: list[Event]) -> bool:
-        """In a call: a parameter, or its end."""
-        body = self._buf.lstrip()
-        key, end = self._tag(body, PARAMETER)
-        if key is not None:
-            comma = ", " if self._members else ""
-            self._string = key in self.strings.get(self._name, ())
-            out.append(CallArgs(comma + json.dumps(key, ensure_ascii=False) + ": " + ('"' if self._string else "")))
-            self._buf, self._state, self._lead = body[end:], "value", True
-            return True
-        for tag, state in ((END_FUNCTION, "after"), (CLOSE, "text")):  # a missing </function> is forgiven
+    def _key(self, key: str, body: str, out: list[Event]) -> bool:
+        """A parameter named `key` opens; its value is `body` on."""
+        comma = ", " if self._members else ""
+        self._string = key in self.strings.get(self._name, ())
+        out.append(CallArgs(comma + json.dumps(key, ensure_ascii=False) + ": " + ('"' if self._string else "")))
+        self._buf, self._state, self._lead = body, "value", True
+        return True
+
+    def _close(self, body: str, tags: tuple[tuple[str, str], ...], out: list[Event]) -> bool | None:
+        """The call's end: `body` opens with one of `tags` (a tag, the state after it): the
+        arguments close. None while `body` may still be one, False when it cannot."""
+        for tag, state in tags:
             if body.startswith(tag):
                 out.append(CallArgs("}"))
                 self._buf, self._state = body[len(tag):], state
                 return True
-        if end < 0 or any(tag.startswith(body) for tag in (END_FUNCTION, CLOSE)):
-            return False
-        self._state = "broken"
-        return True
+        if not body or any(tag.startswith(body) for tag, _ in tags):
+            return None
+        return False
 
     def _value(self, out: list[Event]) -> bool:
         if self._lead:
+            self._buf = self._buf.lstrip() if self.strip_all else self._buf.removeprefix("\n")
             if not self._buf:
                 return False
-            self._buf, self._lead = self._buf.removeprefix("\n"), False
-        at = self._buf.find(END_PARAMETER)
+            self._lead = False
+        at = self._buf.find(self.end_value)
         if at < 0:
-            if self._string:  # all but what may be the closing tag (and the newline before it)
-                keep = len(self._buf) - max(partial_tag(self._buf, "\n" + END_PARAMETER),
-                                            partial_tag(self._buf, END_PARAMETER))
+            if self._string:  # all but what may be the closing tag (and the layout before it)
+                keep = len(self._buf) - self._held()
                 if keep:
                     out.append(CallArgs(_escaped(self._buf[:keep])))
                     self._buf = self._buf[keep:]
             return False
-        value = self._buf[:at].removesuffix("\n")
+        value = self._buf[:at]
+        value = value.rstrip() if self.strip_all else value.removesuffix("\n")
         out.append(CallArgs(_escaped(value) + '"' if self._string else _json_value(value)))
-        self._buf, self._state = self._buf[at + len(END_PARAMETER):], "function"
+        self._buf, self._state = self._buf[at + len(self.end_value):], "function"
         self._members += 1
         return True
+
+    def _held(self) -> int:
+        """How much of a string value's end to hold back: a possible closing tag, and the layout
+        that may come before it."""
+        if not self.strip_all:
+            return max(partial_tag(self._buf, "\n" + self.end_value), partial_tag(self._buf, self.end_value))
+        body = self._buf[:len(self._buf) - partial_tag(self._buf, self.end_value)]
+        return len(self._buf) - len(body.rstrip())
 
     def _after(self, out: list[Event]) -> bool:
         """After `</function>`: the block's closing tag, or text (a model that left it out)."""
@@ -191,3 +205,74 @@ class Qwen3CoderParser:
             self._buf, self._state = self._buf[again:], "text"
             return True
         return False
+
+    def _break(self) -> bool:
+        self._state = "broken"
+        return True
+
+
+def _tag(body: str, opening: str) -> tuple[str | None, int]:
+    """`body` opens with `opening` NAME `>`: (NAME, where the tag ends); (None, -1) while that may
+    still come, (None, 0) when it cannot."""
+    if not body.startswith(opening):
+        return None, (-1 if opening.startswith(body) else 0)
+    end = body.find(">", len(opening))
+    if end < 0:
+        return None, (-1 if len(body) - len(opening) <= MAX_NAME else 0)
+    return body[len(opening):end], end + 1
+
+
+class Qwen3CoderParser(_XmlCallsParser):
+    """Qwen3-Coder: `<tool_call><function=NAME><parameter=KEY>value</parameter>...</function>
+    </tool_call>`; a missing `</function>` is forgiven."""
+
+    end_value = END_PARAMETER
+
+    def _block(self, out: list[Event]) -> bool:
+        body = self._buf.lstrip()
+        name, end = _tag(body, FUNCTION)
+        if name is None:
+            return False if end < 0 else self._not_a_call(out)
+        return self._start(name, body[end:], out)
+
+    def _function(self, out: list[Event]) -> bool:
+        body = self._buf.lstrip()
+        key, end = _tag(body, PARAMETER)
+        if key is not None:
+            return self._key(key, body[end:], out)
+        closed = self._close(body, ((END_FUNCTION, "after"), (CLOSE, "text")), out)
+        if closed or closed is None or end < 0:
+            return bool(closed)
+        return self._break()
+
+
+class Glm45Parser(_XmlCallsParser):
+    """GLM-4.5 and 4.7: `<tool_call>NAME\\n<arg_key>KEY</arg_key>\\n<arg_value>value</arg_value>
+    ...</tool_call>` (4.7 may write the first key right after the name); keys and values are
+    stripped of whitespace."""
+
+    end_value = END_ARG_VALUE
+    strip_all = True
+
+    def _block(self, out: list[Event]) -> bool:
+        body = self._buf.lstrip()
+        ends = [at for at in (body.find("\n"), body.find(ARG_KEY), body.find(CLOSE)) if at >= 0]
+        if not ends:
+            return False if len(body) <= MAX_NAME else self._not_a_call(out)
+        at = min(ends)
+        return self._start(body[:at].strip(), body[at:], out)
+
+    def _function(self, out: list[Event]) -> bool:
+        body = self._buf.lstrip()
+        if body.startswith(ARG_KEY):
+            end = body.find(END_ARG_KEY, len(ARG_KEY))
+            if end < 0:
+                return False if len(body) <= len(ARG_KEY) + MAX_NAME else self._break()
+            rest = body[end + len(END_ARG_KEY):].lstrip()
+            if rest.startswith(ARG_VALUE):
+                return self._key(body[len(ARG_KEY):end].strip(), rest[len(ARG_VALUE):], out)
+            return False if ARG_VALUE.startswith(rest) else self._break()
+        closed = self._close(body, ((CLOSE, "text"),), out)
+        if closed or closed is None or ARG_KEY.startswith(body):
+            return bool(closed)
+        return self._break()

@@ -12,7 +12,7 @@ from text_pieces import every_split  # noqa: E402  (tests/frontend is on sys.pat
 from radixflow.frontend.tool_call_formats import (
     PARSERS, Llama3JsonParser, MistralParser, PythonicParser, auto_parser,
 )
-from radixflow.frontend.xml_calls import Qwen3CoderParser
+from radixflow.frontend.xml_calls import Glm45Parser, Qwen3CoderParser
 from radixflow.frontend.tool_calls import (
     Call, CallArgs, CallStart, FirstCallOnly, HermesParser, JsonCallsParser, whole,
 )
@@ -284,6 +284,47 @@ def test_qwen3_coder_streams_string_values_while_they_are_written():
     assert parser.feed("\n</parameter>\n</function>\n</tool_call>") == [CallArgs("2"), CallArgs("}")]
 
 
+def _glm(name, sep="\n", **params):
+    body = "".join(f"<arg_key>{k}</arg_key>{sep}<arg_value>{v}</arg_value>{sep}" for k, v in params.items())
+    return f"<tool_call>{name}{sep}{body}</tool_call>"
+
+
+GLM = [
+    ("plain text, no call", "Hello <arg_key> <tool", ["Hello <arg_key> <tool"]),
+    ("one call", _glm("get_weather", city="Paris"), [WEATHER]),
+    ("GLM-4.7: no newlines", _glm("add", sep="", a=1), [ADD1]),
+    ("text around calls", "Let me check.\n" + _glm("get_weather", city="Paris") + "\n" + _glm("add", a=1) + "\nDone.",
+     ["Let me check.", WEATHER, ADD1, "\nDone."]),
+    ("keys and values are stripped; inner whitespace stays",
+     "<tool_call>get_weather\n<arg_key> city </arg_key>\n<arg_value>\n  Par is \n</arg_value></tool_call>",
+     [Call("get_weather", '{"city": "Par is"}')]),
+    ("other values: JSON, a Python literal, else a string",
+     _glm("add", a="[1, 2]", b="True", c="{'k': None}", d="Rome"),
+     [Call("add", '{"a": [1, 2], "b": true, "c": {"k": null}, "d": "Rome"}')]),
+    ("no arguments", "<tool_call>add</tool_call>", [Call("add", "{}")]),
+    ("an unknown tool stays content", _glm("rm", path="/"), [_glm("rm", path="/")]),
+    ("JSON in the block is not a call", '<tool_call>{"name": "add"}\n</tool_call>', ['<tool_call>{"name": "add"}\n</tool_call>']),
+    ("a key without a value breaks the call", "<tool_call>add<arg_key>a</arg_key>oops</tool_call> ok",
+     [Call("add", "{"), "ok"]),
+    ("an unclosed call that started keeps its unfinished arguments",
+     "x <tool_call>get_weather<arg_key>city</arg_key><arg_value>Par", ["x", Call("get_weather", '{"city": "Par')]),
+]
+
+
+@pytest.mark.parametrize("text,expected", [c[1:] for c in GLM], ids=[c[0] for c in GLM])
+def test_glm45(text, expected):
+    for pieces in every_split(text):
+        assert merged(run(Glm45Parser(NAMES, STRINGS), pieces)) == expected, pieces
+
+
+def test_glm45_streams_string_values_holding_back_trailing_whitespace():
+    parser = Glm45Parser(NAMES, STRINGS)
+    assert parser.feed("<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value> Pa") == [
+        CallStart("get_weather"), CallArgs("{"), CallArgs('"city": "'), CallArgs("Pa")]
+    assert parser.feed("ris \n") == [CallArgs("ris")]
+    assert parser.feed("x</arg_value></tool_call>") == [CallArgs(' \\nx"'), CallArgs("}")]
+
+
 def test_qwen3_coder_types_come_from_the_tools_schemas():
     """A request's string-typed parameters stay strings even when they read as JSON; others are JSON."""
     import msgspec
@@ -344,10 +385,10 @@ def test_plain_text_streams_once_it_cannot_be_a_call():
 
 
 def test_parsers_by_flag_name():
-    assert set(PARSERS) == {"hermes", "llama3_json", "mistral", "pythonic", "qwen3_coder"}
+    assert set(PARSERS) == {"hermes", "llama3_json", "mistral", "pythonic", "qwen3_coder", "glm45", "glm47"}
     assert isinstance(auto_parser("mistral", NAMES, parallel=True), MistralParser)
     with pytest.raises(ValueError, match="--tool-call-parser must be one of hermes, llama3_json, mistral, "
-                                         "pythonic, qwen3_coder; got 'qwen'"):
+                                         "pythonic, qwen3_coder, glm45, glm47; got 'qwen'"):
         auto_parser("qwen", NAMES, parallel=True)
 
 

@@ -178,6 +178,9 @@ TWO_CALLS = {
     "qwen3_coder": ("Checking.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nRome\n</parameter>\n"
                     "<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=add>\n"
                     "<parameter=a>\n3\n</parameter>\n</function>\n</tool_call>", "Checking."),
+    "glm45": ("Checking.\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Rome</arg_value>\n"
+              "<arg_key>days</arg_key>\n<arg_value>2</arg_value>\n</tool_call>\n<tool_call>add\n<arg_key>a</arg_key>\n"
+              "<arg_value>3</arg_value>\n</tool_call>", "Checking."),
 }
 
 
