@@ -42,16 +42,24 @@ MAX_NAME = 256  # characters of a function or parameter name: past that, no name
 
 
 def string_parameters(parameters: Mapping[str, dict | None]) -> dict[str, frozenset[str]]:
-    """Per tool name (`parameters`: each tool's parameters schema), its parameters whose schema
-    type is (or includes) "string"."""
+    """Per tool name (`parameters`: each tool's parameters schema), its string-typed parameters."""
     out = {}
     for name, schema in parameters.items():
         properties = (schema or {}).get("properties")
-        out[name] = frozenset(
-            key for key, prop in (properties if isinstance(properties, dict) else {}).items()
-            if isinstance(prop, dict) and (prop.get("type") == "string"
-                                           or isinstance(prop.get("type"), list) and "string" in prop["type"]))
+        out[name] = frozenset(key for key, prop in (properties if isinstance(properties, dict) else {}).items()
+                              if _is_string(prop))
     return out
+
+
+def _is_string(schema: object) -> bool:
+    """The schema's type is or includes "string", itself or in one of its anyOf / oneOf members
+    (pydantic's Optional[str])."""
+    if not isinstance(schema, dict):
+        return False
+    kind = schema.get("type")
+    if kind == "string" or isinstance(kind, list) and "string" in kind:
+        return True
+    return any(_is_string(member) for key in ("anyOf", "oneOf") for member in schema.get(key) or ())
 
 
 def _escaped(text: str) -> str:
@@ -93,6 +101,7 @@ class _XmlCallsParser:
         self._members = 0  # parameters given so far
         self._string = False  # the value being read is a string, streamed
         self._lead = False  # the value's first character is still to be seen (a newline there is layout)
+        self._scan = 0  # in a value or after a break: where the search for the closing tag goes on
         self._content = Content()
 
     def feed(self, text: str) -> list[Event]:
@@ -108,8 +117,8 @@ class _XmlCallsParser:
             self._content.text(self._buf, out)  # broken: no closing tag came after the break
         elif self._state == "block":
             self._content.text(OPEN + self._buf, out)
-        elif self._state == "value" and self._string and self._buf:
-            out.append(CallArgs(_escaped(self._buf)))  # cut short: the arguments stay unfinished
+        elif self._state == "value" and self._buf.strip():  # cut short: the arguments stay unfinished
+            out.append(CallArgs(_escaped(self._buf) if self._string else _json_value(self._buf)))
         self._buf, self._state = "", "text"
         self._content.finish(out)
         return out
@@ -138,7 +147,7 @@ class _XmlCallsParser:
         comma = ", " if self._members else ""
         self._string = key in self.strings.get(self._name, ())
         out.append(CallArgs(comma + json.dumps(key, ensure_ascii=False) + ": " + ('"' if self._string else "")))
-        self._buf, self._state, self._lead = body, "value", True
+        self._buf, self._state, self._lead, self._scan = body, "value", True, 0
         return True
 
     def _close(self, body: str, tags: tuple[tuple[str, str], ...], out: list[Event]) -> bool | None:
@@ -154,20 +163,23 @@ class _XmlCallsParser:
         return False
 
     def _value(self, out: list[Event]) -> bool:
-        if self._lead:
-            self._buf = self._buf.lstrip() if self.strip_all else self._buf.removeprefix("\n")
+        if self._lead:  # GLM: all leading whitespace; Qwen3-Coder: one newline, once it has come
             if not self._buf:
                 return False
-            self._lead = False
-        at = self._buf.find(self.end_value)
+            self._buf = self._buf.lstrip() if self.strip_all else self._buf.removeprefix("\n")
+            self._lead = self.strip_all and not self._buf
+            if self._lead:
+                return False
+        at = self._buf.find(self.end_value, self._scan)
         if at < 0:
+            self._scan = max(0, len(self._buf) - len(self.end_value) + 1)
             if self._string:  # all but what may be the closing tag (and the layout before it)
                 keep = len(self._buf) - self._held()
                 if keep:
                     out.append(CallArgs(_escaped(self._buf[:keep])))
-                    self._buf = self._buf[keep:]
+                    self._buf, self._scan = self._buf[keep:], 0
             return False
-        value = self._buf[:at]
+        value, self._scan = self._buf[:at], 0
         value = value.rstrip() if self.strip_all else value.removesuffix("\n")
         out.append(CallArgs(_escaped(value) + '"' if self._string else _json_value(value)))
         self._buf, self._state = self._buf[at + len(self.end_value):], "function"
@@ -196,7 +208,7 @@ class _XmlCallsParser:
     def _broken(self, out: list[Event]) -> bool:
         """After a break in a started call: the block's rest is dropped up to its closing tag;
         up to a new block, it is content."""
-        close, again = self._buf.find(CLOSE), self._buf.find(OPEN)
+        close, again = self._buf.find(CLOSE, self._scan), self._buf.find(OPEN, self._scan)
         if close >= 0 and (again < 0 or close < again):
             self._buf, self._state = self._buf[close + len(CLOSE):], "text"
             return True
@@ -204,10 +216,11 @@ class _XmlCallsParser:
             self._content.text(self._buf[:again], out)
             self._buf, self._state = self._buf[again:], "text"
             return True
+        self._scan = max(0, len(self._buf) - len(CLOSE) + 1)
         return False
 
     def _break(self) -> bool:
-        self._state = "broken"
+        self._state, self._scan = "broken", 0
         return True
 
 
@@ -216,7 +229,7 @@ def _tag(body: str, opening: str) -> tuple[str | None, int]:
     still come, (None, 0) when it cannot."""
     if not body.startswith(opening):
         return None, (-1 if opening.startswith(body) else 0)
-    end = body.find(">", len(opening))
+    end = body.find(">", len(opening), len(opening) + MAX_NAME + 1)
     if end < 0:
         return None, (-1 if len(body) - len(opening) <= MAX_NAME else 0)
     return body[len(opening):end], end + 1
@@ -257,17 +270,17 @@ class Glm45Parser(_XmlCallsParser):
     def _block(self, out: list[Event]) -> bool:
         body = self._buf.lstrip()
         ends = [at for at in (body.find("\n"), body.find(ARG_KEY), body.find(CLOSE)) if at >= 0]
-        if not ends:
-            return False if len(body) <= MAX_NAME else self._not_a_call(out)
-        at = min(ends)
-        return self._start(body[:at].strip(), body[at:], out)
+        at = min(ends, default=len(body))
+        if at > MAX_NAME:
+            return self._not_a_call(out)
+        return self._start(body[:at].strip(), body[at:], out) if ends else False
 
     def _function(self, out: list[Event]) -> bool:
         body = self._buf.lstrip()
         if body.startswith(ARG_KEY):
-            end = body.find(END_ARG_KEY, len(ARG_KEY))
+            end = body.find(END_ARG_KEY, len(ARG_KEY), len(ARG_KEY) + MAX_NAME + len(END_ARG_KEY))
             if end < 0:
-                return False if len(body) <= len(ARG_KEY) + MAX_NAME else self._break()
+                return False if len(body) < len(ARG_KEY) + MAX_NAME + len(END_ARG_KEY) else self._break()
             rest = body[end + len(END_ARG_KEY):].lstrip()
             if rest.startswith(ARG_VALUE):
                 return self._key(body[len(ARG_KEY):end].strip(), rest[len(ARG_VALUE):], out)

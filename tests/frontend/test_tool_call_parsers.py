@@ -265,6 +265,11 @@ QWEN3_CODER = [
     ("an unclosed call that started keeps its unfinished arguments",
      "x <tool_call><function=get_weather><parameter=city>\nPar", ["x", Call("get_weather", '{"city": "Par')]),
     ("an unfinished function tag is content", "x <tool_call><function=ad", ["x <tool_call><function=ad"]),
+    ("only one newline after the tag is layout", _xml("get_weather", city="\nX"), [Call("get_weather", '{"city": "\\nX"}')]),
+    ("a parameter name past 256 characters breaks the call",
+     _xml("add", **{"k" * 300: 1}) + " ok", [Call("add", "{"), "ok"]),
+    ("a value cut short keeps what was written", "<tool_call><function=add><parameter=a>12",
+     [Call("add", '{"a": 12')]),
 ]
 
 
@@ -308,6 +313,9 @@ GLM = [
      [Call("add", "{"), "ok"]),
     ("an unclosed call that started keeps its unfinished arguments",
      "x <tool_call>get_weather<arg_key>city</arg_key><arg_value>Par", ["x", Call("get_weather", '{"city": "Par')]),
+    ("a key past 256 characters breaks the call", _glm("add", **{"k" * 300: 1}) + " ok", [Call("add", "{"), "ok"]),
+    ("a name past 256 characters is not a call", "<tool_call>add" + " " * 300 + "\n</tool_call>",
+     ["<tool_call>add" + " " * 300 + "\n</tool_call>"]),
 ]
 
 
@@ -333,12 +341,13 @@ def test_qwen3_coder_types_come_from_the_tools_schemas():
     from radixflow.frontend.tools import tool_plan
 
     tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
-        "s": {"type": "string"}, "n": {"type": ["string", "null"]}, "i": {"type": "integer"}, "e": {"enum": [1]}}}}}
+        "s": {"type": "string"}, "n": {"type": ["string", "null"]}, "i": {"type": "integer"}, "e": {"enum": [1]},
+        "o": {"anyOf": [{"type": "string"}, {"type": "null"}]}}}}}  # o: pydantic's Optional[str]
     req = msgspec.convert({"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": [tool]}, ChatRequest)
     plan = tool_plan(req, None, True, "qwen3_coder")
-    assert plan.strings == {"f": frozenset({"s", "n"})}
-    text = "<tool_call><function=f>" + "".join(f"<parameter={k}>\n123\n</parameter>" for k in "snie") + "</function></tool_call>"
-    assert merged(run(plan.parser(), [text])) == [Call("f", '{"s": "123", "n": "123", "i": 123, "e": 123}')]
+    assert plan.strings == {"f": frozenset({"s", "n", "o"})}
+    text = "<tool_call><function=f>" + "".join(f"<parameter={k}>\n123\n</parameter>" for k in "snieo") + "</function></tool_call>"
+    assert merged(run(plan.parser(), [text])) == [Call("f", '{"s": "123", "n": "123", "i": 123, "e": 123, "o": "123"}')]
 
 
 def _cases(cases):
