@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Set
 
 from radixflow.frontend.xml_calls import Glm45Parser, Qwen3CoderParser
 from radixflow.frontend.tool_calls import (
-    Call, CallListReader, CallReader, Content, Event, FirstCallOnly, HermesParser, Parser, call_events,
+    Call, CallListReader, CallReader, Content, Event, FirstCallOnly, HermesParser, Parser, StateParser, call_events,
 )
 
 
@@ -58,10 +58,9 @@ class _Value:
         return -1
 
 
-class _ValueParser:
-    """A parser as states over its buffer: `_<state>(out)` reads self._buf and returns True when
-    it moved on and the next state should read. A subclass has `_start` (what the output opens
-    with) and either `_reader` (a fresh reader of a value as it comes) or `_calls` (a closed
+class _ValueParser(StateParser):
+    """A format that writes its calls as a bracketed value (StateParser's states). A subclass has
+    `_start` (what the output opens with) and either `_reader` (a fresh reader of a value as it comes) or `_calls` (a closed
     value's calls, or None when it is not calls of the tools)."""
 
     quotes = '"'  # the string quotes of the values
@@ -76,13 +75,6 @@ class _ValueParser:
         self._fed = 0  # how much of _buf the reader read
         self._value_at = 0  # where in _buf the held value starts
         self._content = Content()
-
-    def feed(self, text: str) -> list[Event]:
-        self._buf += text
-        out: list[Event] = []
-        while getattr(self, "_" + self._state)(out):
-            pass
-        return out
 
     def finish(self) -> list[Event]:
         out: list[Event] = []

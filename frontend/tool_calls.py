@@ -93,6 +93,21 @@ class Content:
         self._space = ""
 
 
+class StateParser:
+    """A parser as states over its buffer: `_<state>(out)` reads `_buf` and returns True when it
+    moved on and the next state should read, False when it needs more text."""
+
+    _buf: str
+    _state: str
+
+    def feed(self, text: str) -> list[Event]:
+        self._buf += text
+        out: list[Event] = []
+        while getattr(self, "_" + self._state)(out):
+            pass
+        return out
+
+
 class HermesParser:
     """`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, any number, anywhere in the text
     (Qwen2.5 and Hermes models). A block's object is read as it comes (CallReader), so a closing

@@ -32,7 +32,7 @@ import json
 from collections.abc import Mapping, Set
 
 from radixflow.frontend.json_stream import JsonReader
-from radixflow.frontend.tool_calls import CLOSE, OPEN, CallArgs, CallStart, Content, Event
+from radixflow.frontend.tool_calls import CLOSE, OPEN, CallArgs, CallStart, Content, Event, StateParser
 from radixflow.runtime.text.reasoning import partial_tag
 
 FUNCTION, PARAMETER = "<function=", "<parameter="
@@ -84,7 +84,7 @@ def _json_value(text: str) -> str:
         return json.dumps(text, ensure_ascii=False)
 
 
-class _XmlCallsParser:
+class _XmlCallsParser(StateParser):
     """`<tool_call>` blocks, any number, anywhere in the text, as states over the buffer: a
     subclass reads the function (`_block`) and each parameter's key (`_function`); values, the
     block's end and breaks are read here. `strings`: per tool, its string-typed parameters
@@ -103,13 +103,6 @@ class _XmlCallsParser:
         self._lead = False  # the value's first character is still to be seen (a newline there is layout)
         self._scan = 0  # in a value or after a break: where the search for the closing tag goes on
         self._content = Content()
-
-    def feed(self, text: str) -> list[Event]:
-        self._buf += text
-        out: list[Event] = []
-        while getattr(self, "_" + self._state)(out):
-            pass
-        return out
 
     def finish(self) -> list[Event]:
         out: list[Event] = []
