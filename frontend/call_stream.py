@@ -156,6 +156,49 @@ class CallReader:
             self.refused = not self.started
 
 
+class ArgsReader:
+    """The arguments object of a call whose name is already known (a named function's constrained
+    output, Mistral's `[TOOL_CALLS]name[ARGS]{...}`), read a piece at a time: the call starts at
+    its opening brace, after any whitespace. CallReader's interface: `refused` when something
+    else opens it, `broken` when its JSON breaks."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._json = JsonReader()
+        self.started = self.refused = self.broken = False
+
+    @property
+    def ended(self) -> bool:
+        return self._json.done or self.refused or self.broken
+
+    def feed(self, text: str) -> tuple[list[Event], int]:
+        out: list[Event] = []
+        i = 0
+        while i < len(text) and not self.ended:
+            if not self.started:
+                if text[i] in WHITESPACE:
+                    i += 1
+                    continue
+                if text[i] != "{":
+                    self.refused = True
+                    break
+                self.started = True
+                out.append(CallStart(self.name))
+            end = self._json.plain(text, i)
+            if end > i:
+                out.append(CallArgs(text[i:end]))
+                i = end
+                continue
+            piece = self._json.step(text[i])
+            if piece is None:
+                self.broken = True
+                break
+            if piece:
+                out.append(CallArgs(piece))
+            i += 1
+        return joined(out), i
+
+
 class CallListReader:
     """A JSON list of call objects read a piece at a time, each item through a CallReader. Like
     it, `feed` stops at the list's end and `ended` says it reads no more. The first item that is

@@ -155,6 +155,8 @@ class ChatShape:
             limits.check_top_logprobs(req.top_logprobs, "top_logprobs")
         check_chat_prompt(req, limits)
         tools = tool_plan(req, limits, getattr(server.engine, "supports_grammar", False), server.tool_call_parser)
+        if tools.keeps_special_tokens and req.skip_special_tokens is None:
+            req.skip_special_tokens = False  # the call format's markers are special tokens
         return reasoning_plan(req, tools, server.reasoning_parser)
 
     def constraint(self, plan: ChatPlan, own: Constraint | None) -> Constraint | None:

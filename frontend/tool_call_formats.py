@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 from collections.abc import Callable, Mapping, Set
 
 from radixflow.frontend.xml_calls import Glm45Parser, Qwen3CoderParser
 from radixflow.frontend.tool_calls import (
-    Call, CallListReader, CallReader, Content, Event, FirstCallOnly, HermesParser, Parser, StateParser, call_events,
+    ArgsReader, Call, CallListReader, CallReader, Content, Event, FirstCallOnly, HermesParser, Parser, StateParser, call_events,
 )
 
 
@@ -71,7 +72,7 @@ class _ValueParser(StateParser):
         self._buf = ""  # text not yet given out
         self._state = "start"  # start | held (a value read on) | text | a format's own (gap, marker)
         self._value: _Value | None = None
-        self._reading: CallReader | CallListReader | None = None  # the held value's reader
+        self._reading: CallReader | CallListReader | ArgsReader | None = None  # the held value's reader
         self._fed = 0  # how much of _buf the reader read
         self._value_at = 0  # where in _buf the held value starts
         self._content = Content()
@@ -94,15 +95,15 @@ class _ValueParser(StateParser):
     def _start(self, out: list[Event]) -> bool:
         raise NotImplementedError
 
-    def _reader(self) -> CallReader | CallListReader | None:
+    def _reader(self) -> CallReader | CallListReader | ArgsReader | None:
         return None
 
     def _calls(self, value: str) -> list[Call] | None:
         raise NotImplementedError
 
-    def _hold(self, start: int) -> None:
+    def _hold(self, start: int, reader: ArgsReader | None = None) -> None:
         self._value, self._state = _Value(start, self.quotes), "held"
-        self._reading, self._fed, self._value_at = self._reader(), start, start
+        self._reading, self._fed, self._value_at = reader or self._reader(), start, start
 
     def _open(self, body: str, bracket: str) -> bool:
         """`body` is the buffer's tail past any whitespace (and marker): hold the value it opens
@@ -153,8 +154,8 @@ class _ValueParser(StateParser):
         return False
 
 
-def _calls_given(reader: CallReader | CallListReader) -> bool:
-    return reader.started if isinstance(reader, CallReader) else reader.calls > 0
+def _calls_given(reader: CallReader | CallListReader | ArgsReader) -> bool:
+    return reader.calls > 0 if isinstance(reader, CallListReader) else reader.started
 
 
 PYTHON_TAG = "<|python_tag|>"
@@ -198,15 +199,41 @@ class Llama3JsonParser(_ValueParser):
 
 
 TOOL_CALLS = "[TOOL_CALLS]"
+TOOL_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")  # OpenAI's function names (and dots)
+CALL_ID = re.compile(r"[A-Za-z0-9]{0,64}")
+
+
+def _named_call(body: str) -> tuple[str | None, int]:
+    """`body` (after the marker) is `NAME[CALL_ID]id[ARGS]{`, both tags optional: (NAME, where
+    its `{` is); (None, -1) while it may still become one, (None, 0) when it cannot."""
+    name = TOOL_NAME.match(body)
+    if name is None:
+        return None, 0
+    at = name.end()
+    for tag, then in (("[CALL_ID]", CALL_ID), ("[ARGS]", None)):
+        rest = body[at:]
+        if rest.startswith(tag):
+            at += len(tag)
+            if then is not None:
+                at = then.match(body, at).end()
+        elif tag.startswith(rest) or (not rest.strip() and tag == "[ARGS]"):
+            return None, -1  # the name, the id or the tag may still go on
+    at += len(body[at:]) - len(body[at:].lstrip())
+    if at == len(body):
+        return None, -1
+    return (name.group(), at) if body[at] == "{" else (None, 0)
 
 
 class MistralParser(_ValueParser):
     """Mistral: `[TOOL_CALLS]` and a JSON list of {"name", "arguments"} objects, after content or
-    none. `[TOOL_CALLS]` is a special token, dropped from the text unless the request sets
-    skip_special_tokens false, so a list that starts the output is read as calls too. The list is
+    none; or, from tokenizer v11 on (Mistral Small 3.1+, Devstral, Magistral), `[TOOL_CALLS]NAME
+    [ARGS]{...}` per call (`[CALL_ID]id` may come before `[ARGS]`). `[TOOL_CALLS]` and `[ARGS]` are
+    special tokens: the chat route keeps them in the text under this parser (tools.py), and a
+    list that starts the output is read as calls too, in case a request drops them. A list is
     read as it comes (CallListReader): its items are calls until one is not a call of the tools,
     which with the rest of the list is content as written (the whole list when no call came
-    before it). Text after it is content (and may hold another marker)."""
+    before it); a named call's arguments stream as they are written (ArgsReader). Text after
+    the calls is content (and may hold another marker)."""
 
     def _start(self, out: list[Event]) -> bool:
         body = self._buf.lstrip()
@@ -225,12 +252,18 @@ class MistralParser(_ValueParser):
         return found
 
     def _marker(self, out: list[Event]) -> bool:
-        """The buffer starts with the marker: a list follows, or the marker is content."""
+        """The buffer starts with the marker: a list or a tool's name follows, or the marker is content."""
         body = self._buf[len(TOOL_CALLS):].lstrip()
         if not body:
             return False
         if body[0] == "[":
             self._hold(len(self._buf) - len(body))
+            return True
+        name, at = _named_call(body)
+        if name is None and at < 0:
+            return False
+        if name is not None and name in self.names:
+            self._hold(len(self._buf) - len(body) + at, ArgsReader(name))
         else:  # the search goes on after it
             self._content.text(TOOL_CALLS, out)
             self._buf, self._state = self._buf[len(TOOL_CALLS):], "text"

@@ -14,12 +14,11 @@ from collections.abc import Set
 from typing import Protocol
 
 from radixflow.frontend.call_stream import (
-    Call, CallArgs, CallListReader, CallReader, CallStart, Event, call_events, joined, whole,
+    ArgsReader, Call, CallArgs, CallListReader, CallReader, CallStart, Event, call_events, joined, whole,
 )
-from radixflow.frontend.json_stream import WHITESPACE, JsonReader
 from radixflow.runtime.text.reasoning import partial_tag
 
-__all__ = ["Call", "CallArgs", "CallStart", "Event", "call_events", "whole"]
+__all__ = ["ArgsReader", "Call", "CallArgs", "CallStart", "Event", "call_events", "whole"]
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 
 
@@ -212,15 +211,13 @@ class FirstCallOnly:
 
 class JsonCallsParser:
     """The constrained output of tool_choice "required", `[{"name": ..., "arguments": {...}}, ...]`
-    (CallListReader), or of a named function (`name`), its arguments object: each call starts as
-    soon as its name and its arguments' opening are read, and its arguments stream. Text read
-    while no call is being written is held: it is content if the output ends there (cut by
+    (CallListReader), or of a named function (`name`), its arguments object (ArgsReader): each call
+    starts as soon as its name and its arguments' opening are read, and its arguments stream. Text
+    read while no call is being written is held: it is content if the output ends there (cut by
     max_tokens) or an item is not a call of the tools (then the rest of the output is too)."""
 
     def __init__(self, names: Set[str], name: str | None = None) -> None:
-        self.name = name
-        self._list = CallListReader(names) if name is None else None
-        self._args = JsonReader()  # a named function's arguments
+        self._reader = CallListReader(names) if name is None else ArgsReader(name)
         self._held = ""
         self._refused = False
 
@@ -228,11 +225,7 @@ class JsonCallsParser:
         out: list[Event] = []
         i = 0
         while i < len(text) and not self._refused:
-            if self._list is not None:
-                i += self._feed_list(text[i:], out)
-            else:
-                self._feed_arguments(text[i], out)
-                i += 1
+            i += self._feed(text[i:], out)
         if self._refused and (rest := self._held + text[i:]):
             out.append(rest)  # the rest of the output, as written
             self._held = ""
@@ -242,14 +235,17 @@ class JsonCallsParser:
         rest, self._held = self._held, ""
         return [rest] if rest.strip(" \t\n[],") and not self._refused else []
 
-    def _feed_list(self, text: str, out: list[Event]) -> int:
+    def _feed(self, text: str, out: list[Event]) -> int:
         """Read a character of `text`, or a started call's arguments up to their end; how much was read."""
-        reader = self._list
-        assert reader is not None
+        reader = self._reader
         if reader.ended and not reader.refused:
-            return len(text)  # after the list (the grammar ends there), or after a call that broke
-        writing = reader.item is not None and reader.item.started
-        events, used = reader.feed(text, one=True)
+            return len(text)  # after the output's value (the grammar ends there), or after a break
+        if isinstance(reader, ArgsReader):
+            writing = reader.started
+            events, used = reader.feed(text)
+        else:
+            writing = reader.item is not None and reader.item.started
+            events, used = reader.feed(text, one=True)
         if reader.refused:
             self._held += text[:used]
             self._refused = True
@@ -259,21 +255,3 @@ class JsonCallsParser:
             self._held += text[:used]
         out += events
         return used
-
-    def _feed_arguments(self, c: str, out: list[Event]) -> None:
-        reader = self._args
-        if reader.done or reader.failed:
-            return
-        if not reader.stack:  # nothing read yet
-            if c in WHITESPACE:
-                self._held += c
-                return
-            if c != "{":
-                self._held += c
-                self._refused = True
-                return
-            out.append(CallStart(self.name or ""))
-            self._held = ""
-        piece = reader.step(c)
-        if piece:
-            out.append(CallArgs(piece))

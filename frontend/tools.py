@@ -43,6 +43,12 @@ class ToolPlan:
     parallel: bool = True  # auto: parallel_tool_calls not false (else the first call only)
     strings: Mapping[str, frozenset[str]] = field(default_factory=dict)  # auto: string-typed parameters per tool
 
+    @property
+    def keeps_special_tokens(self) -> bool:
+        """The output's call markers are special tokens the text must keep (Mistral's
+        `[TOOL_CALLS]` and `[ARGS]`), unless the request says otherwise."""
+        return self.mode == "auto" and self.call_format == "mistral"
+
     def parser(self) -> Parser | None:
         """A fresh parser for one choice's text; None when the text is plain content."""
         if self.mode == "auto":

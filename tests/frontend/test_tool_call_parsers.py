@@ -209,6 +209,16 @@ MISTRAL = [
     ("the marker before something else stays content", "[TOOL_CALLS] hello", ["[TOOL_CALLS] hello"]),
     ("an unfinished list stays content", 'ok [TOOL_CALLS][{"name": "add", "argu',
      ['ok [TOOL_CALLS][{"name": "add", "argu']),
+    ("v11: a name and its arguments", '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}', [WEATHER]),
+    ("v11: calls one after another, text before and after",
+     'Sure.[TOOL_CALLS]get_weather[ARGS]{"city":"Paris"}[TOOL_CALLS]add[CALL_ID]a1B2c3[ARGS] {"a": 1} done',
+     ["Sure.", WEATHER, ADD1, "done"]),
+    ("v11 with [ARGS] dropped as a special token", '[TOOL_CALLS]add{"a": 1}', [ADD1]),
+    ("v11: an unknown tool stays content", '[TOOL_CALLS]rm[ARGS]{"path": "/"}', ['[TOOL_CALLS]rm[ARGS]{"path": "/"}']),
+    ("v11: a name then text stays content", "[TOOL_CALLS]add and more", ["[TOOL_CALLS]add and more"]),
+    ("v11: arguments cut short stay unfinished", '[TOOL_CALLS]add[ARGS]{"a": 1', [Call("add", '{"a": 1')]),
+    ("v11: arguments that break drop the rest of the object", '[TOOL_CALLS]add[ARGS]{"a": x} ok',
+     [Call("add", '{"a": '), "ok"]),
     ("malformed JSON before a call starts stays content", '[TOOL_CALLS][{"name": "add", "arguments" {]}]',
      ['[TOOL_CALLS][{"name": "add", "arguments" {]}]']),
     ("malformed JSON after a call started ends its arguments and the list",
@@ -370,6 +380,38 @@ def test_mistral(text, expected):
 def test_pythonic(text, expected):
     for pieces in every_split(text):
         assert merged(run(PythonicParser(NAMES), pieces)) == expected, pieces
+
+
+def test_mistral_v11_arguments_stream():
+    parser = MistralParser(NAMES)
+    assert parser.feed("[TOOL_CALLS]get_wea") == []
+    assert parser.feed('ther[ARGS]{"city": "Pa') == [CallStart("get_weather"), CallArgs('{"city": "Pa')]
+    assert parser.feed('ris"}') == [CallArgs('ris"}')]
+    assert parser.finish() == []
+
+
+@pytest.mark.parametrize("parser,tools,asked,kept", [
+    ("mistral", True, None, False), ("mistral", True, True, True), ("mistral", False, None, None),
+    ("hermes", True, None, None)])
+def test_the_mistral_parser_keeps_special_tokens_unless_the_request_drops_them(parser, tools, asked, kept):
+    """[TOOL_CALLS] and [ARGS] are special tokens: under --tool-call-parser mistral, tool_choice
+    "auto" keeps them in the text (skip_special_tokens false) unless the request says otherwise."""
+    from types import SimpleNamespace
+
+    import msgspec
+
+    from radixflow.frontend.chat import ChatShape
+    from radixflow.frontend.limits import RequestLimits
+    from radixflow.frontend.openai_schemas import ChatRequest
+
+    body = {"model": "m", "messages": [{"role": "user", "content": "x"}], "skip_special_tokens": asked}
+    if tools:
+        body["tools"] = [{"type": "function", "function": {"name": "add"}}]
+    req = msgspec.convert(body, ChatRequest)
+    server = SimpleNamespace(limits=RequestLimits(), engine=SimpleNamespace(supports_grammar=True),
+                             tool_call_parser=parser, reasoning_parser=None)
+    ChatShape().check(req, SimpleNamespace(app=SimpleNamespace(state=SimpleNamespace(server=server))))
+    assert req.skip_special_tokens is kept
 
 
 def test_plain_text_streams_once_it_cannot_be_a_call():

@@ -174,6 +174,8 @@ TWO_CALLS = {
                     '{"name": "add", "parameters": {"a": 3}}', None),
     "mistral": ('Checking. [TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Rome", "days": 2}}, '
                 '{"name": "add", "arguments": {"a": 3}}]', "Checking."),
+    "mistral-v11": ('Checking.[TOOL_CALLS]get_weather[ARGS]{"city": "Rome", "days": 2}[TOOL_CALLS]add[ARGS]{"a": 3}',
+                    "Checking."),
     "pythonic": ('[get_weather(city="Rome", days=2), add(a=3)]', None),
     "qwen3_coder": ("Checking.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nRome\n</parameter>\n"
                     "<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=add>\n"
@@ -193,7 +195,7 @@ def test_tool_call_parser_formats_and_parallel_tool_calls_false(client, live_ser
 
     text, content = TWO_CALLS[call_format]
     both = [("get_weather", {"city": "Rome", "days": 2}), ("add", {"a": 3})]
-    live = live_server(create_app(engine, MODEL_NAME, tool_call_parser=call_format)).start()
+    live = live_server(create_app(engine, MODEL_NAME, tool_call_parser=call_format.split("-")[0])).start()
     try:
         with httpx.Client(base_url=live.url, timeout=60) as c:
             for extra, calls in (({}, both), ({"parallel_tool_calls": False}, both[:1])):
