@@ -32,10 +32,10 @@ def append_token(req: Req, token: int, eos_ids: frozenset[int], max_context_len:
         elif len(out) >= req.output_limit:
             req.finish({"type": "length", "length": len(out)})
         return
-    prev_len = text.add(token)
     if token in req.finish_ids:
+        text.end_token(token)
         req.finish({"type": "stop", "matched": token})
-    elif (stop := text.match_stop(prev_len)) is not None:
+    elif (stop := text.match_stop(text.add(token))) is not None:
         req.finish(stop)
     elif len(out) >= req.output_limit:
         req.finish({"type": "length", "length": len(out)})
@@ -86,7 +86,12 @@ def finalize_text(req: Req) -> None:
     deferred = req.deferred_text
     if deferred is not None:
         req.deferred_text = None
-        deferred.add_all(req.output_ids)
+        reason, ids = req.finish_reason, req.output_ids
+        if reason is not None and reason.get("type") == "stop" and isinstance(reason.get("matched"), int):
+            deferred.add_all(ids[:-1])
+            deferred.end_token(ids[-1])
+        else:
+            deferred.add_all(ids)
         req.output_text = deferred
     if req.output_text is not None:
         req.output_text.finalize()

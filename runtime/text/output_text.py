@@ -25,6 +25,7 @@ class OutputText:
 
     def __init__(self, tokenizer: Any, sampling: SamplingParams, prompt_ids: list[int]) -> None:
         self.sampling = sampling
+        self._special: frozenset[int] = getattr(tokenizer, "special_token_ids", frozenset())
         self.text = ""
         self._detokenizer: IncrementalDetokenizer | None = IncrementalDetokenizer(
             tokenizer, skip_special_tokens=sampling.skip_special_tokens, prefix_ids=prompt_ids)
@@ -44,6 +45,13 @@ class OutputText:
         if self._detokenizer is not None:
             self.text += self._detokenizer.step([token])
         return prev_len
+
+    def end_token(self, token: int) -> None:
+        """The token that ended the output by matching a stop token id or EOS: its text is added
+        unless it is a special token (EOS, `<|im_end|>`), which vLLM and SGLang leave out of the
+        text even when special tokens are shown, or no_stop_trim keeps it."""
+        if self.sampling.no_stop_trim or token not in self._special:
+            self.add(token)
 
     def add_all(self, tokens: list[int]) -> None:
         """Append the text of `tokens` at once (a request with no stops to look for)."""
@@ -115,10 +123,10 @@ class ClientText:
             # a stop token or EOS ends the output before any stop string is looked for, as in-process
             eos = reason is not None and reason.get("type") == "stop" and isinstance(reason.get("matched"), int)
             for k, token in enumerate(tokens):
-                prev_len = self.text.add(token)
                 if eos and k == len(tokens) - 1:
+                    self.text.end_token(token)
                     break
-                stop = self.text.match_stop(prev_len)
+                stop = self.text.match_stop(self.text.add(token))
                 if stop is not None:
                     self.stop = stop
                     tokens, logprobs = tokens[: k + 1], logprobs[: k + 1]

@@ -33,7 +33,8 @@ def _cases(local) -> list[dict]:
     """Sampling params that end at stop strings and regexes found in the greedy text."""
     cases = []
     for prompt in PROMPTS:
-        text = local.generate(prompt, {**GREEDY, "max_new_tokens": 24})["text"]
+        whole = local.generate(prompt, {**GREEDY, "max_new_tokens": 24})
+        text, stop_id, special = whole["text"], whole["output_ids"][5], min(local.tokenizer.special_token_ids)
         middle = text[len(text) // 3: len(text) // 3 + 3]
         assert middle.strip(), text
         cases += [
@@ -47,6 +48,11 @@ def _cases(local) -> list[dict]:
             (prompt, {**GREEDY, "max_new_tokens": 12, "regex": "[a-z ]{3,30}"}),
             (prompt, {**GREEDY, "max_new_tokens": 6, "stop": ["e"], "min_new_tokens": 2}),
             (prompt, {**GREEDY, "max_new_tokens": 6, "logit_bias": {"1234": 100, "7": -100}}),
+            (prompt, {**GREEDY, "max_new_tokens": 24, "stop_token_ids": [stop_id], "stop": ["zzz"]}),
+            (prompt, {**GREEDY, "max_new_tokens": 24, "stop_token_ids": [special], "logit_bias": {str(special): 100},
+                      "min_new_tokens": 3, "skip_special_tokens": False}),  # its text left out
+            (prompt, {**GREEDY, "max_new_tokens": 24, "stop_token_ids": [special], "logit_bias": {str(special): 100},
+                      "min_new_tokens": 3, "skip_special_tokens": False, "no_stop_trim": True}),
         ]
     return cases
 

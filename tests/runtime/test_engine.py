@@ -137,6 +137,30 @@ def test_stop_token_ids_and_min_new_tokens(engine):
     assert len(blocked["output_ids"]) == 10 and target not in blocked["output_ids"]
 
 
+def test_a_special_stop_tokens_text_is_left_out_unless_no_stop_trim(engine):
+    """The special token that ends an output (EOS, or a special stop token id) is in output_ids
+    but not in the text even with skip_special_tokens false, as vLLM and SGLang leave it out,
+    unless no_stop_trim; on every text path (made at the finish, made step by step for a stop
+    string, streamed). A stop token id that is not special keeps its text
+    (test_stop_token_ids_and_min_new_tokens, test_grammar_edges)."""
+    special = min(engine.tokenizer.special_token_ids)
+    sp = {"max_new_tokens": 10, "temperature": 0, "skip_special_tokens": False, "stop_token_ids": [special],
+          "logit_bias": {str(special): 100.0}, "min_new_tokens": 1}  # one token, then the special one
+    before = engine.generate("Numbers", {**sp, "max_new_tokens": 1})["text"]
+    kept = before + engine.tokenizer.decode([special], skip_special_tokens=False)
+    assert kept != before
+
+    async def stream(extra):
+        return [c async for c in engine.generate_stream("Numbers", {**sp, **extra})]
+    for extra in ({}, {"stop": ["\x00never"]}):
+        res = engine.generate("Numbers", {**sp, **extra})
+        assert res["output_ids"][-1] == special and res["meta_info"]["finish_reason"]["matched"] == special
+        assert res["text"] == before, extra
+        assert engine.generate("Numbers", {**sp, **extra, "no_stop_trim": True})["text"] == kept, extra
+        assert asyncio.run(stream(extra))[-1]["text"] == before
+    assert asyncio.run(stream({"no_stop_trim": True}))[-1]["text"] == kept
+
+
 def test_seed_reproducible_and_batch_independent(engine):
     sp = {"max_new_tokens": 16, "temperature": 1.0, "seed": 42, "ignore_eos": True}
     a = engine.generate("Seeded sampling", sp)["output_ids"]
