@@ -16,13 +16,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from radixflow.frontend.body import json_response, read_json
-from radixflow.frontend.chat import ChatShape
+from radixflow.frontend.chat import ChatShape, to_logprobs
 from radixflow.frontend.errors import APIError
 from radixflow.frontend.openai_common import now, usage
 from radixflow.frontend.openai_route import Job, finish_reason, prepare
 from radixflow.frontend.openai_schemas import ChatRequest
 from radixflow.frontend.response_store import ResponseStore, StoredResponse
-from radixflow.frontend.responses_input import chat_request, check_request, read_items
+from radixflow.frontend.responses_input import LOGPROBS, chat_request, check_request, read_items, wants_logprobs
 from radixflow.frontend.responses_output import (
     OutputItems, conversation_items, listed_items, response_usage, status_of,
 )
@@ -106,6 +106,9 @@ async def create_response(request: Request) -> Response:
     store: ResponseStore = server.responses
     req = await read_json(request, ResponsesRequest)
     check_request(req, getattr(server.engine, "supports_grammar", False))
+    if wants_logprobs(req) and server.reasoning_parser is not None:
+        raise APIError(400, f"include {LOGPROBS!r} is not supported with --reasoning-parser (the output's tokens "
+                       "are not split between reasoning and text)", param="include")
     inputs = read_items(req.input)
     turn = Turn(req, "resp_" + uuid.uuid4().hex, now(), _previous(store, req.previous_response_id) + inputs,
                 _stores(req, store), inputs)
@@ -115,11 +118,13 @@ async def create_response(request: Request) -> Response:
         exc.param = _PARAMS.get(exc.param or "", exc.param)
         exc.message = exc.message.replace("].function.", "].")  # chat's tools nest what Responses' keep flat
         raise
+    tokenizer = server.engine.tokenizer
     if req.stream:
-        return EventStream(_stream(turn, job, fanout, store))
+        return EventStream(_stream(turn, job, fanout, store, tokenizer))
     [result] = await fanout.finish(request.receive)
     reason = finish_reason(result["meta_info"])
     output = OutputItems()
+    _logprobs(output, result["meta_info"], tokenizer)
     for event in _parsed(job.state.parser(), result["text"], True):
         output.add(event)
     status, incomplete = status_of(reason)
@@ -136,6 +141,13 @@ def _parsed(parser: Parser | None, text: str, last: bool) -> list[Event]:
     return parser.feed(text) + (parser.finish() if last else [])
 
 
+def _logprobs(output: OutputItems, meta: dict, tokenizer: Any) -> None:
+    """The token logprob entries of `meta` (when the request asked for them) to the output text."""
+    entries = to_logprobs(meta, tokenizer)
+    if entries is not None and entries.content:
+        output.logprobs(entries.content)
+
+
 def _usage(job: Job, meta: dict) -> ResponseUsage:
     return response_usage(usage({0: meta}, 1, job.shared))
 
@@ -145,7 +157,7 @@ def _frame(event: dict[str, Any], number: int) -> bytes:
     return b"event: " + event["type"].encode() + b"\ndata: " + data + b"\n\n"
 
 
-async def _stream(turn: Turn, job: Job, fanout: Fanout, store: ResponseStore) -> AsyncIterator[bytes]:
+async def _stream(turn: Turn, job: Job, fanout: Fanout, store: ResponseStore, tokenizer: Any) -> AsyncIterator[bytes]:
     """response.created / in_progress, the output items' events, then response.completed (or
     .incomplete) with the whole response; an engine failure after the 200 is response.failed.
     Closing the iterator (the client left) closes the fan-out: the engine aborts the request."""
@@ -159,6 +171,7 @@ async def _stream(turn: Turn, job: Job, fanout: Fanout, store: ResponseStore) ->
         async for _, chunk in fanout:
             meta = chunk["meta_info"]
             reason = finish_reason(meta)
+            _logprobs(output, meta, tokenizer)
             for event in _parsed(parser, chunk["text"], reason is not None):
                 for frame in output.add(event):
                     yield _frame(frame, next(numbers))

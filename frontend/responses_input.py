@@ -22,11 +22,25 @@ _REASONING_PARTS = {"reasoning_text": "text", "summary_text": "text"}
 _TOOL_KEYS = frozenset({"type", "name", "description", "parameters", "strict"})
 
 
+LOGPROBS = "message.output_text.logprobs"  # the one `include` entry radixflow gives
+MAX_TOP_LOGPROBS = 20  # OpenAI's bound
+
+
+def wants_logprobs(req: ResponsesRequest) -> bool:
+    return LOGPROBS in (req.include or ())
+
+
 def check_request(req: ResponsesRequest, supports_grammar: bool) -> None:
     """Refuse what would change the request's meaning if ignored."""
-    if req.include:
-        raise APIError(400, f"include {req.include[0]!r} is not supported (no built-in tools, logprobs or "
-                       "reasoning items here)", param="include")
+    other = [entry for entry in req.include or () if entry != LOGPROBS]
+    if other:
+        raise APIError(400, f"include {other[0]!r} is not supported (no built-in tools, images or encrypted "
+                       f"reasoning here; {LOGPROBS!r} is)", param="include")
+    if wants_logprobs(req) and req.tools and req.tool_choice != "none":
+        raise APIError(400, f"include {LOGPROBS!r} is not supported with tools (the output's tokens are not "
+                       "split between text and calls)", param="include")
+    if req.top_logprobs is not None and not 0 <= req.top_logprobs <= MAX_TOP_LOGPROBS:
+        raise APIError(400, f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}]", param="top_logprobs")
     if req.reasoning is not None and (req.reasoning.summary or req.reasoning.generate_summary):
         raise APIError(400, "reasoning summaries are not supported (with --reasoning-parser a thinking model's "
                        "block is a reasoning item, as written); send reasoning.summary null", param="reasoning")
@@ -208,5 +222,6 @@ def chat_request(req: ResponsesRequest, conversation: list[Item]) -> ChatRequest
         model=req.model, messages=instructions + chat_messages(conversation), max_completion_tokens=req.max_output_tokens,
         reasoning_effort=req.reasoning.effort if req.reasoning is not None else None,
         temperature=req.temperature, top_p=req.top_p, tools=tools, json_schema=schema, user=req.user,
+        logprobs=wants_logprobs(req), top_logprobs=req.top_logprobs if wants_logprobs(req) else None,
         tool_choice=NamedToolChoice("function", FunctionName(choice.name)) if isinstance(choice, FunctionChoice)
         else choice, parallel_tool_calls=req.parallel_tool_calls if tools else None)

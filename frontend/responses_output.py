@@ -36,6 +36,12 @@ class OutputItems:
         self._thoughts: list[str] = []  # the open reasoning item's text
         self._call: FunctionCall | None = None
         self._arguments: list[str] = []  # the open call's arguments so far
+        self._logprobs: list[Any] = []  # token logprob entries not yet given with text
+        self._part_logprobs: list[Any] = []  # the open message's
+
+    def logprobs(self, entries: list[Any]) -> None:
+        """Token logprob entries (include message.output_text.logprobs): they go with the next text."""
+        self._logprobs += entries
 
     def add(self, event: Event | Thought) -> list[dict[str, Any]]:
         if isinstance(event, CallArgs):
@@ -89,15 +95,21 @@ class OutputItems:
     def _text(self, text: str) -> list[dict[str, Any]]:
         out = self._open() if self._message is None else []
         self._pieces.append(text)
-        return out + [{"type": "response.output_text.delta", **self._at(), "delta": text, "logprobs": []}]
+        entries, self._logprobs = self._logprobs, []
+        self._part_logprobs += entries
+        return out + [{"type": "response.output_text.delta", **self._at(), "delta": text,
+                       "logprobs": _builtins_list(entries)}]
 
     def _close(self, status: str) -> list[dict[str, Any]]:
         message = self._message
         if message is None:
             return []
+        # entries of tokens with no text left (a stop token): an empty delta, so the deltas' entries are the part's
+        out = self._text("") if self._logprobs else []
         part = message.content[0]
         part.text, message.status = "".join(self._pieces), status
-        out = [{"type": "response.output_text.done", **self._at(), "text": part.text, "logprobs": []},
+        part.logprobs, self._part_logprobs = _builtins_list(self._part_logprobs), []
+        out += [{"type": "response.output_text.done", **self._at(), "text": part.text, "logprobs": part.logprobs},
                {"type": "response.content_part.done", **self._at(), "part": _builtins(part)},
                {"type": "response.output_item.done", "output_index": self._index, "item": _builtins(message)}]
         self._message, self._pieces = None, []
@@ -134,6 +146,10 @@ class OutputItems:
 
 def _builtins(struct: msgspec.Struct) -> Any:
     return msgspec.to_builtins(struct)
+
+
+def _builtins_list(entries: list[Any]) -> list[Any]:
+    return [msgspec.to_builtins(e) for e in entries]
 
 
 def listed_items(items: list[Item]) -> list[dict[str, Any]]:

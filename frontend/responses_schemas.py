@@ -53,6 +53,7 @@ class ResponsesRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     previous_response_id: str | None = None
     metadata: dict[str, str] | None = None
     user: str | None = None
+    top_logprobs: int | None = None  # with include message.output_text.logprobs: alternatives per token
     # accepted only with the values that ask for nothing radixflow lacks (responses_input.py)
     include: list[str] | None = None
     reasoning: Reasoning | None = None
@@ -93,6 +94,7 @@ Item = MessageItem | CallItem | CallOutputItem | ThoughtItem
 class OutputText(Struct, kw_only=True, tag_field="type", tag="output_text"):
     text: str
     annotations: list[Any] = msgspec.field(default_factory=list)
+    logprobs: list[Any] = msgspec.field(default_factory=list)  # with include message.output_text.logprobs
 
 
 class OutputMessage(Struct, kw_only=True, tag_field="type", tag="message"):

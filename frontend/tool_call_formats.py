@@ -19,7 +19,8 @@ from collections.abc import Callable, Mapping, Set
 
 from radixflow.frontend.xml_calls import Glm45Parser, Qwen3CoderParser
 from radixflow.frontend.tool_calls import (
-    ArgsReader, Call, CallListReader, CallReader, Content, Event, FirstCallOnly, HermesParser, Parser, StateParser, call_events,
+    ArgsReader, Call, CallListReader, CallReader, Content, Event, FirstCallOnly, HermesParser, Parser, StateParser,
+    call_events,
 )
 
 
@@ -61,8 +62,8 @@ class _Value:
 
 class _ValueParser(StateParser):
     """A format that writes its calls as a bracketed value (StateParser's states). A subclass has
-    `_start` (what the output opens with) and either `_reader` (a fresh reader of a value as it comes) or `_calls` (a closed
-    value's calls, or None when it is not calls of the tools)."""
+    `_start` (what the output opens with) and either `_reader` (a fresh reader of a value as it
+    comes) or `_calls` (a closed value's calls, or None when it is not calls of the tools)."""
 
     quotes = '"'  # the string quotes of the values
     after = "text"  # the state after a value that was calls

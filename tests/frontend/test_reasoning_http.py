@@ -211,6 +211,9 @@ def test_reasoning_effort_reaches_the_template_and_none_turns_thinking_off(r1):
     assert out.status_code == 200, out.text
     assert [item["type"] for item in out.json()["output"]] == ["message"]
     assert out.json()["reasoning"]["effort"] == "none"
+    # output_text logprobs would mix the block's tokens with the answer's: refused under a reasoning parser
+    r = r1.post("/v1/responses", json={"model": MODEL_NAME, "input": "Hi", "include": ["message.output_text.logprobs"]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "include", r.text
     # /tokenize takes it with messages, as the chat request would run them; not with a prompt
     ids = r1.post("/tokenize", json={"messages": BASE["messages"], "reasoning_effort": "low"})
     assert ids.status_code == 200 and ids.json()["count"] == out.json()["usage"]["input_tokens"]

@@ -196,6 +196,26 @@ def test_input_items_of_a_stored_response(oai, client):
     assert client.get("/v1/responses/resp_nope/input_items").status_code == 404
 
 
+def test_output_text_logprobs_when_included(oai):
+    """include message.output_text.logprobs (with top_logprobs): every output token's logprob on the
+    output_text part, the same streamed (each delta with its tokens' entries) as whole."""
+    ask = {"model": MODEL_NAME, "input": "Count", "max_output_tokens": 6, "temperature": 0,
+           "include": ["message.output_text.logprobs"], "top_logprobs": 2}
+    out = oai.responses.create(**ask)
+    entries = out.output[0].content[0].logprobs
+    assert len(entries) == out.usage.output_tokens == 6
+    assert all(len(e.top_logprobs) == 2 and e.logprob <= e.top_logprobs[0].logprob + 1e-6 for e in entries)
+    assert "".join(e.token for e in entries) == out.output_text
+    events = list(oai.responses.create(**ask, stream=True))
+    deltas = [e for e in events if e.type == "response.output_text.delta"]
+    done = next(e for e in events if e.type == "response.output_text.done")
+    streamed = [x for d in deltas for x in d.logprobs]
+    assert [(x.token, x.logprob) for x in streamed] == [(x.token, x.logprob) for x in done.logprobs] \
+        == [(x.token, x.logprob) for x in entries]
+    plain = oai.responses.create(model=MODEL_NAME, input="Count", max_output_tokens=2)
+    assert plain.output[0].content[0].logprobs in (None, [])
+
+
 @pytest.mark.parametrize("extra, param", [
     ({"tools": [{"type": "web_search"}]}, "tools"),
     ({"tools": [{"type": "function", "name": "f", "paramters": {}}]}, "tools"),
@@ -213,7 +233,8 @@ def test_input_items_of_a_stored_response(oai, client):
     ({"tools": TOOLS, "tool_choice": "required", "text": {"format": {"type": "json_object"}}}, "tool_choice"),
     ({"temperature": 3}, "temperature"),
     ({"max_output_tokens": 0}, "max_output_tokens"),
-    ({"top_logprobs": 2}, "top_logprobs"),
+    ({"top_logprobs": 21}, "top_logprobs"),
+    ({"include": ["message.output_text.logprobs"], "tools": TOOLS}, "include"),
     ({"text": {"format": {"type": "text", "schema": {"type": "object"}}}}, "text"),  # the schema meant nothing
     ({"text": {"format": {"type": "json_object", "name": "x"}}}, "text"),
     ({"metadata": {f"k{i}": "v" for i in range(17)}}, "metadata"),  # OpenAI's limits: 16 pairs,
