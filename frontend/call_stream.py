@@ -71,24 +71,32 @@ def whole(events: Iterable[object]) -> list[object]:
     return out
 
 
-class CallReader:
+class _ObjectReader:
+    """What CallReader and ArgsReader share: a JSON reader, whether the call `started`, was
+    `refused` before it started or `broken` after, and `ended` (the reader reads no more)."""
+
+    def __init__(self) -> None:
+        self._json = JsonReader()
+        self.started = self.refused = self.broken = False
+
+    @property
+    def ended(self) -> bool:
+        return self._json.done or self.refused or self.broken
+
+
+class CallReader(_ObjectReader):
     """One call object, `{"name": ..., "arguments": {...}}` (`keys`: where the arguments may be,
     the first met wins), read a piece at a time. `feed` stops at the object's end; `ended` says
     the reader reads no more: the object ended, was `refused` before the call started, or broke
     after (`broken`)."""
 
     def __init__(self, names: Set[str], keys: tuple[str, ...] = ("arguments",)) -> None:
+        super().__init__()
         self.names, self.keys = names, keys
-        self._json = JsonReader()
         self._name: list[str] | None = []  # the name value's text; None once read
         self.name: str | None = None  # a tool's name, once read
         self._args: list[str] = []  # the arguments read before the call started
         self._args_at = "none"  # none | open | closed
-        self.started = self.refused = self.broken = False
-
-    @property
-    def ended(self) -> bool:
-        return self._json.done or self.refused or self.broken
 
     def feed(self, text: str) -> tuple[list[Event], int]:
         """The events `text` makes, and how much of it was read (all of it unless the reading ended)."""
@@ -156,20 +164,15 @@ class CallReader:
             self.refused = not self.started
 
 
-class ArgsReader:
+class ArgsReader(_ObjectReader):
     """The arguments object of a call whose name is already known (a named function's constrained
     output, Mistral's `[TOOL_CALLS]name[ARGS]{...}`), read a piece at a time: the call starts at
     its opening brace, after any whitespace. CallReader's interface: `refused` when something
     else opens it, `broken` when its JSON breaks."""
 
     def __init__(self, name: str) -> None:
+        super().__init__()
         self.name = name
-        self._json = JsonReader()
-        self.started = self.refused = self.broken = False
-
-    @property
-    def ended(self) -> bool:
-        return self._json.done or self.refused or self.broken
 
     def feed(self, text: str) -> tuple[list[Event], int]:
         out: list[Event] = []
