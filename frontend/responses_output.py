@@ -35,6 +35,7 @@ class OutputItems:
         self._reasoning: ReasoningOutput | None = None
         self._thoughts: list[str] = []  # the open reasoning item's text
         self._call: FunctionCall | None = None
+        self._call_index = 0  # the open call's output_index
         self._arguments: list[str] = []  # the open call's arguments so far
         self._logprobs: list[Any] = []  # token logprob entries not yet given with text
         self._part_logprobs: list[Any] = []  # the open message's
@@ -119,7 +120,8 @@ class OutputItems:
         item = self._call = FunctionCall(id=item_id("fc"), call_id=item_id("call"), name=name, arguments="",
                                          status="in_progress")
         self.items.append(item)
-        return [{"type": "response.output_item.added", "output_index": len(self.items) - 1, "item": _builtins(item)}]
+        self._call_index = len(self.items) - 1
+        return [{"type": "response.output_item.added", "output_index": self._call_index, "item": _builtins(item)}]
 
     def _args(self, text: str) -> list[dict[str, Any]]:
         self._arguments.append(text)
@@ -137,7 +139,7 @@ class OutputItems:
 
     def _call_at(self) -> dict[str, Any]:
         assert self._call is not None
-        return {"item_id": self._call.id, "output_index": self.items.index(self._call)}
+        return {"item_id": self._call.id, "output_index": self._call_index}
 
     def _at(self) -> dict[str, Any]:
         assert self._message is not None

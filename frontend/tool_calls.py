@@ -49,7 +49,7 @@ class Content:
             else:
                 out.append(event)
 
-    def read(self, reader: CallReader | CallListReader, text: str, out: list[Event]) -> int:
+    def read(self, reader: CallReader | CallListReader | ArgsReader, text: str, out: list[Event]) -> int:
         """Feed `text` to `reader`, its events through `call`; how much of `text` it read."""
         events, used = reader.feed(text)
         self.call(events, out)

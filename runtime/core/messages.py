@@ -193,3 +193,8 @@ class AbortNotice(msgspec.Struct, frozen=True, tag="abort_notice"):
 
 ToCore = Union[Hello, SubmitRequest, AbortRequest, ControlCall]
 FromCore = Union[StepOutput, CoreInfo, Rejected, ControlReply, Timings, Health, AbortNotice]
+
+
+def ended_by_token(reason: dict[str, Any] | None) -> bool:
+    """Whether a finish reason is a stop token id's or EOS's (its token is the output's last)."""
+    return reason is not None and reason.get("type") == "stop" and isinstance(reason.get("matched"), int)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import time
 
+from radixflow.runtime.core.messages import ended_by_token
 from radixflow.runtime.core.request import Req
 
 
@@ -86,8 +87,8 @@ def finalize_text(req: Req) -> None:
     deferred = req.deferred_text
     if deferred is not None:
         req.deferred_text = None
-        reason, ids = req.finish_reason, req.output_ids
-        if reason is not None and reason.get("type") == "stop" and isinstance(reason.get("matched"), int):
+        ids = req.output_ids
+        if ended_by_token(req.finish_reason):
             deferred.add_all(ids[:-1])
             deferred.end_token(ids[-1])
         else:

@@ -12,7 +12,7 @@ from typing import Any
 
 import msgspec
 
-from radixflow.runtime.core.messages import RequestOutput
+from radixflow.runtime.core.messages import RequestOutput, ended_by_token
 from radixflow.runtime.sampling_params import SamplingParams
 from radixflow.runtime.text.detokenizer import IncrementalDetokenizer
 from radixflow.runtime.text.stop_regex import StopMatcher, compile_stop_regexes
@@ -121,7 +121,7 @@ class ClientText:
         else:
             reason = out.finish_reason
             # a stop token or EOS ends the output before any stop string is looked for, as in-process
-            eos = reason is not None and reason.get("type") == "stop" and isinstance(reason.get("matched"), int)
+            eos = ended_by_token(reason)
             for k, token in enumerate(tokens):
                 if eos and k == len(tokens) - 1:
                     self.text.end_token(token)
