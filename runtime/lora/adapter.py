@@ -150,6 +150,10 @@ def _collect(tensors: dict[str, torch.Tensor], path: str, args: ModelArgs, rank:
         layer = int(m.group(1))
         if layer >= args.num_layers:
             raise ValueError(f"adapter {path!r}: tensor {name!r} is for layer {layer}, the base has {args.num_layers}")
+        if layer in args.moe_layers and TARGETS[m.group(2)][0] in ("gate_up", "down"):
+            raise ValueError(f"adapter {path!r}: tensor {name!r} adapts layer {layer}'s MLP, which is a "
+                             "mixture of experts here: adapters on experts are not supported (attention "
+                             "projections and dense MLPs are)")
         halves.setdefault((layer, m.group(2)), {})[m.group(3)] = t
     out = {}
     for (layer, module), pair in sorted(halves.items()):

@@ -9,6 +9,10 @@ llama.cpp's names map onto ours as
     blk.N.attn_{q,k}_norm          layers.N.self_attn.{q,k}_norm (qwen3)
     blk.N.attn_output              layers.N.self_attn.o_proj
     blk.N.ffn_{gate,up} / ffn_down layers.N.mlp.gate_up_proj (gate | up) / mlp.down_proj
+    blk.N.ffn_gate_inp             layers.N.mlp.gate (a mixture of experts' router)
+    blk.N.ffn_{gate,up}_exps       layers.N.mlp.experts_gate_up ([E, I, H] each, joined on dim 1)
+    blk.N.ffn_down_exps            layers.N.mlp.experts_down
+    blk.N.ffn_{gate,up,down}_shexp layers.N.mlp.shared_expert (qwen2moe; ffn_gate_inp_shexp its gate)
 
 NOTE: for `llama` files, llama.cpp's converter permutes the rows of Q and K within each head from
 the Hugging Face rotate-half layout to interleaved pairs (its RoPE kernel's layout); we undo that.
@@ -24,14 +28,18 @@ import torch
 from radixflow.runtime.model.gguf_file import GGUFFile
 from radixflow.runtime.model.model import CausalLM
 from radixflow.runtime.model.model_config import ModelArgs
+from radixflow.runtime.model.weights import join_parts
 
 log = logging.getLogger(__name__)
 
-# general.architecture -> (our architecture, Q/K rows permuted by the converter)
+# general.architecture -> (our architecture, Q/K rows permuted by the converter); a `llama` file
+# with experts (`llama.expert_count`) is Mixtral
 GGUF_ARCHITECTURES = {
     "llama": ("LlamaForCausalLM", True),
     "qwen2": ("Qwen2ForCausalLM", False),
     "qwen3": ("Qwen3ForCausalLM", False),
+    "qwen2moe": ("Qwen2MoeForCausalLM", False),
+    "qwen3moe": ("Qwen3MoeForCausalLM", False),
 }
 _FLOAT_FILE_DTYPES = {0: "float32", 1: "float16", 30: "bfloat16"}  # general.file_type -> dtype
 
@@ -89,12 +97,23 @@ def _model_args(f: GGUFFile) -> ModelArgs:
     eos = meta.get("tokenizer.ggml.eos_token_id")
     bos = meta.get("tokenizer.ggml.bos_token_id")
     our_arch, _ = GGUF_ARCHITECTURES[arch]
+    num_layers = int_key("block_count")
+    moe: dict[str, object] = {}
+    if arch.endswith("moe") or meta.get(f"{arch}.expert_count"):
+        our_arch = "MixtralForCausalLM" if arch == "llama" else our_arch
+        # llama.cpp renormalizes the top-k weights for Mixtral and Qwen3-MoE, not for Qwen2-MoE
+        width = int_key("expert_feed_forward_length" if arch.endswith("moe") else "feed_forward_length")
+        moe = {"num_experts": int_key("expert_count"), "num_experts_per_tok": int_key("expert_used_count"),
+               "moe_intermediate_size": width, "norm_topk_prob": arch != "qwen2moe",
+               "moe_layers": tuple(i for i in range(num_layers) if f"blk.{i}.ffn_gate_inp.weight" in f.tensors)}
+        if arch == "qwen2moe":
+            moe["shared_expert_intermediate_size"] = int_key("expert_shared_feed_forward_length")
     return ModelArgs(
         architecture=our_arch,
         vocab_size=f.tensors["token_embd.weight"].shape[0],
         hidden_size=hidden,
-        intermediate_size=int_key("feed_forward_length"),
-        num_layers=int_key("block_count"),
+        intermediate_size=int_key("feed_forward_length", moe.get("moe_intermediate_size")),  # type: ignore[arg-type]
+        num_layers=num_layers,
         num_heads=num_heads,
         num_kv_heads=int_key("attention.head_count_kv", num_heads),
         head_dim=head_dim,
@@ -104,10 +123,11 @@ def _model_args(f: GGUFFile) -> ModelArgs:
         max_position_embeddings=int_key("context_length", 4096),
         tie_word_embeddings="output.weight" not in f.tensors,
         qkv_bias="blk.0.attn_q.bias" in f.tensors,
-        qk_norm=arch == "qwen3",
+        qk_norm=arch in ("qwen3", "qwen3moe"),
         torch_dtype=_FLOAT_FILE_DTYPES.get(int(meta.get("general.file_type", 0)), "float32"),
         bos_token_id=int(bos) if bos is not None else None,
         eos_token_ids=(int(eos),) if eos is not None else (),
+        **moe,  # type: ignore[arg-type]
     )
 
 
@@ -136,11 +156,25 @@ def gguf_sources(args: ModelArgs, permuted: bool) -> dict[str, list[tuple[str, T
         if args.qk_norm:
             src[ours + "self_attn.q_norm.weight"] = [(b + "attn_q_norm.weight", None)]
             src[ours + "self_attn.k_norm.weight"] = [(b + "attn_k_norm.weight", None)]
-        src[ours + "mlp.gate_up_proj.weight"] = [(b + "ffn_gate.weight", None), (b + "ffn_up.weight", None)]
-        src[ours + "mlp.down_proj.weight"] = [(b + "ffn_down.weight", None)]
+        if i in args.moe_layers:
+            src[ours + "mlp.gate.weight"] = [(b + "ffn_gate_inp.weight", None)]
+            src[ours + "mlp.experts_gate_up"] = [(b + "ffn_gate_exps.weight", None), (b + "ffn_up_exps.weight", None)]
+            src[ours + "mlp.experts_down"] = [(b + "ffn_down_exps.weight", None)]
+        mlp = "mlp.shared_expert." if i in args.moe_layers and args.shared_expert_intermediate_size else "mlp."
+        suffix = "_shexp" if mlp != "mlp." else ""
+        if i not in args.moe_layers or suffix:
+            src[ours + mlp + "gate_up_proj.weight"] = [(b + f"ffn_gate{suffix}.weight", None),
+                                                       (b + f"ffn_up{suffix}.weight", None)]
+            src[ours + mlp + "down_proj.weight"] = [(b + f"ffn_down{suffix}.weight", None)]
+        if suffix:  # [1, H] (llama.cpp's converter keeps the row as a vector [H]: reshaped)
+            src[ours + "mlp.shared_expert_gate.weight"] = [(b + "ffn_gate_inp_shexp.weight", _as_row)]
         src[ours + "input_layernorm.weight"] = [(b + "attn_norm.weight", None)]
         src[ours + "post_attention_layernorm.weight"] = [(b + "ffn_norm.weight", None)]
     return src
+
+
+def _as_row(w: torch.Tensor) -> torch.Tensor:
+    return w.reshape(1, -1)
 
 
 def _read(f: GGUFFile, name: str, fix: Transform | None, dtype: torch.dtype) -> torch.Tensor:
@@ -166,9 +200,9 @@ def load_gguf_weights(model: CausalLM, f: GGUFFile, dtype: torch.dtype, device: 
     start = time.perf_counter()
     for name, parts in tqdm(sources.items(), desc="dequantizing GGUF", unit="tensor", disable=None, leave=False):
         tensors = [_read(f, src, fix, dtype) for src, fix in parts]
-        tensor = tensors[0] if len(tensors) == 1 else torch.cat(tensors, dim=0)
         want = tuple(expected[name].shape)
-        if tuple(tensor.shape) != want:
+        tensor = join_parts(tensors, want)
+        if tensor is None:
             shapes = ", ".join(f"{s} {tuple(t.shape)}" for (s, _), t in zip(parts, tensors))
             raise ValueError(f"GGUF tensor(s) {shapes} do not fit {name} of shape {want}")
         state[name] = tensor.to(device)

@@ -1,4 +1,5 @@
-"""One decoder for the Llama family (Llama 2/3/3.1, Mistral, Qwen2, Qwen3), driven by ModelArgs.
+"""One decoder for the Llama family (Llama 2/3/3.1, Mistral, Qwen2, Qwen3) and its mixture-of-experts
+kin (Mixtral, Qwen2-MoE, Qwen3-MoE: runtime/model/moe.py), driven by ModelArgs.
 
 Projections are fused at load time (q|k|v into `qkv_proj`, gate|up into `gate_up_proj`) so each
 layer runs two matmuls fewer. Attention goes through an `AttentionFn` that receives the step's
@@ -18,7 +19,7 @@ from torch import nn
 from radixflow import kernels
 from radixflow.kernels import native_layers
 from radixflow.runtime.core.forward_batch import ForwardBatch
-from radixflow.runtime.model import fused_layers
+from radixflow.runtime.model import fused_layers, moe
 from radixflow.runtime.model.model_config import ModelArgs
 
 # Vocabulary rows per logits matmul on CPU (see project_logits).
@@ -150,22 +151,58 @@ class Attention(nn.Module):
         return add_lora(fb, self.layer_id, "o", o, self.o_proj(o))
 
 
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up of gate_up [T, 2 * inter] = | gate | up | → [T, inter]: the Triton kernel on
+    CUDA, else the native pass, else torch ops."""
+    if use_triton_ops(gate_up):
+        return kernels.silu_and_mul(gate_up)
+    act = native_layers.silu_mul(gate_up)
+    return silu_mul_cpu(gate_up) if act is None else act
+
+
 class MLP(nn.Module):
-    def __init__(self, args: ModelArgs, layer_id: int) -> None:
+    """The dense SwiGLU MLP; `lora` False for one that adapters do not reach (Qwen2-MoE's shared expert)."""
+
+    def __init__(self, args: ModelArgs, layer_id: int, intermediate_size: int | None = None,
+                 lora: bool = True) -> None:
         super().__init__()
-        self.layer_id = layer_id
-        self.intermediate_size = args.intermediate_size
-        self.gate_up_proj = nn.Linear(args.hidden_size, 2 * args.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(args.intermediate_size, args.hidden_size, bias=False)
+        self.layer_id, self.lora = layer_id, lora
+        self.intermediate_size = args.intermediate_size if intermediate_size is None else intermediate_size
+        self.gate_up_proj = nn.Linear(args.hidden_size, 2 * self.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(self.intermediate_size, args.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
-        gate_up = add_lora(fb, self.layer_id, "gate_up", x, self.gate_up_proj(x))  # [T, 2 * intermediate]
-        if use_triton_ops(x):
-            act = kernels.silu_and_mul(gate_up)
-        else:  # [T, intermediate]
-            act = native_layers.silu_mul(gate_up)
-            act = silu_mul_cpu(gate_up) if act is None else act
-        return add_lora(fb, self.layer_id, "down", act, self.down_proj(act))
+        gate_up = self.gate_up_proj(x)  # [T, 2 * intermediate]
+        if self.lora:
+            gate_up = add_lora(fb, self.layer_id, "gate_up", x, gate_up)
+        act = silu_and_mul(gate_up)  # [T, intermediate]
+        down = self.down_proj(act)
+        return add_lora(fb, self.layer_id, "down", act, down) if self.lora else down
+
+
+class SparseMoE(nn.Module):
+    """A mixture-of-experts MLP: `gate` routes each token to its top-k of the experts' SwiGLU MLPs,
+    stored stacked (runtime/model/moe.py); Qwen2-MoE adds a shared expert scaled by
+    sigmoid(shared_expert_gate(x)). LoRA adapters do not reach it (runtime/lora/adapter.py refuses them)."""
+
+    def __init__(self, args: ModelArgs, layer_id: int) -> None:
+        super().__init__()
+        self.top_k, self.renormalize = args.num_experts_per_tok, args.norm_topk_prob
+        experts, inter = args.num_experts, args.moe_intermediate_size
+        self.gate = nn.Linear(args.hidden_size, experts, bias=False)
+        self.experts_gate_up = nn.Parameter(torch.empty(experts, 2 * inter, args.hidden_size))
+        self.experts_down = nn.Parameter(torch.empty(experts, args.hidden_size, inter))
+        self.shared_expert: MLP | None = None
+        if args.shared_expert_intermediate_size:
+            self.shared_expert = MLP(args, layer_id, args.shared_expert_intermediate_size, lora=False)
+            self.shared_expert_gate = nn.Linear(args.hidden_size, 1, bias=False)
+
+    def forward(self, x: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
+        weights, ids = moe.route(self.gate(x), self.top_k, self.renormalize)
+        out = moe.run_experts(x, weights, ids, self.experts_gate_up, self.experts_down, silu_and_mul)
+        if self.shared_expert is not None:
+            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x, fb)
+        return out
 
 
 class DecoderLayer(nn.Module):
@@ -174,7 +211,7 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.self_attn = Attention(args, layer_id)
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
-        self.mlp = MLP(args, layer_id)
+        self.mlp = SparseMoE(args, layer_id) if layer_id in args.moe_layers else MLP(args, layer_id)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None, rope: RopeStep,
                 fb: ForwardBatch, attn: AttentionFn) -> tuple[torch.Tensor, torch.Tensor]:

@@ -8,7 +8,10 @@ from typing import Any
 
 from radixflow.runtime.text_files import read_json_object
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+                           "MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
+# mixture-of-experts families: a router sends each token to its top-k experts' MLPs
+MOE_ARCHITECTURES = ("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
 
 
 @dataclass(frozen=True)
@@ -33,6 +36,13 @@ class ModelArgs:
     torch_dtype: str
     bos_token_id: int | None
     eos_token_ids: tuple[int, ...]
+    # mixture of experts (Mixtral, Qwen2-MoE, Qwen3-MoE); no moe_layers: every MLP is dense
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0       # each expert's MLP width
+    norm_topk_prob: bool = True          # the top-k routing weights renormalized to sum to 1
+    moe_layers: tuple[int, ...] = ()     # the layers whose MLP is the experts (the rest: dense MLPs)
+    shared_expert_intermediate_size: int = 0  # Qwen2-MoE: a gated dense MLP beside the experts
 
     def __post_init__(self) -> None:
         """ValueError naming the field (by its config.json name) when the shape cannot be built."""
@@ -52,9 +62,24 @@ class ModelArgs:
             raise ValueError(f"head_dim {self.head_dim} must be even (RoPE rotates pairs)")
         if self.rope_scaling is not None and not isinstance(self.rope_scaling, dict):
             raise ValueError(f"rope_scaling must be an object or null, got {self.rope_scaling!r}")
+        if self.moe_layers:
+            self._check_moe()
         for token_id in (*self.eos_token_ids, *(() if self.bos_token_id is None else (self.bos_token_id,))):
             if isinstance(token_id, bool) or not isinstance(token_id, int):
                 raise ValueError(f"bos_token_id / eos_token_id must be token ids, got {token_id!r}")
+
+    def _check_moe(self) -> None:
+        for name, value in (("num_experts", self.num_experts), ("num_experts_per_tok", self.num_experts_per_tok),
+                            ("moe_intermediate_size", self.moe_intermediate_size)):
+            _check_positive_int(name, value)
+        if self.num_experts_per_tok > self.num_experts:
+            raise ValueError(f"num_experts_per_tok {self.num_experts_per_tok} is more than num_experts "
+                             f"{self.num_experts}")
+        if self.shared_expert_intermediate_size:
+            _check_positive_int("shared_expert_intermediate_size", self.shared_expert_intermediate_size)
+        if any(not 0 <= i < self.num_layers for i in self.moe_layers):
+            raise ValueError(f"mixture-of-experts layers {list(self.moe_layers)} are outside the model's "
+                             f"{self.num_layers} layers")
 
     @property
     def q_size(self) -> int:
@@ -128,7 +153,11 @@ def model_args_from_dict(cfg: dict[str, Any]) -> ModelArgs:
             raise ValueError(f"unsupported rope_scaling type {kind!r}; supported: llama3, linear")
     eos = cfg.get("eos_token_id")
     eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
-    is_qwen2 = arch == "Qwen2ForCausalLM"
+    is_qwen2 = arch in ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM")
+    if arch == "Qwen2MoeForCausalLM":  # its own field, true unless set
+        qkv_bias = cfg.get("qkv_bias", True)
+    else:
+        qkv_bias = cfg.get("attention_bias", is_qwen2) or is_qwen2
     return ModelArgs(
         architecture=arch,
         vocab_size=_required(cfg, "vocab_size"),
@@ -143,9 +172,43 @@ def model_args_from_dict(cfg: dict[str, Any]) -> ModelArgs:
         rope_scaling=rope_scaling,
         max_position_embeddings=_optional(cfg, "max_position_embeddings", 4096),
         tie_word_embeddings=cfg.get("tie_word_embeddings", False),
-        qkv_bias=cfg.get("attention_bias", is_qwen2) or is_qwen2,
-        qk_norm=arch == "Qwen3ForCausalLM",
+        qkv_bias=bool(qkv_bias),
+        qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM"),
         torch_dtype=cfg.get("torch_dtype") or cfg.get("dtype") or "float32",
         bos_token_id=cfg.get("bos_token_id"),
         eos_token_ids=eos_ids,
+        **_moe_fields(cfg, arch),
     )
+
+
+def _moe_fields(cfg: dict[str, Any], arch: str) -> dict[str, Any]:
+    """ModelArgs' mixture-of-experts fields of a config.json (none for a dense family).
+
+    Mixtral: every layer's MLP is experts of `intermediate_size`, top-k weights renormalized.
+    Qwen2/3-MoE: experts of `moe_intermediate_size` in every `decoder_sparse_step`-th layer
+    outside `mlp_only_layers` (dense MLPs of `intermediate_size` there), renormalized when
+    `norm_topk_prob`; Qwen2-MoE adds a shared expert gated by a sigmoid.
+    """
+    if arch not in MOE_ARCHITECTURES:
+        return {}
+    num_layers = _required(cfg, "num_hidden_layers")
+    _check_positive_int("num_hidden_layers", num_layers)
+    experts = cfg.get("num_local_experts") or cfg.get("num_experts")
+    if experts is None:
+        raise ValueError("the required field num_local_experts (or num_experts) is missing")
+    fields: dict[str, Any] = {"num_experts": experts, "num_experts_per_tok": _required(cfg, "num_experts_per_tok")}
+    if arch == "MixtralForCausalLM":
+        return {**fields, "moe_intermediate_size": _required(cfg, "intermediate_size"), "norm_topk_prob": True,
+                "moe_layers": tuple(range(num_layers))}
+    step, dense = _optional(cfg, "decoder_sparse_step", 1), _optional(cfg, "mlp_only_layers", [])
+    _check_positive_int("decoder_sparse_step", step)
+    if not isinstance(dense, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in dense):
+        raise ValueError(f"mlp_only_layers must list layer numbers, got {dense!r}")
+    norm = _optional(cfg, "norm_topk_prob", False)
+    if not isinstance(norm, bool):
+        raise ValueError(f"norm_topk_prob must be true or false, got {norm!r}")
+    fields.update(moe_intermediate_size=_required(cfg, "moe_intermediate_size"), norm_topk_prob=norm,
+                  moe_layers=tuple(i for i in range(num_layers) if i not in dense and (i + 1) % step == 0))
+    if arch == "Qwen2MoeForCausalLM":
+        fields["shared_expert_intermediate_size"] = _required(cfg, "shared_expert_intermediate_size")
+    return fields

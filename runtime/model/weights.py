@@ -109,11 +109,57 @@ def _checkpoint_sources(args: ModelArgs) -> dict[str, list[str]]:
         if args.qk_norm:
             src[ours + "self_attn.q_norm.weight"] = [attn + "q_norm.weight"]
             src[ours + "self_attn.k_norm.weight"] = [attn + "k_norm.weight"]
-        src[ours + "mlp.gate_up_proj.weight"] = [p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"]
-        src[ours + "mlp.down_proj.weight"] = [p + "mlp.down_proj.weight"]
+        if i in args.moe_layers:
+            src.update(_expert_sources(args, p, ours))
+        else:
+            src[ours + "mlp.gate_up_proj.weight"] = [p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"]
+            src[ours + "mlp.down_proj.weight"] = [p + "mlp.down_proj.weight"]
         src[ours + "input_layernorm.weight"] = [p + "input_layernorm.weight"]
         src[ours + "post_attention_layernorm.weight"] = [p + "post_attention_layernorm.weight"]
     return src
+
+
+# each family's names for a layer's experts block and an expert's (gate, up, down) projections
+_EXPERT_NAMES = {"MixtralForCausalLM": ("block_sparse_moe", ("w1", "w3", "w2"))}
+_QWEN_EXPERT_NAMES = ("mlp", ("gate_proj", "up_proj", "down_proj"))
+
+
+def _expert_sources(args: ModelArgs, p: str, ours: str) -> dict[str, list[str]]:
+    """A mixture-of-experts layer's parameters: the router, every expert's gate | up stacked (one
+    [2I, H] block per expert) and its down, and Qwen2-MoE's shared expert with its gate."""
+    block, (gate, up, down) = _EXPERT_NAMES.get(args.architecture, _QWEN_EXPERT_NAMES)
+    experts = [f"{p}{block}.experts.{e}." for e in range(args.num_experts)]
+    src = {ours + "mlp.gate.weight": [f"{p}{block}.gate.weight"],
+           ours + "mlp.experts_gate_up": [e + f"{w}.weight" for e in experts for w in (gate, up)],
+           ours + "mlp.experts_down": [e + f"{down}.weight" for e in experts]}
+    if args.shared_expert_intermediate_size:
+        shared = f"{p}mlp.shared_expert."
+        src[ours + "mlp.shared_expert.gate_up_proj.weight"] = [shared + "gate_proj.weight", shared + "up_proj.weight"]
+        src[ours + "mlp.shared_expert.down_proj.weight"] = [shared + "down_proj.weight"]
+        src[ours + "mlp.shared_expert_gate.weight"] = [f"{p}mlp.shared_expert_gate.weight"]
+    return src
+
+
+def join_parts(parts: list[torch.Tensor], want: tuple[int, ...]) -> torch.Tensor | None:
+    """The parameter of shape `want` the checkpoint tensors `parts` form, or None when they do not fit.
+
+    Parts of a parameter's own rank join on dim 0 (q | k | v, gate | up), except that 3-D parts
+    join on dim 1 (GGUF's stacked experts: gate [E, I, H] | up [E, I, H] → [E, 2I, H]); 2-D parts
+    of a 3-D parameter are its experts' blocks in order, all of one shape ([2I, H] from gate | up
+    pairs, [H, I] from downs).
+    """
+    if len(parts) == 1:
+        joined = parts[0]
+    elif len(want) == 3 and all(t.dim() == 3 for t in parts):
+        joined = torch.cat(parts, dim=1)
+    elif len(want) == 3:
+        rows = want[0] * want[1]
+        if rows % len(parts) or any(tuple(t.shape) != (rows // len(parts), want[2]) for t in parts):
+            return None
+        joined = torch.cat(parts, dim=0).view(want)
+    else:
+        joined = torch.cat(parts, dim=0)
+    return joined if tuple(joined.shape) == tuple(want) else None
 
 
 def load_weights(model: CausalLM, model_dir: str, dtype: torch.dtype, device: torch.device,
@@ -127,11 +173,11 @@ def load_weights(model: CausalLM, model_dir: str, dtype: torch.dtype, device: to
     state: dict[str, torch.Tensor] = {}
     for name, sources in _checkpoint_sources(model.args).items():
         parts = [reader.get(s) for s in sources]
-        want = expected[name].shape
-        tensor = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
-        if tensor.shape != want:
+        want = tuple(expected[name].shape)
+        tensor = join_parts(parts, want)
+        if tensor is None:
             shapes = ", ".join(f"{s} {tuple(p.shape)}" for s, p in zip(sources, parts))
-            raise ValueError(f"checkpoint tensor(s) {shapes} do not fit {name} of shape {tuple(want)}")
+            raise ValueError(f"checkpoint tensor(s) {shapes} do not fit {name} of shape {want}")
         state[name] = tensor.to(device=device, dtype=dtype)
         if on_tensor is not None:
             on_tensor(name, state[name])

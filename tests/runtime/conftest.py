@@ -32,11 +32,21 @@ def _hf_config(family: str, vocab_size: int, heads: int = 8):
         return tf.Qwen2Config(**common, tie_word_embeddings=True)
     if family == "qwen3":
         return tf.Qwen3Config(**common, tie_word_embeddings=False)
+    moe = dict(num_experts_per_tok=2, tie_word_embeddings=False)
+    if family == "mixtral":  # every layer's MLP is 4 experts of intermediate_size
+        return tf.MixtralConfig(**{**common, "intermediate_size": 48}, **moe, num_local_experts=4, sliding_window=None)
+    if family == "qwen3_moe":  # layer 0 experts, layer 1 a dense MLP
+        return tf.Qwen3MoeConfig(**common, **moe, num_experts=4, moe_intermediate_size=48, mlp_only_layers=[1],
+                                 norm_topk_prob=True)
+    if family == "qwen2_moe":  # experts beside a gated shared expert; weights not renormalized
+        return tf.Qwen2MoeConfig(**common, **moe, num_experts=4, moe_intermediate_size=48,
+                                 shared_expert_intermediate_size=32, norm_topk_prob=False)
     raise KeyError(family)
 
 
 _CLASSES = {"llama3": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
-            "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+            "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "mixtral": "MixtralForCausalLM",
+            "qwen2_moe": "Qwen2MoeForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}
 
 
 @pytest.fixture(scope="session")
@@ -60,7 +70,7 @@ def hf_checkpoint(tmp_path_factory):
         model = getattr(tf, _CLASSES[family])(cfg).float().eval()
         with torch.no_grad():  # widen the random init so greedy argmax has clear margins
             for name, p in model.named_parameters():
-                if p.dim() == 2:
+                if p.dim() >= 2:  # matrices, and MoE models' stacked experts
                     p.normal_(0.0, 0.08)
                 elif "bias" in name:
                     p.normal_(0.0, 0.05)

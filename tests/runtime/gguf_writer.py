@@ -70,6 +70,7 @@ def _gguf_tensors(cfg: dict, weights: dict[str, torch.Tensor], permute: bool) ->
                 key = f"model.layers.{i}.{hf}.{kind}"
                 if key in weights:
                     out[f"blk.{i}.{ours}.{kind}"] = weights[key]
+        out.update(_expert_tensors(cfg, weights, i))
     arrays = {k: v.float().numpy() for k, v in out.items()}
     if permute:
         for i in range(cfg["num_hidden_layers"]):
@@ -77,6 +78,29 @@ def _gguf_tensors(cfg: dict, weights: dict[str, torch.Tensor], permute: bool) ->
             arrays[q] = permute_rope_rows(arrays[q], cfg["num_attention_heads"])
             arrays[k] = permute_rope_rows(arrays[k], cfg["num_key_value_heads"])
     return arrays
+
+
+def _expert_tensors(cfg: dict, weights: dict[str, torch.Tensor], i: int) -> dict[str, torch.Tensor]:
+    """Layer i's experts as llama.cpp stacks them (ffn_*_exps [E, rows, cols]), its router, and a
+    Qwen2-MoE shared expert (its gate a vector [H]); nothing for a dense layer."""
+    for block, (gate, up, down) in (("block_sparse_moe", ("w1", "w3", "w2")),
+                                    ("mlp", ("gate_proj", "up_proj", "down_proj"))):
+        p = f"model.layers.{i}.{block}."
+        if p + "gate.weight" in weights:
+            break
+    else:
+        return {}
+    count = cfg.get("num_local_experts") or cfg["num_experts"]
+    out = {f"blk.{i}.ffn_gate_inp.weight": weights[p + "gate.weight"]}
+    for ours, hf in (("gate", gate), ("up", up), ("down", down)):
+        out[f"blk.{i}.ffn_{ours}_exps.weight"] = torch.stack(
+            [weights[f"{p}experts.{e}.{hf}.weight"] for e in range(count)])
+    shared = f"model.layers.{i}.mlp.shared_expert."
+    if shared + "gate_proj.weight" in weights:
+        for ours in ("gate", "up", "down"):
+            out[f"blk.{i}.ffn_{ours}_shexp.weight"] = weights[f"{shared}{ours}_proj.weight"]
+        out[f"blk.{i}.ffn_gate_inp_shexp.weight"] = weights[f"model.layers.{i}.mlp.shared_expert_gate.weight"][0]
+    return out
 
 
 def _add_tokenizer(writer: gguf.GGUFWriter, model_dir: str, pre: str) -> None:
@@ -115,6 +139,14 @@ def write_gguf(model_dir: str, out_path: str, qtype: str, arch: str = "llama", p
     writer.add_key_length(head_dim)
     writer.add_value_length(head_dim)
     writer.add_vocab_size(cfg["vocab_size"])
+    experts = cfg.get("num_local_experts") or cfg.get("num_experts")
+    if experts:
+        writer.add_expert_count(experts)
+        writer.add_expert_used_count(cfg["num_experts_per_tok"])
+        if "moe_intermediate_size" in cfg:
+            writer.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+        if "shared_expert_intermediate_size" in cfg:
+            writer.add_expert_shared_feed_forward_length(cfg["shared_expert_intermediate_size"])
     _add_tokenizer(writer, model_dir, pre)
     weights = load_file(os.path.join(model_dir, "model.safetensors"))
     for name, array in _gguf_tensors(cfg, weights, permute=arch == "llama").items():

@@ -259,3 +259,21 @@ def test_load_logs_time_and_pool_size_and_shows_a_progress_bar(gguf_files, caplo
     assert re.search(r"loaded \d+ GGUF tensors \(.*Q8_0.*\) from .* in \d+\.\d\d s", caplog.text), caplog.text
     per_token = 2 * args.num_layers * args.num_kv_heads * args.head_dim * 4
     assert f"KV pool: {(1 << 20) // per_token} tokens" in caplog.text, caplog.text
+
+
+@pytest.mark.parametrize("family, arch", [("mixtral", "llama"), ("qwen3_moe", "qwen3moe"), ("qwen2_moe", "qwen2moe")])
+def test_moe_gguf_equals_its_safetensors_source(hf_checkpoint, gguf_files, family, arch):
+    """Experts stacked as llama.cpp writes them (ffn_*_exps), the router, Qwen2-MoE's shared expert
+    and its vector gate; a `llama` file with experts is Mixtral. Q8_0 quantizes the experts too."""
+    src, _ = hf_checkpoint(family)
+    folder, name = gguf_files("F32", src, arch=arch)
+    args, ref_args = load_model_args(os.path.join(folder, name)), load_model_args(src)
+    for field in ("architecture", "num_experts", "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob",
+                  "moe_layers", "shared_expert_intermediate_size", "intermediate_size", "qkv_bias", "qk_norm"):
+        assert getattr(args, field) == getattr(ref_args, field), field
+    ref = _our_logits(src, PROMPTS)
+    for a, b in zip(_our_logits(os.path.join(folder, name), PROMPTS), ref):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+    folder, name = gguf_files("Q8_0", src, arch=arch)
+    for a, b in zip(_our_logits(os.path.join(folder, name), PROMPTS), ref):
+        assert (a - b).abs().max().item() < 0.1

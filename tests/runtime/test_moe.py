@@ -1,0 +1,187 @@
+"""Mixture-of-experts models (Mixtral, Qwen2-MoE, Qwen3-MoE): routing, the grouped experts' pass,
+config and checkpoint errors, the engine on them, adapters. Parity with transformers is in
+test_model_parity.py (the MoE families are among its FAMILIES)."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import TOKENIZER_FILES
+from lora_adapters import ATTN, merge_adapter, write_adapter
+from test_model_parity import _copy_checkpoint
+
+from radixflow.runtime import Engine
+from radixflow.runtime.config import EngineConfig
+from radixflow.runtime.core import model_runner
+from radixflow.runtime.model import moe
+from radixflow.runtime.model.demo import demo_model
+from radixflow.runtime.model.model import silu_mul_cpu
+from radixflow.runtime.model.model_config import load_model_args, model_args_from_dict
+from radixflow.runtime.model.weights import build_model
+
+GREEDY = {"max_new_tokens": 12, "temperature": 0.0, "ignore_eos": True}
+PROMPTS = [[5, 77, 300, 12], [901, 44, 2, 17, 17, 250, 9], [8, 8, 8], list(range(40, 70))]
+
+
+def test_route_takes_the_top_k_of_the_softmax_and_renormalizes_when_asked():
+    logits = torch.tensor([[0.0, 1.0, 2.0, 3.0], [3.0, 0.0, 0.0, 1.0]])
+    probs = torch.softmax(logits, dim=-1)
+    weights, ids = moe.route(logits, 2, renormalize=False)
+    assert ids.tolist() == [[3, 2], [0, 3]]
+    torch.testing.assert_close(weights, probs.gather(1, ids))
+    weights, ids = moe.route(logits, 2, renormalize=True)
+    want = probs.gather(1, ids)
+    torch.testing.assert_close(weights, want / want.sum(-1, keepdim=True))
+    assert weights.dtype == torch.float32 and torch.allclose(weights.sum(-1), torch.ones(2))
+
+
+def _per_token_reference(x, weights, ids, w_gate_up, w_down):
+    out = torch.zeros(x.shape, dtype=torch.float64)
+    for t in range(x.shape[0]):
+        for w, e in zip(weights[t].tolist(), ids[t].tolist()):
+            h = silu_mul_cpu(F.linear(x[t:t + 1].double(), w_gate_up[e].double()))
+            out[t] += w * F.linear(h, w_down[e].double())[0]
+    return out
+
+
+@pytest.mark.parametrize("tokens", [0, 1, 3, 17])
+def test_grouped_experts_equal_each_token_through_its_own_experts(tokens):
+    g = torch.Generator().manual_seed(tokens)
+    experts, hidden, inter = 6, 16, 12
+    x = torch.randn(tokens, hidden, generator=g)
+    w_gate_up = torch.randn(experts, 2 * inter, hidden, generator=g) * 0.3
+    w_down = torch.randn(experts, hidden, inter, generator=g) * 0.3
+    weights, ids = moe.route(torch.randn(tokens, experts, generator=g), 2, renormalize=True)
+    got = moe.run_experts(x, weights, ids, w_gate_up, w_down, silu_mul_cpu)
+    assert got.shape == (tokens, hidden) and got.dtype == x.dtype
+    torch.testing.assert_close(got.double(), _per_token_reference(x, weights, ids, w_gate_up, w_down),
+                               rtol=1e-5, atol=1e-5)
+    if tokens >= 3:  # the routing leaves some experts out and sends some several tokens
+        assert ids.unique().numel() < experts or tokens > experts
+
+
+def _config(tmp_path, **changes) -> dict:
+    cfg = {"architectures": ["Qwen3MoeForCausalLM"], "vocab_size": 100, "hidden_size": 32, "intermediate_size": 64,
+           "moe_intermediate_size": 16, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+           "head_dim": 8, "num_experts": 4, "num_experts_per_tok": 2}
+    cfg.update(changes)
+    return cfg
+
+
+def test_config_reads_each_family_and_its_sparse_layers(tmp_path):
+    args = model_args_from_dict(_config(tmp_path, decoder_sparse_step=2, mlp_only_layers=[3], norm_topk_prob=True))
+    assert (args.num_experts, args.num_experts_per_tok, args.moe_intermediate_size) == (4, 2, 16)
+    assert args.moe_layers == (1,) and args.norm_topk_prob and args.qk_norm
+    # transformers 5 writes Qwen3-MoE's expert count as num_local_experts
+    args = model_args_from_dict({**_config(tmp_path, num_local_experts=8), "num_experts": None})
+    assert args.num_experts == 8 and args.moe_layers == (0, 1, 2, 3) and not args.norm_topk_prob
+    mixtral = {**_config(tmp_path, architectures=["MixtralForCausalLM"], num_local_experts=8), "num_experts": None}
+    args = model_args_from_dict(mixtral)
+    assert args.moe_intermediate_size == 64 and args.norm_topk_prob and not args.qk_norm
+    qwen2 = model_args_from_dict(_config(tmp_path, architectures=["Qwen2MoeForCausalLM"],
+                                         shared_expert_intermediate_size=24))
+    assert qwen2.qkv_bias and qwen2.shared_expert_intermediate_size == 24
+    dense = model_args_from_dict({**_config(tmp_path, architectures=["Qwen3ForCausalLM"])})
+    assert dense.moe_layers == () and dense.num_experts == 0
+
+
+@pytest.mark.parametrize("changes, match", [
+    ({"num_experts_per_tok": 5}, "num_experts_per_tok 5 is more than num_experts 4"),
+    ({"num_experts_per_tok": 0}, "num_experts_per_tok must be a positive integer"),
+    ({"num_experts": None}, "num_local_experts .or num_experts. is missing"),
+    ({"moe_intermediate_size": None}, "moe_intermediate_size is missing"),
+    ({"moe_intermediate_size": -3}, "moe_intermediate_size must be a positive integer"),
+    ({"mlp_only_layers": "0,1"}, "mlp_only_layers must list layer numbers"),
+    ({"decoder_sparse_step": 0}, "decoder_sparse_step must be a positive integer"),
+    ({"norm_topk_prob": "yes"}, "norm_topk_prob must be true or false"),
+    ({"architectures": ["Qwen2MoeForCausalLM"]}, "shared_expert_intermediate_size is missing"),
+])
+def test_bad_moe_config_is_a_value_error_naming_the_field(tmp_path, changes, match):
+    (tmp_path / "config.json").write_text(json.dumps(_config(tmp_path, **changes)))
+    with pytest.raises(ValueError, match=match):
+        load_model_args(str(tmp_path))
+
+
+@pytest.mark.parametrize("family, tensor", [
+    ("mixtral", "model.layers.1.block_sparse_moe.experts.3.w2.weight"),
+    ("qwen3_moe", "model.layers.0.mlp.experts.2.up_proj.weight"),
+    ("qwen2_moe", "model.layers.1.mlp.shared_expert_gate.weight"),
+])
+def test_missing_or_misshaped_expert_tensor_is_named(hf_checkpoint, tmp_path, family, tensor):
+    src, _ = hf_checkpoint(family)
+    os.makedirs(tmp_path / "missing")
+    missing = _copy_checkpoint(src, tmp_path / "missing", drop=tensor)
+    with pytest.raises(ValueError, match=tensor.replace(".", r"\.")):
+        build_model(load_model_args(missing), missing, torch.float32, torch.device("cpu"), 64)
+    os.makedirs(tmp_path / "short")
+    short = _copy_checkpoint(src, tmp_path / "short", reshape=tensor)
+    with pytest.raises(ValueError, match=tensor.replace(".", r"\.") + ".*do not fit"):
+        build_model(load_model_args(short), short, torch.float32, torch.device("cpu"), 64)
+
+
+@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe", "qwen3_moe"])
+def test_greedy_output_is_the_same_alone_batched_cached_and_chunked(hf_checkpoint, family):
+    model_dir, _ = hf_checkpoint(family)
+    with Engine(model_dir, kv_cache_tokens=2048, dtype="float32") as engine:
+        alone = [engine.generate(input_ids=p, sampling_params=GREEDY)["output_ids"] for p in PROMPTS]
+        batched = [o["output_ids"] for o in engine.generate(input_ids=PROMPTS, sampling_params=GREEDY)]
+        cached = [o["output_ids"] for o in engine.generate(input_ids=PROMPTS, sampling_params=GREEDY)]
+        assert engine.stats().prefix_hit_rate > 0
+    with Engine(model_dir, kv_cache_tokens=2048, dtype="float32", chunked_prefill_size=8,
+                disable_radix_cache=True) as engine:
+        chunked = [o["output_ids"] for o in engine.generate(input_ids=PROMPTS, sampling_params=GREEDY)]
+    assert alone == batched == cached == chunked
+    assert len({tuple(o) for o in alone}) > 1
+
+
+def test_bf16_engine_serves_a_moe_model(hf_checkpoint):
+    """The CPU's bf16 path (packed projections, layers one by one since the native fused call
+    takes no experts) gives the fp32 engine's first greedy token on clear margins."""
+    model_dir, _ = hf_checkpoint("qwen3_moe")
+    with Engine(model_dir, kv_cache_tokens=2048, dtype="bfloat16") as engine:
+        outs = engine.generate(input_ids=PROMPTS, sampling_params=GREEDY)
+    with Engine(model_dir, kv_cache_tokens=2048, dtype="float32") as engine:
+        ref = engine.generate(input_ids=PROMPTS, sampling_params=GREEDY)
+    for out, want in zip(outs, ref):
+        assert len(out["output_ids"]) == GREEDY["max_new_tokens"]
+        assert out["output_ids"][0] == want["output_ids"][0]
+
+
+def test_random_weights_build_a_moe_model(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({**_config(tmp_path, vocab_size=300), "eos_token_id": 1}))
+    for f in TOKENIZER_FILES:
+        shutil.copy(os.path.join(demo_model("tiny"), f), tmp_path)
+    with Engine(str(tmp_path), load_format="dummy", kv_cache_tokens=512, dtype="float32") as engine:
+        out = engine.generate(input_ids=[5, 6, 7], sampling_params=GREEDY)
+    assert len(out["output_ids"]) == GREEDY["max_new_tokens"]
+
+
+def test_cuda_graphs_are_off_for_a_moe_model(hf_checkpoint, monkeypatch):
+    """The experts' grouping reads counts back to the host, which a graph capture forbids."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(model_runner, "resolve_backend", lambda name, device: "triton")
+    cfg = EngineConfig(device="cuda", dtype="bfloat16")
+    dense = load_model_args(hf_checkpoint("qwen3")[0])
+    sparse = load_model_args(hf_checkpoint("qwen3_moe")[0])
+    assert model_runner.derive_shape(cfg, dense).cuda_graph_max_bs > 0
+    assert model_runner.derive_shape(cfg, sparse).cuda_graph_max_bs == 0
+
+
+def test_attention_adapters_serve_on_a_moe_model_and_expert_adapters_are_refused(hf_checkpoint, tmp_path):
+    model_dir, _ = hf_checkpoint("qwen3_moe")
+    adapter = write_adapter(str(tmp_path / "attn"), model_dir, targets=ATTN)
+    with Engine(model_dir, dtype="float32", lora_modules=[f"a={adapter}"]) as engine:
+        adapted = engine.generate(input_ids=PROMPTS[1], sampling_params=GREEDY, lora="a")["output_ids"]
+        base = engine.generate(input_ids=PROMPTS[1], sampling_params=GREEDY)["output_ids"]
+    with Engine(merge_adapter(model_dir, adapter, str(tmp_path / "merged")), dtype="float32") as merged:
+        assert adapted == merged.generate(input_ids=PROMPTS[1], sampling_params=GREEDY)["output_ids"]
+    assert adapted != base
+    # layer 0's MLP is experts (layer 1's is dense): an adapter on a dense-model layout's MLP there is refused
+    mlp = write_adapter(str(tmp_path / "mlp"), model_dir, targets=("gate_proj",))
+    with Engine(model_dir, dtype="float32", enable_lora=True) as engine:
+        with pytest.raises(ValueError, match=r"layer 0's MLP, which is a mixture of experts"):
+            engine.load_lora_adapter("m", mlp)
