@@ -61,8 +61,9 @@ def derive_shape(cfg: EngineConfig, args: ModelArgs) -> RuntimeShape:
         dtype = torch.bfloat16 if has_native_bf16() else torch.float32
     max_len = cfg.max_model_len or args.max_position_embeddings
     backend = resolve_backend(cfg.attention_backend, device)
-    # the torch references read lengths back to the host, and so does the experts' grouping
-    # (runtime/model/moe.py), which a graph capture forbids
+    # the torch references read lengths back to the host, which a graph capture forbids; a model
+    # with experts decodes eagerly until its kernel's capture (tests/kernels/test_moe.py, -m gpu)
+    # has run on a GPU
     use_graphs = use_cuda and backend == "triton" and not cfg.disable_cuda_graph and not args.moe_layers
     graph_bs = min(cfg.cuda_graph_max_bs, cfg.max_num_seqs) if use_graphs else 0
     return RuntimeShape(device, dtype, max_len, backend, graph_bs)

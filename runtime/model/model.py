@@ -1,5 +1,5 @@
 """One decoder for the Llama family (Llama 2/3/3.1, Mistral, Qwen2, Qwen3) and its mixture-of-experts
-kin (Mixtral, Qwen2-MoE, Qwen3-MoE: runtime/model/moe.py), driven by ModelArgs.
+kin (Mixtral, Qwen2-MoE, Qwen3-MoE: kernels/moe.py), driven by ModelArgs.
 
 Projections are fused at load time (q|k|v into `qkv_proj`, gate|up into `gate_up_proj`) so each
 layer runs two matmuls fewer. Attention goes through an `AttentionFn` that receives the step's
@@ -19,7 +19,7 @@ from torch import nn
 from radixflow import kernels
 from radixflow.kernels import native_layers
 from radixflow.runtime.core.forward_batch import ForwardBatch
-from radixflow.runtime.model import fused_layers, moe
+from radixflow.runtime.model import fused_layers
 from radixflow.runtime.model.model_config import ModelArgs
 
 # Vocabulary rows per logits matmul on CPU (see project_logits).
@@ -182,8 +182,9 @@ class MLP(nn.Module):
 
 class SparseMoE(nn.Module):
     """A mixture-of-experts MLP: `gate` routes each token to its top-k of the experts' SwiGLU MLPs,
-    stored stacked (runtime/model/moe.py); Qwen2-MoE adds a shared expert scaled by
-    sigmoid(shared_expert_gate(x)). LoRA adapters do not reach it (runtime/lora/adapter.py refuses them)."""
+    stored stacked (kernels/moe.py: the grouped Triton kernel on CUDA, the torch grouping on CPU);
+    Qwen2-MoE adds a shared expert scaled by sigmoid(shared_expert_gate(x)). LoRA adapters do not
+    reach it (runtime/lora/adapter.py refuses them)."""
 
     def __init__(self, args: ModelArgs, layer_id: int) -> None:
         super().__init__()
@@ -198,8 +199,11 @@ class SparseMoE(nn.Module):
             self.shared_expert_gate = nn.Linear(args.hidden_size, 1, bias=False)
 
     def forward(self, x: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
-        weights, ids = moe.route(self.gate(x), self.top_k, self.renormalize)
-        out = moe.run_experts(x, weights, ids, self.experts_gate_up, self.experts_down, silu_and_mul)
+        weights, ids = kernels.moe_route(self.gate(x), self.top_k, self.renormalize)
+        if use_triton_ops(x):
+            out = kernels.fused_moe(x, weights, ids, self.experts_gate_up, self.experts_down)
+        else:
+            out = kernels.fused_moe_ref(x, weights, ids, self.experts_gate_up, self.experts_down, silu_and_mul)
         if self.shared_expert is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x, fb)
         return out

@@ -1,6 +1,6 @@
-"""Mixture-of-experts models (Mixtral, Qwen2-MoE, Qwen3-MoE): routing, the grouped experts' pass,
-config and checkpoint errors, the engine on them, adapters. Parity with transformers is in
-test_model_parity.py (the MoE families are among its FAMILIES)."""
+"""Mixture-of-experts models (Mixtral, Qwen2-MoE, Qwen3-MoE): config and checkpoint errors, the engine
+on them, the Triton path in the model, adapters. Parity with transformers is in test_model_parity.py
+(the MoE families are among its FAMILIES), the ops in tests/kernels/test_moe.py."""
 from __future__ import annotations
 
 import json
@@ -9,7 +9,6 @@ import shutil
 
 import pytest
 import torch
-import torch.nn.functional as F
 from conftest import TOKENIZER_FILES
 from lora_adapters import ATTN, merge_adapter, write_adapter
 from test_model_parity import _copy_checkpoint
@@ -17,51 +16,12 @@ from test_model_parity import _copy_checkpoint
 from radixflow.runtime import Engine
 from radixflow.runtime.config import EngineConfig
 from radixflow.runtime.core import model_runner
-from radixflow.runtime.model import moe
 from radixflow.runtime.model.demo import demo_model
-from radixflow.runtime.model.model import silu_mul_cpu
 from radixflow.runtime.model.model_config import load_model_args, model_args_from_dict
 from radixflow.runtime.model.weights import build_model
 
 GREEDY = {"max_new_tokens": 12, "temperature": 0.0, "ignore_eos": True}
 PROMPTS = [[5, 77, 300, 12], [901, 44, 2, 17, 17, 250, 9], [8, 8, 8], list(range(40, 70))]
-
-
-def test_route_takes_the_top_k_of_the_softmax_and_renormalizes_when_asked():
-    logits = torch.tensor([[0.0, 1.0, 2.0, 3.0], [3.0, 0.0, 0.0, 1.0]])
-    probs = torch.softmax(logits, dim=-1)
-    weights, ids = moe.route(logits, 2, renormalize=False)
-    assert ids.tolist() == [[3, 2], [0, 3]]
-    torch.testing.assert_close(weights, probs.gather(1, ids))
-    weights, ids = moe.route(logits, 2, renormalize=True)
-    want = probs.gather(1, ids)
-    torch.testing.assert_close(weights, want / want.sum(-1, keepdim=True))
-    assert weights.dtype == torch.float32 and torch.allclose(weights.sum(-1), torch.ones(2))
-
-
-def _per_token_reference(x, weights, ids, w_gate_up, w_down):
-    out = torch.zeros(x.shape, dtype=torch.float64)
-    for t in range(x.shape[0]):
-        for w, e in zip(weights[t].tolist(), ids[t].tolist()):
-            h = silu_mul_cpu(F.linear(x[t:t + 1].double(), w_gate_up[e].double()))
-            out[t] += w * F.linear(h, w_down[e].double())[0]
-    return out
-
-
-@pytest.mark.parametrize("tokens", [0, 1, 3, 17])
-def test_grouped_experts_equal_each_token_through_its_own_experts(tokens):
-    g = torch.Generator().manual_seed(tokens)
-    experts, hidden, inter = 6, 16, 12
-    x = torch.randn(tokens, hidden, generator=g)
-    w_gate_up = torch.randn(experts, 2 * inter, hidden, generator=g) * 0.3
-    w_down = torch.randn(experts, hidden, inter, generator=g) * 0.3
-    weights, ids = moe.route(torch.randn(tokens, experts, generator=g), 2, renormalize=True)
-    got = moe.run_experts(x, weights, ids, w_gate_up, w_down, silu_mul_cpu)
-    assert got.shape == (tokens, hidden) and got.dtype == x.dtype
-    torch.testing.assert_close(got.double(), _per_token_reference(x, weights, ids, w_gate_up, w_down),
-                               rtol=1e-5, atol=1e-5)
-    if tokens >= 3:  # the routing leaves some experts out and sends some several tokens
-        assert ids.unique().numel() < experts or tokens > experts
 
 
 def _config(tmp_path, **changes) -> dict:
@@ -185,3 +145,22 @@ def test_attention_adapters_serve_on_a_moe_model_and_expert_adapters_are_refused
     with Engine(model_dir, dtype="float32", enable_lora=True) as engine:
         with pytest.raises(ValueError, match=r"layer 0's MLP, which is a mixture of experts"):
             engine.load_lora_adapter("m", mlp)
+
+
+@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe"])
+def test_triton_ops_path_equals_the_torch_path(hf_checkpoint, monkeypatch, family):
+    """The model as CUDA runs it (the grouped Triton experts, fused norms, RoPE and SiLU-and-mul),
+    here in the Triton interpreter, gives the CPU path's greedy tokens and logprobs."""
+    from radixflow.runtime.model import model
+
+    model_dir, _ = hf_checkpoint(family)
+    runs = []
+    for triton_ops in (False, True):
+        monkeypatch.setattr(model, "FORCE_TRITON_OPS", triton_ops)
+        with Engine(model_dir, device="cpu", dtype="float32", kv_cache_tokens=512, attention_backend="torch") as engine:
+            outs = engine.generate(input_ids=PROMPTS[:2], sampling_params={**GREEDY, "max_new_tokens": 4},
+                                   return_logprob=True)
+        runs.append(([o["output_ids"] for o in outs],
+                     [[lp for lp, _, _ in o["meta_info"]["output_token_logprobs"]] for o in outs]))
+    assert runs[1][0] == runs[0][0]
+    torch.testing.assert_close(torch.tensor(runs[1][1]), torch.tensor(runs[0][1]), rtol=1e-4, atol=1e-4)

@@ -1,0 +1,117 @@
+"""Mixture-of-experts ops: routing, the pair alignment, the Triton grouped experts against the
+torch reference (Triton interpreter on CPU, fp32 / fp16; bf16 on a GPU), and the reference against
+each token run through its own experts."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from radixflow import kernels
+from radixflow.kernels.moe import align_pairs
+
+
+def _case(tokens: int, experts: int, top_k: int, hidden: int, inter: int, dtype: torch.dtype, device, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(tokens, hidden, generator=g)
+    w_gate_up = torch.randn(experts, 2 * inter, hidden, generator=g) * hidden ** -0.5
+    w_down = torch.randn(experts, hidden, inter, generator=g) * inter ** -0.5
+    # a router that favours expert 0 and never picks the last one when it can avoid it
+    logits = torch.randn(tokens, experts, generator=g)
+    logits[:, 0] += 1.0
+    logits[:, -1] -= 50.0
+    weights, ids = kernels.moe_route(logits, top_k, renormalize=True)
+    to = lambda t: t.to(device=device, dtype=dtype if t.is_floating_point() else t.dtype)  # noqa: E731
+    return to(x), weights.to(device), ids.to(device), to(w_gate_up), to(w_down)
+
+
+def test_route_takes_the_top_k_of_the_softmax_and_renormalizes_when_asked():
+    logits = torch.tensor([[0.0, 1.0, 2.0, 3.0], [3.0, 0.0, 0.0, 1.0]])
+    probs = torch.softmax(logits, dim=-1)
+    weights, ids = kernels.moe_route(logits, 2, renormalize=False)
+    assert ids.tolist() == [[3, 2], [0, 3]]
+    torch.testing.assert_close(weights, probs.gather(1, ids))
+    weights, ids = kernels.moe_route(logits, 2, renormalize=True)
+    want = probs.gather(1, ids)
+    torch.testing.assert_close(weights, want / want.sum(-1, keepdim=True))
+    assert weights.dtype == torch.float32
+    with pytest.raises(ValueError, match="top_k must be in"):
+        kernels.moe_route(logits, 5, renormalize=True)
+
+
+@pytest.mark.parametrize("tokens, experts, top_k", [(0, 4, 2), (1, 8, 2), (5, 4, 1), (7, 6, 3), (40, 8, 2)])
+def test_align_pairs_lists_every_pair_once_in_blocks_of_one_expert(tokens, experts, top_k):
+    g = torch.Generator().manual_seed(tokens)
+    ids = torch.stack([torch.randperm(experts - 1, generator=g)[:top_k] for _ in range(tokens)]) if tokens else \
+        torch.zeros(0, top_k, dtype=torch.int64)
+    block = 4
+    pairs, block_experts = align_pairs(ids, experts, block)
+    n = tokens * top_k
+    assert pairs.dtype == block_experts.dtype == torch.int32 and pairs.shape[0] == block_experts.shape[0] * block
+    real = pairs[pairs < n]
+    assert sorted(real.tolist()) == list(range(n))  # every pair once
+    flat = ids.reshape(-1)
+    for b, expert in enumerate(block_experts.tolist()):
+        chunk = pairs[b * block:(b + 1) * block]
+        chunk = chunk[chunk < n]
+        if expert < 0:
+            assert chunk.numel() == 0
+        else:
+            assert chunk.numel() > 0 and (flat[chunk.long()] == expert).all()
+            assert chunk.tolist() == sorted(chunk.tolist())  # pair order within an expert
+    used = {e for e in flat.tolist()}
+    assert sum(e >= 0 for e in block_experts.tolist()) == sum(-(-int((flat == e).sum()) // block) for e in used)
+
+
+@pytest.mark.parametrize("tokens, experts, top_k, hidden, inter", [
+    (1, 4, 2, 32, 24), (3, 4, 1, 32, 16), (17, 6, 2, 48, 40), (33, 8, 3, 64, 32), (0, 4, 2, 32, 16)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_fused_moe_matches_the_reference(device, tokens, experts, top_k, hidden, inter, dtype):
+    if dtype == torch.bfloat16 and device.type != "cuda":
+        pytest.skip("the Triton interpreter's bf16 dots are wrong (see tests/kernels/conftest.py); bf16 runs on a GPU")
+    x, weights, ids, w_gate_up, w_down = _case(tokens, experts, top_k, hidden, inter, dtype, device, seed=tokens)
+    got = kernels.fused_moe(x, weights, ids, w_gate_up, w_down)
+    want = kernels.fused_moe_ref(x, weights, ids, w_gate_up, w_down)
+    assert got.shape == (tokens, hidden) and got.dtype == dtype
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("tokens", [1, 6])
+def test_reference_equals_each_token_through_its_own_experts(tokens):
+    x, weights, ids, w_gate_up, w_down = _case(tokens, 5, 2, 16, 12, torch.float32, torch.device("cpu"), seed=3)
+    want = torch.zeros(tokens, 16, dtype=torch.float64)
+    for t in range(tokens):
+        for w, e in zip(weights[t].tolist(), ids[t].tolist()):
+            gate, up = F.linear(x[t].double(), w_gate_up[e].double()).chunk(2)
+            want[t] += w * F.linear(F.silu(gate) * up, w_down[e].double())
+    torch.testing.assert_close(kernels.fused_moe_ref(x, weights, ids, w_gate_up, w_down).double(), want,
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_bad_shapes_raise_before_launch(device):
+    x, weights, ids, w_gate_up, w_down = _case(3, 4, 2, 32, 16, torch.float32, device)
+    with pytest.raises(ValueError, match="w_down must be"):
+        kernels.fused_moe(x, weights, ids, w_gate_up, w_down[:, :, :8])
+    with pytest.raises(ValueError, match="weights .* and ids .* must both be"):
+        kernels.fused_moe(x, weights[:2], ids, w_gate_up, w_down)
+    with pytest.raises(ValueError, match="w_gate_up .* must have H"):
+        kernels.fused_moe_ref(x[:, :16], weights, ids, w_gate_up, w_down)
+
+
+@pytest.mark.gpu
+def test_gpu_bf16_qwen3_moe_shape_and_cuda_graph_replay():
+    """Qwen3-30B-A3B's expert shape (128 experts, top 8, H 2048, I 768) at a decode batch, then the
+    op captured in a CUDA graph and replayed on new routing: align_pairs reads nothing back."""
+    device = torch.device("cuda")
+    x, weights, ids, w_gate_up, w_down = _case(64, 128, 8, 2048, 768, torch.bfloat16, device)
+    want = kernels.fused_moe_ref(x, weights, ids, w_gate_up, w_down)
+    torch.testing.assert_close(kernels.fused_moe(x, weights, ids, w_gate_up, w_down), want, rtol=3e-2, atol=3e-2)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = kernels.fused_moe(x, weights, ids, w_gate_up, w_down)
+    _, new_weights, new_ids, _, _ = _case(64, 128, 8, 2048, 768, torch.bfloat16, device, seed=9)
+    weights.copy_(new_weights)
+    ids.copy_(new_ids)
+    graph.replay()
+    torch.testing.assert_close(out, kernels.fused_moe_ref(x, weights, ids, w_gate_up, w_down), rtol=3e-2, atol=3e-2)
