@@ -60,6 +60,15 @@ def derive_shape(cfg: EngineConfig, args: ModelArgs) -> RuntimeShape:
     else:  # bf16 halves the bytes each decode step reads, but is slower than fp32 when emulated
         dtype = torch.bfloat16 if has_native_bf16() else torch.float32
     max_len = cfg.max_model_len or args.max_position_embeddings
+    window = args.sliding_window
+    if window is not None and max_len > window:
+        if cfg.max_model_len is not None:
+            raise ValueError(f"max_model_len={cfg.max_model_len} is longer than the model's sliding window of "
+                             f"{window} tokens: radixflow's attention reads the whole context, so past the window "
+                             f"its outputs would not be the model's; set max_model_len to {window} or less")
+        log.warning("the model attends through a sliding window of %d tokens, which radixflow does not "
+                    "implement: contexts are capped at %d tokens (max_model_len)", window, window)
+        max_len = window
     backend = resolve_backend(cfg.attention_backend, device)
     # the torch references read lengths back to the host, which a graph capture forbids; a model
     # with experts decodes eagerly until its kernel's capture (tests/kernels/test_moe.py, -m gpu)

@@ -43,6 +43,9 @@ class ModelArgs:
     norm_topk_prob: bool = True          # the top-k routing weights renormalized to sum to 1
     moe_layers: tuple[int, ...] = ()     # the layers whose MLP is the experts (the rest: dense MLPs)
     shared_expert_intermediate_size: int = 0  # Qwen2-MoE: a gated dense MLP beside the experts
+    # tokens a query sees when some layer attends through a sliding window (Mistral-7B-v0.1, Qwen2
+    # with use_sliding_window); attention here reads the whole context, so the context is capped at it
+    sliding_window: int | None = None
 
     def __post_init__(self) -> None:
         """ValueError naming the field (by its config.json name) when the shape cannot be built."""
@@ -64,6 +67,8 @@ class ModelArgs:
             raise ValueError(f"rope_scaling must be an object or null, got {self.rope_scaling!r}")
         if self.moe_layers:
             self._check_moe()
+        if self.sliding_window is not None:
+            _check_positive_int("sliding_window", self.sliding_window)
         for token_id in (*self.eos_token_ids, *(() if self.bos_token_id is None else (self.bos_token_id,))):
             if isinstance(token_id, bool) or not isinstance(token_id, int):
                 raise ValueError(f"bos_token_id / eos_token_id must be token ids, got {token_id!r}")
@@ -177,8 +182,29 @@ def model_args_from_dict(cfg: dict[str, Any]) -> ModelArgs:
         torch_dtype=cfg.get("torch_dtype") or cfg.get("dtype") or "float32",
         bos_token_id=cfg.get("bos_token_id"),
         eos_token_ids=eos_ids,
+        sliding_window=_sliding_window(cfg, arch),
         **_moe_fields(cfg, arch),
     )
+
+
+def _sliding_window(cfg: dict[str, Any], arch: str) -> int | None:
+    """The window of a config whose layers (some of them) attend through one, else None.
+
+    Mistral and Mixtral: `sliding_window` when set. Qwen: only under `use_sliding_window`, for
+    the layers from `max_window_layers` on (or those `layer_types` names "sliding_attention").
+    """
+    window = cfg.get("sliding_window")
+    if window is None:
+        return None
+    layer_types = cfg.get("layer_types")
+    if isinstance(layer_types, list):
+        return window if "sliding_attention" in layer_types else None
+    if arch.startswith("Qwen"):
+        if not cfg.get("use_sliding_window"):
+            return None
+        first = _optional(cfg, "max_window_layers", 0)
+        return window if isinstance(first, int) and first < _required(cfg, "num_hidden_layers") else None
+    return window
 
 
 def _moe_fields(cfg: dict[str, Any], arch: str) -> dict[str, Any]:

@@ -136,3 +136,44 @@ def test_demo_tiny_model_matches_transformers():
                                sampling_params={"max_new_tokens": 32, "temperature": 0, "ignore_eos": True})
     for p, out in zip(prompts, outs):
         assert out["output_ids"] == _hf_greedy(hf, p, 32)
+
+
+def _windowed_checkpoint(tmp_path, family: str, **config) -> str:
+    """A tiny checkpoint of `family` whose config.json sets `config` (a sliding window) after the fact."""
+    import transformers as tf
+
+    from conftest import TOKENIZER_FILES, _CLASSES, _hf_config
+    from radixflow.runtime.model.demo import demo_model
+
+    base = _hf_config(family, 300)
+    fields = {k: v for k, v in base.to_dict().items() if k != "layer_types"}  # derived from the window fields
+    cfg = type(base)(**{**fields, **config})
+    torch.manual_seed(0)
+    hf = getattr(tf, _CLASSES[family])(cfg).float().eval()
+    hf.save_pretrained(str(tmp_path))
+    for f in TOKENIZER_FILES:
+        with open(os.path.join(demo_model("tiny"), f), "rb") as a, open(tmp_path / f, "wb") as b:
+            b.write(a.read())
+    return str(tmp_path)
+
+
+@pytest.mark.parametrize("family, config, window", [
+    ("mistral", {"sliding_window": 24}, 24),                      # Mistral-7B-v0.1's sliding_window 4096
+    ("qwen2", {"use_sliding_window": True, "sliding_window": 24, "max_window_layers": 1}, 24),
+    ("qwen2", {"use_sliding_window": False, "sliding_window": 24}, None),  # Qwen2's default: off
+])
+def test_a_sliding_window_caps_the_context_instead_of_being_ignored(tmp_path, family, config, window):
+    """Attention is full-context here, so past a sliding window a model's outputs would silently
+    differ from its reference: the context is capped at the window, and longer is refused."""
+    from radixflow.runtime import Engine
+
+    model_dir = _windowed_checkpoint(tmp_path, family, **config)
+    assert load_model_args(model_dir).sliding_window == window
+    with Engine(model_dir, dtype="float32", kv_cache_tokens=256) as engine:
+        assert engine.runner.shape.max_context_len == (window or 512)
+        if window:
+            with pytest.raises(ValueError, match=f"max_model_len is {window}"):
+                engine.generate(input_ids=list(range(1, window + 1)), sampling_params={"max_new_tokens": 1})
+    if window:
+        with pytest.raises(ValueError, match=f"sliding window of {window} tokens"):
+            Engine(model_dir, dtype="float32", kv_cache_tokens=256, max_model_len=window + 1)
