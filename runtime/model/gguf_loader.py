@@ -28,7 +28,7 @@ import torch
 from radixflow.runtime.model.gguf_file import GGUFFile
 from radixflow.runtime.model.model import CausalLM
 from radixflow.runtime.model.model_config import ModelArgs
-from radixflow.runtime.model.weights import join_parts
+from radixflow.runtime.model.weights import check_all_used, join_parts
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +123,8 @@ def _model_args(f: GGUFFile) -> ModelArgs:
         max_position_embeddings=int_key("context_length", 4096),
         tie_word_embeddings="output.weight" not in f.tensors,
         qkv_bias="blk.0.attn_q.bias" in f.tensors,
+        o_bias="blk.0.attn_output.bias" in f.tensors,
+        mlp_bias="blk.0.ffn_down.bias" in f.tensors,
         qk_norm=arch in ("qwen3", "qwen3moe"),
         torch_dtype=_FLOAT_FILE_DTYPES.get(int(meta.get("general.file_type", 0)), "float32"),
         bos_token_id=int(bos) if bos is not None else None,
@@ -152,7 +154,8 @@ def gguf_sources(args: ModelArgs, permuted: bool) -> dict[str, list[tuple[str, T
         for kind in ("weight", "bias") if args.qkv_bias else ("weight",):
             src[ours + f"self_attn.qkv_proj.{kind}"] = [
                 (b + f"attn_q.{kind}", q_fix), (b + f"attn_k.{kind}", k_fix), (b + f"attn_v.{kind}", None)]
-        src[ours + "self_attn.o_proj.weight"] = [(b + "attn_output.weight", None)]
+        for kind in ("weight", "bias") if args.o_bias else ("weight",):
+            src[ours + f"self_attn.o_proj.{kind}"] = [(b + f"attn_output.{kind}", None)]
         if args.qk_norm:
             src[ours + "self_attn.q_norm.weight"] = [(b + "attn_q_norm.weight", None)]
             src[ours + "self_attn.k_norm.weight"] = [(b + "attn_k_norm.weight", None)]
@@ -163,9 +166,10 @@ def gguf_sources(args: ModelArgs, permuted: bool) -> dict[str, list[tuple[str, T
         mlp = "mlp.shared_expert." if i in args.moe_layers and args.shared_expert_intermediate_size else "mlp."
         suffix = "_shexp" if mlp != "mlp." else ""
         if i not in args.moe_layers or suffix:
-            src[ours + mlp + "gate_up_proj.weight"] = [(b + f"ffn_gate{suffix}.weight", None),
-                                                       (b + f"ffn_up{suffix}.weight", None)]
-            src[ours + mlp + "down_proj.weight"] = [(b + f"ffn_down{suffix}.weight", None)]
+            for kind in ("weight", "bias") if args.mlp_bias and not suffix else ("weight",):
+                src[ours + mlp + f"gate_up_proj.{kind}"] = [(b + f"ffn_gate{suffix}.{kind}", None),
+                                                           (b + f"ffn_up{suffix}.{kind}", None)]
+                src[ours + mlp + f"down_proj.{kind}"] = [(b + f"ffn_down{suffix}.{kind}", None)]
         if suffix:  # [1, H] (llama.cpp's converter keeps the row as a vector [H]: reshaped)
             src[ours + "mlp.shared_expert_gate.weight"] = [(b + "ffn_gate_inp_shexp.weight", _as_row)]
         src[ours + "input_layernorm.weight"] = [(b + "attn_norm.weight", None)]
@@ -206,6 +210,7 @@ def load_gguf_weights(model: CausalLM, f: GGUFFile, dtype: torch.dtype, device: 
             shapes = ", ".join(f"{s} {tuple(t.shape)}" for (s, _), t in zip(parts, tensors))
             raise ValueError(f"GGUF tensor(s) {shapes} do not fit {name} of shape {want}")
         state[name] = tensor.to(device)
+    check_all_used(set(f.tensors), {s for parts in sources.values() for s, _ in parts}, f"{f.path}: GGUF")
     model.load_state_dict(state, strict=True, assign=True)
     types = sorted({f.type_name(s) for parts in sources.values() for s, _ in parts})
     log.info("loaded %d GGUF tensors (%s) from %s in %.2f s", len(state), ", ".join(types), f.path,

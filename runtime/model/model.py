@@ -126,7 +126,7 @@ class Attention(nn.Module):
         super().__init__()
         self.args, self.layer_id = args, layer_id
         self.qkv_proj = nn.Linear(args.hidden_size, args.q_size + 2 * args.kv_size, bias=args.qkv_bias)
-        self.o_proj = nn.Linear(args.q_size, args.hidden_size, bias=False)
+        self.o_proj = nn.Linear(args.q_size, args.hidden_size, bias=args.o_bias)
         if args.qk_norm:
             self.q_norm = RMSNorm(args.head_dim, args.rms_norm_eps)
             self.k_norm = RMSNorm(args.head_dim, args.rms_norm_eps)
@@ -168,8 +168,9 @@ class MLP(nn.Module):
         super().__init__()
         self.layer_id, self.lora = layer_id, lora
         self.intermediate_size = args.intermediate_size if intermediate_size is None else intermediate_size
-        self.gate_up_proj = nn.Linear(args.hidden_size, 2 * self.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(self.intermediate_size, args.hidden_size, bias=False)
+        bias = args.mlp_bias and lora  # Qwen2-MoE's shared expert: never
+        self.gate_up_proj = nn.Linear(args.hidden_size, 2 * self.intermediate_size, bias=bias)
+        self.down_proj = nn.Linear(self.intermediate_size, args.hidden_size, bias=bias)
 
     def forward(self, x: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)  # [T, 2 * intermediate]

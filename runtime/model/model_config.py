@@ -43,6 +43,8 @@ class ModelArgs:
     norm_topk_prob: bool = True          # the top-k routing weights renormalized to sum to 1
     moe_layers: tuple[int, ...] = ()     # the layers whose MLP is the experts (the rest: dense MLPs)
     shared_expert_intermediate_size: int = 0  # Qwen2-MoE: a gated dense MLP beside the experts
+    o_bias: bool = False    # o_proj carries a bias (Llama / Qwen3 `attention_bias`)
+    mlp_bias: bool = False  # gate / up / down carry biases (Llama `mlp_bias`)
     # tokens a query sees when some layer attends through a sliding window (Mistral-7B-v0.1, Qwen2
     # with use_sliding_window); attention here reads the whole context, so the context is capped at it
     sliding_window: int | None = None
@@ -156,13 +158,19 @@ def model_args_from_dict(cfg: dict[str, Any]) -> ModelArgs:
         kind = rope_scaling.get("rope_type", rope_scaling.get("type"))
         if kind not in ("default", "llama3", "linear"):
             raise ValueError(f"unsupported rope_scaling type {kind!r}; supported: llama3, linear")
+    act = cfg.get("hidden_act", "silu")
+    if act not in ("silu", "swish"):  # the MLPs compute SiLU-and-mul (swish is SiLU's other name)
+        raise ValueError(f"hidden_act {act!r} is not supported; supported: silu")
     eos = cfg.get("eos_token_id")
     eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
     is_qwen2 = arch in ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM")
-    if arch == "Qwen2MoeForCausalLM":  # its own field, true unless set
+    # Qwen2 / Qwen2-MoE: q, k, v biases (Qwen2-MoE's `qkv_bias`, true unless set), never o_proj's;
+    # the others: `attention_bias` puts biases on q, k, v and o_proj alike (Mixtral has none)
+    attention_bias = bool(cfg.get("attention_bias", False)) and arch != "MixtralForCausalLM"
+    if arch == "Qwen2MoeForCausalLM":
         qkv_bias = cfg.get("qkv_bias", True)
     else:
-        qkv_bias = cfg.get("attention_bias", is_qwen2) or is_qwen2
+        qkv_bias = attention_bias or is_qwen2
     return ModelArgs(
         architecture=arch,
         vocab_size=_required(cfg, "vocab_size"),
@@ -178,6 +186,8 @@ def model_args_from_dict(cfg: dict[str, Any]) -> ModelArgs:
         max_position_embeddings=_optional(cfg, "max_position_embeddings", 4096),
         tie_word_embeddings=cfg.get("tie_word_embeddings", False),
         qkv_bias=bool(qkv_bias),
+        o_bias=attention_bias and not is_qwen2,
+        mlp_bias=bool(cfg.get("mlp_bias", False)) and arch == "LlamaForCausalLM",
         qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM"),
         torch_dtype=cfg.get("torch_dtype") or cfg.get("dtype") or "float32",
         bos_token_id=cfg.get("bos_token_id"),

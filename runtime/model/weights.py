@@ -106,14 +106,17 @@ def _checkpoint_sources(args: ModelArgs) -> dict[str, list[str]]:
         if args.qkv_bias:
             src[ours + "self_attn.qkv_proj.bias"] = [attn + f"{x}_proj.bias" for x in "qkv"]
         src[ours + "self_attn.o_proj.weight"] = [attn + "o_proj.weight"]
+        if args.o_bias:
+            src[ours + "self_attn.o_proj.bias"] = [attn + "o_proj.bias"]
         if args.qk_norm:
             src[ours + "self_attn.q_norm.weight"] = [attn + "q_norm.weight"]
             src[ours + "self_attn.k_norm.weight"] = [attn + "k_norm.weight"]
         if i in args.moe_layers:
             src.update(_expert_sources(args, p, ours))
         else:
-            src[ours + "mlp.gate_up_proj.weight"] = [p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"]
-            src[ours + "mlp.down_proj.weight"] = [p + "mlp.down_proj.weight"]
+            for kind in ("weight", "bias") if args.mlp_bias else ("weight",):
+                src[ours + f"mlp.gate_up_proj.{kind}"] = [p + f"mlp.gate_proj.{kind}", p + f"mlp.up_proj.{kind}"]
+                src[ours + f"mlp.down_proj.{kind}"] = [p + f"mlp.down_proj.{kind}"]
         src[ours + "input_layernorm.weight"] = [p + "input_layernorm.weight"]
         src[ours + "post_attention_layernorm.weight"] = [p + "post_attention_layernorm.weight"]
     return src
@@ -181,7 +184,29 @@ def load_weights(model: CausalLM, model_dir: str, dtype: torch.dtype, device: to
         state[name] = tensor.to(device=device, dtype=dtype)
         if on_tensor is not None:
             on_tensor(name, state[name])
+    check_all_used(reader.names() - _ignorable(model.args, reader.names()),
+                   {s for sources in _checkpoint_sources(model.args).values() for s in sources}, "checkpoint")
     model.load_state_dict(state, strict=True, assign=True)
+
+
+def _ignorable(args: ModelArgs, names: set[str]) -> set[str]:
+    """Checkpoint tensors that may go unused: RoPE's frequencies, fp8 KV scales (read_kv_scales
+    reads them), and an LM head the config ties to the embeddings."""
+    kv_scales = {f"model.layers.{i}.{s}" for i in range(args.num_layers)
+                 for suffixes in _KV_SCALE_NAMES.values() for s in suffixes}
+    tied = {"lm_head.weight"} if args.tie_word_embeddings else set()
+    return {n for n in names if n.endswith(_IGNORED_SUFFIXES) or n in kv_scales or n in tied}
+
+
+def check_all_used(names: set[str], used: set[str], what: str) -> None:
+    """ValueError naming the tensors in `names` the model does not use: each is a feature not
+    served (a quantized checkpoint's scales, a bias or a layer the config does not declare), and
+    loading without it would give wrong outputs silently."""
+    unused = sorted(names - used)
+    if unused:
+        shown = ", ".join(repr(n) for n in unused[:4]) + (f" and {len(unused) - 4} more" if len(unused) > 4 else "")
+        raise ValueError(f"{what} tensor(s) {shown} are not used by the model: they belong to something radixflow "
+                         "does not serve (quantization scales, or biases or layers the config does not declare)")
 
 
 # Where checkpoints keep a layer's fp8 KV-cache scales, by writer: vLLM/llm-compressor

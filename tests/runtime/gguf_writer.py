@@ -72,11 +72,13 @@ def _gguf_tensors(cfg: dict, weights: dict[str, torch.Tensor], permute: bool) ->
                     out[f"blk.{i}.{ours}.{kind}"] = weights[key]
         out.update(_expert_tensors(cfg, weights, i))
     arrays = {k: v.float().numpy() for k, v in out.items()}
-    if permute:
+    if permute:  # as llama.cpp's converter: the rows of Q and K, weights and biases
         for i in range(cfg["num_hidden_layers"]):
-            q, k = f"blk.{i}.attn_q.weight", f"blk.{i}.attn_k.weight"
-            arrays[q] = permute_rope_rows(arrays[q], cfg["num_attention_heads"])
-            arrays[k] = permute_rope_rows(arrays[k], cfg["num_key_value_heads"])
+            for kind in ("weight", "bias"):
+                q, k = f"blk.{i}.attn_q.{kind}", f"blk.{i}.attn_k.{kind}"
+                if q in arrays:
+                    arrays[q] = permute_rope_rows(arrays[q], cfg["num_attention_heads"])
+                    arrays[k] = permute_rope_rows(arrays[k], cfg["num_key_value_heads"])
     return arrays
 
 

@@ -277,3 +277,31 @@ def test_moe_gguf_equals_its_safetensors_source(hf_checkpoint, gguf_files, famil
     folder, name = gguf_files("Q8_0", src, arch=arch)
     for a, b in zip(_our_logits(os.path.join(folder, name), PROMPTS), ref):
         assert (a - b).abs().max().item() < 0.1
+
+
+def test_projection_biases_load_from_gguf_and_an_unused_tensor_is_refused(gguf_files, tmp_path):
+    """o_proj's and the MLP's biases (attn_output.bias, ffn_*.bias) are read; a tensor the model
+    does not use (here layer 1's o_proj bias with none on layer 0) is a ValueError naming it."""
+    import transformers as tf
+    from safetensors.torch import load_file, save_file
+    from test_model_parity import _windowed_checkpoint
+
+    src = _windowed_checkpoint(tmp_path / "hf", "llama3", attention_bias=True, mlp_bias=True,  # no llama3 RoPE in GGUF
+                               rope_scaling=None, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    hf = tf.AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if name.endswith(".bias"):
+                p.normal_(0.0, 0.5)
+    hf.save_pretrained(src)
+    folder, name = gguf_files("F32", src)
+    args = load_model_args(os.path.join(folder, name))
+    assert args.qkv_bias and args.o_bias and args.mlp_bias
+    for a, b in zip(_our_logits(os.path.join(folder, name), PROMPTS), _our_logits(src, PROMPTS)):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+    weights = load_file(os.path.join(src, "model.safetensors"))
+    del weights["model.layers.0.self_attn.o_proj.bias"]
+    save_file(weights, os.path.join(src, "model.safetensors"))
+    bad = write_gguf(src, str(tmp_path / "bad.gguf"), "F32")
+    with pytest.raises(ValueError, match=r"'blk\.1\.attn_output\.bias' are not used by the model"):
+        _our_logits(bad, PROMPTS)

@@ -145,7 +145,9 @@ def _windowed_checkpoint(tmp_path, family: str, **config) -> str:
     from conftest import TOKENIZER_FILES, _CLASSES, _hf_config
     from radixflow.runtime.model.demo import demo_model
 
-    base = _hf_config(family, 300)
+    from radixflow.runtime.text.tokenizer import Tokenizer
+
+    base = _hf_config(family, Tokenizer.from_dir(demo_model("tiny")).vocab_size)
     fields = {k: v for k, v in base.to_dict().items() if k != "layer_types"}  # derived from the window fields
     cfg = type(base)(**{**fields, **config})
     torch.manual_seed(0)
@@ -177,3 +179,50 @@ def test_a_sliding_window_caps_the_context_instead_of_being_ignored(tmp_path, fa
     if window:
         with pytest.raises(ValueError, match=f"sliding window of {window} tokens"):
             Engine(model_dir, dtype="float32", kv_cache_tokens=256, max_model_len=window + 1)
+
+
+@pytest.mark.parametrize("family, config", [
+    ("llama3", {"attention_bias": True}),   # q, k, v and o_proj biases
+    ("llama3", {"mlp_bias": True}),         # gate, up and down biases
+    ("qwen3", {"attention_bias": True}),
+])
+def test_projection_biases_match_transformers(tmp_path, family, config):
+    """Biases a config turns on are loaded and added, not dropped (o_proj's and the MLP's were)."""
+    import transformers as tf
+
+    model_dir = _windowed_checkpoint(tmp_path, family, **config)
+    hf = tf.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():  # the saved biases are zeros by default: make them matter
+        for name, p in hf.named_parameters():
+            if name.endswith(".bias"):
+                p.normal_(0.0, 0.5)
+    hf.save_pretrained(model_dir)
+    prompt = [3, 14, 15, 92, 65, 35]
+    with torch.no_grad():
+        ref = hf(torch.tensor([prompt])).logits[0].float()
+    assert (_our_logits(model_dir, [prompt])[0] - ref).abs().max().item() < 1e-4
+
+
+def test_a_checkpoint_tensor_the_model_does_not_use_is_refused(hf_checkpoint, tmp_path):
+    """An unused tensor is a feature not served (a quantized checkpoint's weight scales, a bias the
+    config does not declare): loading without it would give wrong outputs silently."""
+    src, _ = hf_checkpoint("llama3")
+    bad = _copy_checkpoint(src, tmp_path)
+    tensors = load_file(os.path.join(bad, "model.safetensors"))
+    tensors["model.layers.1.mlp.down_proj.weight_scale"] = torch.ones(1)
+    save_file(tensors, os.path.join(bad, "model.safetensors"))
+    with pytest.raises(ValueError, match=r"model\.layers\.1\.mlp\.down_proj\.weight_scale.*not used"):
+        build_model(load_model_args(bad), bad, torch.float32, torch.device("cpu"), 64)
+
+
+@pytest.mark.parametrize("act", ["gelu", "relu", 3])
+def test_an_mlp_activation_other_than_silu_is_refused(tmp_path, act):
+    """The MLPs compute SiLU-and-mul: another hidden_act would give wrong outputs silently."""
+    cfg = {"architectures": ["LlamaForCausalLM"], "vocab_size": 100, "hidden_size": 32, "intermediate_size": 64,
+           "num_hidden_layers": 2, "num_attention_heads": 4, "hidden_act": act}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="hidden_act .* is not supported; supported: silu"):
+        load_model_args(str(tmp_path))
+    cfg["hidden_act"] = "silu"
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    assert load_model_args(str(tmp_path)).hidden_size == 32
