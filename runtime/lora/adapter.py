@@ -117,6 +117,9 @@ def parse_config(cfg: dict, path: str, max_rank: int, allowed: frozenset[str]) -
     if not names or not all(isinstance(n, str) for n in names):
         raise ValueError(f"adapter {path!r}: target_modules must list module names, got {cfg.get('target_modules')!r}")
     unknown = sorted(set(names) - set(TARGETS))
+    if unknown and set(unknown) <= {"w1", "w2", "w3"}:
+        raise ValueError(f"adapter {path!r}: target modules {unknown} are Mixtral's expert projections: adapters on "
+                         "experts are not supported (attention projections and dense MLPs are)")
     if unknown:
         raise ValueError(f"adapter {path!r}: unknown target modules {unknown}; supported: {sorted(TARGETS)}")
     outside = sorted(set(names) - allowed)
@@ -145,6 +148,9 @@ def _collect(tensors: dict[str, torch.Tensor], path: str, args: ModelArgs, rank:
     halves: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
     for name, t in tensors.items():
         m = _TENSOR_NAME.match(name)
+        if m is None and re.search(r"\.(experts|shared_expert|block_sparse_moe)\.", name):
+            raise ValueError(f"adapter {path!r}: tensor {name!r} adapts a mixture of experts: adapters on "
+                             "experts are not supported (attention projections and dense MLPs are)")
         if m is None or m.group(2) not in targets:
             raise ValueError(f"adapter {path!r}: unexpected tensor {name!r}")
         layer = int(m.group(1))

@@ -28,7 +28,7 @@ import torch
 from radixflow.runtime.model.gguf_file import GGUFFile
 from radixflow.runtime.model.model import CausalLM
 from radixflow.runtime.model.model_config import ModelArgs
-from radixflow.runtime.model.weights import check_all_used, join_parts
+from radixflow.runtime.model.weights import check_all_used, join_parts, misfit_error
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +99,11 @@ def _model_args(f: GGUFFile) -> ModelArgs:
     our_arch, _ = GGUF_ARCHITECTURES[arch]
     num_layers = int_key("block_count")
     moe: dict[str, object] = {}
-    if arch.endswith("moe") or meta.get(f"{arch}.expert_count"):
+    if "blk.0.ffn_gate.0.weight" in f.tensors:
+        raise ValueError("experts stored one tensor each (blk.N.ffn_gate.E.weight, an older llama.cpp layout) "
+                         "are not supported; convert the model again to get stacked ffn_*_exps tensors")
+    if arch.endswith("moe") or meta.get(f"{arch}.expert_count") is not None or any(
+            name.endswith("ffn_gate_inp.weight") for name in f.tensors):
         our_arch = "MixtralForCausalLM" if arch == "llama" else our_arch
         # llama.cpp renormalizes the top-k weights for Mixtral and Qwen3-MoE, not for Qwen2-MoE
         width = int_key("expert_feed_forward_length" if arch.endswith("moe") else "feed_forward_length")
@@ -112,7 +116,9 @@ def _model_args(f: GGUFFile) -> ModelArgs:
         architecture=our_arch,
         vocab_size=f.tensors["token_embd.weight"].shape[0],
         hidden_size=hidden,
-        intermediate_size=int_key("feed_forward_length", moe.get("moe_intermediate_size")),  # type: ignore[arg-type]
+        # a width for dense MLPs: required where any layer has one
+        intermediate_size=int_key("feed_forward_length", None if len(moe.get("moe_layers", ())) < num_layers  # type: ignore[arg-type]
+                                  else moe["moe_intermediate_size"]),
         num_layers=num_layers,
         num_heads=num_heads,
         num_kv_heads=int_key("attention.head_count_kv", num_heads),
@@ -207,8 +213,7 @@ def load_gguf_weights(model: CausalLM, f: GGUFFile, dtype: torch.dtype, device: 
         want = tuple(expected[name].shape)
         tensor = join_parts(tensors, want)
         if tensor is None:
-            shapes = ", ".join(f"{s} {tuple(t.shape)}" for (s, _), t in zip(parts, tensors))
-            raise ValueError(f"GGUF tensor(s) {shapes} do not fit {name} of shape {want}")
+            raise misfit_error("GGUF", [s for s, _ in parts], tensors, name, want)
         state[name] = tensor.to(device)
     check_all_used(set(f.tensors), {s for parts in sources.values() for s, _ in parts}, f"{f.path}: GGUF")
     model.load_state_dict(state, strict=True, assign=True)

@@ -229,9 +229,12 @@ def _moe_fields(cfg: dict[str, Any], arch: str) -> dict[str, Any]:
         return {}
     num_layers = _required(cfg, "num_hidden_layers")
     _check_positive_int("num_hidden_layers", num_layers)
-    experts = cfg.get("num_local_experts") or cfg.get("num_experts")
+    experts = cfg.get("num_local_experts")
+    experts = cfg.get("num_experts") if experts is None else experts
     if experts is None:
         raise ValueError("the required field num_local_experts (or num_experts) is missing")
+    if experts == 0 and arch != "MixtralForCausalLM":  # Qwen-MoE without experts: every MLP dense
+        return {}
     fields: dict[str, Any] = {"num_experts": experts, "num_experts_per_tok": _required(cfg, "num_experts_per_tok")}
     if arch == "MixtralForCausalLM":
         return {**fields, "moe_intermediate_size": _required(cfg, "intermediate_size"), "norm_topk_prob": True,

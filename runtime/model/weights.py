@@ -147,22 +147,40 @@ def join_parts(parts: list[torch.Tensor], want: tuple[int, ...]) -> torch.Tensor
     """The parameter of shape `want` the checkpoint tensors `parts` form, or None when they do not fit.
 
     Parts of a parameter's own rank join on dim 0 (q | k | v, gate | up), except that 3-D parts
-    join on dim 1 (GGUF's stacked experts: gate [E, I, H] | up [E, I, H] → [E, 2I, H]); 2-D parts
-    of a 3-D parameter are its experts' blocks in order, all of one shape ([2I, H] from gate | up
-    pairs, [H, I] from downs).
+    join on dim 1 and must be of one shape (GGUF's stacked experts: gate [E, I, H] | up [E, I, H] →
+    [E, 2I, H]); 2-D parts of a 3-D parameter are its experts' blocks in order, all of one shape
+    ([2I, H] from gate | up pairs, [H, I] from downs; one part for a single expert).
     """
-    if len(parts) == 1:
-        joined = parts[0]
-    elif len(want) == 3 and all(t.dim() == 3 for t in parts):
-        joined = torch.cat(parts, dim=1)
-    elif len(want) == 3:
+    want = tuple(want)
+    if len(want) == 3 and all(t.dim() == 2 for t in parts):
         rows = want[0] * want[1]
         if rows % len(parts) or any(tuple(t.shape) != (rows // len(parts), want[2]) for t in parts):
             return None
-        joined = torch.cat(parts, dim=0).view(want)
+        return torch.cat(parts, dim=0).view(want)
+    if any(t.dim() != len(want) for t in parts):
+        return None
+    if len(parts) == 1:
+        joined = parts[0]
     else:
-        joined = torch.cat(parts, dim=0)
-    return joined if tuple(joined.shape) == tuple(want) else None
+        dim, first = (1 if len(want) == 3 else 0), parts[0].shape
+        if len(want) == 3 and any(t.shape != first for t in parts):
+            return None
+        if any(t.shape[:dim] != first[:dim] or t.shape[dim + 1:] != first[dim + 1:] for t in parts):
+            return None
+        joined = torch.cat(parts, dim=dim)
+    return joined if tuple(joined.shape) == want else None
+
+
+def misfit_error(what: str, names: list[str], parts: list[torch.Tensor], param: str,
+                 want: tuple[int, ...]) -> ValueError:
+    """The error for checkpoint tensors that do not form `param`: a few of them with their shapes,
+    those unlike the most common shape first (a layer has 2E expert tensors)."""
+    shapes = [tuple(t.shape) for t in parts]
+    common = max(set(shapes), key=shapes.count)
+    listed = sorted(zip(names, shapes), key=lambda item: item[1] == common)[:4]
+    shown = ", ".join(f"{n} {shape}" for n, shape in listed)
+    more = f" and {len(names) - 4} more" if len(names) > 4 else ""
+    return ValueError(f"{what} tensor(s) {shown}{more} do not fit {param} of shape {tuple(want)}")
 
 
 def load_weights(model: CausalLM, model_dir: str, dtype: torch.dtype, device: torch.device,
@@ -179,8 +197,7 @@ def load_weights(model: CausalLM, model_dir: str, dtype: torch.dtype, device: to
         want = tuple(expected[name].shape)
         tensor = join_parts(parts, want)
         if tensor is None:
-            shapes = ", ".join(f"{s} {tuple(p.shape)}" for s, p in zip(sources, parts))
-            raise ValueError(f"checkpoint tensor(s) {shapes} do not fit {name} of shape {want}")
+            raise misfit_error("checkpoint", sources, parts, name, want)
         state[name] = tensor.to(device=device, dtype=dtype)
         if on_tensor is not None:
             on_tensor(name, state[name])

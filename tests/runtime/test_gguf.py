@@ -284,9 +284,9 @@ def test_projection_biases_load_from_gguf_and_an_unused_tensor_is_refused(gguf_f
     does not use (here layer 1's o_proj bias with none on layer 0) is a ValueError naming it."""
     import transformers as tf
     from safetensors.torch import load_file, save_file
-    from test_model_parity import _windowed_checkpoint
+    from test_model_parity import _checkpoint_with
 
-    src = _windowed_checkpoint(tmp_path / "hf", "llama3", attention_bias=True, mlp_bias=True,  # no llama3 RoPE in GGUF
+    src = _checkpoint_with(tmp_path / "hf", "llama3", attention_bias=True, mlp_bias=True,  # no llama3 RoPE in GGUF
                                rope_scaling=None, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
     hf = tf.AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
     with torch.no_grad():
@@ -305,3 +305,37 @@ def test_projection_biases_load_from_gguf_and_an_unused_tensor_is_refused(gguf_f
     bad = write_gguf(src, str(tmp_path / "bad.gguf"), "F32")
     with pytest.raises(ValueError, match=r"'blk\.1\.attn_output\.bias' are not used by the model"):
         _our_logits(bad, PROMPTS)
+
+
+def test_moe_gguf_metadata_errors_name_the_key(hf_checkpoint, tmp_path):
+    """A `llama` file with a router but no expert_count, and a qwen2moe file with dense layers but
+    no feed_forward_length, are ValueErrors naming the key (not a missing dense tensor or a shape)."""
+    import gguf
+
+    def rewrite(src: str, out: str, drop: str) -> str:
+        reader = gguf.GGUFReader(src)
+        writer = gguf.GGUFWriter(out, reader.fields["general.architecture"].contents())
+        for field in reader.fields.values():
+            if field.name in (drop, "general.architecture") or field.name.startswith("GGUF."):
+                continue
+            writer.add_key_value(field.name, field.contents(), field.types[0],
+                                 field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None)
+        for t in reader.tensors:
+            writer.add_tensor(t.name, t.data, raw_dtype=t.tensor_type)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        return out
+
+    src, _ = hf_checkpoint("mixtral")
+    path = write_gguf(src, str(tmp_path / "mixtral.gguf"), "F32")
+    with pytest.raises(ValueError, match="llama.expert_count"):
+        load_model_args(rewrite(path, str(tmp_path / "no-count.gguf"), "llama.expert_count"))
+    from test_model_parity import _checkpoint_with
+
+    src = _checkpoint_with(tmp_path / "q2", "qwen2_moe", mlp_only_layers=[1])
+    path = write_gguf(src, str(tmp_path / "qwen2moe.gguf"), "F32", arch="qwen2moe")
+    assert load_model_args(path).moe_layers == (0,)
+    with pytest.raises(ValueError, match="lacks qwen2moe.feed_forward_length"):
+        load_model_args(rewrite(path, str(tmp_path / "no-ffn.gguf"), "qwen2moe.feed_forward_length"))

@@ -138,8 +138,8 @@ def test_demo_tiny_model_matches_transformers():
         assert out["output_ids"] == _hf_greedy(hf, p, 32)
 
 
-def _windowed_checkpoint(tmp_path, family: str, **config) -> str:
-    """A tiny checkpoint of `family` whose config.json sets `config` (a sliding window) after the fact."""
+def _checkpoint_with(tmp_path, family: str, **config) -> str:
+    """A tiny checkpoint of `family` with `config` over the fixture's settings, random weights."""
     import transformers as tf
 
     from conftest import TOKENIZER_FILES, _CLASSES, _hf_config
@@ -169,7 +169,7 @@ def test_a_sliding_window_caps_the_context_instead_of_being_ignored(tmp_path, fa
     differ from its reference: the context is capped at the window, and longer is refused."""
     from radixflow.runtime import Engine
 
-    model_dir = _windowed_checkpoint(tmp_path, family, **config)
+    model_dir = _checkpoint_with(tmp_path, family, **config)
     assert load_model_args(model_dir).sliding_window == window
     with Engine(model_dir, dtype="float32", kv_cache_tokens=256) as engine:
         assert engine.runner.shape.max_context_len == (window or 512)
@@ -190,7 +190,7 @@ def test_projection_biases_match_transformers(tmp_path, family, config):
     """Biases a config turns on are loaded and added, not dropped (o_proj's and the MLP's were)."""
     import transformers as tf
 
-    model_dir = _windowed_checkpoint(tmp_path, family, **config)
+    model_dir = _checkpoint_with(tmp_path, family, **config)
     hf = tf.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     with torch.no_grad():  # the saved biases are zeros by default: make them matter
         for name, p in hf.named_parameters():

@@ -164,3 +164,55 @@ def test_triton_ops_path_equals_the_torch_path(hf_checkpoint, monkeypatch, famil
                      [[lp for lp, _, _ in o["meta_info"]["output_token_logprobs"]] for o in outs]))
     assert runs[1][0] == runs[0][0]
     torch.testing.assert_close(torch.tensor(runs[1][1]), torch.tensor(runs[0][1]), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("family, config", [("mixtral", {"num_local_experts": 1, "num_experts_per_tok": 1}),
+                                            ("qwen3_moe", {"num_local_experts": 1, "num_experts_per_tok": 1})])
+def test_a_single_expert_checkpoint_loads_and_matches_transformers(tmp_path, family, config):
+    import transformers as tf
+
+    from test_model_parity import _checkpoint_with, _our_logits
+
+    model_dir = _checkpoint_with(tmp_path, family, **config)
+    hf = tf.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        ref = hf(torch.tensor([PROMPTS[1]])).logits[0]
+    assert (_our_logits(model_dir, [PROMPTS[1]])[0] - ref).abs().max().item() < 1e-4
+
+
+def test_zero_experts_is_a_dense_qwen_moe_model(tmp_path):
+    args = model_args_from_dict(_config(tmp_path, num_experts=0))
+    assert args.moe_layers == () and args.num_experts == 0
+
+
+def test_join_parts_refuses_parts_that_do_not_fit_instead_of_raising_from_torch():
+    from radixflow.runtime.model.weights import join_parts
+
+    e, i, h = 4, 6, 8
+    assert join_parts([torch.zeros(e, i, h), torch.zeros(e, i, h)], (e, 2 * i, h)) is not None
+    assert join_parts([torch.zeros(e, i + 1, h), torch.zeros(e, i - 1, h)], (e, 2 * i, h)) is None  # gate | up split
+    assert join_parts([torch.zeros(e, i, h), torch.zeros(e - 1, i, h)], (e, 2 * i, h)) is None
+    assert join_parts([torch.zeros(e, i, h), torch.zeros(e, i, h - 1)], (e, 2 * i, h)) is None
+    assert join_parts([torch.zeros(i, h), torch.zeros(i, h - 1)], (2 * i, h)) is None
+    assert join_parts([torch.zeros(h, i)], (1, h, i)) is not None  # one expert's down
+    assert join_parts([torch.zeros(2 * i, h)], (1, 2 * i, h)) is not None
+
+
+def test_a_peft_adapter_on_experts_is_refused_as_such(hf_checkpoint, tmp_path):
+    """PEFT names expert modules `mlp.experts.N.gate_proj` (Qwen) or `block_sparse_moe.experts.N.w1`
+    (Mixtral, target `w1`): the error says adapters on experts are not supported."""
+    from safetensors.torch import save_file
+
+    from radixflow.runtime.lora.adapter import load_adapter
+
+    for family, name, target in (("qwen3_moe", "mlp.experts.0.gate_proj", "gate_proj"),
+                                 ("mixtral", "block_sparse_moe.experts.0.w1", "w1")):
+        model_dir, _ = hf_checkpoint(family)
+        path = tmp_path / family
+        path.mkdir()
+        (path / "adapter_config.json").write_text(json.dumps({"r": 4, "lora_alpha": 8, "target_modules": [target]}))
+        save_file({f"base_model.model.model.layers.0.{name}.lora_A.weight": torch.zeros(4, 64),
+                   f"base_model.model.model.layers.0.{name}.lora_B.weight": torch.zeros(48, 4)},
+                  str(path / "adapter_model.safetensors"))
+        with pytest.raises(ValueError, match="adapters on experts are not supported"):
+            load_adapter(str(path), load_model_args(model_dir), 16, frozenset({"gate_proj", "q_proj"}))
