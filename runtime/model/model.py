@@ -1,4 +1,4 @@
-"""One decoder for the Llama family (Llama 2/3/3.1, Mistral, Qwen2, Qwen3) and its mixture-of-experts
+"""One decoder for the Llama family (Llama 2/3/3.1, Mistral, Qwen2, Qwen3, SmolLM3) and its mixture-of-experts
 kin (Mixtral, Qwen2-MoE, Qwen3-MoE: kernels/moe.py), driven by ModelArgs.
 
 Projections are fused at load time (q|k|v into `qkv_proj`, gate|up into `gate_up_proj`) so each
@@ -140,7 +140,9 @@ class Attention(nn.Module):
         v = qkv[:, qk_size:].view(num_tokens, a.num_kv_heads, a.head_dim)
         if a.qk_norm:
             q, k = self.q_norm.norm_heads(q), self.k_norm.norm_heads(k)
-        if use_triton_ops(x):
+        if self.layer_id in a.nope_layers:  # SmolLM3: no position encoding in this layer
+            pass
+        elif use_triton_ops(x):
             kernels.rope(q, k, rope.positions, rope.cos, rope.sin)  # in place
         elif a.qk_norm:
             q, k = rotate_cpu(q, rope.cos, rope.sin), rotate_cpu(k, rope.cos, rope.sin)

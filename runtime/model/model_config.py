@@ -9,7 +9,8 @@ from typing import Any
 from radixflow.runtime.text_files import read_json_object
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
-                           "MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
+                           "MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM",
+                           "SmolLM3ForCausalLM")
 # mixture-of-experts families: a router sends each token to its top-k experts' MLPs
 MOE_ARCHITECTURES = ("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
 
@@ -43,6 +44,7 @@ class ModelArgs:
     norm_topk_prob: bool = True          # the top-k routing weights renormalized to sum to 1
     moe_layers: tuple[int, ...] = ()     # the layers whose MLP is the experts (the rest: dense MLPs)
     shared_expert_intermediate_size: int = 0  # Qwen2-MoE: a gated dense MLP beside the experts
+    nope_layers: tuple[int, ...] = ()  # layers whose attention takes no RoPE (SmolLM3's `no_rope_layers`)
     o_bias: bool = False    # o_proj carries a bias (Llama / Qwen3 `attention_bias`)
     mlp_bias: bool = False  # gate / up / down carry biases (Llama `mlp_bias`)
     # tokens a query sees when some layer attends through a sliding window (Mistral-7B-v0.1, Qwen2
@@ -187,7 +189,8 @@ def model_args_from_dict(cfg: dict[str, Any]) -> ModelArgs:
         tie_word_embeddings=cfg.get("tie_word_embeddings", False),
         qkv_bias=bool(qkv_bias),
         o_bias=attention_bias and not is_qwen2,
-        mlp_bias=bool(cfg.get("mlp_bias", False)) and arch == "LlamaForCausalLM",
+        mlp_bias=bool(cfg.get("mlp_bias", False)) and arch in ("LlamaForCausalLM", "SmolLM3ForCausalLM"),
+        nope_layers=_nope_layers(cfg) if arch == "SmolLM3ForCausalLM" else (),
         qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM"),
         torch_dtype=cfg.get("torch_dtype") or cfg.get("dtype") or "float32",
         bos_token_id=cfg.get("bos_token_id"),
@@ -195,6 +198,22 @@ def model_args_from_dict(cfg: dict[str, Any]) -> ModelArgs:
         sliding_window=_sliding_window(cfg, arch),
         **_moe_fields(cfg, arch),
     )
+
+
+def _nope_layers(cfg: dict[str, Any]) -> tuple[int, ...]:
+    """SmolLM3's layers without RoPE: `no_rope_layers` (1: RoPE, 0: none, per layer), else every
+    `no_rope_layer_interval`-th layer (4 by default)."""
+    num_layers = _required(cfg, "num_hidden_layers")
+    _check_positive_int("num_hidden_layers", num_layers)
+    flags = cfg.get("no_rope_layers")
+    if flags is None:
+        interval = _optional(cfg, "no_rope_layer_interval", 4)
+        _check_positive_int("no_rope_layer_interval", interval)
+        return tuple(i for i in range(num_layers) if (i + 1) % interval == 0)
+    if not isinstance(flags, list) or len(flags) != num_layers or any(f not in (0, 1) or isinstance(f, float)
+                                                                       for f in flags):
+        raise ValueError(f"no_rope_layers must list 0 or 1 for each of the {num_layers} layers, got {flags!r}")
+    return tuple(i for i, flag in enumerate(flags) if not flag)
 
 
 def _sliding_window(cfg: dict[str, Any], arch: str) -> int | None:

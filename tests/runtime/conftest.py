@@ -32,6 +32,8 @@ def _hf_config(family: str, vocab_size: int, heads: int = 8):
         return tf.Qwen2Config(**common, tie_word_embeddings=True)
     if family == "qwen3":
         return tf.Qwen3Config(**common, tie_word_embeddings=False)
+    if family == "smollm3":  # every second layer without RoPE (SmolLM3-3B: every fourth)
+        return tf.SmolLM3Config(**common, no_rope_layer_interval=2, tie_word_embeddings=True)
     moe = dict(num_experts_per_tok=2, tie_word_embeddings=False)
     if family == "mixtral":  # every layer's MLP is 4 experts of intermediate_size
         return tf.MixtralConfig(**{**common, "intermediate_size": 48}, **moe, num_local_experts=4, sliding_window=None)
@@ -46,7 +48,8 @@ def _hf_config(family: str, vocab_size: int, heads: int = 8):
 
 _CLASSES = {"llama3": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
             "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "mixtral": "MixtralForCausalLM",
-            "qwen2_moe": "Qwen2MoeForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}
+            "qwen2_moe": "Qwen2MoeForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
+            "smollm3": "SmolLM3ForCausalLM"}
 
 
 @pytest.fixture(scope="session")

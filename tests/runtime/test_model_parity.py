@@ -15,7 +15,7 @@ from radixflow.runtime.core.kv_pool import KVPool, ReqToTokenPool
 from radixflow.runtime.model.model_config import load_model_args
 from radixflow.runtime.model.weights import build_model
 
-FAMILIES = ["llama3", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe"]
+FAMILIES = ["llama3", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe", "smollm3"]
 
 
 def _our_logits(model_dir: str, prompts: list[list[int]]) -> list[torch.Tensor]:
