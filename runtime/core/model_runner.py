@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -126,7 +125,7 @@ class ModelRunner:
             log.info("fp8 KV scales: %s", "from the checkpoint" if scales else "from each layer's first prefill")
         self.req_pool = ReqToTokenPool(cfg.max_num_seqs, self.shape.max_context_len, dev)
         ops = AttentionOps.for_backend(self.shape.attention_backend)
-        self.attention = PoolAttention(self.kv_pool, ops, 1.0 / math.sqrt(self.args.head_dim),
+        self.attention = PoolAttention(self.kv_pool, ops, self.args.sm_scale,
                                        default_kv_splits(dev))
         log.info("KV pool: %d tokens, %.2f GiB (%s, %s), max context %d, attention backend %s",
                  num_tokens, num_tokens * KVPool.bytes_per_token(

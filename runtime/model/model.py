@@ -1,5 +1,5 @@
-"""One decoder for the Llama family (Llama 2/3/3.1, Mistral, Qwen2, Qwen3, SmolLM3) and its mixture-of-experts
-kin (Mixtral, Qwen2-MoE, Qwen3-MoE: kernels/moe.py), driven by ModelArgs.
+"""One decoder for the Llama family (Llama 2/3/3.1, Mistral, Qwen2, Qwen3, SmolLM3, Granite) and its
+mixture-of-experts kin (Mixtral, Qwen2-MoE, Qwen3-MoE, GraniteMoE: kernels/moe.py), driven by ModelArgs.
 
 Projections are fused at load time (q|k|v into `qkv_proj`, gate|up into `gate_up_proj`) so each
 layer runs two matmuls fewer. Attention goes through an `AttentionFn` that receives the step's
@@ -215,6 +215,7 @@ class SparseMoE(nn.Module):
 class DecoderLayer(nn.Module):
     def __init__(self, args: ModelArgs, layer_id: int) -> None:
         super().__init__()
+        self.residual_multiplier = args.residual_multiplier  # Granite: each branch scaled before its add
         self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.self_attn = Attention(args, layer_id)
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
@@ -225,8 +226,12 @@ class DecoderLayer(nn.Module):
         """(x, residual) → (this layer's MLP output, the residual stream before it): the residual
         add runs fused into the next norm (residual None at the first layer: x is the stream)."""
         h, residual = self.input_layernorm(x, residual)
-        h, residual = self.post_attention_layernorm(self.self_attn(h, rope, fb, attn), residual)
-        return self.mlp(h, fb), residual
+        h = self.self_attn(h, rope, fb, attn)
+        if self.residual_multiplier != 1.0:
+            h = h * self.residual_multiplier
+        h, residual = self.post_attention_layernorm(h, residual)
+        h = self.mlp(h, fb)
+        return (h if self.residual_multiplier == 1.0 else h * self.residual_multiplier), residual
 
 
 class CausalLM(nn.Module):
@@ -269,6 +274,8 @@ class CausalLM(nn.Module):
         """Logits [len(fb.logit_rows), vocab] in fp32 for the requested token rows."""
         rope = self._rope_step(fb.positions)
         x, residual = self.embed_tokens(fb.input_ids), None  # [T, hidden]
+        if self.args.embedding_multiplier != 1.0:  # Granite
+            x = x * self.args.embedding_multiplier
         fused = None if use_triton_ops(x) else fused_layers.run_layers(self, fb, attn, x, rope.cos, rope.sin)
         if fused is not None:  # CPU bf16: every layer in one native call
             x, residual = fused
@@ -277,8 +284,10 @@ class CausalLM(nn.Module):
                 x, residual = layer(x, residual, rope, fb, attn)
         x, _ = self.norm(x.index_select(0, fb.logit_rows), residual.index_select(0, fb.logit_rows))
         if self.packed_lm_head is not None:
-            return self.packed_lm_head(x).float()
-        return project_logits(x, self.lm_head_weight())
+            logits = self.packed_lm_head(x).float()
+        else:
+            logits = project_logits(x, self.lm_head_weight())
+        return logits if self.args.logits_scaling == 1.0 else logits.div_(self.args.logits_scaling)  # Granite
 
 
 def project_logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

@@ -10,9 +10,10 @@ from radixflow.runtime.text_files import read_json_object
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
                            "MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM",
-                           "SmolLM3ForCausalLM")
+                           "SmolLM3ForCausalLM", "GraniteForCausalLM", "GraniteMoeForCausalLM")
 # mixture-of-experts families: a router sends each token to its top-k experts' MLPs
-MOE_ARCHITECTURES = ("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
+MOE_ARCHITECTURES = ("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "GraniteMoeForCausalLM")
+GRANITE_ARCHITECTURES = ("GraniteForCausalLM", "GraniteMoeForCausalLM")
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,12 @@ class ModelArgs:
     nope_layers: tuple[int, ...] = ()  # layers whose attention takes no RoPE (SmolLM3's `no_rope_layers`)
     o_bias: bool = False    # o_proj carries a bias (Llama / Qwen3 `attention_bias`)
     mlp_bias: bool = False  # gate / up / down carry biases (Llama `mlp_bias`)
+    # Granite's multipliers: of the embeddings, of each attention / MLP output before its residual
+    # add, the attention's softmax scale (else 1 / sqrt(head_dim)), and a divisor of the logits
+    embedding_multiplier: float = 1.0
+    residual_multiplier: float = 1.0
+    attention_multiplier: float | None = None
+    logits_scaling: float = 1.0
     # tokens a query sees when some layer attends through a sliding window (Mistral-7B-v0.1, Qwen2
     # with use_sliding_window); attention here reads the whole context, so the context is capped at it
     sliding_window: int | None = None
@@ -59,7 +66,10 @@ class ModelArgs:
                             ("num_key_value_heads", self.num_kv_heads), ("head_dim", self.head_dim),
                             ("max_position_embeddings", self.max_position_embeddings)):
             _check_positive_int(name, value)
-        for name, value in (("rms_norm_eps", self.rms_norm_eps), ("rope_theta", self.rope_theta)):
+        multipliers = (("embedding_multiplier", self.embedding_multiplier),
+                       ("residual_multiplier", self.residual_multiplier), ("logits_scaling", self.logits_scaling),
+                       ("attention_multiplier", 1.0 if self.attention_multiplier is None else self.attention_multiplier))
+        for name, value in (("rms_norm_eps", self.rms_norm_eps), ("rope_theta", self.rope_theta), *multipliers):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
                 raise ValueError(f"{name} must be a positive number, got {value!r}")
         if self.num_heads % self.num_kv_heads:
@@ -89,6 +99,11 @@ class ModelArgs:
         if any(not 0 <= i < self.num_layers for i in self.moe_layers):
             raise ValueError(f"mixture-of-experts layers {list(self.moe_layers)} are outside the model's "
                              f"{self.num_layers} layers")
+
+    @property
+    def sm_scale(self) -> float:
+        """The attention's softmax scale: Granite's attention_multiplier, else 1 / sqrt(head_dim)."""
+        return 1.0 / math.sqrt(self.head_dim) if self.attention_multiplier is None else self.attention_multiplier
 
     @property
     def q_size(self) -> int:
@@ -189,15 +204,25 @@ def model_args_from_dict(cfg: dict[str, Any]) -> ModelArgs:
         tie_word_embeddings=cfg.get("tie_word_embeddings", False),
         qkv_bias=bool(qkv_bias),
         o_bias=attention_bias and not is_qwen2,
-        mlp_bias=bool(cfg.get("mlp_bias", False)) and arch in ("LlamaForCausalLM", "SmolLM3ForCausalLM"),
+        mlp_bias=bool(cfg.get("mlp_bias", False)) and arch in ("LlamaForCausalLM", "SmolLM3ForCausalLM",
+                                                                "GraniteForCausalLM"),
         nope_layers=_nope_layers(cfg) if arch == "SmolLM3ForCausalLM" else (),
         qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM"),
         torch_dtype=cfg.get("torch_dtype") or cfg.get("dtype") or "float32",
         bos_token_id=cfg.get("bos_token_id"),
         eos_token_ids=eos_ids,
         sliding_window=_sliding_window(cfg, arch),
+        **_granite_fields(cfg, arch),
         **_moe_fields(cfg, arch),
     )
+
+
+def _granite_fields(cfg: dict[str, Any], arch: str) -> dict[str, Any]:
+    """Granite's multipliers, each 1 when absent (transformers' defaults)."""
+    if arch not in GRANITE_ARCHITECTURES:
+        return {}
+    return {name: _optional(cfg, name, 1.0)
+            for name in ("embedding_multiplier", "residual_multiplier", "attention_multiplier", "logits_scaling")}
 
 
 def _nope_layers(cfg: dict[str, Any]) -> tuple[int, ...]:
@@ -252,10 +277,10 @@ def _moe_fields(cfg: dict[str, Any], arch: str) -> dict[str, Any]:
     experts = cfg.get("num_experts") if experts is None else experts
     if experts is None:
         raise ValueError("the required field num_local_experts (or num_experts) is missing")
-    if experts == 0 and arch != "MixtralForCausalLM":  # Qwen-MoE without experts: every MLP dense
+    if experts == 0 and arch.startswith("Qwen"):  # Qwen-MoE without experts: every MLP dense
         return {}
     fields: dict[str, Any] = {"num_experts": experts, "num_experts_per_tok": _required(cfg, "num_experts_per_tok")}
-    if arch == "MixtralForCausalLM":
+    if arch in ("MixtralForCausalLM", "GraniteMoeForCausalLM"):  # Granite: softmax over the top-k logits
         return {**fields, "moe_intermediate_size": _required(cfg, "intermediate_size"), "norm_topk_prob": True,
                 "moe_layers": tuple(range(num_layers))}
     step, dense = _optional(cfg, "decoder_sparse_step", 1), _optional(cfg, "mlp_only_layers", [])

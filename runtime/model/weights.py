@@ -124,12 +124,18 @@ def _checkpoint_sources(args: ModelArgs) -> dict[str, list[str]]:
 
 # each family's names for a layer's experts block and an expert's (gate, up, down) projections
 _EXPERT_NAMES = {"MixtralForCausalLM": ("block_sparse_moe", ("w1", "w3", "w2"))}
+# GraniteMoE stores its experts stacked: gate | up as input_linear [E, 2I, H], down as output_linear
 _QWEN_EXPERT_NAMES = ("mlp", ("gate_proj", "up_proj", "down_proj"))
 
 
 def _expert_sources(args: ModelArgs, p: str, ours: str) -> dict[str, list[str]]:
     """A mixture-of-experts layer's parameters: the router, every expert's gate | up stacked (one
     [2I, H] block per expert) and its down, and Qwen2-MoE's shared expert with its gate."""
+    if args.architecture == "GraniteMoeForCausalLM":
+        moe = f"{p}block_sparse_moe."
+        return {ours + "mlp.gate.weight": [moe + "router.layer.weight"],
+                ours + "mlp.experts_gate_up": [moe + "input_linear.weight"],
+                ours + "mlp.experts_down": [moe + "output_linear.weight"]}
     block, (gate, up, down) = _EXPERT_NAMES.get(args.architecture, _QWEN_EXPERT_NAMES)
     experts = [f"{p}{block}.experts.{e}." for e in range(args.num_experts)]
     src = {ours + "mlp.gate.weight": [f"{p}{block}.gate.weight"],

@@ -34,6 +34,14 @@ def _hf_config(family: str, vocab_size: int, heads: int = 8):
         return tf.Qwen3Config(**common, tie_word_embeddings=False)
     if family == "smollm3":  # every second layer without RoPE (SmolLM3-3B: every fourth)
         return tf.SmolLM3Config(**common, no_rope_layer_interval=2, tie_word_embeddings=True)
+    # Granite 3's multipliers (its 8B's values): embeddings, attention scale, residual branches, logits
+    granite = dict(embedding_multiplier=12.0, attention_multiplier=0.0078125, residual_multiplier=0.22,
+                   logits_scaling=16.0, tie_word_embeddings=True)
+    if family == "granite":
+        return tf.GraniteConfig(**common, **granite)
+    if family == "granitemoe":
+        return tf.GraniteMoeConfig(**{**common, "intermediate_size": 48}, **granite, num_local_experts=4,
+                                   num_experts_per_tok=2)
     moe = dict(num_experts_per_tok=2, tie_word_embeddings=False)
     if family == "mixtral":  # every layer's MLP is 4 experts of intermediate_size
         return tf.MixtralConfig(**{**common, "intermediate_size": 48}, **moe, num_local_experts=4, sliding_window=None)
@@ -49,7 +57,8 @@ def _hf_config(family: str, vocab_size: int, heads: int = 8):
 _CLASSES = {"llama3": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
             "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "mixtral": "MixtralForCausalLM",
             "qwen2_moe": "Qwen2MoeForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
-            "smollm3": "SmolLM3ForCausalLM"}
+            "smollm3": "SmolLM3ForCausalLM", "granite": "GraniteForCausalLM",
+            "granitemoe": "GraniteMoeForCausalLM"}
 
 
 @pytest.fixture(scope="session")

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 
 import pytest
@@ -15,7 +14,8 @@ from radixflow.runtime.core.kv_pool import KVPool, ReqToTokenPool
 from radixflow.runtime.model.model_config import load_model_args
 from radixflow.runtime.model.weights import build_model
 
-FAMILIES = ["llama3", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe", "smollm3"]
+FAMILIES = ["llama3", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe", "smollm3", "granite",
+            "granitemoe"]
 
 
 def _our_logits(model_dir: str, prompts: list[list[int]]) -> list[torch.Tensor]:
@@ -36,7 +36,7 @@ def _our_logits(model_dir: str, prompts: list[list[int]]) -> list[torch.Tensor]:
         req_to_token=table.table, req_rows=t(rows), prefix_lens=t([0] * len(lens)), extend_lens=t(lens),
         seq_lens=t(lens), extend_starts=t(starts), logit_rows=t(list(range(sum(lens)))),
         prefix_lens_cpu=[0] * len(lens), extend_lens_cpu=lens)
-    attn = PoolAttention(pool, AttentionOps.for_backend("torch"), 1.0 / math.sqrt(args.head_dim))
+    attn = PoolAttention(pool, AttentionOps.for_backend("torch"), args.sm_scale)
     logits = model(fb, attn)
     return list(logits.split(lens))
 
