@@ -69,7 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--tool-call-parser", choices=tuple(PARSERS), default="hermes",
                        help="the format of the model's tool calls under tool_choice 'auto': hermes "
                             "(<tool_call> blocks), llama3_json, mistral ([TOOL_CALLS]), pythonic, qwen3_coder "
-                            "(<function=...> blocks) or glm45 / glm47 (<arg_key> pairs) (default: hermes)")
+                            "(<function=...> blocks), glm45 / glm47 (<arg_key> pairs) or granite "
+                            "(<tool_call>[...]) (default: hermes)")
     from radixflow.runtime.text.reasoning import FORMATS
 
     names = dict.fromkeys([*FORMATS, *(f.replace("_", "-") for f in FORMATS)])  # qwen3 has no dashed spelling

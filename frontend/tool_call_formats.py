@@ -1,8 +1,8 @@
 """The call formats tool_choice "auto" can parse (`radixflow serve --tool-call-parser`): Hermes
-(tool_calls.py), Llama 3 JSON, Mistral `[TOOL_CALLS]`, pythonic lists, and the XML-like blocks of
-Qwen3-Coder and GLM-4.5 / 4.7 (xml_calls.py).
+(tool_calls.py), Llama 3 JSON, Mistral `[TOOL_CALLS]`, Granite `<tool_call>[...]`, pythonic lists,
+and the XML-like blocks of Qwen3-Coder and GLM-4.5 / 4.7 (xml_calls.py).
 
-The last three write their calls as a bracketed value (an object, a list) where the output starts
+The middle four write their calls as a bracketed value (an object, a list) where the output starts
 (Llama 3.2: several objects, `;` between; Mistral: also after its marker). Such a value is held
 back from its opening bracket: the JSON formats read it as it comes (call_stream.py: a call
 starts once its name and its arguments' opening are read, and its arguments stream), pythonic
@@ -274,6 +274,28 @@ class MistralParser(_ValueParser):
         return CallListReader(self.names)
 
 
+GRANITE_MARKERS = ("<|tool_call|>", "<tool_call>")  # Granite 3.0's special token, 3.1+'s text
+
+
+class GraniteParser(_ValueParser):
+    """IBM Granite 3: the output opens with `<|tool_call|>` (3.0, a special token) or `<tool_call>`
+    (3.1+) and a JSON list of {"name", "arguments"} objects, read as it comes like Mistral's
+    (CallListReader); a bare list at the start is read too (the special token skipped). A marker
+    after other text, or before anything but a list, is content; text after the list is content."""
+
+    def _start(self, out: list[Event]) -> bool:
+        body = self._buf.lstrip()
+        for marker in GRANITE_MARKERS:
+            if body.startswith(marker):
+                return self._open(body[len(marker):].lstrip(), "[")
+            if body and marker.startswith(body):
+                return False  # maybe the marker, not yet whole
+        return self._open(body, "[")
+
+    def _reader(self) -> CallListReader:
+        return CallListReader(self.names)
+
+
 class PythonicParser(_ValueParser):
     """Llama 3.2 / 4 pythonic calls: the output starts with a Python list of calls,
     `[get_weather(city="Paris"), add(a=1)]`, keyword arguments whose values are literals (read
@@ -314,7 +336,7 @@ def python_calls(source: str, names: Set[str]) -> list[Call] | None:
 
 PARSERS: dict[str, Callable[[Set[str]], Parser]] = {
     "hermes": HermesParser, "llama3_json": Llama3JsonParser, "mistral": MistralParser, "pythonic": PythonicParser,
-    "qwen3_coder": Qwen3CoderParser, "glm45": Glm45Parser, "glm47": Glm45Parser,
+    "qwen3_coder": Qwen3CoderParser, "glm45": Glm45Parser, "glm47": Glm45Parser, "granite": GraniteParser,
 }
 TYPED = (Qwen3CoderParser, Glm45Parser)  # the formats whose values are raw text: they need the parameters' types
 

@@ -10,7 +10,7 @@ import pytest
 from text_pieces import every_split  # noqa: E402  (tests/frontend is on sys.path via conftest)
 
 from radixflow.frontend.tool_call_formats import (
-    PARSERS, Llama3JsonParser, MistralParser, PythonicParser, auto_parser,
+    PARSERS, GraniteParser, Llama3JsonParser, MistralParser, PythonicParser, auto_parser,
 )
 from radixflow.frontend.xml_calls import Glm45Parser, Qwen3CoderParser
 from radixflow.frontend.tool_calls import (
@@ -225,6 +225,22 @@ MISTRAL = [
      '[TOOL_CALLS][{"name": "add", "arguments": {]}, {"name": "add"}] ok', [Call("add", "{"), "ok"]),
 ]
 
+GRANITE = [
+    ("plain text, no call", "Hello [world] <tool", ["Hello [world] <tool"]),
+    ("Granite 3.1+: <tool_call> then a list", '<tool_call>[{"name": "get_weather", "arguments": {"city": "Paris"}}, '
+     '{"name": "add", "arguments": {"a": 1}}]', [WEATHER, ADD1]),
+    ("Granite 3.0: <|tool_call|> (kept when special tokens are)", ' <|tool_call|> [{"arguments": {"a": 1}, '
+     '"name": "add"}]', [ADD1]),
+    ("a bare list at the start (the special token skipped)", '\n[{"name": "add", "arguments": {"a": 1}}]', [ADD1]),
+    ("text after the calls is content", '<tool_call>[{"name": "add"}]\n done', [Call("add", "{}"), "done"]),
+    ("a marker after text is content", 'Sure. <tool_call>[{"name": "add"}]', ['Sure. <tool_call>[{"name": "add"}]']),
+    ("the marker before something else stays content", "<tool_call> hello", ["<tool_call> hello"]),
+    ("an unknown tool first leaves the whole list content", '<tool_call>[{"name": "rm", "arguments": {}}]',
+     ['<tool_call>[{"name": "rm", "arguments": {}}]']),
+    ("an unfinished list that started a call keeps it", '<tool_call>[{"name": "add", "arguments": {"a": 1',
+     [Call("add", '{"a": 1')]),
+]
+
 PYTHONIC = [
     ("plain text, no call", "Sure (or not) [ok]", ["Sure (or not) [ok]"]),
     ("a list of calls", '[get_weather(city="Paris"), add(a=1)]', [WEATHER, ADD1]),
@@ -376,6 +392,12 @@ def test_mistral(text, expected):
         assert merged(run(MistralParser(NAMES), pieces)) == expected, pieces
 
 
+@_cases(GRANITE)
+def test_granite(text, expected):
+    for pieces in every_split(text):
+        assert merged(run(GraniteParser(NAMES), pieces)) == expected, pieces
+
+
 @_cases(PYTHONIC)
 def test_pythonic(text, expected):
     for pieces in every_split(text):
@@ -436,10 +458,11 @@ def test_plain_text_streams_once_it_cannot_be_a_call():
 
 
 def test_parsers_by_flag_name():
-    assert set(PARSERS) == {"hermes", "llama3_json", "mistral", "pythonic", "qwen3_coder", "glm45", "glm47"}
+    assert set(PARSERS) == {"hermes", "llama3_json", "mistral", "pythonic", "qwen3_coder", "glm45", "glm47",
+                            "granite"}
     assert isinstance(auto_parser("mistral", NAMES, parallel=True), MistralParser)
     with pytest.raises(ValueError, match="--tool-call-parser must be one of hermes, llama3_json, mistral, "
-                                         "pythonic, qwen3_coder, glm45, glm47; got 'qwen'"):
+                                         "pythonic, qwen3_coder, glm45, glm47, granite; got 'qwen'"):
         auto_parser("qwen", NAMES, parallel=True)
 
 
@@ -451,6 +474,8 @@ ONE_CALL = [
     (MistralParser, '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "add"}] ok',
      [WEATHER, "ok"]),
     (PythonicParser, '[get_weather(city="Paris"), add(a=1)]', [WEATHER]),
+    (GraniteParser, '<tool_call>[{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "add"}] ok',
+     [WEATHER, "ok"]),
     (Qwen3CoderParser, _xml("get_weather", city="Paris") + " B " + _xml("add", a=1), [WEATHER, "B"]),
 ]
 

@@ -177,6 +177,8 @@ TWO_CALLS = {
     "mistral-v11": ('Checking.[TOOL_CALLS]get_weather[ARGS]{"city": "Rome", "days": 2}[TOOL_CALLS]add[ARGS]{"a": 3}',
                     "Checking."),
     "pythonic": ('[get_weather(city="Rome", days=2), add(a=3)]', None),
+    "granite": ('<tool_call>[{"name": "get_weather", "arguments": {"city": "Rome", "days": 2}}, '
+                '{"name": "add", "arguments": {"a": 3}}]', None),
     "qwen3_coder": ("Checking.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nRome\n</parameter>\n"
                     "<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=add>\n"
                     "<parameter=a>\n3\n</parameter>\n</function>\n</tool_call>", "Checking."),
