@@ -10,7 +10,7 @@ from radixflow.runtime.text_files import read_json_object
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
                            "MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM",
-                           "SmolLM3ForCausalLM", "GraniteForCausalLM", "GraniteMoeForCausalLM")
+                           "SmolLM3ForCausalLM", "GraniteForCausalLM", "GraniteMoeForCausalLM", "Phi3ForCausalLM")
 # mixture-of-experts families: a router sends each token to its top-k experts' MLPs
 MOE_ARCHITECTURES = ("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "GraniteMoeForCausalLM")
 GRANITE_ARCHITECTURES = ("GraniteForCausalLM", "GraniteMoeForCausalLM")
@@ -171,6 +171,9 @@ def model_args_from_dict(cfg: dict[str, Any]) -> ModelArgs:
     rope_scaling = cfg.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
     if rope_scaling is not None and not isinstance(rope_scaling, dict):
         raise ValueError(f"rope_scaling must be an object or null, got {rope_scaling!r}")
+    partial = cfg.get("partial_rotary_factor", rope.get("partial_rotary_factor", 1.0))
+    if partial != 1.0:  # Phi-4-mini, Phi-3-small: RoPE here rotates the whole head
+        raise ValueError(f"partial_rotary_factor {partial!r} is not supported (RoPE over the whole head only)")
     if rope_scaling is not None:
         kind = rope_scaling.get("rope_type", rope_scaling.get("type"))
         if kind not in ("default", "llama3", "linear"):

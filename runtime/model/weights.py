@@ -102,7 +102,9 @@ def _checkpoint_sources(args: ModelArgs) -> dict[str, list[str]]:
     for i in range(args.num_layers):
         p, ours = f"model.layers.{i}.", f"layers.{i}."
         attn = p + "self_attn."
-        src[ours + "self_attn.qkv_proj.weight"] = [attn + f"{x}_proj.weight" for x in "qkv"]
+        fused = args.architecture == "Phi3ForCausalLM"  # Phi-3 stores q | k | v and gate | up fused
+        src[ours + "self_attn.qkv_proj.weight"] = [attn + "qkv_proj.weight"] if fused else [
+            attn + f"{x}_proj.weight" for x in "qkv"]
         if args.qkv_bias:
             src[ours + "self_attn.qkv_proj.bias"] = [attn + f"{x}_proj.bias" for x in "qkv"]
         src[ours + "self_attn.o_proj.weight"] = [attn + "o_proj.weight"]
@@ -115,7 +117,8 @@ def _checkpoint_sources(args: ModelArgs) -> dict[str, list[str]]:
             src.update(_expert_sources(args, p, ours))
         else:
             for kind in ("weight", "bias") if args.mlp_bias else ("weight",):
-                src[ours + f"mlp.gate_up_proj.{kind}"] = [p + f"mlp.gate_proj.{kind}", p + f"mlp.up_proj.{kind}"]
+                src[ours + f"mlp.gate_up_proj.{kind}"] = [p + f"mlp.gate_up_proj.{kind}"] if fused else [
+                    p + f"mlp.gate_proj.{kind}", p + f"mlp.up_proj.{kind}"]
                 src[ours + f"mlp.down_proj.{kind}"] = [p + f"mlp.down_proj.{kind}"]
         src[ours + "input_layernorm.weight"] = [p + "input_layernorm.weight"]
         src[ours + "post_attention_layernorm.weight"] = [p + "post_attention_layernorm.weight"]

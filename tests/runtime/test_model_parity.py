@@ -15,7 +15,7 @@ from radixflow.runtime.model.model_config import load_model_args
 from radixflow.runtime.model.weights import build_model
 
 FAMILIES = ["llama3", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe", "smollm3", "granite",
-            "granitemoe"]
+            "granitemoe", "phi3"]
 
 
 def _our_logits(model_dir: str, prompts: list[list[int]]) -> list[torch.Tensor]:
@@ -161,6 +161,7 @@ def _checkpoint_with(tmp_path, family: str, **config) -> str:
 
 @pytest.mark.parametrize("family, config, window", [
     ("mistral", {"sliding_window": 24}, 24),                      # Mistral-7B-v0.1's sliding_window 4096
+    ("phi3", {"sliding_window": 24}, 24),                         # Phi-3-mini-4k's 2047
     ("qwen2", {"use_sliding_window": True, "sliding_window": 24, "max_window_layers": 1}, 24),
     ("qwen2", {"use_sliding_window": False, "sliding_window": 24}, None),  # Qwen2's default: off
 ])
@@ -226,3 +227,14 @@ def test_an_mlp_activation_other_than_silu_is_refused(tmp_path, act):
     cfg["hidden_act"] = "silu"
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     assert load_model_args(str(tmp_path)).hidden_size == 32
+
+
+@pytest.mark.parametrize("config", [{"partial_rotary_factor": 0.75},
+                                    {"rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.5}}])
+def test_partial_rotary_embedding_is_refused(tmp_path, config):
+    """Phi-4-mini rotates 3/4 of each head: RoPE here rotates all of it, so such a model is refused."""
+    cfg = {"architectures": ["Phi3ForCausalLM"], "vocab_size": 100, "hidden_size": 32, "intermediate_size": 64,
+           "num_hidden_layers": 2, "num_attention_heads": 4, **config}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="partial_rotary_factor .* is not supported"):
+        load_model_args(str(tmp_path))
