@@ -27,7 +27,7 @@ def write_random_adapter(path: str, model_dir: str, rank: int = 8, targets: tupl
     for layer in range(args.num_layers):
         for module in targets:
             d_in, d_out = module_dims(args, module)
-            part = "self_attn" if module in ATTN else "mlp"
+            part = "mlp" if module in ("gate_proj", "up_proj", "down_proj", "gate_up_proj") else "self_attn"
             name = f"base_model.model.model.layers.{layer}.{part}.{module}"
             tensors[f"{name}.lora_A.weight"] = (torch.randn(rank, d_in, generator=gen) / d_in ** 0.5).to(dtype)
             tensors[f"{name}.lora_B.weight"] = (torch.randn(d_out, rank, generator=gen) * b_std).to(dtype)

@@ -309,3 +309,24 @@ def test_mixed_steps_keep_adapter_outputs(model, adapters):
             assert not eng.invariant_violations
     assert outs[True, "first"] == outs[False, "first"]
     assert outs[True, "late"] == outs[False, "late"]
+
+
+def test_adapters_on_fused_projections_serve_as_their_parts(hf_checkpoint, tmp_path):
+    """Phi-3's checkpoints fuse q|k|v and gate|up, so PEFT adapters for it target `qkv_proj` and
+    `gate_up_proj`: each is served as its parts (the one lora_A with each part's rows of lora_B),
+    and the output equals the merged weights'."""
+    model_dir, _ = hf_checkpoint("phi3")
+    prompt = [5, 77, 300, 12, 9, 41]
+    sp = {"max_new_tokens": 8, "temperature": 0.0, "ignore_eos": True}
+    adapter = write_adapter(str(tmp_path / "fused"), model_dir, targets=("qkv_proj", "o_proj", "gate_up_proj",
+                                                                         "down_proj"))
+    with Engine(model_dir, dtype="float32", lora_modules=[f"a={adapter}"]) as eng:
+        adapted = eng.generate(input_ids=prompt, sampling_params=sp, lora="a")["output_ids"]
+        base = eng.generate(input_ids=prompt, sampling_params=sp)["output_ids"]
+    with Engine(merge_adapter(model_dir, adapter, str(tmp_path / "merged")), dtype="float32") as merged:
+        assert adapted == merged.generate(input_ids=prompt, sampling_params=sp)["output_ids"]
+    assert adapted != base
+    part = write_adapter(str(tmp_path / "q"), model_dir, targets=("qkv_proj",))
+    with Engine(model_dir, dtype="float32", enable_lora=True, lora_target_modules="q_proj,k_proj,o_proj") as eng:
+        with pytest.raises(ValueError, match=r"target modules \['v_proj'\] are not in the engine's"):
+            eng.load_lora_adapter("q", part)
