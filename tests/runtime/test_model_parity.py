@@ -238,3 +238,25 @@ def test_partial_rotary_embedding_is_refused(tmp_path, config):
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ValueError, match="partial_rotary_factor .* is not supported"):
         load_model_args(str(tmp_path))
+
+
+@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe", "smollm3", "granite", "phi3"])
+def test_triton_ops_path_equals_the_torch_path(hf_checkpoint, monkeypatch, family):
+    """The model as CUDA runs it (fused norms, RoPE and SiLU-and-mul, the grouped Triton experts),
+    here in the Triton interpreter, gives the CPU path's greedy tokens and logprobs: the families
+    whose layers differ (experts, layers without RoPE, multipliers, fused checkpoints)."""
+    from radixflow.runtime import Engine
+    from radixflow.runtime.model import model
+
+    model_dir, _ = hf_checkpoint(family)
+    prompts = [[5, 77, 300, 12], [901, 44, 2, 17, 17, 250, 9]]
+    runs = []
+    for triton_ops in (False, True):
+        monkeypatch.setattr(model, "FORCE_TRITON_OPS", triton_ops)
+        with Engine(model_dir, device="cpu", dtype="float32", kv_cache_tokens=512, attention_backend="torch") as engine:
+            outs = engine.generate(input_ids=prompts, return_logprob=True,
+                                   sampling_params={"max_new_tokens": 4, "temperature": 0.0, "ignore_eos": True})
+        runs.append(([o["output_ids"] for o in outs],
+                     [[lp for lp, _, _ in o["meta_info"]["output_token_logprobs"]] for o in outs]))
+    assert runs[1][0] == runs[0][0]
+    torch.testing.assert_close(torch.tensor(runs[1][1]), torch.tensor(runs[0][1]), rtol=1e-4, atol=1e-4)
