@@ -1,4 +1,4 @@
-"""One decoder for the Llama family (Llama 2/3/3.1, Mistral, Qwen2, Qwen3, SmolLM3, Granite) and its
+"""One decoder for the Llama family (Llama 2/3/3.1, Mistral, Qwen2, Qwen3, Phi-3, SmolLM3, Granite, OLMo 2) and its
 mixture-of-experts kin (Mixtral, Qwen2-MoE, Qwen3-MoE, GraniteMoE: kernels/moe.py), driven by ModelArgs.
 
 Projections are fused at load time (q|k|v into `qkv_proj`, gate|up into `gate_up_proj`) so each
@@ -130,6 +130,9 @@ class Attention(nn.Module):
         if args.qk_norm:
             self.q_norm = RMSNorm(args.head_dim, args.rms_norm_eps)
             self.k_norm = RMSNorm(args.head_dim, args.rms_norm_eps)
+        elif args.post_norms:  # OLMo 2: over the whole projection
+            self.q_norm = RMSNorm(args.q_size, args.rms_norm_eps)
+            self.k_norm = RMSNorm(args.kv_size, args.rms_norm_eps)
 
     def forward(self, x: torch.Tensor, rope: RopeStep, fb: ForwardBatch, attn: AttentionFn) -> torch.Tensor:
         a = self.args
@@ -140,11 +143,14 @@ class Attention(nn.Module):
         v = qkv[:, qk_size:].view(num_tokens, a.num_kv_heads, a.head_dim)
         if a.qk_norm:
             q, k = self.q_norm.norm_heads(q), self.k_norm.norm_heads(k)
+        elif a.post_norms:
+            q = self.q_norm(qkv[:, :a.q_size].contiguous())[0].view(num_tokens, a.num_heads, a.head_dim)
+            k = self.k_norm(qkv[:, a.q_size:qk_size].contiguous())[0].view(num_tokens, a.num_kv_heads, a.head_dim)
         if self.layer_id in a.nope_layers:  # SmolLM3: no position encoding in this layer
             pass
         elif use_triton_ops(x):
             kernels.rope(q, k, rope.positions, rope.cos, rope.sin)  # in place
-        elif a.qk_norm:
+        elif a.qk_norm or a.post_norms:
             q, k = rotate_cpu(q, rope.cos, rope.sin), rotate_cpu(k, rope.cos, rope.sin)
         else:  # q and k side by side in qkv: one rotation over [T, num_heads + num_kv_heads, D]
             qk = rotate_cpu(qkv[:, :qk_size].view(num_tokens, -1, a.head_dim), rope.cos, rope.sin)
@@ -216,7 +222,11 @@ class DecoderLayer(nn.Module):
     def __init__(self, args: ModelArgs, layer_id: int) -> None:
         super().__init__()
         self.residual_multiplier = args.residual_multiplier  # Granite: each branch scaled before its add
-        self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.post_norms = args.post_norms
+        if args.post_norms:  # OLMo 2
+            self.post_feedforward_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        else:
+            self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.self_attn = Attention(args, layer_id)
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.mlp = SparseMoE(args, layer_id) if layer_id in args.moe_layers else MLP(args, layer_id)
@@ -225,6 +235,8 @@ class DecoderLayer(nn.Module):
                 fb: ForwardBatch, attn: AttentionFn) -> tuple[torch.Tensor, torch.Tensor]:
         """(x, residual) → (this layer's MLP output, the residual stream before it): the residual
         add runs fused into the next norm (residual None at the first layer: x is the stream)."""
+        if self.post_norms:
+            return self._post_norms(x, residual, rope, fb, attn)
         h, residual = self.input_layernorm(x, residual)
         h = self.self_attn(h, rope, fb, attn)
         if self.residual_multiplier != 1.0:
@@ -232,6 +244,20 @@ class DecoderLayer(nn.Module):
         h, residual = self.post_attention_layernorm(h, residual)
         h = self.mlp(h, fb)
         return (h if self.residual_multiplier == 1.0 else h * self.residual_multiplier), residual
+
+
+    def _post_norms(self, x: torch.Tensor, residual: torch.Tensor | None, rope: RopeStep, fb: ForwardBatch,
+                    attn: AttentionFn) -> tuple[torch.Tensor, torch.Tensor]:
+        """OLMo 2's layer, same contract: stream = x + residual; stream += norm(attn(stream));
+        returns (norm(mlp(stream)), stream). The stream is fp32 on CPU, as the fused norms keep it."""
+        if residual is None:
+            stream = x if use_triton_ops(x) else x.float()
+        else:
+            stream = x.to(residual.dtype) + residual
+        h = self.self_attn(stream.to(x.dtype), rope, fb, attn)
+        stream = stream + self.post_attention_layernorm(h)[0].to(stream.dtype)
+        h = self.mlp(stream.to(x.dtype), fb)
+        return self.post_feedforward_layernorm(h)[0], stream
 
 
 class CausalLM(nn.Module):

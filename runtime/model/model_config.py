@@ -10,7 +10,8 @@ from radixflow.runtime.text_files import read_json_object
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
                            "MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM",
-                           "SmolLM3ForCausalLM", "GraniteForCausalLM", "GraniteMoeForCausalLM", "Phi3ForCausalLM")
+                           "SmolLM3ForCausalLM", "GraniteForCausalLM", "GraniteMoeForCausalLM", "Phi3ForCausalLM",
+                           "Olmo2ForCausalLM")
 # mixture-of-experts families: a router sends each token to its top-k experts' MLPs
 MOE_ARCHITECTURES = ("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "GraniteMoeForCausalLM")
 GRANITE_ARCHITECTURES = ("GraniteForCausalLM", "GraniteMoeForCausalLM")
@@ -45,6 +46,9 @@ class ModelArgs:
     norm_topk_prob: bool = True          # the top-k routing weights renormalized to sum to 1
     moe_layers: tuple[int, ...] = ()     # the layers whose MLP is the experts (the rest: dense MLPs)
     shared_expert_intermediate_size: int = 0  # Qwen2-MoE: a gated dense MLP beside the experts
+    # OLMo 2: each attention / MLP output normed before its residual add and nothing normed before
+    # them; q and k normed over the whole projection (all heads at once)
+    post_norms: bool = False
     nope_layers: tuple[int, ...] = ()  # layers whose attention takes no RoPE (SmolLM3's `no_rope_layers`)
     o_bias: bool = False    # o_proj carries a bias (Llama / Qwen3 `attention_bias`)
     mlp_bias: bool = False  # gate / up / down carry biases (Llama `mlp_bias`)
@@ -210,6 +214,7 @@ def model_args_from_dict(cfg: dict[str, Any]) -> ModelArgs:
         mlp_bias=bool(cfg.get("mlp_bias", False)) and arch in ("LlamaForCausalLM", "SmolLM3ForCausalLM",
                                                                 "GraniteForCausalLM"),
         nope_layers=_nope_layers(cfg) if arch == "SmolLM3ForCausalLM" else (),
+        post_norms=arch == "Olmo2ForCausalLM",
         qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM"),
         torch_dtype=cfg.get("torch_dtype") or cfg.get("dtype") or "float32",
         bos_token_id=cfg.get("bos_token_id"),

@@ -110,7 +110,7 @@ def _checkpoint_sources(args: ModelArgs) -> dict[str, list[str]]:
         src[ours + "self_attn.o_proj.weight"] = [attn + "o_proj.weight"]
         if args.o_bias:
             src[ours + "self_attn.o_proj.bias"] = [attn + "o_proj.bias"]
-        if args.qk_norm:
+        if args.qk_norm or args.post_norms:
             src[ours + "self_attn.q_norm.weight"] = [attn + "q_norm.weight"]
             src[ours + "self_attn.k_norm.weight"] = [attn + "k_norm.weight"]
         if i in args.moe_layers:
@@ -120,8 +120,10 @@ def _checkpoint_sources(args: ModelArgs) -> dict[str, list[str]]:
                 src[ours + f"mlp.gate_up_proj.{kind}"] = [p + f"mlp.gate_up_proj.{kind}"] if fused else [
                     p + f"mlp.gate_proj.{kind}", p + f"mlp.up_proj.{kind}"]
                 src[ours + f"mlp.down_proj.{kind}"] = [p + f"mlp.down_proj.{kind}"]
-        src[ours + "input_layernorm.weight"] = [p + "input_layernorm.weight"]
-        src[ours + "post_attention_layernorm.weight"] = [p + "post_attention_layernorm.weight"]
+        norms = ("post_attention_layernorm", "post_feedforward_layernorm") if args.post_norms else (
+            "input_layernorm", "post_attention_layernorm")
+        for norm in norms:
+            src[ours + f"{norm}.weight"] = [p + f"{norm}.weight"]
     return src
 
 

@@ -32,6 +32,8 @@ def _hf_config(family: str, vocab_size: int, heads: int = 8):
         return tf.Qwen2Config(**common, tie_word_embeddings=True)
     if family == "qwen3":
         return tf.Qwen3Config(**common, tie_word_embeddings=False)
+    if family == "olmo2":  # norms after attention and MLP, none before; q/k normed over the whole projection
+        return tf.Olmo2Config(**common, tie_word_embeddings=False)
     if family == "phi3":  # fused qkv_proj and gate_up_proj in the checkpoint (Phi-3, Phi-4)
         return tf.Phi3Config(**common, tie_word_embeddings=False, sliding_window=None)
     if family == "smollm3":  # every second layer without RoPE (SmolLM3-3B: every fourth)
@@ -60,7 +62,8 @@ _CLASSES = {"llama3": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
             "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "mixtral": "MixtralForCausalLM",
             "qwen2_moe": "Qwen2MoeForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
             "smollm3": "SmolLM3ForCausalLM", "granite": "GraniteForCausalLM",
-            "granitemoe": "GraniteMoeForCausalLM", "phi3": "Phi3ForCausalLM"}
+            "granitemoe": "GraniteMoeForCausalLM", "phi3": "Phi3ForCausalLM",
+            "olmo2": "Olmo2ForCausalLM"}
 
 
 @pytest.fixture(scope="session")

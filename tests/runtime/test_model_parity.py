@@ -15,7 +15,7 @@ from radixflow.runtime.model.model_config import load_model_args
 from radixflow.runtime.model.weights import build_model
 
 FAMILIES = ["llama3", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe", "smollm3", "granite",
-            "granitemoe", "phi3"]
+            "granitemoe", "phi3", "olmo2"]
 
 
 def _our_logits(model_dir: str, prompts: list[list[int]]) -> list[torch.Tensor]:
@@ -240,11 +240,11 @@ def test_partial_rotary_embedding_is_refused(tmp_path, config):
         load_model_args(str(tmp_path))
 
 
-@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe", "smollm3", "granite", "phi3"])
+@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe", "smollm3", "granite", "phi3", "olmo2"])
 def test_triton_ops_path_equals_the_torch_path(hf_checkpoint, monkeypatch, family):
     """The model as CUDA runs it (fused norms, RoPE and SiLU-and-mul, the grouped Triton experts),
     here in the Triton interpreter, gives the CPU path's greedy tokens and logprobs: the families
-    whose layers differ (experts, layers without RoPE, multipliers, fused checkpoints)."""
+    whose layers differ (experts, layers without RoPE, multipliers, fused checkpoints, norms after)."""
     from radixflow.runtime import Engine
     from radixflow.runtime.model import model
 
