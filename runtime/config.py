@@ -19,6 +19,9 @@ GRAMMAR_BACKENDS = ("outlines", "llguidance")
 SPECULATIVE_ALGORITHMS = ("none", "ngram")
 MAX_DRAFT_TOKENS = 16  # drafts per request per step, and the longest n-gram looked up
 LORA_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# fused module (Phi-3's checkpoints) -> its parts: an adapter on it is served as one on each part
+FUSED_LORA_TARGETS: dict[str, tuple[str, ...]] = {"qkv_proj": ("q_proj", "k_proj", "v_proj"),
+                                                  "gate_up_proj": ("gate_proj", "up_proj")}
 
 
 def _opt(default: Any, help: str, choices: tuple[str, ...] | None = None) -> Any:
@@ -73,7 +76,7 @@ class EngineConfig:
     max_lora_rank: int = _opt(16, "Largest adapter rank the slots hold.")
     max_loras_per_batch: int | None = _opt(None, "Most distinct adapters in one batch (default: max_loras).")
     max_cpu_loras: int | None = _opt(None, "Adapters whose weights stay in host memory, least recently used dropped first (default: all loaded).")
-    lora_target_modules: str | None = _opt(None, "Comma-separated modules the slots cover (default: all of " + ",".join(LORA_TARGET_MODULES) + ").")
+    lora_target_modules: str | None = _opt(None, "Comma-separated modules the slots cover (default: all of " + ",".join(LORA_TARGET_MODULES) + "; qkv_proj and gate_up_proj mean their parts).")
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "lora_modules", tuple(self.lora_modules))  # a CLI list, normalized once
@@ -113,7 +116,8 @@ class EngineConfig:
     def lora_targets(self) -> frozenset[str]:
         if self.lora_target_modules is None:
             return frozenset(LORA_TARGET_MODULES)
-        return frozenset(m.strip() for m in self.lora_target_modules.split(",") if m.strip())
+        names = [m.strip() for m in self.lora_target_modules.split(",") if m.strip()]
+        return frozenset(part for m in names for part in FUSED_LORA_TARGETS.get(m, (m,)))
 
     def _check_speculative(self) -> None:
         for name in ("speculative_num_draft_tokens", "speculative_ngram_min", "speculative_ngram_max"):

@@ -12,6 +12,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
+from radixflow.runtime.config import FUSED_LORA_TARGETS
 from radixflow.runtime.model.model_config import ModelArgs
 
 CONFIG_FILE = "adapter_config.json"
@@ -21,10 +22,9 @@ TARGETS: dict[str, tuple[str, int]] = {
     "q_proj": ("qkv", 0), "k_proj": ("qkv", 1), "v_proj": ("qkv", 2), "o_proj": ("o", 0),
     "gate_proj": ("gate_up", 0), "up_proj": ("gate_up", 1), "down_proj": ("down", 0),
 }
-# fused module (Phi-3's checkpoints) -> its parts: an adapter on it is served as one on each part,
-# with the one lora_A and that part's rows of lora_B
-FUSED_TARGETS: dict[str, tuple[str, ...]] = {"qkv_proj": ("q_proj", "k_proj", "v_proj"),
-                                             "gate_up_proj": ("gate_proj", "up_proj")}
+# fused module -> its parts: an adapter on it is served as one on each part, with the one lora_A
+# and that part's rows of lora_B
+FUSED_TARGETS = FUSED_LORA_TARGETS
 # |lora_alpha / r| (the scale folded into B) above this is no trained adapter's: it is fp16's
 # largest value, past which the folded weights or the deltas overflow half precision.
 MAX_ABS_SCALE = 65504.0

@@ -206,6 +206,7 @@ def load_gguf_weights(model: CausalLM, f: GGUFFile, dtype: torch.dtype, device: 
     _, permuted = GGUF_ARCHITECTURES[f.architecture]
     expected = dict(model.named_parameters())
     sources = gguf_sources(model.args, permuted)
+    check_all_used(set(f.tensors), {s for parts in sources.values() for s, _ in parts}, f"{f.path}: GGUF")
     state: dict[str, torch.Tensor] = {}
     start = time.perf_counter()
     for name, parts in tqdm(sources.items(), desc="dequantizing GGUF", unit="tensor", disable=None, leave=False):
@@ -215,7 +216,6 @@ def load_gguf_weights(model: CausalLM, f: GGUFFile, dtype: torch.dtype, device: 
         if tensor is None:
             raise misfit_error("GGUF", [s for s, _ in parts], tensors, name, want)
         state[name] = tensor.to(device)
-    check_all_used(set(f.tensors), {s for parts in sources.values() for s, _ in parts}, f"{f.path}: GGUF")
     model.load_state_dict(state, strict=True, assign=True)
     types = sorted({f.type_name(s) for parts in sources.values() for s, _ in parts})
     log.info("loaded %d GGUF tensors (%s) from %s in %.2f s", len(state), ", ".join(types), f.path,

@@ -190,7 +190,8 @@ def model_args_from_dict(cfg: dict[str, Any]) -> ModelArgs:
     is_qwen2 = arch in ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM")
     # Qwen2 / Qwen2-MoE: q, k, v biases (Qwen2-MoE's `qkv_bias`, true unless set), never o_proj's;
     # the others: `attention_bias` puts biases on q, k, v and o_proj alike (Mixtral has none)
-    attention_bias = bool(cfg.get("attention_bias", False)) and arch != "MixtralForCausalLM"
+    attention_bias = bool(cfg.get("attention_bias", False)) and arch not in (  # their projections have none
+        "MistralForCausalLM", "MixtralForCausalLM", "Phi3ForCausalLM")
     if arch == "Qwen2MoeForCausalLM":
         qkv_bias = cfg.get("qkv_bias", True)
     else:
@@ -208,7 +209,7 @@ def model_args_from_dict(cfg: dict[str, Any]) -> ModelArgs:
         rope_theta=cfg.get("rope_theta") or rope.get("rope_theta", 10000.0),
         rope_scaling=rope_scaling,
         max_position_embeddings=_optional(cfg, "max_position_embeddings", 4096),
-        tie_word_embeddings=cfg.get("tie_word_embeddings", False),
+        tie_word_embeddings=cfg.get("tie_word_embeddings", arch == "SmolLM3ForCausalLM"),  # transformers' defaults
         qkv_bias=bool(qkv_bias),
         o_bias=attention_bias and not is_qwen2,
         mlp_bias=bool(cfg.get("mlp_bias", False)) and arch in ("LlamaForCausalLM", "SmolLM3ForCausalLM",
@@ -250,20 +251,27 @@ def _nope_layers(cfg: dict[str, Any]) -> tuple[int, ...]:
 
 
 def _sliding_window(cfg: dict[str, Any], arch: str) -> int | None:
-    """The window of a config whose layers (some of them) attend through one, else None.
+    """The window of a config whose layers (some of them) attend through one, else None: each
+    family as transformers reads it, leaning to a window where some layers may slide.
 
-    Mistral and Mixtral: `sliding_window` when set. Qwen: only under `use_sliding_window`, for
-    the layers from `max_window_layers` on (or those `layer_types` names "sliding_attention").
+    Mistral (4096 when the key is absent), Mixtral, Phi-3: `sliding_window` when set. Qwen2/3:
+    only under `use_sliding_window`, for the layers from `max_window_layers` on; Qwen2/3-MoE and
+    SmolLM3: under `use_sliding_window`. `layer_types` naming "sliding_attention" decides where
+    given. Llama, Granite and OLMo 2 never slide.
     """
-    window = cfg.get("sliding_window")
-    if window is None:
+    if arch in ("MistralForCausalLM", "MixtralForCausalLM", "Phi3ForCausalLM"):
+        window = cfg.get("sliding_window", 4096 if arch == "MistralForCausalLM" else None)
+        uses = True
+    elif arch.startswith("Qwen") or arch == "SmolLM3ForCausalLM":
+        window, uses = cfg.get("sliding_window"), bool(cfg.get("use_sliding_window"))
+    else:
         return None
     layer_types = cfg.get("layer_types")
+    if window is None or not uses:
+        return None
     if isinstance(layer_types, list):
         return window if "sliding_attention" in layer_types else None
-    if arch.startswith("Qwen"):
-        if not cfg.get("use_sliding_window"):
-            return None
+    if arch in ("Qwen2ForCausalLM", "Qwen3ForCausalLM"):
         first = _optional(cfg, "max_window_layers", 0)
         return window if isinstance(first, int) and first < _required(cfg, "num_hidden_layers") else None
     return window

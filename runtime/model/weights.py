@@ -202,8 +202,15 @@ def load_weights(model: CausalLM, model_dir: str, dtype: torch.dtype, device: to
     """
     reader = CheckpointReader(model_dir)
     expected = dict(model.named_parameters())
+    all_sources = _checkpoint_sources(model.args)
+    names = reader.names()
+    outside = sorted(n for n in names if not n.startswith(("model.", "lm_head.")))
+    if outside:  # a value head, Medusa heads: saved beside the LM, not part of it
+        log.info("checkpoint tensors outside the model skipped: %s", ", ".join(outside[:8]))
+    check_all_used(set(names) - set(outside) - _ignorable(model.args, names),
+                   {s for sources in all_sources.values() for s in sources}, "checkpoint")
     state: dict[str, torch.Tensor] = {}
-    for name, sources in _checkpoint_sources(model.args).items():
+    for name, sources in all_sources.items():
         parts = [reader.get(s) for s in sources]
         want = tuple(expected[name].shape)
         tensor = join_parts(parts, want)
@@ -212,8 +219,6 @@ def load_weights(model: CausalLM, model_dir: str, dtype: torch.dtype, device: to
         state[name] = tensor.to(device=device, dtype=dtype)
         if on_tensor is not None:
             on_tensor(name, state[name])
-    check_all_used(reader.names() - _ignorable(model.args, reader.names()),
-                   {s for sources in _checkpoint_sources(model.args).values() for s in sources}, "checkpoint")
     model.load_state_dict(state, strict=True, assign=True)
 
 

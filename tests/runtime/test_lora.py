@@ -330,3 +330,10 @@ def test_adapters_on_fused_projections_serve_as_their_parts(hf_checkpoint, tmp_p
     with Engine(model_dir, dtype="float32", enable_lora=True, lora_target_modules="q_proj,k_proj,o_proj") as eng:
         with pytest.raises(ValueError, match=r"target modules \['v_proj'\] are not in the engine's"):
             eng.load_lora_adapter("q", part)
+
+
+def test_fused_names_in_the_engine_targets_mean_their_parts():
+    from radixflow.runtime.config import EngineConfig
+
+    cfg = EngineConfig(enable_lora=True, lora_target_modules="qkv_proj,o_proj,gate_up_proj")
+    assert cfg.lora_targets == frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj"})

@@ -260,3 +260,50 @@ def test_triton_ops_path_equals_the_torch_path(hf_checkpoint, monkeypatch, famil
                      [[lp for lp, _, _ in o["meta_info"]["output_token_logprobs"]] for o in outs]))
     assert runs[1][0] == runs[0][0]
     torch.testing.assert_close(torch.tensor(runs[1][1]), torch.tensor(runs[0][1]), rtol=1e-4, atol=1e-4)
+
+
+def _args_of(tmp_path, arch: str, **fields):
+    cfg = {"architectures": [arch], "vocab_size": 100, "hidden_size": 32, "intermediate_size": 64,
+           "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, **fields}
+    if "Moe" in arch:
+        cfg.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, shared_expert_intermediate_size=8)
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    return load_model_args(str(tmp_path))
+
+
+@pytest.mark.parametrize("arch, fields, window", [
+    ("LlamaForCausalLM", {"sliding_window": 64}, None),          # Llama's attention never slides
+    ("GraniteForCausalLM", {"sliding_window": 64}, None),
+    ("SmolLM3ForCausalLM", {"sliding_window": 64}, None),        # only under use_sliding_window
+    ("SmolLM3ForCausalLM", {"sliding_window": 64, "use_sliding_window": True}, 64),
+    ("MistralForCausalLM", {}, 4096),                            # transformers' default when the key is absent
+    ("MistralForCausalLM", {"sliding_window": None}, None),
+    ("Qwen3MoeForCausalLM", {"sliding_window": 64, "use_sliding_window": True, "max_window_layers": 8}, 64),
+    ("Qwen2MoeForCausalLM", {"sliding_window": 64, "use_sliding_window": True, "max_window_layers": 8}, 64),
+    ("Qwen2ForCausalLM", {"sliding_window": 64, "use_sliding_window": True, "max_window_layers": 8}, None),
+])
+def test_the_window_follows_each_familys_rules(tmp_path, arch, fields, window):
+    assert _args_of(tmp_path, arch, **fields).sliding_window == window
+
+
+def test_family_defaults_of_absent_fields(tmp_path):
+    """An absent tie_word_embeddings is the family's transformers default (SmolLM3: tied); a Mistral
+    or Phi-3 config's attention_bias means nothing there (their projections have no bias)."""
+    assert _args_of(tmp_path, "SmolLM3ForCausalLM").tie_word_embeddings
+    assert not _args_of(tmp_path, "LlamaForCausalLM").tie_word_embeddings
+    for arch in ("MistralForCausalLM", "Phi3ForCausalLM"):
+        args = _args_of(tmp_path, arch, attention_bias=True, sliding_window=None)
+        assert not args.qkv_bias and not args.o_bias
+
+
+def test_tensors_outside_the_model_are_skipped_not_refused(hf_checkpoint, tmp_path):
+    """A PPO value head or Medusa heads saved beside the LM are not the LM's: transformers loads the
+    LM and so does radixflow; an unused tensor under model. or lm_head. is still refused."""
+    src, _ = hf_checkpoint("llama3")
+    extra = _copy_checkpoint(src, tmp_path)
+    tensors = load_file(os.path.join(extra, "model.safetensors"))
+    tensors["v_head.summary.weight"] = torch.ones(1, 64)
+    tensors["medusa_head.0.0.linear.weight"] = torch.ones(4, 4)
+    save_file(tensors, os.path.join(extra, "model.safetensors"))
+    prompt = [[3, 14, 15, 92]]
+    torch.testing.assert_close(_our_logits(extra, prompt)[0], _our_logits(src, prompt)[0], rtol=0, atol=0)
