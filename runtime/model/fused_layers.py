@@ -55,9 +55,9 @@ class FusedLayers:
         """Whether this model and these caches can take the native call (the step aside)."""
         args = model.args
         lanes = native_layers.sum_lanes()
-        if (args.qk_norm or args.post_norms or args.moe_layers or args.o_bias or args.mlp_bias or args.nope_layers
-                or args.residual_multiplier != 1.0 or not lanes
-                or args.hidden_size < lanes or len(k_caches) != len(model.layers)):
+        unfused = (args.qk_norm, args.qk_norm_whole, args.post_norms, args.moe_layers, args.o_bias, args.mlp_bias,
+                   args.nope_layers, args.residual_multiplier != 1.0)
+        if any(unfused) or not lanes or args.hidden_size < lanes or len(k_caches) != len(model.layers):
             return False
         for layer in model.layers:
             projections = (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj,

@@ -1,5 +1,5 @@
 """One decoder for the Llama family (Llama 2/3/3.1, Mistral, Qwen2, Qwen3, Phi-3, SmolLM3, Granite, OLMo 2) and its
-mixture-of-experts kin (Mixtral, Qwen2-MoE, Qwen3-MoE, GraniteMoE: kernels/moe.py), driven by ModelArgs.
+mixture-of-experts kin (Mixtral, Qwen2-MoE, Qwen3-MoE, GraniteMoE, OLMoE: kernels/moe.py), driven by ModelArgs.
 
 Projections are fused at load time (q|k|v into `qkv_proj`, gate|up into `gate_up_proj`) so each
 layer runs two matmuls fewer. Attention goes through an `AttentionFn` that receives the step's
@@ -130,7 +130,7 @@ class Attention(nn.Module):
         if args.qk_norm:
             self.q_norm = RMSNorm(args.head_dim, args.rms_norm_eps)
             self.k_norm = RMSNorm(args.head_dim, args.rms_norm_eps)
-        elif args.post_norms:  # OLMo 2: over the whole projection
+        elif args.qk_norm_whole:  # OLMo 2, OLMoE: over the whole projection
             self.q_norm = RMSNorm(args.q_size, args.rms_norm_eps)
             self.k_norm = RMSNorm(args.kv_size, args.rms_norm_eps)
 
@@ -143,14 +143,14 @@ class Attention(nn.Module):
         v = qkv[:, qk_size:].view(num_tokens, a.num_kv_heads, a.head_dim)
         if a.qk_norm:
             q, k = self.q_norm.norm_heads(q), self.k_norm.norm_heads(k)
-        elif a.post_norms:
+        elif a.qk_norm_whole:
             q = self.q_norm(qkv[:, :a.q_size].contiguous())[0].view(num_tokens, a.num_heads, a.head_dim)
             k = self.k_norm(qkv[:, a.q_size:qk_size].contiguous())[0].view(num_tokens, a.num_kv_heads, a.head_dim)
         if self.layer_id in a.nope_layers:  # SmolLM3: no position encoding in this layer
             pass
         elif use_triton_ops(x):
             kernels.rope(q, k, rope.positions, rope.cos, rope.sin)  # in place
-        elif a.qk_norm or a.post_norms:
+        elif a.qk_norm or a.qk_norm_whole:
             q, k = rotate_cpu(q, rope.cos, rope.sin), rotate_cpu(k, rope.cos, rope.sin)
         else:  # q and k side by side in qkv: one rotation over [T, num_heads + num_kv_heads, D]
             qk = rotate_cpu(qkv[:, :qk_size].view(num_tokens, -1, a.head_dim), rope.cos, rope.sin)

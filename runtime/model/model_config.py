@@ -11,9 +11,10 @@ from radixflow.runtime.text_files import read_json_object
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
                            "MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM",
                            "SmolLM3ForCausalLM", "GraniteForCausalLM", "GraniteMoeForCausalLM", "Phi3ForCausalLM",
-                           "Olmo2ForCausalLM")
+                           "Olmo2ForCausalLM", "OlmoeForCausalLM")
 # mixture-of-experts families: a router sends each token to its top-k experts' MLPs
-MOE_ARCHITECTURES = ("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "GraniteMoeForCausalLM")
+MOE_ARCHITECTURES = ("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "GraniteMoeForCausalLM",
+                     "OlmoeForCausalLM")
 GRANITE_ARCHITECTURES = ("GraniteForCausalLM", "GraniteMoeForCausalLM")
 
 
@@ -46,9 +47,9 @@ class ModelArgs:
     norm_topk_prob: bool = True          # the top-k routing weights renormalized to sum to 1
     moe_layers: tuple[int, ...] = ()     # the layers whose MLP is the experts (the rest: dense MLPs)
     shared_expert_intermediate_size: int = 0  # Qwen2-MoE: a gated dense MLP beside the experts
-    # OLMo 2: each attention / MLP output normed before its residual add and nothing normed before
-    # them; q and k normed over the whole projection (all heads at once)
+    # OLMo 2: each attention / MLP output normed before its residual add and nothing normed before them
     post_norms: bool = False
+    qk_norm_whole: bool = False  # OLMo 2, OLMoE: RMSNorm over the whole q and k projections (all heads at once)
     nope_layers: tuple[int, ...] = ()  # layers whose attention takes no RoPE (SmolLM3's `no_rope_layers`)
     o_bias: bool = False    # o_proj carries a bias (Llama / Qwen3 `attention_bias`)
     mlp_bias: bool = False  # gate / up / down carry biases (Llama `mlp_bias`)
@@ -182,6 +183,8 @@ def model_args_from_dict(cfg: dict[str, Any]) -> ModelArgs:
         kind = rope_scaling.get("rope_type", rope_scaling.get("type"))
         if kind not in ("default", "llama3", "linear"):
             raise ValueError(f"unsupported rope_scaling type {kind!r}; supported: llama3, linear")
+    if cfg.get("clip_qkv") is not None:  # OLMo(E) checkpoints trained with clamped q, k, v
+        raise ValueError(f"clip_qkv {cfg['clip_qkv']!r} is not supported (q, k and v are not clamped here)")
     act = cfg.get("hidden_act", "silu")
     if act not in ("silu", "swish"):  # the MLPs compute SiLU-and-mul (swish is SiLU's other name)
         raise ValueError(f"hidden_act {act!r} is not supported; supported: silu")
@@ -216,6 +219,7 @@ def model_args_from_dict(cfg: dict[str, Any]) -> ModelArgs:
                                                                 "GraniteForCausalLM"),
         nope_layers=_nope_layers(cfg) if arch == "SmolLM3ForCausalLM" else (),
         post_norms=arch == "Olmo2ForCausalLM",
+        qk_norm_whole=arch in ("Olmo2ForCausalLM", "OlmoeForCausalLM"),
         qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM"),
         torch_dtype=cfg.get("torch_dtype") or cfg.get("dtype") or "float32",
         bos_token_id=cfg.get("bos_token_id"),
@@ -298,6 +302,12 @@ def _moe_fields(cfg: dict[str, Any], arch: str) -> dict[str, Any]:
     fields: dict[str, Any] = {"num_experts": experts, "num_experts_per_tok": _required(cfg, "num_experts_per_tok")}
     if arch in ("MixtralForCausalLM", "GraniteMoeForCausalLM"):  # Granite: softmax over the top-k logits
         return {**fields, "moe_intermediate_size": _required(cfg, "intermediate_size"), "norm_topk_prob": True,
+                "moe_layers": tuple(range(num_layers))}
+    if arch == "OlmoeForCausalLM":  # every layer's MLP is experts of intermediate_size
+        norm = _optional(cfg, "norm_topk_prob", False)
+        if not isinstance(norm, bool):
+            raise ValueError(f"norm_topk_prob must be true or false, got {norm!r}")
+        return {**fields, "moe_intermediate_size": _required(cfg, "intermediate_size"), "norm_topk_prob": norm,
                 "moe_layers": tuple(range(num_layers))}
     step, dense = _optional(cfg, "decoder_sparse_step", 1), _optional(cfg, "mlp_only_layers", [])
     _check_positive_int("decoder_sparse_step", step)

@@ -110,7 +110,7 @@ def _checkpoint_sources(args: ModelArgs) -> dict[str, list[str]]:
         src[ours + "self_attn.o_proj.weight"] = [attn + "o_proj.weight"]
         if args.o_bias:
             src[ours + "self_attn.o_proj.bias"] = [attn + "o_proj.bias"]
-        if args.qk_norm or args.post_norms:
+        if args.qk_norm or args.qk_norm_whole:
             src[ours + "self_attn.q_norm.weight"] = [attn + "q_norm.weight"]
             src[ours + "self_attn.k_norm.weight"] = [attn + "k_norm.weight"]
         if i in args.moe_layers:

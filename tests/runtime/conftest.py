@@ -34,6 +34,9 @@ def _hf_config(family: str, vocab_size: int, heads: int = 8):
         return tf.Qwen3Config(**common, tie_word_embeddings=False)
     if family == "olmo2":  # norms after attention and MLP, none before; q/k normed over the whole projection
         return tf.Olmo2Config(**common, tie_word_embeddings=False)
+    if family == "olmoe":  # OLMoE: OLMo's whole-projection q/k norms before a mixture of experts
+        return tf.OlmoeConfig(**{**common, "intermediate_size": 48, "head_dim": 8}, num_experts=4, num_experts_per_tok=2,
+                              norm_topk_prob=False, clip_qkv=None, tie_word_embeddings=False)
     if family == "phi3":  # fused qkv_proj and gate_up_proj in the checkpoint (Phi-3, Phi-4)
         return tf.Phi3Config(**common, tie_word_embeddings=False, sliding_window=None)
     if family == "smollm3":  # every second layer without RoPE (SmolLM3-3B: every fourth)
@@ -63,7 +66,7 @@ _CLASSES = {"llama3": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
             "qwen2_moe": "Qwen2MoeForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
             "smollm3": "SmolLM3ForCausalLM", "granite": "GraniteForCausalLM",
             "granitemoe": "GraniteMoeForCausalLM", "phi3": "Phi3ForCausalLM",
-            "olmo2": "Olmo2ForCausalLM"}
+            "olmo2": "Olmo2ForCausalLM", "olmoe": "OlmoeForCausalLM"}
 
 
 @pytest.fixture(scope="session")

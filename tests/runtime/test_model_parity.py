@@ -15,7 +15,7 @@ from radixflow.runtime.model.model_config import load_model_args
 from radixflow.runtime.model.weights import build_model
 
 FAMILIES = ["llama3", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe", "smollm3", "granite",
-            "granitemoe", "phi3", "olmo2"]
+            "granitemoe", "phi3", "olmo2", "olmoe"]
 
 
 def _our_logits(model_dir: str, prompts: list[list[int]]) -> list[torch.Tensor]:
@@ -240,7 +240,7 @@ def test_partial_rotary_embedding_is_refused(tmp_path, config):
         load_model_args(str(tmp_path))
 
 
-@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe", "smollm3", "granite", "phi3", "olmo2"])
+@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe", "smollm3", "granite", "phi3", "olmo2", "olmoe"])
 def test_triton_ops_path_equals_the_torch_path(hf_checkpoint, monkeypatch, family):
     """The model as CUDA runs it (fused norms, RoPE and SiLU-and-mul, the grouped Triton experts),
     here in the Triton interpreter, gives the CPU path's greedy tokens and logprobs: the families
@@ -307,3 +307,10 @@ def test_tensors_outside_the_model_are_skipped_not_refused(hf_checkpoint, tmp_pa
     save_file(tensors, os.path.join(extra, "model.safetensors"))
     prompt = [[3, 14, 15, 92]]
     torch.testing.assert_close(_our_logits(extra, prompt)[0], _our_logits(src, prompt)[0], rtol=0, atol=0)
+
+
+def test_clipped_qkv_is_refused(tmp_path):
+    """OLMoE's clip_qkv clamps q, k and v, which this decoder does not do: refused, not ignored."""
+    with pytest.raises(ValueError, match="clip_qkv 8.0 is not supported"):
+        _args_of(tmp_path, "OlmoeForCausalLM", num_experts=4, num_experts_per_tok=2, clip_qkv=8.0)
+    assert _args_of(tmp_path, "OlmoeForCausalLM", num_experts=4, num_experts_per_tok=2, clip_qkv=None).qk_norm_whole
