@@ -62,10 +62,18 @@ def fused_moe_ref(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w_g
     """The weighted sum over each token's experts [T, H] in x's dtype, summed in fp32 expert by
     expert; `act` [n, 2I] → [n, I] is the SiLU-and-mul to use (the CPU path passes its native one)."""
     _check_moe(x, weights, ids, w_gate_up, w_down)
+    return grouped_experts(x, weights, ids, w_gate_up.shape[0],
+                           lambda e, rows: F.linear(act(F.linear(rows, w_gate_up[e])), w_down[e]))
+
+
+def grouped_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, num_experts: int,
+                    expert_mlp: Callable[[int, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """`fused_moe_ref`'s grouping with each expert's MLP given as `expert_mlp(e, rows [n, H]) → [n, H]`
+    (the CPU's packed experts: runtime/model/packed_linear.py). Inputs as fused_moe_ref's, unchecked."""
     top_k = ids.shape[1]
     flat = ids.reshape(-1)
     order = torch.argsort(flat, stable=True)  # the (token, slot) pairs grouped by expert
-    counts = torch.bincount(flat, minlength=w_gate_up.shape[0]).tolist()
+    counts = torch.bincount(flat, minlength=num_experts).tolist()
     pair_weights = weights.reshape(-1)
     out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
     start = 0
@@ -75,8 +83,7 @@ def fused_moe_ref(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w_g
         pairs = order[start:start + n]
         start += n
         tokens = torch.div(pairs, top_k, rounding_mode="floor")
-        h = act(F.linear(x.index_select(0, tokens), w_gate_up[expert]))
-        y = F.linear(h, w_down[expert]).float().mul_(pair_weights.index_select(0, pairs)[:, None])
+        y = expert_mlp(expert, x.index_select(0, tokens)).float().mul_(pair_weights.index_select(0, pairs)[:, None])
         out.index_add_(0, tokens, y)
     return out.to(x.dtype)
 

@@ -18,6 +18,7 @@ from torch import nn
 
 from radixflow import kernels
 from radixflow.kernels import native_layers
+from radixflow.kernels.moe import grouped_experts
 from radixflow.runtime.core.forward_batch import ForwardBatch
 from radixflow.runtime.model import fused_layers
 from radixflow.runtime.model.model_config import ModelArgs
@@ -202,6 +203,8 @@ class SparseMoE(nn.Module):
         self.gate = nn.Linear(args.hidden_size, experts, bias=False)
         self.experts_gate_up = nn.Parameter(torch.empty(experts, 2 * inter, args.hidden_size))
         self.experts_down = nn.Parameter(torch.empty(experts, args.hidden_size, inter))
+        # CPU bf16: each expert's (gate | up, down) on the packed layout (packed_linear.prepack_linears)
+        self.packed_experts: list[tuple[nn.Module, nn.Module]] | None = None
         self.shared_expert: MLP | None = None
         if args.shared_expert_intermediate_size:
             self.shared_expert = MLP(args, layer_id, args.shared_expert_intermediate_size, lora=False)
@@ -211,11 +214,19 @@ class SparseMoE(nn.Module):
         weights, ids = kernels.moe_route(self.gate(x), self.top_k, self.renormalize)
         if use_triton_ops(x):
             out = kernels.fused_moe(x, weights, ids, self.experts_gate_up, self.experts_down)
+        elif self.packed_experts is not None:  # CPU bf16
+            out = grouped_experts(x, weights, ids, len(self.packed_experts), self._packed_expert)
         else:
             out = kernels.fused_moe_ref(x, weights, ids, self.experts_gate_up, self.experts_down, silu_and_mul)
         if self.shared_expert is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x, fb)
         return out
+
+
+    def _packed_expert(self, expert: int, rows: torch.Tensor) -> torch.Tensor:
+        assert self.packed_experts is not None
+        gate_up, down = self.packed_experts[expert]
+        return down(silu_and_mul(gate_up(rows)))
 
 
 class DecoderLayer(nn.Module):

@@ -198,3 +198,26 @@ def test_a_peft_adapter_on_experts_is_refused_as_such(hf_checkpoint, tmp_path):
                   str(path / "adapter_model.safetensors"))
         with pytest.raises(ValueError, match="adapters on experts are not supported"):
             load_adapter(str(path), load_model_args(model_dir), 16, frozenset({"gate_proj", "q_proj"}))
+
+
+def test_packed_experts_match_the_plain_weights(hf_checkpoint):
+    """CPU bf16 packs each expert's weights (packed_linear.prepack_linears) and frees the stacked
+    ones: the step's logits stay those of the plain bf16 weights up to bf16 rounding."""
+    from radixflow.runtime.model.packed_linear import can_prepack, prepack_linears
+
+    if not can_prepack(torch.device("cpu"), torch.bfloat16):
+        pytest.skip("no oneDNN bf16 on this CPU")
+    model_dir, _ = hf_checkpoint("qwen2_moe")
+    args = load_model_args(model_dir)
+    model = build_model(args, model_dir, torch.bfloat16, torch.device("cpu"), 64)
+    x = torch.randn(5, args.hidden_size, dtype=torch.bfloat16)
+    moe = model.layers[0].mlp
+    plain = moe(x, None)
+    prepack_linears(model)
+    assert moe.packed_experts is not None and len(moe.packed_experts) == args.num_experts
+    assert moe.experts_gate_up.stride() == (0, 0, 0)  # the stacked copy is gone
+    torch.testing.assert_close(moe(x, None).float(), plain.float(), rtol=2e-2, atol=2e-2)
+    with Engine(model_dir, kv_cache_tokens=512, dtype="bfloat16") as engine:
+        assert engine.runner.model.layers[0].mlp.packed_experts is not None
+        outs = engine.generate(input_ids=PROMPTS, sampling_params=GREEDY)
+    assert all(len(o["output_ids"]) == GREEDY["max_new_tokens"] for o in outs)
