@@ -85,8 +85,9 @@ def prepack_linears(model: nn.Module) -> int:
 
 def _pack_experts(moe: nn.Module) -> int:
     """A mixture of experts' stacked weights as one packed (gate | up, down) pair per expert
-    (`SparseMoE.packed_experts`): 2.0-2.1x a decode-sized expert MLP on the plain bf16 weights
-    (GraniteMoE-3B's expert, 1-4 rows, one core), 1.4x at 16 rows.
+    (`SparseMoE.packed_experts`): a layer's experts 2.25-2.47x as fast as on the stacked bf16
+    weights at 1-16 decode tokens, 1.31-1.39x at a 256-token chunk (GraniteMoE-3B's and OLMoE's
+    shapes, one core: benchmarks/moe_cpu.py).
 
     NOTE: the stacked parameters are then replaced by zero-stride views of their shape, which
     hold no memory: the packed copies are the only ones (the experts are most of such a model).
