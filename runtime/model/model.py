@@ -1,5 +1,6 @@
-"""One decoder for the Llama family (Llama 2/3/3.1, Mistral, Qwen2, Qwen3, Phi-3, SmolLM3, Granite, OLMo 2) and its
-mixture-of-experts kin (Mixtral, Qwen2-MoE, Qwen3-MoE, GraniteMoE, OLMoE: kernels/moe.py), driven by ModelArgs.
+"""One decoder for the Llama family (Llama 2/3/3.1, Mistral, Qwen2, Qwen3, Phi-3, SmolLM3, Granite,
+OLMo 2) and its mixture-of-experts kin (Mixtral, Qwen2-MoE, Qwen3-MoE, GraniteMoE, OLMoE:
+kernels/moe.py), driven by ModelArgs.
 
 Projections are fused at load time (q|k|v into `qkv_proj`, gate|up into `gate_up_proj`) so each
 layer runs two matmuls fewer. Attention goes through an `AttentionFn` that receives the step's
@@ -222,7 +223,6 @@ class SparseMoE(nn.Module):
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x, fb)
         return out
 
-
     def _packed_expert(self, expert: int, rows: torch.Tensor) -> torch.Tensor:
         assert self.packed_experts is not None
         gate_up, down = self.packed_experts[expert]
@@ -255,7 +255,6 @@ class DecoderLayer(nn.Module):
         h, residual = self.post_attention_layernorm(h, residual)
         h = self.mlp(h, fb)
         return (h if self.residual_multiplier == 1.0 else h * self.residual_multiplier), residual
-
 
     def _post_norms(self, x: torch.Tensor, residual: torch.Tensor | None, rope: RopeStep, fb: ForwardBatch,
                     attn: AttentionFn) -> tuple[torch.Tensor, torch.Tensor]:

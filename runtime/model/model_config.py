@@ -40,7 +40,7 @@ class ModelArgs:
     torch_dtype: str
     bos_token_id: int | None
     eos_token_ids: tuple[int, ...]
-    # mixture of experts (Mixtral, Qwen2-MoE, Qwen3-MoE); no moe_layers: every MLP is dense
+    # mixture of experts (Mixtral, Qwen2/3-MoE, GraniteMoE, OLMoE); no moe_layers: every MLP is dense
     num_experts: int = 0
     num_experts_per_tok: int = 0
     moe_intermediate_size: int = 0       # each expert's MLP width
@@ -59,8 +59,8 @@ class ModelArgs:
     residual_multiplier: float = 1.0
     attention_multiplier: float | None = None
     logits_scaling: float = 1.0
-    # tokens a query sees when some layer attends through a sliding window (Mistral-7B-v0.1, Qwen2
-    # with use_sliding_window); attention here reads the whole context, so the context is capped at it
+    # tokens a query sees when some layer attends through a sliding window (Mistral-7B-v0.1, Phi-3,
+    # Qwen under use_sliding_window); attention here reads the whole context, so the context is capped at it
     sliding_window: int | None = None
 
     def __post_init__(self) -> None:
