@@ -1,6 +1,6 @@
-"""Mixture-of-experts models (Mixtral, Qwen2-MoE, Qwen3-MoE): config and checkpoint errors, the engine
-on them, the Triton path in the model, adapters. Parity with transformers is in test_model_parity.py
-(the MoE families are among its FAMILIES), the ops in tests/kernels/test_moe.py."""
+"""Mixture-of-experts models (Mixtral, Qwen2-MoE, Qwen3-MoE; GraniteMoE and OLMoE share the code): config
+and checkpoint errors, the engine on them, CPU bf16's packed experts, adapters. Parity with
+transformers (torch and Triton paths) is in test_model_parity.py, the ops in tests/kernels/test_moe.py."""
 from __future__ import annotations
 
 import json
@@ -24,7 +24,7 @@ GREEDY = {"max_new_tokens": 12, "temperature": 0.0, "ignore_eos": True}
 PROMPTS = [[5, 77, 300, 12], [901, 44, 2, 17, 17, 250, 9], [8, 8, 8], list(range(40, 70))]
 
 
-def _config(tmp_path, **changes) -> dict:
+def _config(**changes) -> dict:
     cfg = {"architectures": ["Qwen3MoeForCausalLM"], "vocab_size": 100, "hidden_size": 32, "intermediate_size": 64,
            "moe_intermediate_size": 16, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
            "head_dim": 8, "num_experts": 4, "num_experts_per_tok": 2}
@@ -32,20 +32,20 @@ def _config(tmp_path, **changes) -> dict:
     return cfg
 
 
-def test_config_reads_each_family_and_its_sparse_layers(tmp_path):
-    args = model_args_from_dict(_config(tmp_path, decoder_sparse_step=2, mlp_only_layers=[3], norm_topk_prob=True))
+def test_config_reads_each_family_and_its_sparse_layers():
+    args = model_args_from_dict(_config(decoder_sparse_step=2, mlp_only_layers=[3], norm_topk_prob=True))
     assert (args.num_experts, args.num_experts_per_tok, args.moe_intermediate_size) == (4, 2, 16)
     assert args.moe_layers == (1,) and args.norm_topk_prob and args.qk_norm
     # transformers 5 writes Qwen3-MoE's expert count as num_local_experts
-    args = model_args_from_dict({**_config(tmp_path, num_local_experts=8), "num_experts": None})
+    args = model_args_from_dict({**_config(num_local_experts=8), "num_experts": None})
     assert args.num_experts == 8 and args.moe_layers == (0, 1, 2, 3) and not args.norm_topk_prob
-    mixtral = {**_config(tmp_path, architectures=["MixtralForCausalLM"], num_local_experts=8), "num_experts": None}
+    mixtral = {**_config(architectures=["MixtralForCausalLM"], num_local_experts=8), "num_experts": None}
     args = model_args_from_dict(mixtral)
     assert args.moe_intermediate_size == 64 and args.norm_topk_prob and not args.qk_norm
-    qwen2 = model_args_from_dict(_config(tmp_path, architectures=["Qwen2MoeForCausalLM"],
+    qwen2 = model_args_from_dict(_config(architectures=["Qwen2MoeForCausalLM"],
                                          shared_expert_intermediate_size=24))
     assert qwen2.qkv_bias and qwen2.shared_expert_intermediate_size == 24
-    dense = model_args_from_dict({**_config(tmp_path, architectures=["Qwen3ForCausalLM"])})
+    dense = model_args_from_dict({**_config(architectures=["Qwen3ForCausalLM"])})
     assert dense.moe_layers == () and dense.num_experts == 0
 
 
@@ -61,7 +61,7 @@ def test_config_reads_each_family_and_its_sparse_layers(tmp_path):
     ({"architectures": ["Qwen2MoeForCausalLM"]}, "shared_expert_intermediate_size is missing"),
 ])
 def test_bad_moe_config_is_a_value_error_naming_the_field(tmp_path, changes, match):
-    (tmp_path / "config.json").write_text(json.dumps(_config(tmp_path, **changes)))
+    (tmp_path / "config.json").write_text(json.dumps(_config(**changes)))
     with pytest.raises(ValueError, match=match):
         load_model_args(str(tmp_path))
 
@@ -112,7 +112,7 @@ def test_bf16_engine_serves_a_moe_model(hf_checkpoint):
 
 
 def test_random_weights_build_a_moe_model(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps({**_config(tmp_path, vocab_size=300), "eos_token_id": 1}))
+    (tmp_path / "config.json").write_text(json.dumps({**_config(vocab_size=300), "eos_token_id": 1}))
     for f in TOKENIZER_FILES:
         shutil.copy(os.path.join(demo_model("tiny"), f), tmp_path)
     with Engine(str(tmp_path), load_format="dummy", kv_cache_tokens=512, dtype="float32") as engine:
@@ -162,8 +162,8 @@ def test_a_single_expert_checkpoint_loads_and_matches_transformers(tmp_path, fam
     assert (_our_logits(model_dir, [PROMPTS[1]])[0] - ref).abs().max().item() < 1e-4
 
 
-def test_zero_experts_is_a_dense_qwen_moe_model(tmp_path):
-    args = model_args_from_dict(_config(tmp_path, num_experts=0))
+def test_zero_experts_is_a_dense_qwen_moe_model():
+    args = model_args_from_dict(_config(num_experts=0))
     assert args.moe_layers == () and args.num_experts == 0
 
 
