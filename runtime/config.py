@@ -142,7 +142,8 @@ class EngineConfig:
             raise ValueError(f"max_cpu_loras must be >= 1 (or unset), got {self.max_cpu_loras}")
         unknown = sorted(self.lora_targets - set(LORA_TARGET_MODULES))
         if unknown or not self.lora_targets:
-            raise ValueError(f"lora_target_modules has unknown modules {unknown}; known: {', '.join(LORA_TARGET_MODULES)}")
+            raise ValueError(f"lora_target_modules has unknown modules {unknown}; known: "
+                             f"{', '.join(LORA_TARGET_MODULES + tuple(FUSED_LORA_TARGETS))}")
         for item in self.lora_modules:
             if not isinstance(item, str) or "=" not in item or not item.split("=", 1)[0] or not item.split("=", 1)[1]:
                 raise ValueError(f"lora_modules entries must be NAME=PATH, got {item!r}")

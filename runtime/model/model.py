@@ -213,10 +213,10 @@ class SparseMoE(nn.Module):
 
     def forward(self, x: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
         weights, ids = kernels.moe_route(self.gate(x), self.top_k, self.renormalize)
-        if use_triton_ops(x):
-            out = kernels.fused_moe(x, weights, ids, self.experts_gate_up, self.experts_down)
-        elif self.packed_experts is not None:  # CPU bf16
+        if self.packed_experts is not None:  # CPU bf16 (the stacked parameters are emptied)
             out = grouped_experts(x, weights, ids, len(self.packed_experts), self._packed_expert)
+        elif use_triton_ops(x):
+            out = kernels.fused_moe(x, weights, ids, self.experts_gate_up, self.experts_down)
         else:
             out = kernels.fused_moe_ref(x, weights, ids, self.experts_gate_up, self.experts_down, silu_and_mul)
         if self.shared_expert is not None:

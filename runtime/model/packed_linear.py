@@ -78,8 +78,8 @@ def prepack_linears(model: nn.Module) -> int:
             if isinstance(child, nn.Linear):
                 setattr(module, name, PackedLinear.of(child))
                 count += 1
-        if getattr(module, "experts_gate_up", None) is not None:
-            count += _pack_experts(module)
+        if getattr(module, "experts_gate_up", None) is not None and module.packed_experts is None:
+            count += _pack_experts(module)  # once: the stacked parameters are emptied
     return count
 
 

@@ -216,7 +216,9 @@ def load_weights(model: CausalLM, model_dir: str, dtype: torch.dtype, device: to
         tensor = join_parts(parts, want)
         if tensor is None:
             raise misfit_error("checkpoint", sources, parts, name, want)
-        state[name] = tensor.to(device=device, dtype=dtype)
+        # copy=True: a tensor already in `dtype` would stay a view of the file's memory map, which then
+        # stays mapped (and, once read, resident) beside the copies packing makes (packed_linear.py)
+        state[name] = tensor.to(device=device, dtype=dtype, copy=True)
         if on_tensor is not None:
             on_tensor(name, state[name])
     model.load_state_dict(state, strict=True, assign=True)

@@ -221,3 +221,31 @@ def test_packed_experts_match_the_plain_weights(hf_checkpoint):
         assert engine.runner.model.layers[0].mlp.packed_experts is not None
         outs = engine.generate(input_ids=PROMPTS, sampling_params=GREEDY)
     assert all(len(o["output_ids"]) == GREEDY["max_new_tokens"] for o in outs)
+
+
+def test_a_bf16_checkpoint_is_not_left_mapped_and_packing_twice_keeps_the_experts(tmp_path, hf_checkpoint):
+    """Loaded tensors own their memory: a checkpoint already in the engine dtype is not left mapped
+    (packed weights plus the file's pages would count twice in RSS). A second prepack_linears does
+    not repack the experts' emptied stacked parameters."""
+    import gc
+
+    from safetensors.torch import load_file, save_file
+
+    from radixflow.runtime.model.packed_linear import can_prepack, prepack_linears
+
+    src, _ = hf_checkpoint("qwen3_moe")
+    bf16 = tmp_path / "bf16"
+    shutil.copytree(src, bf16)
+    path = str(bf16 / "model.safetensors")
+    save_file({k: v.bfloat16() for k, v in load_file(path).items()}, path)
+    model = build_model(load_model_args(str(bf16)), str(bf16), torch.bfloat16, torch.device("cpu"), 64)
+    gc.collect()
+    with open("/proc/self/maps") as f:
+        assert path not in f.read()
+    if not can_prepack(torch.device("cpu"), torch.bfloat16):
+        return
+    x = torch.randn(3, model.args.hidden_size, dtype=torch.bfloat16)
+    prepack_linears(model)
+    once = model.layers[0].mlp(x, None)
+    prepack_linears(model)
+    torch.testing.assert_close(model.layers[0].mlp(x, None), once, rtol=0, atol=0)
