@@ -230,6 +230,13 @@ def model_args_from_dict(cfg: dict[str, Any]) -> ModelArgs:
     )
 
 
+def _norm_topk_prob(cfg: dict[str, Any]) -> bool:
+    norm = _optional(cfg, "norm_topk_prob", False)
+    if not isinstance(norm, bool):
+        raise ValueError(f"norm_topk_prob must be true or false, got {norm!r}")
+    return norm
+
+
 def _granite_fields(cfg: dict[str, Any], arch: str) -> dict[str, Any]:
     """Granite's multipliers, each 1 when absent (transformers' defaults)."""
     if arch not in GRANITE_ARCHITECTURES:
@@ -284,10 +291,11 @@ def _sliding_window(cfg: dict[str, Any], arch: str) -> int | None:
 def _moe_fields(cfg: dict[str, Any], arch: str) -> dict[str, Any]:
     """ModelArgs' mixture-of-experts fields of a config.json (none for a dense family).
 
-    Mixtral: every layer's MLP is experts of `intermediate_size`, top-k weights renormalized.
-    Qwen2/3-MoE: experts of `moe_intermediate_size` in every `decoder_sparse_step`-th layer
-    outside `mlp_only_layers` (dense MLPs of `intermediate_size` there), renormalized when
-    `norm_topk_prob`; Qwen2-MoE adds a shared expert gated by a sigmoid.
+    Mixtral, GraniteMoE, OLMoE: every layer's MLP is experts of `intermediate_size`, top-k weights
+    renormalized (OLMoE: when `norm_topk_prob`). Qwen2/3-MoE: experts of `moe_intermediate_size`
+    in every `decoder_sparse_step`-th layer outside `mlp_only_layers` (dense MLPs of
+    `intermediate_size` there), renormalized when `norm_topk_prob`; Qwen2-MoE adds a shared expert
+    gated by a sigmoid.
     """
     if arch not in MOE_ARCHITECTURES:
         return {}
@@ -300,23 +308,16 @@ def _moe_fields(cfg: dict[str, Any], arch: str) -> dict[str, Any]:
     if experts == 0 and arch.startswith("Qwen"):  # Qwen-MoE without experts: every MLP dense
         return {}
     fields: dict[str, Any] = {"num_experts": experts, "num_experts_per_tok": _required(cfg, "num_experts_per_tok")}
-    if arch in ("MixtralForCausalLM", "GraniteMoeForCausalLM"):  # Granite: softmax over the top-k logits
-        return {**fields, "moe_intermediate_size": _required(cfg, "intermediate_size"), "norm_topk_prob": True,
-                "moe_layers": tuple(range(num_layers))}
-    if arch == "OlmoeForCausalLM":  # every layer's MLP is experts of intermediate_size
-        norm = _optional(cfg, "norm_topk_prob", False)
-        if not isinstance(norm, bool):
-            raise ValueError(f"norm_topk_prob must be true or false, got {norm!r}")
+    if arch in ("MixtralForCausalLM", "GraniteMoeForCausalLM", "OlmoeForCausalLM"):  # every MLP: experts
+        # Mixtral and GraniteMoE always renormalize (Granite: a softmax over the top-k logits)
+        norm = _norm_topk_prob(cfg) if arch == "OlmoeForCausalLM" else True
         return {**fields, "moe_intermediate_size": _required(cfg, "intermediate_size"), "norm_topk_prob": norm,
                 "moe_layers": tuple(range(num_layers))}
     step, dense = _optional(cfg, "decoder_sparse_step", 1), _optional(cfg, "mlp_only_layers", [])
     _check_positive_int("decoder_sparse_step", step)
     if not isinstance(dense, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in dense):
         raise ValueError(f"mlp_only_layers must list layer numbers, got {dense!r}")
-    norm = _optional(cfg, "norm_topk_prob", False)
-    if not isinstance(norm, bool):
-        raise ValueError(f"norm_topk_prob must be true or false, got {norm!r}")
-    fields.update(moe_intermediate_size=_required(cfg, "moe_intermediate_size"), norm_topk_prob=norm,
+    fields.update(moe_intermediate_size=_required(cfg, "moe_intermediate_size"), norm_topk_prob=_norm_topk_prob(cfg),
                   moe_layers=tuple(i for i in range(num_layers) if i not in dense and (i + 1) % step == 0))
     if arch == "Qwen2MoeForCausalLM":
         fields["shared_expert_intermediate_size"] = _required(cfg, "shared_expert_intermediate_size")
