@@ -112,13 +112,14 @@ def _model_args(f: GGUFFile) -> ModelArgs:
                "moe_layers": tuple(i for i in range(num_layers) if f"blk.{i}.ffn_gate_inp.weight" in f.tensors)}
         if arch == "qwen2moe":
             moe["shared_expert_intermediate_size"] = int_key("expert_shared_feed_forward_length")
+    # the dense MLPs' width: required where any layer has one, else the experts'
+    all_experts = len(moe.get("moe_layers", ())) == num_layers  # type: ignore[arg-type]
+    dense_width = int_key("feed_forward_length", moe["moe_intermediate_size"] if all_experts else None)  # type: ignore[arg-type]
     return ModelArgs(
         architecture=our_arch,
         vocab_size=f.tensors["token_embd.weight"].shape[0],
         hidden_size=hidden,
-        # a width for dense MLPs: required where any layer has one
-        intermediate_size=int_key("feed_forward_length", None if len(moe.get("moe_layers", ())) < num_layers  # type: ignore[arg-type]
-                                  else moe["moe_intermediate_size"]),
+        intermediate_size=dense_width,
         num_layers=num_layers,
         num_heads=num_heads,
         num_kv_heads=int_key("attention.head_count_kv", num_heads),
@@ -169,15 +170,17 @@ def gguf_sources(args: ModelArgs, permuted: bool) -> dict[str, list[tuple[str, T
             src[ours + "mlp.gate.weight"] = [(b + "ffn_gate_inp.weight", None)]
             src[ours + "mlp.experts_gate_up"] = [(b + "ffn_gate_exps.weight", None), (b + "ffn_up_exps.weight", None)]
             src[ours + "mlp.experts_down"] = [(b + "ffn_down_exps.weight", None)]
-        mlp = "mlp.shared_expert." if i in args.moe_layers and args.shared_expert_intermediate_size else "mlp."
-        suffix = "_shexp" if mlp != "mlp." else ""
-        if i not in args.moe_layers or suffix:
-            for kind in ("weight", "bias") if args.mlp_bias and not suffix else ("weight",):
-                src[ours + mlp + f"gate_up_proj.{kind}"] = [(b + f"ffn_gate{suffix}.{kind}", None),
-                                                           (b + f"ffn_up{suffix}.{kind}", None)]
-                src[ours + mlp + f"down_proj.{kind}"] = [(b + f"ffn_down{suffix}.{kind}", None)]
-        if suffix:  # [1, H] (llama.cpp's converter keeps the row as a vector [H]: reshaped)
-            src[ours + "mlp.shared_expert_gate.weight"] = [(b + "ffn_gate_inp_shexp.weight", _as_row)]
+            if args.shared_expert_intermediate_size:  # qwen2moe
+                shared = ours + "mlp.shared_expert."
+                src[shared + "gate_up_proj.weight"] = [(b + "ffn_gate_shexp.weight", None),
+                                                       (b + "ffn_up_shexp.weight", None)]
+                src[shared + "down_proj.weight"] = [(b + "ffn_down_shexp.weight", None)]
+                # [1, H]: llama.cpp's converter keeps the row as a vector [H]
+                src[ours + "mlp.shared_expert_gate.weight"] = [(b + "ffn_gate_inp_shexp.weight", _as_row)]
+        else:
+            for kind in ("weight", "bias") if args.mlp_bias else ("weight",):
+                src[ours + f"mlp.gate_up_proj.{kind}"] = [(b + f"ffn_gate.{kind}", None), (b + f"ffn_up.{kind}", None)]
+                src[ours + f"mlp.down_proj.{kind}"] = [(b + f"ffn_down.{kind}", None)]
         src[ours + "input_layernorm.weight"] = [(b + "attn_norm.weight", None)]
         src[ours + "post_attention_layernorm.weight"] = [(b + "ffn_norm.weight", None)]
     return src
