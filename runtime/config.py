@@ -24,6 +24,11 @@ FUSED_LORA_TARGETS: dict[str, tuple[str, ...]] = {"qkv_proj": ("q_proj", "k_proj
                                                   "gate_up_proj": ("gate_proj", "up_proj")}
 
 
+def lora_parts(module: str) -> tuple[str, ...]:
+    """The modules an adapter target stands for: a fused one's parts, else itself."""
+    return FUSED_LORA_TARGETS.get(module, (module,))
+
+
 def _opt(default: Any, help: str, choices: tuple[str, ...] | None = None) -> Any:
     """A config field whose help text (and choices) the CLI reads from metadata."""
     return field(default=default, metadata={"help": help, "choices": choices})
@@ -117,7 +122,7 @@ class EngineConfig:
         if self.lora_target_modules is None:
             return frozenset(LORA_TARGET_MODULES)
         names = [m.strip() for m in self.lora_target_modules.split(",") if m.strip()]
-        return frozenset(part for m in names for part in FUSED_LORA_TARGETS.get(m, (m,)))
+        return frozenset(part for m in names for part in lora_parts(m))
 
     def _check_speculative(self) -> None:
         for name in ("speculative_num_draft_tokens", "speculative_ngram_min", "speculative_ngram_max"):

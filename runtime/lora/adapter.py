@@ -12,7 +12,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from radixflow.runtime.config import FUSED_LORA_TARGETS
+from radixflow.runtime.config import FUSED_LORA_TARGETS, lora_parts
 from radixflow.runtime.model.model_config import ModelArgs
 
 CONFIG_FILE = "adapter_config.json"
@@ -22,9 +22,6 @@ TARGETS: dict[str, tuple[str, int]] = {
     "q_proj": ("qkv", 0), "k_proj": ("qkv", 1), "v_proj": ("qkv", 2), "o_proj": ("o", 0),
     "gate_proj": ("gate_up", 0), "up_proj": ("gate_up", 1), "down_proj": ("down", 0),
 }
-# fused module -> its parts: an adapter on it is served as one on each part, with the one lora_A
-# and that part's rows of lora_B
-FUSED_TARGETS = FUSED_LORA_TARGETS
 # |lora_alpha / r| (the scale folded into B) above this is no trained adapter's: it is fp16's
 # largest value, past which the folded weights or the deltas overflow half precision.
 MAX_ABS_SCALE = 65504.0
@@ -34,8 +31,8 @@ _TENSOR_NAME = re.compile(
 
 def module_dims(args: ModelArgs, module: str) -> tuple[int, int]:
     """(in_features, out_features) of a base-model module named as in PEFT (a fused one's out: its parts')."""
-    if module in FUSED_TARGETS:
-        parts = [module_dims(args, m) for m in FUSED_TARGETS[module]]
+    if module in FUSED_LORA_TARGETS:  # served as its parts: the one lora_A, each part's rows of lora_B
+        parts = [module_dims(args, m) for m in lora_parts(module)]
         return parts[0][0], sum(d_out for _, d_out in parts)
     return {
         "q_proj": (args.hidden_size, args.q_size), "k_proj": (args.hidden_size, args.kv_size),
@@ -123,14 +120,14 @@ def parse_config(cfg: dict, path: str, max_rank: int, allowed: frozenset[str]) -
     names = [names] if isinstance(names, str) else names
     if not names or not all(isinstance(n, str) for n in names):
         raise ValueError(f"adapter {path!r}: target_modules must list module names, got {cfg.get('target_modules')!r}")
-    unknown = sorted(set(names) - set(TARGETS) - set(FUSED_TARGETS))
+    unknown = sorted(set(names) - set(TARGETS) - set(FUSED_LORA_TARGETS))
     if unknown and set(unknown) <= {"w1", "w2", "w3"}:
         raise ValueError(f"adapter {path!r}: target modules {unknown} are Mixtral's expert projections: adapters on "
                          "experts are not supported (attention projections and dense MLPs are)")
     if unknown:
         raise ValueError(f"adapter {path!r}: unknown target modules {unknown}; supported: "
-                         f"{sorted(TARGETS) + sorted(FUSED_TARGETS)}")
-    names = [part for n in names for part in FUSED_TARGETS.get(n, (n,))]
+                         f"{sorted(TARGETS) + sorted(FUSED_LORA_TARGETS)}")
+    names = [part for n in names for part in lora_parts(n)]
     outside = sorted(set(names) - allowed)
     if outside:
         raise ValueError(f"adapter {path!r}: target modules {outside} are not in the engine's "
@@ -160,7 +157,7 @@ def _collect(tensors: dict[str, torch.Tensor], path: str, args: ModelArgs, rank:
         if m is None and re.search(r"\.(experts|shared_expert|block_sparse_moe)\.", name):
             raise ValueError(f"adapter {path!r}: tensor {name!r} adapts a mixture of experts: adapters on "
                              "experts are not supported (attention projections and dense MLPs are)")
-        if m is None or not set(FUSED_TARGETS.get(m.group(2), (m.group(2),))) <= targets:
+        if m is None or not set(lora_parts(m.group(2))) <= targets:
             raise ValueError(f"adapter {path!r}: unexpected tensor {name!r}")
         layer = int(m.group(1))
         if layer >= args.num_layers:
@@ -183,7 +180,7 @@ def _collect(tensors: dict[str, torch.Tensor], path: str, args: ModelArgs, rank:
         if not (torch.isfinite(a).all() and torch.isfinite(b).all()):
             raise ValueError(f"adapter {path!r}: layer {layer} {module} has values that are not finite (NaN or Inf)")
         row = 0
-        for part in FUSED_TARGETS.get(module, (module,)):
+        for part in lora_parts(module):
             rows = module_dims(args, part)[1]
             if (layer, part) in out:
                 raise ValueError(f"adapter {path!r}: layer {layer} {part} is adapted twice (itself and in a fused module)")
