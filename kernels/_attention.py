@@ -9,6 +9,8 @@ from ._triton import tl, triton
 from .fp8 import dequantize_fp8, fp8_e4m3_to_f32
 
 LOG2E = 1.0 / math.log(2.0)
+# The `window` of attention without a sliding window: more positions than any context has.
+NO_WINDOW = 1 << 30
 
 
 def dot_precision(dtype: torch.dtype) -> str:
@@ -18,14 +20,15 @@ def dot_precision(dtype: torch.dtype) -> str:
 
 @triton.jit
 def _attend_block(
-    acc, l_i, m_i, q, k_base, v_base, slot_row, start, hi, row_limit, qk_scale,
+    acc, l_i, m_i, q, k_base, v_base, slot_row, start, hi, row_limit, window, qk_scale,
     stride_k_slot, stride_v_slot, offs_d, mask_d,
     BLOCK_N: tl.constexpr, IS_FP8: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """Fold context positions [start, start + BLOCK_N) ∩ [.., hi) into one row block.
 
     q [ROWS, BLOCK_D]; acc [ROWS, BLOCK_D] fp32; l_i, m_i [ROWS] fp32 (log2 domain);
-    row r sees positions <= row_limit[r]. slot_row points at the request's
+    row r sees positions in (row_limit[r] - window, row_limit[r]] (a sliding window of `window`
+    keys; NO_WINDOW: all before it). slot_row points at the request's
     req_to_token row; k_base/v_base at the KV head inside slot 0.
     """
     offs_n = start + tl.arange(0, BLOCK_N)
@@ -41,7 +44,7 @@ def _attend_block(
         k_t = fp8_e4m3_to_f32(k_t).to(q.dtype)
         v = fp8_e4m3_to_f32(v).to(q.dtype)
     qk = tl.dot(q, k_t, input_precision=DOT_PRECISION) * qk_scale  # [ROWS, BLOCK_N]
-    visible = mask_n[None, :] & (offs_n[None, :] <= row_limit[:, None])
+    visible = mask_n[None, :] & (offs_n[None, :] <= row_limit[:, None]) & (offs_n[None, :] > row_limit[:, None] - window)
     qk = tl.where(visible, qk, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(qk, 1))
     alpha = tl.exp2(m_i - m_new)
@@ -53,11 +56,12 @@ def _attend_block(
 
 @triton.jit
 def attend_kv_range(
-    acc, l_i, m_i, q, k_base, v_base, slot_row, lo, hi, row_limit, qk_scale,
+    acc, l_i, m_i, q, k_base, v_base, slot_row, lo, hi, row_limit, window, qk_scale,
     stride_k_slot, stride_v_slot, offs_d, mask_d,
     BLOCK_N: tl.constexpr, IS_FP8: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_WHILE: tl.constexpr,
 ):
-    """Online softmax of q against context positions [lo, hi); returns (acc, l_i, m_i).
+    """Online softmax of q against context positions [lo, hi), each row within its window
+    (see _attend_block); returns (acc, l_i, m_i).
 
     Start from acc = 0, l_i = 0, m_i = -1e30: a finite running max, so a row whose
     keys are all masked so far gets exp2(-inf - m) = 0 weights, not exp2(-inf + inf) = NaN.
@@ -66,13 +70,13 @@ def attend_kv_range(
         start = lo
         while start < hi:
             acc, l_i, m_i = _attend_block(
-                acc, l_i, m_i, q, k_base, v_base, slot_row, start, hi, row_limit, qk_scale,
+                acc, l_i, m_i, q, k_base, v_base, slot_row, start, hi, row_limit, window, qk_scale,
                 stride_k_slot, stride_v_slot, offs_d, mask_d, BLOCK_N, IS_FP8, DOT_PRECISION)
             start += BLOCK_N
     else:
         for start in tl.range(lo, hi, BLOCK_N):
             acc, l_i, m_i = _attend_block(
-                acc, l_i, m_i, q, k_base, v_base, slot_row, start, hi, row_limit, qk_scale,
+                acc, l_i, m_i, q, k_base, v_base, slot_row, start, hi, row_limit, window, qk_scale,
                 stride_k_slot, stride_v_slot, offs_d, mask_d, BLOCK_N, IS_FP8, DOT_PRECISION)
     return acc, l_i, m_i
 

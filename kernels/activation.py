@@ -1,4 +1,4 @@
-"""SiLU-and-mul: silu(gate) * up over a fused gate|up projection, in one pass."""
+"""SiLU-and-mul (and GELU-and-mul, GELU's tanh form): act(gate) * up over a fused gate|up projection, in one pass."""
 from __future__ import annotations
 
 import torch
@@ -21,8 +21,15 @@ def silu_and_mul_ref(x: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
+def gelu_tanh_and_mul_ref(x: torch.Tensor) -> torch.Tensor:
+    """x [num_tokens, 2 * d] laid out | gate | up | → gelu(gate, tanh form) * up [num_tokens, d], x's dtype."""
+    _check_silu_and_mul(x)
+    gate, up = x.chunk(2, dim=-1)
+    return F.gelu(gate, approximate="tanh") * up
+
+
 @triton.jit
-def _silu_and_mul_kernel(x, out, stride_x, stride_o, d, BLOCK: tl.constexpr):
+def _silu_and_mul_kernel(x, out, stride_x, stride_o, d, BLOCK: tl.constexpr, GELU_TANH: tl.constexpr):
     # grid: (token row, block of d)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -30,13 +37,17 @@ def _silu_and_mul_kernel(x, out, stride_x, stride_o, d, BLOCK: tl.constexpr):
     gate = tl.load(x + row * stride_x + offs, mask=mask, other=0.0)
     up = tl.load(x + row * stride_x + d + offs, mask=mask, other=0.0)
     g = gate.to(tl.float32)
-    # F.silu rounds its result to the input dtype before the product: so does this
-    act = (g / (1.0 + tl.exp(-g))).to(gate.dtype)
+    # F.silu / F.gelu round their result to the input dtype before the product: so does this
+    if GELU_TANH:  # 0.5 g (1 + tanh(z)) = g - g / (1 + exp(2z)), z = sqrt(2/pi) (g + 0.044715 g^3)
+        z = 0.7978845608028654 * (g + 0.044715 * g * g * g)
+        act = (g - g / (1.0 + tl.exp(2.0 * z))).to(gate.dtype)
+    else:
+        act = (g / (1.0 + tl.exp(-g))).to(gate.dtype)
     tl.store(out + row * stride_o + offs, act * up, mask=mask)
 
 
-def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
-    """Triton twin of `silu_and_mul_ref` (same contract)."""
+def silu_and_mul(x: torch.Tensor, gelu_tanh: bool = False) -> torch.Tensor:
+    """Triton twin of `silu_and_mul_ref` (same contract), or with `gelu_tanh` of `gelu_tanh_and_mul_ref`."""
     _check_silu_and_mul(x)
     tr.require_triton("silu_and_mul")
     num_tokens, d = x.shape[0], x.shape[1] // 2
@@ -45,5 +56,5 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
         return out
     block = min(1024, triton.next_power_of_2(d))
     _silu_and_mul_kernel[(num_tokens, triton.cdiv(d, block))](x, out, x.stride(0), out.stride(0), d, BLOCK=block,
-                                                             num_warps=4)
+                                                             GELU_TANH=gelu_tanh, num_warps=4)
     return out

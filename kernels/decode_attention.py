@@ -28,6 +28,22 @@ def choose_kv_splits(batch: int, num_kv_heads: int, max_seq_len: int, num_sms: i
     return max(1, min(fill, by_len, max_splits))
 
 
+def window_context(req_to_token: torch.Tensor, req_rows: torch.Tensor, seq_lens: torch.Tensor,
+                   window: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A decode step's contexts cut to their last `window` positions (a layer's sliding window),
+    as the (req_to_token, req_rows, seq_lens) any decode attention takes: a new slot table
+    [batch, min(window, width)] whose row i holds request i's last slots, rows 0..batch-1, and
+    lengths min(seq_len, window). Device ops only (no host sync: CUDA-graph safe); costs a
+    gather of batch x window slot ids per step, shared by the step's windowed layers."""
+    check(isinstance(window, int) and not isinstance(window, bool) and window >= 1,
+          f"window must be an int >= 1, got {window!r}")
+    width = min(window, req_to_token.shape[1])
+    cols = torch.arange(width, device=seq_lens.device)[None, :] + (seq_lens[:, None] - width).clamp(min=0)
+    table = req_to_token[req_rows.long()[:, None], cols.clamp(max=req_to_token.shape[1] - 1)]
+    rows = torch.arange(seq_lens.shape[0], dtype=req_rows.dtype, device=req_rows.device)
+    return table, rows, seq_lens.clamp(max=width)
+
+
 def _check_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to_token: torch.Tensor,
                   req_rows: torch.Tensor, seq_lens: torch.Tensor, sm_scale: float, k_scale: float,
                   v_scale: float, num_kv_splits: int) -> None:
@@ -109,7 +125,9 @@ def _decode_stage1_kernel(
     m_i = tl.full([BLOCK_H], -1.0e30, dtype=tl.float32)  # see attend_kv_range
     acc, l_i, m_i = attend_kv_range(
         acc, l_i, m_i, q_blk, k_cache + kv_head * stride_kc_head, v_cache + kv_head * stride_vc_head,
-        req_to_token + row * stride_r2t_row, lo, hi, tl.zeros([BLOCK_H], dtype=tl.int32) + (hi - 1), qk_scale,
+        # no window (1 << 30: _attention.NO_WINDOW): a sliding window's decode reads window_context's table
+        req_to_token + row * stride_r2t_row, lo, hi, tl.zeros([BLOCK_H], dtype=tl.int32) + (hi - 1), 1 << 30,
+        qk_scale,
         stride_kc_slot, stride_vc_slot, offs_d, mask_d, BLOCK_N, IS_FP8, DOT_PRECISION, USE_WHILE)
 
     has_keys = l_i > 0

@@ -6,7 +6,7 @@ import functools
 import torch
 
 from . import _triton as tr
-from ._attention import LOG2E, attend_kv_range, dot_precision, gather_kv
+from ._attention import LOG2E, NO_WINDOW, attend_kv_range, dot_precision, gather_kv
 from ._checks import check, check_attention, check_index, check_same_device, check_scales
 from ._triton import tl, triton
 from .decode_attention import choose_kv_splits, merge_splits
@@ -16,8 +16,10 @@ def _check_extend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                   req_rows: torch.Tensor, prefix_lens: torch.Tensor, extend_lens: torch.Tensor,
                   extend_starts: torch.Tensor, sm_scale: float, k_scale: float, v_scale: float,
                   max_extend_len: int | None, max_seq_len: int | None = None,
-                  num_kv_splits: int | None = None) -> None:
+                  num_kv_splits: int | None = None, window: int | None = None) -> None:
     check_attention(q, k_cache, v_cache, req_to_token, sm_scale)
+    check(window is None or (isinstance(window, int) and not isinstance(window, bool) and window >= 1),
+          f"window must be None or an int >= 1, got {window!r}")
     check_scales(k_scale, v_scale)
     batch = req_rows.shape[0] if isinstance(req_rows, torch.Tensor) else -1
     for name, t in (("req_rows", req_rows), ("prefix_lens", prefix_lens), ("extend_lens", extend_lens),
@@ -37,14 +39,16 @@ def extend_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
                          req_rows: torch.Tensor, prefix_lens: torch.Tensor, extend_lens: torch.Tensor,
                          extend_starts: torch.Tensor, sm_scale: float, k_scale: float = 1.0, v_scale: float = 1.0,
                          max_extend_len: int | None = None, max_seq_len: int | None = None,
-                         num_kv_splits: int | None = None) -> torch.Tensor:
-    """Causal attention of the new tokens of each request over its whole context.
+                         num_kv_splits: int | None = None, window: int | None = None) -> torch.Tensor:
+    """Causal attention of the new tokens of each request over its whole context (or its last
+    `window` positions: a sliding window).
 
         q rows:   | req0 new tokens | req1 new tokens | ...      [num_tokens, num_heads, head_dim]
                   ^ extend_starts[0] ^ extend_starts[1]
         context of req i: slots req_to_token[req_rows[i], :prefix_lens[i] + extend_lens[i]]
 
-    Query j of request i (position prefix_lens[i] + j) sees positions 0..prefix_lens[i] + j.
+    Query j of request i (position p = prefix_lens[i] + j) sees positions 0..p, or with a
+    `window` the positions p - window + 1..p (transformers' sliding window).
     The new tokens' K/V must already be stored. GQA: head h reads KV head
     h // (num_heads // num_kv_heads). uint8 caches hold fp8 e4m3, dequantized as
     fp8 * scale (scales are unused otherwise). Returns a new [num_tokens, num_heads,
@@ -53,7 +57,7 @@ def extend_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
     Memory: num_heads * extend_len * seq_len floats.
     """
     _check_extend(q, k_cache, v_cache, req_to_token, req_rows, prefix_lens, extend_lens, extend_starts,
-                  sm_scale, k_scale, v_scale, max_extend_len, max_seq_len, num_kv_splits)
+                  sm_scale, k_scale, v_scale, max_extend_len, max_seq_len, num_kv_splits, window)
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[1]
     group = num_heads // num_kv_heads
@@ -69,7 +73,10 @@ def extend_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
         qi = q[start:start + extend_len].to(torch.float32).reshape(extend_len, num_kv_heads, group, head_dim)
         scores = torch.einsum("ekgd,skd->kges", qi, k) * sm_scale  # [num_kv_heads, group, extend_len, seq_len]
         query_pos = prefix_len + torch.arange(extend_len, device=q.device)
-        visible = torch.arange(seq_len, device=q.device)[None, :] <= query_pos[:, None]  # [extend_len, seq_len]
+        key_pos = torch.arange(seq_len, device=q.device)[None, :]
+        visible = key_pos <= query_pos[:, None]  # [extend_len, seq_len]
+        if window is not None:
+            visible &= key_pos > query_pos[:, None] - window
         probs = scores.masked_fill(~visible, float("-inf")).softmax(dim=-1)
         oi = torch.einsum("kges,skd->ekgd", probs, v)  # [extend_len, num_kv_heads, group, head_dim]
         out[start:start + extend_len] = oi.reshape(extend_len, num_heads, head_dim).to(q.dtype)
@@ -79,7 +86,7 @@ def extend_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
 @triton.jit
 def _extend_attention_kernel(
     q, k_cache, v_cache, out, part_out, part_lse, req_to_token, req_rows, prefix_lens, extend_lens, extend_starts,
-    qk_scale, v_scale,
+    qk_scale, v_scale, window,
     stride_q_tok, stride_q_head, stride_o_tok, stride_o_head,
     stride_kc_slot, stride_kc_head, stride_vc_slot, stride_vc_head, stride_r2t_row, num_heads, num_splits,
     GROUP_SIZE: tl.constexpr, HEAD_BLOCKS: tl.constexpr, HEADS_PER_TILE: tl.constexpr,
@@ -116,19 +123,21 @@ def _extend_attention_kernel(
     q_blk = tl.load(q + toks[:, None] * stride_q_tok + heads[:, None] * stride_q_head + offs_d[None, :],
                     mask=mask_rd, other=0.0)  # [BLOCK_M, BLOCK_D]
 
-    # the tile's last query sits at prefix_len + min(end of tile, extend_len) - 1
+    # the tile's last query sits at prefix_len + min(end of tile, extend_len) - 1; its first one,
+    # at prefix_len + m_block * TOKENS_PER_TILE, sees nothing before its window
     hi = prefix_len + tl.minimum((m_block + 1) * TOKENS_PER_TILE, extend_len)
-    #   context [0, hi): | split 0 | split 1 | ... | empty splits |, each split_len long (a
-    #   multiple of BLOCK_N); an empty split, or one past a row's causal limit, gives lse -inf
-    split_len = (hi + num_splits * BLOCK_N - 1) // (num_splits * BLOCK_N) * BLOCK_N
-    lo = split * split_len
+    base = tl.maximum(prefix_len + m_block * TOKENS_PER_TILE - window + 1, 0) // BLOCK_N * BLOCK_N
+    #   context [base, hi): | split 0 | split 1 | ... | empty splits |, each split_len long (a
+    #   multiple of BLOCK_N); an empty split, or one past a row's causal limit or window, gives lse -inf
+    split_len = (hi - base + num_splits * BLOCK_N - 1) // (num_splits * BLOCK_N) * BLOCK_N
+    lo = base + split * split_len
     hi = tl.minimum(lo + split_len, hi)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)  # see attend_kv_range
     acc, l_i, m_i = attend_kv_range(
         acc, l_i, m_i, q_blk, k_cache + kv_head * stride_kc_head, v_cache + kv_head * stride_vc_head,
-        req_to_token + row * stride_r2t_row, lo, hi, prefix_len + offs_t, qk_scale,
+        req_to_token + row * stride_r2t_row, lo, hi, prefix_len + offs_t, window, qk_scale,
         stride_kc_slot, stride_vc_slot, offs_d, mask_d, BLOCK_N, IS_FP8, DOT_PRECISION, USE_WHILE)
 
     has_keys = l_i > 0
@@ -190,7 +199,7 @@ def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      req_rows: torch.Tensor, prefix_lens: torch.Tensor, extend_lens: torch.Tensor,
                      extend_starts: torch.Tensor, sm_scale: float, k_scale: float = 1.0, v_scale: float = 1.0,
                      max_extend_len: int | None = None, max_seq_len: int | None = None,
-                     num_kv_splits: int | None = None) -> torch.Tensor:
+                     num_kv_splits: int | None = None, window: int | None = None) -> torch.Tensor:
     """Triton twin of `extend_attention_ref` (same contract).
 
     One launch for all requests: grid (batch, num_kv_heads * head_blocks, token tiles * splits),
@@ -204,7 +213,7 @@ def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     (not checked: that would sync).
     """
     _check_extend(q, k_cache, v_cache, req_to_token, req_rows, prefix_lens, extend_lens, extend_starts,
-                  sm_scale, k_scale, v_scale, max_extend_len, max_seq_len, num_kv_splits)
+                  sm_scale, k_scale, v_scale, max_extend_len, max_seq_len, num_kv_splits, window)
     tr.require_triton("extend_attention")
     num_tokens, num_heads, head_dim = q.shape
     batch, num_kv_heads = req_rows.shape[0], k_cache.shape[1]
@@ -218,6 +227,8 @@ def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     cfg = _launch_config(q.dtype, block_d, q.is_cuda, is_fp8)
     head_blocks, heads_per_tile, tokens_per_tile = stack_heads(group, cfg["BLOCK_M"])
     num_tiles = batch * num_kv_heads * head_blocks * triton.cdiv(max_extend_len, tokens_per_tile)
+    if window is not None and max_seq_len is not None:  # a tile reads its window and its own tokens
+        max_seq_len = min(max_seq_len, window + tokens_per_tile)
     if num_kv_splits is None:
         use_splits = q.is_cuda and max_seq_len is not None
         num_kv_splits = choose_extend_splits(num_tiles, max_seq_len, _num_sms(q.device)) if use_splits else 1
@@ -232,6 +243,7 @@ def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     _extend_attention_kernel[grid](
         q, k_cache, v_cache, out, part_out, part_lse, req_to_token, req_rows, prefix_lens, extend_lens, extend_starts,
         sm_scale * (k_scale if is_fp8 else 1.0) * LOG2E, v_scale if is_fp8 else 1.0,
+        NO_WINDOW if window is None else window,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1), req_to_token.stride(0),
         num_heads, num_kv_splits, GROUP_SIZE=group, HEAD_BLOCKS=head_blocks, HEADS_PER_TILE=heads_per_tile,

@@ -59,15 +59,6 @@ def derive_shape(cfg: EngineConfig, args: ModelArgs) -> RuntimeShape:
     else:  # bf16 halves the bytes each decode step reads, but is slower than fp32 when emulated
         dtype = torch.bfloat16 if has_native_bf16() else torch.float32
     max_len = cfg.max_model_len or args.max_position_embeddings
-    window = args.sliding_window
-    if window is not None and max_len > window:
-        if cfg.max_model_len is not None:
-            raise ValueError(f"max_model_len={cfg.max_model_len} is longer than the model's sliding window of "
-                             f"{window} tokens: radixflow's attention reads the whole context, so past the window "
-                             f"its outputs would not be the model's; set max_model_len to {window} or less")
-        log.warning("the model attends through a sliding window of %d tokens, which radixflow does not "
-                    "implement: contexts are capped at %d tokens (max_model_len)", window, window)
-        max_len = window
     backend = resolve_backend(cfg.attention_backend, device)
     # the torch references read lengths back to the host, which a graph capture forbids; a model
     # with experts decodes eagerly until its kernel's capture (tests/kernels/test_moe.py, -m gpu)
@@ -125,8 +116,8 @@ class ModelRunner:
             log.info("fp8 KV scales: %s", "from the checkpoint" if scales else "from each layer's first prefill")
         self.req_pool = ReqToTokenPool(cfg.max_num_seqs, self.shape.max_context_len, dev)
         ops = AttentionOps.for_backend(self.shape.attention_backend)
-        self.attention = PoolAttention(self.kv_pool, ops, self.args.sm_scale,
-                                       default_kv_splits(dev))
+        self.attention = PoolAttention(self.kv_pool, ops, self.args.sm_scale, default_kv_splits(dev),
+                                       self.args.layer_windows)
         log.info("KV pool: %d tokens, %.2f GiB (%s, %s), max context %d, attention backend %s",
                  num_tokens, num_tokens * KVPool.bytes_per_token(
                      self.args.num_layers, self.args.num_kv_heads, self.args.head_dim, self.shape.dtype, fp8) / 2**30, "fp8_e4m3" if fp8 else self.shape.dtype, dev,

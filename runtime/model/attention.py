@@ -57,45 +57,76 @@ class PoolAttention:
     """The model's AttentionFn over a KVPool.
 
     On the torch backend a decode step's padded context layout (kernels.DecodeGather) is built
-    at layer 0 and reused by the other layers of the same forward: the only state kept.
-    NOTE: keyed by layer 0, not by the ForwardBatch object, since a CUDA-graph runner reuses
+    at its first layer and reused by the other layers of the same forward; a layer with a
+    sliding window (`windows`) reads a step's contexts cut to the window (kernels.window_context,
+    either backend), also built once per step; extend passes the window to the kernel. That is
+    the only state kept.
+    NOTE: reset at layer 0, not keyed by the ForwardBatch object, since a CUDA-graph runner reuses
     one ForwardBatch over static buffers whose contents change between steps.
     """
 
-    def __init__(self, pool: KVPool, ops: AttentionOps, sm_scale: float, num_kv_splits: int | None = None) -> None:
+    def __init__(self, pool: KVPool, ops: AttentionOps, sm_scale: float, num_kv_splits: int | None = None,
+                 windows: dict[int, int] | None = None) -> None:
         self.pool, self.ops, self.sm_scale = pool, ops, sm_scale
         self.num_kv_splits = num_kv_splits  # None: per step, see kv_splits_for
+        self.windows = dict(windows or {})  # layer → its sliding window (ModelArgs.layer_windows)
         device = pool.k_caches[0].device
         self.num_sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
         self.is_torch = ops.decode_attention is kernels.decode_attention_torch
-        self._plan: kernels.DecodeGather | None = None
-        self._planned: ForwardBatch | None = None  # the step fused_layout planned (its layers use _plan)
+        # one step's decode layouts, by window (None: the whole context), rebuilt at layer 0: the
+        # torch backend's plans, and the windowed contexts (kernels.window_context) of either backend
+        self._plans: dict[int | None, kernels.DecodeGather] = {}
+        self._contexts: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        self._planned: ForwardBatch | None = None  # the step fused_layout planned (its layers use _plans[None])
         if self.is_torch and device.type == "cpu":
             native.library()  # the native decode kernel is built now (~0.5 s, once per machine), not mid-step
             native_layers.sum_lanes()  # and the RMSNorm's summation order checked (a few ms)
 
     def __call__(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  fb: ForwardBatch) -> torch.Tensor:
+        if layer_id == 0:  # a new step (a CUDA graph's capture included: nothing carries over)
+            if self._planned is not fb:
+                self._plans = {}
+            self._planned = None
+            self._contexts = {}
+        return self._attend(layer_id, q, k, v, fb)
+
+    def _attend(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                fb: ForwardBatch) -> torch.Tensor:
         if fb.parts is not None:  # a mixed step: its decode rows through the batched decode path
             head, tail = fb.parts
             n = head.num_tokens
-            return torch.cat([self(layer_id, q[:n], k[:n], v[:n], head), self(layer_id, q[n:], k[n:], v[n:], tail)])
+            return torch.cat([self._attend(layer_id, q[:n], k[:n], v[:n], head),
+                              self._attend(layer_id, q[n:], k[n:], v[n:], tail)])
         pool = self.pool
         if not fb.is_decode and pool.needs_calibration(layer_id):  # fp8: the layer's first prefill
             pool.calibrate(layer_id, k, v)
         kc, vc = pool.k_caches[layer_id], pool.v_caches[layer_id]
         ks, vs = pool.k_scales[layer_id], pool.v_scales[layer_id]
+        window = self.windows.get(layer_id)
+        if window is not None and window >= fb.req_to_token.shape[1]:  # no context is longer than the window
+            window = None
         if fb.is_decode and self.is_torch:
-            return self._decode_torch(layer_id, q, k, v, fb)
+            return self._decode_torch(layer_id, q, k, v, fb, window)
         self.ops.store_kv(kc, vc, fb.out_slots, k, v, ks, vs)
         if fb.is_decode:
-            splits = fb.num_kv_splits or self.kv_splits_for(fb.batch_size, fb.max_seq_len)
-            return self.ops.decode_attention(q, kc, vc, fb.req_to_token, fb.req_rows, fb.seq_lens,
-                                             self.sm_scale, ks, vs, splits)
+            table, rows, lens = self._decode_context(fb, window)
+            max_len = fb.max_seq_len if window is None else min(fb.max_seq_len, window)
+            splits = fb.num_kv_splits or self.kv_splits_for(fb.batch_size, max_len)
+            return self.ops.decode_attention(q, kc, vc, table, rows, lens, self.sm_scale, ks, vs, splits)
         # the kernel picks its KV splits from the longest context (short turns on long prefixes)
         return self.ops.extend_attention(q, kc, vc, fb.req_to_token, fb.req_rows, fb.prefix_lens,
                                          fb.extend_lens, fb.extend_starts, self.sm_scale, ks, vs,
-                                         fb.max_extend_len, fb.max_seq_len)
+                                         fb.max_extend_len, fb.max_seq_len, window=window)
+
+    def _decode_context(self, fb: ForwardBatch, window: int | None) -> tuple[torch.Tensor, ...]:
+        """(req_to_token, req_rows, seq_lens) a decode step's attention reads through `window`
+        (None: the step's own), cut once per step and window."""
+        if window is None:
+            return fb.req_to_token, fb.req_rows, fb.seq_lens
+        if window not in self._contexts:
+            self._contexts[window] = kernels.window_context(fb.req_to_token, fb.req_rows, fb.seq_lens, window)
+        return self._contexts[window]
 
     def kv_splits_for(self, batch_size: int, max_seq_len: int) -> int:
         """Decode KV splits for a batch whose longest context is `max_seq_len` tokens."""
@@ -120,31 +151,31 @@ class PoolAttention:
             _check_extend(q, kc, vc, fb.req_to_token, *index, self.sm_scale, 1.0, 1.0, fb.max_extend_len,
                           fb.max_seq_len)
             return native_layers.fused_extend_step(fb.req_to_token, index, fb.num_tokens, kc.shape[0])
-        self._plan = kernels.plan_checked_decode(q, kc, vc, fb.req_to_token, fb.req_rows, fb.seq_lens, self.sm_scale)
-        self._planned = fb
-        rows = self._plan.native
-        if rows is None or rows.rows is not None or self._plan.shared:
+        plan = kernels.plan_checked_decode(q, kc, vc, fb.req_to_token, fb.req_rows, fb.seq_lens, self.sm_scale)
+        self._plans, self._planned = {None: plan}, fb
+        rows = plan.native
+        if rows is None or rows.rows is not None or plan.shared:
             return None
         return native_layers.fused_decode_step(rows.slots, rows.offsets)
 
     def _decode_torch(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                      fb: ForwardBatch) -> torch.Tensor:
-        """Decode on CPU: inputs checked at layer 0, where the step's layout is planned (unless
-        fused_layout planned it)."""
+                      fb: ForwardBatch, window: int | None) -> torch.Tensor:
+        """Decode on CPU: inputs checked at layer 0; the step's layout planned at its first layer
+        of each window (unless fused_layout planned it)."""
         pool = self.pool
         kc, vc = pool.k_caches[layer_id], pool.v_caches[layer_id]
         ks, vs = pool.k_scales[layer_id], pool.v_scales[layer_id]
-        if layer_id == 0 or self._plan is None:
+        if layer_id == 0:
             kernels.store_kv_ref(kc, vc, fb.out_slots, k, v, ks, vs)  # checks the step's shapes once
-            if self._planned is not fb or self._plan is None:
-                self._plan = kernels.plan_checked_decode(q, kc, vc, fb.req_to_token, fb.req_rows, fb.seq_lens,
-                                                         self.sm_scale, ks, vs)
-            self._planned = None
-            return kernels.decode_attention_gathered(q, kc, vc, self._plan, self.sm_scale, ks, vs)
-        if kc.dtype == torch.uint8:
+        elif kc.dtype == torch.uint8:
             kc.index_copy_(0, fb.out_slots, kernels.quantize_fp8(k, ks))
             vc.index_copy_(0, fb.out_slots, kernels.quantize_fp8(v, vs))
         else:
             kc.index_copy_(0, fb.out_slots, k.to(kc.dtype))
             vc.index_copy_(0, fb.out_slots, v.to(vc.dtype))
-        return kernels.decode_attention_gathered(q, kc, vc, self._plan, self.sm_scale, ks, vs)
+        plan = self._plans.get(window)
+        if plan is None:
+            table, rows, lens = self._decode_context(fb, window)
+            plan = self._plans[window] = kernels.plan_checked_decode(q, kc, vc, table, rows, lens, self.sm_scale,
+                                                                     ks, vs)
+        return kernels.decode_attention_gathered(q, kc, vc, plan, self.sm_scale, ks, vs)

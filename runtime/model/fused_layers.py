@@ -8,7 +8,10 @@ same order on the same values (its result is the layer-by-layer path's, bit for 
 takes it when all of these hold, else it runs layer by layer:
 
 - the model: bf16 on CPU, every projection on the packed layout (PackedLinear.lanes), no q/k
-  norm, norms before the attention and MLP (not OLMo 2's after), no mixture-of-experts layer, no o_proj or MLP bias, RoPE in every layer, no residual multiplier, and the native RMSNorm copies torch's summation order (native_layers.sum_lanes());
+  norm, norms before the attention and MLP only (not OLMo 2's or Gemma 3's after), no
+  mixture-of-experts layer, no o_proj or MLP bias, RoPE in every layer, no sliding window, a
+  SiLU MLP, no residual multiplier, and the native RMSNorm copies torch's summation order
+  (native_layers.sum_lanes());
 - the caches: bf16 rows the native kernels read (native.supports, native.supports_extend);
 - the step: decode or extend, not mixed; no LoRA rows; a decode step's every context read whole
   by the decode kernel (no shared prefix read once for a group, no context cut into pieces for
@@ -55,8 +58,9 @@ class FusedLayers:
         """Whether this model and these caches can take the native call (the step aside)."""
         args = model.args
         lanes = native_layers.sum_lanes()
-        unfused = (args.qk_norm, args.qk_norm_whole, args.post_norms, args.moe_layers, args.o_bias, args.mlp_bias,
-                   args.nope_layers, args.residual_multiplier != 1.0)
+        unfused = (args.qk_norm, args.qk_norm_whole, args.post_norms, not args.pre_norms, args.moe_layers, args.o_bias,
+                   args.mlp_bias, args.nope_layers, args.window_layers, args.hidden_act != "silu",
+                   args.residual_multiplier != 1.0)
         if any(unfused) or not lanes or args.hidden_size < lanes or len(k_caches) != len(model.layers):
             return False
         for layer in model.layers:

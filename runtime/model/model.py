@@ -1,5 +1,5 @@
 """One decoder for the Llama family (Llama 2/3/3.1, Mistral, Qwen2, Qwen3, Phi-3, SmolLM3, Granite,
-OLMo 2) and its mixture-of-experts kin (Mixtral, Qwen2-MoE, Qwen3-MoE, GraniteMoE, OLMoE:
+OLMo 2, Gemma 3) and its mixture-of-experts kin (Mixtral, Qwen2-MoE, Qwen3-MoE, GraniteMoE, OLMoE:
 kernels/moe.py), driven by ModelArgs.
 
 Projections are fused at load time (q|k|v into `qkv_proj`, gate|up into `gate_up_proj`) so each
@@ -170,13 +170,23 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return silu_mul_cpu(gate_up) if act is None else act
 
 
+def act_and_mul(gate_up: torch.Tensor, act: str) -> torch.Tensor:
+    """act(gate) * up for ModelArgs.hidden_act: silu_and_mul, or GELU's tanh form (Gemma 3: the
+    Triton kernel on CUDA, torch ops on CPU)."""
+    if act == "silu":
+        return silu_and_mul(gate_up)
+    if use_triton_ops(gate_up):
+        return kernels.silu_and_mul(gate_up, gelu_tanh=True)
+    return kernels.gelu_tanh_and_mul_ref(gate_up)
+
+
 class MLP(nn.Module):
     """The dense SwiGLU MLP; `lora` False for one that adapters do not reach (Qwen2-MoE's shared expert)."""
 
     def __init__(self, args: ModelArgs, layer_id: int, intermediate_size: int | None = None,
                  lora: bool = True) -> None:
         super().__init__()
-        self.layer_id, self.lora = layer_id, lora
+        self.layer_id, self.lora, self.act = layer_id, lora, args.hidden_act
         self.intermediate_size = args.intermediate_size if intermediate_size is None else intermediate_size
         bias = args.mlp_bias and lora  # Qwen2-MoE's shared expert: never
         self.gate_up_proj = nn.Linear(args.hidden_size, 2 * self.intermediate_size, bias=bias)
@@ -186,7 +196,7 @@ class MLP(nn.Module):
         gate_up = self.gate_up_proj(x)  # [T, 2 * intermediate]
         if self.lora:
             gate_up = add_lora(fb, self.layer_id, "gate_up", x, gate_up)
-        act = silu_and_mul(gate_up)  # [T, intermediate]
+        act = act_and_mul(gate_up, self.act)  # [T, intermediate]
         down = self.down_proj(act)
         return add_lora(fb, self.layer_id, "down", act, down) if self.lora else down
 
@@ -233,11 +243,14 @@ class DecoderLayer(nn.Module):
     def __init__(self, args: ModelArgs, layer_id: int) -> None:
         super().__init__()
         self.residual_multiplier = args.residual_multiplier  # Granite: each branch scaled before its add
-        self.post_norms = args.post_norms
-        if args.post_norms:  # OLMo 2
-            self.post_feedforward_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
-        else:
+        self.post_norms, self.pre_norms = args.post_norms, args.pre_norms
+        self.local_rope = layer_id in args.window_layers and args.local_rope_theta is not None  # Gemma 3
+        if args.pre_norms:
             self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        if args.post_norms:  # OLMo 2, Gemma 3 (which norms before the MLP too)
+            self.post_feedforward_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+            if args.pre_norms:
+                self.pre_feedforward_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.self_attn = Attention(args, layer_id)
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.mlp = SparseMoE(args, layer_id) if layer_id in args.moe_layers else MLP(args, layer_id)
@@ -259,14 +272,17 @@ class DecoderLayer(nn.Module):
     def _post_norms(self, x: torch.Tensor, residual: torch.Tensor | None, rope: RopeStep, fb: ForwardBatch,
                     attn: AttentionFn) -> tuple[torch.Tensor, torch.Tensor]:
         """OLMo 2's layer, same contract: stream = x + residual; stream += norm(attn(stream));
-        returns (norm(mlp(stream)), stream). The stream is fp32 on CPU, as the fused norms keep it."""
+        returns (norm(mlp(stream)), stream); Gemma 3's norms the branches' inputs too
+        (attn(norm(stream)), mlp(norm(stream))). The stream is fp32 on CPU, as the fused norms keep it."""
         if residual is None:
             stream = x if use_triton_ops(x) else x.float()
         else:
             stream = x.to(residual.dtype) + residual
-        h = self.self_attn(stream.to(x.dtype), rope, fb, attn)
+        h = stream.to(x.dtype)
+        h = self.self_attn(self.input_layernorm(h)[0] if self.pre_norms else h, rope, fb, attn)
         stream = stream + self.post_attention_layernorm(h)[0].to(stream.dtype)
-        h = self.mlp(stream.to(x.dtype), fb)
+        h = stream.to(x.dtype)
+        h = self.mlp(self.pre_feedforward_layernorm(h)[0] if self.pre_norms else h, fb)
         return self.post_feedforward_layernorm(h)[0], stream
 
 
@@ -286,44 +302,65 @@ class CausalLM(nn.Module):
         self.rope_cos: torch.Tensor | None = None
         self.rope_sin: torch.Tensor | None = None
         self.rope_sin_signed: torch.Tensor | None = None
+        # Gemma 3's window layers: (cos, sin, sin_signed) of their own RoPE base
+        self.local_rope: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         self.fused_layers: tuple | None = None  # runtime/model/fused_layers.py's, decided on first use
 
     def init_rope(self, max_len: int, device: torch.device) -> None:
         """Tables for positions [0, max_len); call once the weights are on `device`."""
         self.rope_cos, self.rope_sin = rope_tables(self.args, max_len, device)
-        half = self.args.head_dim // 2
-        self.rope_sin_signed = torch.cat([-self.rope_sin[:, :half], self.rope_sin[:, half:]], dim=-1)
+        self.rope_sin_signed = _sin_signed(self.rope_sin)
+        if self.args.local_rope_theta is not None:
+            inv_freq = kernels.rope_inv_freq(self.args.head_dim, self.args.local_rope_theta, None)
+            cos, sin = kernels.rope_cos_sin(inv_freq, max_len, device)
+            self.local_rope = (cos, sin, _sin_signed(sin))
 
     def lm_head_weight(self) -> torch.Tensor:
         return self.embed_tokens.weight if self.args.tie_word_embeddings else self.lm_head.weight
 
-    def _rope_step(self, positions: torch.Tensor) -> RopeStep:
+    def _rope_step(self, positions: torch.Tensor, local: bool = False) -> RopeStep:
         assert self.rope_cos is not None and self.rope_sin is not None and self.rope_sin_signed is not None, \
             "init_rope() must run before forward()"
+        tables = (self.rope_cos, self.rope_sin, self.rope_sin_signed)
+        if local:
+            assert self.local_rope is not None
+            tables = self.local_rope
         if use_triton_ops(positions):
-            return RopeStep(positions, self.rope_cos, self.rope_sin)
-        cos = self.rope_cos.index_select(0, positions)[:, None, :]  # [T, 1, D]
-        return RopeStep(positions, cos, self.rope_sin_signed.index_select(0, positions)[:, None, :])
+            return RopeStep(positions, tables[0], tables[1])
+        cos = tables[0].index_select(0, positions)[:, None, :]  # [T, 1, D]
+        return RopeStep(positions, cos, tables[2].index_select(0, positions)[:, None, :])
 
     @torch.inference_mode()
     def forward(self, fb: ForwardBatch, attn: AttentionFn) -> torch.Tensor:
         """Logits [len(fb.logit_rows), vocab] in fp32 for the requested token rows."""
         rope = self._rope_step(fb.positions)
+        local_rope = self._rope_step(fb.positions, local=True) if self.local_rope is not None else rope
         x, residual = self.embed_tokens(fb.input_ids), None  # [T, hidden]
-        if self.args.embedding_multiplier != 1.0:  # Granite
+        if self.args.embedding_multiplier_in_dtype:  # Gemma 3: its scale rounded to the weights' dtype first
+            x = x * torch.tensor(self.args.embedding_multiplier, dtype=x.dtype)
+        elif self.args.embedding_multiplier != 1.0:  # Granite
             x = x * self.args.embedding_multiplier
         fused = None if use_triton_ops(x) else fused_layers.run_layers(self, fb, attn, x, rope.cos, rope.sin)
         if fused is not None:  # CPU bf16: every layer in one native call
             x, residual = fused
         else:
             for layer in self.layers:
-                x, residual = layer(x, residual, rope, fb, attn)
+                x, residual = layer(x, residual, local_rope if layer.local_rope else rope, fb, attn)
         x, _ = self.norm(x.index_select(0, fb.logit_rows), residual.index_select(0, fb.logit_rows))
         if self.packed_lm_head is not None:
             logits = self.packed_lm_head(x).float()
         else:
             logits = project_logits(x, self.lm_head_weight())
-        return logits if self.args.logits_scaling == 1.0 else logits.div_(self.args.logits_scaling)  # Granite
+        if self.args.logits_scaling != 1.0:  # Granite
+            logits = logits.div_(self.args.logits_scaling)
+        cap = self.args.final_logit_softcapping
+        return logits if cap is None else logits.div_(cap).tanh_().mul_(cap)  # Gemma 3 (some of its checkpoints)
+
+
+def _sin_signed(sin: torch.Tensor) -> torch.Tensor:
+    """The CPU rotation's sin table: its first half negated (see rotate_cpu)."""
+    half = sin.shape[-1] // 2
+    return torch.cat([-sin[:, :half], sin[:, half:]], dim=-1)
 
 
 def project_logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

@@ -11,7 +11,7 @@ from radixflow.runtime.text_files import read_json_object
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
                            "MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM",
                            "SmolLM3ForCausalLM", "GraniteForCausalLM", "GraniteMoeForCausalLM", "Phi3ForCausalLM",
-                           "Olmo2ForCausalLM", "OlmoeForCausalLM")
+                           "Olmo2ForCausalLM", "OlmoeForCausalLM", "Gemma3ForCausalLM")
 # mixture-of-experts families: a router sends each token to its top-k experts' MLPs
 MOE_ARCHITECTURES = ("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "GraniteMoeForCausalLM",
                      "OlmoeForCausalLM")
@@ -59,9 +59,20 @@ class ModelArgs:
     residual_multiplier: float = 1.0
     attention_multiplier: float | None = None
     logits_scaling: float = 1.0
-    # tokens a query sees when some layer attends through a sliding window (Mistral-7B-v0.1, Phi-3,
-    # Qwen under use_sliding_window); attention here reads the whole context, so the context is capped at it
+    # the keys a query sees in the layers that attend through a sliding window (Mistral-7B-v0.1,
+    # Phi-3, Gemma 3's local layers, Qwen under use_sliding_window): its own and the window - 1 before it
     sliding_window: int | None = None
+    window_layers: tuple[int, ...] = ()
+    local_rope_theta: float | None = None  # Gemma 3: the window layers' RoPE base (no scaling there)
+    # Gemma 3: the MLP's activation (gelu_tanh: GELU's tanh form); norms both before and after the
+    # attention and the MLP (post_norms with pre_norms); norm weights stored as weight - 1 (added
+    # back at load); embeddings scaled by embedding_multiplier rounded to the model's dtype; the
+    # logits soft-capped to (-cap, cap) by cap * tanh(logits / cap)
+    hidden_act: str = "silu"
+    pre_norms: bool = True
+    norm_weight_offset: float = 0.0
+    embedding_multiplier_in_dtype: bool = False
+    final_logit_softcapping: float | None = None
 
     def __post_init__(self) -> None:
         """ValueError naming the field (by its config.json name) when the shape cannot be built."""
@@ -88,11 +99,24 @@ class ModelArgs:
             self._check_moe()
         if self.sliding_window is not None:
             _check_positive_int("sliding_window", self.sliding_window)
+        if (self.sliding_window is None) != (not self.window_layers) or any(
+                not 0 <= i < self.num_layers for i in self.window_layers):
+            raise ValueError(f"sliding_window {self.sliding_window!r} needs layers to slide in, and its layers "
+                             f"{list(self.window_layers)} must lie inside the model's {self.num_layers} layers")
+        if self.hidden_act not in ("silu", "gelu_tanh"):
+            raise ValueError(f"hidden_act {self.hidden_act!r} is not supported; supported: silu, gelu_pytorch_tanh")
+        for name, value in (("final_logit_softcapping", self.final_logit_softcapping),
+                            ("rope_local_base_freq", self.local_rope_theta)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                      or not 0 < value < math.inf):
+                raise ValueError(f"{name} must be a positive number or null, got {value!r}")
         for token_id in (*self.eos_token_ids, *(() if self.bos_token_id is None else (self.bos_token_id,))):
             if isinstance(token_id, bool) or not isinstance(token_id, int):
                 raise ValueError(f"bos_token_id / eos_token_id must be token ids, got {token_id!r}")
 
     def _check_moe(self) -> None:
+        if self.hidden_act != "silu":  # the experts' kernels compute SiLU-and-mul
+            raise ValueError(f"hidden_act {self.hidden_act!r} is not supported in a mixture of experts; supported: silu")
         for name, value in (("num_experts", self.num_experts), ("num_experts_per_tok", self.num_experts_per_tok),
                             ("moe_intermediate_size", self.moe_intermediate_size)):
             _check_positive_int(name, value)
@@ -109,6 +133,11 @@ class ModelArgs:
     def sm_scale(self) -> float:
         """The attention's softmax scale: Granite's attention_multiplier, else 1 / sqrt(head_dim)."""
         return 1.0 / math.sqrt(self.head_dim) if self.attention_multiplier is None else self.attention_multiplier
+
+    @property
+    def layer_windows(self) -> dict[int, int]:
+        """Layer → the sliding window its attention reads (the layers in window_layers)."""
+        return {i: self.sliding_window for i in self.window_layers if self.sliding_window is not None}
 
     @property
     def q_size(self) -> int:
@@ -162,7 +191,8 @@ def model_args_from_dict(cfg: dict[str, Any]) -> ModelArgs:
         raise ValueError(f"unsupported architecture {archs or cfg.get('model_type')!r}; "
                          f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
     num_heads, hidden = _required(cfg, "num_attention_heads"), _required(cfg, "hidden_size")
-    head_dim = cfg.get("head_dim")
+    is_gemma = arch == "Gemma3ForCausalLM"
+    head_dim = cfg.get("head_dim", 256 if is_gemma else None)  # Gemma 3's default is not hidden / heads
     if head_dim is None:
         _check_positive_int("num_attention_heads", num_heads)
         _check_positive_int("hidden_size", hidden)
@@ -173,7 +203,11 @@ def model_args_from_dict(cfg: dict[str, Any]) -> ModelArgs:
     rope = cfg.get("rope_parameters") or {}
     if not isinstance(rope, dict):
         raise ValueError(f"rope_parameters must be an object, got {rope!r}")  # newer transformers keep theta and scaling here
-    rope_scaling = cfg.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
+    if is_gemma:
+        rope_theta, rope_scaling, local_theta = _gemma_rope(cfg, rope)
+    else:
+        rope_theta, local_theta = cfg.get("rope_theta") or rope.get("rope_theta", 10000.0), None
+        rope_scaling = cfg.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
     if rope_scaling is not None and not isinstance(rope_scaling, dict):
         raise ValueError(f"rope_scaling must be an object or null, got {rope_scaling!r}")
     partial = cfg.get("partial_rotary_factor", rope.get("partial_rotary_factor", 1.0))
@@ -185,9 +219,10 @@ def model_args_from_dict(cfg: dict[str, Any]) -> ModelArgs:
             raise ValueError(f"unsupported rope_scaling type {kind!r}; supported: llama3, linear")
     if cfg.get("clip_qkv") is not None:  # OLMo(E) checkpoints trained with clamped q, k, v
         raise ValueError(f"clip_qkv {cfg['clip_qkv']!r} is not supported (q, k and v are not clamped here)")
-    act = cfg.get("hidden_act", "silu")
-    if act not in ("silu", "swish"):  # the MLPs compute SiLU-and-mul (swish is SiLU's other name)
-        raise ValueError(f"hidden_act {act!r} is not supported; supported: silu")
+    # Gemma names it hidden_activation; SiLU's other name is swish, GELU's tanh form gelu_pytorch_tanh
+    act = cfg.get("hidden_activation") or cfg.get("hidden_act") or ("gelu_pytorch_tanh" if is_gemma else "silu")
+    if act not in _ACTIVATIONS:
+        raise ValueError(f"hidden_act {act!r} is not supported; supported: silu, gelu_pytorch_tanh")
     eos = cfg.get("eos_token_id")
     eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
     is_qwen2 = arch in ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM")
@@ -199,6 +234,10 @@ def model_args_from_dict(cfg: dict[str, Any]) -> ModelArgs:
         qkv_bias = cfg.get("qkv_bias", True)
     else:
         qkv_bias = attention_bias or is_qwen2
+    if is_gemma:
+        family = _gemma_fields(cfg, hidden)
+    else:
+        family = {**_sliding_window(cfg, arch), **_granite_fields(cfg, arch), **_moe_fields(cfg, arch)}
     return ModelArgs(
         architecture=arch,
         vocab_size=_required(cfg, "vocab_size"),
@@ -209,25 +248,77 @@ def model_args_from_dict(cfg: dict[str, Any]) -> ModelArgs:
         num_kv_heads=cfg.get("num_key_value_heads") or num_heads,
         head_dim=head_dim,
         rms_norm_eps=_optional(cfg, "rms_norm_eps", 1e-6),
-        rope_theta=cfg.get("rope_theta") or rope.get("rope_theta", 10000.0),
+        rope_theta=rope_theta,
         rope_scaling=rope_scaling,
-        max_position_embeddings=_optional(cfg, "max_position_embeddings", 4096),
-        tie_word_embeddings=cfg.get("tie_word_embeddings", arch == "SmolLM3ForCausalLM"),  # transformers' defaults
+        local_rope_theta=local_theta,
+        hidden_act=_ACTIVATIONS[act],
+        max_position_embeddings=_optional(cfg, "max_position_embeddings", 131072 if is_gemma else 4096),
+        # transformers' defaults
+        tie_word_embeddings=cfg.get("tie_word_embeddings", arch in ("SmolLM3ForCausalLM", "Gemma3ForCausalLM")),
         qkv_bias=bool(qkv_bias),
         o_bias=attention_bias and not is_qwen2,
         mlp_bias=bool(cfg.get("mlp_bias", False)) and arch in ("LlamaForCausalLM", "SmolLM3ForCausalLM",
                                                                 "GraniteForCausalLM"),
         nope_layers=_nope_layers(cfg) if arch == "SmolLM3ForCausalLM" else (),
-        post_norms=arch == "Olmo2ForCausalLM",
+        post_norms=arch in ("Olmo2ForCausalLM", "Gemma3ForCausalLM"),
+        pre_norms=arch != "Olmo2ForCausalLM",
         qk_norm_whole=arch in ("Olmo2ForCausalLM", "OlmoeForCausalLM"),
-        qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM"),
+        qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM"),
         torch_dtype=cfg.get("torch_dtype") or cfg.get("dtype") or "float32",
         bos_token_id=cfg.get("bos_token_id"),
         eos_token_ids=eos_ids,
-        sliding_window=_sliding_window(cfg, arch),
-        **_granite_fields(cfg, arch),
-        **_moe_fields(cfg, arch),
+        **family,
     )
+
+
+# a config's activation name → ModelArgs.hidden_act
+_ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
+
+
+def _gemma_rope(cfg: dict[str, Any], rope: dict[str, Any]) -> tuple[float, dict[str, Any] | None, float]:
+    """Gemma 3's (global theta, global scaling, local theta): from `rope_theta`, `rope_scaling`
+    and `rope_local_base_freq`, or from newer transformers' `rope_parameters` keyed by layer type
+    ("full_attention", "sliding_attention"). The window layers' RoPE is never scaled."""
+    full, local = rope.get("full_attention") or {}, rope.get("sliding_attention") or {}
+    if not isinstance(full, dict) or not isinstance(local, dict):
+        raise ValueError(f"rope_parameters must map full_attention / sliding_attention to objects, got {rope!r}")
+    theta = cfg.get("rope_theta") or full.get("rope_theta", 1_000_000.0)
+    scaling = cfg.get("rope_scaling") or (full if full.get("rope_type", "default") != "default" else None)
+    if local.get("rope_type", "default") != "default":
+        raise ValueError(f"a scaled RoPE in the sliding-window layers ({local!r}) is not supported")
+    return theta, scaling, cfg.get("rope_local_base_freq") or local.get("rope_theta", 10_000.0)
+
+
+def _gemma_fields(cfg: dict[str, Any], hidden: int) -> dict[str, Any]:
+    """Gemma 3's ModelArgs fields: windows in the layers `layer_types` names "sliding_attention"
+    (else all but every `sliding_window_pattern`-th, 6 by default), the embedding scale
+    sqrt(hidden_size), the attention scale query_pre_attn_scalar ** -0.5, the final soft-cap.
+    Refused: attention-logit soft-capping (Gemma 2's) and bidirectional attention (EmbeddingGemma)."""
+    if cfg.get("attn_logit_softcapping") is not None:
+        raise ValueError(f"attn_logit_softcapping {cfg['attn_logit_softcapping']!r} is not supported "
+                         "(attention scores are not soft-capped here)")
+    if cfg.get("use_bidirectional_attention"):
+        raise ValueError("use_bidirectional_attention is not supported (attention here is causal)")
+    num_layers = _required(cfg, "num_hidden_layers")
+    _check_positive_int("num_hidden_layers", num_layers)
+    _check_positive_int("hidden_size", hidden)
+    layer_types = cfg.get("layer_types")
+    if layer_types is None:
+        pattern = _optional(cfg, "sliding_window_pattern", 6)
+        _check_positive_int("sliding_window_pattern", pattern)
+        layer_types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(num_layers)]
+    if (not isinstance(layer_types, list) or len(layer_types) != num_layers
+            or any(t not in ("sliding_attention", "full_attention") for t in layer_types)):
+        raise ValueError(f"layer_types must name sliding_attention or full_attention for each of the {num_layers} "
+                         f"layers, got {layer_types!r}")
+    scalar = _optional(cfg, "query_pre_attn_scalar", 256)
+    if isinstance(scalar, bool) or not isinstance(scalar, (int, float)) or not 0 < scalar < math.inf:
+        raise ValueError(f"query_pre_attn_scalar must be a positive number, got {scalar!r}")
+    window_layers = tuple(i for i, t in enumerate(layer_types) if t == "sliding_attention")
+    return {"sliding_window": _optional(cfg, "sliding_window", 4096) if window_layers else None,
+            "window_layers": window_layers, "embedding_multiplier": math.sqrt(hidden),
+            "embedding_multiplier_in_dtype": True, "attention_multiplier": scalar ** -0.5, "norm_weight_offset": 1.0,
+            "final_logit_softcapping": cfg.get("final_logit_softcapping")}
 
 
 def _norm_topk_prob(cfg: dict[str, Any]) -> bool:
@@ -261,31 +352,43 @@ def _nope_layers(cfg: dict[str, Any]) -> tuple[int, ...]:
     return tuple(i for i, flag in enumerate(flags) if not flag)
 
 
-def _sliding_window(cfg: dict[str, Any], arch: str) -> int | None:
-    """The window of a config whose layers (some of them) attend through one, else None: each
-    family as transformers reads it, leaning to a window where some layers may slide.
+def _sliding_window(cfg: dict[str, Any], arch: str) -> dict[str, Any]:
+    """The sliding window and the layers that attend through it, each family as transformers 5
+    reads its config (none: attention over the whole context).
 
-    Mistral (4096 when the key is absent), Mixtral, Phi-3: `sliding_window` when set. Qwen2/3:
-    only under `use_sliding_window`, for the layers from `max_window_layers` on; Qwen2/3-MoE and
-    SmolLM3: under `use_sliding_window`. `layer_types` naming "sliding_attention" decides where
-    given. Llama, Granite and OLMo 2 never slide.
+    Mistral (4096 when the key is absent), Mixtral, Phi-3: every layer, when `sliding_window` is
+    set. Under `use_sliding_window` only: Qwen3-MoE every layer; Qwen2/3 the layers from
+    `max_window_layers` on; Qwen2-MoE every other layer (the first, third, ...) below
+    `max_window_layers`; SmolLM3 the layers without RoPE. Qwen2/3, Qwen2-MoE and SmolLM3 take an
+    explicit `layer_types` instead where the config has one. Llama, Granite and OLMo 2 never slide.
     """
+    num_layers = _required(cfg, "num_hidden_layers")
+    _check_positive_int("num_hidden_layers", num_layers)
     if arch in ("MistralForCausalLM", "MixtralForCausalLM", "Phi3ForCausalLM"):
         window = cfg.get("sliding_window", 4096 if arch == "MistralForCausalLM" else None)
-        uses = True
+        layers = range(num_layers)
     elif arch.startswith("Qwen") or arch == "SmolLM3ForCausalLM":
-        window, uses = cfg.get("sliding_window"), bool(cfg.get("use_sliding_window"))
+        window = cfg.get("sliding_window") if cfg.get("use_sliding_window") else None
+        layer_types = cfg.get("layer_types")
+        if arch == "Qwen3MoeForCausalLM":
+            layers = range(num_layers)
+        elif isinstance(layer_types, list) and len(layer_types) == num_layers:
+            layers = [i for i, kind in enumerate(layer_types) if kind == "sliding_attention"]
+        elif arch == "SmolLM3ForCausalLM":
+            layers = _nope_layers(cfg)
+        else:
+            first = _optional(cfg, "max_window_layers", 28)
+            if isinstance(first, bool) or not isinstance(first, int) or first < 0:
+                raise ValueError(f"max_window_layers must be an integer >= 0, got {first!r}")
+            if arch == "Qwen2MoeForCausalLM":
+                layers = [i for i in range(min(first, num_layers)) if i % 2 == 0]
+            else:
+                layers = range(first, num_layers)
     else:
-        return None
-    layer_types = cfg.get("layer_types")
-    if window is None or not uses:
-        return None
-    if isinstance(layer_types, list):
-        return window if "sliding_attention" in layer_types else None
-    if arch in ("Qwen2ForCausalLM", "Qwen3ForCausalLM"):
-        first = _optional(cfg, "max_window_layers", 0)
-        return window if isinstance(first, int) and first < _required(cfg, "num_hidden_layers") else None
-    return window
+        return {}
+    if window is None or not layers:
+        return {}
+    return {"sliding_window": window, "window_layers": tuple(layers)}
 
 
 def _moe_fields(cfg: dict[str, Any], arch: str) -> dict[str, Any]:

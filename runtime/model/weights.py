@@ -120,8 +120,12 @@ def _checkpoint_sources(args: ModelArgs) -> dict[str, list[str]]:
                 src[ours + f"mlp.gate_up_proj.{kind}"] = [p + f"mlp.gate_up_proj.{kind}"] if fused else [
                     p + f"mlp.gate_proj.{kind}", p + f"mlp.up_proj.{kind}"]
                 src[ours + f"mlp.down_proj.{kind}"] = [p + f"mlp.down_proj.{kind}"]
-        norms = ("post_attention_layernorm", "post_feedforward_layernorm") if args.post_norms else (
-            "input_layernorm", "post_attention_layernorm")
+        norms = ["post_attention_layernorm"]  # Llama's before the MLP; OLMo 2's and Gemma 3's after attention
+        if args.pre_norms:
+            norms.append("input_layernorm")
+        if args.post_norms:
+            norms += ["post_feedforward_layernorm", "pre_feedforward_layernorm"] if args.pre_norms else [
+                "post_feedforward_layernorm"]
         for norm in norms:
             src[ours + f"{norm}.weight"] = [p + f"{norm}.weight"]
     return src
@@ -216,6 +220,8 @@ def load_weights(model: CausalLM, model_dir: str, dtype: torch.dtype, device: to
         tensor = join_parts(parts, want)
         if tensor is None:
             raise misfit_error("checkpoint", sources, parts, name, want)
+        if model.args.norm_weight_offset and name.endswith("norm.weight"):  # Gemma 3 stores weight - 1
+            tensor = tensor.float() + model.args.norm_weight_offset
         # copy=True: a tensor already in `dtype` would stay a view of the file's memory map, which then
         # stays mapped (and, once read, resident) beside the copies packing makes (packed_linear.py)
         state[name] = tensor.to(device=device, dtype=dtype, copy=True)

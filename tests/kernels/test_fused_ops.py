@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from radixflow.kernels.activation import silu_and_mul, silu_and_mul_ref
+from radixflow.kernels.activation import gelu_tanh_and_mul_ref, silu_and_mul, silu_and_mul_ref
 from radixflow.kernels.rmsnorm import rmsnorm, rmsnorm_ref
 from radixflow.kernels.rope import rope, rope_cos_sin, rope_inv_freq, rope_ref
 
@@ -56,6 +56,20 @@ def test_silu_and_mul_matches_ref(device, dtype, num_tokens, d):
     torch.testing.assert_close(out, silu_and_mul_ref(x), **TOL[dtype])
     g, u = x.float()[:, :d], x.float()[:, d:]
     torch.testing.assert_close(out.float(), g * torch.sigmoid(g) * u, rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("num_tokens, d", [(1, 8), (5, 40), (2, 1025)])
+def test_gelu_tanh_and_mul_matches_ref(device, dtype, num_tokens, d):
+    """Gemma 3's MLP: GELU's tanh form, large |gate| included (exp overflows to inf there)."""
+    x = _randn(num_tokens, 2 * d, dtype=dtype, device=device) * 4
+    x[0, 0], x[0, 1] = 60.0, -60.0
+    out = silu_and_mul(x, gelu_tanh=True)
+    assert out.shape == (num_tokens, d)
+    torch.testing.assert_close(out, gelu_tanh_and_mul_ref(x), **TOL[dtype])
+    g, u = x.float()[:, :d], x.float()[:, d:]
+    exact = 0.5 * g * (1 + torch.tanh(math.sqrt(2 / math.pi) * (g + 0.044715 * g ** 3))) * u
+    torch.testing.assert_close(out.float(), exact, rtol=1e-2, atol=1e-2)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

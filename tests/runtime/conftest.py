@@ -41,6 +41,11 @@ def _hf_config(family: str, vocab_size: int, heads: int = 8):
         return tf.Phi3Config(**common, tie_word_embeddings=False, sliding_window=None)
     if family == "smollm3":  # every second layer without RoPE (SmolLM3-3B: every fourth)
         return tf.SmolLM3Config(**common, no_rope_layer_interval=2, tie_word_embeddings=True)
+    if family == "gemma3":  # a 4-token window in layer 0 (own RoPE base), full attention with linear RoPE in layer 1
+        return tf.Gemma3TextConfig(**common, sliding_window=4, layer_types=["sliding_attention", "full_attention"],
+                                   query_pre_attn_scalar=24, final_logit_softcapping=30.0, rope_theta=20000.0,
+                                   rope_scaling={"rope_type": "linear", "factor": 2.0}, rope_local_base_freq=500.0,
+                                   tie_word_embeddings=True)
     # Granite 3's multipliers (its 8B's values): embeddings, attention scale, residual branches, logits
     granite = dict(embedding_multiplier=12.0, attention_multiplier=0.0078125, residual_multiplier=0.22,
                    logits_scaling=16.0, tie_word_embeddings=True)
@@ -66,7 +71,7 @@ _CLASSES = {"llama3": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
             "qwen2_moe": "Qwen2MoeForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
             "smollm3": "SmolLM3ForCausalLM", "granite": "GraniteForCausalLM",
             "granitemoe": "GraniteMoeForCausalLM", "phi3": "Phi3ForCausalLM",
-            "olmo2": "Olmo2ForCausalLM", "olmoe": "OlmoeForCausalLM"}
+            "olmo2": "Olmo2ForCausalLM", "olmoe": "OlmoeForCausalLM", "gemma3": "Gemma3ForCausalLM"}
 
 
 @pytest.fixture(scope="session")
@@ -94,6 +99,8 @@ def hf_checkpoint(tmp_path_factory):
                     p.normal_(0.0, 0.08)
                 elif "bias" in name:
                     p.normal_(0.0, 0.05)
+                elif family == "gemma3":  # its norms compute 1 + weight, which starts at 0
+                    p.normal_(0.0, 0.1)
         out = str(tmp_path_factory.mktemp(f"{family}{'-sharded' if shard else ''}-h{heads}"))
         model.save_pretrained(out, safe_serialization=True, max_shard_size="100KB" if shard else "5GB")
         for f in TOKENIZER_FILES:

@@ -15,11 +15,12 @@ from radixflow.runtime.model.model_config import load_model_args
 from radixflow.runtime.model.weights import build_model
 
 FAMILIES = ["llama3", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe", "smollm3", "granite",
-            "granitemoe", "phi3", "olmo2", "olmoe"]
+            "granitemoe", "phi3", "olmo2", "olmoe", "gemma3"]
 
 
-def _our_logits(model_dir: str, prompts: list[list[int]]) -> list[torch.Tensor]:
-    """All-position logits of each prompt, computed as one batched extend step."""
+def _our_logits(model_dir: str, prompts: list[list[int]], windows: dict[int, int] | None = None) -> list[torch.Tensor]:
+    """All-position logits of each prompt, computed as one batched extend step (`windows`: the
+    layers' sliding windows, else the model's)."""
     args = load_model_args(model_dir)
     model = build_model(args, model_dir, torch.float32, torch.device("cpu"), 512)
     pool = KVPool(1024, args.num_layers, args.num_kv_heads, args.head_dim, torch.float32, torch.device("cpu"))
@@ -36,7 +37,8 @@ def _our_logits(model_dir: str, prompts: list[list[int]]) -> list[torch.Tensor]:
         req_to_token=table.table, req_rows=t(rows), prefix_lens=t([0] * len(lens)), extend_lens=t(lens),
         seq_lens=t(lens), extend_starts=t(starts), logit_rows=t(list(range(sum(lens)))),
         prefix_lens_cpu=[0] * len(lens), extend_lens_cpu=lens)
-    attn = PoolAttention(pool, AttentionOps.for_backend("torch"), args.sm_scale)
+    attn = PoolAttention(pool, AttentionOps.for_backend("torch"), args.sm_scale,
+                         windows=args.layer_windows if windows is None else windows)
     logits = model(fb, attn)
     return list(logits.split(lens))
 
@@ -159,27 +161,46 @@ def _checkpoint_with(tmp_path, family: str, **config) -> str:
     return str(tmp_path)
 
 
-@pytest.mark.parametrize("family, config, window", [
-    ("mistral", {"sliding_window": 24}, 24),                      # Mistral-7B-v0.1's sliding_window 4096
-    ("phi3", {"sliding_window": 24}, 24),                         # Phi-3-mini-4k's 2047
-    ("qwen2", {"use_sliding_window": True, "sliding_window": 24, "max_window_layers": 1}, 24),
-    ("qwen2", {"use_sliding_window": False, "sliding_window": 24}, None),  # Qwen2's default: off
+@pytest.mark.parametrize("family, config, layers", [
+    ("mistral", {"sliding_window": 6}, [0, 1]),                  # Mistral-7B-v0.1's sliding_window 4096
+    ("phi3", {"sliding_window": 6}, [0, 1]),                     # Phi-3-mini-4k's 2047
+    ("mixtral", {"sliding_window": 6}, [0, 1]),
+    ("qwen2", {"use_sliding_window": True, "sliding_window": 6, "max_window_layers": 1}, [1]),
+    ("qwen3", {"use_sliding_window": True, "sliding_window": 6, "max_window_layers": 0}, [0, 1]),
+    ("qwen2_moe", {"use_sliding_window": True, "sliding_window": 6, "max_window_layers": 2}, [0]),
+    ("qwen3_moe", {"use_sliding_window": True, "sliding_window": 6}, [0, 1]),
+    ("smollm3", {"use_sliding_window": True, "sliding_window": 6}, [1]),  # its layers without RoPE
+    ("qwen2", {"use_sliding_window": False, "sliding_window": 6}, []),    # Qwen2's default: off
 ])
-def test_a_sliding_window_caps_the_context_instead_of_being_ignored(tmp_path, family, config, window):
-    """Attention is full-context here, so past a sliding window a model's outputs would silently
-    differ from its reference: the context is capped at the window, and longer is refused."""
+def test_a_sliding_window_matches_transformers_past_it(tmp_path, family, config, layers):
+    """Each family's window is attended in the layers transformers gives it, past the window too:
+    prefill logits, and greedy decoding through the engine (the cap on the context it replaces
+    gave up everything past the window)."""
+    import transformers as tf
+
     from radixflow.runtime import Engine
 
     model_dir = _checkpoint_with(tmp_path, family, **config)
-    assert load_model_args(model_dir).sliding_window == window
-    with Engine(model_dir, dtype="float32", kv_cache_tokens=256) as engine:
-        assert engine.runner.shape.max_context_len == (window or 512)
-        if window:
-            with pytest.raises(ValueError, match=f"max_model_len is {window}"):
-                engine.generate(input_ids=list(range(1, window + 1)), sampling_params={"max_new_tokens": 1})
-    if window:
-        with pytest.raises(ValueError, match=f"sliding window of {window} tokens"):
-            Engine(model_dir, dtype="float32", kv_cache_tokens=256, max_model_len=window + 1)
+    hf = tf.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():  # wide weights, so that what a window hides moves the logits
+        for p in hf.parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.08)
+    hf.save_pretrained(model_dir)
+    args = load_model_args(model_dir)
+    assert list(args.window_layers) == layers and args.sliding_window == (6 if layers else None)
+    prompt = torch.randint(0, hf.config.vocab_size, (30,), generator=torch.Generator().manual_seed(5)).tolist()
+    with torch.no_grad():
+        ref = hf(torch.tensor([prompt])).logits[0].float()
+    mine = _our_logits(model_dir, [prompt])[0]
+    assert (mine - ref).abs().max().item() < 1e-4
+    if layers:  # the window matters at these sizes: full attention would be far off
+        assert (_our_logits(model_dir, [prompt], windows={})[0] - ref).abs().max().item() > 1e-2
+    with Engine(model_dir, kv_cache_tokens=512, dtype="float32", chunked_prefill_size=8) as engine:
+        assert engine.runner.shape.max_context_len == 512  # not capped at the window
+        out = engine.generate(input_ids=prompt[:9], sampling_params={"max_new_tokens": 12, "temperature": 0.0,
+                                                                     "ignore_eos": True})
+    assert out["output_ids"] == _hf_greedy(hf, prompt[:9], 12)
 
 
 @pytest.mark.parametrize("family, config", [
@@ -271,19 +292,25 @@ def _args_of(tmp_path, arch: str, **fields):
     return load_model_args(str(tmp_path))
 
 
-@pytest.mark.parametrize("arch, fields, window", [
-    ("LlamaForCausalLM", {"sliding_window": 64}, None),          # Llama's attention never slides
-    ("GraniteForCausalLM", {"sliding_window": 64}, None),
-    ("SmolLM3ForCausalLM", {"sliding_window": 64}, None),        # only under use_sliding_window
-    ("SmolLM3ForCausalLM", {"sliding_window": 64, "use_sliding_window": True}, 64),
-    ("MistralForCausalLM", {}, 4096),                            # transformers' default when the key is absent
-    ("MistralForCausalLM", {"sliding_window": None}, None),
-    ("Qwen3MoeForCausalLM", {"sliding_window": 64, "use_sliding_window": True, "max_window_layers": 8}, 64),
-    ("Qwen2MoeForCausalLM", {"sliding_window": 64, "use_sliding_window": True, "max_window_layers": 8}, 64),
-    ("Qwen2ForCausalLM", {"sliding_window": 64, "use_sliding_window": True, "max_window_layers": 8}, None),
+@pytest.mark.parametrize("arch, fields, window, layers", [
+    ("LlamaForCausalLM", {"sliding_window": 64}, None, ()),          # Llama's attention never slides
+    ("GraniteForCausalLM", {"sliding_window": 64}, None, ()),
+    ("SmolLM3ForCausalLM", {"sliding_window": 64}, None, ()),        # only under use_sliding_window
+    ("SmolLM3ForCausalLM", {"sliding_window": 64, "use_sliding_window": True}, 64, (3,)),  # no RoPE in layer 3
+    ("MistralForCausalLM", {}, 4096, (0, 1, 2, 3)),                  # transformers' default when the key is absent
+    ("MistralForCausalLM", {"sliding_window": None}, None, ()),
+    ("Qwen3MoeForCausalLM", {"sliding_window": 64, "use_sliding_window": True, "max_window_layers": 2}, 64,
+     (0, 1, 2, 3)),
+    ("Qwen2MoeForCausalLM", {"sliding_window": 64, "use_sliding_window": True, "max_window_layers": 8}, 64, (0, 2)),
+    ("Qwen2ForCausalLM", {"sliding_window": 64, "use_sliding_window": True, "max_window_layers": 8}, None, ()),
+    ("Qwen2ForCausalLM", {"sliding_window": 64, "use_sliding_window": True}, None, ()),  # max_window_layers 28
+    ("Qwen2ForCausalLM", {"sliding_window": 64, "use_sliding_window": True, "max_window_layers": 2}, 64, (2, 3)),
+    ("Qwen3ForCausalLM", {"sliding_window": 64, "use_sliding_window": True,
+                          "layer_types": ["full_attention", "sliding_attention"] * 2}, 64, (1, 3)),
 ])
-def test_the_window_follows_each_familys_rules(tmp_path, arch, fields, window):
-    assert _args_of(tmp_path, arch, **fields).sliding_window == window
+def test_the_window_follows_each_familys_rules(tmp_path, arch, fields, window, layers):
+    args = _args_of(tmp_path, arch, **fields)
+    assert (args.sliding_window, args.window_layers) == (window, layers)
 
 
 def test_family_defaults_of_absent_fields(tmp_path):

@@ -1,0 +1,164 @@
+"""Gemma 3 (text): sliding-window layers with their own RoPE base, norms around both branches,
+GELU-tanh MLP, scaled embeddings, soft-capped logits. Parity with transformers on the plain
+prefill and greedy paths is in test_model_parity.py (FAMILIES); here the engine's other paths
+(cached prefixes, chunks, the Triton ops and attention, speculative decoding, bf16) and the config."""
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+
+from radixflow.runtime import Engine
+from radixflow.runtime.core.model_runner import derive_shape
+from radixflow.runtime.config import EngineConfig
+from radixflow.runtime.model.model_config import load_model_args
+
+GREEDY = {"temperature": 0.0, "max_new_tokens": 12, "ignore_eos": True}
+
+
+def _hf_greedy(hf, prompt: list[int], n: int) -> list[int]:
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(n):
+            ids.append(int(hf(torch.tensor([ids])).logits[0, -1].argmax()))
+    return ids[len(prompt):]
+
+
+def _prompts(vocab: int) -> tuple[list[int], list[list[int]]]:
+    """A warm-up prompt, then prompts on a cached prefix of it (past the 4-token window) and fresh ones."""
+    rng = random.Random(3)
+    shared = [rng.randrange(vocab) for _ in range(23)]
+    batch = [shared + [rng.randrange(vocab) for _ in range(6)], [rng.randrange(vocab) for _ in range(13)],
+             shared[:9] + [rng.randrange(vocab) for _ in range(2)]]
+    return shared + [rng.randrange(vocab) for _ in range(3)], batch
+
+
+def test_cached_prefixes_and_chunks_match_transformers(hf_checkpoint):
+    """A window reaches back into a cached prefix and across prefill chunks: the engine's greedy
+    tokens are transformers' on the whole sequence."""
+    model_dir, hf = hf_checkpoint("gemma3")
+    warm, batch = _prompts(hf.config.vocab_size)
+    with Engine(model_dir, dtype="float32", kv_cache_tokens=1024, chunked_prefill_size=8) as engine:
+        engine.generate(input_ids=warm, sampling_params=GREEDY)
+        outs = engine.generate(input_ids=batch, sampling_params=GREEDY)
+    assert [o["meta_info"]["cached_tokens"] for o in outs][0] >= 23
+    for prompt, out in zip(batch, outs):
+        assert out["output_ids"] == _hf_greedy(hf, prompt, GREEDY["max_new_tokens"])
+
+
+def test_triton_ops_and_attention_equal_the_torch_path(hf_checkpoint, monkeypatch):
+    """The model as CUDA runs it (fused norms, RoPE, GELU-and-mul; the Triton extend with its
+    window and decode on the cut table), here in the Triton interpreter, gives the torch path's
+    greedy tokens and logprobs."""
+    from radixflow.runtime.model import model
+
+    model_dir, hf = hf_checkpoint("gemma3")
+    warm, batch = _prompts(hf.config.vocab_size)
+    runs = []
+    for triton in (False, True):
+        monkeypatch.setattr(model, "FORCE_TRITON_OPS", triton)
+        with Engine(model_dir, device="cpu", dtype="float32", kv_cache_tokens=512, chunked_prefill_size=8,
+                    attention_backend="triton" if triton else "torch") as engine:
+            engine.generate(input_ids=warm, sampling_params={**GREEDY, "max_new_tokens": 1})
+            outs = engine.generate(input_ids=batch, return_logprob=True, sampling_params={**GREEDY, "max_new_tokens": 6})
+        runs.append(([o["output_ids"] for o in outs],
+                     [[lp for lp, _, _ in o["meta_info"]["output_token_logprobs"]] for o in outs]))
+    assert runs[1][0] == runs[0][0]
+    torch.testing.assert_close(torch.tensor(runs[1][1]), torch.tensor(runs[0][1]), rtol=1e-4, atol=1e-4)
+
+
+def test_speculative_decoding_keeps_the_greedy_tokens(hf_checkpoint):
+    """Verify rows run as decode rows, each through its own window."""
+    model_dir, _ = hf_checkpoint("gemma3")
+    prompt = [7, 8, 9, 10, 11, 7, 8, 9, 10, 11, 7, 8, 9]  # repeats, so drafts are proposed
+    outs = []
+    for spec in ({}, {"speculative_algorithm": "ngram"}):
+        with Engine(model_dir, dtype="float32", kv_cache_tokens=512, **spec) as engine:
+            outs.append(engine.generate(input_ids=[prompt, prompt[2:]], sampling_params={**GREEDY, "max_new_tokens": 20}))
+    assert [o["output_ids"] for o in outs[1]] == [o["output_ids"] for o in outs[0]]
+    assert sum(o["meta_info"].get("spec_verify_ct", 0) for o in outs[1]) > 0
+
+
+def test_bf16_stays_close_to_fp32(hf_checkpoint):
+    """bf16 on CPU takes the layer-by-layer path (the one-call native layers decline Gemma 3)."""
+    model_dir, _ = hf_checkpoint("gemma3")
+    prompt = list(range(3, 40))
+    logprobs = []
+    for dtype in ("float32", "bfloat16"):
+        with Engine(model_dir, dtype=dtype, kv_cache_tokens=512) as engine:
+            out = engine.generate(input_ids=prompt, return_logprob=True, logprob_start_len=0,
+                                  sampling_params={"temperature": 0.0, "max_new_tokens": 1})
+        logprobs.append(torch.tensor([lp for lp, _, _ in out["meta_info"]["input_token_logprobs"][1:]]))
+    torch.testing.assert_close(logprobs[1], logprobs[0], rtol=0, atol=0.1)
+
+
+def _config(tmp_path, **fields) -> str:
+    cfg = {"architectures": ["Gemma3ForCausalLM"], "vocab_size": 100, "hidden_size": 32, "intermediate_size": 64,
+           "num_hidden_layers": 12, "num_attention_heads": 4, "num_key_value_heads": 1, **fields}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    return str(tmp_path)
+
+
+def test_a_hub_style_config_reads_as_transformers_reads_it(tmp_path):
+    """gemma-3-1b-it's config.json: rope_theta / rope_local_base_freq / rope_scaling at the top, the
+    window layers from sliding_window_pattern (every sixth layer global), head_dim 256 by default."""
+    args = load_model_args(_config(tmp_path, sliding_window=512, sliding_window_pattern=6, rope_theta=1e6,
+                                   rope_local_base_freq=1e4, rope_scaling={"rope_type": "linear", "factor": 8.0},
+                                   query_pre_attn_scalar=256, max_position_embeddings=32768))
+    assert args.window_layers == (0, 1, 2, 3, 4, 6, 7, 8, 9, 10) and args.layer_windows[0] == 512
+    assert (args.rope_theta, args.local_rope_theta, args.rope_scaling["factor"]) == (1e6, 1e4, 8.0)
+    assert args.head_dim == 256 and args.sm_scale == 256 ** -0.5 and args.hidden_act == "gelu_tanh"
+    assert args.tie_word_embeddings and args.qk_norm and args.pre_norms and args.post_norms
+    assert args.embedding_multiplier == 32 ** 0.5 and args.norm_weight_offset == 1.0
+    # the window is attended, not a cap on the context
+    assert derive_shape(EngineConfig(device="cpu"), args).max_context_len == 32768
+
+
+@pytest.mark.parametrize("fields, match", [
+    ({"attn_logit_softcapping": 50.0}, "attn_logit_softcapping"),
+    ({"use_bidirectional_attention": True}, "use_bidirectional_attention"),
+    ({"hidden_activation": "gelu"}, "hidden_act 'gelu' is not supported"),
+    ({"layer_types": ["sliding_attention"]}, "layer_types"),
+    ({"rope_parameters": {"sliding_attention": {"rope_type": "linear", "factor": 2.0}}}, "sliding-window layers"),
+    ({"sliding_window": 0}, "sliding_window"),
+])
+def test_what_gemma_3_computes_differently_is_refused(tmp_path, fields, match):
+    with pytest.raises(ValueError, match=match):
+        load_model_args(_config(tmp_path, **fields))
+
+
+def test_decode_graph_static_buffers_read_the_windows(hf_checkpoint):
+    """A decode graph's static buffers (padding rows of length 0 included) through the windowed
+    layers: on CPU an eager stand-in replays the forward over them (test_cuda_graph.py)."""
+    from radixflow.runtime.core.cuda_graph import DecodeGraphRunner
+    from test_cuda_graph import EagerCapture
+
+    model_dir, hf = hf_checkpoint("gemma3")
+    _, batch = _prompts(hf.config.vocab_size)
+    config = dict(device="cpu", dtype="float32", attention_backend="torch", kv_cache_tokens=512, max_num_seqs=8)
+    with Engine(model_dir, **config) as eager:
+        want = [o["output_ids"] for o in eager.generate(input_ids=batch, sampling_params=GREEDY)]
+    capture = EagerCapture()
+    with Engine(model_dir, **config) as engine:
+        runner = engine.runner
+        runner.graph_runner = DecodeGraphRunner(runner.model, runner.attention, runner.req_pool.table, 4, capture)
+        got = [o["output_ids"] for o in engine.generate(input_ids=batch, sampling_params=GREEDY)]
+    assert got == want
+    assert capture.replays[4] == GREEDY["max_new_tokens"] - 1  # 3 rows padded to 4
+
+
+@pytest.mark.gpu
+def test_gpu_cuda_graphs_through_the_windows(hf_checkpoint):
+    """On CUDA: the Triton kernels and decode graphs (the cut table recorded in the graph) give
+    transformers' greedy tokens, as eager decoding does."""
+    model_dir, hf = hf_checkpoint("gemma3")
+    _, batch = _prompts(hf.config.vocab_size)
+    config = dict(device="cuda", dtype="float32", kv_cache_tokens=2048, max_num_seqs=8, cuda_graph_max_bs=4)
+    runs = []
+    for graphs in (False, True):
+        with Engine(model_dir, disable_cuda_graph=not graphs, **config) as engine:
+            assert (engine.runner.graph_runner is not None) == graphs
+            runs.append([o["output_ids"] for o in engine.generate(input_ids=batch, sampling_params=GREEDY)])
+    assert runs[0] == runs[1] == [_hf_greedy(hf, p, GREEDY["max_new_tokens"]) for p in batch]
