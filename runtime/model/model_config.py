@@ -186,13 +186,17 @@ def model_args_from_dict(cfg: dict[str, Any]) -> ModelArgs:
     archs = cfg.get("architectures") or []
     if isinstance(archs, str):
         archs = [archs]
+    if "Gemma3ForConditionalGeneration" in archs:  # Gemma 3 4B and up: served as its language model
+        cfg, archs = _gemma3_text_config(cfg), ["Gemma3ForCausalLM"]
+    if "Gemma3ForCausalLM" in archs:  # transformers' defaults for what the config leaves out
+        cfg = {**_GEMMA3_DEFAULTS, **{k: v for k, v in cfg.items() if v is not None or k == "sliding_window"}}
     arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
     if arch is None:
         raise ValueError(f"unsupported architecture {archs or cfg.get('model_type')!r}; "
                          f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
     num_heads, hidden = _required(cfg, "num_attention_heads"), _required(cfg, "hidden_size")
     is_gemma = arch == "Gemma3ForCausalLM"
-    head_dim = cfg.get("head_dim", 256 if is_gemma else None)  # Gemma 3's default is not hidden / heads
+    head_dim = cfg.get("head_dim")
     if head_dim is None:
         _check_positive_int("num_attention_heads", num_heads)
         _check_positive_int("hidden_size", hidden)
@@ -252,7 +256,7 @@ def model_args_from_dict(cfg: dict[str, Any]) -> ModelArgs:
         rope_scaling=rope_scaling,
         local_rope_theta=local_theta,
         hidden_act=_ACTIVATIONS[act],
-        max_position_embeddings=_optional(cfg, "max_position_embeddings", 131072 if is_gemma else 4096),
+        max_position_embeddings=_optional(cfg, "max_position_embeddings", 4096),
         # transformers' defaults
         tie_word_embeddings=cfg.get("tie_word_embeddings", arch in ("SmolLM3ForCausalLM", "Gemma3ForCausalLM")),
         qkv_bias=bool(qkv_bias),
@@ -269,6 +273,31 @@ def model_args_from_dict(cfg: dict[str, Any]) -> ModelArgs:
         eos_token_ids=eos_ids,
         **family,
     )
+
+
+# Gemma3TextConfig's defaults (transformers 5): its checkpoints' configs leave many fields out
+_GEMMA3_DEFAULTS = {"vocab_size": 262_208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
+                    "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "rms_norm_eps": 1e-6,
+                    "max_position_embeddings": 131_072, "bos_token_id": 2, "eos_token_id": 1,
+                    "tie_word_embeddings": True, "query_pre_attn_scalar": 256, "sliding_window": 4096}
+
+
+def _gemma3_text_config(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The language model's config of a Gemma 3 multimodal config: its `text_config`, with the
+    top level's token ids and dtype where the text config lacks them, and the top level's end
+    tokens added to the text config's (gemma-3-4b-it ends turns with <end_of_turn> there)."""
+    text = cfg.get("text_config") or {}
+    if not isinstance(text, dict):
+        raise ValueError(f"text_config must be an object, got {text!r}")
+    merged = {**{k: cfg[k] for k in ("bos_token_id", "torch_dtype", "dtype") if cfg.get(k) is not None}, **text}
+    ends = [e for src in (text, cfg) for e in _as_list(src.get("eos_token_id"))]
+    if ends:
+        merged["eos_token_id"] = list(dict.fromkeys(ends))
+    return merged
+
+
+def _as_list(value: Any) -> list[Any]:
+    return [] if value is None else list(value) if isinstance(value, list) else [value]
 
 
 # a config's activation name → ModelArgs.hidden_act
@@ -314,9 +343,9 @@ def _gemma_fields(cfg: dict[str, Any], hidden: int) -> dict[str, Any]:
     scalar = _optional(cfg, "query_pre_attn_scalar", 256)
     if isinstance(scalar, bool) or not isinstance(scalar, (int, float)) or not 0 < scalar < math.inf:
         raise ValueError(f"query_pre_attn_scalar must be a positive number, got {scalar!r}")
-    window_layers = tuple(i for i, t in enumerate(layer_types) if t == "sliding_attention")
-    return {"sliding_window": _optional(cfg, "sliding_window", 4096) if window_layers else None,
-            "window_layers": window_layers, "embedding_multiplier": math.sqrt(hidden),
+    window = cfg.get("sliding_window")  # null: the "sliding" layers attend to everything, as in transformers
+    window_layers = tuple(i for i, t in enumerate(layer_types) if t == "sliding_attention") if window is not None else ()
+    return {"sliding_window": window if window_layers else None, "window_layers": window_layers, "embedding_multiplier": math.sqrt(hidden),
             "embedding_multiplier_in_dtype": True, "attention_multiplier": scalar ** -0.5, "norm_weight_offset": 1.0,
             "final_logit_softcapping": cfg.get("final_logit_softcapping")}
 

@@ -38,18 +38,38 @@ def skip_weight_init() -> Iterator[None]:
             setattr(nn.init, name, fn)
 
 
+# A multimodal checkpoint (Gemma 3, 4B and up) keeps its language model under a prefix, read here as
+# a text model's tensors; its vision tower and projector are not loaded (images are not served).
+_TEXT_PREFIXES = (("language_model.model.", "model."), ("language_model.lm_head.", "lm_head."),
+                  ("model.language_model.", "model."))
+_VISION_PREFIXES = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector.")
+
+
+def _text_name(name: str) -> str:
+    for prefix, ours in _TEXT_PREFIXES:
+        if name.startswith(prefix):
+            return ours + name[len(prefix):]
+    return name
+
+
 class CheckpointReader:
-    """Name → file index over a checkpoint's safetensors files; opens each file lazily."""
+    """Name → file index over a checkpoint's safetensors files; opens each file lazily. A
+    multimodal checkpoint's language-model tensors are named as a text model's (_TEXT_PREFIXES)."""
 
     def __init__(self, model_dir: str) -> None:
         index_path = os.path.join(model_dir, "model.safetensors.index.json")
         single = os.path.join(model_dir, "model.safetensors")
         if os.path.isfile(index_path):
-            self.files = {name: os.path.join(model_dir, fn) for name, fn in _weight_map(index_path).items()}
+            stored = {name: os.path.join(model_dir, fn) for name, fn in _weight_map(index_path).items()}
         elif os.path.isfile(single):
-            self.files = {name: single for name in self._open(single).keys()}
+            stored = {name: single for name in self._open(single).keys()}
         else:
             raise ValueError(f"no model.safetensors or model.safetensors.index.json in {model_dir!r}")
+        vision = [name for name in stored if name.startswith(_VISION_PREFIXES)]
+        if vision:
+            log.info("%d vision-tower tensors not loaded: radixflow serves this model's text only", len(vision))
+        self._stored = {_text_name(name): name for name in stored if not name.startswith(_VISION_PREFIXES)}
+        self.files = {ours: stored[name] for ours, name in self._stored.items()}
         self._handles: dict[str, object] = {}
 
     def names(self) -> set[str]:
@@ -65,11 +85,11 @@ class CheckpointReader:
             if not os.path.isfile(path):
                 raise ValueError(f"checkpoint shard {path!r} (holding {name!r}) does not exist")
             self._handles[path] = self._open(path)
-        handle = self._handles[path]
-        if name not in handle.keys():
-            raise ValueError(f"checkpoint shard {path!r} lacks tensor {name!r}, which the index places there")
+        handle, stored = self._handles[path], self._stored[name]
+        if stored not in handle.keys():
+            raise ValueError(f"checkpoint shard {path!r} lacks tensor {stored!r}, which the index places there")
         try:
-            tensor = handle.get_tensor(name)
+            tensor = handle.get_tensor(stored)
         except SafetensorError as e:
             raise ValueError(f"cannot read tensor {name!r} from {path!r}: {e}") from e
         if not tensor.is_floating_point():

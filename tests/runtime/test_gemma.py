@@ -116,6 +116,61 @@ def test_a_hub_style_config_reads_as_transformers_reads_it(tmp_path):
     assert derive_shape(EngineConfig(device="cpu"), args).max_context_len == 32768
 
 
+def test_a_multimodal_checkpoint_serves_its_language_model(tmp_path):
+    """Gemma 3 4B and up (Gemma3ForConditionalGeneration): the text config nested, the language
+    model's tensors under language_model., a vision tower beside them that is not loaded. Text
+    in, the same logits and greedy tokens as transformers' multimodal model given no image."""
+    import shutil
+
+    import transformers as tf
+
+    from conftest import TOKENIZER_FILES
+    from radixflow.runtime.model.demo import demo_model
+    from test_model_parity import _our_logits
+
+    text = dict(vocab_size=300, hidden_size=64, intermediate_size=112, num_hidden_layers=2, num_attention_heads=8,
+                num_key_value_heads=2, head_dim=16, max_position_embeddings=512, rms_norm_eps=1e-5, sliding_window=4,
+                layer_types=["sliding_attention", "full_attention"])
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=28,
+                  patch_size=14)
+    cfg = tf.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4, image_token_index=299,
+                          boi_token_index=297, eoi_token_index=298)
+    torch.manual_seed(0)
+    hf = tf.Gemma3ForConditionalGeneration(cfg).float().eval()
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.normal_(0.0, 0.08 if p.dim() >= 2 else 0.1)
+    hf.save_pretrained(str(tmp_path))
+    for f in TOKENIZER_FILES:
+        shutil.copy(f"{demo_model('tiny')}/{f}", tmp_path)
+    args = load_model_args(str(tmp_path))
+    assert args.architecture == "Gemma3ForCausalLM" and args.window_layers == (0,) and args.vocab_size == 300
+    prompt = torch.randint(0, 297, (20,), generator=torch.Generator().manual_seed(1)).tolist()
+    with torch.no_grad():
+        ref = hf(input_ids=torch.tensor([prompt])).logits[0].float()
+    assert (_our_logits(str(tmp_path), [prompt])[0] - ref).abs().max().item() < 1e-4
+    with Engine(str(tmp_path), dtype="float32", kv_cache_tokens=256) as engine:
+        out = engine.generate(input_ids=prompt[:7], sampling_params=GREEDY)
+    assert out["output_ids"] == _hf_greedy(hf, prompt[:7], GREEDY["max_new_tokens"])
+
+
+def test_a_hub_multimodal_config_takes_transformers_defaults(tmp_path):
+    """gemma-3-4b-it's config.json names only what differs from Gemma3TextConfig's defaults, and
+    its end tokens (<end_of_turn> 106 too) at the top level."""
+    cfg = {"architectures": ["Gemma3ForConditionalGeneration"], "eos_token_id": [1, 106], "torch_dtype": "bfloat16",
+           "text_config": {"hidden_size": 2560, "intermediate_size": 10240, "model_type": "gemma3_text",
+                           "num_hidden_layers": 34, "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+                           "sliding_window": 1024},
+           "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 1152}}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    args = load_model_args(str(tmp_path))
+    assert (args.vocab_size, args.num_heads, args.num_kv_heads, args.head_dim) == (262_208, 8, 4, 256)
+    assert (args.hidden_size, args.num_layers, args.sliding_window) == (2560, 34, 1024)
+    assert args.window_layers == tuple(i for i in range(34) if (i + 1) % 6)
+    assert args.rope_scaling["factor"] == 8.0 and args.local_rope_theta == 10_000.0 and args.rope_theta == 1e6
+    assert set(args.eos_token_ids) == {1, 106} and args.bos_token_id == 2 and args.torch_dtype == "bfloat16"
+
+
 @pytest.mark.parametrize("fields, match", [
     ({"attn_logit_softcapping": 50.0}, "attn_logit_softcapping"),
     ({"use_bidirectional_attention": True}, "use_bidirectional_attention"),
@@ -123,10 +178,19 @@ def test_a_hub_style_config_reads_as_transformers_reads_it(tmp_path):
     ({"layer_types": ["sliding_attention"]}, "layer_types"),
     ({"rope_parameters": {"sliding_attention": {"rope_type": "linear", "factor": 2.0}}}, "sliding-window layers"),
     ({"sliding_window": 0}, "sliding_window"),
+    ({"text_config": [1]}, "text_config"),
 ])
 def test_what_gemma_3_computes_differently_is_refused(tmp_path, fields, match):
+    if "text_config" in fields:
+        fields["architectures"] = ["Gemma3ForConditionalGeneration"]
     with pytest.raises(ValueError, match=match):
         load_model_args(_config(tmp_path, **fields))
+
+
+def test_a_null_window_leaves_the_sliding_layers_full(tmp_path):
+    """sliding_window null: transformers' sliding layers then see the whole context."""
+    args = load_model_args(_config(tmp_path, sliding_window=None))
+    assert args.sliding_window is None and args.window_layers == ()
 
 
 def test_decode_graph_static_buffers_read_the_windows(hf_checkpoint):
