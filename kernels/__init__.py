@@ -13,7 +13,7 @@ from .lora import lora_expand, lora_expand_ref, lora_shrink, lora_shrink_ref
 from .logits_mask import apply_token_bitmask, apply_token_bitmask_ref
 from .moe import fused_moe, fused_moe_ref, moe_route
 from .rmsnorm import rmsnorm, rmsnorm_ref
-from .rope import rope, rope_cos_sin, rope_inv_freq, rope_ref
+from .rope import rope, rope_attention_factor, rope_cos_sin, rope_inv_freq, rope_ref
 from .store_kv import store_kv, store_kv_ref
 from .torch_attention import extend_attention_torch
 from .torch_decode import (DecodeGather, decode_attention_gathered, decode_attention_torch, plan_checked_decode,
@@ -48,6 +48,7 @@ __all__ = [
     "rmsnorm",
     "rmsnorm_ref",
     "rope",
+    "rope_attention_factor",
     "rope_cos_sin",
     "rope_inv_freq",
     "rope_ref",

@@ -18,13 +18,15 @@ from ._triton import tl, triton
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None = None) -> torch.Tensor:
-    """Inverse frequencies [head_dim / 2] in fp32, with `linear` or `llama3` scaling applied
+    """Inverse frequencies [head_dim / 2] in fp32, with `linear`, `llama3` or `yarn` scaling applied
     (a checkpoint's `rope_scaling` dict; None or another type: unscaled)."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
     scaling = scaling or {}
     kind = scaling.get("rope_type", scaling.get("type", "default"))
     if kind == "linear":
         return inv_freq / scaling["factor"]
+    if kind == "yarn":
+        return _yarn_inv_freq(inv_freq, head_dim, theta, scaling)
     if kind != "llama3":
         return inv_freq
     factor = scaling["factor"]
@@ -39,11 +41,55 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None = None) -> t
     return torch.where(is_medium, smoothed, scaled)
 
 
-def rope_cos_sin(inv_freq: torch.Tensor, max_len: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin tables [max_len, head_dim] fp32 for positions [0, max_len) (halves repeated)."""
+def _yarn_inv_freq(inv_freq: torch.Tensor, head_dim: int, theta: float, scaling: dict) -> torch.Tensor:
+    """YaRN: the dimensions that turn fewer than `beta_slow` times over the original context are
+    interpolated (divided by `factor`), those that turn more than `beta_fast` times kept, a linear
+    ramp between (the bounds floored and ceiled unless `truncate` is false), as transformers computes it."""
+    factor, old_len = scaling["factor"], scaling["original_max_position_embeddings"]
+    beta_fast, beta_slow = scaling.get("beta_fast") or 32, scaling.get("beta_slow") or 1
+
+    def dim_of(rotations: float) -> float:  # the dimension that turns `rotations` times over old_len
+        return head_dim * math.log(old_len / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = dim_of(beta_fast), dim_of(beta_slow)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = ((torch.arange(head_dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    keep = 1 - ramp  # 1: extrapolate (kept), 0: interpolate
+    return inv_freq / factor * (1 - keep) + inv_freq * keep
+
+
+def rope_attention_factor(scaling: dict | None) -> float:
+    """What YaRN multiplies the cos and sin tables by (so q.k by its square): `attention_factor`,
+    else 0.1 ln(factor) + 1 (with `mscale` and `mscale_all_dim`: the ratio of their two such
+    terms); 1 for the other scalings."""
+    scaling = scaling or {}
+    if scaling.get("rope_type", scaling.get("type")) != "yarn":
+        return 1.0
+    if scaling.get("attention_factor") is not None:
+        return float(scaling["attention_factor"])
+    factor = scaling["factor"]
+
+    def mscale(m: float = 1.0) -> float:
+        return 1.0 if factor <= 1 else 0.1 * m * math.log(factor) + 1.0
+
+    if scaling.get("mscale") and scaling.get("mscale_all_dim"):
+        return mscale(scaling["mscale"]) / mscale(scaling["mscale_all_dim"])
+    return mscale()
+
+
+def rope_cos_sin(inv_freq: torch.Tensor, max_len: int, device: torch.device,
+                 attention_factor: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin tables [max_len, head_dim] fp32 for positions [0, max_len) (halves repeated),
+    times `attention_factor` (rope_attention_factor)."""
     freqs = torch.outer(torch.arange(max_len, device=device, dtype=torch.float32), inv_freq.to(device))
     emb = torch.cat([freqs, freqs], dim=-1)
-    return emb.cos(), emb.sin()
+    if attention_factor == 1.0:
+        return emb.cos(), emb.sin()
+    return emb.cos() * attention_factor, emb.sin() * attention_factor
 
 
 def _check_rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor,

@@ -89,9 +89,9 @@ def silu_mul_cpu(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 def rope_tables(args: ModelArgs, max_len: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin [max_len, head_dim] fp32 for the model's RoPE (llama3 / linear scaling applied)."""
+    """cos, sin [max_len, head_dim] fp32 for the model's RoPE (llama3 / linear / yarn scaling applied)."""
     inv_freq = kernels.rope_inv_freq(args.head_dim, args.rope_theta, args.rope_scaling)
-    return kernels.rope_cos_sin(inv_freq, max_len, device)
+    return kernels.rope_cos_sin(inv_freq, max_len, device, kernels.rope_attention_factor(args.rope_scaling))
 
 
 def rotate_cpu(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:

@@ -219,8 +219,10 @@ def model_args_from_dict(cfg: dict[str, Any]) -> ModelArgs:
         raise ValueError(f"partial_rotary_factor {partial!r} is not supported (RoPE over the whole head only)")
     if rope_scaling is not None:
         kind = rope_scaling.get("rope_type", rope_scaling.get("type"))
-        if kind not in ("default", "llama3", "linear"):
-            raise ValueError(f"unsupported rope_scaling type {kind!r}; supported: llama3, linear")
+        if kind not in ("default", "llama3", "linear", "yarn"):
+            raise ValueError(f"unsupported rope_scaling type {kind!r}; supported: llama3, linear, yarn")
+        if kind == "yarn":
+            rope_scaling = _yarn_scaling(cfg, rope_scaling)
     if cfg.get("clip_qkv") is not None:  # OLMo(E) checkpoints trained with clamped q, k, v
         raise ValueError(f"clip_qkv {cfg['clip_qkv']!r} is not supported (q, k and v are not clamped here)")
     # Gemma names it hidden_activation; SiLU's other name is swish, GELU's tanh form gelu_pytorch_tanh
@@ -273,6 +275,20 @@ def model_args_from_dict(cfg: dict[str, Any]) -> ModelArgs:
         eos_token_ids=eos_ids,
         **family,
     )
+
+
+def _yarn_scaling(cfg: dict[str, Any], scaling: dict[str, Any]) -> dict[str, Any]:
+    """A YaRN `rope_scaling` with its original context and factor filled in as transformers
+    fills them: the config's top-level original_max_position_embeddings first, else the
+    scaling's own, else max_position_embeddings; an absent factor is the ratio of the two."""
+    longest = _optional(cfg, "max_position_embeddings", 4096)
+    old_len = cfg.get("original_max_position_embeddings") or scaling.get("original_max_position_embeddings") or longest
+    factor = scaling.get("factor")
+    factor = longest / old_len if factor is None else factor
+    for name, value in (("factor", factor), ("original_max_position_embeddings", old_len)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+            raise ValueError(f"rope_scaling {name} must be a positive number, got {value!r}")
+    return {**scaling, "factor": factor, "original_max_position_embeddings": old_len}
 
 
 # Gemma3TextConfig's defaults (transformers 5): its checkpoints' configs leave many fields out

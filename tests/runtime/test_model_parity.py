@@ -203,6 +203,43 @@ def test_a_sliding_window_matches_transformers_past_it(tmp_path, family, config,
     assert out["output_ids"] == _hf_greedy(hf, prompt[:9], 12)
 
 
+@pytest.mark.parametrize("family, scaling", [
+    ("qwen2", {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}),  # Qwen2.5 / Qwen3's long context
+    ("qwen3", {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 32, "beta_fast": 16,
+               "beta_slow": 2, "truncate": False}),
+    ("llama3", {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16, "mscale": 0.8,
+                "mscale_all_dim": 0.5}),
+    ("mistral", {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 16, "attention_factor": 1.3}),
+])
+def test_yarn_rope_scaling_matches_transformers(tmp_path, family, scaling):
+    """YaRN (refused before): per-dimension interpolation and the cos/sin attention factor."""
+    import transformers as tf
+
+    model_dir = _checkpoint_with(tmp_path, family, rope_scaling=scaling)
+    hf = tf.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        for p in hf.parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.08)
+    hf.save_pretrained(model_dir)
+    assert load_model_args(model_dir).rope_scaling["rope_type"] == "yarn"
+    prompt = torch.randint(0, hf.config.vocab_size, (40,), generator=torch.Generator().manual_seed(2)).tolist()
+    with torch.no_grad():
+        ref = hf(torch.tensor([prompt])).logits[0].float()
+    assert (_our_logits(model_dir, [prompt])[0] - ref).abs().max().item() < 1e-4
+
+
+@pytest.mark.parametrize("scaling, match", [
+    ({"rope_type": "dynamic", "factor": 2.0}, "unsupported rope_scaling type 'dynamic'"),
+    ({"type": "longrope", "short_factor": [1.0], "long_factor": [2.0]}, "unsupported rope_scaling type 'longrope'"),
+    ({"rope_type": "yarn", "factor": 0}, "rope_scaling factor must be a positive number"),
+    ({"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": "4k"}, "original_max_position_embeddings"),
+])
+def test_rope_scalings_not_computed_are_refused(tmp_path, scaling, match):
+    with pytest.raises(ValueError, match=match):
+        _args_of(tmp_path, "Qwen2ForCausalLM", rope_scaling=scaling)
+
+
 @pytest.mark.parametrize("family, config", [
     ("llama3", {"attention_bias": True}),   # q, k, v and o_proj biases
     ("llama3", {"mlp_bias": True}),         # gate, up and down biases
