@@ -20,15 +20,16 @@ def dot_precision(dtype: torch.dtype) -> str:
 
 @triton.jit
 def _attend_block(
-    acc, l_i, m_i, q, k_base, v_base, slot_row, start, hi, row_limit, window, qk_scale,
+    acc, l_i, m_i, q, k_base, v_base, slot_row, start, hi, row_limit, window, qk_scale, cap,
     stride_k_slot, stride_v_slot, offs_d, mask_d,
-    BLOCK_N: tl.constexpr, IS_FP8: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BLOCK_N: tl.constexpr, IS_FP8: tl.constexpr, DOT_PRECISION: tl.constexpr, SOFTCAP: tl.constexpr,
 ):
     """Fold context positions [start, start + BLOCK_N) ∩ [.., hi) into one row block.
 
     q [ROWS, BLOCK_D]; acc [ROWS, BLOCK_D] fp32; l_i, m_i [ROWS] fp32 (log2 domain);
     row r sees positions in (row_limit[r] - window, row_limit[r]] (a sliding window of `window`
-    keys; NO_WINDOW: all before it). slot_row points at the request's
+    keys; NO_WINDOW: all before it). SOFTCAP: each score s (log2 units) soft-capped to
+    cap * tanh(s / cap), `cap` in log2 units too (Gemma 2). slot_row points at the request's
     req_to_token row; k_base/v_base at the KV head inside slot 0.
     """
     offs_n = start + tl.arange(0, BLOCK_N)
@@ -44,6 +45,8 @@ def _attend_block(
         k_t = fp8_e4m3_to_f32(k_t).to(q.dtype)
         v = fp8_e4m3_to_f32(v).to(q.dtype)
     qk = tl.dot(q, k_t, input_precision=DOT_PRECISION) * qk_scale  # [ROWS, BLOCK_N]
+    if SOFTCAP:  # cap * tanh(qk / cap), tanh(x) = 1 - 2 / (exp(2x) + 1) (exp overflowing to inf gives 1)
+        qk = cap - 2.0 * cap / (tl.exp(2.0 * qk / cap) + 1.0)
     visible = mask_n[None, :] & (offs_n[None, :] <= row_limit[:, None]) & (offs_n[None, :] > row_limit[:, None] - window)
     qk = tl.where(visible, qk, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(qk, 1))
@@ -56,9 +59,10 @@ def _attend_block(
 
 @triton.jit
 def attend_kv_range(
-    acc, l_i, m_i, q, k_base, v_base, slot_row, lo, hi, row_limit, window, qk_scale,
+    acc, l_i, m_i, q, k_base, v_base, slot_row, lo, hi, row_limit, window, qk_scale, cap,
     stride_k_slot, stride_v_slot, offs_d, mask_d,
     BLOCK_N: tl.constexpr, IS_FP8: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_WHILE: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):
     """Online softmax of q against context positions [lo, hi), each row within its window
     (see _attend_block); returns (acc, l_i, m_i).
@@ -70,15 +74,26 @@ def attend_kv_range(
         start = lo
         while start < hi:
             acc, l_i, m_i = _attend_block(
-                acc, l_i, m_i, q, k_base, v_base, slot_row, start, hi, row_limit, window, qk_scale,
-                stride_k_slot, stride_v_slot, offs_d, mask_d, BLOCK_N, IS_FP8, DOT_PRECISION)
+                acc, l_i, m_i, q, k_base, v_base, slot_row, start, hi, row_limit, window, qk_scale, cap,
+                stride_k_slot, stride_v_slot, offs_d, mask_d, BLOCK_N, IS_FP8, DOT_PRECISION, SOFTCAP)
             start += BLOCK_N
     else:
         for start in tl.range(lo, hi, BLOCK_N):
             acc, l_i, m_i = _attend_block(
-                acc, l_i, m_i, q, k_base, v_base, slot_row, start, hi, row_limit, window, qk_scale,
-                stride_k_slot, stride_v_slot, offs_d, mask_d, BLOCK_N, IS_FP8, DOT_PRECISION)
+                acc, l_i, m_i, q, k_base, v_base, slot_row, start, hi, row_limit, window, qk_scale, cap,
+                stride_k_slot, stride_v_slot, offs_d, mask_d, BLOCK_N, IS_FP8, DOT_PRECISION, SOFTCAP)
     return acc, l_i, m_i
+
+
+def softcap_scores(scores: torch.Tensor, softcap: float | None) -> torch.Tensor:
+    """Attention scores soft-capped in place to softcap * tanh(scores / softcap) (Gemma 2's
+    attn_logit_softcapping); unchanged for None."""
+    return scores if softcap is None else scores.div_(softcap).tanh_().mul_(softcap)
+
+
+def softcap_args(softcap: float | None) -> tuple[float, bool]:
+    """The kernels' (cap, SOFTCAP): the cap in their log2 score units."""
+    return (1.0, False) if softcap is None else (softcap * LOG2E, True)
 
 
 def gather_kv(cache: torch.Tensor, slots: torch.Tensor, scale: float) -> torch.Tensor:

@@ -1,6 +1,8 @@
 """Argument checks shared by the kernel launchers and references: ValueError before any launch."""
 from __future__ import annotations
 
+import math
+
 import torch
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -45,8 +47,10 @@ def check_kv_cache(k_cache: object, v_cache: object, dtypes: tuple[torch.dtype, 
           f"k_cache ({k_cache.dtype}) and v_cache ({v_cache.dtype}) must have one dtype")
 
 
-def check_attention(q: object, k_cache: object, v_cache: object, req_to_token: object, sm_scale: float) -> None:
-    """q [num_rows, num_heads, head_dim] against caches [num_slots, num_kv_heads, head_dim]."""
+def check_attention(q: object, k_cache: object, v_cache: object, req_to_token: object, sm_scale: float,
+                    softcap: float | None = None) -> None:
+    """q [num_rows, num_heads, head_dim] against caches [num_slots, num_kv_heads, head_dim]; a
+    score soft-cap None or positive."""
     check_tensor("q", q, 3, FLOAT_DTYPES)
     assert isinstance(q, torch.Tensor)
     check_kv_cache(k_cache, v_cache, (q.dtype, torch.uint8))
@@ -59,6 +63,8 @@ def check_attention(q: object, k_cache: object, v_cache: object, req_to_token: o
           f"q num_heads {num_heads} must be a multiple of the caches' num_kv_heads {num_kv_heads}")
     check_tensor("req_to_token", req_to_token, 2, INDEX_DTYPES)
     check(isinstance(sm_scale, (int, float)) and sm_scale > 0, f"sm_scale must be a positive float, got {sm_scale!r}")
+    check(softcap is None or (isinstance(softcap, (int, float)) and not isinstance(softcap, bool)
+                              and 0 < softcap < math.inf), f"softcap must be None or a positive float, got {softcap!r}")
 
 
 def check_scales(k_scale: float, v_scale: float) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from . import _triton as tr
-from ._attention import LOG2E, attend_kv_range, dot_precision, gather_kv
+from ._attention import LOG2E, attend_kv_range, dot_precision, gather_kv, softcap_args, softcap_scores
 from ._checks import check, check_attention, check_index, check_same_device, check_scales
 from ._triton import tl, triton
 
@@ -46,8 +46,8 @@ def window_context(req_to_token: torch.Tensor, req_rows: torch.Tensor, seq_lens:
 
 def _check_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to_token: torch.Tensor,
                   req_rows: torch.Tensor, seq_lens: torch.Tensor, sm_scale: float, k_scale: float,
-                  v_scale: float, num_kv_splits: int) -> None:
-    check_attention(q, k_cache, v_cache, req_to_token, sm_scale)
+                  v_scale: float, num_kv_splits: int, softcap: float | None = None) -> None:
+    check_attention(q, k_cache, v_cache, req_to_token, sm_scale, softcap)
     check_scales(k_scale, v_scale)
     check_index("req_rows", req_rows, q.shape[0])
     check_index("seq_lens", seq_lens, q.shape[0])
@@ -59,8 +59,9 @@ def _check_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
 
 def decode_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to_token: torch.Tensor,
                          req_rows: torch.Tensor, seq_lens: torch.Tensor, sm_scale: float, k_scale: float = 1.0,
-                         v_scale: float = 1.0, num_kv_splits: int = 8) -> torch.Tensor:
-    """Attention of q [batch, num_heads, head_dim] (one query per request) over its context.
+                         v_scale: float = 1.0, num_kv_splits: int = 8, softcap: float | None = None) -> torch.Tensor:
+    """Attention of q [batch, num_heads, head_dim] (one query per request) over its context
+    (scores soft-capped to softcap * tanh(score / softcap) where `softcap` is given).
 
     Request i sees the seq_lens[i] slots req_to_token[req_rows[i], :seq_lens[i]],
     its own new token included (already stored). A request with seq_len 0 (CUDA
@@ -68,7 +69,8 @@ def decode_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
     new [batch, num_heads, head_dim] tensor of q's dtype; fp32 math; batched
     over requests, padded to the longest context; `num_kv_splits` is unused here.
     """
-    _check_decode(q, k_cache, v_cache, req_to_token, req_rows, seq_lens, sm_scale, k_scale, v_scale, num_kv_splits)
+    _check_decode(q, k_cache, v_cache, req_to_token, req_rows, seq_lens, sm_scale, k_scale, v_scale, num_kv_splits,
+                  softcap)
     batch, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[1]
     max_len = int(seq_lens.max()) if batch else 0
@@ -81,7 +83,7 @@ def decode_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
     k = gather_kv(k_cache, slots, k_scale).masked_fill(hidden, 0.0)  # [batch, max_len, num_kv_heads, head_dim]
     v = gather_kv(v_cache, slots, v_scale).masked_fill(hidden, 0.0)
     qg = q.to(torch.float32).reshape(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
-    scores = torch.einsum("bkgd,blkd->bkgl", qg, k) * sm_scale  # [batch, num_kv_heads, group, max_len]
+    scores = softcap_scores(torch.einsum("bkgd,blkd->bkgl", qg, k) * sm_scale, softcap)  # [batch, kv heads, group, max_len]
     mask = visible[:, None, None, :]
     probs = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)
     probs = torch.where(mask, probs, 0.0)  # a seq_len 0 row is all NaN: make it zeros
@@ -91,12 +93,12 @@ def decode_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
 
 @triton.jit
 def _decode_stage1_kernel(
-    q, k_cache, v_cache, req_to_token, req_rows, seq_lens, part_out, part_lse, qk_scale,
+    q, k_cache, v_cache, req_to_token, req_rows, seq_lens, part_out, part_lse, qk_scale, cap,
     stride_q_req, stride_q_head, stride_kc_slot, stride_kc_head, stride_vc_slot, stride_vc_head,
     stride_r2t_row, num_heads,
     GROUP_SIZE: tl.constexpr, HEAD_BLOCKS: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    IS_FP8: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_WHILE: tl.constexpr,
+    IS_FP8: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_WHILE: tl.constexpr, SOFTCAP: tl.constexpr,
 ):
     # grid: (request, KV head x HEAD_BLOCKS, split). A program takes up to BLOCK_H
     # query heads of one KV head's group, so each K/V tile is loaded once for all.
@@ -127,8 +129,8 @@ def _decode_stage1_kernel(
         acc, l_i, m_i, q_blk, k_cache + kv_head * stride_kc_head, v_cache + kv_head * stride_vc_head,
         # no window (1 << 30: _attention.NO_WINDOW): a sliding window's decode reads window_context's table
         req_to_token + row * stride_r2t_row, lo, hi, tl.zeros([BLOCK_H], dtype=tl.int32) + (hi - 1), 1 << 30,
-        qk_scale,
-        stride_kc_slot, stride_vc_slot, offs_d, mask_d, BLOCK_N, IS_FP8, DOT_PRECISION, USE_WHILE)
+        qk_scale, cap,
+        stride_kc_slot, stride_vc_slot, offs_d, mask_d, BLOCK_N, IS_FP8, DOT_PRECISION, USE_WHILE, SOFTCAP)
 
     has_keys = l_i > 0
     l_safe = tl.where(has_keys, l_i, 1.0)
@@ -175,7 +177,7 @@ def stage1_config(group: int, is_cuda: bool) -> dict[str, int]:
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to_token: torch.Tensor,
                      req_rows: torch.Tensor, seq_lens: torch.Tensor, sm_scale: float, k_scale: float = 1.0,
-                     v_scale: float = 1.0, num_kv_splits: int = 8) -> torch.Tensor:
+                     v_scale: float = 1.0, num_kv_splits: int = 8, softcap: float | None = None) -> torch.Tensor:
     """Triton twin of `decode_attention_ref` (same contract), flash-decoding style.
 
     Stage 1, grid (batch, num_kv_heads * cdiv(group, BLOCK_H), num_kv_splits):
@@ -183,7 +185,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     (batch, num_heads): their merge. CUDA-graph safe: seq_lens are read on the
     device only, and the scratch size depends on shapes alone.
     """
-    _check_decode(q, k_cache, v_cache, req_to_token, req_rows, seq_lens, sm_scale, k_scale, v_scale, num_kv_splits)
+    _check_decode(q, k_cache, v_cache, req_to_token, req_rows, seq_lens, sm_scale, k_scale, v_scale, num_kv_splits,
+                  softcap)
     tr.require_triton("decode_attention")
     batch, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[1]
@@ -197,13 +200,15 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     block_d = max(16, triton.next_power_of_2(head_dim))  # tl.dot needs K >= 16
     cfg = stage1_config(group, q.is_cuda)
     head_blocks = triton.cdiv(group, cfg["BLOCK_H"])
+    cap, use_cap = softcap_args(softcap)
     _decode_stage1_kernel[(batch, num_kv_heads * head_blocks, num_kv_splits)](
         q, k_cache, v_cache, req_to_token, req_rows, seq_lens, part_out, part_lse,
-        sm_scale * (k_scale if is_fp8 else 1.0) * LOG2E,
+        sm_scale * (k_scale if is_fp8 else 1.0) * LOG2E, cap,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
         req_to_token.stride(0), num_heads,
         GROUP_SIZE=group, HEAD_BLOCKS=head_blocks, HEAD_DIM=head_dim, NUM_SPLITS=num_kv_splits, BLOCK_D=block_d,
-        IS_FP8=is_fp8, DOT_PRECISION=dot_precision(q.dtype), USE_WHILE=tr.use_while_loop(q.device), **cfg,
+        IS_FP8=is_fp8, DOT_PRECISION=dot_precision(q.dtype), USE_WHILE=tr.use_while_loop(q.device), SOFTCAP=use_cap,
+        **cfg,
     )
     merge_splits(part_out, part_lse, out, v_scale if is_fp8 else 1.0)
     return out

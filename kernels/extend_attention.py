@@ -6,7 +6,7 @@ import functools
 import torch
 
 from . import _triton as tr
-from ._attention import LOG2E, NO_WINDOW, attend_kv_range, dot_precision, gather_kv
+from ._attention import LOG2E, NO_WINDOW, attend_kv_range, dot_precision, gather_kv, softcap_args, softcap_scores
 from ._checks import check, check_attention, check_index, check_same_device, check_scales
 from ._triton import tl, triton
 from .decode_attention import choose_kv_splits, merge_splits
@@ -16,8 +16,8 @@ def _check_extend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                   req_rows: torch.Tensor, prefix_lens: torch.Tensor, extend_lens: torch.Tensor,
                   extend_starts: torch.Tensor, sm_scale: float, k_scale: float, v_scale: float,
                   max_extend_len: int | None, max_seq_len: int | None = None,
-                  num_kv_splits: int | None = None, window: int | None = None) -> None:
-    check_attention(q, k_cache, v_cache, req_to_token, sm_scale)
+                  num_kv_splits: int | None = None, window: int | None = None, softcap: float | None = None) -> None:
+    check_attention(q, k_cache, v_cache, req_to_token, sm_scale, softcap)
     check(window is None or (isinstance(window, int) and not isinstance(window, bool) and window >= 1),
           f"window must be None or an int >= 1, got {window!r}")
     check_scales(k_scale, v_scale)
@@ -39,9 +39,11 @@ def extend_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
                          req_rows: torch.Tensor, prefix_lens: torch.Tensor, extend_lens: torch.Tensor,
                          extend_starts: torch.Tensor, sm_scale: float, k_scale: float = 1.0, v_scale: float = 1.0,
                          max_extend_len: int | None = None, max_seq_len: int | None = None,
-                         num_kv_splits: int | None = None, window: int | None = None) -> torch.Tensor:
+                         num_kv_splits: int | None = None, window: int | None = None,
+                         softcap: float | None = None) -> torch.Tensor:
     """Causal attention of the new tokens of each request over its whole context (or its last
-    `window` positions: a sliding window).
+    `window` positions: a sliding window), scores soft-capped to softcap * tanh(score / softcap)
+    where `softcap` is given.
 
         q rows:   | req0 new tokens | req1 new tokens | ...      [num_tokens, num_heads, head_dim]
                   ^ extend_starts[0] ^ extend_starts[1]
@@ -57,7 +59,7 @@ def extend_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
     Memory: num_heads * extend_len * seq_len floats.
     """
     _check_extend(q, k_cache, v_cache, req_to_token, req_rows, prefix_lens, extend_lens, extend_starts,
-                  sm_scale, k_scale, v_scale, max_extend_len, max_seq_len, num_kv_splits, window)
+                  sm_scale, k_scale, v_scale, max_extend_len, max_seq_len, num_kv_splits, window, softcap)
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[1]
     group = num_heads // num_kv_heads
@@ -71,7 +73,7 @@ def extend_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
         k = gather_kv(k_cache, slots, k_scale)  # [seq_len, num_kv_heads, head_dim]
         v = gather_kv(v_cache, slots, v_scale)
         qi = q[start:start + extend_len].to(torch.float32).reshape(extend_len, num_kv_heads, group, head_dim)
-        scores = torch.einsum("ekgd,skd->kges", qi, k) * sm_scale  # [num_kv_heads, group, extend_len, seq_len]
+        scores = softcap_scores(torch.einsum("ekgd,skd->kges", qi, k) * sm_scale, softcap)  # [kv heads, group, ext, seq]
         query_pos = prefix_len + torch.arange(extend_len, device=q.device)
         key_pos = torch.arange(seq_len, device=q.device)[None, :]
         visible = key_pos <= query_pos[:, None]  # [extend_len, seq_len]
@@ -86,13 +88,13 @@ def extend_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
 @triton.jit
 def _extend_attention_kernel(
     q, k_cache, v_cache, out, part_out, part_lse, req_to_token, req_rows, prefix_lens, extend_lens, extend_starts,
-    qk_scale, v_scale, window,
+    qk_scale, v_scale, window, cap,
     stride_q_tok, stride_q_head, stride_o_tok, stride_o_head,
     stride_kc_slot, stride_kc_head, stride_vc_slot, stride_vc_head, stride_r2t_row, num_heads, num_splits,
     GROUP_SIZE: tl.constexpr, HEAD_BLOCKS: tl.constexpr, HEADS_PER_TILE: tl.constexpr,
     TOKENS_PER_TILE: tl.constexpr, HEAD_DIM: tl.constexpr, IS_SPLIT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    IS_FP8: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_WHILE: tl.constexpr,
+    IS_FP8: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_WHILE: tl.constexpr, SOFTCAP: tl.constexpr,
 ):
     # grid: (request, KV head x HEAD_BLOCKS, token block x num_splits). A tile stacks the
     # query heads of one KV head into its M rows, token-major, so each K/V tile is loaded
@@ -137,8 +139,8 @@ def _extend_attention_kernel(
     m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)  # see attend_kv_range
     acc, l_i, m_i = attend_kv_range(
         acc, l_i, m_i, q_blk, k_cache + kv_head * stride_kc_head, v_cache + kv_head * stride_vc_head,
-        req_to_token + row * stride_r2t_row, lo, hi, prefix_len + offs_t, window, qk_scale,
-        stride_kc_slot, stride_vc_slot, offs_d, mask_d, BLOCK_N, IS_FP8, DOT_PRECISION, USE_WHILE)
+        req_to_token + row * stride_r2t_row, lo, hi, prefix_len + offs_t, window, qk_scale, cap,
+        stride_kc_slot, stride_vc_slot, offs_d, mask_d, BLOCK_N, IS_FP8, DOT_PRECISION, USE_WHILE, SOFTCAP)
 
     has_keys = l_i > 0
     l_safe = tl.where(has_keys, l_i, 1.0)
@@ -199,7 +201,8 @@ def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      req_rows: torch.Tensor, prefix_lens: torch.Tensor, extend_lens: torch.Tensor,
                      extend_starts: torch.Tensor, sm_scale: float, k_scale: float = 1.0, v_scale: float = 1.0,
                      max_extend_len: int | None = None, max_seq_len: int | None = None,
-                     num_kv_splits: int | None = None, window: int | None = None) -> torch.Tensor:
+                     num_kv_splits: int | None = None, window: int | None = None,
+                     softcap: float | None = None) -> torch.Tensor:
     """Triton twin of `extend_attention_ref` (same contract).
 
     One launch for all requests: grid (batch, num_kv_heads * head_blocks, token tiles * splits),
@@ -213,7 +216,7 @@ def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     (not checked: that would sync).
     """
     _check_extend(q, k_cache, v_cache, req_to_token, req_rows, prefix_lens, extend_lens, extend_starts,
-                  sm_scale, k_scale, v_scale, max_extend_len, max_seq_len, num_kv_splits, window)
+                  sm_scale, k_scale, v_scale, max_extend_len, max_seq_len, num_kv_splits, window, softcap)
     tr.require_triton("extend_attention")
     num_tokens, num_heads, head_dim = q.shape
     batch, num_kv_heads = req_rows.shape[0], k_cache.shape[1]
@@ -240,15 +243,16 @@ def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         part_out = torch.empty((num_tokens, num_heads, num_kv_splits, head_dim), dtype=torch.float32, device=q.device)
         part_lse = torch.full((num_tokens, num_heads, num_kv_splits), float("-inf"), device=q.device)
     grid = (batch, num_kv_heads * head_blocks, triton.cdiv(max_extend_len, tokens_per_tile) * num_kv_splits)
+    cap, use_cap = softcap_args(softcap)
     _extend_attention_kernel[grid](
         q, k_cache, v_cache, out, part_out, part_lse, req_to_token, req_rows, prefix_lens, extend_lens, extend_starts,
         sm_scale * (k_scale if is_fp8 else 1.0) * LOG2E, v_scale if is_fp8 else 1.0,
-        NO_WINDOW if window is None else window,
+        NO_WINDOW if window is None else window, cap,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1), req_to_token.stride(0),
         num_heads, num_kv_splits, GROUP_SIZE=group, HEAD_BLOCKS=head_blocks, HEADS_PER_TILE=heads_per_tile,
         TOKENS_PER_TILE=tokens_per_tile, HEAD_DIM=head_dim, IS_SPLIT=num_kv_splits > 1, BLOCK_D=block_d,
-        IS_FP8=is_fp8, DOT_PRECISION=dot_precision(q.dtype), USE_WHILE=tr.use_while_loop(q.device),
+        IS_FP8=is_fp8, DOT_PRECISION=dot_precision(q.dtype), USE_WHILE=tr.use_while_loop(q.device), SOFTCAP=use_cap,
         **cfg,
     )
     if num_kv_splits > 1:

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
 from . import native
+from ._attention import softcap_scores
 from .extend_attention import _check_extend
 
 # Short extends over long contexts take _attend_chunked: extend_len up to MAX_CHUNKED_EXTEND,
@@ -16,7 +17,7 @@ MAX_CHUNKED_EXTEND = 128
 MIN_CHUNKED_CONTEXT_FLOATS = 1 << 20
 CHUNK_FLOATS = 1 << 19
 MIN_CHUNK_TOKENS, MAX_CHUNK_TOKENS = 1024, 8192
-# A sliding window's extend goes in blocks of this many queries, each over its blocks' window only.
+# A sliding window's or soft-capped extend goes in blocks of this many queries, each over its block's window only.
 WINDOW_QUERY_BLOCK = 1024
 LOG2E = 1.4426950408889634  # exp(x) = exp2(x * LOG2E)
 
@@ -154,27 +155,37 @@ def _attend_request(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     return out.mul_(v_rest) if v_rest != 1.0 else out
 
 
-def _attend_window(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
-                   prefix_len: int, sm_scale: float, k_scale: float, v_scale: float, window: int) -> torch.Tensor:
-    """`_attend_request` through a sliding window: query p sees keys p - window + 1..p. Per block
-    of WINDOW_QUERY_BLOCK queries, one SDPA call over the keys the block's windows reach, with a
-    band mask; fp32 result."""
-    extend_len = q.shape[0]
+def _attend_masked(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
+                   prefix_len: int, sm_scale: float, k_scale: float, v_scale: float, window: int | None,
+                   softcap: float | None) -> torch.Tensor:
+    """`_attend_request` through a sliding window (query p sees keys p - window + 1..p) and/or
+    with soft-capped scores. Per block of WINDOW_QUERY_BLOCK queries, over the keys the block's
+    windows reach: one band-masked SDPA call, or with a soft-cap the scores in two matmuls (SDPA
+    has no cap); fp32 result."""
+    extend_len, num_heads, head_dim = q.shape
+    group = num_heads // k_cache.shape[1]
     out = torch.empty(q.shape, dtype=torch.float32)
     for a in range(0, extend_len, WINDOW_QUERY_BLOCK):
         b = min(a + WINDOW_QUERY_BLOCK, extend_len)
-        first, last = max(0, prefix_len + a - window + 1), prefix_len + b  # keys [first, last)
+        first, last = 0 if window is None else max(0, prefix_len + a - window + 1), prefix_len + b  # keys [first, last)
         keys = slots[first:last]
         run = _run_start(keys)
         k, k_rest = _gather_kv(k_cache, keys, run, k_scale)
         v, v_rest = _gather_kv(v_cache, keys, run, v_scale)
         query_pos = torch.arange(prefix_len + a, prefix_len + b)[:, None]
         key_pos = torch.arange(first, last)[None, :]
-        visible = (key_pos <= query_pos) & (key_pos > query_pos - window)  # [b - a, last - first]
-        o = F.scaled_dot_product_attention(  # [1, num_heads, b - a, head_dim]
-            q[a:b].to(torch.float32).transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
-            attn_mask=visible, scale=sm_scale * k_rest, enable_gqa=True)
-        out[a:b] = o[0].transpose(0, 1) * v_rest
+        visible = key_pos <= query_pos  # [b - a, last - first]
+        if window is not None:
+            visible &= key_pos > query_pos - window
+        qh, kh, vh = q[a:b].to(torch.float32).transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)  # heads first
+        if softcap is None:
+            o = F.scaled_dot_product_attention(qh[None], kh[None], vh[None], attn_mask=visible, scale=sm_scale * k_rest,
+                                               enable_gqa=True)[0]  # [num_heads, b - a, head_dim]
+        else:
+            kh, vh = kh.repeat_interleave(group, dim=0), vh.repeat_interleave(group, dim=0)
+            scores = softcap_scores(torch.matmul(qh, kh.transpose(1, 2)).mul_(sm_scale * k_rest), softcap)
+            o = torch.matmul(scores.masked_fill_(~visible, float("-inf")).softmax(dim=-1), vh)
+        out[a:b] = o.transpose(0, 1) * v_rest
     return out
 
 
@@ -183,18 +194,20 @@ def extend_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            extend_lens: torch.Tensor, extend_starts: torch.Tensor, sm_scale: float,
                            k_scale: float = 1.0, v_scale: float = 1.0,
                            max_extend_len: int | None = None, max_seq_len: int | None = None,
-                           num_kv_splits: int | None = None, window: int | None = None) -> torch.Tensor:
+                           num_kv_splits: int | None = None, window: int | None = None,
+                           softcap: float | None = None) -> torch.Tensor:
     """CPU-fast twin of `extend_attention_ref` (same contract); the launch hints are unused.
 
     The whole batch in one call of the native kernel (kernels/cpu_extend.c: the caches read in
     place) where it takes the caches; else, per request, exact-length gathers and one causal SDPA
-    call or chunked matmuls (see `_attend_request`), or with a sliding `window` band-masked SDPA
-    calls over the window only (`_attend_window`). Rows no request covers are zero.
+    call or chunked matmuls (see `_attend_request`), or, past a sliding `window` or with a
+    `softcap`, per block of queries over the keys their windows reach (`_attend_masked`). Rows no
+    request covers are zero.
     """
     _check_extend(q, k_cache, v_cache, req_to_token, req_rows, prefix_lens, extend_lens, extend_starts,
-                  sm_scale, k_scale, v_scale, max_extend_len, max_seq_len, num_kv_splits, window)
+                  sm_scale, k_scale, v_scale, max_extend_len, max_seq_len, num_kv_splits, window, softcap)
     within_window = window is None or req_rows.shape[0] == 0 or int((prefix_lens + extend_lens).max()) <= window
-    if within_window and native.supports_extend(k_cache, v_cache, q.shape[1]):
+    if within_window and softcap is None and native.supports_extend(k_cache, v_cache, q.shape[1]):
         return native.extend_attention_native(q, k_cache, v_cache, req_to_token, req_rows, prefix_lens,
                                               extend_lens, extend_starts, sm_scale).to(q.dtype)
     out = torch.zeros_like(q, memory_format=torch.contiguous_format)
@@ -204,9 +217,11 @@ def extend_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
             continue
         slots = req_to_token[row, :prefix_len + extend_len]
         qi = q[start:start + extend_len]
-        if window is not None and prefix_len + extend_len > window:  # else the window holds the whole context
-            out[start:start + extend_len] = _attend_window(qi, k_cache, v_cache, slots, prefix_len, sm_scale,
-                                                           k_scale, v_scale, window)
+        # a window holding the whole context is none
+        own_window = window if window is not None and prefix_len + extend_len > window else None
+        if own_window is not None or softcap is not None:
+            out[start:start + extend_len] = _attend_masked(qi, k_cache, v_cache, slots, prefix_len, sm_scale,
+                                                           k_scale, v_scale, own_window, softcap)
         else:
             out[start:start + extend_len] = _attend_request(qi, k_cache, v_cache, slots, prefix_len, sm_scale,
                                                             k_scale, v_scale)

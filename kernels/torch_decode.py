@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 from . import native
+from ._attention import softcap_scores
 from .decode_attention import _check_decode
 
 # Context tokens gathered at once by decode (see decode_attention_gathered): rows of like length,
@@ -205,13 +206,15 @@ def _gather_padded(cache: torch.Tensor, slots: torch.Tensor, max_len: int, dtype
 
 
 def decode_attention_gathered(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: DecodeGather,
-                              sm_scale: float, k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
+                              sm_scale: float, k_scale: float = 1.0, v_scale: float = 1.0,
+                              softcap: float | None = None) -> torch.Tensor:
     """Decode attention of q [batch, num_heads, head_dim] over the contexts of `plan`: per chunk of
     requests of like length, one gather per cache (to fp32) and two matmuls with a KV head's query heads stacked
     as rows (GQA); each shared prefix once for its requests, merged by softmax statistics; a row
     with a long own context by itself, in chunks (as a shared prefix of one).
     Unchecked: the engine's per-layer hot path, with inputs `decode_attention_torch` validates.
-    Math in fp32 whatever the cache dtype; returns q's dtype.
+    Math in fp32 whatever the cache dtype; returns q's dtype. A `softcap` needs a plan without the
+    native kernel (plan_decode(use_native=False)), which has none.
 
     NOTE: not SDPA: for one query per request torch's CPU flash kernel ran ~7x slower than these
     two matmuls in bf16 (~1 ms vs 0.14-0.19 ms at 4 requests x 260 tokens, 9/3 heads, one core),
@@ -222,6 +225,7 @@ def decode_attention_gathered(q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     batch, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[1]
     if plan.native is not None:
+        assert softcap is None, "the native decode kernel has no soft-cap: plan with use_native=False"
         return _native_decode(q, k_cache, v_cache, plan, sm_scale)
     qg = q.to(torch.float32).view(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
     order = plan.order
@@ -231,7 +235,7 @@ def decode_attention_gathered(q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
         for chunk, k, v in _own_chunks(k_cache, v_cache, plan, k_scale, v_scale):
             a, b = chunk.span
             scores = torch.matmul(qs[a:b], k.transpose(-1, -2)).mul_(sm_scale)  # [rows, num_kv_heads, group, length]
-            scores.masked_fill_(~chunk.visible, float("-inf"))
+            softcap_scores(scores, softcap).masked_fill_(~chunk.visible, float("-inf"))
             o = torch.matmul(scores.softmax(dim=-1), v)  # [rows, num_kv_heads, group, head_dim]
             out[a:b] = o.view(b - a, num_heads, head_dim)
         return _unsorted(out, order).masked_fill_(plan.empty, 0.0)
@@ -240,25 +244,26 @@ def decode_attention_gathered(q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     for chunk, k, v in _own_chunks(k_cache, v_cache, plan, k_scale, v_scale):
         a, b = chunk.span
         scores = torch.matmul(qs[a:b], k.transpose(-1, -2)).mul_(sm_scale)
-        scores.masked_fill_(~chunk.visible, float("-inf"))
+        softcap_scores(scores, softcap).masked_fill_(~chunk.visible, float("-inf"))
         m[a:b], l[a:b], o[a:b] = _softmax_parts(scores, v)
     m, l, o = (_unsorted(x, order) for x in (m, l, o))  # batch order from here on
     for row, slots in plan.long:  # in place of its placeholder column's parts
         m[row:row + 1], l[row:row + 1], o[row:row + 1] = _prefix_parts(
-            qg[row:row + 1], k_cache, v_cache, slots, sm_scale, k_scale, v_scale)
-    return _with_shared(qg, k_cache, v_cache, plan, sm_scale, k_scale, v_scale, (m, l, o)).to(q.dtype)
+            qg[row:row + 1], k_cache, v_cache, slots, sm_scale, k_scale, v_scale, softcap)
+    return _with_shared(qg, k_cache, v_cache, plan, sm_scale, k_scale, v_scale, (m, l, o), softcap=softcap).to(q.dtype)
 
 
 def _with_shared(qg: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: DecodeGather, sm_scale: float,
-                 k_scale: float, v_scale: float, own: Parts, prefix_parts=None) -> torch.Tensor:
+                 k_scale: float, v_scale: float, own: Parts, prefix_parts=None,
+                 softcap: float | None = None) -> torch.Tensor:
     """The attention output [batch, num_heads, head_dim] (fp32, padding rows zero): the rows' own
     parts (batch order) merged with their shared prefixes' parts (`prefix_parts(qg rows, prefix)`;
     default: the gathered matmuls of _prefix_parts)."""
     m, l, o = own
     for prefix in plan.shared:
         rows = qg[prefix.rows]
-        part = (_prefix_parts(rows, k_cache, v_cache, prefix.slots, sm_scale, k_scale, v_scale) if prefix_parts is None
-                else prefix_parts(rows, prefix))
+        part = (_prefix_parts(rows, k_cache, v_cache, prefix.slots, sm_scale, k_scale, v_scale, softcap)
+                if prefix_parts is None else prefix_parts(rows, prefix))
         m[prefix.rows], l[prefix.rows], o[prefix.rows] = _merge((m[prefix.rows], l[prefix.rows], o[prefix.rows]),
                                                                 part)
     batch, num_kv_heads, group, head_dim = qg.shape
@@ -359,7 +364,7 @@ def _merge(x: Parts, y: Parts) -> Parts:
 
 
 def _prefix_parts(qg: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
-                  sm_scale: float, k_scale: float, v_scale: float) -> Parts:
+                  sm_scale: float, k_scale: float, v_scale: float, softcap: float | None = None) -> Parts:
     """Attention parts of qg [n, num_kv_heads, group, head_dim] over the shared prefix at `slots`:
     per KV head one matmul with every request's query heads as rows, in chunks of the prefix."""
     n, num_kv_heads, group, head_dim = qg.shape
@@ -369,7 +374,7 @@ def _prefix_parts(qg: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
         chunk = slots[a: a + SHARED_CHUNK_TOKENS]
         k = _gather_padded(k_cache, chunk, chunk.shape[0], torch.float32, k_scale)[0]  # [num_kv_heads, len, head_dim]
         v = _gather_padded(v_cache, chunk, chunk.shape[0], torch.float32, v_scale)[0]
-        part = _softmax_parts(torch.matmul(rows, k.transpose(-1, -2)).mul_(sm_scale), v)
+        part = _softmax_parts(softcap_scores(torch.matmul(rows, k.transpose(-1, -2)).mul_(sm_scale), softcap), v)
         parts = part if parts is None else _merge(parts, part)
     assert parts is not None
     m, l, o = parts  # [num_kv_heads, n * group] ...
@@ -380,7 +385,7 @@ def _prefix_parts(qg: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
 def decode_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            req_to_token: torch.Tensor, req_rows: torch.Tensor, seq_lens: torch.Tensor,
                            sm_scale: float, k_scale: float = 1.0, v_scale: float = 1.0,
-                           num_kv_splits: int = 8) -> torch.Tensor:
+                           num_kv_splits: int = 8, softcap: float | None = None) -> torch.Tensor:
     """CPU-fast twin of `decode_attention_ref` (same contract); `num_kv_splits` is unused.
 
     Batched over requests in chunks of like context length (see DecodeGather); syncs on seq_lens
@@ -388,13 +393,16 @@ def decode_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     per layer.
     """
     plan = plan_checked_decode(q, k_cache, v_cache, req_to_token, req_rows, seq_lens, sm_scale, k_scale, v_scale,
-                               num_kv_splits)
-    return decode_attention_gathered(q, k_cache, v_cache, plan, sm_scale, k_scale, v_scale)
+                               num_kv_splits, softcap)
+    return decode_attention_gathered(q, k_cache, v_cache, plan, sm_scale, k_scale, v_scale, softcap)
 
 
 def plan_checked_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to_token: torch.Tensor,
                         req_rows: torch.Tensor, seq_lens: torch.Tensor, sm_scale: float, k_scale: float = 1.0,
-                        v_scale: float = 1.0, num_kv_splits: int = 8) -> DecodeGather:
-    """`plan_decode` after the checks of `decode_attention_torch` (ValueError on a bad input)."""
-    _check_decode(q, k_cache, v_cache, req_to_token, req_rows, seq_lens, sm_scale, k_scale, v_scale, num_kv_splits)
-    return plan_decode(req_to_token, req_rows, seq_lens, use_native=native.supports(k_cache, v_cache, q.shape[1]))
+                        v_scale: float = 1.0, num_kv_splits: int = 8, softcap: float | None = None) -> DecodeGather:
+    """`plan_decode` after the checks of `decode_attention_torch` (ValueError on a bad input); the
+    native kernel where it takes the caches and there is no `softcap`."""
+    _check_decode(q, k_cache, v_cache, req_to_token, req_rows, seq_lens, sm_scale, k_scale, v_scale, num_kv_splits,
+                  softcap)
+    use_native = softcap is None and native.supports(k_cache, v_cache, q.shape[1])
+    return plan_decode(req_to_token, req_rows, seq_lens, use_native=use_native)

@@ -117,7 +117,7 @@ class ModelRunner:
         self.req_pool = ReqToTokenPool(cfg.max_num_seqs, self.shape.max_context_len, dev)
         ops = AttentionOps.for_backend(self.shape.attention_backend)
         self.attention = PoolAttention(self.kv_pool, ops, self.args.sm_scale, default_kv_splits(dev),
-                                       self.args.layer_windows)
+                                       self.args.layer_windows, self.args.attn_logit_softcapping)
         log.info("KV pool: %d tokens, %.2f GiB (%s, %s), max context %d, attention backend %s",
                  num_tokens, num_tokens * KVPool.bytes_per_token(
                      self.args.num_layers, self.args.num_kv_heads, self.args.head_dim, self.shape.dtype, fp8) / 2**30, "fp8_e4m3" if fp8 else self.shape.dtype, dev,

@@ -66,8 +66,9 @@ class PoolAttention:
     """
 
     def __init__(self, pool: KVPool, ops: AttentionOps, sm_scale: float, num_kv_splits: int | None = None,
-                 windows: dict[int, int] | None = None) -> None:
+                 windows: dict[int, int] | None = None, softcap: float | None = None) -> None:
         self.pool, self.ops, self.sm_scale = pool, ops, sm_scale
+        self.softcap = softcap  # scores soft-capped to softcap * tanh(s / softcap) (Gemma 2)
         self.num_kv_splits = num_kv_splits  # None: per step, see kv_splits_for
         self.windows = dict(windows or {})  # layer → its sliding window (ModelArgs.layer_windows)
         device = pool.k_caches[0].device
@@ -113,11 +114,12 @@ class PoolAttention:
             table, rows, lens = self._decode_context(fb, window)
             max_len = fb.max_seq_len if window is None else min(fb.max_seq_len, window)
             splits = fb.num_kv_splits or self.kv_splits_for(fb.batch_size, max_len)
-            return self.ops.decode_attention(q, kc, vc, table, rows, lens, self.sm_scale, ks, vs, splits)
+            return self.ops.decode_attention(q, kc, vc, table, rows, lens, self.sm_scale, ks, vs, splits,
+                                             softcap=self.softcap)
         # the kernel picks its KV splits from the longest context (short turns on long prefixes)
         return self.ops.extend_attention(q, kc, vc, fb.req_to_token, fb.req_rows, fb.prefix_lens,
                                          fb.extend_lens, fb.extend_starts, self.sm_scale, ks, vs,
-                                         fb.max_extend_len, fb.max_seq_len, window=window)
+                                         fb.max_extend_len, fb.max_seq_len, window=window, softcap=self.softcap)
 
     def _decode_context(self, fb: ForwardBatch, window: int | None) -> tuple[torch.Tensor, ...]:
         """(req_to_token, req_rows, seq_lens) a decode step's attention reads through `window`
@@ -142,7 +144,7 @@ class PoolAttention:
         the plan made here is kept for its layers)."""
         pool = self.pool
         kc, vc = pool.k_caches[0], pool.v_caches[0]
-        if not self.is_torch or kc.device.type != "cpu" or kc.dtype != torch.bfloat16:
+        if not self.is_torch or kc.device.type != "cpu" or kc.dtype != torch.bfloat16 or self.softcap is not None:
             return None
         q = torch.empty(fb.num_tokens, num_heads, head_dim, dtype=torch.bfloat16)  # the checks' shapes
         check_index("out_slots", fb.out_slots, fb.num_tokens)
@@ -177,5 +179,5 @@ class PoolAttention:
         if plan is None:
             table, rows, lens = self._decode_context(fb, window)
             plan = self._plans[window] = kernels.plan_checked_decode(q, kc, vc, table, rows, lens, self.sm_scale,
-                                                                     ks, vs)
-        return kernels.decode_attention_gathered(q, kc, vc, plan, self.sm_scale, ks, vs)
+                                                                     ks, vs, softcap=self.softcap)
+        return kernels.decode_attention_gathered(q, kc, vc, plan, self.sm_scale, ks, vs, self.softcap)

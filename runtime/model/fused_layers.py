@@ -9,8 +9,8 @@ takes it when all of these hold, else it runs layer by layer:
 
 - the model: bf16 on CPU, every projection on the packed layout (PackedLinear.lanes), no q/k
   norm, norms before the attention and MLP only (not OLMo 2's or Gemma 3's after), no
-  mixture-of-experts layer, no o_proj or MLP bias, RoPE in every layer, no sliding window, a
-  SiLU MLP, no residual multiplier, and the native RMSNorm copies torch's summation order
+  mixture-of-experts layer, no o_proj or MLP bias, RoPE in every layer, no sliding window or
+  soft-capped attention, a SiLU MLP, no residual multiplier, and the native RMSNorm copies torch's summation order
   (native_layers.sum_lanes());
 - the caches: bf16 rows the native kernels read (native.supports, native.supports_extend);
 - the step: decode or extend, not mixed; no LoRA rows; a decode step's every context read whole
@@ -60,6 +60,7 @@ class FusedLayers:
         lanes = native_layers.sum_lanes()
         unfused = (args.qk_norm, args.qk_norm_whole, args.post_norms, not args.pre_norms, args.moe_layers, args.o_bias,
                    args.mlp_bias, args.nope_layers, args.window_layers, args.hidden_act != "silu",
+                   args.attn_logit_softcapping is not None,
                    args.residual_multiplier != 1.0)
         if any(unfused) or not lanes or args.hidden_size < lanes or len(k_caches) != len(model.layers):
             return False

@@ -11,7 +11,8 @@ from radixflow.runtime.text_files import read_json_object
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
                            "MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM",
                            "SmolLM3ForCausalLM", "GraniteForCausalLM", "GraniteMoeForCausalLM", "Phi3ForCausalLM",
-                           "Olmo2ForCausalLM", "OlmoeForCausalLM", "Gemma3ForCausalLM")
+                           "Olmo2ForCausalLM", "OlmoeForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM")
+GEMMA_ARCHITECTURES = ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
 # mixture-of-experts families: a router sends each token to its top-k experts' MLPs
 MOE_ARCHITECTURES = ("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "GraniteMoeForCausalLM",
                      "OlmoeForCausalLM")
@@ -73,6 +74,7 @@ class ModelArgs:
     norm_weight_offset: float = 0.0
     embedding_multiplier_in_dtype: bool = False
     final_logit_softcapping: float | None = None
+    attn_logit_softcapping: float | None = None  # Gemma 2: each attention score s → cap * tanh(s / cap)
 
     def __post_init__(self) -> None:
         """ValueError naming the field (by its config.json name) when the shape cannot be built."""
@@ -106,6 +108,7 @@ class ModelArgs:
         if self.hidden_act not in ("silu", "gelu_tanh"):
             raise ValueError(f"hidden_act {self.hidden_act!r} is not supported; supported: silu, gelu_pytorch_tanh")
         for name, value in (("final_logit_softcapping", self.final_logit_softcapping),
+                            ("attn_logit_softcapping", self.attn_logit_softcapping),
                             ("rope_local_base_freq", self.local_rope_theta)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
                                       or not 0 < value < math.inf):
@@ -188,14 +191,16 @@ def model_args_from_dict(cfg: dict[str, Any]) -> ModelArgs:
         archs = [archs]
     if "Gemma3ForConditionalGeneration" in archs:  # Gemma 3 4B and up: served as its language model
         cfg, archs = _gemma3_text_config(cfg), ["Gemma3ForCausalLM"]
-    if "Gemma3ForCausalLM" in archs:  # transformers' defaults for what the config leaves out
-        cfg = {**_GEMMA3_DEFAULTS, **{k: v for k, v in cfg.items() if v is not None or k == "sliding_window"}}
+    gemma = next((a for a in archs if a in GEMMA_ARCHITECTURES), None)
+    if gemma is not None:  # transformers' defaults for what the config leaves out (null: off, for these)
+        cfg = {**_GEMMA_DEFAULTS, **_GEMMA_DEFAULTS_BY_ARCH[gemma],
+               **{k: v for k, v in cfg.items() if v is not None or k in _GEMMA_NULLABLE}}
     arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
     if arch is None:
         raise ValueError(f"unsupported architecture {archs or cfg.get('model_type')!r}; "
                          f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
     num_heads, hidden = _required(cfg, "num_attention_heads"), _required(cfg, "hidden_size")
-    is_gemma = arch == "Gemma3ForCausalLM"
+    is_gemma, is_gemma3 = arch in GEMMA_ARCHITECTURES, arch == "Gemma3ForCausalLM"
     head_dim = cfg.get("head_dim")
     if head_dim is None:
         _check_positive_int("num_attention_heads", num_heads)
@@ -207,7 +212,7 @@ def model_args_from_dict(cfg: dict[str, Any]) -> ModelArgs:
     rope = cfg.get("rope_parameters") or {}
     if not isinstance(rope, dict):
         raise ValueError(f"rope_parameters must be an object, got {rope!r}")  # newer transformers keep theta and scaling here
-    if is_gemma:
+    if is_gemma3:
         rope_theta, rope_scaling, local_theta = _gemma_rope(cfg, rope)
     else:
         rope_theta, local_theta = cfg.get("rope_theta") or rope.get("rope_theta", 10000.0), None
@@ -241,7 +246,7 @@ def model_args_from_dict(cfg: dict[str, Any]) -> ModelArgs:
     else:
         qkv_bias = attention_bias or is_qwen2
     if is_gemma:
-        family = _gemma_fields(cfg, hidden)
+        family = _gemma_fields(cfg, hidden, arch)
     else:
         family = {**_sliding_window(cfg, arch), **_granite_fields(cfg, arch), **_moe_fields(cfg, arch)}
     return ModelArgs(
@@ -260,13 +265,13 @@ def model_args_from_dict(cfg: dict[str, Any]) -> ModelArgs:
         hidden_act=_ACTIVATIONS[act],
         max_position_embeddings=_optional(cfg, "max_position_embeddings", 4096),
         # transformers' defaults
-        tie_word_embeddings=cfg.get("tie_word_embeddings", arch in ("SmolLM3ForCausalLM", "Gemma3ForCausalLM")),
+        tie_word_embeddings=cfg.get("tie_word_embeddings", arch == "SmolLM3ForCausalLM" or is_gemma),
         qkv_bias=bool(qkv_bias),
         o_bias=attention_bias and not is_qwen2,
         mlp_bias=bool(cfg.get("mlp_bias", False)) and arch in ("LlamaForCausalLM", "SmolLM3ForCausalLM",
                                                                 "GraniteForCausalLM"),
         nope_layers=_nope_layers(cfg) if arch == "SmolLM3ForCausalLM" else (),
-        post_norms=arch in ("Olmo2ForCausalLM", "Gemma3ForCausalLM"),
+        post_norms=arch == "Olmo2ForCausalLM" or is_gemma,
         pre_norms=arch != "Olmo2ForCausalLM",
         qk_norm_whole=arch in ("Olmo2ForCausalLM", "OlmoeForCausalLM"),
         qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM"),
@@ -291,11 +296,18 @@ def _yarn_scaling(cfg: dict[str, Any], scaling: dict[str, Any]) -> dict[str, Any
     return {**scaling, "factor": factor, "original_max_position_embeddings": old_len}
 
 
-# Gemma3TextConfig's defaults (transformers 5): its checkpoints' configs leave many fields out
-_GEMMA3_DEFAULTS = {"vocab_size": 262_208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
-                    "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "rms_norm_eps": 1e-6,
-                    "max_position_embeddings": 131_072, "bos_token_id": 2, "eos_token_id": 1,
-                    "tie_word_embeddings": True, "query_pre_attn_scalar": 256, "sliding_window": 4096}
+# Gemma2Config's and Gemma3TextConfig's defaults (transformers 5): their checkpoints' configs leave many
+# fields out; a null in these (_GEMMA_NULLABLE) turns the feature off rather than taking the default
+_GEMMA_DEFAULTS = {"hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
+                   "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "rms_norm_eps": 1e-6,
+                   "bos_token_id": 2, "eos_token_id": 1, "tie_word_embeddings": True, "query_pre_attn_scalar": 256,
+                   "sliding_window": 4096}
+_GEMMA_DEFAULTS_BY_ARCH = {
+    "Gemma2ForCausalLM": {"vocab_size": 256_000, "max_position_embeddings": 8192, "final_logit_softcapping": 30.0,
+                          "attn_logit_softcapping": 50.0},
+    "Gemma3ForCausalLM": {"vocab_size": 262_208, "max_position_embeddings": 131_072},
+}
+_GEMMA_NULLABLE = ("sliding_window", "final_logit_softcapping", "attn_logit_softcapping")
 
 
 def _gemma3_text_config(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -334,14 +346,12 @@ def _gemma_rope(cfg: dict[str, Any], rope: dict[str, Any]) -> tuple[float, dict[
     return theta, scaling, cfg.get("rope_local_base_freq") or local.get("rope_theta", 10_000.0)
 
 
-def _gemma_fields(cfg: dict[str, Any], hidden: int) -> dict[str, Any]:
-    """Gemma 3's ModelArgs fields: windows in the layers `layer_types` names "sliding_attention"
-    (else all but every `sliding_window_pattern`-th, 6 by default), the embedding scale
-    sqrt(hidden_size), the attention scale query_pre_attn_scalar ** -0.5, the final soft-cap.
-    Refused: attention-logit soft-capping (Gemma 2's) and bidirectional attention (EmbeddingGemma)."""
-    if cfg.get("attn_logit_softcapping") is not None:
-        raise ValueError(f"attn_logit_softcapping {cfg['attn_logit_softcapping']!r} is not supported "
-                         "(attention scores are not soft-capped here)")
+def _gemma_fields(cfg: dict[str, Any], hidden: int, arch: str) -> dict[str, Any]:
+    """Gemma 2's and 3's ModelArgs fields: windows in the layers `layer_types` names
+    "sliding_attention" (else Gemma 2 every other layer from the first, Gemma 3 all but every
+    `sliding_window_pattern`-th, 6 by default), the embedding scale sqrt(hidden_size), the
+    attention scale query_pre_attn_scalar ** -0.5, the attention-score and final soft-caps.
+    Refused: bidirectional attention (EmbeddingGemma)."""
     if cfg.get("use_bidirectional_attention"):
         raise ValueError("use_bidirectional_attention is not supported (attention here is causal)")
     num_layers = _required(cfg, "num_hidden_layers")
@@ -349,7 +359,7 @@ def _gemma_fields(cfg: dict[str, Any], hidden: int) -> dict[str, Any]:
     _check_positive_int("hidden_size", hidden)
     layer_types = cfg.get("layer_types")
     if layer_types is None:
-        pattern = _optional(cfg, "sliding_window_pattern", 6)
+        pattern = 2 if arch == "Gemma2ForCausalLM" else _optional(cfg, "sliding_window_pattern", 6)
         _check_positive_int("sliding_window_pattern", pattern)
         layer_types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(num_layers)]
     if (not isinstance(layer_types, list) or len(layer_types) != num_layers
@@ -363,7 +373,8 @@ def _gemma_fields(cfg: dict[str, Any], hidden: int) -> dict[str, Any]:
     window_layers = tuple(i for i, t in enumerate(layer_types) if t == "sliding_attention") if window is not None else ()
     return {"sliding_window": window if window_layers else None, "window_layers": window_layers, "embedding_multiplier": math.sqrt(hidden),
             "embedding_multiplier_in_dtype": True, "attention_multiplier": scalar ** -0.5, "norm_weight_offset": 1.0,
-            "final_logit_softcapping": cfg.get("final_logit_softcapping")}
+            "final_logit_softcapping": cfg.get("final_logit_softcapping"),
+            "attn_logit_softcapping": cfg.get("attn_logit_softcapping")}
 
 
 def _norm_topk_prob(cfg: dict[str, Any]) -> bool:

@@ -121,20 +121,86 @@ def test_a_bad_window_is_refused(kv_layout, window):
 
 
 @pytest.mark.gpu
-def test_gpu_bf16_head_dim_256_window(kv_layout):
+@pytest.mark.parametrize("softcap", [None, 50.0])
+def test_gpu_bf16_head_dim_256_window(kv_layout, softcap):
     """Gemma 3's shapes (head_dim 256, one KV head for 4 query heads, a 512-token window) in bf16,
-    extend and decode."""
+    extend and decode; with Gemma 2's soft-cap too."""
     device = torch.device("cuda")
     prefix_lens, extend_lens = [0, 1000, 3000, 17], [700, 33, 1096, 1]
     lay = kv_layout(prefix_lens, extend_lens, 1, 256, torch.bfloat16, False, device)
     q = torch.randn(sum(extend_lens), 4, 256, device=device, dtype=torch.bfloat16)
     args = _args(lay, q, 256 ** -0.5)
-    want = extend_attention_ref(*args, window=512)
+    want = extend_attention_ref(*args, window=512, softcap=softcap)
     for splits in (None, 5):
         got = extend_attention(*args, max_extend_len=max(extend_lens), max_seq_len=4096, num_kv_splits=splits,
-                               window=512)
+                               window=512, softcap=softcap)
         torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
     qd = torch.randn(4, 4, 256, device=device, dtype=torch.bfloat16)
     table, rows, lens = window_context(lay.req_to_token, lay.req_rows, lay.seq_lens, 512)
     dec = (qd, lay.k_cache, lay.v_cache, table, rows, lens, 256 ** -0.5)
-    torch.testing.assert_close(decode_attention(*dec, num_kv_splits=4), decode_attention_ref(*dec), rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(decode_attention(*dec, num_kv_splits=4, softcap=softcap),
+                               decode_attention_ref(*dec, softcap=softcap), rtol=2e-2, atol=2e-2)
+
+
+# Gemma 2's attention-logit soft-cap (50 there): small caps here so that it bends the scores
+@pytest.mark.parametrize("softcap, window", [(0.7, None), (2.0, 5), (50.0, None)])
+@pytest.mark.parametrize("fp8", [False, True])
+def test_softcap_matches_naive_and_every_backend(kv_layout, device, softcap, window, fp8):
+    prefix_lens, extend_lens = [0, 37, 3, 70], [30, 20, 0, 2]
+    lay = kv_layout(prefix_lens, extend_lens, 2, 16, torch.float32, fp8, device)
+    q = torch.randn(52, 6, 16, generator=torch.Generator().manual_seed(4)).to(device) * 3
+    args = _args(lay, q, 0.3)
+    want = extend_attention_ref(*args, window=window, softcap=softcap)
+    row = int(lay.req_rows[1])  # one query, naively: softcap * tanh(s / softcap), then softmax
+    slots = lay.req_to_token[row, :37 + 5].long()
+    k = lay.k_cache[slots].float() if not fp8 else lay.k_cache[slots].view(torch.float8_e4m3fn).float() * lay.k_scale
+    v = lay.v_cache[slots].float() if not fp8 else lay.v_cache[slots].view(torch.float8_e4m3fn).float() * lay.v_scale
+    first = 0 if window is None else 37 + 4 - window + 1
+    s = (q[30 + 4].cpu().view(2, 3, 16)[:, :, None, :] * k.cpu().transpose(0, 1)[:, None, first:, :]).sum(-1) * 0.3
+    p = torch.softmax(softcap * torch.tanh(s / softcap), dim=-1)  # [2, 3, keys]
+    naive = (p[..., None] * v.cpu().transpose(0, 1)[:, None, first:, :]).sum(-2).reshape(6, 16)
+    torch.testing.assert_close(want[30 + 4].cpu(), naive, rtol=1e-5, atol=1e-5)
+    assert (want - extend_attention_ref(*args, window=window)).abs().max() > 1e-3 or softcap == 50.0
+    got = extend_attention(*args, max_extend_len=30, num_kv_splits=2, window=window, softcap=softcap)
+    torch.testing.assert_close(got, want, **TOL[torch.float32])
+    if device.type == "cpu":
+        torch.testing.assert_close(extend_attention_torch(*args, window=window, softcap=softcap), want,
+                                   **TOL[torch.float32])
+    # decode: the last token of each request with a new query
+    table, rows, lens = (lay.req_to_token, lay.req_rows, lay.seq_lens) if window is None else window_context(
+        lay.req_to_token, lay.req_rows, lay.seq_lens, window)
+    qd = torch.randn(4, 6, 16, generator=torch.Generator().manual_seed(5)).to(device) * 3
+    dec = (qd, lay.k_cache, lay.v_cache, table, rows, lens, 0.3, lay.k_scale, lay.v_scale)
+    want_d = decode_attention_ref(*dec, softcap=softcap)
+    torch.testing.assert_close(decode_attention(*dec, num_kv_splits=2, softcap=softcap), want_d, **TOL[torch.float32])
+    if device.type == "cpu":
+        torch.testing.assert_close(decode_attention_torch(*dec, softcap=softcap), want_d, **TOL[torch.float32])
+
+
+@pytest.mark.parametrize("softcap", [0, -1.0, float("inf"), True])
+def test_a_bad_softcap_is_refused(kv_layout, softcap):
+    lay = kv_layout([3], [2], 2, 16, torch.float32, False, torch.device("cpu"))
+    args = _args(lay, torch.randn(2, 2, 16), 0.25)
+    for op in (extend_attention_ref, extend_attention_torch):
+        with pytest.raises(ValueError, match="softcap"):
+            op(*args, softcap=softcap)
+
+
+@pytest.mark.parametrize("native_on", ["0", "1"])
+def test_softcap_decode_over_a_shared_prefix_and_a_long_row(kv_layout, monkeypatch, native_on):
+    """The gathered decode's other score paths: a prefix three requests share (read once for
+    them) and a row longer than LONG_ROW_TOKENS (read by itself in chunks); a soft-cap plans
+    without the native kernel whether or not it is on."""
+    from radixflow.kernels import torch_decode
+
+    monkeypatch.setenv("RADIXFLOW_NATIVE_KERNELS", native_on)
+    monkeypatch.setattr(torch_decode, "LONG_ROW_TOKENS", 100)
+    seq_lens = [90, 95, 99, 150]
+    lay = kv_layout([n - 1 for n in seq_lens], [1] * 4, 2, 16, torch.float32, False, torch.device("cpu"))
+    lay.share_prefixes([([0, 1, 2], 80)])
+    q = torch.randn(4, 6, 16, generator=torch.Generator().manual_seed(6)) * 3
+    dec = (q, lay.k_cache, lay.v_cache, lay.req_to_token, lay.req_rows, lay.seq_lens, 0.3)
+    plan = torch_decode.plan_checked_decode(*dec, softcap=1.5)
+    assert plan.native is None and plan.shared and plan.long
+    torch.testing.assert_close(decode_attention_torch(*dec, softcap=1.5), decode_attention_ref(*dec, softcap=1.5),
+                               **TOL[torch.float32])

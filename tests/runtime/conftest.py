@@ -41,6 +41,10 @@ def _hf_config(family: str, vocab_size: int, heads: int = 8):
         return tf.Phi3Config(**common, tie_word_embeddings=False, sliding_window=None)
     if family == "smollm3":  # every second layer without RoPE (SmolLM3-3B: every fourth)
         return tf.SmolLM3Config(**common, no_rope_layer_interval=2, tie_word_embeddings=True)
+    if family == "gemma2":  # layer 0 through a 4-token window; attention scores and logits soft-capped (small
+        # caps, so that they bend the values)
+        return tf.Gemma2Config(**common, sliding_window=4, query_pre_attn_scalar=24, attn_logit_softcapping=2.0,
+                               final_logit_softcapping=5.0, tie_word_embeddings=True)
     if family == "gemma3":  # a 4-token window in layer 0 (own RoPE base), full attention with linear RoPE in layer 1
         return tf.Gemma3TextConfig(**common, sliding_window=4, layer_types=["sliding_attention", "full_attention"],
                                    query_pre_attn_scalar=24, final_logit_softcapping=30.0, rope_theta=20000.0,
@@ -71,7 +75,8 @@ _CLASSES = {"llama3": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
             "qwen2_moe": "Qwen2MoeForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
             "smollm3": "SmolLM3ForCausalLM", "granite": "GraniteForCausalLM",
             "granitemoe": "GraniteMoeForCausalLM", "phi3": "Phi3ForCausalLM",
-            "olmo2": "Olmo2ForCausalLM", "olmoe": "OlmoeForCausalLM", "gemma3": "Gemma3ForCausalLM"}
+            "olmo2": "Olmo2ForCausalLM", "olmoe": "OlmoeForCausalLM", "gemma2": "Gemma2ForCausalLM",
+            "gemma3": "Gemma3ForCausalLM"}
 
 
 @pytest.fixture(scope="session")
@@ -92,6 +97,8 @@ def hf_checkpoint(tmp_path_factory):
         vocab = Tokenizer.from_dir(demo).vocab_size
         torch.manual_seed(1234)
         cfg = _hf_config(family, vocab, heads)
+        if family.startswith("gemma"):  # transformers' SDPA path drops Gemma 2's attention soft-cap
+            cfg._attn_implementation = "eager"
         model = getattr(tf, _CLASSES[family])(cfg).float().eval()
         with torch.no_grad():  # widen the random init so greedy argmax has clear margins
             for name, p in model.named_parameters():
@@ -99,7 +106,7 @@ def hf_checkpoint(tmp_path_factory):
                     p.normal_(0.0, 0.08)
                 elif "bias" in name:
                     p.normal_(0.0, 0.05)
-                elif family == "gemma3":  # its norms compute 1 + weight, which starts at 0
+                elif family.startswith("gemma"):  # its norms compute 1 + weight, which starts at 0
                     p.normal_(0.0, 0.1)
         out = str(tmp_path_factory.mktemp(f"{family}{'-sharded' if shard else ''}-h{heads}"))
         model.save_pretrained(out, safe_serialization=True, max_shard_size="100KB" if shard else "5GB")

@@ -1,7 +1,8 @@
-"""Gemma 3 (text): sliding-window layers with their own RoPE base, norms around both branches,
-GELU-tanh MLP, scaled embeddings, soft-capped logits. Parity with transformers on the plain
-prefill and greedy paths is in test_model_parity.py (FAMILIES); here the engine's other paths
-(cached prefixes, chunks, the Triton ops and attention, speculative decoding, bf16) and the config."""
+"""Gemma 2 and 3 (text): sliding-window layers (Gemma 3's with their own RoPE base), norms around
+both branches, GELU-tanh MLP, scaled embeddings, soft-capped logits (Gemma 2: and attention
+scores). Parity with transformers on the plain prefill and greedy paths is in
+test_model_parity.py (FAMILIES); here the engine's other paths (cached prefixes, chunks, the
+Triton ops and attention, speculative decoding, bf16, decode graphs) and the config."""
 from __future__ import annotations
 
 import json
@@ -16,6 +17,7 @@ from radixflow.runtime.config import EngineConfig
 from radixflow.runtime.model.model_config import load_model_args
 
 GREEDY = {"temperature": 0.0, "max_new_tokens": 12, "ignore_eos": True}
+GEMMAS = ["gemma2", "gemma3"]
 
 
 def _hf_greedy(hf, prompt: list[int], n: int) -> list[int]:
@@ -35,10 +37,11 @@ def _prompts(vocab: int) -> tuple[list[int], list[list[int]]]:
     return shared + [rng.randrange(vocab) for _ in range(3)], batch
 
 
-def test_cached_prefixes_and_chunks_match_transformers(hf_checkpoint):
+@pytest.mark.parametrize("family", GEMMAS)
+def test_cached_prefixes_and_chunks_match_transformers(hf_checkpoint, family):
     """A window reaches back into a cached prefix and across prefill chunks: the engine's greedy
     tokens are transformers' on the whole sequence."""
-    model_dir, hf = hf_checkpoint("gemma3")
+    model_dir, hf = hf_checkpoint(family)
     warm, batch = _prompts(hf.config.vocab_size)
     with Engine(model_dir, dtype="float32", kv_cache_tokens=1024, chunked_prefill_size=8) as engine:
         engine.generate(input_ids=warm, sampling_params=GREEDY)
@@ -48,13 +51,14 @@ def test_cached_prefixes_and_chunks_match_transformers(hf_checkpoint):
         assert out["output_ids"] == _hf_greedy(hf, prompt, GREEDY["max_new_tokens"])
 
 
-def test_triton_ops_and_attention_equal_the_torch_path(hf_checkpoint, monkeypatch):
+@pytest.mark.parametrize("family", GEMMAS)
+def test_triton_ops_and_attention_equal_the_torch_path(hf_checkpoint, family, monkeypatch):
     """The model as CUDA runs it (fused norms, RoPE, GELU-and-mul; the Triton extend with its
     window and decode on the cut table), here in the Triton interpreter, gives the torch path's
     greedy tokens and logprobs."""
     from radixflow.runtime.model import model
 
-    model_dir, hf = hf_checkpoint("gemma3")
+    model_dir, hf = hf_checkpoint(family)
     warm, batch = _prompts(hf.config.vocab_size)
     runs = []
     for triton in (False, True):
@@ -69,9 +73,10 @@ def test_triton_ops_and_attention_equal_the_torch_path(hf_checkpoint, monkeypatc
     torch.testing.assert_close(torch.tensor(runs[1][1]), torch.tensor(runs[0][1]), rtol=1e-4, atol=1e-4)
 
 
-def test_speculative_decoding_keeps_the_greedy_tokens(hf_checkpoint):
+@pytest.mark.parametrize("family", GEMMAS)
+def test_speculative_decoding_keeps_the_greedy_tokens(hf_checkpoint, family):
     """Verify rows run as decode rows, each through its own window."""
-    model_dir, _ = hf_checkpoint("gemma3")
+    model_dir, _ = hf_checkpoint(family)
     prompt = [7, 8, 9, 10, 11, 7, 8, 9, 10, 11, 7, 8, 9]  # repeats, so drafts are proposed
     outs = []
     for spec in ({}, {"speculative_algorithm": "ngram"}):
@@ -81,9 +86,10 @@ def test_speculative_decoding_keeps_the_greedy_tokens(hf_checkpoint):
     assert sum(o["meta_info"].get("spec_verify_ct", 0) for o in outs[1]) > 0
 
 
-def test_bf16_stays_close_to_fp32(hf_checkpoint):
+@pytest.mark.parametrize("family", GEMMAS)
+def test_bf16_stays_close_to_fp32(hf_checkpoint, family):
     """bf16 on CPU takes the layer-by-layer path (the one-call native layers decline Gemma 3)."""
-    model_dir, _ = hf_checkpoint("gemma3")
+    model_dir, _ = hf_checkpoint(family)
     prompt = list(range(3, 40))
     logprobs = []
     for dtype in ("float32", "bfloat16"):
@@ -171,8 +177,26 @@ def test_a_hub_multimodal_config_takes_transformers_defaults(tmp_path):
     assert set(args.eos_token_ids) == {1, 106} and args.bos_token_id == 2 and args.torch_dtype == "bfloat16"
 
 
+def test_a_hub_gemma_2_config_reads_as_transformers_reads_it(tmp_path):
+    """gemma-2-2b-it's config.json; absent soft-caps take Gemma 2's defaults (50, 30), null ones are off."""
+    fields = dict(architectures=["Gemma2ForCausalLM"], hidden_size=2304, intermediate_size=9216, num_hidden_layers=26,
+                  num_attention_heads=8, num_key_value_heads=4, head_dim=256, query_pre_attn_scalar=256,
+                  sliding_window=4096, attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
+                  hidden_activation="gelu_pytorch_tanh", vocab_size=256000, max_position_embeddings=8192,
+                  cache_implementation="hybrid", eos_token_id=[1, 107])
+    args = load_model_args(_config(tmp_path, **fields))
+    assert args.window_layers == tuple(range(0, 26, 2)) and args.sliding_window == 4096
+    assert (args.attn_logit_softcapping, args.final_logit_softcapping) == (50.0, 30.0)
+    assert args.local_rope_theta is None and not args.qk_norm and args.pre_norms and args.post_norms
+    assert args.rope_theta == 10_000.0 and args.norm_weight_offset == 1.0 and args.tie_word_embeddings
+    fields.pop("attn_logit_softcapping"), fields.pop("final_logit_softcapping")
+    assert load_model_args(_config(tmp_path, **fields)).attn_logit_softcapping == 50.0
+    args = load_model_args(_config(tmp_path, **fields, attn_logit_softcapping=None, final_logit_softcapping=None))
+    assert args.attn_logit_softcapping is None and args.final_logit_softcapping is None
+
+
 @pytest.mark.parametrize("fields, match", [
-    ({"attn_logit_softcapping": 50.0}, "attn_logit_softcapping"),
+    ({"attn_logit_softcapping": -1.0}, "attn_logit_softcapping"),
     ({"use_bidirectional_attention": True}, "use_bidirectional_attention"),
     ({"hidden_activation": "gelu"}, "hidden_act 'gelu' is not supported"),
     ({"layer_types": ["sliding_attention"]}, "layer_types"),
@@ -193,13 +217,14 @@ def test_a_null_window_leaves_the_sliding_layers_full(tmp_path):
     assert args.sliding_window is None and args.window_layers == ()
 
 
-def test_decode_graph_static_buffers_read_the_windows(hf_checkpoint):
+@pytest.mark.parametrize("family", GEMMAS)
+def test_decode_graph_static_buffers_read_the_windows(hf_checkpoint, family):
     """A decode graph's static buffers (padding rows of length 0 included) through the windowed
     layers: on CPU an eager stand-in replays the forward over them (test_cuda_graph.py)."""
     from radixflow.runtime.core.cuda_graph import DecodeGraphRunner
     from test_cuda_graph import EagerCapture
 
-    model_dir, hf = hf_checkpoint("gemma3")
+    model_dir, hf = hf_checkpoint(family)
     _, batch = _prompts(hf.config.vocab_size)
     config = dict(device="cpu", dtype="float32", attention_backend="torch", kv_cache_tokens=512, max_num_seqs=8)
     with Engine(model_dir, **config) as eager:
@@ -213,11 +238,12 @@ def test_decode_graph_static_buffers_read_the_windows(hf_checkpoint):
     assert capture.replays[4] == GREEDY["max_new_tokens"] - 1  # 3 rows padded to 4
 
 
+@pytest.mark.parametrize("family", GEMMAS)
 @pytest.mark.gpu
-def test_gpu_cuda_graphs_through_the_windows(hf_checkpoint):
+def test_gpu_cuda_graphs_through_the_windows(hf_checkpoint, family):
     """On CUDA: the Triton kernels and decode graphs (the cut table recorded in the graph) give
     transformers' greedy tokens, as eager decoding does."""
-    model_dir, hf = hf_checkpoint("gemma3")
+    model_dir, hf = hf_checkpoint(family)
     _, batch = _prompts(hf.config.vocab_size)
     config = dict(device="cuda", dtype="float32", kv_cache_tokens=2048, max_num_seqs=8, cuda_graph_max_bs=4)
     runs = []

@@ -15,7 +15,7 @@ from radixflow.runtime.model.model_config import load_model_args
 from radixflow.runtime.model.weights import build_model
 
 FAMILIES = ["llama3", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe", "smollm3", "granite",
-            "granitemoe", "phi3", "olmo2", "olmoe", "gemma3"]
+            "granitemoe", "phi3", "olmo2", "olmoe", "gemma2", "gemma3"]
 
 
 def _our_logits(model_dir: str, prompts: list[list[int]], windows: dict[int, int] | None = None) -> list[torch.Tensor]:
@@ -38,7 +38,8 @@ def _our_logits(model_dir: str, prompts: list[list[int]], windows: dict[int, int
         seq_lens=t(lens), extend_starts=t(starts), logit_rows=t(list(range(sum(lens)))),
         prefix_lens_cpu=[0] * len(lens), extend_lens_cpu=lens)
     attn = PoolAttention(pool, AttentionOps.for_backend("torch"), args.sm_scale,
-                         windows=args.layer_windows if windows is None else windows)
+                         windows=args.layer_windows if windows is None else windows,
+                         softcap=args.attn_logit_softcapping)
     logits = model(fb, attn)
     return list(logits.split(lens))
 
