@@ -13,19 +13,20 @@ from radixflow.frontend.openai_schemas import Completion, CompletionChoice, Comp
 from radixflow.runtime.sampling_params import RequestOptions
 
 
-def _check_prompt_size(prompt: Any, limits: Any) -> None:
-    """Limits on the raw prompt, before tokenization."""
+def check_prompt_size(prompt: Any, limits: Any, param: str = "prompt") -> None:
+    """Limits on the raw prompt (`param`: its field), before tokenization."""
     if isinstance(prompt, str):
-        limits.check_text(len(prompt), "prompt")
+        limits.check_text(len(prompt), param)
         return
     if not all(isinstance(p, int) for p in prompt):  # else: one prompt of token ids
-        limits.check_prompts(len(prompt), "prompt")
-    limits.check_text(sum(len(p) for p in prompt if isinstance(p, str)), "prompt")
-    limits.check_ids(sum(len(p) if isinstance(p, list) else 1 for p in prompt if not isinstance(p, str)), "prompt")
+        limits.check_prompts(len(prompt), param)
+    limits.check_text(sum(len(p) for p in prompt if isinstance(p, str)), param)
+    limits.check_ids(sum(len(p) if isinstance(p, list) else 1 for p in prompt if not isinstance(p, str)), param)
 
 
-def parse_prompts(prompt: Any, tokenizer: Any) -> Prompts:
-    """Token ids and text per prompt from a string, a list of strings, token ids, or a list of those."""
+def parse_prompts(prompt: Any, tokenizer: Any, param: str = "prompt") -> Prompts:
+    """Token ids and text per prompt from a string, a list of strings, token ids, or a list of
+    those (`param`: the field, for errors)."""
     if isinstance(prompt, str):
         return Prompts([tokenizer.encode(prompt)], [prompt])
     if prompt and all(isinstance(p, str) for p in prompt):
@@ -35,12 +36,12 @@ def parse_prompts(prompt: Any, tokenizer: Any) -> Prompts:
     elif prompt and all(isinstance(p, list) for p in prompt):
         ids = [list(p) for p in prompt]
     else:
-        raise APIError(400, "prompt must be a string, a list of strings, a list of token ids, or a list "
-                       "of token id lists (non-empty, not mixed)", param="prompt")
+        raise APIError(400, f"{param} must be a string, a list of strings, a list of token ids, or a list "
+                       "of token id lists (non-empty, not mixed)", param=param)
     try:
         return Prompts(ids, [tokenizer.decode(p) for p in ids])
     except ValueError as exc:  # negative or oversized ids
-        raise APIError(400, f"prompt token ids are invalid: {exc}", param="prompt") from exc
+        raise APIError(400, f"{param} token ids are invalid: {exc}", param=param) from exc
 
 
 def to_logprobs(entries: list, tops: list | None, offset: int, tokenizer: Any = None) -> CompletionLogprobs:
@@ -84,7 +85,7 @@ class CompletionShape:
             limits.check_top_logprobs(req.logprobs, "logprobs")
         if req.best_of is not None and req.best_of != (req.n or 1):
             raise APIError(400, "best_of other than n is not supported", param="best_of")
-        _check_prompt_size(req.prompt, limits)
+        check_prompt_size(req.prompt, limits)
 
     def constraint(self, state: None, own: Constraint | None) -> Constraint | None:
         return own  # a completion's constraints are its own fields

@@ -9,6 +9,7 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
+from radixflow.frontend.embeddings import EmbeddingRequest, EmbeddingResponse, EncodeRequest
 from radixflow.frontend.native import AbortRequest, GenerateRequest
 from radixflow.frontend.openai_schemas import (
     ChatCompletion, ChatRequest, Completion, CompletionRequest, ModelCard, ModelList,
@@ -43,10 +44,13 @@ OPERATIONS: dict[str, tuple[str, str, type | None, type | None]] = {
     "/v1/responses/{response_id}": ("get", "a stored response (DELETE forgets it)", None, ResponseObject),
     "/v1/responses/{response_id}/input_items": ("get", "a stored response's input items (order, limit, after)",
                                                 None, None),
+    "/v1/embeddings": ("post", "OpenAI embeddings: each input's last-token final hidden state, L2-normalized",
+                       EmbeddingRequest, EmbeddingResponse),
     "/v1/models": ("get", "served models", None, ModelList),
     "/v1/models/{model}": ("get", "one served model", None, ModelCard),
     "/v1/programs": ("post", "run a program IR", ProgramRequest, None),
     "/generate": ("post", "SGLang-native generate", GenerateRequest, None),
+    "/encode": ("post", "SGLang-native embeddings ({embedding, meta_info}, or a list)", EncodeRequest, None),
     "/abort_request": ("post", "abort one request (rid) or all (abort_all)", AbortRequest, None),
     "/separate_reasoning": ("post", "a thinking model's text split into answer and reasoning", SeparateRequest,
                             SeparateResponse),

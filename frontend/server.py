@@ -17,7 +17,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from radixflow.frontend import native
+from radixflow.frontend import embeddings, native
 from radixflow.frontend.body import json_response
 from radixflow.frontend.chat import create_chat_completion
 from radixflow.frontend.completions import create_completion
@@ -72,12 +72,14 @@ ROUTES = [
     Route("/v1/responses", create_response, methods=["POST"]),
     Route("/v1/responses/{response_id}", response_by_id, methods=["GET", "DELETE"]),
     Route("/v1/responses/{response_id}/input_items", input_items, methods=["GET"]),
+    Route("/v1/embeddings", embeddings.create_embedding, methods=["POST"]),
     Route("/v1/models", list_models, methods=["GET"]),
     Route("/v1/models/{model:path}", get_model, methods=["GET"]),
     Route("/v1/programs", run_program, methods=["POST"]),
     Route("/v1/load_lora_adapter", load_lora_adapter, methods=["POST"]),
     Route("/v1/unload_lora_adapter", unload_lora_adapter, methods=["POST"]),
     Route("/generate", native.generate, methods=["POST"]),
+    Route("/encode", embeddings.encode, methods=["POST"]),
     Route("/get_model_info", native.get_model_info, methods=["GET"]),
     Route("/model_info", native.get_model_info, methods=["GET"]),
     Route("/get_load", native.get_load, methods=["GET"]),

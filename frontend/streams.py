@@ -241,8 +241,11 @@ class ResultFold:
         self._lists: dict[str, list] = {}
         self._first: dict[str, Any] = {}
         self._meta: dict[str, Any] = {}
+        self._embedding: list[float] | None = None
 
     def add(self, chunk: dict) -> None:
+        if "embedding" in chunk:  # an embedding request's one chunk
+            self._embedding = chunk["embedding"]
         self._text.append(chunk["text"])
         self._ids.extend(chunk["output_ids"])
         meta = self._meta = chunk["meta_info"]
@@ -254,8 +257,10 @@ class ResultFold:
                 self._first[key] = meta[key]
 
     def result(self) -> dict:
-        return {"text": "".join(self._text), "output_ids": self._ids,
-                "meta_info": {**self._meta, **self._first, **self._lists}}
+        meta = {**self._meta, **self._first, **self._lists}
+        if self._embedding is not None:
+            return {"embedding": self._embedding, "meta_info": meta}
+        return {"text": "".join(self._text), "output_ids": self._ids, "meta_info": meta}
 
 
 async def _wait_disconnect(receive: Receive) -> None:

@@ -47,7 +47,8 @@ def _attend_block(
     qk = tl.dot(q, k_t, input_precision=DOT_PRECISION) * qk_scale  # [ROWS, BLOCK_N]
     if SOFTCAP:  # cap * tanh(qk / cap), tanh(x) = 1 - 2 / (exp(2x) + 1) (exp overflowing to inf gives 1)
         qk = cap - 2.0 * cap / (tl.exp(2.0 * qk / cap) + 1.0)
-    visible = mask_n[None, :] & (offs_n[None, :] <= row_limit[:, None]) & (offs_n[None, :] > row_limit[:, None] - window)
+    visible = (mask_n[None, :] & (offs_n[None, :] <= row_limit[:, None])
+               & (offs_n[None, :] > row_limit[:, None] - window))
     qk = tl.where(visible, qk, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(qk, 1))
     alpha = tl.exp2(m_i - m_new)

@@ -83,7 +83,8 @@ def decode_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
     k = gather_kv(k_cache, slots, k_scale).masked_fill(hidden, 0.0)  # [batch, max_len, num_kv_heads, head_dim]
     v = gather_kv(v_cache, slots, v_scale).masked_fill(hidden, 0.0)
     qg = q.to(torch.float32).reshape(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
-    scores = softcap_scores(torch.einsum("bkgd,blkd->bkgl", qg, k) * sm_scale, softcap)  # [batch, kv heads, group, max_len]
+    scores = torch.einsum("bkgd,blkd->bkgl", qg, k) * sm_scale  # [batch, num_kv_heads, group, max_len]
+    scores = softcap_scores(scores, softcap)
     mask = visible[:, None, None, :]
     probs = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)
     probs = torch.where(mask, probs, 0.0)  # a seq_len 0 row is all NaN: make it zeros

@@ -73,7 +73,8 @@ def extend_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
         k = gather_kv(k_cache, slots, k_scale)  # [seq_len, num_kv_heads, head_dim]
         v = gather_kv(v_cache, slots, v_scale)
         qi = q[start:start + extend_len].to(torch.float32).reshape(extend_len, num_kv_heads, group, head_dim)
-        scores = softcap_scores(torch.einsum("ekgd,skd->kges", qi, k) * sm_scale, softcap)  # [kv heads, group, ext, seq]
+        scores = torch.einsum("ekgd,skd->kges", qi, k) * sm_scale  # [num_kv_heads, group, extend_len, seq_len]
+        scores = softcap_scores(scores, softcap)
         query_pos = prefix_len + torch.arange(extend_len, device=q.device)
         key_pos = torch.arange(seq_len, device=q.device)[None, :]
         visible = key_pos <= query_pos[:, None]  # [extend_len, seq_len]

@@ -45,7 +45,7 @@ from radixflow.runtime.errors import EngineClosedError, EngineDeadError
 from radixflow.runtime.model.model_path import resolve_model_path
 from radixflow.runtime.output_channel import ChannelsByLoop, OutputChannel
 from radixflow.runtime.request_inputs import (
-    InputIds, Prompt, check_options, check_prompt, normalize_inputs, stream_inputs,
+    InputIds, Prompt, check_embed, check_options, check_prompt, normalize_inputs, stream_inputs,
 )
 from radixflow.runtime.sampling_params import SamplingParams
 from radixflow.runtime.stats import EngineStats, RequestTiming
@@ -105,6 +105,7 @@ class EngineClient:
             self.shutdown()
             raise RuntimeError(f"no engine core answered at {address}" + (f": {self._dead}" if self._dead else ""))
         self.max_context_len = self._info.max_context_len
+        self.hidden_size = self._info.hidden_size
         self.vocab_size = self._info.vocab_size
         self.kv_capacity = self._info.kv_capacity
 
@@ -117,14 +118,17 @@ class EngineClient:
                               return_text_in_logprobs: bool = False, rid: str | None = None,
                               lora_path: str | None = None, session_id: str | None = None,
                               lora: str | None = None, incremental: bool = False,
-                              group: str | None = None, lora_version: str | None = None) -> AsyncIterator[dict]:
+                              group: str | None = None, lora_version: str | None = None,
+                              embed: bool = False) -> AsyncIterator[dict]:
         """As Engine.generate_stream: cumulative chunks (`incremental`: each chunk's new text and
-        ids only); closing the iterator early aborts. `group`, `lora_version`: as Engine.generate_stream's."""
+        ids only); closing the iterator early aborts. `group`, `lora_version`, `embed`: as
+        Engine.generate_stream's."""
         lora = lora if lora is not None else lora_path
         check_options(rid, return_logprob=return_logprob, logprob_start_len=logprob_start_len,
                       top_logprobs_num=top_logprobs_num, return_text_in_logprobs=return_text_in_logprobs,
                       session_id=session_id, lora_path=lora)
         ids, sp = stream_inputs(self.tokenizer, prompt, input_ids, sampling_params)
+        check_embed(embed, sp)
         opts = LogprobOptions(return_logprob, logprob_start_len, top_logprobs_num)
         self.validate_prompt(ids, sp)
         opts.validate(len(ids), self.vocab_size)
@@ -142,7 +146,7 @@ class EngineClient:
         self._send(SubmitRequest(rid=rid, input_ids=ids, sampling=sp, return_logprob=return_logprob,
                                  logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num,
                                  lora=lora, session_id=session_id, group=group,
-                                 lora_version=lora_version))
+                                 lora_version=lora_version, embed=embed))
         try:
             while not chunks.done:
                 batch = await outputs.take()
@@ -166,6 +170,13 @@ class EngineClient:
             prompts, is_batch = normalize_inputs(self.tokenizer, prompt, None)
             input_ids, prompt = (prompts if is_batch else prompts[0]), None
         return self._call("generate", prompt, sampling_params, input_ids, **kwargs)
+
+    def encode(self, prompt: Prompt = None, input_ids: InputIds = None, **kwargs: Any) -> dict | list[dict]:
+        """As Engine.encode (blocking; runs in the core, results come back whole)."""
+        if prompt is not None and input_ids is None:  # tokenized here, as every request is
+            prompts, is_batch = normalize_inputs(self.tokenizer, prompt, None)
+            input_ids, prompt = (prompts if is_batch else prompts[0]), None
+        return self._call("encode", prompt, input_ids, **kwargs)
 
     def validate_prompt(self, ids: list[int], sp: SamplingParams) -> None:
         check_prompt(ids, sp, self.vocab_size, self.max_context_len, self.kv_capacity)

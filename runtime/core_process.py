@@ -43,8 +43,9 @@ from radixflow.runtime.stats import RequestTiming
 log = logging.getLogger(__name__)
 
 # control calls a client may make; the slow ones run on a worker thread, the rest on the IO thread
-BLOCKING_CALLS = frozenset({"generate", "abort_all", "flush_cache", "load_lora_adapter", "unload_lora_adapter",
-                            "adapter_version", "check_accounting", "set_fault_injector", "shutdown"})
+BLOCKING_CALLS = frozenset({"generate", "encode", "abort_all", "flush_cache", "load_lora_adapter",
+                            "unload_lora_adapter", "adapter_version", "check_accounting", "set_fault_injector",
+                            "shutdown"})
 QUICK_CALLS = frozenset({"stats", "lora_adapters", "invariant_violations"})
 _BROADCAST = b""  # the outbox identity of a message for every client
 CLIENT_CHECK_S = 0.5  # how often the IO thread checks that the clients' processes are alive
@@ -190,7 +191,7 @@ class CoreServer:
             e = self.engine
             self._send([(identity, CoreInfo(vocab_size=e.runner.args.vocab_size, max_context_len=e.max_context_len,
                                             kv_capacity=e.runner.kv_pool.capacity, healthy=e.is_healthy,
-                                            pid=os.getpid()))])
+                                            pid=os.getpid(), hidden_size=e.hidden_size))])
 
     def _send(self, items: list[tuple[bytes, Any]]) -> None:
         timings: list[RequestTiming] = []
@@ -266,7 +267,7 @@ class CoreServer:
             opts = LogprobOptions(m.return_logprob, m.logprob_start_len, m.top_logprobs_num)
             # tokens only: the client detokenizes and checks stop strings
             self.engine.start_stream(m.input_ids, m.sampling, opts, m.rid, m.lora, m.session_id, sink,
-                                     group=m.group, lora_version=m.lora_version, reserved=reserved)
+                                     group=m.group, lora_version=m.lora_version, reserved=reserved, embed=m.embed)
         except Exception as exc:  # bad input, a full queue, a stopped engine: the client raises it
             self.outbox.put(identity, Rejected.of(m.rid, exc))
 

@@ -39,7 +39,7 @@ from radixflow.runtime.core.engine_loop import EngineLoop
 from radixflow.runtime.core.step import StepRunner
 from radixflow.runtime.starting import StartingRequests
 from radixflow.runtime.request_inputs import (
-    InputIds, Prompt, check_options, check_prompt, normalize_inputs, stream_inputs,
+    InputIds, Prompt, check_embed, check_options, check_prompt, normalize_inputs, stream_inputs,
 )
 from radixflow.runtime.text.output_text import OutputText
 from radixflow.runtime.text.tokenizer import Tokenizer
@@ -63,6 +63,7 @@ class Engine:
         self.tokenizer = Tokenizer.from_pretrained(self.model_path, self.config.chat_template)
         self.runner = ModelRunner(self.config, self.model_path)
         self.max_context_len = self.runner.shape.max_context_len
+        self.hidden_size = self.runner.args.hidden_size  # an embedding's length (encode)
         self.vocab_size = self.runner.args.vocab_size  # the model's: ids a prompt may hold
         cache = NullCache() if self.config.disable_radix_cache else RadixCache()
         limits = SchedulerLimits(
@@ -142,6 +143,35 @@ class Engine:
             out.append(res[0] if sp.n == 1 else res)
         return out if is_batch else out[0]
 
+    def encode(self, prompt: Prompt = None, input_ids: InputIds = None, *, rid: str | list[str] | None = None,
+               lora_path: str | None = None, lora: str | None = None) -> dict | list[dict]:
+        """Embed one prompt (→ one result) or a list (→ a list, in order): each is prefilled
+        (its prefix from the cache like any request's) and its last token's final hidden state,
+        after the model's last norm, L2-normalized, is `embedding` (SGLang's /encode shape:
+        {"embedding": [...], "meta_info": {...}}). A request that fails or is aborted has
+        `embedding` None and says why in meta_info's finish_reason."""
+        lora_path = lora if lora is not None else lora_path
+        check_options(rid, lora_path=lora_path)
+        prompts, is_batch = self._normalize_inputs(prompt, input_ids)
+        sp = SamplingParams.from_dict({"max_new_tokens": 0})
+        rids = self._normalize_rids(rid, len(prompts))
+        for ids in prompts:  # everything that can refuse the batch runs before anything is submitted
+            self.validate_prompt(ids, sp)
+        check_lora_request(self.loras, lora_path)
+        choice = None if lora_path is None else self._choose_adapter(lora_path)
+        submitted: list[Req] = []
+        try:
+            waits = [self._submit(ids, sp, LogprobOptions(), r, choice, None, None, True, submitted, embed=True)
+                     for ids, r in zip(prompts, rids)]
+        except BaseException:  # a full queue or a rid in use part-way: nothing of the batch runs on
+            for req in submitted:
+                self.abort(req.rid)
+            raise
+        for _, ev in waits:
+            ev.wait()
+        out = [make_result(req, None, False) for req, _ in waits]
+        return out if is_batch else out[0]
+
     async def generate_stream(self, prompt: str | None = None,
                               sampling_params: dict | SamplingParams | None = None,
                               input_ids: list[int] | None = None, *, return_logprob: bool = False,
@@ -149,18 +179,22 @@ class Engine:
                               return_text_in_logprobs: bool = False, rid: str | None = None,
                               lora_path: str | None = None, session_id: str | None = None,
                               lora: str | None = None, incremental: bool = False,
-                              group: str | None = None, lora_version: str | None = None) -> AsyncIterator[dict]:
+                              group: str | None = None, lora_version: str | None = None,
+                              embed: bool = False) -> AsyncIterator[dict]:
         """Yield SGLang-style stream chunks: cumulative `text` and `output_ids` (`incremental`:
         only those new since the previous chunk, `completion_tokens` still counting all); logprob
         lists hold only the entries new since the previous chunk. Closing the iterator early (a
         client gone away) aborts the request. `group`: the rid of the n > 1 request this stream
         is a sample (or the prefill) of, so `abort(group)` ends it too. `lora_version`: what
-        `adapter_version(lora)` said when the request began (its other samples' weights)."""
+        `adapter_version(lora)` said when the request began (its other samples' weights).
+        `embed`: an embedding request (as `encode`'s; `sampling_params` must be prefill-only,
+        max_new_tokens 0): its one chunk carries `embedding`."""
         lora_path = lora if lora is not None else lora_path
         check_options(rid, return_logprob=return_logprob, logprob_start_len=logprob_start_len,
                       top_logprobs_num=top_logprobs_num, return_text_in_logprobs=return_text_in_logprobs,
                       session_id=session_id, lora_path=lora_path)
         ids, sp = stream_inputs(self.tokenizer, prompt, input_ids, sampling_params)
+        check_embed(embed, sp)
         loop = asyncio.get_running_loop()
         opts = LogprobOptions(return_logprob, logprob_start_len, top_logprobs_num)
         channel = self._channels.get(loop)
@@ -173,7 +207,7 @@ class Engine:
         # this loop runs on, and its first outputs may be delivered before that call returns.
         outputs = channel.open(rid)  # ValueError if a stream of this loop has the rid
         start = functools.partial(self.start_stream, ids, sp, opts, rid, lora_path, session_id, channel, group=group,
-                                  lora_version=lora_version)
+                                  lora_version=lora_version, embed=embed)
         submitted = None
         try:
             if sp.is_constrained:  # the grammar compiles in a worker thread: the loop must not wait for it
@@ -204,25 +238,28 @@ class Engine:
 
     def start_stream(self, ids: list[int], sp: SamplingParams, opts: LogprobOptions, rid: str | None,
                      lora: str | None, session_id: str | None, sink: OutputSink, *,
-                     group: str | None = None, lora_version: str | None = None, reserved: bool = False) -> Req:
+                     group: str | None = None, lora_version: str | None = None, reserved: bool = False,
+                     embed: bool = False) -> Req:
         """Submit one request whose outputs go to `sink` (one StepOutput per step, posted on the
         engine thread); returns it. Raises what validation or a full queue raises; a grammar
         compiles here, so call it off any event loop when `sp.is_constrained`. Its outputs carry
         token ids only: detokenizing and stop strings are the caller's (ClientText), which ends
         the request with `abort(rid, reason)` at a stop. `group`: as `Req.group`; `lora_version`:
         as generate_stream's (ValueError when `lora` means other weights now). `reserved`: the
-        caller called `reserve(rid, group, sink)` first; this call takes the reservation over."""
+        caller called `reserve(rid, group, sink)` first; this call takes the reservation over.
+        `embed`: an embedding request (prefill-only `sp`)."""
         if not reserved:
             rid = rid or new_rid()
             self.reserve(rid, group, sink)
         elif rid is None:
             raise ValueError("a reserved request is started by its rid")
         try:
+            check_embed(embed, sp)
             self.validate_prompt(ids, sp)  # before an adapter is chosen (perhaps read from disk)
             check_lora_request(self.loras, lora)
             choice = None if lora is None else self._choose_adapter(lora, lora_version)
             req = self._make_req(ids, sp, opts, rid, choice, None, checked=True, with_text=False,
-                                 cancel=self._starting.cancel_event(rid))
+                                 cancel=self._starting.cancel_event(rid), embed=embed)
             req.sink, req.cursor, req.session_id, req.group = sink, StreamCursor(), session_id, group
             self.loop.submit(req)
         finally:
@@ -373,7 +410,8 @@ class Engine:
 
     def _make_req(self, ids: list[int], sp: SamplingParams, opts: LogprobOptions, rid: str | None,
                   lora_path: str | AdapterChoice | None, on_output: Callable[[Req, bool], None] | None,
-                  checked: bool = False, with_text: bool = True, cancel: threading.Event | None = None) -> Req:
+                  checked: bool = False, with_text: bool = True, cancel: threading.Event | None = None,
+                  embed: bool = False) -> Req:
         """`checked`: the caller already ran validate_prompt(ids, sp) (an O(prompt) scan);
         `with_text=False`: tokens only, its text and stop strings are the caller's; `cancel`: set
         when the request is aborted while its grammar compiles (it gets none then). The text of
@@ -383,7 +421,7 @@ class Engine:
             self.validate_prompt(ids, sp)
         check_lora_request(self.loras, lora_path)
         opts.validate(len(ids), self.runner.args.vocab_size)
-        req = Req(rid=rid or new_rid(), prompt_ids=ids, sampling=sp, logprob=opts, on_output=on_output)
+        req = Req(rid=rid or new_rid(), prompt_ids=ids, sampling=sp, logprob=opts, on_output=on_output, embed=embed)
         if self.loras is not None and lora_path is not None:
             self.loras.attach(req, self._choose_adapter(lora_path) if isinstance(lora_path, str) else lora_path)
         if with_text:
@@ -432,10 +470,10 @@ class Engine:
 
     def _submit(self, ids: list[int], sp: SamplingParams, opts: LogprobOptions, rid: str | None,
                 lora_path: str | AdapterChoice | None, session_id: str | None, group: str | None, checked: bool,
-                submitted: list[Req]) -> tuple[Req, threading.Event]:
+                submitted: list[Req], embed: bool = False) -> tuple[Req, threading.Event]:
         ev = threading.Event()
         req = self._make_req(ids, sp, opts, rid, lora_path,
-                             lambda _r, finished: ev.set() if finished else None, checked=checked)
+                             lambda _r, finished: ev.set() if finished else None, checked=checked, embed=embed)
         req.session_id, req.group = session_id, group
         self.loop.submit(req)
         submitted.append(req)

@@ -105,3 +105,11 @@ def check_prompt(ids: list[int], sp: SamplingParams, vocab: int, max_context_len
 @functools.lru_cache(maxsize=8)
 def _token_ids_type(vocab: int) -> type:
     return list[Annotated[int, msgspec.Meta(ge=0, lt=vocab)]]
+
+
+def check_embed(embed: bool, sp: SamplingParams) -> None:
+    """An embedding request samples nothing: ValueError unless its sampling is prefill-only."""
+    if not isinstance(embed, bool):
+        raise ValueError(f"embed must be true or false, got {embed!r}")
+    if embed and sp.max_new_tokens != 0:
+        raise ValueError(f"an embedding request generates no tokens: max_new_tokens must be 0, got {sp.max_new_tokens}")

@@ -48,6 +48,8 @@ def meta_info(req: Req, decode: Any, with_text: bool, out_start: int = 0,
 
 
 def make_result(req: Req, decode: Any, with_text: bool) -> dict[str, Any]:
+    if req.embed:  # SGLang's /encode shape
+        return {"embedding": req.embedding, "meta_info": meta_info(req, decode, with_text)}
     return {"text": visible_text(req), "output_ids": list(req.output_ids),
             "meta_info": meta_info(req, decode, with_text)}
 

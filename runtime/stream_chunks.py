@@ -97,7 +97,10 @@ class StreamChunks:
         if self.logprob.return_logprob:
             self._add_logprobs(meta, input_logprobs, new_logprobs)
         self.is_first = False
-        return {"text": text, "output_ids": ids, "meta_info": meta}
+        chunk = {"text": text, "output_ids": ids, "meta_info": meta}
+        if last.embedding is not None:
+            chunk["embedding"] = last.embedding
+        return chunk
 
     def _add_logprobs(self, meta: dict[str, Any], input_logprobs: list, new_logprobs: list) -> None:
         top = self.logprob.top_logprobs_num > 0

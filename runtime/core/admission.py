@@ -197,7 +197,7 @@ class Admission:
         batch.extend_lens.append(n)
         completes = start + n == req.seq_len
         batch.completes.append(completes)
-        batch.sample.append(completes and req.wants_sample)
+        batch.sample.append(completes and req.wants_last_row)
         batch.misses.append(misses)
         return True
 

@@ -28,7 +28,8 @@ class RequestOutput(msgspec.Struct, frozen=True, kw_only=True):
     asked for); `text_delta`: the visible text they completed (in-process only: the engine
     process sends token ids alone, its client makes the text). The first message
     of a request carries `input_logprobs` when asked for; the last one its `finish_reason` and
-    `finished_stats` (miss tokens, timings). `cached_tokens`: its prefix-cache hit.
+    `finished_stats` (miss tokens, timings), and an embedding request's last its `embedding`.
+    `cached_tokens`: its prefix-cache hit.
     """
 
     rid: str
@@ -39,6 +40,7 @@ class RequestOutput(msgspec.Struct, frozen=True, kw_only=True):
     finish_reason: dict[str, Any] | None = None
     input_logprobs: list[LogprobEntry] | None = None
     finished_stats: dict[str, Any] | None = None
+    embedding: list[float] | None = None
 
 
 class StepOutput(msgspec.Struct, frozen=True, tag="step"):
@@ -93,6 +95,7 @@ class SubmitRequest(msgspec.Struct, frozen=True, kw_only=True, tag="submit"):
     session_id: str | None = None
     group: str | None = None
     lora_version: str | None = None
+    embed: bool = False  # an embedding request (Engine.encode): its sampling is prefill-only
 
 
 class AbortRequest(msgspec.Struct, frozen=True, tag="abort"):
@@ -126,6 +129,7 @@ class CoreInfo(msgspec.Struct, frozen=True, kw_only=True, tag="info"):
     kv_capacity: int
     healthy: bool
     pid: int
+    hidden_size: int = 0  # an embedding's length
 
 
 class Rejected(msgspec.Struct, frozen=True, kw_only=True, tag="rejected"):

@@ -45,7 +45,7 @@ def take_output(req: Req, cursor: StreamCursor) -> RequestOutput:
         new_logprobs=req.output_logprobs[cursor.logprobs:] if asked else [], cached_tokens=req.cached_len,
         finish_reason=req.finish_reason,
         input_logprobs=list(req.input_logprobs) if asked and cursor.is_first else None,
-        finished_stats=finished_stats(req) if finished else None)
+        finished_stats=finished_stats(req) if finished else None, embedding=req.embedding if finished else None)
     cursor.logprobs, cursor.is_first = len(req.output_logprobs), False
     cursor.plain = not asked
     return out

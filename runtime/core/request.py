@@ -151,6 +151,8 @@ class Req:
     grammar: Any = None
     ngram: Any = None            # its NgramIndex (runtime/core/speculative.py) once drafted for
     drafts: list[int] | None = None  # this step's drafts, appended to output_ids until its forward ran
+    embed: bool = False          # an embedding request: prefill only, its last token's final hidden state
+    embedding: list[float] | None = None  # that state, L2-normalized, once computed
     num_verify_steps: int = 0    # steps that verified drafts of it (meta_info spec_verify_ct)
     input_logprobs: list[tuple[int, float, list[tuple[int, float]]]] = field(default_factory=list)
     output_logprobs: list[tuple[int, float, list[tuple[int, float]]]] = field(default_factory=list)
@@ -190,6 +192,12 @@ class Req:
     def wants_sample(self) -> bool:
         """Whether computing the remaining KV ends in sampling a token (not prefill-only)."""
         return self.sampling.max_new_tokens > 0
+
+    @property
+    def wants_last_row(self) -> bool:
+        """Whether computing the remaining KV ends in its last row's logits (a sample) or final
+        hidden state (an embedding)."""
+        return self.sampling.max_new_tokens > 0 or self.embed
 
     def owned_slots(self) -> SlotIds:
         return self.slots[self.tree_len:]

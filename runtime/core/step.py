@@ -268,18 +268,32 @@ class StepRunner(OverlappedSteps, VerifySteps):
 
     def _rows_of_prefill(self, batch: ScheduledBatch, plans: list[_LogitPlan]) -> tuple[list[int], list[Req]]:
         """The logit rows to sample and their requests; a prefill-only request whose prompt is
-        all computed finishes here."""
+        all computed finishes here, an embedding request with its last row's final hidden state."""
         rows, reqs, base = [], [], 0
         for req, plan in zip(batch.reqs, plans):
             base += len(plan.offsets)
             if req.is_finished:
                 continue
-            if plan.sample:
+            if plan.sample and req.embed:
+                self._embed(req, base - 1)
+            elif plan.sample:
                 rows.append(base - 1)
                 reqs.append(req)
             elif req.kv_len == req.seq_len and not req.wants_sample:
                 req.finish({"type": "length", "length": 0})  # prefill-only request is done
         return rows, reqs
+
+    def _embed(self, req: Req, row: int) -> None:
+        """Finish an embedding request with its last token's final hidden state (the forward's
+        logit row `row`), L2-normalized as OpenAI's embeddings are."""
+        try:
+            hidden = self.runner.model.last_hidden
+            if hidden is None or row >= hidden.shape[0]:
+                raise RuntimeError("the step's forward kept no hidden state for its embedding rows")
+            req.embedding = torch.nn.functional.normalize(hidden[row].float(), dim=0).tolist()
+            req.finish({"type": "length", "length": 0})
+        except Exception as exc:  # this request's alone
+            self._fail(req, exc)
 
     def _check_batch_faults(self, reqs: list[Req]) -> None:
         """Test hook: step-level faults of the per-request points, outside isolation."""

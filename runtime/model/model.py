@@ -305,6 +305,7 @@ class CausalLM(nn.Module):
         # Gemma 3's window layers: (cos, sin, sin_signed) of their own RoPE base
         self.local_rope: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         self.fused_layers: tuple | None = None  # runtime/model/fused_layers.py's, decided on first use
+        self.last_hidden: torch.Tensor | None = None  # the latest forward's, [logit rows, hidden]
 
     def init_rope(self, max_len: int, device: torch.device) -> None:
         """Tables for positions [0, max_len); call once the weights are on `device`."""
@@ -347,6 +348,7 @@ class CausalLM(nn.Module):
             for layer in self.layers:
                 x, residual = layer(x, residual, local_rope if layer.local_rope else rope, fb, attn)
         x, _ = self.norm(x.index_select(0, fb.logit_rows), residual.index_select(0, fb.logit_rows))
+        self.last_hidden = x  # the logit rows' final hidden states (embedding requests read them)
         if self.packed_lm_head is not None:
             logits = self.packed_lm_head(x).float()
         else:

@@ -119,7 +119,8 @@ class ModelArgs:
 
     def _check_moe(self) -> None:
         if self.hidden_act != "silu":  # the experts' kernels compute SiLU-and-mul
-            raise ValueError(f"hidden_act {self.hidden_act!r} is not supported in a mixture of experts; supported: silu")
+            raise ValueError(f"hidden_act {self.hidden_act!r} is not supported in a mixture of experts; "
+                             "supported: silu")
         for name, value in (("num_experts", self.num_experts), ("num_experts_per_tok", self.num_experts_per_tok),
                             ("moe_intermediate_size", self.moe_intermediate_size)):
             _check_positive_int(name, value)
@@ -370,9 +371,10 @@ def _gemma_fields(cfg: dict[str, Any], hidden: int, arch: str) -> dict[str, Any]
     if isinstance(scalar, bool) or not isinstance(scalar, (int, float)) or not 0 < scalar < math.inf:
         raise ValueError(f"query_pre_attn_scalar must be a positive number, got {scalar!r}")
     window = cfg.get("sliding_window")  # null: the "sliding" layers attend to everything, as in transformers
-    window_layers = tuple(i for i, t in enumerate(layer_types) if t == "sliding_attention") if window is not None else ()
-    return {"sliding_window": window if window_layers else None, "window_layers": window_layers, "embedding_multiplier": math.sqrt(hidden),
-            "embedding_multiplier_in_dtype": True, "attention_multiplier": scalar ** -0.5, "norm_weight_offset": 1.0,
+    window_layers = () if window is None else tuple(i for i, t in enumerate(layer_types) if t == "sliding_attention")
+    return {"sliding_window": window if window_layers else None, "window_layers": window_layers,
+            "embedding_multiplier": math.sqrt(hidden), "embedding_multiplier_in_dtype": True,
+            "attention_multiplier": scalar ** -0.5, "norm_weight_offset": 1.0,
             "final_logit_softcapping": cfg.get("final_logit_softcapping"),
             "attn_logit_softcapping": cfg.get("attn_logit_softcapping")}
 

@@ -68,7 +68,11 @@ class CheckpointReader:
         vision = [name for name in stored if name.startswith(_VISION_PREFIXES)]
         if vision:
             log.info("%d vision-tower tensors not loaded: radixflow serves this model's text only", len(vision))
-        self._stored = {_text_name(name): name for name in stored if not name.startswith(_VISION_PREFIXES)}
+        # a base model saved without its LM wrapper (an embedding model such as Qwen3-Embedding):
+        # `layers.0...`, `embed_tokens.weight`, read as the wrapped model's
+        bare = "embed_tokens.weight" in stored and not any(name.startswith("model.") for name in stored)
+        self._stored = {("model." + name if bare and not name.startswith("lm_head.") else _text_name(name)): name
+                        for name in stored if not name.startswith(_VISION_PREFIXES)}
         self.files = {ours: stored[name] for ours, name in self._stored.items()}
         self._handles: dict[str, object] = {}
 

@@ -147,8 +147,8 @@ def test_stream_interval_holds_chunks_to_every_n_tokens(engine, interval):
     assert chunks[-1]["output_ids"] == plain[-1]["output_ids"] and chunks[-1]["text"] == plain[-1]["text"]
     assert chunks[-1]["meta_info"]["finish_reason"]["type"] == "length"
     counts = [len(c["output_ids"]) for c in chunks]
-    # the first chunk is not held (it has more than one token only if the consumer fell behind)
-    assert interval == 1 or counts[0] < interval, counts
+    # (the first chunk is not held, but how many tokens it has depends on how far the consumer fell
+    # behind, which a loaded machine decides: test_stream_chunks_hold_outputs_to_the_interval checks it)
     steps = [b - a for a, b in zip(counts, counts[1:])]
     assert all(s >= interval for s in steps[:-1]), counts
     assert len(chunks) <= 2 + 22 // interval
