@@ -225,14 +225,17 @@ def model_args_from_dict(cfg: dict[str, Any]) -> ModelArgs:
         raise ValueError(f"partial_rotary_factor {partial!r} is not supported (RoPE over the whole head only)")
     if rope_scaling is not None:
         kind = rope_scaling.get("rope_type", rope_scaling.get("type"))
+        if arch == "Phi3ForCausalLM" and kind in ("su", "yarn"):  # Phi-3's old names for longrope
+            kind = "longrope"
         if kind not in ("default", "llama3", "linear", "yarn"):
             raise ValueError(f"unsupported rope_scaling type {kind!r}; supported: llama3, linear, yarn")
         if kind == "yarn":
             rope_scaling = _yarn_scaling(cfg, rope_scaling)
     if cfg.get("clip_qkv") is not None:  # OLMo(E) checkpoints trained with clamped q, k, v
         raise ValueError(f"clip_qkv {cfg['clip_qkv']!r} is not supported (q, k and v are not clamped here)")
-    # Gemma names it hidden_activation; SiLU's other name is swish, GELU's tanh form gelu_pytorch_tanh
-    act = cfg.get("hidden_activation") or cfg.get("hidden_act") or ("gelu_pytorch_tanh" if is_gemma else "silu")
+    # Gemma's MLPs read hidden_activation (a hidden_act there is ignored, as transformers does), the
+    # others hidden_act; SiLU's other name is swish, GELU's tanh form gelu_pytorch_tanh
+    act = (cfg.get("hidden_activation") or "gelu_pytorch_tanh") if is_gemma else (cfg.get("hidden_act") or "silu")
     if act not in _ACTIVATIONS:
         raise ValueError(f"hidden_act {act!r} is not supported; supported: silu, gelu_pytorch_tanh")
     eos = cfg.get("eos_token_id")
@@ -286,9 +289,13 @@ def model_args_from_dict(cfg: dict[str, Any]) -> ModelArgs:
 def _yarn_scaling(cfg: dict[str, Any], scaling: dict[str, Any]) -> dict[str, Any]:
     """A YaRN `rope_scaling` with its original context and factor filled in as transformers
     fills them: the config's top-level original_max_position_embeddings first, else the
-    scaling's own, else max_position_embeddings; an absent factor is the ratio of the two."""
-    longest = _optional(cfg, "max_position_embeddings", 4096)
+    scaling's own, else max_position_embeddings; an absent factor is the ratio of the two.
+    Without any of those the family's default would decide: refused."""
+    longest = cfg.get("max_position_embeddings")
     old_len = cfg.get("original_max_position_embeddings") or scaling.get("original_max_position_embeddings") or longest
+    if old_len is None:
+        raise ValueError("rope_scaling yarn needs original_max_position_embeddings (or max_position_embeddings)")
+    longest = old_len if longest is None else longest
     factor = scaling.get("factor")
     factor = longest / old_len if factor is None else factor
     for name, value in (("factor", factor), ("original_max_position_embeddings", old_len)):
@@ -322,6 +329,9 @@ def _gemma3_text_config(cfg: dict[str, Any]) -> dict[str, Any]:
     ends = [e for src in (text, cfg) for e in _as_list(src.get("eos_token_id"))]
     if ends:
         merged["eos_token_id"] = list(dict.fromkeys(ends))
+    # the multimodal model's own head: tied by its top-level flag (true unless set), never soft-capped
+    merged["tie_word_embeddings"] = cfg.get("tie_word_embeddings", True)
+    merged["final_logit_softcapping"] = None
     return merged
 
 
@@ -340,11 +350,12 @@ def _gemma_rope(cfg: dict[str, Any], rope: dict[str, Any]) -> tuple[float, dict[
     full, local = rope.get("full_attention") or {}, rope.get("sliding_attention") or {}
     if not isinstance(full, dict) or not isinstance(local, dict):
         raise ValueError(f"rope_parameters must map full_attention / sliding_attention to objects, got {rope!r}")
-    theta = cfg.get("rope_theta") or full.get("rope_theta", 1_000_000.0)
+    # the nested thetas win over the top-level ones, as transformers reads them
+    theta = full.get("rope_theta") or cfg.get("rope_theta") or 1_000_000.0
     scaling = cfg.get("rope_scaling") or (full if full.get("rope_type", "default") != "default" else None)
     if local.get("rope_type", "default") != "default":
         raise ValueError(f"a scaled RoPE in the sliding-window layers ({local!r}) is not supported")
-    return theta, scaling, cfg.get("rope_local_base_freq") or local.get("rope_theta", 10_000.0)
+    return theta, scaling, local.get("rope_theta") or cfg.get("rope_local_base_freq") or 10_000.0
 
 
 def _gemma_fields(cfg: dict[str, Any], hidden: int, arch: str) -> dict[str, Any]:
@@ -352,7 +363,9 @@ def _gemma_fields(cfg: dict[str, Any], hidden: int, arch: str) -> dict[str, Any]
     "sliding_attention" (else Gemma 2 every other layer from the first, Gemma 3 all but every
     `sliding_window_pattern`-th, 6 by default), the embedding scale sqrt(hidden_size), the
     attention scale query_pre_attn_scalar ** -0.5, the attention-score and final soft-caps.
-    Refused: bidirectional attention (EmbeddingGemma)."""
+    Gemma 3's attention never soft-caps (transformers' ignores attn_logit_softcapping there).
+    Refused: bidirectional attention (EmbeddingGemma), and a null window where layers slide
+    (transformers fails on it)."""
     if cfg.get("use_bidirectional_attention"):
         raise ValueError("use_bidirectional_attention is not supported (attention here is causal)")
     num_layers = _required(cfg, "num_hidden_layers")
@@ -370,13 +383,16 @@ def _gemma_fields(cfg: dict[str, Any], hidden: int, arch: str) -> dict[str, Any]
     scalar = _optional(cfg, "query_pre_attn_scalar", 256)
     if isinstance(scalar, bool) or not isinstance(scalar, (int, float)) or not 0 < scalar < math.inf:
         raise ValueError(f"query_pre_attn_scalar must be a positive number, got {scalar!r}")
-    window = cfg.get("sliding_window")  # null: the "sliding" layers attend to everything, as in transformers
-    window_layers = () if window is None else tuple(i for i, t in enumerate(layer_types) if t == "sliding_attention")
+    window = cfg.get("sliding_window")
+    window_layers = tuple(i for i, t in enumerate(layer_types) if t == "sliding_attention")
+    if window is None and window_layers:
+        raise ValueError("sliding_window null is not supported where layers slide (layer_types names "
+                         "sliding_attention layers)")
     return {"sliding_window": window if window_layers else None, "window_layers": window_layers,
             "embedding_multiplier": math.sqrt(hidden), "embedding_multiplier_in_dtype": True,
             "attention_multiplier": scalar ** -0.5, "norm_weight_offset": 1.0,
             "final_logit_softcapping": cfg.get("final_logit_softcapping"),
-            "attn_logit_softcapping": cfg.get("attn_logit_softcapping")}
+            "attn_logit_softcapping": cfg.get("attn_logit_softcapping") if arch == "Gemma2ForCausalLM" else None}
 
 
 def _norm_topk_prob(cfg: dict[str, Any]) -> bool:
@@ -425,8 +441,9 @@ def _sliding_window(cfg: dict[str, Any], arch: str) -> dict[str, Any]:
     if arch in ("MistralForCausalLM", "MixtralForCausalLM", "Phi3ForCausalLM"):
         window = cfg.get("sliding_window", 4096 if arch == "MistralForCausalLM" else None)
         layers = range(num_layers)
-    elif arch.startswith("Qwen") or arch == "SmolLM3ForCausalLM":
-        window = cfg.get("sliding_window") if cfg.get("use_sliding_window") else None
+    elif arch.startswith("Qwen") or arch == "SmolLM3ForCausalLM":  # Qwen's default window: 4096
+        default = None if arch == "SmolLM3ForCausalLM" else 4096
+        window = cfg.get("sliding_window", default) if cfg.get("use_sliding_window") else None
         layer_types = cfg.get("layer_types")
         if arch == "Qwen3MoeForCausalLM":
             layers = range(num_layers)

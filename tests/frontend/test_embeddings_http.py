@@ -85,3 +85,11 @@ def test_the_embedding_routes_are_in_the_openapi_document(client):
     doc = client.get("/openapi.json").json()
     assert {"/v1/embeddings", "/encode"} <= set(doc["paths"])
     assert "EmbeddingRequest" in doc["components"]["schemas"]
+
+
+def test_the_embedding_routes_need_the_api_key(server):
+    import httpx
+
+    for path, body in (("/v1/embeddings", {"model": MODEL_NAME, "input": "hi"}), ("/encode", {"text": "hi"})):
+        r = httpx.post(server.url + path, json=body, timeout=30)
+        assert r.status_code == 401, (path, r.text)

@@ -196,7 +196,7 @@ def test_a_hub_gemma_2_config_reads_as_transformers_reads_it(tmp_path):
 
 
 @pytest.mark.parametrize("fields, match", [
-    ({"attn_logit_softcapping": -1.0}, "attn_logit_softcapping"),
+    ({"architectures": ["Gemma2ForCausalLM"], "attn_logit_softcapping": -1.0}, "attn_logit_softcapping"),
     ({"use_bidirectional_attention": True}, "use_bidirectional_attention"),
     ({"hidden_activation": "gelu"}, "hidden_act 'gelu' is not supported"),
     ({"layer_types": ["sliding_attention"]}, "layer_types"),
@@ -211,10 +211,11 @@ def test_what_gemma_3_computes_differently_is_refused(tmp_path, fields, match):
         load_model_args(_config(tmp_path, **fields))
 
 
-def test_a_null_window_leaves_the_sliding_layers_full(tmp_path):
-    """sliding_window null: transformers' sliding layers then see the whole context."""
-    args = load_model_args(_config(tmp_path, sliding_window=None))
-    assert args.sliding_window is None and args.window_layers == ()
+@pytest.mark.parametrize("arch", ["Gemma2ForCausalLM", "Gemma3ForCausalLM"])
+def test_a_null_window_is_refused(tmp_path, arch):
+    """sliding_window null: transformers fails on such a model, so there is nothing to match."""
+    with pytest.raises(ValueError, match="sliding_window"):
+        load_model_args(_config(tmp_path, architectures=[arch], sliding_window=None))
 
 
 @pytest.mark.parametrize("family", GEMMAS)
@@ -269,3 +270,34 @@ def test_a_lora_adapter_equals_its_merged_weights(hf_checkpoint, tmp_path, famil
                 kv_cache_tokens=512) as merged:
         assert adapted == [merged.generate(input_ids=p, sampling_params=GREEDY)["output_ids"] for p in batch]
     assert adapted != base
+
+
+def _mm_config(tmp_path, top: dict, text: dict) -> str:
+    cfg = {"architectures": ["Gemma3ForConditionalGeneration"], **top,
+           "text_config": {"vocab_size": 100, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 6,
+                           "num_attention_heads": 4, "num_key_value_heads": 1, **text}}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    return str(tmp_path)
+
+
+def test_a_multimodal_config_reads_as_transformers_multimodal_model_runs(tmp_path):
+    """Gemma3ForConditionalGeneration ties its head by the top-level flag (default true), whatever
+    the text config says, and its head is not soft-capped (only Gemma3ForCausalLM's is)."""
+    args = load_model_args(_mm_config(tmp_path, {"tie_word_embeddings": False}, {"final_logit_softcapping": 3.0}))
+    assert not args.tie_word_embeddings and args.final_logit_softcapping is None
+    args = load_model_args(_mm_config(tmp_path, {}, {"tie_word_embeddings": False}))
+    assert args.tie_word_embeddings
+
+
+def test_what_transformers_gemma_3_ignores_is_ignored(tmp_path):
+    """Gemma 3's attention never applies attn_logit_softcapping (Gemma 2's does); Gemma's MLPs read
+    hidden_activation only (a stray hidden_act is not theirs); nested rope_parameters win over
+    the top-level thetas."""
+    args = load_model_args(_config(tmp_path, attn_logit_softcapping=2.0, hidden_act="silu", rope_theta=99999.0,
+                                   rope_local_base_freq=555.0, rope_parameters={
+                                       "full_attention": {"rope_type": "default", "rope_theta": 50000.0},
+                                       "sliding_attention": {"rope_type": "default", "rope_theta": 777.0}}))
+    assert args.attn_logit_softcapping is None and args.hidden_act == "gelu_tanh"
+    assert (args.rope_theta, args.local_rope_theta) == (50000.0, 777.0)
+    gemma2 = load_model_args(_config(tmp_path, architectures=["Gemma2ForCausalLM"], hidden_act="silu"))
+    assert gemma2.hidden_act == "gelu_tanh" and gemma2.attn_logit_softcapping == 50.0

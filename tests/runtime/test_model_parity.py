@@ -233,12 +233,32 @@ def test_yarn_rope_scaling_matches_transformers(tmp_path, family, scaling):
 @pytest.mark.parametrize("scaling, match", [
     ({"rope_type": "dynamic", "factor": 2.0}, "unsupported rope_scaling type 'dynamic'"),
     ({"type": "longrope", "short_factor": [1.0], "long_factor": [2.0]}, "unsupported rope_scaling type 'longrope'"),
-    ({"rope_type": "yarn", "factor": 0}, "rope_scaling factor must be a positive number"),
+    ({"rope_type": "yarn", "factor": 0, "original_max_position_embeddings": 16},
+     "rope_scaling factor must be a positive number"),
     ({"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": "4k"}, "original_max_position_embeddings"),
 ])
 def test_rope_scalings_not_computed_are_refused(tmp_path, scaling, match):
     with pytest.raises(ValueError, match=match):
         _args_of(tmp_path, "Qwen2ForCausalLM", rope_scaling=scaling)
+
+
+@pytest.mark.parametrize("kind", ["yarn", "su"])
+def test_phi3s_old_names_for_longrope_are_longrope(tmp_path, kind):
+    """Phi-3 configs once named longrope `su` or `yarn` (with short and long factors): transformers
+    reads both as longrope, which is refused, not computed as YaRN."""
+    with pytest.raises(ValueError, match="longrope"):
+        _args_of(tmp_path, "Phi3ForCausalLM", rope_scaling={"type": kind, "short_factor": [1.0] * 4,
+                                                             "long_factor": [2.0] * 4})
+
+
+def test_yarn_needs_a_context_to_scale_from(tmp_path):
+    """Neither original_max_position_embeddings nor max_position_embeddings: each family's own
+    default would decide it (transformers'), so radixflow asks for one."""
+    cfg = {"architectures": ["Qwen2ForCausalLM"], "vocab_size": 100, "hidden_size": 32, "intermediate_size": 64,
+           "num_hidden_layers": 2, "num_attention_heads": 4, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="original_max_position_embeddings"):
+        load_model_args(str(tmp_path))
 
 
 @pytest.mark.parametrize("family, config", [
@@ -343,6 +363,7 @@ def _args_of(tmp_path, arch: str, **fields):
     ("Qwen2ForCausalLM", {"sliding_window": 64, "use_sliding_window": True, "max_window_layers": 8}, None, ()),
     ("Qwen2ForCausalLM", {"sliding_window": 64, "use_sliding_window": True}, None, ()),  # max_window_layers 28
     ("Qwen2ForCausalLM", {"sliding_window": 64, "use_sliding_window": True, "max_window_layers": 2}, 64, (2, 3)),
+    ("Qwen3ForCausalLM", {"use_sliding_window": True, "max_window_layers": 0}, 4096, (0, 1, 2, 3)),  # its default
     ("Qwen3ForCausalLM", {"sliding_window": 64, "use_sliding_window": True,
                           "layer_types": ["full_attention", "sliding_attention"] * 2}, 64, (1, 3)),
 ])
