@@ -15,17 +15,10 @@ from radixflow.runtime import Engine
 from radixflow.runtime.core.model_runner import derive_shape
 from radixflow.runtime.config import EngineConfig
 from radixflow.runtime.model.model_config import load_model_args
+from test_model_parity import _hf_greedy
 
 GREEDY = {"temperature": 0.0, "max_new_tokens": 12, "ignore_eos": True}
 GEMMAS = ["gemma2", "gemma3"]
-
-
-def _hf_greedy(hf, prompt: list[int], n: int) -> list[int]:
-    ids = list(prompt)
-    with torch.no_grad():
-        for _ in range(n):
-            ids.append(int(hf(torch.tensor([ids])).logits[0, -1].argmax()))
-    return ids[len(prompt):]
 
 
 def _prompts(vocab: int) -> tuple[list[int], list[list[int]]]:
