@@ -61,8 +61,15 @@ class EmbeddingResponse(msgspec.Struct):
 async def _embed(request: Request, prompts: list[list[int]], options: list[dict[str, Any]],
                  names: dict[str, str]) -> list[dict]:
     """Each prompt's encode result ({"embedding", "meta_info"}), run to completion (aborted if the
-    client goes); a bad prompt is a 400 naming `names["prompt"]`, a failed one a 500."""
+    client goes): a prompt past the context or otherwise bad is a 400 naming `names["prompt"]`,
+    a failed one a 500. An aborted one (/abort_request, shutdown) comes back with its embedding
+    None and finish_reason abort, for the route to answer."""
     server = request.app.state.server
+    context = server.engine.max_context_len
+    longest = max(map(len, prompts), default=0)
+    if longest > context:
+        raise APIError(400, f"This model's maximum context length is {context} tokens. However, you requested "
+                       f"{longest} tokens in the input.", param=names["prompt"], code="context_length_exceeded")
     try:
         fanout, _ = await launch(request.receive, server.engine, prompts, [PREFILL_ONLY] * len(prompts),
                                  [{**opts, "embed": True} for opts in options], server.in_flight)
@@ -70,8 +77,8 @@ async def _embed(request: Request, prompts: list[list[int]], options: list[dict[
         raise bad_request(exc, names) from exc
     results = await fanout.finish(request.receive)
     for result in results:
-        if result.get("embedding") is None:
-            reason = result["meta_info"].get("finish_reason") or {}
+        reason = result["meta_info"].get("finish_reason") or {}
+        if result.get("embedding") is None and reason.get("type") != "abort":
             raise APIError(500, f"embedding failed: {reason.get('message') or reason.get('type') or 'no result'}",
                            code="internal_error")
     return results
@@ -99,6 +106,8 @@ async def create_embedding(request: Request) -> Response:
     check_prompt_size(req.input, server.limits, "input")
     prompts = await off_loop_if_large(request, parse_prompts, req.input, engine.tokenizer, "input")
     results = await _embed(request, prompts.ids, [{"lora_path": lora}] * len(prompts.ids), {"prompt": "input"})
+    if any(r.get("embedding") is None for r in results):  # an abort asked for, or the server shutting down
+        raise APIError(400, "the request was aborted before its embeddings were computed", code="request_aborted")
     encode = _as_base64 if req.encoding_format == "base64" else (lambda vector: vector)
     data = [Embedding(i, encode(r["embedding"])) for i, r in enumerate(results)]
     tokens = sum(r["meta_info"]["prompt_tokens"] for r in results)
@@ -131,6 +140,8 @@ async def encode(request: Request) -> Response:
     if req.input_ids is not None:
         check_prompt_size(req.input_ids, server.limits, "input_ids")
     prompts, is_batch = await off_loop_if_large(request, _encode_inputs, req, server.engine.tokenizer)
+    if isinstance(req.rid, str) and is_batch:
+        raise APIError(400, "a batch of inputs needs a list of rids, one per input", param="rid")
     rids = req.rid if isinstance(req.rid, list) else [req.rid] * len(prompts)
     if len(rids) != len(prompts):
         raise APIError(400, f"got {len(rids)} rid for {len(prompts)} inputs", param="rid")

@@ -45,7 +45,7 @@ _FIELD = re.compile(r"(?:unknown|required) field `([A-Za-z_]\w*)`")
 _SAMPLING_FIELD = re.compile(r"sampling_params\.(\w+)")
 # the engine's prompt checks (runtime/request_inputs.py) → "prompt"; its grammar errors start
 # with the constraint's kind (runtime/grammar/), or "grammar" where the backend does not say
-_PROMPT = re.compile(r"^(?:token id -?\d+ is outside the vocabulary|the prompt is empty)")
+_PROMPT = re.compile(r"^(?:token id -?\d+ is outside the vocabulary|the prompt is empty|the prompt has \d+ tokens but)")
 _GRAMMAR = re.compile(r"^(regex|json_schema|choices|ebnf|structural_tag|grammar)[ :]")
 
 

@@ -242,10 +242,11 @@ class ResultFold:
         self._first: dict[str, Any] = {}
         self._meta: dict[str, Any] = {}
         self._embedding: list[float] | None = None
+        self._embed = False
 
     def add(self, chunk: dict) -> None:
-        if "embedding" in chunk:  # an embedding request's one chunk
-            self._embedding = chunk["embedding"]
+        if "embedding" in chunk:  # an embedding request's (None: it ended without one)
+            self._embed, self._embedding = True, chunk["embedding"]
         self._text.append(chunk["text"])
         self._ids.extend(chunk["output_ids"])
         meta = self._meta = chunk["meta_info"]
@@ -258,7 +259,7 @@ class ResultFold:
 
     def result(self) -> dict:
         meta = {**self._meta, **self._first, **self._lists}
-        if self._embedding is not None:
+        if self._embed:
             return {"embedding": self._embedding, "meta_info": meta}
         return {"text": "".join(self._text), "output_ids": self._ids, "meta_info": meta}
 

@@ -94,10 +94,11 @@ def check_prompt(ids: list[int], sp: SamplingParams, vocab: int, max_context_len
     biased = max(sp.logit_bias_ids, default=-1)
     if biased >= vocab:
         raise ValueError(f"sampling_params.logit_bias holds token id {biased}, outside the vocabulary [0, {vocab})")
-    limit = max_context_len - (1 if sp.max_new_tokens > 0 else 0)
+    generates = sp.max_new_tokens > 0
+    limit = max_context_len - (1 if generates else 0)
     if len(ids) > limit:
         raise ValueError(f"the prompt has {len(ids)} tokens but max_model_len is {max_context_len}"
-                         f" (at most {limit} prompt tokens when generating)")
+                         + (f" (at most {limit} prompt tokens when generating)" if generates else ""))
     if len(ids) >= kv_capacity:
         raise ValueError(f"the prompt has {len(ids)} tokens but the KV cache holds only {kv_capacity}")
 

@@ -40,6 +40,7 @@ class StreamChunks:
         self.num_output = 0
         self.num_logprobs = 0
         self.is_first = True
+        self.embed = False  # an embedding request's: every chunk carries `embedding` (None until computed)
         self._held: list[RequestOutput] = []
         self._held_tokens = 0
 
@@ -98,7 +99,7 @@ class StreamChunks:
             self._add_logprobs(meta, input_logprobs, new_logprobs)
         self.is_first = False
         chunk = {"text": text, "output_ids": ids, "meta_info": meta}
-        if last.embedding is not None:
+        if self.embed:
             chunk["embedding"] = last.embedding
         return chunk
 

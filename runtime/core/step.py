@@ -291,6 +291,7 @@ class StepRunner(OverlappedSteps, VerifySteps):
             if hidden is None or row >= hidden.shape[0]:
                 raise RuntimeError("the step's forward kept no hidden state for its embedding rows")
             req.embedding = torch.nn.functional.normalize(hidden[row].float(), dim=0).tolist()
+            req.times.first_token = time.monotonic()  # its first (and only) output: prefill and TTFT count to here
             req.finish({"type": "length", "length": 0})
         except Exception as exc:  # this request's alone
             self._fail(req, exc)

@@ -70,7 +70,7 @@ class CheckpointReader:
             log.info("%d vision-tower tensors not loaded: radixflow serves this model's text only", len(vision))
         # a base model saved without its LM wrapper (an embedding model such as Qwen3-Embedding):
         # `layers.0...`, `embed_tokens.weight`, read as the wrapped model's
-        bare = "embed_tokens.weight" in stored and not any(name.startswith("model.") for name in stored)
+        bare = self.bare = "embed_tokens.weight" in stored and not any(name.startswith("model.") for name in stored)
         self._stored = {("model." + name if bare and not name.startswith("lm_head.") else _text_name(name)): name
                         for name in stored if not name.startswith(_VISION_PREFIXES)}
         self.files = {ours: stored[name] for ours, name in self._stored.items()}
@@ -232,6 +232,10 @@ def load_weights(model: CausalLM, model_dir: str, dtype: torch.dtype, device: to
     expected = dict(model.named_parameters())
     all_sources = _checkpoint_sources(model.args)
     names = reader.names()
+    if reader.bare and "lm_head.weight" in all_sources and "lm_head.weight" not in names:
+        raise ValueError(f"{model_dir} holds a bare base model (no `model.` prefix) with no LM head, and its config "
+                         "does not tie the head to the embeddings (tie_word_embeddings false): such an embedding "
+                         "checkpoint is not supported (a tied one is)")
     outside = sorted(n for n in names if not n.startswith(("model.", "lm_head.")))
     if outside:  # a value head, Medusa heads: saved beside the LM, not part of it
         log.info("checkpoint tensors outside the model skipped: %s", ", ".join(outside[:8]))

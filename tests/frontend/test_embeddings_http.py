@@ -76,7 +76,7 @@ def test_native_encode(client, engine):
     assert [m["meta_info"]["id"] for m in many] == ["e1", "e2"]
     np.testing.assert_allclose(many[0]["embedding"], many[1]["embedding"], rtol=1e-5, atol=1e-5)
     for body, param in (({"text": "a", "input_ids": [1]}, "text"), ({"input_ids": [1, [2]]}, "input_ids"),
-                        ({"input_ids": []}, "input_ids"), ({"text": []}, "text"), ({"text": "a", "rid": ["x", "y"]}, "rid")):
+                        ({"input_ids": []}, "input_ids"), ({"text": []}, "text"), ({"text": "a", "rid": ["x", "y"]}, "rid"), ({"text": ["a", "b"], "rid": "x"}, "rid")):
         r = client.post("/encode", json=body)
         assert r.status_code == 400 and r.json()["error"]["param"] == param, (body, r.text)
 
@@ -93,3 +93,56 @@ def test_the_embedding_routes_need_the_api_key(server):
     for path, body in (("/v1/embeddings", {"model": MODEL_NAME, "input": "hi"}), ("/encode", {"text": "hi"})):
         r = httpx.post(server.url + path, json=body, timeout=30)
         assert r.status_code == 401, (path, r.text)
+
+
+def test_an_input_longer_than_the_context_names_the_field(client, engine):
+    ids = list(range(5, 5 + engine.max_context_len + 1))
+    r = client.post("/v1/embeddings", json={"model": MODEL_NAME, "input": [ids[:3], ids]})
+    assert r.status_code == 400
+    error = r.json()["error"]
+    assert error["param"] == "input" and error["code"] == "context_length_exceeded", error
+    r = client.post("/encode", json={"input_ids": ids})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "input_ids"
+
+
+def test_an_aborted_embedding_is_no_server_error(live_server):
+    """/abort_request of a running /encode or /v1/embeddings: /encode answers as /generate does
+    (200, embedding null, finish_reason abort), /v1/embeddings a 400 saying it was aborted;
+    neither is a 500. Prefill goes 2 tokens a step here, so the abort lands mid-prefill."""
+    import threading
+    import time
+
+    import httpx
+
+    from radixflow.frontend.server import create_app
+    from radixflow.runtime import Engine
+    from radixflow.runtime.model.demo import demo_model
+
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    long = list(range(5, 1500))
+    with Engine(demo_model("tiny"), kv_cache_tokens=4096, chunked_prefill_size=2, max_prefill_tokens=2) as engine:
+        server = live_server(create_app(engine, MODEL_NAME, API_KEY)).start()
+        try:
+            for path, body, abort in (("/encode", {"input_ids": long, "rid": "emb-abort"}, {"rid": "emb-abort"}),
+                                      ("/v1/embeddings", {"model": MODEL_NAME, "input": [long, long[:9]]},
+                                       {"abort_all": True})):
+                done = {}
+                thread = threading.Thread(target=lambda: done.setdefault(
+                    "r", httpx.post(server.url + path, json=body, headers=headers, timeout=120)))
+                thread.start()
+                deadline = time.monotonic() + 30
+                while engine.stats().num_running == 0:
+                    assert time.monotonic() < deadline
+                    time.sleep(0.001)
+                httpx.post(server.url + "/abort_request", json=abort, headers=headers, timeout=30)
+                thread.join()
+                r = done["r"]
+                if path == "/encode":
+                    assert r.status_code == 200, r.text
+                    assert r.json()["embedding"] is None and r.json()["meta_info"]["finish_reason"]["type"] == "abort"
+                else:
+                    assert r.status_code == 400, r.text
+                    assert r.json()["error"]["code"] == "request_aborted"
+            engine.check_accounting()
+        finally:
+            server.stop()

@@ -121,18 +121,22 @@ def test_bad_embedding_requests_are_refused_and_the_engine_serves_on(hf_checkpoi
         engine.check_accounting()
 
 
+def _bare_copy(model_dir: str, hf, out) -> None:
+    """`hf`'s base model saved bare into `out`, beside model_dir's config and tokenizer files."""
+    import os
+    import shutil
+
+    hf.model.save_pretrained(str(out))
+    for f in os.listdir(model_dir):
+        if not f.startswith("model."):  # the config (the LM's, as embedding checkpoints name it) and tokenizer
+            shutil.copy(os.path.join(model_dir, f), out)
+
+
 def test_a_base_model_saved_without_its_lm_wrapper_loads(hf_checkpoint, tmp_path):
     """Embedding checkpoints (Qwen3-Embedding) hold the bare model: `layers.0...`, no `model.`
     prefix, the LM head tied to the embeddings."""
-    import shutil
-
-    from conftest import TOKENIZER_FILES
-
     model_dir, hf = hf_checkpoint("qwen2")  # tied embeddings
-    hf.model.save_pretrained(str(tmp_path))
-    shutil.copy(f"{model_dir}/config.json", tmp_path)
-    for f in TOKENIZER_FILES:
-        shutil.copy(f"{model_dir}/{f}", tmp_path)
+    _bare_copy(model_dir, hf, tmp_path)
     from safetensors import safe_open
 
     with safe_open(str(tmp_path / "model.safetensors"), "pt") as f:
@@ -140,3 +144,30 @@ def test_a_base_model_saved_without_its_lm_wrapper_loads(hf_checkpoint, tmp_path
     with Engine(str(tmp_path), dtype="float32", kv_cache_tokens=512) as engine:
         out = engine.encode(input_ids=PROMPTS[0])
     torch.testing.assert_close(torch.tensor(out["embedding"]), _hf_embedding(hf, PROMPTS[0]), rtol=1e-4, atol=1e-5)
+
+
+def test_an_embedding_is_its_requests_first_output_for_timings_and_slos(hf_checkpoint):
+    """An embedding has no token: its time to first output is its time to the embedding, so it
+    counts in the prefill and TTFT figures and meets a TTFT SLO it is within (it used to miss
+    every one)."""
+    model_dir, _ = hf_checkpoint("llama3")
+    with Engine(model_dir, dtype="float32", kv_cache_tokens=512, slo_ttft_ms=60_000, slo_e2e_ms=60_000) as engine:
+        outs = engine.encode(input_ids=PROMPTS[:3])
+        stats = engine.stats()
+    timings = outs[0]["meta_info"]["timings"]
+    assert timings["ttft_s"] is not None and timings["prefill_s"] is not None
+    assert timings["ttft_s"] <= timings["e2e_s"]
+    assert stats.good_requests == 3 and stats.slo_violations["ttft"] == 0
+
+
+def test_a_bare_checkpoint_without_a_head_to_tie_is_refused_clearly(hf_checkpoint, tmp_path):
+    """A bare model whose config does not tie the head has no LM head to generate with:
+    refused at load, saying so, rather than a missing-tensor error."""
+    import json
+
+    model_dir, hf = hf_checkpoint("llama3")  # untied
+    _bare_copy(model_dir, hf, tmp_path)
+    with open(tmp_path / "config.json") as f:
+        assert json.load(f)["tie_word_embeddings"] is False
+    with pytest.raises(ValueError, match="no LM head"):
+        Engine(str(tmp_path), dtype="float32", kv_cache_tokens=512)
