@@ -5,7 +5,7 @@ CPU path).
 """
 from __future__ import annotations
 
-from .activation import gelu_tanh_and_mul_ref, silu_and_mul, silu_and_mul_ref
+from .activation import gelu_tanh_and_mul, gelu_tanh_and_mul_ref, silu_and_mul, silu_and_mul_ref
 from .decode_attention import choose_kv_splits, decode_attention, decode_attention_ref, window_context
 from .extend_attention import choose_extend_splits, extend_attention, extend_attention_ref
 from .fp8 import FP8_E4M3_MAX, dequantize_fp8, quantize_fp8
@@ -35,6 +35,7 @@ __all__ = [
     "extend_attention_ref",
     "extend_attention_torch",
     "fused_moe",
+    "gelu_tanh_and_mul",
     "gelu_tanh_and_mul_ref",
     "fused_moe_ref",
     "lora_expand",

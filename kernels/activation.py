@@ -46,10 +46,19 @@ def _silu_and_mul_kernel(x, out, stride_x, stride_o, d, BLOCK: tl.constexpr, GEL
     tl.store(out + row * stride_o + offs, act * up, mask=mask)
 
 
-def silu_and_mul(x: torch.Tensor, gelu_tanh: bool = False) -> torch.Tensor:
-    """Triton twin of `silu_and_mul_ref` (same contract), or with `gelu_tanh` of `gelu_tanh_and_mul_ref`."""
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """Triton twin of `silu_and_mul_ref` (same contract)."""
+    return _act_and_mul(x, gelu_tanh=False)
+
+
+def gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """Triton twin of `gelu_tanh_and_mul_ref` (same contract)."""
+    return _act_and_mul(x, gelu_tanh=True)
+
+
+def _act_and_mul(x: torch.Tensor, gelu_tanh: bool) -> torch.Tensor:
     _check_silu_and_mul(x)
-    tr.require_triton("silu_and_mul")
+    tr.require_triton("gelu_tanh_and_mul" if gelu_tanh else "silu_and_mul")
     num_tokens, d = x.shape[0], x.shape[1] // 2
     out = torch.empty((num_tokens, d), dtype=x.dtype, device=x.device)
     if num_tokens == 0 or d == 0:

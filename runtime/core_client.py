@@ -135,8 +135,7 @@ class EngineClient:
         rid = rid or new_rid()
         chunks = StreamChunks.for_stream(self.tokenizer, rid, ids, sp, opts, self.config.stream_interval,
                                          return_text_in_logprobs, lambda reason: self._send(AbortRequest(rid, reason)),
-                                         incremental)
-        chunks.embed = embed
+                                         incremental, embed)
         channel = self._channels.get(asyncio.get_running_loop())
         with self._lock:
             self._refuse_if_stopped()

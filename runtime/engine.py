@@ -202,8 +202,8 @@ class Engine:
         # The engine thread sends token ids only; the text is made here, on this loop. Made
         # before the submit: nothing that can fail stands between it and the `try` below.
         chunks = StreamChunks.for_stream(self.tokenizer, rid, ids, sp, opts, self.config.stream_interval,
-                                         return_text_in_logprobs, lambda reason: self.abort(rid, reason), incremental)
-        chunks.embed = embed
+                                         return_text_in_logprobs, lambda reason: self.abort(rid, reason), incremental,
+                                         embed)
         # Opened before the submit: a constrained request is submitted from a worker thread while
         # this loop runs on, and its first outputs may be delivered before that call returns.
         outputs = channel.open(rid)  # ValueError if a stream of this loop has the rid

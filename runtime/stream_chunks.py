@@ -30,7 +30,8 @@ class StreamChunks:
 
     def __init__(self, rid: str, prompt_tokens: int, logprob: LogprobOptions, decode: Any,
                  with_text: bool, interval: int = 1, text: ClientText | None = None,
-                 end: Callable[[dict[str, Any]], None] | None = None, incremental: bool = False) -> None:
+                 end: Callable[[dict[str, Any]], None] | None = None, incremental: bool = False,
+                 embed: bool = False) -> None:
         self.rid, self.prompt_tokens, self.logprob = rid, prompt_tokens, logprob
         self.decode, self.with_text, self.interval = decode, with_text, interval
         self.client_text, self.end, self.done = text, end, False
@@ -40,21 +41,21 @@ class StreamChunks:
         self.num_output = 0
         self.num_logprobs = 0
         self.is_first = True
-        self.embed = False  # an embedding request's: every chunk carries `embedding` (None until computed)
+        self.embed = embed  # an embedding request's: every chunk carries `embedding` (None until computed)
         self._held: list[RequestOutput] = []
         self._held_tokens = 0
 
     @classmethod
     def for_stream(cls, tokenizer: Any, rid: str, ids: list[int], sp: SamplingParams, opts: LogprobOptions,
                    default_interval: int, return_text_in_logprobs: bool, end: Callable[[dict[str, Any]], None],
-                   incremental: bool) -> StreamChunks:
+                   incremental: bool, embed: bool = False) -> StreamChunks:
         """A `generate_stream`'s builder (Engine's and EngineClient's alike): its text made here
         from `tokenizer`, a stop it finds handed to `end`; `sp.stream_interval` or else
         `default_interval`."""
         decode = ((lambda token: tokenizer.decode([token], skip_special_tokens=False))
                   if return_text_in_logprobs else None)
         return cls(rid, len(ids), opts, decode, return_text_in_logprobs, sp.stream_interval or default_interval,
-                   ClientText(OutputText(tokenizer, sp, ids)), end, incremental)
+                   ClientText(OutputText(tokenizer, sp, ids)), end, incremental, embed)
 
     def add(self, outputs: list[RequestOutput]) -> dict[str, Any] | None:
         """Take outputs that arrived together: the chunk when one is due, else None (held)."""

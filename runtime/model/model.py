@@ -176,7 +176,7 @@ def act_and_mul(gate_up: torch.Tensor, act: str) -> torch.Tensor:
     if act == "silu":
         return silu_and_mul(gate_up)
     if use_triton_ops(gate_up):
-        return kernels.silu_and_mul(gate_up, gelu_tanh=True)
+        return kernels.gelu_tanh_and_mul(gate_up)
     return kernels.gelu_tanh_and_mul_ref(gate_up)
 
 
