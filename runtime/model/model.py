@@ -1,5 +1,5 @@
 """One decoder for the Llama family (Llama 2/3/3.1, Mistral, Qwen2, Qwen3, Phi-3, SmolLM3, Granite,
-OLMo 2, Gemma 3) and its mixture-of-experts kin (Mixtral, Qwen2-MoE, Qwen3-MoE, GraniteMoE, OLMoE:
+OLMo 2, Gemma 2 and 3) and its mixture-of-experts kin (Mixtral, Qwen2-MoE, Qwen3-MoE, GraniteMoE, OLMoE:
 kernels/moe.py), driven by ModelArgs.
 
 Projections are fused at load time (q|k|v into `qkv_proj`, gate|up into `gate_up_proj`) so each
@@ -171,7 +171,7 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 def act_and_mul(gate_up: torch.Tensor, act: str) -> torch.Tensor:
-    """act(gate) * up for ModelArgs.hidden_act: silu_and_mul, or GELU's tanh form (Gemma 3: the
+    """act(gate) * up for ModelArgs.hidden_act: silu_and_mul, or GELU's tanh form (Gemma 2 and 3: the
     Triton kernel on CUDA, torch ops on CPU)."""
     if act == "silu":
         return silu_and_mul(gate_up)
@@ -247,7 +247,7 @@ class DecoderLayer(nn.Module):
         self.local_rope = layer_id in args.window_layers and args.local_rope_theta is not None  # Gemma 3
         if args.pre_norms:
             self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
-        if args.post_norms:  # OLMo 2, Gemma 3 (which norms before the MLP too)
+        if args.post_norms:  # OLMo 2, Gemma 2 and 3 (which norm before the MLP too)
             self.post_feedforward_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
             if args.pre_norms:
                 self.pre_feedforward_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
@@ -272,7 +272,7 @@ class DecoderLayer(nn.Module):
     def _post_norms(self, x: torch.Tensor, residual: torch.Tensor | None, rope: RopeStep, fb: ForwardBatch,
                     attn: AttentionFn) -> tuple[torch.Tensor, torch.Tensor]:
         """OLMo 2's layer, same contract: stream = x + residual; stream += norm(attn(stream));
-        returns (norm(mlp(stream)), stream); Gemma 3's norms the branches' inputs too
+        returns (norm(mlp(stream)), stream); Gemma's norms the branches' inputs too
         (attn(norm(stream)), mlp(norm(stream))). The stream is fp32 on CPU, as the fused norms keep it."""
         if residual is None:
             stream = x if use_triton_ops(x) else x.float()
@@ -337,7 +337,7 @@ class CausalLM(nn.Module):
         rope = self._rope_step(fb.positions)
         local_rope = self._rope_step(fb.positions, local=True) if self.local_rope is not None else rope
         x, residual = self.embed_tokens(fb.input_ids), None  # [T, hidden]
-        if self.args.embedding_multiplier_in_dtype:  # Gemma 3: its scale rounded to the weights' dtype first
+        if self.args.embedding_multiplier_in_dtype:  # Gemma: its scale rounded to the weights' dtype first
             x = x * torch.tensor(self.args.embedding_multiplier, dtype=x.dtype)
         elif self.args.embedding_multiplier != 1.0:  # Granite
             x = x * self.args.embedding_multiplier
@@ -356,7 +356,7 @@ class CausalLM(nn.Module):
         if self.args.logits_scaling != 1.0:  # Granite
             logits = logits.div_(self.args.logits_scaling)
         cap = self.args.final_logit_softcapping
-        return logits if cap is None else logits.div_(cap).tanh_().mul_(cap)  # Gemma 3 (some of its checkpoints)
+        return logits if cap is None else logits.div_(cap).tanh_().mul_(cap)  # Gemma 2, Gemma 3 where asked
 
 
 def _sin_signed(sin: torch.Tensor) -> torch.Tensor:

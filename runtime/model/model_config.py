@@ -65,7 +65,7 @@ class ModelArgs:
     sliding_window: int | None = None
     window_layers: tuple[int, ...] = ()
     local_rope_theta: float | None = None  # Gemma 3: the window layers' RoPE base (no scaling there)
-    # Gemma 3: the MLP's activation (gelu_tanh: GELU's tanh form); norms both before and after the
+    # Gemma 2 and 3: the MLP's activation (gelu_tanh: GELU's tanh form); norms both before and after the
     # attention and the MLP (post_norms with pre_norms); norm weights stored as weight - 1 (added
     # back at load); embeddings scaled by embedding_multiplier rounded to the model's dtype; the
     # logits soft-capped to (-cap, cap) by cap * tanh(logits / cap)
