@@ -8,6 +8,7 @@ import base64
 from typing import Any, Literal
 
 import msgspec
+import numpy as np
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -86,8 +87,6 @@ async def _embed(request: Request, prompts: list[list[int]], options: list[dict[
 
 def _as_base64(vector: list[float]) -> str:
     """OpenAI's base64 encoding_format: the float32 values' little-endian bytes."""
-    import numpy as np
-
     return base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode("ascii")
 
 
