@@ -15,6 +15,7 @@ from starlette.responses import Response
 from radixflow.frontend.body import json_response, off_loop_if_large, read_json
 from radixflow.frontend.completions import check_prompt_size, parse_prompts
 from radixflow.frontend.errors import APIError, bad_request
+from radixflow.frontend.native import prompt_inputs
 from radixflow.frontend.openai_common import check_model, new_id, now
 from radixflow.frontend.streams import launch
 from radixflow.runtime.sampling_params import SamplingParams
@@ -113,24 +114,6 @@ async def create_embedding(request: Request) -> Response:
     return json_response(EmbeddingResponse(new_id("embd"), now(), req.model, data, EmbeddingUsage(tokens, tokens)))
 
 
-def _encode_inputs(req: EncodeRequest, tokenizer: Any) -> tuple[list[list[int]], bool]:
-    if (req.text is None) == (req.input_ids is None):
-        raise APIError(400, "give exactly one of text and input_ids", param="text")
-    if req.text is not None:
-        if isinstance(req.text, str):
-            return [tokenizer.encode(req.text)], False
-        if not req.text:
-            raise APIError(400, "text must not be an empty list", param="text")
-        return [tokenizer.encode(t) for t in req.text], True
-    ids = req.input_ids
-    assert ids is not None
-    if ids and all(isinstance(one, list) for one in ids):
-        return [list(one) for one in ids], True  # type: ignore[arg-type]
-    if all(isinstance(one, int) for one in ids):
-        return [list(ids)], False  # type: ignore[arg-type]
-    raise APIError(400, "input_ids must be a list of ints or a list of such lists", param="input_ids")
-
-
 async def encode(request: Request) -> Response:
     server = request.app.state.server
     req = await read_json(request, EncodeRequest)
@@ -138,7 +121,7 @@ async def encode(request: Request) -> Response:
         check_prompt_size(req.text, server.limits, "text")
     if req.input_ids is not None:
         check_prompt_size(req.input_ids, server.limits, "input_ids")
-    prompts, is_batch = await off_loop_if_large(request, _encode_inputs, req, server.engine.tokenizer)
+    prompts, is_batch = await off_loop_if_large(request, prompt_inputs, req, server.engine.tokenizer)
     if isinstance(req.rid, str) and is_batch:
         raise APIError(400, "a batch of inputs needs a list of rids, one per input", param="rid")
     rids = req.rid if isinstance(req.rid, list) else [req.rid] * len(prompts)

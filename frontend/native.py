@@ -88,8 +88,9 @@ def options(req: GenerateRequest) -> RequestOptions:
     return RequestOptions(**{name: getattr(req, name) for name in request_option_names()})
 
 
-def _inputs(req: GenerateRequest, tokenizer: Any) -> tuple[list[list[int]], bool]:
-    """(token ids per input, whether the request is a batch)."""
+def prompt_inputs(req: Any, tokenizer: Any) -> tuple[list[list[int]], bool]:
+    """(token ids per input, whether the request is a batch) of a native request's `text` or
+    `input_ids` (/generate's, /encode's)."""
     if (req.text is None) == (req.input_ids is None):
         raise APIError(400, "give exactly one of text and input_ids", param="text")
     if isinstance(req.text, str):
@@ -150,7 +151,7 @@ def check_generate(req: GenerateRequest, limits: RequestLimits) -> None:
 
 def parse_generate(req: GenerateRequest, tokenizer: Any) -> GenerateJob:
     """Tokenize and validate (APIError 400). Blocking: call off the event loop, after check_generate."""
-    prompts, is_batch = _inputs(req, tokenizer)
+    prompts, is_batch = prompt_inputs(req, tokenizer)
     sampling = _sampling(_per_input(req.sampling_params, len(prompts), "sampling_params"))
     rids = _per_input(req.rid, len(prompts), "rid")
     base = options(req).engine_kwargs()

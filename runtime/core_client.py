@@ -166,17 +166,20 @@ class EngineClient:
     def generate(self, prompt: Prompt = None, sampling_params: dict | list[dict] | SamplingParams | None = None,
                  input_ids: InputIds = None, **kwargs: Any) -> dict | list[dict]:
         """As Engine.generate (blocking; runs in the core, results come back whole)."""
-        if prompt is not None and input_ids is None:  # tokenized here, as every request is
-            prompts, is_batch = normalize_inputs(self.tokenizer, prompt, None)
-            input_ids, prompt = (prompts if is_batch else prompts[0]), None
+        prompt, input_ids = self._tokenized(prompt, input_ids)
         return self._call("generate", prompt, sampling_params, input_ids, **kwargs)
 
     def encode(self, prompt: Prompt = None, input_ids: InputIds = None, **kwargs: Any) -> dict | list[dict]:
         """As Engine.encode (blocking; runs in the core, results come back whole)."""
-        if prompt is not None and input_ids is None:  # tokenized here, as every request is
-            prompts, is_batch = normalize_inputs(self.tokenizer, prompt, None)
-            input_ids, prompt = (prompts if is_batch else prompts[0]), None
-        return self._call("encode", prompt, input_ids, **kwargs)
+        return self._call("encode", *self._tokenized(prompt, input_ids), **kwargs)
+
+    def _tokenized(self, prompt: Prompt, input_ids: InputIds) -> tuple[Prompt, InputIds]:
+        """A blocking call's (prompt, input_ids) with a lone prompt tokenized here, as every
+        request is; anything else as given (the core checks it)."""
+        if prompt is None or input_ids is not None:
+            return prompt, input_ids
+        prompts, is_batch = normalize_inputs(self.tokenizer, prompt, None)
+        return None, prompts if is_batch else prompts[0]
 
     def validate_prompt(self, ids: list[int], sp: SamplingParams) -> None:
         check_prompt(ids, sp, self.vocab_size, self.max_context_len, self.kv_capacity)
