@@ -1,0 +1,253 @@
+"""Each family's part of a Hugging Face config.json, read as transformers 5 reads it: sliding
+windows, mixture-of-experts layers, Granite's multipliers, Gemma's defaults and fields, YaRN's
+filled-in scaling (runtime/model/model_config.py builds ModelArgs from them)."""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+GEMMA_ARCHITECTURES = ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
+# mixture-of-experts families: a router sends each token to its top-k experts' MLPs
+MOE_ARCHITECTURES = ("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "GraniteMoeForCausalLM",
+                     "OlmoeForCausalLM")
+GRANITE_ARCHITECTURES = ("GraniteForCausalLM", "GraniteMoeForCausalLM")
+# a config's activation name → ModelArgs.hidden_act
+ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
+
+
+def check_positive_int(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def required(cfg: dict[str, Any], name: str) -> Any:
+    if cfg.get(name) is None:
+        raise ValueError(f"the required field {name} is missing")
+    return cfg[name]
+
+
+def optional(cfg: dict[str, Any], name: str, default: Any) -> Any:
+    return default if cfg.get(name) is None else cfg[name]
+
+
+def check_positive_number(name: str, value: object, nullable: bool = False) -> None:
+    if nullable and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+        raise ValueError(f"{name} must be a positive number{' or null' if nullable else ''}, got {value!r}")
+
+
+def yarn_scaling(cfg: dict[str, Any], scaling: dict[str, Any]) -> dict[str, Any]:
+    """A YaRN `rope_scaling` with its original context and factor filled in as transformers
+    fills them: the config's top-level original_max_position_embeddings first, else the
+    scaling's own, else max_position_embeddings; an absent factor is the ratio of the two.
+    Without any of those the family's default would decide: refused."""
+    longest = cfg.get("max_position_embeddings")
+    old_len = cfg.get("original_max_position_embeddings") or scaling.get("original_max_position_embeddings") or longest
+    if old_len is None:
+        raise ValueError("rope_scaling yarn needs original_max_position_embeddings (or max_position_embeddings)")
+    longest = old_len if longest is None else longest
+    factor = scaling.get("factor")
+    factor = longest / old_len if factor is None else factor
+    for name, value in (("factor", factor), ("original_max_position_embeddings", old_len)):
+        check_positive_number(f"rope_scaling {name}", value)
+    return {**scaling, "factor": factor, "original_max_position_embeddings": old_len}
+
+
+# Gemma2Config's and Gemma3TextConfig's defaults (transformers 5): their checkpoints' configs leave many
+# fields out; a null in these (_GEMMA_NULLABLE) turns the feature off rather than taking the default
+_GEMMA_DEFAULTS = {"hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
+                   "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "rms_norm_eps": 1e-6,
+                   "bos_token_id": 2, "eos_token_id": 1, "tie_word_embeddings": True, "query_pre_attn_scalar": 256,
+                   "sliding_window": 4096}
+_GEMMA_DEFAULTS_BY_ARCH = {
+    "Gemma2ForCausalLM": {"vocab_size": 256_000, "max_position_embeddings": 8192, "final_logit_softcapping": 30.0,
+                          "attn_logit_softcapping": 50.0},
+    "Gemma3ForCausalLM": {"vocab_size": 262_208, "max_position_embeddings": 131_072},
+}
+_GEMMA_NULLABLE = ("sliding_window", "final_logit_softcapping", "attn_logit_softcapping")
+
+
+def with_gemma_defaults(cfg: dict[str, Any], arch: str) -> dict[str, Any]:
+    """`cfg` over transformers' defaults for Gemma `arch` (a null in _GEMMA_NULLABLE stays null)."""
+    return {**_GEMMA_DEFAULTS, **_GEMMA_DEFAULTS_BY_ARCH[arch],
+            **{k: v for k, v in cfg.items() if v is not None or k in _GEMMA_NULLABLE}}
+
+
+def gemma3_text_config(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The language model's config of a Gemma 3 multimodal config: its `text_config`, with the
+    top level's token ids and dtype where the text config lacks them, and the top level's end
+    tokens added to the text config's (gemma-3-4b-it ends turns with <end_of_turn> there)."""
+    text = cfg.get("text_config") or {}
+    if not isinstance(text, dict):
+        raise ValueError(f"text_config must be an object, got {text!r}")
+    merged = {**{k: cfg[k] for k in ("bos_token_id", "torch_dtype", "dtype") if cfg.get(k) is not None}, **text}
+    ends = [e for src in (text, cfg) for e in _as_list(src.get("eos_token_id"))]
+    if ends:
+        merged["eos_token_id"] = list(dict.fromkeys(ends))
+    # the multimodal model's own head: tied by its top-level flag (true unless set), never soft-capped
+    merged["tie_word_embeddings"] = cfg.get("tie_word_embeddings", True)
+    merged["final_logit_softcapping"] = None
+    return merged
+
+
+def _as_list(value: Any) -> list[Any]:
+    return [] if value is None else list(value) if isinstance(value, list) else [value]
+
+
+def gemma_rope(cfg: dict[str, Any], rope: dict[str, Any]) -> tuple[float, dict[str, Any] | None, float]:
+    """Gemma 3's (global theta, global scaling, local theta): from `rope_theta`, `rope_scaling`
+    and `rope_local_base_freq`, or from newer transformers' `rope_parameters` keyed by layer type
+    ("full_attention", "sliding_attention"). The window layers' RoPE is never scaled."""
+    full, local = rope.get("full_attention") or {}, rope.get("sliding_attention") or {}
+    if not isinstance(full, dict) or not isinstance(local, dict):
+        raise ValueError(f"rope_parameters must map full_attention / sliding_attention to objects, got {rope!r}")
+    # the nested thetas win over the top-level ones, as transformers reads them
+    theta = full.get("rope_theta") or cfg.get("rope_theta") or 1_000_000.0
+    scaling = cfg.get("rope_scaling") or (full if full.get("rope_type", "default") != "default" else None)
+    if local.get("rope_type", "default") != "default":
+        raise ValueError(f"a scaled RoPE in the sliding-window layers ({local!r}) is not supported")
+    return theta, scaling, local.get("rope_theta") or cfg.get("rope_local_base_freq") or 10_000.0
+
+
+def gemma_fields(cfg: dict[str, Any], hidden: int, arch: str) -> dict[str, Any]:
+    """Gemma 2's and 3's ModelArgs fields: windows in the layers `layer_types` names
+    "sliding_attention" (else Gemma 2 every other layer from the first, Gemma 3 all but every
+    `sliding_window_pattern`-th, 6 by default), the embedding scale sqrt(hidden_size), the
+    attention scale query_pre_attn_scalar ** -0.5, the attention-score and final soft-caps.
+    Gemma 3's attention never soft-caps (transformers' ignores attn_logit_softcapping there).
+    Refused: bidirectional attention (EmbeddingGemma), and a null window where layers slide
+    (transformers fails on it)."""
+    if cfg.get("use_bidirectional_attention"):
+        raise ValueError("use_bidirectional_attention is not supported (attention here is causal)")
+    num_layers = required(cfg, "num_hidden_layers")
+    check_positive_int("num_hidden_layers", num_layers)
+    check_positive_int("hidden_size", hidden)
+    layer_types = cfg.get("layer_types")
+    if layer_types is None:
+        pattern = 2 if arch == "Gemma2ForCausalLM" else optional(cfg, "sliding_window_pattern", 6)
+        check_positive_int("sliding_window_pattern", pattern)
+        layer_types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(num_layers)]
+    if (not isinstance(layer_types, list) or len(layer_types) != num_layers
+            or any(t not in ("sliding_attention", "full_attention") for t in layer_types)):
+        raise ValueError(f"layer_types must name sliding_attention or full_attention for each of the {num_layers} "
+                         f"layers, got {layer_types!r}")
+    scalar = optional(cfg, "query_pre_attn_scalar", 256)
+    check_positive_number("query_pre_attn_scalar", scalar)
+    window = cfg.get("sliding_window")
+    window_layers = tuple(i for i, t in enumerate(layer_types) if t == "sliding_attention")
+    if window is None and window_layers:
+        raise ValueError("sliding_window null is not supported where layers slide (layer_types names "
+                         "sliding_attention layers)")
+    return {"sliding_window": window if window_layers else None, "window_layers": window_layers,
+            "embedding_multiplier": math.sqrt(hidden), "embedding_multiplier_in_dtype": True,
+            "attention_multiplier": scalar ** -0.5, "norm_weight_offset": 1.0,
+            "final_logit_softcapping": cfg.get("final_logit_softcapping"),
+            "attn_logit_softcapping": cfg.get("attn_logit_softcapping") if arch == "Gemma2ForCausalLM" else None}
+
+
+def _norm_topk_prob(cfg: dict[str, Any]) -> bool:
+    norm = optional(cfg, "norm_topk_prob", False)
+    if not isinstance(norm, bool):
+        raise ValueError(f"norm_topk_prob must be true or false, got {norm!r}")
+    return norm
+
+
+def granite_fields(cfg: dict[str, Any], arch: str) -> dict[str, Any]:
+    """Granite's multipliers, each 1 when absent (transformers' defaults)."""
+    if arch not in GRANITE_ARCHITECTURES:
+        return {}
+    return {name: optional(cfg, name, 1.0)
+            for name in ("embedding_multiplier", "residual_multiplier", "attention_multiplier", "logits_scaling")}
+
+
+def nope_layers(cfg: dict[str, Any]) -> tuple[int, ...]:
+    """SmolLM3's layers without RoPE: `no_rope_layers` (1: RoPE, 0: none, per layer), else every
+    `no_rope_layer_interval`-th layer (4 by default)."""
+    num_layers = required(cfg, "num_hidden_layers")
+    check_positive_int("num_hidden_layers", num_layers)
+    flags = cfg.get("no_rope_layers")
+    if flags is None:
+        interval = optional(cfg, "no_rope_layer_interval", 4)
+        check_positive_int("no_rope_layer_interval", interval)
+        return tuple(i for i in range(num_layers) if (i + 1) % interval == 0)
+    if not isinstance(flags, list) or len(flags) != num_layers or any(f not in (0, 1) or isinstance(f, float)
+                                                                       for f in flags):
+        raise ValueError(f"no_rope_layers must list 0 or 1 for each of the {num_layers} layers, got {flags!r}")
+    return tuple(i for i, flag in enumerate(flags) if not flag)
+
+
+def sliding_window_fields(cfg: dict[str, Any], arch: str) -> dict[str, Any]:
+    """The sliding window and the layers that attend through it, each family as transformers 5
+    reads its config (none: attention over the whole context).
+
+    Mistral (4096 when the key is absent), Mixtral, Phi-3: every layer, when `sliding_window` is
+    set. Under `use_sliding_window` only: Qwen3-MoE every layer; Qwen2/3 the layers from
+    `max_window_layers` on; Qwen2-MoE every other layer (the first, third, ...) below
+    `max_window_layers`; SmolLM3 the layers without RoPE. Qwen2/3, Qwen2-MoE and SmolLM3 take an
+    explicit `layer_types` instead where the config has one. Llama, Granite and OLMo 2 never slide.
+    """
+    num_layers = required(cfg, "num_hidden_layers")
+    check_positive_int("num_hidden_layers", num_layers)
+    if arch in ("MistralForCausalLM", "MixtralForCausalLM", "Phi3ForCausalLM"):
+        window = cfg.get("sliding_window", 4096 if arch == "MistralForCausalLM" else None)
+        layers = range(num_layers)
+    elif arch.startswith("Qwen") or arch == "SmolLM3ForCausalLM":  # Qwen's default window: 4096
+        default = None if arch == "SmolLM3ForCausalLM" else 4096
+        window = cfg.get("sliding_window", default) if cfg.get("use_sliding_window") else None
+        layer_types = cfg.get("layer_types")
+        if arch == "Qwen3MoeForCausalLM":
+            layers = range(num_layers)
+        elif isinstance(layer_types, list) and len(layer_types) == num_layers:
+            layers = [i for i, kind in enumerate(layer_types) if kind == "sliding_attention"]
+        elif arch == "SmolLM3ForCausalLM":
+            layers = nope_layers(cfg)
+        else:
+            first = optional(cfg, "max_window_layers", 28)
+            if isinstance(first, bool) or not isinstance(first, int) or first < 0:
+                raise ValueError(f"max_window_layers must be an integer >= 0, got {first!r}")
+            if arch == "Qwen2MoeForCausalLM":
+                layers = [i for i in range(min(first, num_layers)) if i % 2 == 0]
+            else:
+                layers = range(first, num_layers)
+    else:
+        return {}
+    if window is None or not layers:
+        return {}
+    return {"sliding_window": window, "window_layers": tuple(layers)}
+
+
+def moe_fields(cfg: dict[str, Any], arch: str) -> dict[str, Any]:
+    """ModelArgs' mixture-of-experts fields of a config.json (none for a dense family).
+
+    Mixtral, GraniteMoE, OLMoE: every layer's MLP is experts of `intermediate_size`, top-k weights
+    renormalized (OLMoE: when `norm_topk_prob`). Qwen2/3-MoE: experts of `moe_intermediate_size`
+    in every `decoder_sparse_step`-th layer outside `mlp_only_layers` (dense MLPs of
+    `intermediate_size` there), renormalized when `norm_topk_prob`; Qwen2-MoE adds a shared expert
+    gated by a sigmoid.
+    """
+    if arch not in MOE_ARCHITECTURES:
+        return {}
+    num_layers = required(cfg, "num_hidden_layers")
+    check_positive_int("num_hidden_layers", num_layers)
+    experts = cfg.get("num_local_experts")
+    experts = cfg.get("num_experts") if experts is None else experts
+    if experts is None:
+        raise ValueError("the required field num_local_experts (or num_experts) is missing")
+    if experts == 0 and arch.startswith("Qwen"):  # Qwen-MoE without experts: every MLP dense
+        return {}
+    fields: dict[str, Any] = {"num_experts": experts, "num_experts_per_tok": required(cfg, "num_experts_per_tok")}
+    if arch in ("MixtralForCausalLM", "GraniteMoeForCausalLM", "OlmoeForCausalLM"):  # every MLP: experts
+        # Mixtral and GraniteMoE always renormalize (Granite: a softmax over the top-k logits)
+        norm = _norm_topk_prob(cfg) if arch == "OlmoeForCausalLM" else True
+        return {**fields, "moe_intermediate_size": required(cfg, "intermediate_size"), "norm_topk_prob": norm,
+                "moe_layers": tuple(range(num_layers))}
+    step, dense = optional(cfg, "decoder_sparse_step", 1), optional(cfg, "mlp_only_layers", [])
+    check_positive_int("decoder_sparse_step", step)
+    if not isinstance(dense, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in dense):
+        raise ValueError(f"mlp_only_layers must list layer numbers, got {dense!r}")
+    fields.update(moe_intermediate_size=required(cfg, "moe_intermediate_size"), norm_topk_prob=_norm_topk_prob(cfg),
+                  moe_layers=tuple(i for i in range(num_layers) if i not in dense and (i + 1) % step == 0))
+    if arch == "Qwen2MoeForCausalLM":
+        fields["shared_expert_intermediate_size"] = required(cfg, "shared_expert_intermediate_size")
+    return fields
