@@ -12,8 +12,10 @@ import torch
 from safetensors import SafetensorError, safe_open
 from torch import nn
 
+from radixflow.runtime.model.dequantize import DequantizingReader
 from radixflow.runtime.model.model import CausalLM
 from radixflow.runtime.model.model_config import ModelArgs
+from radixflow.runtime.model.quant_config import read_quantization
 from radixflow.runtime.text_files import read_json_object
 
 log = logging.getLogger(__name__)
@@ -82,6 +84,16 @@ class CheckpointReader:
     def get(self, name: str) -> torch.Tensor:
         """Tensor `name` as stored; ValueError naming the file when it is missing, unreadable or
         not floating point."""
+        tensor = self.raw(name)
+        if not tensor.is_floating_point():
+            raise ValueError(f"checkpoint tensor {name!r} in {self.files[name]!r} is "
+                             f"{str(tensor.dtype).removeprefix('torch.')}; radixflow loads floating-point weights "
+                             "here (a quantized checkpoint needs its quantization_config in config.json)")
+        return tensor
+
+    def raw(self, name: str) -> torch.Tensor:
+        """Tensor `name` as stored, of any dtype; ValueError naming the file when it is missing or
+        unreadable."""
         if name not in self.files:
             raise ValueError(f"checkpoint is missing tensor {name!r}")
         path = self.files[name]
@@ -93,13 +105,9 @@ class CheckpointReader:
         if stored not in handle.keys():
             raise ValueError(f"checkpoint shard {path!r} lacks tensor {stored!r}, which the index places there")
         try:
-            tensor = handle.get_tensor(stored)
+            return handle.get_tensor(stored)
         except SafetensorError as e:
             raise ValueError(f"cannot read tensor {name!r} from {path!r}: {e}") from e
-        if not tensor.is_floating_point():
-            raise ValueError(f"checkpoint tensor {name!r} in {path!r} is {str(tensor.dtype).removeprefix('torch.')}; "
-                             "radixflow loads floating-point weights only (not quantized safetensors)")
-        return tensor
 
     @staticmethod
     def _open(path: str) -> Any:
@@ -107,6 +115,14 @@ class CheckpointReader:
             return safe_open(path, framework="pt")
         except SafetensorError as e:
             raise ValueError(f"{path} is not a readable safetensors file: {e}") from e
+
+
+def checkpoint_reader(model_dir: str) -> CheckpointReader | DequantizingReader:
+    """The reader of a safetensors checkpoint: one that dequantizes its quantized layers when its
+    config declares a quantization (runtime/model/quant_config.py), else the plain one."""
+    reader = CheckpointReader(model_dir)
+    quantization = read_quantization(model_dir)
+    return reader if quantization is None else DequantizingReader(reader, quantization)
 
 
 def _weight_map(index_path: str) -> dict[str, str]:
@@ -228,7 +244,7 @@ def load_weights(model: CausalLM, model_dir: str, dtype: torch.dtype, device: to
 
     Raises ValueError naming the tensor when one is missing or has the wrong shape.
     """
-    reader = CheckpointReader(model_dir)
+    reader = checkpoint_reader(model_dir)
     expected = dict(model.named_parameters())
     all_sources = _checkpoint_sources(model.args)
     names = reader.names()
@@ -275,7 +291,8 @@ def check_all_used(names: set[str], used: set[str], what: str) -> None:
     if unused:
         shown = ", ".join(repr(n) for n in unused[:4]) + (f" and {len(unused) - 4} more" if len(unused) > 4 else "")
         raise ValueError(f"{what} tensor(s) {shown} are not used by the model: they belong to something radixflow "
-                         "does not serve (quantization scales, or biases or layers the config does not declare)")
+                         "does not serve (quantization scales where config.json declares no quantization_config, or "
+                         "biases or layers the config does not declare)")
 
 
 # Where checkpoints keep a layer's fp8 KV-cache scales, by writer: vLLM/llm-compressor

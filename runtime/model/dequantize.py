@@ -1,0 +1,191 @@
+"""Quantized linear weights turned back into float [out, in] matrices at load, and the checkpoint
+reader that serves them under their plain `.weight` names (runtime/model/weights.py)."""
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import torch
+
+from radixflow.runtime.model.quant_config import Quantization, WeightScheme
+
+log = logging.getLogger(__name__)
+
+# a quantized layer's tensors beside (or instead of) its `weight`, by what marks the layer as quantized
+_MARKERS = ("weight_scale", "weight_scale_inv", "weight_packed", "qweight")
+_PARTS = {"weight", "weight_scale", "weight_scale_inv", "weight_zero_point", "weight_packed", "weight_shape",
+          "weight_g_idx", "input_scale", "input_zero_point", "input_scale_ub", "qweight", "qzeros", "scales",
+          "g_idx"}
+# AWQ packs output column 8w + AWQ_ORDER[p] into nibble p of word w
+AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
+_FLOAT8 = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz") if hasattr(torch, n))
+
+
+def unpack_int32(words: torch.Tensor, bits: int, dim: int) -> torch.Tensor:
+    """Unsigned `bits`-bit codes packed low bits first into int32 `words` along `dim`: code i of a
+    row sits in word i // (32 / bits) at bit bits * (i % (32 / bits)). Returns int32 codes, the
+    packed dim 32 / bits times as long."""
+    shifts = torch.arange(0, 32, bits, dtype=torch.int32)
+    words = words.to(torch.int32).movedim(dim, -1)
+    codes = (words.unsqueeze(-1) >> shifts) & ((1 << bits) - 1)  # [..., num_words, per_word]
+    return codes.flatten(-2).movedim(-1, dim).contiguous()
+
+
+def expand_groups(values: torch.Tensor, num_rows: int, num_cols: int, scheme: WeightScheme,
+                  g_idx: torch.Tensor | None, what: str) -> torch.Tensor:
+    """A per-tensor, per-row, per-group or per-block `values` (scales or zero points) broadcast to
+    the [num_rows, num_cols] weight; ValueError naming `what` when its shape fits none of them."""
+    values = values.float()
+    if values.numel() == 1:
+        return values.reshape(1, 1)
+    if scheme.block is not None:
+        rows, cols = scheme.block
+        grid = (-(-num_rows // rows), -(-num_cols // cols))
+        if tuple(values.shape) != grid:
+            raise ValueError(f"{what} has shape {tuple(values.shape)}; a [{num_rows}, {num_cols}] weight in "
+                             f"{rows}x{cols} blocks needs {grid}")
+        return values.repeat_interleave(rows, 0)[:num_rows].repeat_interleave(cols, 1)[:, :num_cols]
+    if values.dim() == 1 and values.shape[0] == num_rows:
+        return values.unsqueeze(1)
+    if values.dim() != 2 or values.shape[0] != num_rows:
+        raise ValueError(f"{what} has shape {tuple(values.shape)}, which fits no scaling of a "
+                         f"[{num_rows}, {num_cols}] weight (per tensor, row, group or block)")
+    if values.shape[1] == 1:
+        return values
+    if g_idx is not None:
+        return values[:, _checked_g_idx(g_idx, num_cols, values.shape[1], what)]
+    size = -(-num_cols // values.shape[1])
+    if -(-num_cols // size) != values.shape[1]:
+        raise ValueError(f"{what} has {values.shape[1]} groups, which do not split {num_cols} input columns")
+    return values.repeat_interleave(size, 1)[:, :num_cols]
+
+
+def _checked_g_idx(g_idx: torch.Tensor, num_cols: int, num_groups: int, what: str) -> torch.Tensor:
+    g_idx = g_idx.long().flatten()
+    if g_idx.numel() != num_cols or (num_cols and (int(g_idx.min()) < 0 or int(g_idx.max()) >= num_groups)):
+        raise ValueError(f"the group index beside {what} does not give each of {num_cols} input columns one "
+                         f"of {num_groups} groups")
+    return g_idx
+
+
+def dequantize_scaled(t: dict[str, torch.Tensor], scheme: WeightScheme, name: str) -> torch.Tensor:
+    """An fp8 or int8 `weight` × its scale (`weight_scale`, or DeepSeek-style `weight_scale_inv`,
+    which multiplies too), less its zero point."""
+    weight = t["weight"]
+    if weight.dtype not in _FLOAT8 + (torch.int8,):
+        raise ValueError(f"{name}.weight is {str(weight.dtype).removeprefix('torch.')} beside a weight scale; a "
+                         "quantized checkpoint stores fp8 or int8 weights there")
+    if weight.dim() != 2:
+        raise ValueError(f"{name}.weight has {weight.dim()} dims; quantized weights are dequantized as 2-D matrices")
+    rows, cols = weight.shape
+    scale = t["weight_scale_inv"] if "weight_scale_inv" in t else t["weight_scale"]
+    g_idx = t.get("weight_g_idx")
+    values = weight.float()
+    if "weight_zero_point" in t:
+        values = values - expand_groups(t["weight_zero_point"], rows, cols, scheme, g_idx, f"{name}.weight_zero_point")
+    return values * expand_groups(scale, rows, cols, scheme, g_idx, f"{name}.weight_scale")
+
+
+def dequantize_packed(t: dict[str, torch.Tensor], scheme: WeightScheme, name: str) -> torch.Tensor:
+    """compressed-tensors' pack-quantized weight: signed codes stored offset by 2^(bits-1), packed
+    along the input dim (`weight_packed` [out, ceil(in * bits / 32)]); its zero points, where
+    stored, packed the same way along the output dim."""
+    shape = t["weight_shape"].flatten().tolist()
+    if len(shape) != 2:
+        raise ValueError(f"{name}.weight_shape {shape} is not a 2-D shape")
+    rows, cols = shape
+    offset = 1 << (scheme.bits - 1)
+    codes = unpack_int32(t["weight_packed"], scheme.bits, 1)
+    if codes.shape[0] != rows or codes.shape[1] < cols:
+        raise ValueError(f"{name}.weight_packed {tuple(t['weight_packed'].shape)} does not hold a {shape} weight "
+                         f"of {scheme.bits}-bit codes")
+    values = (codes[:, :cols] - offset).float()
+    g_idx = t.get("weight_g_idx")
+    if "weight_zero_point" in t:
+        zeros = unpack_int32(t["weight_zero_point"], scheme.bits, 0)[:rows] - offset
+        values = values - expand_groups(zeros, rows, cols, scheme, g_idx, f"{name}.weight_zero_point")
+    return values * expand_groups(t["weight_scale"], rows, cols, scheme, g_idx, f"{name}.weight_scale")
+
+
+def dequantize_gptq(t: dict[str, torch.Tensor], scheme: WeightScheme, name: str) -> torch.Tensor:
+    """GPTQ: `qweight` [in * bits / 32, out] packed along the input dim, `qzeros` [groups, out * bits
+    / 32] along the output dim (the original format stores zero - 1), `scales` [groups, out],
+    `g_idx` [in] (each input column's group; in // group_size when absent)."""
+    codes = unpack_int32(t["qweight"], scheme.bits, 0)           # [in, out]
+    scales = t["scales"].float()                                  # [groups, out]
+    zeros = unpack_int32(t["qzeros"], scheme.bits, 1)[:, :scales.shape[1]] + int(scheme.gptq_v1_zeros)
+    return _grouped(codes, zeros, scales, scheme, t.get("g_idx"), name)
+
+
+def dequantize_awq(t: dict[str, torch.Tensor], scheme: WeightScheme, name: str) -> torch.Tensor:
+    """AWQ (GEMM): `qweight` [in, out / 8] and `qzeros` [groups, out / 8], packed along the output dim
+    with AWQ_ORDER interleaving each word's eight columns, `scales` [groups, out]."""
+    order = torch.tensor(AWQ_ORDER).argsort()  # column j of a word's eight sits at nibble order[j]
+
+    def columns(words: torch.Tensor) -> torch.Tensor:
+        codes = unpack_int32(words, scheme.bits, 1)
+        return codes.view(codes.shape[0], -1, 8)[:, :, order].flatten(1)
+
+    return _grouped(columns(t["qweight"]), columns(t["qzeros"]), t["scales"].float(), scheme, None, name)
+
+
+def _grouped(codes: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor, scheme: WeightScheme,
+             g_idx: torch.Tensor | None, name: str) -> torch.Tensor:
+    """(codes - zero) * scale by each input row's group, transposed to [out, in]."""
+    num_in, num_out = codes.shape
+    if scales.shape[1] != num_out or zeros.shape != scales.shape:
+        raise ValueError(f"{name}: qweight ({num_in} x {num_out} codes), qzeros {tuple(zeros.shape)} and scales "
+                         f"{tuple(scales.shape)} do not fit together")
+    if g_idx is None:
+        size = scheme.group_size or num_in
+        g_idx = torch.arange(num_in) // size
+    g_idx = _checked_g_idx(g_idx, num_in, scales.shape[0], f"{name}.scales")
+    return ((codes - zeros[g_idx]).float() * scales[g_idx]).t().contiguous()
+
+
+_DEQUANTIZERS: dict[str, Callable[[dict[str, torch.Tensor], WeightScheme, str], torch.Tensor]] = {
+    "scaled": dequantize_scaled, "packed": dequantize_packed, "gptq": dequantize_gptq, "awq": dequantize_awq}
+# the tensors each kind needs
+_REQUIRED = {"scaled": ("weight",), "packed": ("weight_packed", "weight_scale", "weight_shape"),
+             "gptq": ("qweight", "qzeros", "scales"), "awq": ("qweight", "qzeros", "scales")}
+
+
+class DequantizingReader:
+    """A checkpoint reader (names() / get() / raw()) over a quantized checkpoint: each quantized
+    layer's tensors are hidden and its `<layer>.weight` is served dequantized to float32; every
+    other tensor passes through. The scales of activations (`input_scale`) are read by nothing:
+    activations are not quantized here."""
+
+    def __init__(self, reader, quantization: Quantization) -> None:  # reader: weights.CheckpointReader
+        self.reader, self.quantization = reader, quantization
+        self.bare = reader.bare
+        stored = reader.names()
+        self.layers: dict[str, list[str]] = {}  # quantized layer → its stored parts' names
+        for name in stored:
+            layer, _, part = name.rpartition(".")
+            if part in _MARKERS:
+                self.layers[layer] = [f"{layer}.{p}" for p in _PARTS if f"{layer}.{p}" in stored]
+        hidden = {n for parts in self.layers.values() for n in parts}
+        self._names = (stored - hidden) | {f"{layer}.weight" for layer in self.layers}
+        log.info("%s checkpoint: %d quantized layers dequantized at load (weights held in the engine dtype)",
+                 quantization.method, len(self.layers))
+
+    def names(self) -> set[str]:
+        return set(self._names)
+
+    def get(self, name: str) -> torch.Tensor:
+        layer = name.removesuffix(".weight")
+        if name.endswith(".weight") and layer in self.layers:
+            return self._dequantized(layer)
+        return self.reader.get(name)
+
+    def _dequantized(self, layer: str) -> torch.Tensor:
+        scheme = self.quantization.scheme_for(layer)
+        parts = {n.rpartition(".")[2]: self.reader.raw(n) for n in self.layers[layer]}
+        missing = [p for p in _REQUIRED[scheme.kind] if p not in parts]
+        if scheme.kind == "scaled" and "weight_scale" not in parts and "weight_scale_inv" not in parts:
+            missing.append("weight_scale")
+        if missing:
+            raise ValueError(f"quantized layer {layer!r} ({self.quantization.method}) lacks "
+                             f"{', '.join(layer + '.' + p for p in missing)}")
+        return _DEQUANTIZERS[scheme.kind](parts, scheme, layer)
