@@ -66,12 +66,36 @@ _GEMMA_DEFAULTS_BY_ARCH = {
     "Gemma3ForCausalLM": {"vocab_size": 262_208, "max_position_embeddings": 131_072},
 }
 _GEMMA_NULLABLE = ("sliding_window", "final_logit_softcapping", "attn_logit_softcapping")
+# GemmaConfig's defaults (Gemma 1, CodeGemma): no windows, soft-caps or norms after the branches
+_GEMMA1_DEFAULTS = {"vocab_size": 256_000, "hidden_size": 3072, "intermediate_size": 24576, "num_hidden_layers": 28,
+                    "num_attention_heads": 16, "num_key_value_heads": 16, "head_dim": 256,
+                    "hidden_act": "gelu_pytorch_tanh", "max_position_embeddings": 8192, "rms_norm_eps": 1e-6,
+                    "bos_token_id": 2, "eos_token_id": 1, "tie_word_embeddings": True}
 
 
 def with_gemma_defaults(cfg: dict[str, Any], arch: str) -> dict[str, Any]:
     """`cfg` over transformers' defaults for Gemma `arch` (a null in _GEMMA_NULLABLE stays null)."""
     return {**_GEMMA_DEFAULTS, **_GEMMA_DEFAULTS_BY_ARCH[arch],
             **{k: v for k, v in cfg.items() if v is not None or k in _GEMMA_NULLABLE}}
+
+
+def gemma1_config(cfg: dict[str, Any]) -> dict[str, Any]:
+    """A Gemma 1 config over GemmaConfig's defaults, its released `hidden_act: "gelu"` read as GELU's
+    tanh form (as transformers reads it: the released weights were trained with it)."""
+    merged = {**_GEMMA1_DEFAULTS, **{k: v for k, v in cfg.items() if v is not None}}
+    if merged["hidden_act"] == "gelu":
+        merged["hidden_act"] = "gelu_pytorch_tanh"
+    if merged.get("use_bidirectional_attention"):
+        raise ValueError("use_bidirectional_attention is not supported (attention here is causal)")
+    return merged
+
+
+def gemma1_fields(hidden: int) -> dict[str, Any]:
+    """Gemma 1's ModelArgs fields: embeddings scaled by sqrt(hidden_size) rounded to the model's
+    dtype, norm weights stored as weight - 1."""
+    check_positive_int("hidden_size", hidden)
+    return {"embedding_multiplier": math.sqrt(hidden), "embedding_multiplier_in_dtype": True,
+            "norm_weight_offset": 1.0}
 
 
 def gemma3_text_config(cfg: dict[str, Any]) -> dict[str, Any]:

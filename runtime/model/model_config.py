@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from radixflow.runtime.model.config_families import (
-    ACTIVATIONS, GEMMA_ARCHITECTURES, check_positive_int, check_positive_number, gemma3_text_config, gemma_fields,
+    ACTIVATIONS, GEMMA_ARCHITECTURES, check_positive_int, check_positive_number, gemma1_config, gemma1_fields,
+    gemma3_text_config, gemma_fields,
     gemma_rope, granite_fields, moe_fields, nope_layers, optional, required, sliding_window_fields,
     with_gemma_defaults, yarn_scaling,
 )
@@ -16,7 +17,8 @@ from radixflow.runtime.text_files import read_json_object
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
                            "MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM",
                            "SmolLM3ForCausalLM", "GraniteForCausalLM", "GraniteMoeForCausalLM", "Phi3ForCausalLM",
-                           "Olmo2ForCausalLM", "OlmoeForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM")
+                           "Olmo2ForCausalLM", "OlmoeForCausalLM", "GemmaForCausalLM", "Gemma2ForCausalLM",
+                           "Gemma3ForCausalLM")
 
 
 @dataclass(frozen=True)
@@ -177,6 +179,8 @@ def model_args_from_dict(cfg: dict[str, Any]) -> ModelArgs:
     gemma = next((a for a in archs if a in GEMMA_ARCHITECTURES), None)
     if gemma is not None:  # transformers' defaults for what the config leaves out
         cfg = with_gemma_defaults(cfg, gemma)
+    elif "GemmaForCausalLM" in archs:
+        cfg = gemma1_config(cfg)
     arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
     if arch is None:
         raise ValueError(f"unsupported architecture {archs or cfg.get('model_type')!r}; "
@@ -232,6 +236,8 @@ def model_args_from_dict(cfg: dict[str, Any]) -> ModelArgs:
         qkv_bias = attention_bias or is_qwen2
     if is_gemma:
         family = gemma_fields(cfg, hidden, arch)
+    elif arch == "GemmaForCausalLM":
+        family = gemma1_fields(hidden)
     else:
         family = {**sliding_window_fields(cfg, arch), **granite_fields(cfg, arch), **moe_fields(cfg, arch)}
     return ModelArgs(

@@ -41,6 +41,8 @@ def _hf_config(family: str, vocab_size: int, heads: int = 8):
         return tf.Phi3Config(**common, tie_word_embeddings=False, sliding_window=None)
     if family == "smollm3":  # every second layer without RoPE (SmolLM3-3B: every fourth)
         return tf.SmolLM3Config(**common, no_rope_layer_interval=2, tie_word_embeddings=True)
+    if family == "gemma":  # Gemma 1: GELU-tanh MLP, scaled embeddings, norms stored as weight - 1
+        return tf.GemmaConfig(**common, tie_word_embeddings=True)
     if family == "gemma2":  # layer 0 through a 4-token window; attention scores and logits soft-capped (small
         # caps, so that they bend the values)
         return tf.Gemma2Config(**common, sliding_window=4, query_pre_attn_scalar=24, attn_logit_softcapping=2.0,
@@ -75,7 +77,8 @@ _CLASSES = {"llama3": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
             "qwen2_moe": "Qwen2MoeForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
             "smollm3": "SmolLM3ForCausalLM", "granite": "GraniteForCausalLM",
             "granitemoe": "GraniteMoeForCausalLM", "phi3": "Phi3ForCausalLM",
-            "olmo2": "Olmo2ForCausalLM", "olmoe": "OlmoeForCausalLM", "gemma2": "Gemma2ForCausalLM",
+            "olmo2": "Olmo2ForCausalLM", "olmoe": "OlmoeForCausalLM", "gemma": "GemmaForCausalLM",
+            "gemma2": "Gemma2ForCausalLM",
             "gemma3": "Gemma3ForCausalLM"}
 
 

@@ -1,4 +1,4 @@
-"""Gemma 2 and 3 (text): sliding-window layers (Gemma 3's with their own RoPE base), norms around
+"""Gemma 1, 2 and 3 (text); Gemma 2 and 3: sliding-window layers (Gemma 3's with their own RoPE base), norms around
 both branches, GELU-tanh MLP, scaled embeddings, soft-capped logits (Gemma 2: and attention
 scores). Parity with transformers on the plain prefill and greedy paths is in
 test_model_parity.py (FAMILIES); here the engine's other paths (cached prefixes, chunks, the
@@ -18,7 +18,7 @@ from radixflow.runtime.model.model_config import load_model_args
 from test_model_parity import _hf_greedy
 
 GREEDY = {"temperature": 0.0, "max_new_tokens": 12, "ignore_eos": True}
-GEMMAS = ["gemma2", "gemma3"]
+GEMMAS = ["gemma", "gemma2", "gemma3"]
 
 
 def _prompts(vocab: int) -> tuple[list[int], list[list[int]]]:
@@ -190,6 +190,26 @@ def test_a_hub_gemma_2_config_reads_as_transformers_reads_it(tmp_path):
     assert load_model_args(_config(tmp_path, **fields)).attn_logit_softcapping == 50.0
     args = load_model_args(_config(tmp_path, **fields, attn_logit_softcapping=None, final_logit_softcapping=None))
     assert args.attn_logit_softcapping is None and args.final_logit_softcapping is None
+
+
+def test_a_hub_gemma_1_config_reads_as_transformers_reads_it(tmp_path):
+    """gemma-2b's config.json: its legacy `hidden_act: "gelu"` is GELU's tanh form, the head tied, no
+    windows, soft-caps or norms after the branches, the attention scale head_dim ** -0.5."""
+    fields = dict(architectures=["GemmaForCausalLM"], hidden_act="gelu", hidden_size=2048, intermediate_size=16384,
+                  num_attention_heads=8, num_hidden_layers=18, num_key_value_heads=1, head_dim=256,
+                  vocab_size=256000, max_position_embeddings=8192, rms_norm_eps=1e-06, rope_theta=10000.0,
+                  bos_token_id=2, eos_token_id=1, pad_token_id=0, torch_dtype="bfloat16")
+    args = load_model_args(_config(tmp_path, **fields))
+    assert args.hidden_act == "gelu_tanh" and args.tie_word_embeddings and args.sm_scale == 256 ** -0.5
+    assert args.window_layers == () and args.sliding_window is None and args.final_logit_softcapping is None
+    assert args.pre_norms and not args.post_norms and not args.qk_norm and args.attn_logit_softcapping is None
+    assert args.embedding_multiplier == 2048 ** 0.5 and args.embedding_multiplier_in_dtype
+    assert args.norm_weight_offset == 1.0 and args.eos_token_ids == (1,)
+    fields.pop("head_dim"), fields.pop("hidden_act")  # GemmaConfig's defaults
+    args = load_model_args(_config(tmp_path, **fields))
+    assert args.head_dim == 256 and args.hidden_act == "gelu_tanh"
+    with pytest.raises(ValueError, match="use_bidirectional_attention"):
+        load_model_args(_config(tmp_path, **fields, use_bidirectional_attention=True))
 
 
 @pytest.mark.parametrize("fields, match", [
