@@ -17,12 +17,15 @@ from ._checks import FLOAT_DTYPES, check, check_index, check_same_device, check_
 from ._triton import tl, triton
 
 
-def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None = None) -> torch.Tensor:
-    """Inverse frequencies [head_dim / 2] in fp32, with `linear`, `llama3` or `yarn` scaling applied
-    (a checkpoint's `rope_scaling` dict; None or another type: unscaled)."""
+def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None = None, long: bool = False) -> torch.Tensor:
+    """Inverse frequencies [head_dim / 2] in fp32, with `linear`, `llama3`, `yarn` or `longrope`
+    scaling applied (a checkpoint's `rope_scaling` dict; None or another type: unscaled). LongRoPE
+    divides each frequency by its `short_factor`, or with `long` by its `long_factor`."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
     scaling = scaling or {}
     kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind == "longrope":
+        return inv_freq / torch.tensor(scaling["long_factor" if long else "short_factor"], dtype=torch.float32)
     if kind == "linear":
         return inv_freq / scaling["factor"]
     if kind == "yarn":
@@ -63,15 +66,19 @@ def _yarn_inv_freq(inv_freq: torch.Tensor, head_dim: int, theta: float, scaling:
 
 
 def rope_attention_factor(scaling: dict | None) -> float:
-    """What YaRN multiplies the cos and sin tables by (so q.k by its square): `attention_factor`,
-    else 0.1 ln(factor) + 1 (with `mscale` and `mscale_all_dim`: the ratio of their two such
-    terms); 1 for the other scalings."""
+    """What YaRN and LongRoPE multiply the cos and sin tables by (so q.k by its square):
+    `attention_factor`, else YaRN's 0.1 ln(factor) + 1 (with `mscale` and `mscale_all_dim`: the
+    ratio of their two such terms) or LongRoPE's below; 1 for the other scalings."""
     scaling = scaling or {}
-    if scaling.get("rope_type", scaling.get("type")) != "yarn":
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if kind not in ("yarn", "longrope"):
         return 1.0
     if scaling.get("attention_factor") is not None:
         return float(scaling["attention_factor"])
     factor = scaling["factor"]
+    if kind == "longrope":  # sqrt(1 + ln(factor) / ln(original context)), both tables alike
+        old_len = scaling["original_max_position_embeddings"]
+        return 1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(old_len))
 
     def mscale(m: float = 1.0) -> float:
         return 1.0 if factor <= 1 else 0.1 * m * math.log(factor) + 1.0

@@ -74,7 +74,8 @@ class Engine:
         slots = self.runner.lora_slots
         self.loras = None if slots is None else LoraService(self.config, self.runner.args, slots)
         self.scheduler = Scheduler(limits, self.runner.kv_pool, self.runner.req_pool, cache,
-                                   NO_ADAPTERS if self.loras is None else self.loras.capacity)
+                                   NO_ADAPTERS if self.loras is None else self.loras.capacity,
+                                   long_rope_len=self.runner.args.long_rope_len)
         self.scheduler.drafter = drafter(self.config, self.max_context_len)
         self.eos_ids = frozenset(self.tokenizer.eos_token_ids) | frozenset(self.runner.args.eos_token_ids)
         self.grammar = GrammarCompiler(self.tokenizer, self.runner.args.vocab_size, self.eos_ids,

@@ -22,7 +22,7 @@ from radixflow.runtime.config import EngineConfig
 from radixflow.runtime.core.model_runner import ModelRunner
 from radixflow.runtime.core.output import finalize_text
 from radixflow.runtime.core.publish import OutputSink, publish
-from radixflow.runtime.core.request import Req
+from radixflow.runtime.core.request import Req, adapter_namespaces
 from radixflow.runtime.core.scheduler import Scheduler
 from radixflow.runtime.core.step import StepRunner, error_reason, notify
 from radixflow.runtime.errors import EngineClosedError, EngineDeadError, QueueFullError
@@ -147,7 +147,8 @@ class EngineLoop:
         assert self.loras is not None
         if self.loras.registry.is_loaded(namespace):
             return
-        self.scheduler.cache.evict_namespace(namespace, self.runner.kv_pool.free)
+        for ns in adapter_namespaces(namespace):  # and its LongRoPE long sequences' KV
+            self.scheduler.cache.evict_namespace(ns, self.runner.kv_pool.free)
         self.loras.capacity.forget(namespace)
 
     def check_invariants_now(self) -> None:

@@ -52,6 +52,9 @@ class ForwardBatch:
     # a mixed step's (prefill rows, one-token decode rows after them), for an attention backend
     # that attends to the two apart (`split`); None: attend to the batch as one extend
     parts: tuple[ForwardBatch, ForwardBatch] | None = None
+    # [num_tokens] int64, the RoPE table row of each token where it is not its position: LongRoPE's
+    # long sequences read the long factors' rows, after the short ones' (model.rope_tables)
+    rope_positions: torch.Tensor | None = None
 
     @property
     def batch_size(self) -> int:
@@ -82,7 +85,7 @@ class ForwardBatch:
                 out_slots=self.out_slots[t], req_rows=self.req_rows[r], prefix_lens=self.prefix_lens[r],
                 extend_lens=self.extend_lens[r], seq_lens=self.seq_lens[r], extend_starts=starts,
                 logit_rows=starts, prefix_lens_cpu=self.prefix_lens_cpu[r], extend_lens_cpu=self.extend_lens_cpu[r],
-                lora=None, parts=None)
+                lora=None, parts=None, rope_positions=None if self.rope_positions is None else self.rope_positions[t])
         head = part(slice(0, rows), slice(0, tokens), self.extend_starts[:rows], self.is_decode)
         tail = part(slice(rows, None), slice(tokens, None), self.extend_starts[rows:] - tokens, True)
         return head, tail

@@ -63,7 +63,10 @@ def derive_shape(cfg: EngineConfig, args: ModelArgs) -> RuntimeShape:
     # the torch references read lengths back to the host, which a graph capture forbids; a model
     # with experts decodes eagerly until its kernel's capture (tests/kernels/test_moe.py, -m gpu)
     # has run on a GPU
-    use_graphs = use_cuda and backend == "triton" and not cfg.disable_cuda_graph and not args.moe_layers
+    # LongRoPE reads each request's table rows (ForwardBatch.rope_positions), which the graphs' static
+    # inputs do not carry: such a model decodes eagerly
+    use_graphs = (use_cuda and backend == "triton" and not cfg.disable_cuda_graph and not args.moe_layers
+                  and args.long_rope_len is None)
     graph_bs = min(cfg.cuda_graph_max_bs, cfg.max_num_seqs) if use_graphs else 0
     return RuntimeShape(device, dtype, max_len, backend, graph_bs)
 
@@ -277,19 +280,19 @@ class ModelRunner:
         ids_t, positions_t, out_slots, req_rows, ones, seq_lens, starts, logit_rows_t = upload(
             [ids, positions, np.concatenate(slots), rows, np.ones(t, dtype=np.int64),
              np.asarray(positions, dtype=np.int64) + 1, np.arange(t), logit_rows], dev)
-        return ForwardBatch(
+        return self._with_rope_rows(ForwardBatch(
             is_decode=True, input_ids=ids_t, positions=positions_t, out_slots=out_slots,
             req_to_token=self.req_pool.table, req_rows=req_rows, prefix_lens=positions_t, extend_lens=ones,
             seq_lens=seq_lens, extend_starts=starts, logit_rows=logit_rows_t, prefix_lens_cpu=positions,
             extend_lens_cpu=[1] * t, lora=None if self.lora_slots is None else make_lora_batch(
-                self.lora_slots, loras, [1] * t, dev, dev.type == "cuda"))
+                self.lora_slots, loras, [1] * t, dev, dev.type == "cuda")), batch)
 
     def make_forward_batch(self, batch: ScheduledBatch, logit_offsets: list[list[int]],
                            input_ids: torch.Tensor | None = None) -> ForwardBatch:
         """The ForwardBatch of `batch`; its input ids are the requests' tokens, or `input_ids`
         (on the device, one per new token) when given."""
         if batch.new_slots is not None and all(o == [0] for o in logit_offsets):
-            return self._decode_forward_batch(batch, input_ids)
+            return self._with_rope_rows(self._decode_forward_batch(batch, input_ids), batch)
         ids, positions, slots, logit_rows, starts = [], [], [], [], []
         num_tokens = 0
         for req, prefix, n, offs in zip(batch.reqs, batch.prefix_lens, batch.extend_lens, logit_offsets):
@@ -312,8 +315,19 @@ class ModelRunner:
             logit_rows=logit_rows_t, prefix_lens_cpu=list(batch.prefix_lens), extend_lens_cpu=list(batch.extend_lens),
             lora=None if self.lora_slots is None else make_lora_batch(
                 self.lora_slots, [r.lora_id for r in batch.reqs], list(batch.extend_lens), dev, dev.type == "cuda"))
+        fb = self._with_rope_rows(fb, batch)
         tail = self._decode_tail(batch)
         return fb if tail is None else dataclasses.replace(fb, parts=fb.split(tail))
+
+    def _with_rope_rows(self, fb: ForwardBatch, batch: ScheduledBatch) -> ForwardBatch:
+        """LongRoPE: `fb` with its long sequences' tokens reading the long factors' table rows,
+        which follow the short ones' (model.rope_tables); `fb` itself when none is long."""
+        if self.args.long_rope_len is None or not any(r.long_rope for r in batch.reqs):
+            return fb
+        rows = self.shape.max_context_len  # the short factors' rows
+        offsets = np.repeat(np.asarray([rows if r.long_rope else 0 for r in batch.reqs], dtype=np.int64),
+                            batch.extend_lens)
+        return dataclasses.replace(fb, rope_positions=fb.positions + torch.from_numpy(offsets).to(fb.positions.device))
 
 
 def last_ids(reqs: list[Req]) -> list[int]:

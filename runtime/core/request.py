@@ -16,6 +16,17 @@ from radixflow.runtime.core.slot_list import SlotIds, SlotList
 from radixflow.runtime.sampling_params import SamplingParams
 
 
+def long_rope_namespace(namespace: str | None) -> str:
+    """Where the KV of a sequence rotated with LongRoPE's long factors is cached: apart from the
+    same tokens' KV under the short factors, per adapter namespace."""
+    return "longrope:" + (namespace or "")
+
+
+def adapter_namespaces(namespace: str) -> tuple[str, str]:
+    """Every namespace an adapter's KV is cached in (what unloading it frees)."""
+    return namespace, long_rope_namespace(namespace)
+
+
 class Status(enum.Enum):
     WAITING = "waiting"      # queued (new, or retracted and to be recomputed)
     RUNNING = "running"      # holds KV and a slot-table row
@@ -120,6 +131,7 @@ class Req:
     sampling: SamplingParams
     logprob: LogprobOptions = field(default_factory=LogprobOptions)
     namespace: str | None = None
+    long_rope: bool = False      # LongRoPE: rotated with the long factors (its KV in long_rope_namespace)
     lora_id: int = -1            # device slot of its adapter while it holds KV, else -1
     lora: Any = None             # its LoraAdapter (runtime/lora/adapter.py), None = the base model
     lora_name: str | None = None  # the adapter name it asked for (metrics)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from radixflow.radix import Node, RadixCache
 from radixflow.runtime.core.admission import NO_FIT, Admission
 from radixflow.runtime.core.kv_pool import KVPool, ReqToTokenPool, SlotIds
-from radixflow.runtime.core.request import Req, Status
+from radixflow.runtime.core.request import Req, Status, adapter_namespaces, long_rope_namespace
 from radixflow.runtime.core.scheduled_batch import ScheduledBatch, mixed
 from radixflow.runtime.core.slot_accounting import SlotAccounting
 from radixflow.runtime.core.slot_list import SlotList, append_one_each
@@ -57,8 +57,12 @@ class SchedulerLimits:
 
 class Scheduler(Admission, SlotAccounting):
     def __init__(self, limits: SchedulerLimits, kv_pool: KVPool, req_pool: ReqToTokenPool,
-                 cache: RadixCache, adapters: AdapterAdmission = NO_ADAPTERS) -> None:
+                 cache: RadixCache, adapters: AdapterAdmission = NO_ADAPTERS,
+                 long_rope_len: int | None = None) -> None:
         self.limits = limits
+        # LongRoPE (ModelArgs.long_rope_len): a sequence longer than this is rotated wholly with the
+        # long factors, so one that grows past it is computed again (`_restart_past_short_rope`)
+        self.long_rope_len = long_rope_len
         self.adapters = adapters  # LoRA slot residency: a request waits for its adapter's slot
         self.kv = kv_pool
         self.req_pool = req_pool
@@ -79,8 +83,31 @@ class Scheduler(Admission, SlotAccounting):
 
     def add(self, req: Req) -> None:
         req.status = Status.WAITING
+        self._pick_rope(req)
         self.waiting.append(req)
         self._blocked_until = None
+
+    def _pick_rope(self, req: Req) -> None:
+        """LongRoPE: a waiting request longer than the short factors' context takes the long ones,
+        and its KV their namespace. Only while it holds no KV."""
+        if self.long_rope_len is not None and not req.long_rope and (
+                len(req.prompt_ids) + len(req.output_ids) > self.long_rope_len):
+            req.long_rope, req.namespace = True, long_rope_namespace(req.namespace)
+
+    def _restart_past_short_rope(self) -> None:
+        """LongRoPE, as transformers' Phi-3 generates: a running request whose next token would
+        sit past the short factors' context is computed again from its first token with the long
+        factors (its short KV stays cached for others). Not a preemption: the engine gives it
+        back to the queue's head, and its tokens so far stay."""
+        if self.long_rope_len is None:
+            return
+        for req in [r for r in self.running if not r.long_rope and r.seq_len > self.long_rope_len]:
+            log.debug("%s passes %d tokens: computed again with LongRoPE's long factors", req.rid,
+                      self.long_rope_len)
+            self._release(req)
+            req.status = Status.WAITING
+            self._pick_rope(req)
+            self.waiting.insert(0, req)
 
     def abort(self, rid: str, message: str = "aborted", reason: dict | None = None) -> bool:
         """Finish `rid` (or each part of the n > 1 request submitted as `rid`) with reason abort
@@ -140,6 +167,7 @@ class Scheduler(Admission, SlotAccounting):
         """Pick the next step: a prefill batch when something can be admitted (with the running
         requests' decode rows when mixing), else decode. Requests that can never fit are
         finished here (see `done`)."""
+        self._restart_past_short_rope()
         if self.limits.mixed and self.running and (self.prefilling or self.waiting and not self._admits_nothing()):
             batch = self._schedule_mixed()
             if batch is not None:
@@ -269,6 +297,9 @@ class Scheduler(Admission, SlotAccounting):
         admission, retraction). A full batch or a memory-blocked queue goes on overlapping."""
         if self.prefilling or not self.running or (self.waiting and not self._admits_nothing()):
             return None
+        if self.long_rope_len is not None and any(not r.long_rope and r.kv_len >= self.long_rope_len
+                                                  for r in self.running):
+            return None  # its pending token passes the short factors' context: `schedule` restarts it
         if len(self.running) > self.kv.num_free + self.cache.evictable_size():
             return None
         slots = self._alloc(len(self.running))
@@ -310,6 +341,8 @@ class Scheduler(Admission, SlotAccounting):
             return news
         news = [1] * len(self.running) if news is None else news
         for i, (req, mine) in enumerate(zip(self.running, drafts)):
+            if self.long_rope_len is not None and not req.long_rope:  # no logits past the short context
+                mine = mine[:max(0, self.long_rope_len - 1 - req.kv_len)]
             if mine:
                 req.drafts = mine
                 req.output_ids.extend(mine)
@@ -329,6 +362,7 @@ class Scheduler(Admission, SlotAccounting):
         req.status = Status.WAITING
         req.num_retractions += 1
         self.num_preemptions += 1
+        self._pick_rope(req)
         self.waiting.insert(0, req)
         self.new_token_ratio = NEW_TOKEN_RATIO_INIT
 
@@ -372,7 +406,8 @@ class Scheduler(Admission, SlotAccounting):
             self._blocked_until = None  # memory and a row were freed
             unloaded = self.adapters.release(req)
             if unloaded is not None:  # the last user of an unloaded adapter: its KV goes now
-                self.cache.evict_namespace(unloaded, self.kv.free)
+                for namespace in adapter_namespaces(unloaded):
+                    self.cache.evict_namespace(namespace, self.kv.free)
         if req in self.running:
             self.running.remove(req)
         if req in self.prefilling:

@@ -54,6 +54,26 @@ def yarn_scaling(cfg: dict[str, Any], scaling: dict[str, Any]) -> dict[str, Any]
     return {**scaling, "factor": factor, "original_max_position_embeddings": old_len}
 
 
+def longrope_scaling(cfg: dict[str, Any], scaling: dict[str, Any], head_dim: int) -> dict[str, Any]:
+    """Phi-3's LongRoPE `rope_scaling` (Phi-3.5, the 128K Phi-3 models) as transformers 5 reads it:
+    the top-level original_max_position_embeddings (4096 when absent) is the context the short
+    factors serve; an absent `factor` is max_position_embeddings over it; `short_factor` and
+    `long_factor` each divide one of the head_dim / 2 frequencies."""
+    old_len = optional(cfg, "original_max_position_embeddings", 4096)
+    check_positive_int("original_max_position_embeddings", old_len)
+    factor = scaling.get("factor")
+    factor = optional(cfg, "max_position_embeddings", 4096) / old_len if factor is None else factor
+    check_positive_number("rope_scaling factor", factor)
+    for name in ("short_factor", "long_factor"):
+        values = scaling.get(name)
+        if (not isinstance(values, list) or len(values) != head_dim // 2
+                or any(isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < math.inf
+                       for v in values)):
+            raise ValueError(f"rope_scaling {name} must list {head_dim // 2} positive numbers (one per RoPE "
+                             f"frequency), got {values!r}")
+    return {**scaling, "rope_type": "longrope", "factor": factor, "original_max_position_embeddings": old_len}
+
+
 # Gemma2Config's and Gemma3TextConfig's defaults (transformers 5): their checkpoints' configs leave many
 # fields out; a null in these (_GEMMA_NULLABLE) turns the feature off rather than taking the default
 _GEMMA_DEFAULTS = {"hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,

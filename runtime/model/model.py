@@ -89,9 +89,14 @@ def silu_mul_cpu(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 def rope_tables(args: ModelArgs, max_len: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin [max_len, head_dim] fp32 for the model's RoPE (llama3 / linear / yarn scaling applied)."""
-    inv_freq = kernels.rope_inv_freq(args.head_dim, args.rope_theta, args.rope_scaling)
-    return kernels.rope_cos_sin(inv_freq, max_len, device, kernels.rope_attention_factor(args.rope_scaling))
+    """cos, sin [max_len, head_dim] fp32 for the model's RoPE (llama3 / linear / yarn scaling
+    applied). LongRoPE: [2 * max_len, head_dim], the short factors' rows then the long ones'
+    (a long sequence's tokens read row position + max_len: ForwardBatch.rope_positions)."""
+    factor = kernels.rope_attention_factor(args.rope_scaling)
+    tables = [kernels.rope_cos_sin(kernels.rope_inv_freq(args.head_dim, args.rope_theta, args.rope_scaling, long),
+                                   max_len, device, factor)
+              for long in ((False, True) if args.long_rope_len is not None else (False,))]
+    return torch.cat([cos for cos, _ in tables]), torch.cat([sin for _, sin in tables])
 
 
 def rotate_cpu(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
@@ -334,8 +339,9 @@ class CausalLM(nn.Module):
     @torch.inference_mode()
     def forward(self, fb: ForwardBatch, attn: AttentionFn) -> torch.Tensor:
         """Logits [len(fb.logit_rows), vocab] in fp32 for the requested token rows."""
-        rope = self._rope_step(fb.positions)
-        local_rope = self._rope_step(fb.positions, local=True) if self.local_rope is not None else rope
+        positions = fb.positions if fb.rope_positions is None else fb.rope_positions
+        rope = self._rope_step(positions)
+        local_rope = self._rope_step(positions, local=True) if self.local_rope is not None else rope
         x, residual = self.embed_tokens(fb.input_ids), None  # [T, hidden]
         if self.args.embedding_multiplier_in_dtype:  # Gemma: its scale rounded to the weights' dtype first
             x = x * torch.tensor(self.args.embedding_multiplier, dtype=x.dtype)

@@ -8,7 +8,7 @@ from typing import Any
 
 from radixflow.runtime.model.config_families import (
     ACTIVATIONS, GEMMA_ARCHITECTURES, check_positive_int, check_positive_number, gemma1_config, gemma1_fields,
-    gemma3_text_config, gemma_fields,
+    gemma3_text_config, gemma_fields, longrope_scaling,
     gemma_rope, granite_fields, moe_fields, nope_layers, optional, required, sliding_window_fields,
     with_gemma_defaults, yarn_scaling,
 )
@@ -143,6 +143,13 @@ class ModelArgs:
         return {i: self.sliding_window for i in self.window_layers if self.sliding_window is not None}
 
     @property
+    def long_rope_len(self) -> int | None:
+        """LongRoPE (Phi-3): the longest sequence rotated with the short factors; a longer one is
+        rotated wholly with the long factors. None for other RoPE."""
+        scaling = self.rope_scaling or {}
+        return scaling["original_max_position_embeddings"] if scaling.get("rope_type") == "longrope" else None
+
+    @property
     def q_size(self) -> int:
         return self.num_heads * self.head_dim
 
@@ -212,10 +219,15 @@ def model_args_from_dict(cfg: dict[str, Any]) -> ModelArgs:
         kind = rope_scaling.get("rope_type", rope_scaling.get("type"))
         if arch == "Phi3ForCausalLM" and kind in ("su", "yarn"):  # Phi-3's old names for longrope
             kind = "longrope"
-        if kind not in ("default", "llama3", "linear", "yarn"):
-            raise ValueError(f"unsupported rope_scaling type {kind!r}; supported: llama3, linear, yarn")
+        if kind not in ("default", "llama3", "linear", "yarn", "longrope"):
+            raise ValueError(f"unsupported rope_scaling type {kind!r}; supported: llama3, linear, yarn, "
+                             "longrope (Phi-3)")
+        if kind == "longrope" and arch != "Phi3ForCausalLM":
+            raise ValueError(f"rope_scaling longrope is supported for Phi3ForCausalLM only, not {arch}")
         if kind == "yarn":
             rope_scaling = yarn_scaling(cfg, rope_scaling)
+        elif kind == "longrope":
+            rope_scaling = longrope_scaling(cfg, rope_scaling, head_dim)
     if cfg.get("clip_qkv") is not None:  # OLMo(E) checkpoints trained with clamped q, k, v
         raise ValueError(f"clip_qkv {cfg['clip_qkv']!r} is not supported (q, k and v are not clamped here)")
     # Gemma's MLPs read hidden_activation (a hidden_act there is ignored, as transformers does), the

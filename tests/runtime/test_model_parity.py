@@ -232,7 +232,7 @@ def test_yarn_rope_scaling_matches_transformers(tmp_path, family, scaling):
 
 @pytest.mark.parametrize("scaling, match", [
     ({"rope_type": "dynamic", "factor": 2.0}, "unsupported rope_scaling type 'dynamic'"),
-    ({"type": "longrope", "short_factor": [1.0], "long_factor": [2.0]}, "unsupported rope_scaling type 'longrope'"),
+    ({"type": "longrope", "short_factor": [1.0], "long_factor": [2.0]}, "longrope is supported for Phi3ForCausalLM"),
     ({"rope_type": "yarn", "factor": 0, "original_max_position_embeddings": 16},
      "rope_scaling factor must be a positive number"),
     ({"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": "4k"}, "original_max_position_embeddings"),
@@ -245,10 +245,10 @@ def test_rope_scalings_not_computed_are_refused(tmp_path, scaling, match):
 @pytest.mark.parametrize("kind", ["yarn", "su"])
 def test_phi3s_old_names_for_longrope_are_longrope(tmp_path, kind):
     """Phi-3 configs once named longrope `su` or `yarn` (with short and long factors): transformers
-    reads both as longrope, which is refused, not computed as YaRN."""
-    with pytest.raises(ValueError, match="longrope"):
-        _args_of(tmp_path, "Phi3ForCausalLM", rope_scaling={"type": kind, "short_factor": [1.0] * 4,
-                                                             "long_factor": [2.0] * 4})
+    reads both as longrope (tests/runtime/test_longrope.py), not as YaRN."""
+    args = _args_of(tmp_path, "Phi3ForCausalLM", rope_scaling={"type": kind, "short_factor": [1.0] * 4,
+                                                                "long_factor": [2.0] * 4})
+    assert args.rope_scaling["rope_type"] == "longrope" and args.long_rope_len == 4096
 
 
 def test_yarn_needs_a_context_to_scale_from(tmp_path):
