@@ -18,7 +18,7 @@ _PARTS = {"weight", "weight_scale", "weight_scale_inv", "weight_zero_point", "we
           "g_idx"}
 # AWQ packs output column 8w + AWQ_ORDER[p] into nibble p of word w
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
-_FLOAT8 = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz") if hasattr(torch, n))
+FLOAT8 = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz") if hasattr(torch, n))
 
 
 def unpack_int32(words: torch.Tensor, bits: int, dim: int) -> torch.Tensor:
@@ -33,8 +33,9 @@ def unpack_int32(words: torch.Tensor, bits: int, dim: int) -> torch.Tensor:
 
 def expand_groups(values: torch.Tensor, num_rows: int, num_cols: int, scheme: WeightScheme,
                   g_idx: torch.Tensor | None, what: str) -> torch.Tensor:
-    """A per-tensor, per-row, per-group or per-block `values` (scales or zero points) broadcast to
-    the [num_rows, num_cols] weight; ValueError naming `what` when its shape fits none of them."""
+    """A per-tensor, per-row, per-group (scheme.group_size input columns, or each column's group
+    in `g_idx`) or per-block `values` (scales or zero points) broadcast to the [num_rows,
+    num_cols] weight; ValueError naming `what` when its shape is none of these."""
     values = values.float()
     if values.numel() == 1:
         return values.reshape(1, 1)
@@ -47,17 +48,24 @@ def expand_groups(values: torch.Tensor, num_rows: int, num_cols: int, scheme: We
         return values.repeat_interleave(rows, 0)[:num_rows].repeat_interleave(cols, 1)[:, :num_cols]
     if values.dim() == 1 and values.shape[0] == num_rows:
         return values.unsqueeze(1)
-    if values.dim() != 2 or values.shape[0] != num_rows:
+    grouped = g_idx is not None or scheme.group_size is not None
+    if values.dim() != 2 or values.shape[0] != num_rows or (values.shape[1] > 1 and not grouped):
         raise ValueError(f"{what} has shape {tuple(values.shape)}, which fits no scaling of a "
                          f"[{num_rows}, {num_cols}] weight (per tensor, row, group or block)")
     if values.shape[1] == 1:
         return values
     if g_idx is not None:
         return values[:, _checked_g_idx(g_idx, num_cols, values.shape[1], what)]
-    size = -(-num_cols // values.shape[1])
-    if -(-num_cols // size) != values.shape[1]:
-        raise ValueError(f"{what} has {values.shape[1]} groups, which do not split {num_cols} input columns")
+    size = scheme.group_size
+    assert size is not None
+    _check_groups(values.shape[1], num_cols, size, what)
     return values.repeat_interleave(size, 1)[:, :num_cols]
+
+
+def _check_groups(num_groups: int, num_cols: int, size: int, what: str) -> None:
+    need = -(-num_cols // size)
+    if num_groups != need:
+        raise ValueError(f"{what} has {num_groups} groups; {num_cols} input columns in groups of {size} need {need}")
 
 
 def _checked_g_idx(g_idx: torch.Tensor, num_cols: int, num_groups: int, what: str) -> torch.Tensor:
@@ -72,7 +80,7 @@ def dequantize_scaled(t: dict[str, torch.Tensor], scheme: WeightScheme, name: st
     """An fp8 or int8 `weight` × its scale (`weight_scale`, or DeepSeek-style `weight_scale_inv`,
     which multiplies too), less its zero point."""
     weight = t["weight"]
-    if weight.dtype not in _FLOAT8 + (torch.int8,):
+    if weight.dtype not in FLOAT8 + (torch.int8,):
         raise ValueError(f"{name}.weight is {str(weight.dtype).removeprefix('torch.')} beside a weight scale; a "
                          "quantized checkpoint stores fp8 or int8 weights there")
     if weight.dim() != 2:
@@ -89,31 +97,53 @@ def dequantize_scaled(t: dict[str, torch.Tensor], scheme: WeightScheme, name: st
 def dequantize_packed(t: dict[str, torch.Tensor], scheme: WeightScheme, name: str) -> torch.Tensor:
     """compressed-tensors' pack-quantized weight: signed codes stored offset by 2^(bits-1), packed
     along the input dim (`weight_packed` [out, ceil(in * bits / 32)]); its zero points, where
-    stored, packed the same way along the output dim."""
+    stored, packed the same way along the output dim for group and channel scales, else stored
+    as they are."""
+    if t["weight_shape"].is_floating_point():
+        raise ValueError(f"{name}.weight_shape is {_dtype(t['weight_shape'])}; a shape is integers")
     shape = t["weight_shape"].flatten().tolist()
     if len(shape) != 2:
         raise ValueError(f"{name}.weight_shape {shape} is not a 2-D shape")
     rows, cols = shape
+    words = _int32(t, "weight_packed", name)
+    if words.dim() != 2 or words.shape[0] != rows or words.shape[1] != -(-cols * scheme.bits // 32):
+        raise ValueError(f"{name}.weight_packed {tuple(words.shape)} does not hold a {shape} weight of "
+                         f"{scheme.bits}-bit codes")
     offset = 1 << (scheme.bits - 1)
-    codes = unpack_int32(t["weight_packed"], scheme.bits, 1)
-    if codes.shape[0] != rows or codes.shape[1] < cols:
-        raise ValueError(f"{name}.weight_packed {tuple(t['weight_packed'].shape)} does not hold a {shape} weight "
-                         f"of {scheme.bits}-bit codes")
-    values = (codes[:, :cols] - offset).float()
+    values = (unpack_int32(words, scheme.bits, 1)[:, :cols] - offset).float()
     g_idx = t.get("weight_g_idx")
     if "weight_zero_point" in t:
-        zeros = unpack_int32(t["weight_zero_point"], scheme.bits, 0)[:rows] - offset
+        zeros = t["weight_zero_point"]
+        if scheme.packed_zeros:
+            zeros = unpack_int32(_int32(t, "weight_zero_point", name), scheme.bits, 0)[:rows] - offset
         values = values - expand_groups(zeros, rows, cols, scheme, g_idx, f"{name}.weight_zero_point")
     return values * expand_groups(t["weight_scale"], rows, cols, scheme, g_idx, f"{name}.weight_scale")
+
+
+def _dtype(tensor: torch.Tensor) -> str:
+    return str(tensor.dtype).removeprefix("torch.")
+
+
+def _int32(t: dict[str, torch.Tensor], part: str, name: str) -> torch.Tensor:
+    if t[part].dtype != torch.int32:
+        raise ValueError(f"{name}.{part} is {_dtype(t[part])}; packed codes are int32")
+    return t[part]
+
+
+def _scales(t: dict[str, torch.Tensor], name: str) -> torch.Tensor:
+    scales = t["scales"]
+    if scales.dim() != 2:
+        raise ValueError(f"{name}.scales has shape {tuple(scales.shape)}; GPTQ and AWQ scales are [groups, out]")
+    return scales.float()
 
 
 def dequantize_gptq(t: dict[str, torch.Tensor], scheme: WeightScheme, name: str) -> torch.Tensor:
     """GPTQ: `qweight` [in * bits / 32, out] packed along the input dim, `qzeros` [groups, out * bits
     / 32] along the output dim (the original format stores zero - 1), `scales` [groups, out],
     `g_idx` [in] (each input column's group; in // group_size when absent)."""
-    codes = unpack_int32(t["qweight"], scheme.bits, 0)           # [in, out]
-    scales = t["scales"].float()                                  # [groups, out]
-    zeros = unpack_int32(t["qzeros"], scheme.bits, 1)[:, :scales.shape[1]] + int(scheme.gptq_v1_zeros)
+    codes = unpack_int32(_int32(t, "qweight", name), scheme.bits, 0)       # [in, out]
+    scales = _scales(t, name)                                              # [groups, out]
+    zeros = unpack_int32(_int32(t, "qzeros", name), scheme.bits, 1)[:, :scales.shape[1]] + int(scheme.gptq_v1_zeros)
     return _grouped(codes, zeros, scales, scheme, t.get("g_idx"), name)
 
 
@@ -122,11 +152,11 @@ def dequantize_awq(t: dict[str, torch.Tensor], scheme: WeightScheme, name: str) 
     with AWQ_ORDER interleaving each word's eight columns, `scales` [groups, out]."""
     order = torch.tensor(AWQ_ORDER).argsort()  # column j of a word's eight sits at nibble order[j]
 
-    def columns(words: torch.Tensor) -> torch.Tensor:
-        codes = unpack_int32(words, scheme.bits, 1)
+    def columns(part: str) -> torch.Tensor:
+        codes = unpack_int32(_int32(t, part, name), scheme.bits, 1)
         return codes.view(codes.shape[0], -1, 8)[:, :, order].flatten(1)
 
-    return _grouped(columns(t["qweight"]), columns(t["qzeros"]), t["scales"].float(), scheme, None, name)
+    return _grouped(columns("qweight"), columns("qzeros"), _scales(t, name), scheme, None, name)
 
 
 def _grouped(codes: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor, scheme: WeightScheme,
@@ -138,7 +168,11 @@ def _grouped(codes: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor, sch
                          f"{tuple(scales.shape)} do not fit together")
     if g_idx is None:
         size = scheme.group_size or num_in
+        _check_groups(scales.shape[0], num_in, size, f"{name}.scales")
         g_idx = torch.arange(num_in) // size
+    elif g_idx.numel() != num_in:
+        raise ValueError(f"{name}: qweight ({num_in} x {num_out} codes), g_idx ({g_idx.numel()} columns) do not "
+                         "fit together")
     g_idx = _checked_g_idx(g_idx, num_in, scales.shape[0], f"{name}.scales")
     return ((codes - zeros[g_idx]).float() * scales[g_idx]).t().contiguous()
 
@@ -180,7 +214,10 @@ class DequantizingReader:
         return self.reader.get(name)
 
     def _dequantized(self, layer: str) -> torch.Tensor:
-        scheme = self.quantization.scheme_for(layer)
+        # the config's targets name layers as the checkpoint stores them (a multimodal or bare
+        # checkpoint's names differ from the ones the model reads)
+        stored = self.reader.stored_name(self.layers[layer][0]).rpartition(".")[0]
+        scheme = self.quantization.scheme_for(stored)
         parts = {n.rpartition(".")[2]: self.reader.raw(n) for n in self.layers[layer]}
         missing = [p for p in _REQUIRED[scheme.kind] if p not in parts]
         if scheme.kind == "scaled" and "weight_scale" not in parts and "weight_scale_inv" not in parts:

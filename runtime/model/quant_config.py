@@ -28,9 +28,10 @@ class WeightScheme:
 
     kind: str
     bits: int = 8
-    group_size: int | None = None          # input columns per scale (GPTQ / AWQ; -1 or None: one group)
+    group_size: int | None = None          # input columns per scale and zero point (None: no groups)
     block: tuple[int, int] | None = None   # (output rows, input columns) per scale of a block-scaled weight
     gptq_v1_zeros: bool = False            # GPTQ's original format stores each zero point minus one
+    packed_zeros: bool = True              # compressed-tensors packs group and channel zero points only
 
 
 @dataclass(frozen=True)
@@ -93,7 +94,10 @@ def quantization_from_dict(qc: dict[str, Any]) -> Quantization:
         block = qc.get("weight_block_size")
         return Quantization(method, ((("Linear",), WeightScheme("scaled", block=_block(block))),))
     if method == "modelopt":
-        algo = qc.get("quant_algo") or (qc.get("quantization") or {}).get("quant_algo")
+        nested = qc.get("quantization") or {}
+        if not isinstance(nested, dict):
+            raise ValueError(f"ModelOpt quantization must be an object, got {nested!r}")
+        algo = qc.get("quant_algo") or nested.get("quant_algo")
         if str(algo).upper() != "FP8":
             raise ValueError(f"ModelOpt quant_algo {algo!r} is not supported (FP8 only)")
         return Quantization(method, ((("Linear",), WeightScheme("scaled")),))
@@ -142,7 +146,10 @@ def _awq(qc: dict[str, Any]) -> WeightScheme:
     version = str(qc.get("version", "gemm")).lower()
     if version != "gemm":
         raise ValueError(f"AWQ version {qc.get('version')!r} is not supported (gemm only)")
-    if not qc.get("zero_point", True):
+    zero_point = qc.get("zero_point", True)
+    if not isinstance(zero_point, bool):
+        raise ValueError(f"AWQ zero_point must be true or false, got {zero_point!r}")
+    if not zero_point:
         raise ValueError("AWQ without zero points (zero_point false) is not supported")
     bits = _bits(qc.get("bits", qc.get("w_bit", 4)), (4,), "AWQ")
     return WeightScheme("awq", bits=bits, group_size=_group_size(qc.get("group_size", qc.get("q_group_size", 128))))
@@ -152,19 +159,27 @@ def _compressed_tensors(qc: dict[str, Any]) -> Quantization:
     if qc.get("transform_config"):
         raise ValueError("compressed-tensors transforms (transform_config) are not supported")
     sparsity = qc.get("sparsity_config") or {}
+    if not isinstance(sparsity, dict):
+        raise ValueError(f"sparsity_config must be an object, got {sparsity!r}")
     if sparsity.get("format") not in (None, "dense"):
         raise ValueError(f"compressed-tensors sparsity format {sparsity.get('format')!r} is not supported")
     top_format = qc.get("format")
+    config_groups = qc.get("config_groups") or {}
+    if not isinstance(config_groups, dict):
+        raise ValueError(f"config_groups must be an object of named groups, got {config_groups!r}")
     groups = []
-    for name, group in (qc.get("config_groups") or {}).items():
+    for name, group in config_groups.items():
         if not isinstance(group, dict):
             raise ValueError(f"config_groups.{name} must be an object")
         targets = group.get("targets") or []
-        if isinstance(targets, str):
-            targets = [targets]
+        targets = [targets] if isinstance(targets, str) else targets
+        if not isinstance(targets, list) or not all(isinstance(t, str) for t in targets):
+            raise ValueError(f"config_groups.{name}.targets must be a list of names, got {targets!r}")
         weights = group.get("weights")
         if weights is None:  # activations only (no weight quantization): nothing to dequantize
             continue
+        if not isinstance(weights, dict):
+            raise ValueError(f"config_groups.{name}.weights must be an object, got {weights!r}")
         groups.append((tuple(targets), _ct_scheme(name, group.get("format") or top_format, weights)))
     if not groups:
         raise ValueError("compressed-tensors config has no config_groups quantizing weights")
@@ -178,15 +193,20 @@ def _ct_scheme(name: str, fmt: Any, weights: dict[str, Any]) -> WeightScheme:
     if strategy not in ("tensor", "channel", "group", "block"):
         raise ValueError(f"{where}: weight strategy {strategy!r} is not supported; supported: tensor, channel, "
                          "group, block")
+    group_size = _group_size(weights.get("group_size")) if strategy == "group" else None
+    if strategy == "group" and group_size is None:
+        raise ValueError(f"{where}: strategy group needs a positive group_size, got {weights.get('group_size')!r}")
+    if strategy == "block" and weights.get("block_structure") is None:
+        raise ValueError(f"{where}: strategy block needs a block_structure")
+    block = _block(weights.get("block_structure")) if strategy == "block" else None
     if fmt == "pack-quantized":
         if kind != "int":
             raise ValueError(f"{where}: pack-quantized {kind} weights are not supported (int only)")
-        return WeightScheme("packed", bits=_bits(bits, (2, 4, 8), f"{where}: pack-quantized"),
-                            group_size=_group_size(weights.get("group_size")))
+        return WeightScheme("packed", bits=_bits(bits, (2, 4, 8), f"{where}: pack-quantized"), group_size=group_size,
+                            block=block, packed_zeros=strategy in ("group", "channel"))
     if fmt in _CT_SCALED_FORMATS:
         if bits != 8 or kind not in ("int", "float"):
             raise ValueError(f"{where}: {fmt} {bits}-bit {kind} weights are not supported (8-bit int or float only)")
-        block = _block(weights.get("block_structure")) if strategy == "block" else None
-        return WeightScheme("scaled", group_size=_group_size(weights.get("group_size")), block=block)
+        return WeightScheme("scaled", group_size=group_size, block=block)
     raise ValueError(f"{where}: compressed-tensors format {fmt!r} is not supported; supported: pack-quantized, "
                      f"{', '.join(_CT_SCALED_FORMATS)}")

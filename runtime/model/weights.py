@@ -12,7 +12,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from torch import nn
 
-from radixflow.runtime.model.dequantize import DequantizingReader
+from radixflow.runtime.model.dequantize import FLOAT8, DequantizingReader
 from radixflow.runtime.model.model import CausalLM
 from radixflow.runtime.model.model_config import ModelArgs
 from radixflow.runtime.model.quant_config import read_quantization
@@ -85,11 +85,19 @@ class CheckpointReader:
         """Tensor `name` as stored; ValueError naming the file when it is missing, unreadable or
         not floating point."""
         tensor = self.raw(name)
+        if tensor.dtype in FLOAT8:  # its codes are not its values
+            raise ValueError(f"checkpoint tensor {name!r} in {self.files[name]!r} is "
+                             f"{str(tensor.dtype).removeprefix('torch.')} with no scale beside it (an fp8 weight "
+                             "loads with its weight_scale under a quantization_config)")
         if not tensor.is_floating_point():
             raise ValueError(f"checkpoint tensor {name!r} in {self.files[name]!r} is "
                              f"{str(tensor.dtype).removeprefix('torch.')}; radixflow loads floating-point weights "
                              "here (a quantized checkpoint needs its quantization_config in config.json)")
         return tensor
+
+    def stored_name(self, name: str) -> str:
+        """The checkpoint's own name of tensor `name` (a multimodal or bare checkpoint's differs)."""
+        return self._stored[name]
 
     def raw(self, name: str) -> torch.Tensor:
         """Tensor `name` as stored, of any dtype; ValueError naming the file when it is missing or

@@ -31,6 +31,10 @@ FORMATS = {
     "ct-pack4-group": _ct("pack-quantized", **_CT_PACK4),
     "ct-pack4-asym": _ct("pack-quantized", num_bits=4, type="int", symmetric=False, strategy="group", group_size=16),
     "ct-pack8-channel": _ct("pack-quantized", num_bits=8, type="int", symmetric=True, strategy="channel"),
+    # compressed-tensors packs zero points of group and channel scales only; a tensor's is stored as is
+    "ct-pack4-asym-tensor": _ct("pack-quantized", num_bits=4, type="int", symmetric=False, strategy="tensor"),
+    "ct-pack4-asym-block": _ct("pack-quantized", num_bits=4, type="int", symmetric=False, strategy="block",
+                               block_structure=[8, 16]),
     "ct-fp8-tensor": _ct("float-quantized", num_bits=8, type="float", strategy="tensor"),
     "ct-fp8-channel": _ct("float-quantized", num_bits=8, type="float", strategy="channel"),
     "ct-fp8-block": _ct("float-quantized", num_bits=8, type="float", strategy="block", block_structure=[8, 16]),
@@ -178,6 +182,25 @@ def test_a_quantization_config_file_of_its_own_is_read(hf_checkpoint, tmp_path, 
      r"sparsity format 'sparse-24-bitmask'"),
     ({"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {"W4A16": ["Linear"]}},
      r"config_groups\.W4A16 must be an object"),
+    ({"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": ["Linear"]},
+     r"config_groups must be an object"),
+    ({"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {"g": {"weights": "W4"}}},
+     r"config_groups\.g\.weights must be an object"),
+    ({"quant_method": "compressed-tensors", "format": "pack-quantized",
+      "config_groups": {"g": {"targets": 5, "weights": {"num_bits": 4, "type": "int"}}}},
+     r"config_groups\.g\.targets must be a list of names"),
+    ({"quant_method": "compressed-tensors", "format": "pack-quantized", "sparsity_config": "dense",
+      "config_groups": {"g": {"targets": ["Linear"], "weights": {"num_bits": 4, "type": "int"}}}},
+     r"sparsity_config must be an object"),
+    ({"quant_method": "compressed-tensors", "format": "pack-quantized",
+      "config_groups": {"g": {"targets": ["Linear"], "weights": {"num_bits": 4, "type": "int", "strategy": "group"}}}},
+     r"config_groups\.g: strategy group needs a positive group_size"),
+    ({"quant_method": "compressed-tensors", "format": "float-quantized",
+      "config_groups": {"g": {"targets": ["Linear"], "weights": {"num_bits": 8, "type": "float", "strategy": "block"}}}},
+     r"config_groups\.g: strategy block needs a block_structure"),
+    ({"quant_method": "modelopt", "quantization": "FP8"}, r"quantization must be an object"),
+    ({"quant_method": "awq", "bits": 4, "zero_point": "false"}, r"AWQ zero_point must be true or false"),
+    ({"quant_method": "gptq", "bits": "4"}, r"GPTQ bits '4' is not supported"),
 ])
 def test_unsupported_quantizations_are_refused_naming_the_setting(hf_checkpoint, tmp_path, config, match):
     src, _ = hf_checkpoint("llama3")
@@ -213,6 +236,74 @@ def test_broken_quantized_tensors_are_named(hf_checkpoint, tmp_path, fmt, edit, 
     _rewrite(quantized, edit)
     with pytest.raises(ValueError, match=match):
         _params(quantized)
+
+
+def _regroup(name: str, size: int):
+    """An edit storing layer `name`'s GPTQ / AWQ scales and zeros as if in groups of `size` rows."""
+    def edit(t):
+        for part in ("scales", "qzeros"):
+            stored = t[f"{name}.{part}"]
+            t[f"{name}.{part}"] = stored[:1].repeat(-(-64 // size), 1)
+        t.pop(f"{name}.g_idx", None)
+    return edit
+
+
+@pytest.mark.parametrize("fmt, edit, match", [
+    # scales in groups other than the config's group_size (16 here): refused, never spread over the columns
+    ("awq", _regroup("model.layers.0.self_attn.q_proj", 32), r"q_proj\.scales has 2 groups; 64 input columns "
+                                                            r"in groups of 16 need 4"),
+    ("gptq4", _regroup("model.layers.0.self_attn.q_proj", 8), r"q_proj\.scales has 8 groups; 64 input columns "
+                                                             r"in groups of 16 need 4"),
+    ("ct-pack4-group", lambda t: t.__setitem__("model.layers.0.self_attn.q_proj.weight_scale", torch.ones(128, 8)),
+     r"q_proj\.weight_scale has 8 groups; 64 input columns in groups of 16 need 4"),
+    ("ct-fp8-channel", lambda t: t.__setitem__("model.layers.0.self_attn.q_proj.weight_scale", torch.ones(128, 4)),
+     r"q_proj\.weight_scale has shape \(128, 4\), which fits no scaling"),
+    # codes of another width than the config's bits
+    ("ct-pack4-group", lambda t: t.__setitem__("model.layers.0.mlp.down_proj.weight_packed",
+                                               torch.zeros(64, 28, dtype=torch.int32)),
+     r"down_proj\.weight_packed \(64, 28\) does not hold a \[64, 112\] weight of 4-bit codes"),
+    ("ct-pack4-group", lambda t: t.__setitem__("model.layers.0.mlp.down_proj.weight_packed",
+                                               torch.zeros(64, 14, dtype=torch.float32)),
+     r"down_proj\.weight_packed is float32; packed codes are int32"),
+    ("gptq4", lambda t: t.__setitem__("model.layers.0.mlp.up_proj.qweight", torch.zeros(16, 112, dtype=torch.int32)),
+     r"up_proj: qweight \(128 x 112 codes\), g_idx \(64 columns\)"),
+    ("gptq4", lambda t: t.__setitem__("model.layers.0.mlp.up_proj.scales", torch.ones(112, dtype=torch.float16)),
+     r"up_proj\.scales has shape \(112,\); GPTQ and AWQ scales are \[groups, out\]"),
+    ("ct-pack4-group", lambda t: t.__setitem__("model.layers.0.mlp.down_proj.weight_shape", torch.tensor([64.0, 112.0])),
+     r"down_proj\.weight_shape is float32; a shape is integers"),
+    # an fp8 weight without its scale: its codes are not its values
+    ("fp8-block", lambda t: t.pop("model.layers.0.mlp.down_proj.weight_scale_inv"),
+     r"'model\.layers\.0\.mlp\.down_proj\.weight' .* is float8_e4m3fn with no scale beside it"),
+    ("fp8-tensor", lambda t: [t.pop("model.layers.1.mlp.up_proj.weight_scale"), t.pop("model.layers.1.mlp.up_proj.input_scale")],
+     r"'model\.layers\.1\.mlp\.up_proj\.weight' .* is float8_e4m3fn with no scale beside it"),
+])
+def test_quantized_tensors_that_disagree_with_the_config_are_refused(hf_checkpoint, tmp_path, fmt, edit, match):
+    quantized, _ = _quantized_and_float(hf_checkpoint, tmp_path, "llama3", fmt)
+    _rewrite(quantized, edit)
+    with pytest.raises(ValueError, match=match):
+        _params(quantized)
+
+
+def test_targets_name_layers_as_the_checkpoint_stores_them(hf_checkpoint, tmp_path):
+    """A bare checkpoint (`layers.0...`, no `model.` prefix): a group's anchored `re:` target and
+    exact names match the stored names, not radixflow's."""
+    src, _ = hf_checkpoint("qwen2")  # tied: a bare checkpoint loads
+    mlp_writer, mlp_cfg = _ct("pack-quantized", **_CT_PACK4)
+    attn_writer, attn_cfg = _ct("pack-quantized", num_bits=8, type="int", symmetric=True, strategy="channel")
+    config = {**mlp_cfg, "config_groups": {
+        "attn": {**attn_cfg["config_groups"]["group_0"], "targets": [r"re:^layers\.\d+\.self_attn\.[qk]_proj$",
+                                                                      "layers.0.self_attn.v_proj",
+                                                                      "layers.1.self_attn.v_proj"]},
+        "rest": {**mlp_cfg["config_groups"]["group_0"], "targets": ["Linear"]}}}
+    writer = lambda layer, w: (attn_writer if ".self_attn." in layer and "o_proj" not in layer  # noqa: E731
+                               else mlp_writer)(layer, w)
+    meant = qw.quantized_copy(src, str(tmp_path / "q"), writer, config)
+    floats = qw.float_copy(src, str(tmp_path / "f"), meant)
+    for d in (str(tmp_path / "q"), floats):
+        _rewrite(d, lambda t: [t.__setitem__(n.removeprefix("model."), t.pop(n)) for n in list(t)])
+    got, want = _params(str(tmp_path / "q")), _params(floats)
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], rtol=0, atol=1e-7, msg=name)
 
 
 def test_quantized_tensors_without_a_quantization_config_are_refused(hf_checkpoint, tmp_path):
