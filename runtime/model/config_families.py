@@ -54,11 +54,12 @@ def yarn_scaling(cfg: dict[str, Any], scaling: dict[str, Any]) -> dict[str, Any]
     return {**scaling, "factor": factor, "original_max_position_embeddings": old_len}
 
 
-def longrope_scaling(cfg: dict[str, Any], scaling: dict[str, Any], head_dim: int) -> dict[str, Any]:
+def longrope_scaling(cfg: dict[str, Any], scaling: dict[str, Any], rotary_dim: int) -> dict[str, Any]:
     """Phi-3's LongRoPE `rope_scaling` (Phi-3.5, the 128K Phi-3 models) as transformers 5 reads it:
     the top-level original_max_position_embeddings (4096 when absent) is the context the short
     factors serve; an absent `factor` is max_position_embeddings over it; `short_factor` and
-    `long_factor` each divide one of the head_dim / 2 frequencies."""
+    `long_factor` each divide one of the rotary_dim / 2 frequencies."""
+    head_dim = rotary_dim
     old_len = optional(cfg, "original_max_position_embeddings", 4096)
     check_positive_int("original_max_position_embeddings", old_len)
     factor = scaling.get("factor")

@@ -21,6 +21,7 @@ from radixflow import kernels
 from radixflow.kernels import native_layers
 from radixflow.kernels.moe import grouped_experts
 from radixflow.runtime.core.forward_batch import ForwardBatch
+from radixflow.runtime.model.partial_rotary import pass_through_columns
 from radixflow.runtime.model import fused_layers
 from radixflow.runtime.model.model_config import ModelArgs
 
@@ -93,9 +94,15 @@ def rope_tables(args: ModelArgs, max_len: int, device: torch.device) -> tuple[to
     applied). LongRoPE: [2 * max_len, head_dim], the short factors' rows then the long ones'
     (a long sequence's tokens read row position + max_len: ForwardBatch.rope_positions)."""
     factor = kernels.rope_attention_factor(args.rope_scaling)
-    tables = [kernels.rope_cos_sin(kernels.rope_inv_freq(args.head_dim, args.rope_theta, args.rope_scaling, long),
-                                   max_len, device, factor)
-              for long in ((False, True) if args.long_rope_len is not None else (False,))]
+    tables = []
+    for long in (False, True) if args.long_rope_len is not None else (False,):
+        inv_freq = kernels.rope_inv_freq(args.rope_dim, args.rope_theta, args.rope_scaling, long)
+        inv_freq = torch.cat([inv_freq, inv_freq.new_zeros((args.head_dim - args.rope_dim) // 2)])
+        cos, sin = kernels.rope_cos_sin(inv_freq, max_len, device, factor)
+        if args.rope_dim < args.head_dim:  # the dims partial RoPE passes through: cos 1, sin 0 (unscaled)
+            passed = pass_through_columns(args.head_dim, args.rope_dim).to(device)
+            cos[:, passed], sin[:, passed] = 1.0, 0.0
+        tables.append((cos, sin))
     return torch.cat([cos for cos, _ in tables]), torch.cat([sin for _, sin in tables])
 
 

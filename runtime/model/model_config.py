@@ -43,6 +43,8 @@ class ModelArgs:
     torch_dtype: str
     bos_token_id: int | None
     eos_token_ids: tuple[int, ...]
+    # the head dims RoPE rotates (Phi-4-mini: 3/4 of them; runtime/model/partial_rotary.py); 0: all
+    rotary_dim: int = 0
     # mixture of experts (Mixtral, Qwen2/3-MoE, GraniteMoE, OLMoE); no moe_layers: every MLP is dense
     num_experts: int = 0
     num_experts_per_tok: int = 0
@@ -143,6 +145,11 @@ class ModelArgs:
         return {i: self.sliding_window for i in self.window_layers if self.sliding_window is not None}
 
     @property
+    def rope_dim(self) -> int:
+        """The head dims RoPE rotates (runtime/model/partial_rotary.py: fewer than head_dim)."""
+        return self.rotary_dim or self.head_dim
+
+    @property
     def long_rope_len(self) -> int | None:
         """LongRoPE (Phi-3): the longest sequence rotated with the short factors; a longer one is
         rotated wholly with the long factors. None for other RoPE."""
@@ -174,6 +181,23 @@ def load_model_args(model_dir: str) -> ModelArgs:
         return model_args_from_dict(cfg)
     except ValueError as e:
         raise ValueError(f"{path}: {e}") from e
+
+
+def _rotary_dim(cfg: dict[str, Any], rope: dict[str, Any], head_dim: int, arch: str) -> int:
+    """The head dims RoPE rotates: head_dim * partial_rotary_factor (Phi-4-mini: 3/4), as
+    transformers' Phi-3 rotates them (the other families' transformers code rotates whole heads)."""
+    partial = cfg.get("partial_rotary_factor", rope.get("partial_rotary_factor", 1.0))
+    if partial == 1.0:
+        return head_dim
+    if arch != "Phi3ForCausalLM":
+        raise ValueError(f"partial_rotary_factor {partial!r} is supported for Phi3ForCausalLM only "
+                         "(RoPE over the whole head here)")
+    check_positive_number("partial_rotary_factor", partial)
+    rotary_dim = int(head_dim * partial)
+    if not 0 < rotary_dim <= head_dim or rotary_dim % 2:
+        raise ValueError(f"partial_rotary_factor {partial!r} rotates {rotary_dim} of {head_dim} head dims; "
+                         "an even count from 2 to head_dim is supported")
+    return rotary_dim
 
 
 def model_args_from_dict(cfg: dict[str, Any]) -> ModelArgs:
@@ -212,9 +236,7 @@ def model_args_from_dict(cfg: dict[str, Any]) -> ModelArgs:
         rope_scaling = cfg.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
     if rope_scaling is not None and not isinstance(rope_scaling, dict):
         raise ValueError(f"rope_scaling must be an object or null, got {rope_scaling!r}")
-    partial = cfg.get("partial_rotary_factor", rope.get("partial_rotary_factor", 1.0))
-    if partial != 1.0:  # Phi-4-mini, Phi-3-small: RoPE here rotates the whole head
-        raise ValueError(f"partial_rotary_factor {partial!r} is not supported (RoPE over the whole head only)")
+    rotary_dim = _rotary_dim(cfg, rope, head_dim, arch)
     if rope_scaling is not None:
         kind = rope_scaling.get("rope_type", rope_scaling.get("type"))
         if arch == "Phi3ForCausalLM" and kind in ("su", "yarn"):  # Phi-3's old names for longrope
@@ -227,7 +249,7 @@ def model_args_from_dict(cfg: dict[str, Any]) -> ModelArgs:
         if kind == "yarn":
             rope_scaling = yarn_scaling(cfg, rope_scaling)
         elif kind == "longrope":
-            rope_scaling = longrope_scaling(cfg, rope_scaling, head_dim)
+            rope_scaling = longrope_scaling(cfg, rope_scaling, rotary_dim)
     if cfg.get("clip_qkv") is not None:  # OLMo(E) checkpoints trained with clamped q, k, v
         raise ValueError(f"clip_qkv {cfg['clip_qkv']!r} is not supported (q, k and v are not clamped here)")
     # Gemma's MLPs read hidden_activation (a hidden_act there is ignored, as transformers does), the
@@ -264,6 +286,7 @@ def model_args_from_dict(cfg: dict[str, Any]) -> ModelArgs:
         rms_norm_eps=optional(cfg, "rms_norm_eps", 1e-6),
         rope_theta=rope_theta,
         rope_scaling=rope_scaling,
+        rotary_dim=rotary_dim,
         local_rope_theta=local_theta,
         hidden_act=ACTIVATIONS[act],
         max_position_embeddings=optional(cfg, "max_position_embeddings", 4096),

@@ -39,6 +39,8 @@ def _hf_config(family: str, vocab_size: int, heads: int = 8):
                               norm_topk_prob=False, clip_qkv=None, tie_word_embeddings=False)
     if family == "phi3":  # fused qkv_proj and gate_up_proj in the checkpoint (Phi-3, Phi-4)
         return tf.Phi3Config(**common, tie_word_embeddings=False, sliding_window=None)
+    if family == "phi3_partial":  # Phi-4-mini's form: RoPE over part of each head (3/4 there), tied head
+        return tf.Phi3Config(**common, tie_word_embeddings=True, sliding_window=None, partial_rotary_factor=0.5)
     if family == "smollm3":  # every second layer without RoPE (SmolLM3-3B: every fourth)
         return tf.SmolLM3Config(**common, no_rope_layer_interval=2, tie_word_embeddings=True)
     if family == "gemma":  # Gemma 1: GELU-tanh MLP, scaled embeddings, norms stored as weight - 1
@@ -76,7 +78,7 @@ _CLASSES = {"llama3": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
             "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "mixtral": "MixtralForCausalLM",
             "qwen2_moe": "Qwen2MoeForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
             "smollm3": "SmolLM3ForCausalLM", "granite": "GraniteForCausalLM",
-            "granitemoe": "GraniteMoeForCausalLM", "phi3": "Phi3ForCausalLM",
+            "granitemoe": "GraniteMoeForCausalLM", "phi3": "Phi3ForCausalLM", "phi3_partial": "Phi3ForCausalLM",
             "olmo2": "Olmo2ForCausalLM", "olmoe": "OlmoeForCausalLM", "gemma": "GemmaForCausalLM",
             "gemma2": "Gemma2ForCausalLM",
             "gemma3": "Gemma3ForCausalLM"}

@@ -15,7 +15,7 @@ from radixflow.runtime.model.model_config import load_model_args
 from radixflow.runtime.model.weights import build_model
 
 FAMILIES = ["llama3", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe", "smollm3", "granite",
-            "granitemoe", "phi3", "olmo2", "olmoe", "gemma", "gemma2", "gemma3"]
+            "granitemoe", "phi3", "phi3_partial", "olmo2", "olmoe", "gemma", "gemma2", "gemma3"]
 
 
 def _our_logits(model_dir: str, prompts: list[list[int]], windows: dict[int, int] | None = None) -> list[torch.Tensor]:
@@ -308,18 +308,25 @@ def test_an_mlp_activation_other_than_silu_is_refused(tmp_path, act):
     assert load_model_args(str(tmp_path)).hidden_size == 32
 
 
-@pytest.mark.parametrize("config", [{"partial_rotary_factor": 0.75},
-                                    {"rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.5}}])
-def test_partial_rotary_embedding_is_refused(tmp_path, config):
-    """Phi-4-mini rotates 3/4 of each head: RoPE here rotates all of it, so such a model is refused."""
-    cfg = {"architectures": ["Phi3ForCausalLM"], "vocab_size": 100, "hidden_size": 32, "intermediate_size": 64,
+@pytest.mark.parametrize("arch, config, match", [
+    ("LlamaForCausalLM", {"partial_rotary_factor": 0.75}, "partial_rotary_factor 0.75 is supported for Phi3ForCausalLM only"),
+    ("Qwen2ForCausalLM", {"rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.5}},
+     "partial_rotary_factor 0.5 is supported for Phi3ForCausalLM only"),
+    ("Phi3ForCausalLM", {"partial_rotary_factor": 0.01}, "rotates 0 of 8 head dims"),
+    ("Phi3ForCausalLM", {"partial_rotary_factor": "half"}, "partial_rotary_factor must be a positive number"),
+])
+def test_a_partial_rotary_embedding_outside_phi3_or_odd_is_refused(tmp_path, arch, config, match):
+    """transformers' Phi-3 rotates part of each head (Phi-4-mini: 3/4; tests: FAMILIES' phi3_partial);
+    other families' transformers code rotates whole heads."""
+    cfg = {"architectures": [arch], "vocab_size": 100, "hidden_size": 32, "intermediate_size": 64,
            "num_hidden_layers": 2, "num_attention_heads": 4, **config}
     (tmp_path / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(ValueError, match="partial_rotary_factor .* is not supported"):
+    with pytest.raises(ValueError, match=match):
         load_model_args(str(tmp_path))
 
 
-@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe", "smollm3", "granite", "phi3", "olmo2", "olmoe"])
+@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe", "smollm3", "granite", "phi3", "phi3_partial", "olmo2",
+                                    "olmoe"])
 def test_triton_ops_path_equals_the_torch_path(hf_checkpoint, monkeypatch, family):
     """The model as CUDA runs it (fused norms, RoPE and SiLU-and-mul, the grouped Triton experts),
     here in the Triton interpreter, gives the CPU path's greedy tokens and logprobs: the families
