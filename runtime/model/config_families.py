@@ -140,19 +140,23 @@ def _as_list(value: Any) -> list[Any]:
     return [] if value is None else list(value) if isinstance(value, list) else [value]
 
 
-def gemma_rope(cfg: dict[str, Any], rope: dict[str, Any]) -> tuple[float, dict[str, Any] | None, float]:
-    """Gemma 3's (global theta, global scaling, local theta): from `rope_theta`, `rope_scaling`
-    and `rope_local_base_freq`, or from newer transformers' `rope_parameters` keyed by layer type
-    ("full_attention", "sliding_attention"). The window layers' RoPE is never scaled."""
+def layer_type_rope(cfg: dict[str, Any], rope: dict[str, Any], arch: str) -> tuple[float, dict[str, Any] | None, float]:
+    """Gemma 3's and OLMo 3's (global theta, global scaling, local theta): from `rope_theta` and
+    `rope_scaling` (Gemma 3: and `rope_local_base_freq`), or from newer transformers'
+    `rope_parameters` keyed by layer type ("full_attention", "sliding_attention"). The window
+    layers' RoPE is never scaled. NOTE: OLMo 3's config gives the top-level rope_theta to the full
+    layers only; its window layers take their nested theta, else 500,000 (as transformers reads it)."""
     full, local = rope.get("full_attention") or {}, rope.get("sliding_attention") or {}
     if not isinstance(full, dict) or not isinstance(local, dict):
         raise ValueError(f"rope_parameters must map full_attention / sliding_attention to objects, got {rope!r}")
+    default = 500_000.0 if arch == "Olmo3ForCausalLM" else 1_000_000.0
     # the nested thetas win over the top-level ones, as transformers reads them
-    theta = full.get("rope_theta") or cfg.get("rope_theta") or 1_000_000.0
+    theta = full.get("rope_theta") or cfg.get("rope_theta") or default
     scaling = cfg.get("rope_scaling") or (full if full.get("rope_type", "default") != "default" else None)
     if local.get("rope_type", "default") != "default":
         raise ValueError(f"a scaled RoPE in the sliding-window layers ({local!r}) is not supported")
-    return theta, scaling, local.get("rope_theta") or cfg.get("rope_local_base_freq") or 10_000.0
+    local_default = default if arch == "Olmo3ForCausalLM" else cfg.get("rope_local_base_freq") or 10_000.0
+    return theta, scaling, local.get("rope_theta") or local_default
 
 
 def gemma_fields(cfg: dict[str, Any], hidden: int, arch: str) -> dict[str, Any]:
@@ -234,6 +238,8 @@ def sliding_window_fields(cfg: dict[str, Any], arch: str) -> dict[str, Any]:
     """
     num_layers = required(cfg, "num_hidden_layers")
     check_positive_int("num_hidden_layers", num_layers)
+    if arch == "Olmo3ForCausalLM":  # three of four layers slide unless layer_types says otherwise
+        return _olmo3_windows(cfg, num_layers)
     if arch in ("MistralForCausalLM", "MixtralForCausalLM", "Phi3ForCausalLM"):
         window = cfg.get("sliding_window", 4096 if arch == "MistralForCausalLM" else None)
         layers = range(num_layers)
@@ -260,6 +266,24 @@ def sliding_window_fields(cfg: dict[str, Any], arch: str) -> dict[str, Any]:
     if window is None or not layers:
         return {}
     return {"sliding_window": window, "window_layers": tuple(layers)}
+
+
+def _olmo3_windows(cfg: dict[str, Any], num_layers: int) -> dict[str, Any]:
+    """OLMo 3: a `sliding_window` (4096 when absent) in the layers `layer_types` names
+    "sliding_attention", else in all but every fourth."""
+    layer_types = cfg.get("layer_types")
+    if layer_types is None:
+        layer_types = ["sliding_attention" if (i + 1) % 4 else "full_attention" for i in range(num_layers)]
+    if (not isinstance(layer_types, list) or len(layer_types) != num_layers
+            or any(t not in ("sliding_attention", "full_attention") for t in layer_types)):
+        raise ValueError(f"layer_types must name sliding_attention or full_attention for each of the {num_layers} "
+                         f"layers, got {layer_types!r}")
+    window = cfg.get("sliding_window", 4096)
+    layers = tuple(i for i, t in enumerate(layer_types) if t == "sliding_attention")
+    if window is None and layers:
+        raise ValueError("sliding_window null is not supported where layers slide (layer_types names "
+                         "sliding_attention layers)")
+    return {"sliding_window": window, "window_layers": layers} if layers else {}
 
 
 def moe_fields(cfg: dict[str, Any], arch: str) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from typing import Any
 from radixflow.runtime.model.config_families import (
     ACTIVATIONS, GEMMA_ARCHITECTURES, check_positive_int, check_positive_number, gemma1_config, gemma1_fields,
     gemma3_text_config, gemma_fields, longrope_scaling,
-    gemma_rope, granite_fields, moe_fields, nope_layers, optional, required, sliding_window_fields,
+    granite_fields, layer_type_rope, moe_fields, nope_layers, optional, required, sliding_window_fields,
     with_gemma_defaults, yarn_scaling,
 )
 from radixflow.runtime.text_files import read_json_object
@@ -17,8 +17,12 @@ from radixflow.runtime.text_files import read_json_object
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
                            "MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM",
                            "SmolLM3ForCausalLM", "GraniteForCausalLM", "GraniteMoeForCausalLM", "Phi3ForCausalLM",
-                           "Olmo2ForCausalLM", "OlmoeForCausalLM", "GemmaForCausalLM", "Gemma2ForCausalLM",
+                           "Olmo2ForCausalLM", "Olmo3ForCausalLM", "OlmoeForCausalLM", "GemmaForCausalLM", "Gemma2ForCausalLM",
                            "Gemma3ForCausalLM")
+
+
+# OLMo 2 and 3: norms after attention and MLP (none before), q / k normed over the whole projection
+OLMO_ARCHITECTURES = ("Olmo2ForCausalLM", "Olmo3ForCausalLM")
 
 
 @dataclass(frozen=True)
@@ -229,8 +233,8 @@ def model_args_from_dict(cfg: dict[str, Any]) -> ModelArgs:
     rope = cfg.get("rope_parameters") or {}
     if not isinstance(rope, dict):
         raise ValueError(f"rope_parameters must be an object, got {rope!r}")  # newer transformers keep theta and scaling here
-    if is_gemma3:
-        rope_theta, rope_scaling, local_theta = gemma_rope(cfg, rope)
+    if is_gemma3 or arch == "Olmo3ForCausalLM":  # the window layers with RoPE of their own
+        rope_theta, rope_scaling, local_theta = layer_type_rope(cfg, rope, arch)
     else:
         rope_theta, local_theta = cfg.get("rope_theta") or rope.get("rope_theta", 10000.0), None
         rope_scaling = cfg.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
@@ -297,9 +301,9 @@ def model_args_from_dict(cfg: dict[str, Any]) -> ModelArgs:
         mlp_bias=bool(cfg.get("mlp_bias", False)) and arch in ("LlamaForCausalLM", "SmolLM3ForCausalLM",
                                                                 "GraniteForCausalLM"),
         nope_layers=nope_layers(cfg) if arch == "SmolLM3ForCausalLM" else (),
-        post_norms=arch == "Olmo2ForCausalLM" or is_gemma,
-        pre_norms=arch != "Olmo2ForCausalLM",
-        qk_norm_whole=arch in ("Olmo2ForCausalLM", "OlmoeForCausalLM"),
+        post_norms=arch in OLMO_ARCHITECTURES or is_gemma,
+        pre_norms=arch not in OLMO_ARCHITECTURES,
+        qk_norm_whole=arch in OLMO_ARCHITECTURES + ("OlmoeForCausalLM",),
         qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM"),
         torch_dtype=cfg.get("torch_dtype") or cfg.get("dtype") or "float32",
         bos_token_id=cfg.get("bos_token_id"),

@@ -34,6 +34,11 @@ def _hf_config(family: str, vocab_size: int, heads: int = 8):
         return tf.Qwen3Config(**common, tie_word_embeddings=False)
     if family == "olmo2":  # norms after attention and MLP, none before; q/k normed over the whole projection
         return tf.Olmo2Config(**common, tie_word_embeddings=False)
+    if family == "olmo3":  # OLMo 2's layer with a 4-token window in layer 0; linear scaling in the full layer only;
+        # the window layer's RoPE base is 500,000 whatever rope_theta says (transformers reads the config so)
+        return tf.Olmo3Config(**common, tie_word_embeddings=False, sliding_window=4,
+                              layer_types=["sliding_attention", "full_attention"], rope_theta=10000.0,
+                              rope_scaling={"rope_type": "linear", "factor": 2.0})
     if family == "olmoe":  # OLMoE: OLMo's whole-projection q/k norms before a mixture of experts
         return tf.OlmoeConfig(**{**common, "intermediate_size": 48, "head_dim": 8}, num_experts=4, num_experts_per_tok=2,
                               norm_topk_prob=False, clip_qkv=None, tie_word_embeddings=False)
@@ -79,7 +84,7 @@ _CLASSES = {"llama3": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
             "qwen2_moe": "Qwen2MoeForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
             "smollm3": "SmolLM3ForCausalLM", "granite": "GraniteForCausalLM",
             "granitemoe": "GraniteMoeForCausalLM", "phi3": "Phi3ForCausalLM", "phi3_partial": "Phi3ForCausalLM",
-            "olmo2": "Olmo2ForCausalLM", "olmoe": "OlmoeForCausalLM", "gemma": "GemmaForCausalLM",
+            "olmo2": "Olmo2ForCausalLM", "olmo3": "Olmo3ForCausalLM", "olmoe": "OlmoeForCausalLM", "gemma": "GemmaForCausalLM",
             "gemma2": "Gemma2ForCausalLM",
             "gemma3": "Gemma3ForCausalLM"}
 

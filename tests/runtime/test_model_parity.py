@@ -15,7 +15,7 @@ from radixflow.runtime.model.model_config import load_model_args
 from radixflow.runtime.model.weights import build_model
 
 FAMILIES = ["llama3", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe", "smollm3", "granite",
-            "granitemoe", "phi3", "phi3_partial", "olmo2", "olmoe", "gemma", "gemma2", "gemma3"]
+            "granitemoe", "phi3", "phi3_partial", "olmo2", "olmo3", "olmoe", "gemma", "gemma2", "gemma3"]
 
 
 def _our_logits(model_dir: str, prompts: list[list[int]], windows: dict[int, int] | None = None) -> list[torch.Tensor]:
@@ -172,6 +172,7 @@ def _checkpoint_with(tmp_path, family: str, **config) -> str:
     ("qwen3_moe", {"use_sliding_window": True, "sliding_window": 6}, [0, 1]),
     ("smollm3", {"use_sliding_window": True, "sliding_window": 6}, [1]),  # its layers without RoPE
     ("qwen2", {"use_sliding_window": False, "sliding_window": 6}, []),    # Qwen2's default: off
+    ("olmo3", {"sliding_window": 6}, [0, 1]),  # all but every fourth layer; the window layers' own RoPE base
 ])
 def test_a_sliding_window_matches_transformers_past_it(tmp_path, family, config, layers):
     """Each family's window is attended in the layers transformers gives it, past the window too:
@@ -377,6 +378,16 @@ def _args_of(tmp_path, arch: str, **fields):
 def test_the_window_follows_each_familys_rules(tmp_path, arch, fields, window, layers):
     args = _args_of(tmp_path, arch, **fields)
     assert (args.sliding_window, args.window_layers) == (window, layers)
+
+
+def test_olmo3_hub_config_reads_as_transformers_reads_it(tmp_path):
+    """OLMo-3's config.json: rope_theta and rope_scaling at the top go to the full layers only; the
+    window layers (three of four, absent layer_types) take 500,000 unscaled; the window 4096."""
+    args = _args_of(tmp_path, "Olmo3ForCausalLM", rope_theta=10000.0, max_position_embeddings=65536,
+                    rope_scaling={"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 8192})
+    assert args.window_layers == (0, 1, 2) and args.sliding_window == 4096
+    assert (args.rope_theta, args.local_rope_theta, args.rope_scaling["rope_type"]) == (10000.0, 500000.0, "yarn")
+    assert args.post_norms and not args.pre_norms and args.qk_norm_whole
 
 
 def test_family_defaults_of_absent_fields(tmp_path):
