@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 
 from radixflow.runtime.config import FUSED_LORA_TARGETS, lora_parts
 from radixflow.runtime.model.model_config import ModelArgs
-from radixflow.runtime.model.partial_rotary import to_rotary_order
+from radixflow.runtime.model.rope_layout import to_rotary_order
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
@@ -186,8 +186,8 @@ def _collect(tensors: dict[str, torch.Tensor], path: str, args: ModelArgs, rank:
             if (layer, part) in out:
                 raise ValueError(f"adapter {path!r}: layer {layer} {part} is adapted twice (itself and in a fused module)")
             b_part = b[row:row + rows].contiguous()
-            if part in ("q_proj", "k_proj") and args.rope_dim < args.head_dim:  # as the base's rows (Phi-4-mini)
-                b_part = to_rotary_order(b_part, args.head_dim, args.rope_dim)
+            if part in ("q_proj", "k_proj") and args.reorders_rope:  # as the base's rows (rope_layout.py)
+                b_part = to_rotary_order(b_part, args.head_dim, args.rope_dim, args.rope_interleaved)
             out[(layer, part)] = (a, b_part)
             row += rows
     return out

@@ -15,6 +15,55 @@ GRANITE_ARCHITECTURES = ("GraniteForCausalLM", "GraniteMoeForCausalLM")
 ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
 
 
+# GLM 4 (glm-4-9b-chat-hf: GlmForCausalLM; GLM-4-0414: Glm4ForCausalLM, norms around both branches):
+# half of each head rotated by interleaved RoPE pairs, gate | up stored fused, q / k / v biases
+GLM_ARCHITECTURES = ("GlmForCausalLM", "Glm4ForCausalLM")
+# what transformers' config classes of these families default to where config.json is silent
+_FAMILY_DEFAULTS = {
+    "SeedOssForCausalLM": {"head_dim": 128, "attention_bias": True},
+    "InternLM3ForCausalLM": {"head_dim": 128},
+    "Ernie4_5ForCausalLM": {"head_dim": 128, "tie_word_embeddings": True},
+    "GlmForCausalLM": {"head_dim": 128, "attention_bias": True},
+    "Glm4ForCausalLM": {"head_dim": 128, "attention_bias": True},
+}
+_DEFAULT_THETAS = {"Ernie4_5ForCausalLM": 500_000.0}
+
+
+def with_family_defaults(cfg: dict[str, Any], arch: str) -> dict[str, Any]:
+    """`cfg` over the defaults of `arch`'s transformers config class (a null stays null)."""
+    return {**_FAMILY_DEFAULTS.get(arch, {}), **cfg}
+
+
+def default_rope_theta(arch: str) -> float:
+    return _DEFAULT_THETAS.get(arch, 10_000.0)
+
+
+def bias_fields(cfg: dict[str, Any], arch: str) -> dict[str, bool]:
+    """Which projections carry biases, each family as transformers builds it: Qwen2 q / k / v
+    (Qwen2-MoE: `qkv_bias`, true unless set); `attention_bias` q / k / v and o (Llama, Qwen3,
+    Granite, OLMo, InternLM3 alias `qkv_bias`), q / k / v only (GLM, Seed-OSS: o by
+    `attention_out_bias`); ERNIE 4.5's `use_bias` every projection; `mlp_bias` (Llama, SmolLM3,
+    Granite, Seed-OSS, InternLM3 alias `bias`) the MLP's. Mistral, Mixtral and Phi-3 have none."""
+    attention_bias = bool(cfg.get("attention_bias", cfg.get("qkv_bias", False) if arch == "InternLM3ForCausalLM"
+                                  else False))
+    mlp_bias = bool(cfg.get("mlp_bias", cfg.get("bias", False) if arch == "InternLM3ForCausalLM" else False))
+    if arch in ("MistralForCausalLM", "MixtralForCausalLM", "Phi3ForCausalLM"):
+        return {"qkv_bias": False, "o_bias": False, "mlp_bias": False}
+    if arch in ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM"):
+        qkv = cfg.get("qkv_bias", True) if arch == "Qwen2MoeForCausalLM" else True
+        return {"qkv_bias": bool(qkv), "o_bias": False, "mlp_bias": False}
+    if arch == "Ernie4_5ForCausalLM":
+        use_bias = bool(cfg.get("use_bias", False))
+        return {"qkv_bias": use_bias, "o_bias": use_bias, "mlp_bias": use_bias}
+    if arch in GLM_ARCHITECTURES:
+        return {"qkv_bias": attention_bias, "o_bias": False, "mlp_bias": False}
+    if arch == "SeedOssForCausalLM":
+        return {"qkv_bias": attention_bias, "o_bias": bool(cfg.get("attention_out_bias", False)),
+                "mlp_bias": mlp_bias}
+    with_mlp = arch in ("LlamaForCausalLM", "SmolLM3ForCausalLM", "GraniteForCausalLM", "InternLM3ForCausalLM")
+    return {"qkv_bias": attention_bias, "o_bias": attention_bias, "mlp_bias": mlp_bias and with_mlp}
+
+
 def check_positive_int(name: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")

@@ -21,7 +21,7 @@ from radixflow import kernels
 from radixflow.kernels import native_layers
 from radixflow.kernels.moe import grouped_experts
 from radixflow.runtime.core.forward_batch import ForwardBatch
-from radixflow.runtime.model.partial_rotary import pass_through_columns
+from radixflow.runtime.model.rope_layout import pass_through_columns
 from radixflow.runtime.model import fused_layers
 from radixflow.runtime.model.model_config import ModelArgs
 

@@ -7,10 +7,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from radixflow.runtime.model.config_families import (
-    ACTIVATIONS, GEMMA_ARCHITECTURES, check_positive_int, check_positive_number, gemma1_config, gemma1_fields,
-    gemma3_text_config, gemma_fields, longrope_scaling,
-    granite_fields, layer_type_rope, moe_fields, nope_layers, optional, required, sliding_window_fields,
-    with_gemma_defaults, yarn_scaling,
+    ACTIVATIONS, GEMMA_ARCHITECTURES, GLM_ARCHITECTURES, bias_fields, check_positive_int, check_positive_number,
+    default_rope_theta, gemma1_config, gemma1_fields, gemma3_text_config, gemma_fields, granite_fields,
+    layer_type_rope, longrope_scaling, moe_fields, nope_layers, optional, required, sliding_window_fields,
+    with_family_defaults, with_gemma_defaults, yarn_scaling,
 )
 from radixflow.runtime.text_files import read_json_object
 
@@ -18,7 +18,8 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCa
                            "MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM",
                            "SmolLM3ForCausalLM", "GraniteForCausalLM", "GraniteMoeForCausalLM", "Phi3ForCausalLM",
                            "Olmo2ForCausalLM", "Olmo3ForCausalLM", "OlmoeForCausalLM", "GemmaForCausalLM", "Gemma2ForCausalLM",
-                           "Gemma3ForCausalLM")
+                           "Gemma3ForCausalLM", "SeedOssForCausalLM", "InternLM3ForCausalLM", "Ernie4_5ForCausalLM",
+                           "GlmForCausalLM", "Glm4ForCausalLM")
 
 
 # OLMo 2 and 3: norms after attention and MLP (none before), q / k normed over the whole projection
@@ -47,8 +48,11 @@ class ModelArgs:
     torch_dtype: str
     bos_token_id: int | None
     eos_token_ids: tuple[int, ...]
-    # the head dims RoPE rotates (Phi-4-mini: 3/4 of them; runtime/model/partial_rotary.py); 0: all
+    # the head dims RoPE rotates (Phi-4-mini: 3/4 of them, GLM half; runtime/model/rope_layout.py); 0: all
     rotary_dim: int = 0
+    rope_interleaved: bool = False  # GLM, ERNIE 4.5: RoPE pairs dims (2i, 2i + 1), not (i, i + rotary_dim / 2)
+    fused_qkv: bool = False         # Phi-3: the checkpoint stores q | k | v as one qkv_proj
+    fused_gate_up: bool = False     # Phi-3, GLM: the checkpoint stores gate | up as one gate_up_proj
     # mixture of experts (Mixtral, Qwen2/3-MoE, GraniteMoE, OLMoE); no moe_layers: every MLP is dense
     num_experts: int = 0
     num_experts_per_tok: int = 0
@@ -150,8 +154,13 @@ class ModelArgs:
 
     @property
     def rope_dim(self) -> int:
-        """The head dims RoPE rotates (runtime/model/partial_rotary.py: fewer than head_dim)."""
+        """The head dims RoPE rotates (runtime/model/rope_layout.py: fewer than head_dim)."""
         return self.rotary_dim or self.head_dim
+
+    @property
+    def reorders_rope(self) -> bool:
+        """Whether q and k heads are reordered at load (runtime/model/rope_layout.py)."""
+        return self.rope_dim < self.head_dim or self.rope_interleaved
 
     @property
     def long_rope_len(self) -> int | None:
@@ -188,13 +197,15 @@ def load_model_args(model_dir: str) -> ModelArgs:
 
 
 def _rotary_dim(cfg: dict[str, Any], rope: dict[str, Any], head_dim: int, arch: str) -> int:
-    """The head dims RoPE rotates: head_dim * partial_rotary_factor (Phi-4-mini: 3/4), as
-    transformers' Phi-3 rotates them (the other families' transformers code rotates whole heads)."""
-    partial = cfg.get("partial_rotary_factor", rope.get("partial_rotary_factor", 1.0))
+    """The head dims RoPE rotates: head_dim * partial_rotary_factor (Phi-4-mini: 3/4, GLM: 1/2 by
+    default), as transformers' Phi-3 and GLM rotate them (the other families' transformers code
+    rotates whole heads)."""
+    partial = cfg.get("partial_rotary_factor", rope.get("partial_rotary_factor",
+                                                        0.5 if arch in GLM_ARCHITECTURES else 1.0))
     if partial == 1.0:
         return head_dim
-    if arch != "Phi3ForCausalLM":
-        raise ValueError(f"partial_rotary_factor {partial!r} is supported for Phi3ForCausalLM only "
+    if arch not in GLM_ARCHITECTURES + ("Phi3ForCausalLM",):
+        raise ValueError(f"partial_rotary_factor {partial!r} is supported for Phi3ForCausalLM and GLM only "
                          "(RoPE over the whole head here)")
     check_positive_number("partial_rotary_factor", partial)
     rotary_dim = int(head_dim * partial)
@@ -220,6 +231,7 @@ def model_args_from_dict(cfg: dict[str, Any]) -> ModelArgs:
     if arch is None:
         raise ValueError(f"unsupported architecture {archs or cfg.get('model_type')!r}; "
                          f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
+    cfg = with_family_defaults(cfg, arch)
     num_heads, hidden = required(cfg, "num_attention_heads"), required(cfg, "hidden_size")
     is_gemma, is_gemma3 = arch in GEMMA_ARCHITECTURES, arch == "Gemma3ForCausalLM"
     head_dim = cfg.get("head_dim")
@@ -236,7 +248,7 @@ def model_args_from_dict(cfg: dict[str, Any]) -> ModelArgs:
     if is_gemma3 or arch == "Olmo3ForCausalLM":  # the window layers with RoPE of their own
         rope_theta, rope_scaling, local_theta = layer_type_rope(cfg, rope, arch)
     else:
-        rope_theta, local_theta = cfg.get("rope_theta") or rope.get("rope_theta", 10000.0), None
+        rope_theta, local_theta = cfg.get("rope_theta") or rope.get("rope_theta") or default_rope_theta(arch), None
         rope_scaling = cfg.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
     if rope_scaling is not None and not isinstance(rope_scaling, dict):
         raise ValueError(f"rope_scaling must be an object or null, got {rope_scaling!r}")
@@ -263,15 +275,6 @@ def model_args_from_dict(cfg: dict[str, Any]) -> ModelArgs:
         raise ValueError(f"hidden_act {act!r} is not supported; supported: silu, gelu_pytorch_tanh")
     eos = cfg.get("eos_token_id")
     eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
-    is_qwen2 = arch in ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM")
-    # Qwen2 / Qwen2-MoE: q, k, v biases (Qwen2-MoE's `qkv_bias`, true unless set), never o_proj's;
-    # the others: `attention_bias` puts biases on q, k, v and o_proj alike (Mixtral has none)
-    attention_bias = bool(cfg.get("attention_bias", False)) and arch not in (  # their projections have none
-        "MistralForCausalLM", "MixtralForCausalLM", "Phi3ForCausalLM")
-    if arch == "Qwen2MoeForCausalLM":
-        qkv_bias = cfg.get("qkv_bias", True)
-    else:
-        qkv_bias = attention_bias or is_qwen2
     if is_gemma:
         family = gemma_fields(cfg, hidden, arch)
     elif arch == "GemmaForCausalLM":
@@ -296,12 +299,12 @@ def model_args_from_dict(cfg: dict[str, Any]) -> ModelArgs:
         max_position_embeddings=optional(cfg, "max_position_embeddings", 4096),
         # transformers' defaults
         tie_word_embeddings=cfg.get("tie_word_embeddings", arch == "SmolLM3ForCausalLM" or is_gemma),
-        qkv_bias=bool(qkv_bias),
-        o_bias=attention_bias and not is_qwen2,
-        mlp_bias=bool(cfg.get("mlp_bias", False)) and arch in ("LlamaForCausalLM", "SmolLM3ForCausalLM",
-                                                                "GraniteForCausalLM"),
+        **bias_fields(cfg, arch),
+        rope_interleaved=arch in GLM_ARCHITECTURES + ("Ernie4_5ForCausalLM",),
+        fused_qkv=arch == "Phi3ForCausalLM",
+        fused_gate_up=arch in GLM_ARCHITECTURES + ("Phi3ForCausalLM",),
         nope_layers=nope_layers(cfg) if arch == "SmolLM3ForCausalLM" else (),
-        post_norms=arch in OLMO_ARCHITECTURES or is_gemma,
+        post_norms=arch in OLMO_ARCHITECTURES + ("Glm4ForCausalLM",) or is_gemma,
         pre_norms=arch not in OLMO_ARCHITECTURES,
         qk_norm_whole=arch in OLMO_ARCHITECTURES + ("OlmoeForCausalLM",),
         qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM"),

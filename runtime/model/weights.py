@@ -15,7 +15,7 @@ from torch import nn
 from radixflow.runtime.model.dequantize import FLOAT8, DequantizingReader
 from radixflow.runtime.model.model import CausalLM
 from radixflow.runtime.model.model_config import ModelArgs
-from radixflow.runtime.model.partial_rotary import qkv_to_rotary_order
+from radixflow.runtime.model.rope_layout import qkv_to_rotary_order
 from radixflow.runtime.model.quant_config import read_quantization
 from radixflow.runtime.text_files import read_json_object
 
@@ -151,8 +151,7 @@ def _checkpoint_sources(args: ModelArgs) -> dict[str, list[str]]:
     for i in range(args.num_layers):
         p, ours = f"model.layers.{i}.", f"layers.{i}."
         attn = p + "self_attn."
-        fused = args.architecture == "Phi3ForCausalLM"  # Phi-3 stores q | k | v and gate | up fused
-        src[ours + "self_attn.qkv_proj.weight"] = [attn + "qkv_proj.weight"] if fused else [
+        src[ours + "self_attn.qkv_proj.weight"] = [attn + "qkv_proj.weight"] if args.fused_qkv else [
             attn + f"{x}_proj.weight" for x in "qkv"]
         if args.qkv_bias:
             src[ours + "self_attn.qkv_proj.bias"] = [attn + f"{x}_proj.bias" for x in "qkv"]
@@ -166,7 +165,7 @@ def _checkpoint_sources(args: ModelArgs) -> dict[str, list[str]]:
             src.update(_expert_sources(args, p, ours))
         else:
             for kind in ("weight", "bias") if args.mlp_bias else ("weight",):
-                src[ours + f"mlp.gate_up_proj.{kind}"] = [p + f"mlp.gate_up_proj.{kind}"] if fused else [
+                src[ours + f"mlp.gate_up_proj.{kind}"] = [p + f"mlp.gate_up_proj.{kind}"] if args.fused_gate_up else [
                     p + f"mlp.gate_proj.{kind}", p + f"mlp.up_proj.{kind}"]
                 src[ours + f"mlp.down_proj.{kind}"] = [p + f"mlp.down_proj.{kind}"]
         norms = ["post_attention_layernorm"]  # Llama's before the MLP; OLMo 2's and Gemma 3's after attention
@@ -175,9 +174,16 @@ def _checkpoint_sources(args: ModelArgs) -> dict[str, list[str]]:
         if args.post_norms:
             norms += ["post_feedforward_layernorm", "pre_feedforward_layernorm"] if args.pre_norms else [
                 "post_feedforward_layernorm"]
+        stored = _NORM_NAMES.get(args.architecture, {})
         for norm in norms:
-            src[ours + f"{norm}.weight"] = [p + f"{norm}.weight"]
+            src[ours + f"{norm}.weight"] = [p + f"{stored.get(norm, norm)}.weight"]
     return src
+
+
+# a family's names for the norms around a layer's branches, where they are not Gemma's
+_NORM_NAMES = {"Glm4ForCausalLM": {"post_attention_layernorm": "post_self_attn_layernorm",
+                                   "pre_feedforward_layernorm": "post_attention_layernorm",
+                                   "post_feedforward_layernorm": "post_mlp_layernorm"}}
 
 
 # each family's names for a layer's experts block and an expert's (gate, up, down) projections
@@ -276,8 +282,9 @@ def load_weights(model: CausalLM, model_dir: str, dtype: torch.dtype, device: to
         if model.args.norm_weight_offset and name.endswith("norm.weight"):  # Gemma 3 stores weight - 1
             tensor = tensor.float() + model.args.norm_weight_offset
         args = model.args
-        if args.rope_dim < args.head_dim and ".qkv_proj." in name:  # Phi-4-mini: partial_rotary.py
-            tensor = qkv_to_rotary_order(tensor, args.q_size, args.kv_size, args.head_dim, args.rope_dim)
+        if args.reorders_rope and ".qkv_proj." in name:  # Phi-4-mini, GLM, ERNIE 4.5: rope_layout.py
+            tensor = qkv_to_rotary_order(tensor, args.q_size, args.kv_size, args.head_dim, args.rope_dim,
+                                         args.rope_interleaved)
         # copy=True: a tensor already in `dtype` would stay a view of the file's memory map, which then
         # stays mapped (and, once read, resident) beside the copies packing makes (packed_linear.py)
         state[name] = tensor.to(device=device, dtype=dtype, copy=True)

@@ -1,6 +1,7 @@
 """Fixtures for runtime tests: small Hugging Face checkpoints of each supported family."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
@@ -13,6 +14,9 @@ from radixflow.runtime.model.demo import demo_model
 # test helpers beside this file (gguf_writer.py, test_model_parity's functions) import by name
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+# families transformers computes with another family's class (InternLM3: Llama's), and the
+# architecture their hub config.json names
+SAVED_ARCHITECTURES = {"internlm3": "InternLM3ForCausalLM"}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json")
 
 
@@ -39,6 +43,17 @@ def _hf_config(family: str, vocab_size: int, heads: int = 8):
         return tf.Olmo3Config(**common, tie_word_embeddings=False, sliding_window=4,
                               layer_types=["sliding_attention", "full_attention"], rope_theta=10000.0,
                               rope_scaling={"rope_type": "linear", "factor": 2.0})
+    if family == "seed_oss":  # q / k / v biases, and o's and the MLP's by their own flags
+        return tf.SeedOssConfig(**common, attention_bias=True, attention_out_bias=True, mlp_bias=True,
+                                tie_word_embeddings=False)
+    if family == "internlm3":  # Llama's layer, biases on every projection
+        return tf.InternLM3Config(**common, attention_bias=True, mlp_bias=True, tie_word_embeddings=False)
+    if family == "ernie4_5":  # interleaved RoPE pairs, biases on every projection, tied head
+        return tf.Ernie4_5Config(**common, use_bias=True, tie_word_embeddings=True)
+    if family == "glm":  # half of each head rotated in interleaved pairs, gate | up fused, q / k / v biases
+        return tf.GlmConfig(**common, tie_word_embeddings=False)
+    if family == "glm4":  # GLM's attention and MLP, norms before and after both branches
+        return tf.Glm4Config(**common, tie_word_embeddings=False)
     if family == "olmoe":  # OLMoE: OLMo's whole-projection q/k norms before a mixture of experts
         return tf.OlmoeConfig(**{**common, "intermediate_size": 48, "head_dim": 8}, num_experts=4, num_experts_per_tok=2,
                               norm_topk_prob=False, clip_qkv=None, tie_word_embeddings=False)
@@ -84,6 +99,8 @@ _CLASSES = {"llama3": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
             "qwen2_moe": "Qwen2MoeForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
             "smollm3": "SmolLM3ForCausalLM", "granite": "GraniteForCausalLM",
             "granitemoe": "GraniteMoeForCausalLM", "phi3": "Phi3ForCausalLM", "phi3_partial": "Phi3ForCausalLM",
+            "seed_oss": "SeedOssForCausalLM", "internlm3": "LlamaForCausalLM", "ernie4_5": "Ernie4_5ForCausalLM",
+            "glm": "GlmForCausalLM", "glm4": "Glm4ForCausalLM",
             "olmo2": "Olmo2ForCausalLM", "olmo3": "Olmo3ForCausalLM", "olmoe": "OlmoeForCausalLM", "gemma": "GemmaForCausalLM",
             "gemma2": "Gemma2ForCausalLM",
             "gemma3": "Gemma3ForCausalLM"}
@@ -120,6 +137,12 @@ def hf_checkpoint(tmp_path_factory):
                     p.normal_(0.0, 0.1)
         out = str(tmp_path_factory.mktemp(f"{family}{'-sharded' if shard else ''}-h{heads}"))
         model.save_pretrained(out, safe_serialization=True, max_shard_size="100KB" if shard else "5GB")
+        if family in SAVED_ARCHITECTURES:  # transformers runs it on another family's class
+            with open(os.path.join(out, "config.json")) as f:
+                saved = json.load(f)
+            saved["architectures"] = [SAVED_ARCHITECTURES[family]]
+            with open(os.path.join(out, "config.json"), "w") as f:
+                json.dump(saved, f)
         for f in TOKENIZER_FILES:
             shutil.copy(os.path.join(demo, f), out)
         made[key] = (out, model)

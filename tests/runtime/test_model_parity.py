@@ -15,7 +15,7 @@ from radixflow.runtime.model.model_config import load_model_args
 from radixflow.runtime.model.weights import build_model
 
 FAMILIES = ["llama3", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe", "smollm3", "granite",
-            "granitemoe", "phi3", "phi3_partial", "olmo2", "olmo3", "olmoe", "gemma", "gemma2", "gemma3"]
+            "granitemoe", "phi3", "phi3_partial", "olmo2", "olmo3", "olmoe", "gemma", "gemma2", "gemma3", "seed_oss", "internlm3", "ernie4_5", "glm", "glm4"]
 
 
 def _our_logits(model_dir: str, prompts: list[list[int]], windows: dict[int, int] | None = None) -> list[torch.Tensor]:
@@ -327,7 +327,7 @@ def test_a_partial_rotary_embedding_outside_phi3_or_odd_is_refused(tmp_path, arc
 
 
 @pytest.mark.parametrize("family", ["mixtral", "qwen2_moe", "smollm3", "granite", "phi3", "phi3_partial", "olmo2",
-                                    "olmoe"])
+                                    "olmoe", "glm4", "ernie4_5"])
 def test_triton_ops_path_equals_the_torch_path(hf_checkpoint, monkeypatch, family):
     """The model as CUDA runs it (fused norms, RoPE and SiLU-and-mul, the grouped Triton experts),
     here in the Triton interpreter, gives the CPU path's greedy tokens and logprobs: the families
@@ -388,6 +388,28 @@ def test_olmo3_hub_config_reads_as_transformers_reads_it(tmp_path):
     assert args.window_layers == (0, 1, 2) and args.sliding_window == 4096
     assert (args.rope_theta, args.local_rope_theta, args.rope_scaling["rope_type"]) == (10000.0, 500000.0, "yarn")
     assert args.post_norms and not args.pre_norms and args.qk_norm_whole
+
+
+@pytest.mark.parametrize("arch, fields, want", [
+    # what each transformers config class defaults to where config.json is silent
+    ("SeedOssForCausalLM", {}, dict(head_dim=128, qkv_bias=True, o_bias=False, mlp_bias=False)),
+    ("SeedOssForCausalLM", {"attention_out_bias": True, "mlp_bias": True}, dict(o_bias=True, mlp_bias=True)),
+    ("InternLM3ForCausalLM", {"qkv_bias": True, "bias": True},  # its config's old names
+     dict(head_dim=128, qkv_bias=True, o_bias=True, mlp_bias=True)),
+    ("Ernie4_5ForCausalLM", {}, dict(head_dim=128, rope_theta=500000.0, tie_word_embeddings=True,
+                                     rope_interleaved=True, qkv_bias=False)),
+    ("Ernie4_5ForCausalLM", {"use_bias": True}, dict(qkv_bias=True, o_bias=True, mlp_bias=True)),
+    ("GlmForCausalLM", {}, dict(head_dim=128, rotary_dim=64, rope_interleaved=True, qkv_bias=True, o_bias=False,
+                                fused_gate_up=True, fused_qkv=False, post_norms=False)),
+    ("Glm4ForCausalLM", {"head_dim": 8, "partial_rotary_factor": 1.0}, dict(rotary_dim=8, post_norms=True,
+                                                                           pre_norms=True)),
+    ("LlamaForCausalLM", {"attention_bias": True, "mlp_bias": True}, dict(qkv_bias=True, o_bias=True, mlp_bias=True)),
+    ("MistralForCausalLM", {"attention_bias": True}, dict(qkv_bias=False, o_bias=False)),
+    ("Qwen2ForCausalLM", {}, dict(qkv_bias=True, o_bias=False, rope_theta=10000.0)),
+])
+def test_each_familys_config_defaults_and_biases(tmp_path, arch, fields, want):
+    args = _args_of(tmp_path, arch, **fields)
+    assert {k: getattr(args, k) for k in want} == want
 
 
 def test_family_defaults_of_absent_fields(tmp_path):

@@ -1,0 +1,49 @@
+"""A checkpoint's RoPE layout (part of each head rotated: Phi-4-mini, GLM; pairs interleaved: GLM,
+ERNIE 4.5) on the whole-head rotate-half kernels: each q and k head's dims are reordered once at
+load so that the rotated pairs become the kernels' pairs and the other dims sit where the tables
+turn by nothing (model.rope_tables).
+
+A checkpoint's head of D dims rotates its first r: as rotate-half pairs (i, i + r/2), or
+interleaved pairs (2i, 2i + 1); the rest pass through. The kernels pair (j, j + D/2). Ours:
+
+    | a: each pair's first dim | c: half the pass dims | b: each pair's second dim | d: the other pass dims |
+
+so that pair j < r/2 = (a_j, b_j) rotates with frequency j and j >= r/2 = (c, d) does not.
+q . k is unchanged by any order both share, so attention is; the KV pool holds k in this order.
+"""
+from __future__ import annotations
+
+import torch
+
+
+def rotary_order(head_dim: int, rotary_dim: int, interleaved: bool = False) -> torch.Tensor:
+    """The checkpoint dim each of our head dims takes ([head_dim] int64)."""
+    rest = (head_dim - rotary_dim) // 2
+    if interleaved:
+        first, second = torch.arange(0, rotary_dim, 2), torch.arange(1, rotary_dim, 2)
+    else:
+        first, second = torch.arange(0, rotary_dim // 2), torch.arange(rotary_dim // 2, rotary_dim)
+    return torch.cat([first, torch.arange(rotary_dim, rotary_dim + rest), second,
+                      torch.arange(rotary_dim + rest, head_dim)])
+
+
+def to_rotary_order(rows: torch.Tensor, head_dim: int, rotary_dim: int, interleaved: bool = False) -> torch.Tensor:
+    """`rows` [heads * head_dim, ...] (a q or k projection's weight or bias, or an adapter's lora_B
+    part) with each head's rows in our order."""
+    heads = rows.shape[0] // head_dim
+    order = rotary_order(head_dim, rotary_dim, interleaved).to(rows.device)
+    return rows.reshape(heads, head_dim, *rows.shape[1:])[:, order].reshape(rows.shape)
+
+
+def qkv_to_rotary_order(qkv: torch.Tensor, q_size: int, kv_size: int, head_dim: int, rotary_dim: int,
+                        interleaved: bool = False) -> torch.Tensor:
+    """A fused q | k | v projection's weight or bias with its q and k heads in our order."""
+    q, k, v = qkv.split([q_size, kv_size, qkv.shape[0] - q_size - kv_size])
+    return torch.cat([to_rotary_order(q, head_dim, rotary_dim, interleaved),
+                      to_rotary_order(k, head_dim, rotary_dim, interleaved), v])
+
+
+def pass_through_columns(head_dim: int, rotary_dim: int) -> torch.Tensor:
+    """Our head dims that are not rotated (their table columns: cos 1, sin 0)."""
+    half, rot_half = head_dim // 2, rotary_dim // 2
+    return torch.cat([torch.arange(rot_half, half), torch.arange(half + rot_half, head_dim)])
