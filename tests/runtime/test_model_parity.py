@@ -310,9 +310,9 @@ def test_an_mlp_activation_other_than_silu_is_refused(tmp_path, act):
 
 
 @pytest.mark.parametrize("arch, config, match", [
-    ("LlamaForCausalLM", {"partial_rotary_factor": 0.75}, "partial_rotary_factor 0.75 is supported for Phi3ForCausalLM only"),
+    ("LlamaForCausalLM", {"partial_rotary_factor": 0.75}, "partial_rotary_factor 0.75 is supported for Phi3ForCausalLM and GLM only"),
     ("Qwen2ForCausalLM", {"rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.5}},
-     "partial_rotary_factor 0.5 is supported for Phi3ForCausalLM only"),
+     "partial_rotary_factor 0.5 is supported for Phi3ForCausalLM and GLM only"),
     ("Phi3ForCausalLM", {"partial_rotary_factor": 0.01}, "rotates 0 of 8 head dims"),
     ("Phi3ForCausalLM", {"partial_rotary_factor": "half"}, "partial_rotary_factor must be a positive number"),
 ])
