@@ -317,6 +317,35 @@ def sliding_window_fields(cfg: dict[str, Any], arch: str) -> dict[str, Any]:
     return {"sliding_window": window, "window_layers": tuple(layers)}
 
 
+def exaone4_layers(cfg: dict[str, Any]) -> dict[str, Any]:
+    """EXAONE 4, as transformers reads its config: with a `sliding_window` (4096 when absent), the
+    layers `layer_types` names "sliding_attention" (else `sliding_window_pattern`: every n-th layer
+    global, 4 when absent, or a string of L (local) and G (global) repeated from layer 0) attend
+    through the window with RoPE, and the global layers take no RoPE; with a null window every
+    layer is global, with RoPE."""
+    num_layers = required(cfg, "num_hidden_layers")
+    check_positive_int("num_hidden_layers", num_layers)
+    window = cfg.get("sliding_window", 4096)
+    if window is None:
+        return {}
+    layer_types = cfg.get("layer_types")
+    if layer_types is None:
+        pattern = optional(cfg, "sliding_window_pattern", 4)
+        if isinstance(pattern, str) and pattern and set(pattern) <= {"L", "G"}:
+            layer_types = ["sliding_attention" if pattern[i % len(pattern)] == "L" else "full_attention"
+                           for i in range(num_layers)]
+        else:
+            check_positive_int("sliding_window_pattern", pattern)
+            layer_types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(num_layers)]
+    if (not isinstance(layer_types, list) or len(layer_types) != num_layers
+            or any(t not in ("sliding_attention", "full_attention") for t in layer_types)):
+        raise ValueError(f"layer_types must name sliding_attention or full_attention for each of the {num_layers} "
+                         f"layers, got {layer_types!r}")
+    return {"sliding_window": window,
+            "window_layers": tuple(i for i, t in enumerate(layer_types) if t == "sliding_attention"),
+            "nope_layers": tuple(i for i, t in enumerate(layer_types) if t == "full_attention")}
+
+
 def _olmo3_windows(cfg: dict[str, Any], num_layers: int) -> dict[str, Any]:
     """OLMo 3: a `sliding_window` (4096 when absent) in the layers `layer_types` names
     "sliding_attention", else in all but every fourth."""

@@ -8,7 +8,7 @@ from typing import Any
 
 from radixflow.runtime.model.config_families import (
     ACTIVATIONS, GEMMA_ARCHITECTURES, GLM_ARCHITECTURES, bias_fields, check_positive_int, check_positive_number,
-    default_rope_theta, gemma1_config, gemma1_fields, gemma3_text_config, gemma_fields, granite_fields,
+    default_rope_theta, exaone4_layers, gemma1_config, gemma1_fields, gemma3_text_config, gemma_fields, granite_fields,
     layer_type_rope, longrope_scaling, moe_fields, nope_layers, optional, required, sliding_window_fields,
     with_family_defaults, with_gemma_defaults, yarn_scaling,
 )
@@ -19,11 +19,12 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCa
                            "SmolLM3ForCausalLM", "GraniteForCausalLM", "GraniteMoeForCausalLM", "Phi3ForCausalLM",
                            "Olmo2ForCausalLM", "Olmo3ForCausalLM", "OlmoeForCausalLM", "GemmaForCausalLM", "Gemma2ForCausalLM",
                            "Gemma3ForCausalLM", "SeedOssForCausalLM", "InternLM3ForCausalLM", "Ernie4_5ForCausalLM",
-                           "GlmForCausalLM", "Glm4ForCausalLM")
+                           "GlmForCausalLM", "Glm4ForCausalLM", "Exaone4ForCausalLM")
 
 
 # OLMo 2 and 3: norms after attention and MLP (none before), q / k normed over the whole projection
 OLMO_ARCHITECTURES = ("Olmo2ForCausalLM", "Olmo3ForCausalLM")
+# EXAONE 4: OLMo 2's norms after attention and MLP, with Qwen3's per-head q / k norms
 
 
 @dataclass(frozen=True)
@@ -279,6 +280,8 @@ def model_args_from_dict(cfg: dict[str, Any]) -> ModelArgs:
         family = gemma_fields(cfg, hidden, arch)
     elif arch == "GemmaForCausalLM":
         family = gemma1_fields(hidden)
+    elif arch == "Exaone4ForCausalLM":
+        family = exaone4_layers(cfg)
     else:
         family = {**sliding_window_fields(cfg, arch), **granite_fields(cfg, arch), **moe_fields(cfg, arch)}
     return ModelArgs(
@@ -303,11 +306,11 @@ def model_args_from_dict(cfg: dict[str, Any]) -> ModelArgs:
         rope_interleaved=arch in GLM_ARCHITECTURES + ("Ernie4_5ForCausalLM",),
         fused_qkv=arch == "Phi3ForCausalLM",
         fused_gate_up=arch in GLM_ARCHITECTURES + ("Phi3ForCausalLM",),
-        nope_layers=nope_layers(cfg) if arch == "SmolLM3ForCausalLM" else (),
-        post_norms=arch in OLMO_ARCHITECTURES + ("Glm4ForCausalLM",) or is_gemma,
-        pre_norms=arch not in OLMO_ARCHITECTURES,
+        nope_layers=nope_layers(cfg) if arch == "SmolLM3ForCausalLM" else family.pop("nope_layers", ()),  # before **family
+        post_norms=arch in OLMO_ARCHITECTURES + ("Glm4ForCausalLM", "Exaone4ForCausalLM") or is_gemma,
+        pre_norms=arch not in OLMO_ARCHITECTURES + ("Exaone4ForCausalLM",),
         qk_norm_whole=arch in OLMO_ARCHITECTURES + ("OlmoeForCausalLM",),
-        qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM"),
+        qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM", "Exaone4ForCausalLM"),
         torch_dtype=cfg.get("torch_dtype") or cfg.get("dtype") or "float32",
         bos_token_id=cfg.get("bos_token_id"),
         eos_token_ids=eos_ids,

@@ -54,6 +54,10 @@ def _hf_config(family: str, vocab_size: int, heads: int = 8):
         return tf.GlmConfig(**common, tie_word_embeddings=False)
     if family == "glm4":  # GLM's attention and MLP, norms before and after both branches
         return tf.Glm4Config(**common, tie_word_embeddings=False)
+    if family == "exaone4":  # OLMo 2's norms after, per-head q / k norms; layer 0 windowed with RoPE, layer 1 global
+        # without RoPE
+        return tf.Exaone4Config(**common, sliding_window=4, layer_types=["sliding_attention", "full_attention"],
+                                tie_word_embeddings=False)
     if family == "olmoe":  # OLMoE: OLMo's whole-projection q/k norms before a mixture of experts
         return tf.OlmoeConfig(**{**common, "intermediate_size": 48, "head_dim": 8}, num_experts=4, num_experts_per_tok=2,
                               norm_topk_prob=False, clip_qkv=None, tie_word_embeddings=False)
@@ -100,7 +104,7 @@ _CLASSES = {"llama3": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
             "smollm3": "SmolLM3ForCausalLM", "granite": "GraniteForCausalLM",
             "granitemoe": "GraniteMoeForCausalLM", "phi3": "Phi3ForCausalLM", "phi3_partial": "Phi3ForCausalLM",
             "seed_oss": "SeedOssForCausalLM", "internlm3": "LlamaForCausalLM", "ernie4_5": "Ernie4_5ForCausalLM",
-            "glm": "GlmForCausalLM", "glm4": "Glm4ForCausalLM",
+            "glm": "GlmForCausalLM", "glm4": "Glm4ForCausalLM", "exaone4": "Exaone4ForCausalLM",
             "olmo2": "Olmo2ForCausalLM", "olmo3": "Olmo3ForCausalLM", "olmoe": "OlmoeForCausalLM", "gemma": "GemmaForCausalLM",
             "gemma2": "Gemma2ForCausalLM",
             "gemma3": "Gemma3ForCausalLM"}

@@ -15,7 +15,7 @@ from radixflow.runtime.model.model_config import load_model_args
 from radixflow.runtime.model.weights import build_model
 
 FAMILIES = ["llama3", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe", "smollm3", "granite",
-            "granitemoe", "phi3", "phi3_partial", "olmo2", "olmo3", "olmoe", "gemma", "gemma2", "gemma3", "seed_oss", "internlm3", "ernie4_5", "glm", "glm4"]
+            "granitemoe", "phi3", "phi3_partial", "olmo2", "olmo3", "olmoe", "gemma", "gemma2", "gemma3", "seed_oss", "internlm3", "ernie4_5", "glm", "glm4", "exaone4"]
 
 
 def _our_logits(model_dir: str, prompts: list[list[int]], windows: dict[int, int] | None = None) -> list[torch.Tensor]:
@@ -172,7 +172,8 @@ def _checkpoint_with(tmp_path, family: str, **config) -> str:
     ("qwen3_moe", {"use_sliding_window": True, "sliding_window": 6}, [0, 1]),
     ("smollm3", {"use_sliding_window": True, "sliding_window": 6}, [1]),  # its layers without RoPE
     ("qwen2", {"use_sliding_window": False, "sliding_window": 6}, []),    # Qwen2's default: off
-    ("olmo3", {"sliding_window": 6}, [0, 1]),  # all but every fourth layer; the window layers' own RoPE base
+    ("olmo3", {"sliding_window": 6}, [0, 1]),
+    ("exaone4", {"sliding_window": 6, "sliding_window_pattern": 2}, [0]),  # layer 1 global, without RoPE  # all but every fourth layer; the window layers' own RoPE base
 ])
 def test_a_sliding_window_matches_transformers_past_it(tmp_path, family, config, layers):
     """Each family's window is attended in the layers transformers gives it, past the window too:
@@ -406,6 +407,11 @@ def test_olmo3_hub_config_reads_as_transformers_reads_it(tmp_path):
     ("LlamaForCausalLM", {"attention_bias": True, "mlp_bias": True}, dict(qkv_bias=True, o_bias=True, mlp_bias=True)),
     ("MistralForCausalLM", {"attention_bias": True}, dict(qkv_bias=False, o_bias=False)),
     ("Qwen2ForCausalLM", {}, dict(qkv_bias=True, o_bias=False, rope_theta=10000.0)),
+    # EXAONE-4.0-32B's form: a window in three of four layers, the fourth global without RoPE
+    ("Exaone4ForCausalLM", {"sliding_window_pattern": "LLLG"},
+     dict(sliding_window=4096, window_layers=(0, 1, 2), nope_layers=(3,), qk_norm=True, post_norms=True,
+          pre_norms=False)),
+    ("Exaone4ForCausalLM", {"sliding_window": None}, dict(sliding_window=None, window_layers=(), nope_layers=())),
 ])
 def test_each_familys_config_defaults_and_biases(tmp_path, arch, fields, want):
     args = _args_of(tmp_path, arch, **fields)
