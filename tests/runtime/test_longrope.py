@@ -201,3 +201,15 @@ def test_an_unloaded_adapters_long_sequences_kv_is_freed_too(phi3_longrope, tmp_
         assert engine.scheduler.cache.total_size() > base_cached
         engine.unload_lora_adapter("a")
         assert engine.scheduler.cache.total_size() == base_cached  # the base's KV stays
+
+
+@pytest.mark.gpu
+def test_gpu_triton_kernels_read_the_long_rows(phi3_longrope):
+    """On CUDA (the Triton RoPE kernel reading the doubled table, decode without graphs): fp32
+    greedy output equals transformers' either side of the switch and across it."""
+    model_dir, hf = phi3_longrope["switching"]
+    prompts = [_prompt(n) for n in LENGTHS]
+    with Engine(model_dir, device="cuda", dtype="float32", kv_cache_tokens=1024) as engine:
+        assert engine.runner.graph_runner is None and engine.runner.graph_capture is None
+        outs = [o["output_ids"] for o in engine.generate(input_ids=prompts, sampling_params=GREEDY)]
+    assert outs == [_hf_greedy(hf, p, GREEDY["max_new_tokens"]) for p in prompts]

@@ -331,3 +331,19 @@ def test_quantization_config_of_a_plain_checkpoint_with_no_quantized_layer_loads
         assert json.load(f)["quantization_config"]["quant_method"] == "gptq"
     got, want = _params(str(tmp_path)), _params(src)
     assert all(torch.equal(got[n], want[n]) for n in want)
+
+
+@pytest.mark.parametrize("fmt", ["gptq4", "fp8-block", "ct-pack4-group"])
+@pytest.mark.gpu
+def test_gpu_serves_a_quantized_checkpoint_as_its_floats(hf_checkpoint, tmp_path, fmt):
+    """On CUDA the dequantized weights load onto the device: greedy output as the float copy's."""
+    from radixflow.runtime import Engine
+
+    quantized, floats = _quantized_and_float(hf_checkpoint, tmp_path, "llama3", fmt)
+    prompts = [[5, 77, 300, 12], [901, 44, 2, 17, 17, 250, 9]]
+    params = {"max_new_tokens": 16, "temperature": 0, "ignore_eos": True}
+    outs = []
+    for model_dir in (quantized, floats):
+        with Engine(model_dir, device="cuda", dtype="float32", kv_cache_tokens=1024) as engine:
+            outs.append([o["output_ids"] for o in engine.generate(input_ids=prompts, sampling_params=params)])
+    assert outs[0] == outs[1]
