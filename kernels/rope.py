@@ -18,14 +18,16 @@ from ._triton import tl, triton
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None = None, long: bool = False) -> torch.Tensor:
-    """Inverse frequencies [head_dim / 2] in fp32, with `linear`, `llama3`, `yarn` or `longrope`
-    scaling applied (a checkpoint's `rope_scaling` dict; None or another type: unscaled). LongRoPE
+    """Inverse frequencies [head_dim / 2] in fp32, with `linear`, `llama3`, `yarn`, `longrope` or
+    `ntk_alpha` (HunYuan) scaling applied (a checkpoint's `rope_scaling` dict; None or another type: unscaled). LongRoPE
     divides each frequency by its `short_factor`, or with `long` by its `long_factor`."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
     scaling = scaling or {}
     kind = scaling.get("rope_type", scaling.get("type", "default"))
     if kind == "longrope":
         return inv_freq / torch.tensor(scaling["long_factor" if long else "short_factor"], dtype=torch.float32)
+    if kind == "ntk_alpha":  # HunYuan: a fixed stretch of the base
+        return rope_inv_freq(head_dim, theta * scaling["alpha"] ** (head_dim / (head_dim - 2)))
     if kind == "linear":
         return inv_freq / scaling["factor"]
     if kind == "yarn":

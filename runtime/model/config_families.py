@@ -124,6 +124,12 @@ def longrope_scaling(cfg: dict[str, Any], scaling: dict[str, Any], rotary_dim: i
     return {**scaling, "rope_type": "longrope", "factor": factor, "original_max_position_embeddings": old_len}
 
 
+def ntk_alpha_scaling(scaling: dict[str, Any]) -> dict[str, Any]:
+    """HunYuan's `dynamic` scaling with an `alpha`: the RoPE base times alpha ** (d / (d - 2))."""
+    check_positive_number("rope_scaling alpha", scaling.get("alpha"))
+    return {**scaling, "rope_type": "ntk_alpha"}
+
+
 # Gemma2Config's and Gemma3TextConfig's defaults (transformers 5): their checkpoints' configs leave many
 # fields out; a null in these (_GEMMA_NULLABLE) turns the feature off rather than taking the default
 _GEMMA_DEFAULTS = {"hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,

@@ -155,7 +155,7 @@ class Attention(nn.Module):
         q = qkv[:, :a.q_size].view(num_tokens, a.num_heads, a.head_dim)
         k = qkv[:, a.q_size:qk_size].view(num_tokens, a.num_kv_heads, a.head_dim)
         v = qkv[:, qk_size:].view(num_tokens, a.num_kv_heads, a.head_dim)
-        if a.qk_norm:
+        if a.qk_norm and not a.qk_norm_after_rope:
             q, k = self.q_norm.norm_heads(q), self.k_norm.norm_heads(k)
         elif a.qk_norm_whole:
             q = self.q_norm(qkv[:, :a.q_size].contiguous())[0].view(num_tokens, a.num_heads, a.head_dim)
@@ -169,6 +169,8 @@ class Attention(nn.Module):
         else:  # q and k side by side in qkv: one rotation over [T, num_heads + num_kv_heads, D]
             qk = rotate_cpu(qkv[:, :qk_size].view(num_tokens, -1, a.head_dim), rope.cos, rope.sin)
             q, k = qk[:, :a.num_heads], qk[:, a.num_heads:]
+        if a.qk_norm_after_rope:  # HunYuan: the rotated q and k normed per head
+            q, k = self.q_norm.norm_heads(q), self.k_norm.norm_heads(k)
         o = attn(self.layer_id, q, k, v, fb).reshape(-1, a.q_size)  # [T, q_size]
         return add_lora(fb, self.layer_id, "o", o, self.o_proj(o))
 

@@ -9,7 +9,7 @@ from typing import Any
 from radixflow.runtime.model.config_families import (
     ACTIVATIONS, GEMMA_ARCHITECTURES, GLM_ARCHITECTURES, bias_fields, check_positive_int, check_positive_number,
     default_rope_theta, exaone4_layers, gemma1_config, gemma1_fields, gemma3_text_config, gemma_fields, granite_fields,
-    layer_type_rope, longrope_scaling, moe_fields, nope_layers, optional, required, sliding_window_fields,
+    layer_type_rope, longrope_scaling, moe_fields, ntk_alpha_scaling, nope_layers, optional, required, sliding_window_fields,
     with_family_defaults, with_gemma_defaults, yarn_scaling,
 )
 from radixflow.runtime.text_files import read_json_object
@@ -19,7 +19,7 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCa
                            "SmolLM3ForCausalLM", "GraniteForCausalLM", "GraniteMoeForCausalLM", "Phi3ForCausalLM",
                            "Olmo2ForCausalLM", "Olmo3ForCausalLM", "OlmoeForCausalLM", "GemmaForCausalLM", "Gemma2ForCausalLM",
                            "Gemma3ForCausalLM", "SeedOssForCausalLM", "InternLM3ForCausalLM", "Ernie4_5ForCausalLM",
-                           "GlmForCausalLM", "Glm4ForCausalLM", "Exaone4ForCausalLM")
+                           "GlmForCausalLM", "Glm4ForCausalLM", "Exaone4ForCausalLM", "HunYuanDenseV1ForCausalLM")
 
 
 # OLMo 2 and 3: norms after attention and MLP (none before), q / k normed over the whole projection
@@ -52,6 +52,7 @@ class ModelArgs:
     # the head dims RoPE rotates (Phi-4-mini: 3/4 of them, GLM half; runtime/model/rope_layout.py); 0: all
     rotary_dim: int = 0
     rope_interleaved: bool = False  # GLM, ERNIE 4.5: RoPE pairs dims (2i, 2i + 1), not (i, i + rotary_dim / 2)
+    qk_norm_after_rope: bool = False  # HunYuan: the per-head q / k norms apply to the rotated q and k
     fused_qkv: bool = False         # Phi-3: the checkpoint stores q | k | v as one qkv_proj
     fused_gate_up: bool = False     # Phi-3, GLM: the checkpoint stores gate | up as one gate_up_proj
     # mixture of experts (Mixtral, Qwen2/3-MoE, GraniteMoE, OLMoE); no moe_layers: every MLP is dense
@@ -258,9 +259,12 @@ def model_args_from_dict(cfg: dict[str, Any]) -> ModelArgs:
         kind = rope_scaling.get("rope_type", rope_scaling.get("type"))
         if arch == "Phi3ForCausalLM" and kind in ("su", "yarn"):  # Phi-3's old names for longrope
             kind = "longrope"
-        if kind not in ("default", "llama3", "linear", "yarn", "longrope"):
+        if kind == "dynamic" and arch == "HunYuanDenseV1ForCausalLM" and rope_scaling.get("alpha"):
+            kind = "ntk_alpha"  # HunYuan's: the base stretched by a fixed alpha (not by the sequence's length)
+            rope_scaling = ntk_alpha_scaling(rope_scaling)
+        if kind not in ("default", "llama3", "linear", "yarn", "longrope", "ntk_alpha"):
             raise ValueError(f"unsupported rope_scaling type {kind!r}; supported: llama3, linear, yarn, "
-                             "longrope (Phi-3)")
+                             "longrope (Phi-3), dynamic with alpha (HunYuan)")
         if kind == "longrope" and arch != "Phi3ForCausalLM":
             raise ValueError(f"rope_scaling longrope is supported for Phi3ForCausalLM only, not {arch}")
         if kind == "yarn":
@@ -310,7 +314,9 @@ def model_args_from_dict(cfg: dict[str, Any]) -> ModelArgs:
         post_norms=arch in OLMO_ARCHITECTURES + ("Glm4ForCausalLM", "Exaone4ForCausalLM") or is_gemma,
         pre_norms=arch not in OLMO_ARCHITECTURES + ("Exaone4ForCausalLM",),
         qk_norm_whole=arch in OLMO_ARCHITECTURES + ("OlmoeForCausalLM",),
-        qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM", "Exaone4ForCausalLM"),
+        qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM", "Exaone4ForCausalLM",
+                         "HunYuanDenseV1ForCausalLM"),
+        qk_norm_after_rope=arch == "HunYuanDenseV1ForCausalLM",
         torch_dtype=cfg.get("torch_dtype") or cfg.get("dtype") or "float32",
         bos_token_id=cfg.get("bos_token_id"),
         eos_token_ids=eos_ids,

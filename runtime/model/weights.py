@@ -15,7 +15,7 @@ from torch import nn
 from radixflow.runtime.model.dequantize import FLOAT8, DequantizingReader
 from radixflow.runtime.model.model import CausalLM
 from radixflow.runtime.model.model_config import ModelArgs
-from radixflow.runtime.model.rope_layout import qkv_to_rotary_order
+from radixflow.runtime.model.rope_layout import qkv_to_rotary_order, to_rotary_order
 from radixflow.runtime.model.quant_config import read_quantization
 from radixflow.runtime.text_files import read_json_object
 
@@ -159,8 +159,9 @@ def _checkpoint_sources(args: ModelArgs) -> dict[str, list[str]]:
         if args.o_bias:
             src[ours + "self_attn.o_proj.bias"] = [attn + "o_proj.bias"]
         if args.qk_norm or args.qk_norm_whole:
-            src[ours + "self_attn.q_norm.weight"] = [attn + "q_norm.weight"]
-            src[ours + "self_attn.k_norm.weight"] = [attn + "k_norm.weight"]
+            q_norm, k_norm = _QK_NORM_NAMES.get(args.architecture, ("q_norm", "k_norm"))
+            src[ours + "self_attn.q_norm.weight"] = [attn + f"{q_norm}.weight"]
+            src[ours + "self_attn.k_norm.weight"] = [attn + f"{k_norm}.weight"]
         if i in args.moe_layers:
             src.update(_expert_sources(args, p, ours))
         else:
@@ -184,6 +185,8 @@ def _checkpoint_sources(args: ModelArgs) -> dict[str, list[str]]:
 _NORM_NAMES = {"Glm4ForCausalLM": {"post_attention_layernorm": "post_self_attn_layernorm",
                                    "pre_feedforward_layernorm": "post_attention_layernorm",
                                    "post_feedforward_layernorm": "post_mlp_layernorm"}}
+# a family's names for the per-head q / k norms, where they are not Qwen3's
+_QK_NORM_NAMES = {"HunYuanDenseV1ForCausalLM": ("query_layernorm", "key_layernorm")}
 
 
 # each family's names for a layer's experts block and an expert's (gate, up, down) projections
@@ -285,6 +288,8 @@ def load_weights(model: CausalLM, model_dir: str, dtype: torch.dtype, device: to
         if args.reorders_rope and ".qkv_proj." in name:  # Phi-4-mini, GLM, ERNIE 4.5: rope_layout.py
             tensor = qkv_to_rotary_order(tensor, args.q_size, args.kv_size, args.head_dim, args.rope_dim,
                                          args.rope_interleaved)
+        elif args.reorders_rope and args.qk_norm and name.endswith(("q_norm.weight", "k_norm.weight")):
+            tensor = to_rotary_order(tensor, args.head_dim, args.rope_dim, args.rope_interleaved)  # one head's
         # copy=True: a tensor already in `dtype` would stay a view of the file's memory map, which then
         # stays mapped (and, once read, resident) beside the copies packing makes (packed_linear.py)
         state[name] = tensor.to(device=device, dtype=dtype, copy=True)

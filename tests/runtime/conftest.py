@@ -58,6 +58,9 @@ def _hf_config(family: str, vocab_size: int, heads: int = 8):
         # without RoPE
         return tf.Exaone4Config(**common, sliding_window=4, layer_types=["sliding_attention", "full_attention"],
                                 tie_word_embeddings=False)
+    if family == "hunyuan":  # per-head q / k norms after RoPE, the base stretched by a fixed NTK alpha
+        return tf.HunYuanDenseV1Config(**common, attention_bias=True, tie_word_embeddings=False,
+                                       rope_scaling={"type": "dynamic", "alpha": 50.0, "factor": 1.0})
     if family == "olmoe":  # OLMoE: OLMo's whole-projection q/k norms before a mixture of experts
         return tf.OlmoeConfig(**{**common, "intermediate_size": 48, "head_dim": 8}, num_experts=4, num_experts_per_tok=2,
                               norm_topk_prob=False, clip_qkv=None, tie_word_embeddings=False)
@@ -105,6 +108,7 @@ _CLASSES = {"llama3": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
             "granitemoe": "GraniteMoeForCausalLM", "phi3": "Phi3ForCausalLM", "phi3_partial": "Phi3ForCausalLM",
             "seed_oss": "SeedOssForCausalLM", "internlm3": "LlamaForCausalLM", "ernie4_5": "Ernie4_5ForCausalLM",
             "glm": "GlmForCausalLM", "glm4": "Glm4ForCausalLM", "exaone4": "Exaone4ForCausalLM",
+            "hunyuan": "HunYuanDenseV1ForCausalLM",
             "olmo2": "Olmo2ForCausalLM", "olmo3": "Olmo3ForCausalLM", "olmoe": "OlmoeForCausalLM", "gemma": "GemmaForCausalLM",
             "gemma2": "Gemma2ForCausalLM",
             "gemma3": "Gemma3ForCausalLM"}
@@ -139,6 +143,8 @@ def hf_checkpoint(tmp_path_factory):
                     p.normal_(0.0, 0.05)
                 elif family.startswith("gemma"):  # its norms compute 1 + weight, which starts at 0
                     p.normal_(0.0, 0.1)
+                elif family in ("hunyuan", "exaone4"):  # norms whose weights must not be all alike (HunYuan's
+                    p.normal_(1.0, 0.3)  # q / k norms after RoPE would commute with it)
         out = str(tmp_path_factory.mktemp(f"{family}{'-sharded' if shard else ''}-h{heads}"))
         model.save_pretrained(out, safe_serialization=True, max_shard_size="100KB" if shard else "5GB")
         if family in SAVED_ARCHITECTURES:  # transformers runs it on another family's class

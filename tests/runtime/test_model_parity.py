@@ -15,7 +15,7 @@ from radixflow.runtime.model.model_config import load_model_args
 from radixflow.runtime.model.weights import build_model
 
 FAMILIES = ["llama3", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe", "smollm3", "granite",
-            "granitemoe", "phi3", "phi3_partial", "olmo2", "olmo3", "olmoe", "gemma", "gemma2", "gemma3", "seed_oss", "internlm3", "ernie4_5", "glm", "glm4", "exaone4"]
+            "granitemoe", "phi3", "phi3_partial", "olmo2", "olmo3", "olmoe", "gemma", "gemma2", "gemma3", "seed_oss", "internlm3", "ernie4_5", "glm", "glm4", "exaone4", "hunyuan"]
 
 
 def _our_logits(model_dir: str, prompts: list[list[int]], windows: dict[int, int] | None = None) -> list[torch.Tensor]:
@@ -245,6 +245,15 @@ def test_rope_scalings_not_computed_are_refused(tmp_path, scaling, match):
 
 
 @pytest.mark.parametrize("kind", ["yarn", "su"])
+@pytest.mark.parametrize("arch, scaling", [("HunYuanDenseV1ForCausalLM", {"type": "dynamic", "factor": 2.0}),
+                                           ("LlamaForCausalLM", {"type": "dynamic", "alpha": 1000.0})])
+def test_dynamic_scaling_is_hunyuans_fixed_alpha_only(tmp_path, arch, scaling):
+    """`dynamic` with an alpha is HunYuan's fixed stretch of the base (tests: FAMILIES' hunyuan); the
+    sequence-length-dependent kind, and an alpha elsewhere, are refused."""
+    with pytest.raises(ValueError, match="unsupported rope_scaling type 'dynamic'"):
+        _args_of(tmp_path, arch, rope_scaling=scaling)
+
+
 def test_phi3s_old_names_for_longrope_are_longrope(tmp_path, kind):
     """Phi-3 configs once named longrope `su` or `yarn` (with short and long factors): transformers
     reads both as longrope (tests/runtime/test_longrope.py), not as YaRN."""
@@ -328,7 +337,7 @@ def test_a_partial_rotary_embedding_outside_phi3_or_odd_is_refused(tmp_path, arc
 
 
 @pytest.mark.parametrize("family", ["mixtral", "qwen2_moe", "smollm3", "granite", "phi3", "phi3_partial", "olmo2",
-                                    "olmoe", "glm4", "ernie4_5"])
+                                    "olmoe", "glm4", "ernie4_5", "hunyuan"])
 def test_triton_ops_path_equals_the_torch_path(hf_checkpoint, monkeypatch, family):
     """The model as CUDA runs it (fused norms, RoPE and SiLU-and-mul, the grouped Triton experts),
     here in the Triton interpreter, gives the CPU path's greedy tokens and logprobs: the families
