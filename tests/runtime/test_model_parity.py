@@ -244,7 +244,6 @@ def test_rope_scalings_not_computed_are_refused(tmp_path, scaling, match):
         _args_of(tmp_path, "Qwen2ForCausalLM", rope_scaling=scaling)
 
 
-@pytest.mark.parametrize("kind", ["yarn", "su"])
 @pytest.mark.parametrize("arch, scaling", [("HunYuanDenseV1ForCausalLM", {"type": "dynamic", "factor": 2.0}),
                                            ("LlamaForCausalLM", {"type": "dynamic", "alpha": 1000.0})])
 def test_dynamic_scaling_is_hunyuans_fixed_alpha_only(tmp_path, arch, scaling):
@@ -254,6 +253,7 @@ def test_dynamic_scaling_is_hunyuans_fixed_alpha_only(tmp_path, arch, scaling):
         _args_of(tmp_path, arch, rope_scaling=scaling)
 
 
+@pytest.mark.parametrize("kind", ["yarn", "su"])
 def test_phi3s_old_names_for_longrope_are_longrope(tmp_path, kind):
     """Phi-3 configs once named longrope `su` or `yarn` (with short and long factors): transformers
     reads both as longrope (tests/runtime/test_longrope.py), not as YaRN."""
