@@ -227,15 +227,8 @@ def gemma_fields(cfg: dict[str, Any], hidden: int, arch: str) -> dict[str, Any]:
     num_layers = required(cfg, "num_hidden_layers")
     check_positive_int("num_hidden_layers", num_layers)
     check_positive_int("hidden_size", hidden)
-    layer_types = cfg.get("layer_types")
-    if layer_types is None:
-        pattern = 2 if arch == "Gemma2ForCausalLM" else optional(cfg, "sliding_window_pattern", 6)
-        check_positive_int("sliding_window_pattern", pattern)
-        layer_types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(num_layers)]
-    if (not isinstance(layer_types, list) or len(layer_types) != num_layers
-            or any(t not in ("sliding_attention", "full_attention") for t in layer_types)):
-        raise ValueError(f"layer_types must name sliding_attention or full_attention for each of the {num_layers} "
-                         f"layers, got {layer_types!r}")
+    layer_types = layer_types_of(cfg, num_layers, 2 if arch == "Gemma2ForCausalLM"
+                                 else optional(cfg, "sliding_window_pattern", 6))
     scalar = optional(cfg, "query_pre_attn_scalar", 256)
     check_positive_number("query_pre_attn_scalar", scalar)
     window = cfg.get("sliding_window")
@@ -323,6 +316,24 @@ def sliding_window_fields(cfg: dict[str, Any], arch: str) -> dict[str, Any]:
     return {"sliding_window": window, "window_layers": tuple(layers)}
 
 
+def layer_types_of(cfg: dict[str, Any], num_layers: int, pattern: Any) -> list[str]:
+    """Each layer's attention, "sliding_attention" or "full_attention": the config's `layer_types`,
+    else every `pattern`-th layer full and the others sliding (EXAONE 4's string form: L for a
+    sliding layer, G for a full one, repeated from layer 0); ValueError naming a malformed one."""
+    layer_types = cfg.get("layer_types")
+    if layer_types is None:
+        if isinstance(pattern, str) and pattern and set(pattern) <= {"L", "G"}:
+            return ["sliding_attention" if pattern[i % len(pattern)] == "L" else "full_attention"
+                    for i in range(num_layers)]
+        check_positive_int("sliding_window_pattern", pattern)
+        return ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(num_layers)]
+    if (not isinstance(layer_types, list) or len(layer_types) != num_layers
+            or any(t not in ("sliding_attention", "full_attention") for t in layer_types)):
+        raise ValueError(f"layer_types must name sliding_attention or full_attention for each of the {num_layers} "
+                         f"layers, got {layer_types!r}")
+    return layer_types
+
+
 def exaone4_layers(cfg: dict[str, Any]) -> dict[str, Any]:
     """EXAONE 4, as transformers reads its config: with a `sliding_window` (4096 when absent), the
     layers `layer_types` names "sliding_attention" (else `sliding_window_pattern`: every n-th layer
@@ -334,19 +345,7 @@ def exaone4_layers(cfg: dict[str, Any]) -> dict[str, Any]:
     window = cfg.get("sliding_window", 4096)
     if window is None:
         return {}
-    layer_types = cfg.get("layer_types")
-    if layer_types is None:
-        pattern = optional(cfg, "sliding_window_pattern", 4)
-        if isinstance(pattern, str) and pattern and set(pattern) <= {"L", "G"}:
-            layer_types = ["sliding_attention" if pattern[i % len(pattern)] == "L" else "full_attention"
-                           for i in range(num_layers)]
-        else:
-            check_positive_int("sliding_window_pattern", pattern)
-            layer_types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(num_layers)]
-    if (not isinstance(layer_types, list) or len(layer_types) != num_layers
-            or any(t not in ("sliding_attention", "full_attention") for t in layer_types)):
-        raise ValueError(f"layer_types must name sliding_attention or full_attention for each of the {num_layers} "
-                         f"layers, got {layer_types!r}")
+    layer_types = layer_types_of(cfg, num_layers, optional(cfg, "sliding_window_pattern", 4))
     return {"sliding_window": window,
             "window_layers": tuple(i for i, t in enumerate(layer_types) if t == "sliding_attention"),
             "nope_layers": tuple(i for i, t in enumerate(layer_types) if t == "full_attention")}
@@ -355,13 +354,7 @@ def exaone4_layers(cfg: dict[str, Any]) -> dict[str, Any]:
 def _olmo3_windows(cfg: dict[str, Any], num_layers: int) -> dict[str, Any]:
     """OLMo 3: a `sliding_window` (4096 when absent) in the layers `layer_types` names
     "sliding_attention", else in all but every fourth."""
-    layer_types = cfg.get("layer_types")
-    if layer_types is None:
-        layer_types = ["sliding_attention" if (i + 1) % 4 else "full_attention" for i in range(num_layers)]
-    if (not isinstance(layer_types, list) or len(layer_types) != num_layers
-            or any(t not in ("sliding_attention", "full_attention") for t in layer_types)):
-        raise ValueError(f"layer_types must name sliding_attention or full_attention for each of the {num_layers} "
-                         f"layers, got {layer_types!r}")
+    layer_types = layer_types_of(cfg, num_layers, 4)
     window = cfg.get("sliding_window", 4096)
     layers = tuple(i for i, t in enumerate(layer_types) if t == "sliding_attention")
     if window is None and layers:

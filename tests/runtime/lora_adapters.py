@@ -33,3 +33,17 @@ def merge_adapter(model_dir: str, adapter_dir: str, out_dir: str) -> str:
     shutil.copytree(model_dir, out_dir)
     save_file(weights, os.path.join(out_dir, "model.safetensors"))
     return out_dir
+
+
+def assert_adapter_equals_merged(model_dir: str, adapter: str, prompts: list[list[int]], out_dir: str,
+                                 params: dict) -> None:
+    """Greedy output with `adapter` equals the output of its weights merged into the base, and differs
+    from the base's own (so the adapter reached the tokens)."""
+    from radixflow.runtime import Engine
+
+    with Engine(model_dir, dtype="float32", kv_cache_tokens=512, lora_modules=[f"a={adapter}"]) as engine:
+        adapted = [engine.generate(input_ids=p, sampling_params=params, lora="a")["output_ids"] for p in prompts]
+        base = [engine.generate(input_ids=p, sampling_params=params)["output_ids"] for p in prompts]
+    with Engine(merge_adapter(model_dir, adapter, out_dir), dtype="float32", kv_cache_tokens=512) as merged:
+        assert adapted == [merged.generate(input_ids=p, sampling_params=params)["output_ids"] for p in prompts]
+    assert adapted != base

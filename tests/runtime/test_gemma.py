@@ -275,18 +275,12 @@ def test_gpu_cuda_graphs_through_the_windows(hf_checkpoint, family):
 @pytest.mark.parametrize("family", GEMMAS)
 def test_a_lora_adapter_equals_its_merged_weights(hf_checkpoint, tmp_path, family):
     """PEFT adapters on every projection (the GELU-tanh MLP's included) of a model with windows."""
-    from lora_adapters import ALL, merge_adapter, write_adapter
+    from lora_adapters import ALL, assert_adapter_equals_merged, write_adapter
 
     model_dir, hf = hf_checkpoint(family)
     _, batch = _prompts(hf.config.vocab_size)
     adapter = write_adapter(str(tmp_path / "a"), model_dir, targets=ALL)
-    with Engine(model_dir, dtype="float32", kv_cache_tokens=512, lora_modules=[f"a={adapter}"]) as engine:
-        adapted = [engine.generate(input_ids=p, sampling_params=GREEDY, lora="a")["output_ids"] for p in batch]
-        base = [engine.generate(input_ids=p, sampling_params=GREEDY)["output_ids"] for p in batch]
-    with Engine(merge_adapter(model_dir, adapter, str(tmp_path / "merged")), dtype="float32",
-                kv_cache_tokens=512) as merged:
-        assert adapted == [merged.generate(input_ids=p, sampling_params=GREEDY)["output_ids"] for p in batch]
-    assert adapted != base
+    assert_adapter_equals_merged(model_dir, adapter, batch, str(tmp_path / "merged"), GREEDY)
 
 
 def _mm_config(tmp_path, top: dict, text: dict) -> str:

@@ -25,10 +25,9 @@ def _factors(seed: int, low: float, high: float) -> list[float]:
     return [round(rng.uniform(low, high), 3) for _ in range(8)]  # head_dim 16: 8 frequencies
 
 
-@pytest.fixture(scope="module")
-def phi3_longrope(tmp_path_factory):
-    """A tiny Phi-3 whose long factors differ strongly from its short ones (and a twin whose long
-    factors equal the short ones: what never switching would compute)."""
+def save_tiny_phi3(out: str, seed: int, **config):
+    """A tiny random Phi-3 (original context SWITCH, 64 positions) with `config` saved at `out` with
+    the demo tokenizer; returns the transformers model."""
     import transformers as tf
 
     from conftest import TOKENIZER_FILES
@@ -36,27 +35,34 @@ def phi3_longrope(tmp_path_factory):
     from radixflow.runtime.text.tokenizer import Tokenizer
 
     demo = demo_model("tiny")
+    torch.manual_seed(seed)
+    cfg = tf.Phi3Config(**{"vocab_size": Tokenizer.from_dir(demo).vocab_size, "hidden_size": 64,
+                           "intermediate_size": 112, "num_hidden_layers": 2, "num_attention_heads": 4,
+                           "num_key_value_heads": 2, "max_position_embeddings": 64,
+                           "original_max_position_embeddings": SWITCH, "sliding_window": None,
+                           "tie_word_embeddings": False, "bos_token_id": None, "eos_token_id": None,
+                           "pad_token_id": None, **config})
+    hf = tf.Phi3ForCausalLM(cfg).float().eval()
+    with torch.no_grad():
+        for p in hf.parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.08)
+    hf.save_pretrained(out)
+    for f in TOKENIZER_FILES:
+        with open(os.path.join(demo, f), "rb") as src, open(os.path.join(out, f), "wb") as dst:
+            dst.write(src.read())
+    return hf
+
+
+@pytest.fixture(scope="module")
+def phi3_longrope(tmp_path_factory):
+    """A tiny Phi-3 whose long factors differ strongly from its short ones (and a twin whose long
+    factors equal the short ones: what never switching would compute)."""
     made = {}
     for name, long_factor in (("switching", _factors(2, 4.0, 40.0)), ("never", _factors(1, 1.0, 3.0))):
-        torch.manual_seed(7)
-        cfg = tf.Phi3Config(vocab_size=Tokenizer.from_dir(demo).vocab_size, hidden_size=64, intermediate_size=112,
-                            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                            max_position_embeddings=64, original_max_position_embeddings=SWITCH,
-                            rope_scaling={"type": "longrope", "short_factor": _factors(1, 1.0, 3.0),
-                                          "long_factor": long_factor},
-                            sliding_window=None, tie_word_embeddings=False, bos_token_id=None, eos_token_id=None,
-                            pad_token_id=None)
-        hf = tf.Phi3ForCausalLM(cfg).float().eval()
-        with torch.no_grad():
-            for p in hf.parameters():
-                if p.dim() >= 2:
-                    p.normal_(0.0, 0.08)
         out = str(tmp_path_factory.mktemp(f"phi3-longrope-{name}"))
-        hf.save_pretrained(out)
-        for f in TOKENIZER_FILES:
-            with open(os.path.join(demo, f), "rb") as src, open(os.path.join(out, f), "wb") as dst:
-                dst.write(src.read())
-        made[name] = (out, hf)
+        made[name] = (out, save_tiny_phi3(out, seed=7, rope_scaling={
+            "type": "longrope", "short_factor": _factors(1, 1.0, 3.0), "long_factor": long_factor}))
     return made
 
 

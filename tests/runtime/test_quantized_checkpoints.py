@@ -216,6 +216,16 @@ def _rewrite(model_dir: str, edit) -> None:
     save_file(tensors, path, metadata={"format": "pt"})
 
 
+def _regroup(name: str, size: int):
+    """An edit storing layer `name`'s GPTQ / AWQ scales and zeros as if in groups of `size` rows."""
+    def edit(t):
+        for part in ("scales", "qzeros"):
+            stored = t[f"{name}.{part}"]
+            t[f"{name}.{part}"] = stored[:1].repeat(-(-64 // size), 1)
+        t.pop(f"{name}.g_idx", None)
+    return edit
+
+
 @pytest.mark.parametrize("fmt, edit, match", [
     ("gptq4", lambda t: t.pop("model.layers.1.mlp.up_proj.qzeros"), r"'model\.layers\.1\.mlp\.up_proj' \(gptq\) "
                                                                      r"lacks model\.layers\.1\.mlp\.up_proj\.qzeros"),
@@ -230,25 +240,6 @@ def _rewrite(model_dir: str, edit) -> None:
      r"o_proj\.weight is bfloat16 beside a weight scale; a quantized checkpoint stores fp8 or int8"),
     ("ct-pack4-group", lambda t: t.__setitem__("model.layers.0.mlp.down_proj.weight_shape", torch.tensor([64, 999])),
      r"down_proj\.weight_packed \(64, 14\) does not hold a \[64, 999\] weight"),
-])
-def test_broken_quantized_tensors_are_named(hf_checkpoint, tmp_path, fmt, edit, match):
-    quantized, _ = _quantized_and_float(hf_checkpoint, tmp_path, "llama3", fmt)
-    _rewrite(quantized, edit)
-    with pytest.raises(ValueError, match=match):
-        _params(quantized)
-
-
-def _regroup(name: str, size: int):
-    """An edit storing layer `name`'s GPTQ / AWQ scales and zeros as if in groups of `size` rows."""
-    def edit(t):
-        for part in ("scales", "qzeros"):
-            stored = t[f"{name}.{part}"]
-            t[f"{name}.{part}"] = stored[:1].repeat(-(-64 // size), 1)
-        t.pop(f"{name}.g_idx", None)
-    return edit
-
-
-@pytest.mark.parametrize("fmt, edit, match", [
     # scales in groups other than the config's group_size (16 here): refused, never spread over the columns
     ("awq", _regroup("model.layers.0.self_attn.q_proj", 32), r"q_proj\.scales has 2 groups; 64 input columns "
                                                             r"in groups of 16 need 4"),

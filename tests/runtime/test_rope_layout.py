@@ -5,15 +5,10 @@ transformers are in test_model_parity.py (FAMILIES' phi3_partial, glm, glm4, ern
 reordering itself, adapters on the reordered projections, and LongRoPE over part of the head."""
 from __future__ import annotations
 
-import os
-import shutil
-
 import pytest
 import torch
 
-from conftest import TOKENIZER_FILES
 from radixflow.runtime import Engine
-from radixflow.runtime.model.demo import demo_model
 from radixflow.runtime.model.rope_layout import pass_through_columns, rotary_order, to_rotary_order
 
 GREEDY = {"temperature": 0.0, "max_new_tokens": 12, "ignore_eos": True}
@@ -43,46 +38,24 @@ def test_the_reordering_pairs_the_rotated_dims_as_the_checkpoint_does(head_dim, 
 def test_an_adapter_on_the_reordered_projections_equals_its_merged_weights(hf_checkpoint, tmp_path, family,
                                                                           targets):
     """lora_B's q and k rows are reordered as the base's are."""
-    from lora_adapters import merge_adapter, write_adapter
+    from lora_adapters import assert_adapter_equals_merged, write_adapter
 
     model_dir, _ = hf_checkpoint(family)
     prompts = [[5, 77, 300, 12, 41, 8], [901, 44, 2, 17, 17, 250, 9, 3, 3]]
     adapter = write_adapter(str(tmp_path / "a"), model_dir, targets=targets)
-    with Engine(model_dir, dtype="float32", kv_cache_tokens=512, lora_modules=[f"a={adapter}"]) as engine:
-        adapted = [engine.generate(input_ids=p, sampling_params=GREEDY, lora="a")["output_ids"] for p in prompts]
-        base = [engine.generate(input_ids=p, sampling_params=GREEDY)["output_ids"] for p in prompts]
-    with Engine(merge_adapter(model_dir, adapter, str(tmp_path / "merged")), dtype="float32",
-                kv_cache_tokens=512) as merged:
-        assert adapted == [merged.generate(input_ids=p, sampling_params=GREEDY)["output_ids"] for p in prompts]
-    assert adapted != base
+    assert_adapter_equals_merged(model_dir, adapter, prompts, str(tmp_path / "merged"), GREEDY)
 
 
 def test_longrope_over_part_of_each_head_matches_transformers(tmp_path):
     """Phi-4-mini's form: 3/4 of each head rotated, LongRoPE factors for those dims only, the
     pass-through dims left unscaled by the attention factor; greedy output across the switch."""
-    import transformers as tf
-
-    from test_longrope import SWITCH, _factors, _prompt
+    from test_longrope import SWITCH, _factors, _prompt, save_tiny_phi3
     from test_model_parity import _hf_greedy
 
-    from radixflow.runtime.text.tokenizer import Tokenizer
-
-    torch.manual_seed(3)
-    cfg = tf.Phi3Config(vocab_size=Tokenizer.from_dir(demo_model("tiny")).vocab_size, hidden_size=64, intermediate_size=112, num_hidden_layers=2,
-                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                        original_max_position_embeddings=SWITCH, partial_rotary_factor=0.75,
+    hf = save_tiny_phi3(str(tmp_path), seed=3, partial_rotary_factor=0.75, tie_word_embeddings=True,
                         rope_scaling={"type": "longrope", "short_factor": _factors(1, 1.0, 3.0)[:6],
-                                      "long_factor": _factors(2, 4.0, 40.0)[:6]},
-                        sliding_window=None, tie_word_embeddings=True, bos_token_id=None, eos_token_id=None,
-                        pad_token_id=None)
-    hf = tf.Phi3ForCausalLM(cfg).float().eval()
-    with torch.no_grad():
-        for p in hf.parameters():
-            if p.dim() >= 2:
-                p.normal_(0.0, 0.08)
-    hf.save_pretrained(str(tmp_path))
-    for f in TOKENIZER_FILES:
-        shutil.copy(os.path.join(demo_model("tiny"), f), str(tmp_path))
+                                      "long_factor": _factors(2, 4.0, 40.0)[:6]})
+    assert SWITCH == hf.config.original_max_position_embeddings
     prompts = [_prompt(n, seed=4) for n in (6, 12, 20)]
     with Engine(str(tmp_path), dtype="float32", kv_cache_tokens=512) as engine:
         outs = [o["output_ids"] for o in engine.generate(input_ids=prompts, sampling_params=GREEDY)]
