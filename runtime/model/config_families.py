@@ -11,8 +11,11 @@ GEMMA_ARCHITECTURES = ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
 MOE_ARCHITECTURES = ("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "GraniteMoeForCausalLM",
                      "OlmoeForCausalLM")
 GRANITE_ARCHITECTURES = ("GraniteForCausalLM", "GraniteMoeForCausalLM")
-# a config's activation name → ModelArgs.hidden_act
+# a config's activation name → ModelArgs.hidden_act: of the gated MLPs (act(gate) * up), and of the
+# MLPs without a gate (act(up): Arcee's squared ReLU, Apertus' xIELU with its learned scalars)
 ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
+UNGATED_ACTIVATIONS = {"relu2": "relu2", "xielu": "xielu"}
+UNGATED_ARCHITECTURES = ("ArceeForCausalLM", "ApertusForCausalLM")
 
 
 # GLM 4 (glm-4-9b-chat-hf: GlmForCausalLM; GLM-4-0414: Glm4ForCausalLM, norms around both branches):
@@ -27,11 +30,17 @@ _FAMILY_DEFAULTS = {
     "Glm4ForCausalLM": {"head_dim": 128, "attention_bias": True},
 }
 _DEFAULT_THETAS = {"Ernie4_5ForCausalLM": 500_000.0}
+# ApertusConfig's RoPE where the config names none
+_APERTUS_ROPE = {"rope_type": "llama3", "rope_theta": 12_000_000.0, "factor": 8.0,
+                 "original_max_position_embeddings": 8192, "low_freq_factor": 1.0, "high_freq_factor": 4.0}
 
 
 def with_family_defaults(cfg: dict[str, Any], arch: str) -> dict[str, Any]:
     """`cfg` over the defaults of `arch`'s transformers config class (a null stays null)."""
-    return {**_FAMILY_DEFAULTS.get(arch, {}), **cfg}
+    cfg = {**_FAMILY_DEFAULTS.get(arch, {}), **cfg}
+    if arch == "ApertusForCausalLM" and not cfg.get("rope_parameters") and not cfg.get("rope_scaling"):
+        cfg = {**cfg, "rope_parameters": dict(_APERTUS_ROPE)}
+    return cfg
 
 
 def default_rope_theta(arch: str) -> float:
@@ -60,7 +69,8 @@ def bias_fields(cfg: dict[str, Any], arch: str) -> dict[str, bool]:
     if arch == "SeedOssForCausalLM":
         return {"qkv_bias": attention_bias, "o_bias": bool(cfg.get("attention_out_bias", False)),
                 "mlp_bias": mlp_bias}
-    with_mlp = arch in ("LlamaForCausalLM", "SmolLM3ForCausalLM", "GraniteForCausalLM", "InternLM3ForCausalLM")
+    with_mlp = arch in ("LlamaForCausalLM", "SmolLM3ForCausalLM", "GraniteForCausalLM", "InternLM3ForCausalLM",
+                        "ArceeForCausalLM")
     return {"qkv_bias": attention_bias, "o_bias": attention_bias, "mlp_bias": mlp_bias and with_mlp}
 
 

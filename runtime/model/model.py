@@ -194,23 +194,46 @@ def act_and_mul(gate_up: torch.Tensor, act: str) -> torch.Tensor:
     return kernels.gelu_tanh_and_mul_ref(gate_up)
 
 
+def ungated_act(up: torch.Tensor, act: str, xielu: tuple[torch.Tensor, ...] | None) -> torch.Tensor:
+    """act(up) of an MLP without a gate: Arcee's squared ReLU, or Apertus' xIELU with its learned
+    (alpha_p, alpha_n, beta, eps): x > 0: softplus(alpha_p) x^2 + beta x, else
+    (beta + softplus(alpha_n)) (expm1(min(x, eps)) - x) + beta x."""
+    if act == "relu2":
+        return torch.relu(up).square()
+    assert xielu is not None
+    alpha_p, alpha_n, beta, eps = (t.to(up.dtype) for t in xielu)
+    alpha_p, alpha_n = F.softplus(alpha_p), beta + F.softplus(alpha_n)
+    return torch.where(up > 0, alpha_p * up * up + beta * up,
+                       (torch.expm1(torch.minimum(up, eps)) - up) * alpha_n + beta * up)
+
+
 class MLP(nn.Module):
-    """The dense SwiGLU MLP; `lora` False for one that adapters do not reach (Qwen2-MoE's shared expert)."""
+    """The dense SwiGLU MLP (gate_up_proj: | gate | up |), or without a gate (ModelArgs.gated_mlp false:
+    gate_up_proj holds up alone); `lora` False for one that adapters do not reach (Qwen2-MoE's
+    shared expert)."""
 
     def __init__(self, args: ModelArgs, layer_id: int, intermediate_size: int | None = None,
                  lora: bool = True) -> None:
         super().__init__()
-        self.layer_id, self.lora, self.act = layer_id, lora, args.hidden_act
+        self.layer_id, self.lora, self.act, self.gated = layer_id, lora, args.hidden_act, args.gated_mlp
         self.intermediate_size = args.intermediate_size if intermediate_size is None else intermediate_size
         bias = args.mlp_bias and lora  # Qwen2-MoE's shared expert: never
-        self.gate_up_proj = nn.Linear(args.hidden_size, 2 * self.intermediate_size, bias=bias)
+        width = 2 * self.intermediate_size if self.gated else self.intermediate_size
+        self.gate_up_proj = nn.Linear(args.hidden_size, width, bias=bias)
         self.down_proj = nn.Linear(self.intermediate_size, args.hidden_size, bias=bias)
+        if args.hidden_act == "xielu":  # its learned scalars, as the checkpoint stores them
+            self.act_alpha_p, self.act_alpha_n = nn.Parameter(torch.zeros(1)), nn.Parameter(torch.zeros(1))
+            self.act_beta, self.act_eps = nn.Parameter(torch.zeros(())), nn.Parameter(torch.zeros(()))
 
     def forward(self, x: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
-        gate_up = self.gate_up_proj(x)  # [T, 2 * intermediate]
-        if self.lora:
+        gate_up = self.gate_up_proj(x)  # [T, 2 * intermediate], or [T, intermediate] without a gate
+        if self.lora and self.gated:
             gate_up = add_lora(fb, self.layer_id, "gate_up", x, gate_up)
-        act = act_and_mul(gate_up, self.act)  # [T, intermediate]
+        if self.gated:
+            act = act_and_mul(gate_up, self.act)  # [T, intermediate]
+        else:
+            act = ungated_act(gate_up, self.act, (self.act_alpha_p, self.act_alpha_n, self.act_beta, self.act_eps)
+                              if self.act == "xielu" else None)
         down = self.down_proj(act)
         return add_lora(fb, self.layer_id, "down", act, down) if self.lora else down
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from radixflow.runtime.model.config_families import (
-    ACTIVATIONS, GEMMA_ARCHITECTURES, GLM_ARCHITECTURES, bias_fields, check_positive_int, check_positive_number,
+    ACTIVATIONS, GEMMA_ARCHITECTURES, GLM_ARCHITECTURES, UNGATED_ACTIVATIONS, UNGATED_ARCHITECTURES, bias_fields, check_positive_int, check_positive_number,
     default_rope_theta, exaone4_layers, gemma1_config, gemma1_fields, gemma3_text_config, gemma_fields, granite_fields,
     layer_type_rope, longrope_scaling, moe_fields, ntk_alpha_scaling, nope_layers, optional, required, sliding_window_fields,
     with_family_defaults, with_gemma_defaults, yarn_scaling,
@@ -19,7 +19,8 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCa
                            "SmolLM3ForCausalLM", "GraniteForCausalLM", "GraniteMoeForCausalLM", "Phi3ForCausalLM",
                            "Olmo2ForCausalLM", "Olmo3ForCausalLM", "OlmoeForCausalLM", "GemmaForCausalLM", "Gemma2ForCausalLM",
                            "Gemma3ForCausalLM", "SeedOssForCausalLM", "InternLM3ForCausalLM", "Ernie4_5ForCausalLM",
-                           "GlmForCausalLM", "Glm4ForCausalLM", "Exaone4ForCausalLM", "HunYuanDenseV1ForCausalLM")
+                           "GlmForCausalLM", "Glm4ForCausalLM", "Exaone4ForCausalLM", "HunYuanDenseV1ForCausalLM",
+                           "ArceeForCausalLM", "ApertusForCausalLM")
 
 
 # OLMo 2 and 3: norms after attention and MLP (none before), q / k normed over the whole projection
@@ -53,6 +54,8 @@ class ModelArgs:
     rotary_dim: int = 0
     rope_interleaved: bool = False  # GLM, ERNIE 4.5: RoPE pairs dims (2i, 2i + 1), not (i, i + rotary_dim / 2)
     qk_norm_after_rope: bool = False  # HunYuan: the per-head q / k norms apply to the rotated q and k
+    # Arcee, Apertus: the MLP is down(act(up(x))), without a gate (its gate_up_proj holds up alone)
+    gated_mlp: bool = True
     fused_qkv: bool = False         # Phi-3: the checkpoint stores q | k | v as one qkv_proj
     fused_gate_up: bool = False     # Phi-3, GLM: the checkpoint stores gate | up as one gate_up_proj
     # mixture of experts (Mixtral, Qwen2/3-MoE, GraniteMoE, OLMoE); no moe_layers: every MLP is dense
@@ -118,8 +121,10 @@ class ModelArgs:
                 not 0 <= i < self.num_layers for i in self.window_layers):
             raise ValueError(f"sliding_window {self.sliding_window!r} needs layers to slide in, and its layers "
                              f"{list(self.window_layers)} must lie inside the model's {self.num_layers} layers")
-        if self.hidden_act not in ("silu", "gelu_tanh"):
-            raise ValueError(f"hidden_act {self.hidden_act!r} is not supported; supported: silu, gelu_pytorch_tanh")
+        acts = ("silu", "gelu_tanh") if self.gated_mlp else ("relu2", "xielu")
+        if self.hidden_act not in acts:
+            raise ValueError(f"hidden_act {self.hidden_act!r} is not supported {'with' if self.gated_mlp else 'without'} "
+                             f"a gated MLP; supported: {', '.join(acts)}")
         for name, value in (("final_logit_softcapping", self.final_logit_softcapping),
                             ("attn_logit_softcapping", self.attn_logit_softcapping),
                             ("rope_local_base_freq", self.local_rope_theta)):
@@ -275,9 +280,13 @@ def model_args_from_dict(cfg: dict[str, Any]) -> ModelArgs:
         raise ValueError(f"clip_qkv {cfg['clip_qkv']!r} is not supported (q, k and v are not clamped here)")
     # Gemma's MLPs read hidden_activation (a hidden_act there is ignored, as transformers does), the
     # others hidden_act; SiLU's other name is swish, GELU's tanh form gelu_pytorch_tanh
-    act = (cfg.get("hidden_activation") or "gelu_pytorch_tanh") if is_gemma else (cfg.get("hidden_act") or "silu")
-    if act not in ACTIVATIONS:
-        raise ValueError(f"hidden_act {act!r} is not supported; supported: silu, gelu_pytorch_tanh")
+    gated = arch not in UNGATED_ARCHITECTURES
+    default_act = "gelu_pytorch_tanh" if is_gemma else "silu" if gated else {
+        "ArceeForCausalLM": "relu2", "ApertusForCausalLM": "xielu"}[arch]
+    act = cfg.get("hidden_activation" if is_gemma else "hidden_act") or default_act
+    activations = ACTIVATIONS if gated else UNGATED_ACTIVATIONS
+    if act not in activations:
+        raise ValueError(f"hidden_act {act!r} is not supported for {arch}; supported: {', '.join(activations)}")
     eos = cfg.get("eos_token_id")
     eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
     if is_gemma:
@@ -302,7 +311,8 @@ def model_args_from_dict(cfg: dict[str, Any]) -> ModelArgs:
         rope_scaling=rope_scaling,
         rotary_dim=rotary_dim,
         local_rope_theta=local_theta,
-        hidden_act=ACTIVATIONS[act],
+        hidden_act=activations[act],
+        gated_mlp=gated,
         max_position_embeddings=optional(cfg, "max_position_embeddings", 4096),
         # transformers' defaults
         tie_word_embeddings=cfg.get("tie_word_embeddings", arch == "SmolLM3ForCausalLM" or is_gemma),
@@ -315,7 +325,7 @@ def model_args_from_dict(cfg: dict[str, Any]) -> ModelArgs:
         pre_norms=arch not in OLMO_ARCHITECTURES + ("Exaone4ForCausalLM",),
         qk_norm_whole=arch in OLMO_ARCHITECTURES + ("OlmoeForCausalLM",),
         qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM", "Exaone4ForCausalLM",
-                         "HunYuanDenseV1ForCausalLM"),
+                         "HunYuanDenseV1ForCausalLM", "ApertusForCausalLM"),
         qk_norm_after_rope=arch == "HunYuanDenseV1ForCausalLM",
         torch_dtype=cfg.get("torch_dtype") or cfg.get("dtype") or "float32",
         bos_token_id=cfg.get("bos_token_id"),

@@ -166,9 +166,16 @@ def _checkpoint_sources(args: ModelArgs) -> dict[str, list[str]]:
             src.update(_expert_sources(args, p, ours))
         else:
             for kind in ("weight", "bias") if args.mlp_bias else ("weight",):
-                src[ours + f"mlp.gate_up_proj.{kind}"] = [p + f"mlp.gate_up_proj.{kind}"] if args.fused_gate_up else [
-                    p + f"mlp.gate_proj.{kind}", p + f"mlp.up_proj.{kind}"]
+                if not args.gated_mlp:  # Arcee, Apertus: up alone
+                    src[ours + f"mlp.gate_up_proj.{kind}"] = [p + f"mlp.up_proj.{kind}"]
+                elif args.fused_gate_up:
+                    src[ours + f"mlp.gate_up_proj.{kind}"] = [p + f"mlp.gate_up_proj.{kind}"]
+                else:
+                    src[ours + f"mlp.gate_up_proj.{kind}"] = [p + f"mlp.gate_proj.{kind}", p + f"mlp.up_proj.{kind}"]
                 src[ours + f"mlp.down_proj.{kind}"] = [p + f"mlp.down_proj.{kind}"]
+            if args.hidden_act == "xielu":
+                for scalar in ("alpha_p", "alpha_n", "beta", "eps"):
+                    src[ours + f"mlp.act_{scalar}"] = [p + f"mlp.act_fn.{scalar}"]
         norms = ["post_attention_layernorm"]  # Llama's before the MLP; OLMo 2's and Gemma 3's after attention
         if args.pre_norms:
             norms.append("input_layernorm")
@@ -184,7 +191,9 @@ def _checkpoint_sources(args: ModelArgs) -> dict[str, list[str]]:
 # a family's names for the norms around a layer's branches, where they are not Gemma's
 _NORM_NAMES = {"Glm4ForCausalLM": {"post_attention_layernorm": "post_self_attn_layernorm",
                                    "pre_feedforward_layernorm": "post_attention_layernorm",
-                                   "post_feedforward_layernorm": "post_mlp_layernorm"}}
+                                   "post_feedforward_layernorm": "post_mlp_layernorm"},
+               "ApertusForCausalLM": {"input_layernorm": "attention_layernorm",
+                                      "post_attention_layernorm": "feedforward_layernorm"}}
 # a family's names for the per-head q / k norms, where they are not Qwen3's
 _QK_NORM_NAMES = {"HunYuanDenseV1ForCausalLM": ("query_layernorm", "key_layernorm")}
 

@@ -61,6 +61,10 @@ def _hf_config(family: str, vocab_size: int, heads: int = 8):
     if family == "hunyuan":  # per-head q / k norms after RoPE, the base stretched by a fixed NTK alpha
         return tf.HunYuanDenseV1Config(**common, attention_bias=True, tie_word_embeddings=False,
                                        rope_scaling={"type": "dynamic", "alpha": 50.0, "factor": 1.0})
+    if family == "arcee":  # Llama's attention, an MLP without a gate: down(relu(up(x)) ** 2)
+        return tf.ArceeConfig(**common, tie_word_embeddings=False)
+    if family == "apertus":  # per-head q / k norms, an MLP without a gate through xIELU's learned scalars
+        return tf.ApertusConfig(**common, tie_word_embeddings=False)
     if family == "olmoe":  # OLMoE: OLMo's whole-projection q/k norms before a mixture of experts
         return tf.OlmoeConfig(**{**common, "intermediate_size": 48, "head_dim": 8}, num_experts=4, num_experts_per_tok=2,
                               norm_topk_prob=False, clip_qkv=None, tie_word_embeddings=False)
@@ -108,7 +112,7 @@ _CLASSES = {"llama3": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
             "granitemoe": "GraniteMoeForCausalLM", "phi3": "Phi3ForCausalLM", "phi3_partial": "Phi3ForCausalLM",
             "seed_oss": "SeedOssForCausalLM", "internlm3": "LlamaForCausalLM", "ernie4_5": "Ernie4_5ForCausalLM",
             "glm": "GlmForCausalLM", "glm4": "Glm4ForCausalLM", "exaone4": "Exaone4ForCausalLM",
-            "hunyuan": "HunYuanDenseV1ForCausalLM",
+            "hunyuan": "HunYuanDenseV1ForCausalLM", "arcee": "ArceeForCausalLM", "apertus": "ApertusForCausalLM",
             "olmo2": "Olmo2ForCausalLM", "olmo3": "Olmo3ForCausalLM", "olmoe": "OlmoeForCausalLM", "gemma": "GemmaForCausalLM",
             "gemma2": "Gemma2ForCausalLM",
             "gemma3": "Gemma3ForCausalLM"}
@@ -145,6 +149,8 @@ def hf_checkpoint(tmp_path_factory):
                     p.normal_(0.0, 0.1)
                 elif family in ("hunyuan", "exaone4"):  # norms whose weights must not be all alike (HunYuan's
                     p.normal_(1.0, 0.3)  # q / k norms after RoPE would commute with it)
+                elif family == "apertus" and "act_fn" in name:  # xIELU's learned scalars, away from their init
+                    p.add_(torch.randn_like(p) * 0.3)
         out = str(tmp_path_factory.mktemp(f"{family}{'-sharded' if shard else ''}-h{heads}"))
         model.save_pretrained(out, safe_serialization=True, max_shard_size="100KB" if shard else "5GB")
         if family in SAVED_ARCHITECTURES:  # transformers runs it on another family's class
