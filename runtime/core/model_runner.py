@@ -59,6 +59,10 @@ def derive_shape(cfg: EngineConfig, args: ModelArgs) -> RuntimeShape:
     else:  # bf16 halves the bytes each decode step reads, but is slower than fp32 when emulated
         dtype = torch.bfloat16 if has_native_bf16() else torch.float32
     max_len = cfg.max_model_len or args.max_position_embeddings
+    if (args.rope_scaling or {}).get("rope_type") == "dynamic" and max_len > args.max_position_embeddings:
+        raise ValueError(f"max_model_len {max_len} is past the model's max_position_embeddings "
+                         f"{args.max_position_embeddings}, where its dynamic RoPE scaling would stretch the base "
+                         "with every sequence's length: not supported (within it the RoPE is plain)")
     backend = resolve_backend(cfg.attention_backend, device)
     # the torch references read lengths back to the host, which a graph capture forbids; a model
     # with experts decodes eagerly until its kernel's capture (tests/kernels/test_moe.py, -m gpu)

@@ -21,15 +21,41 @@ UNGATED_ARCHITECTURES = ("ArceeForCausalLM", "ApertusForCausalLM")
 # GLM 4 (glm-4-9b-chat-hf: GlmForCausalLM; GLM-4-0414: Glm4ForCausalLM, norms around both branches):
 # half of each head rotated by interleaved RoPE pairs, gate | up stored fused, q / k / v biases
 GLM_ARCHITECTURES = ("GlmForCausalLM", "Glm4ForCausalLM")
-# what transformers' config classes of these families default to where config.json is silent
-_FAMILY_DEFAULTS = {
-    "SeedOssForCausalLM": {"head_dim": 128, "attention_bias": True},
-    "InternLM3ForCausalLM": {"head_dim": 128},
-    "Ernie4_5ForCausalLM": {"head_dim": 128, "tie_word_embeddings": True},
-    "GlmForCausalLM": {"head_dim": 128, "attention_bias": True},
-    "Glm4ForCausalLM": {"head_dim": 128, "attention_bias": True},
+# what transformers' config classes default to where config.json is silent, where that is not
+# the reader's own default (KV heads as many as query heads, rms_norm_eps 1e-6, 4096 positions,
+# head_dim hidden / heads, RoPE base 10,000); Gemma's are in _GEMMA_DEFAULTS
+_GLM_DEFAULTS = {"num_key_value_heads": 2, "rms_norm_eps": 1.5625e-07, "max_position_embeddings": 131072,
+                 "head_dim": 128, "attention_bias": True}
+_FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
+    "LlamaForCausalLM": {"max_position_embeddings": 2048},
+    "MistralForCausalLM": {"num_key_value_heads": 8, "max_position_embeddings": 131072},
+    "MixtralForCausalLM": {"num_key_value_heads": 8, "rms_norm_eps": 1e-5, "max_position_embeddings": 131072},
+    "Qwen2ForCausalLM": {"max_position_embeddings": 32768},
+    "Qwen3ForCausalLM": {"max_position_embeddings": 32768, "head_dim": 128},
+    "Qwen2MoeForCausalLM": {"num_key_value_heads": 16, "max_position_embeddings": 32768},
+    "Qwen3MoeForCausalLM": {"num_key_value_heads": 4, "max_position_embeddings": 32768},
+    "SmolLM3ForCausalLM": {"num_key_value_heads": 4, "max_position_embeddings": 32768},
+    "GraniteForCausalLM": {"max_position_embeddings": 2048},
+    "GraniteMoeForCausalLM": {"max_position_embeddings": 2048},
+    "Phi3ForCausalLM": {"rms_norm_eps": 1e-5},
+    "Olmo2ForCausalLM": {"rms_norm_eps": 1e-5, "max_position_embeddings": 2048},
+    "Olmo3ForCausalLM": {"rms_norm_eps": 1e-5, "max_position_embeddings": 2048},
+    "OlmoeForCausalLM": {"rms_norm_eps": 1e-5},
+    "SeedOssForCausalLM": {"num_key_value_heads": 8, "max_position_embeddings": 524288, "head_dim": 128,
+                           "attention_bias": True},
+    "InternLM3ForCausalLM": {"num_key_value_heads": 2, "rms_norm_eps": 1e-5, "max_position_embeddings": 32768,
+                             "head_dim": 128},
+    "Ernie4_5ForCausalLM": {"num_key_value_heads": 2, "rms_norm_eps": 1e-5, "max_position_embeddings": 131072,
+                            "head_dim": 128, "tie_word_embeddings": True},
+    "GlmForCausalLM": _GLM_DEFAULTS,
+    "Glm4ForCausalLM": _GLM_DEFAULTS,
+    "Exaone4ForCausalLM": {"rms_norm_eps": 1e-5, "max_position_embeddings": 2048},
+    "HunYuanDenseV1ForCausalLM": {"rms_norm_eps": 1e-5, "max_position_embeddings": 2048},
+    "ArceeForCausalLM": {"rms_norm_eps": 1e-5},
+    "ApertusForCausalLM": {"rms_norm_eps": 1e-5, "max_position_embeddings": 65536},
 }
-_DEFAULT_THETAS = {"Ernie4_5ForCausalLM": 500_000.0}
+_DEFAULT_THETAS = {"Ernie4_5ForCausalLM": 500_000.0, "MixtralForCausalLM": 1_000_000.0,
+                   "SmolLM3ForCausalLM": 2_000_000.0}
 # ApertusConfig's RoPE where the config names none
 _APERTUS_ROPE = {"rope_type": "llama3", "rope_theta": 12_000_000.0, "factor": 8.0,
                  "original_max_position_embeddings": 8192, "low_freq_factor": 1.0, "high_freq_factor": 4.0}
@@ -53,25 +79,38 @@ def bias_fields(cfg: dict[str, Any], arch: str) -> dict[str, bool]:
     Granite, OLMo, InternLM3 alias `qkv_bias`), q / k / v only (GLM, Seed-OSS: o by
     `attention_out_bias`); ERNIE 4.5's `use_bias` every projection; `mlp_bias` (Llama, SmolLM3,
     Granite, Seed-OSS, InternLM3 alias `bias`) the MLP's. Mistral, Mixtral and Phi-3 have none."""
-    attention_bias = bool(cfg.get("attention_bias", cfg.get("qkv_bias", False) if arch == "InternLM3ForCausalLM"
-                                  else False))
-    mlp_bias = bool(cfg.get("mlp_bias", cfg.get("bias", False) if arch == "InternLM3ForCausalLM" else False))
+    intern = arch == "InternLM3ForCausalLM"  # its config's old names: qkv_bias, bias
+    attention_bias = flag(cfg, "attention_bias", flag(cfg, "qkv_bias", False) if intern else False)
+    mlp_bias = flag(cfg, "mlp_bias", flag(cfg, "bias", False) if intern else False)
+    if intern and attention_bias != mlp_bias:  # transformers refuses it: Llama's layer has one setting for both
+        raise ValueError(f"InternLM3 with attention_bias (qkv_bias) {attention_bias} and mlp_bias (bias) {mlp_bias} "
+                         "is not supported: they must be equal")
     if arch in ("MistralForCausalLM", "MixtralForCausalLM", "Phi3ForCausalLM"):
         return {"qkv_bias": False, "o_bias": False, "mlp_bias": False}
     if arch in ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM"):
-        qkv = cfg.get("qkv_bias", True) if arch == "Qwen2MoeForCausalLM" else True
-        return {"qkv_bias": bool(qkv), "o_bias": False, "mlp_bias": False}
+        qkv = flag(cfg, "qkv_bias", True) if arch == "Qwen2MoeForCausalLM" else True
+        return {"qkv_bias": qkv, "o_bias": False, "mlp_bias": False}
     if arch == "Ernie4_5ForCausalLM":
-        use_bias = bool(cfg.get("use_bias", False))
+        use_bias = flag(cfg, "use_bias", False)
         return {"qkv_bias": use_bias, "o_bias": use_bias, "mlp_bias": use_bias}
     if arch in GLM_ARCHITECTURES:
         return {"qkv_bias": attention_bias, "o_bias": False, "mlp_bias": False}
     if arch == "SeedOssForCausalLM":
-        return {"qkv_bias": attention_bias, "o_bias": bool(cfg.get("attention_out_bias", False)),
+        return {"qkv_bias": attention_bias, "o_bias": flag(cfg, "attention_out_bias", False),
                 "mlp_bias": mlp_bias}
     with_mlp = arch in ("LlamaForCausalLM", "SmolLM3ForCausalLM", "GraniteForCausalLM", "InternLM3ForCausalLM",
                         "ArceeForCausalLM")
     return {"qkv_bias": attention_bias, "o_bias": attention_bias, "mlp_bias": mlp_bias and with_mlp}
+
+
+def flag(cfg: dict[str, Any], name: str, default: bool) -> bool:
+    """A true / false field (`default` when absent or null); ValueError for another value."""
+    value = cfg.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be true or false, got {value!r}")
+    return value
 
 
 def check_positive_int(name: str, value: object) -> None:
@@ -332,7 +371,10 @@ def layer_types_of(cfg: dict[str, Any], num_layers: int, pattern: Any) -> list[s
     sliding layer, G for a full one, repeated from layer 0); ValueError naming a malformed one."""
     layer_types = cfg.get("layer_types")
     if layer_types is None:
-        if isinstance(pattern, str) and pattern and set(pattern) <= {"L", "G"}:
+        if isinstance(pattern, str):
+            if not pattern or not set(pattern) <= {"L", "G"}:
+                raise ValueError(f"sliding_window_pattern {pattern!r} must be a positive integer or a string of L "
+                                 "(a sliding layer) and G (a full one)")
             return ["sliding_attention" if pattern[i % len(pattern)] == "L" else "full_attention"
                     for i in range(num_layers)]
         check_positive_int("sliding_window_pattern", pattern)
@@ -356,9 +398,10 @@ def exaone4_layers(cfg: dict[str, Any]) -> dict[str, Any]:
     if window is None:
         return {}
     layer_types = layer_types_of(cfg, num_layers, optional(cfg, "sliding_window_pattern", 4))
-    return {"sliding_window": window,
-            "window_layers": tuple(i for i, t in enumerate(layer_types) if t == "sliding_attention"),
-            "nope_layers": tuple(i for i, t in enumerate(layer_types) if t == "full_attention")}
+    window_layers = tuple(i for i, t in enumerate(layer_types) if t == "sliding_attention")
+    nope = tuple(i for i, t in enumerate(layer_types) if t == "full_attention")
+    return {"sliding_window": window, "window_layers": window_layers, "nope_layers": nope} if window_layers else {
+        "nope_layers": nope}  # no layer slides: every layer global, without RoPE
 
 
 def _olmo3_windows(cfg: dict[str, Any], num_layers: int) -> dict[str, Any]:

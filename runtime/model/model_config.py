@@ -207,9 +207,9 @@ def _rotary_dim(cfg: dict[str, Any], rope: dict[str, Any], head_dim: int, arch: 
     """The head dims RoPE rotates: head_dim * partial_rotary_factor (Phi-4-mini: 3/4, GLM: 1/2 by
     default), as transformers' Phi-3 and GLM rotate them (the other families' transformers code
     rotates whole heads)."""
-    partial = cfg.get("partial_rotary_factor", rope.get("partial_rotary_factor",
+    partial = rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor",
                                                         0.5 if arch in GLM_ARCHITECTURES else 1.0))
-    if partial == 1.0:
+    if partial == 1.0 and not isinstance(partial, bool):
         return head_dim
     if arch not in GLM_ARCHITECTURES + ("Phi3ForCausalLM",):
         raise ValueError(f"partial_rotary_factor {partial!r} is supported for Phi3ForCausalLM and GLM only "
@@ -254,9 +254,13 @@ def model_args_from_dict(cfg: dict[str, Any]) -> ModelArgs:
         raise ValueError(f"rope_parameters must be an object, got {rope!r}")  # newer transformers keep theta and scaling here
     if is_gemma3 or arch == "Olmo3ForCausalLM":  # the window layers with RoPE of their own
         rope_theta, rope_scaling, local_theta = layer_type_rope(cfg, rope, arch)
-    else:
-        rope_theta, local_theta = cfg.get("rope_theta") or rope.get("rope_theta") or default_rope_theta(arch), None
-        rope_scaling = cfg.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
+    else:  # as transformers 5 reads it: a legacy rope_scaling replaces rope_parameters, whose keys win
+        rope = cfg.get("rope_scaling") or rope
+        if not isinstance(rope, dict):
+            raise ValueError(f"rope_scaling must be an object or null, got {rope!r}")
+        rope_theta, local_theta = rope.get("rope_theta", optional(cfg, "rope_theta", default_rope_theta(arch))), None
+        rope_scaling = rope if rope.get("rope_type", rope.get("type", "default")) != "default" else None
+    check_positive_number("rope_theta", rope_theta)
     if rope_scaling is not None and not isinstance(rope_scaling, dict):
         raise ValueError(f"rope_scaling must be an object or null, got {rope_scaling!r}")
     rotary_dim = _rotary_dim(cfg, rope, head_dim, arch)
@@ -267,9 +271,12 @@ def model_args_from_dict(cfg: dict[str, Any]) -> ModelArgs:
         if kind == "dynamic" and arch == "HunYuanDenseV1ForCausalLM" and rope_scaling.get("alpha"):
             kind = "ntk_alpha"  # HunYuan's: the base stretched by a fixed alpha (not by the sequence's length)
             rope_scaling = ntk_alpha_scaling(rope_scaling)
-        if kind not in ("default", "llama3", "linear", "yarn", "longrope", "ntk_alpha"):
+        elif kind == "dynamic":  # dynamic NTK stretches the base only past max_position_embeddings: within
+            # it, plain RoPE (runtime/core/model_runner.py keeps the context there)
+            rope_scaling = {**rope_scaling, "rope_type": "dynamic"}
+        if kind not in ("default", "llama3", "linear", "yarn", "longrope", "ntk_alpha", "dynamic"):
             raise ValueError(f"unsupported rope_scaling type {kind!r}; supported: llama3, linear, yarn, "
-                             "longrope (Phi-3), dynamic with alpha (HunYuan)")
+                             "longrope (Phi-3), dynamic (within max_position_embeddings; with alpha: HunYuan)")
         if kind == "longrope" and arch != "Phi3ForCausalLM":
             raise ValueError(f"rope_scaling longrope is supported for Phi3ForCausalLM only, not {arch}")
         if kind == "yarn":

@@ -145,7 +145,7 @@ def _checkpoint_with(tmp_path, family: str, **config) -> str:
     """A tiny checkpoint of `family` with `config` over the fixture's settings, random weights."""
     import transformers as tf
 
-    from conftest import TOKENIZER_FILES, _CLASSES, _hf_config
+    from conftest import SAVED_ARCHITECTURES, TOKENIZER_FILES, _CLASSES, _hf_config
     from radixflow.runtime.model.demo import demo_model
 
     from radixflow.runtime.text.tokenizer import Tokenizer
@@ -156,6 +156,9 @@ def _checkpoint_with(tmp_path, family: str, **config) -> str:
     torch.manual_seed(0)
     hf = getattr(tf, _CLASSES[family])(cfg).float().eval()
     hf.save_pretrained(str(tmp_path))
+    if family in SAVED_ARCHITECTURES:  # transformers runs it on another family's class
+        saved = json.loads((tmp_path / "config.json").read_text())
+        (tmp_path / "config.json").write_text(json.dumps({**saved, "architectures": [SAVED_ARCHITECTURES[family]]}))
     for f in TOKENIZER_FILES:
         with open(os.path.join(demo_model("tiny"), f), "rb") as a, open(tmp_path / f, "wb") as b:
             b.write(a.read())
@@ -233,7 +236,7 @@ def test_yarn_rope_scaling_matches_transformers(tmp_path, family, scaling):
 
 
 @pytest.mark.parametrize("scaling, match", [
-    ({"rope_type": "dynamic", "factor": 2.0}, "unsupported rope_scaling type 'dynamic'"),
+    ({"rope_type": "su", "factor": 2.0}, "unsupported rope_scaling type 'su'"),  # Phi-3's name only
     ({"type": "longrope", "short_factor": [1.0], "long_factor": [2.0]}, "longrope is supported for Phi3ForCausalLM"),
     ({"rope_type": "yarn", "factor": 0, "original_max_position_embeddings": 16},
      "rope_scaling factor must be a positive number"),
@@ -244,13 +247,25 @@ def test_rope_scalings_not_computed_are_refused(tmp_path, scaling, match):
         _args_of(tmp_path, "Qwen2ForCausalLM", rope_scaling=scaling)
 
 
-@pytest.mark.parametrize("arch, scaling", [("HunYuanDenseV1ForCausalLM", {"type": "dynamic", "factor": 2.0}),
-                                           ("LlamaForCausalLM", {"type": "dynamic", "alpha": 1000.0})])
-def test_dynamic_scaling_is_hunyuans_fixed_alpha_only(tmp_path, arch, scaling):
-    """`dynamic` with an alpha is HunYuan's fixed stretch of the base (tests: FAMILIES' hunyuan); the
-    sequence-length-dependent kind, and an alpha elsewhere, are refused."""
-    with pytest.raises(ValueError, match="unsupported rope_scaling type 'dynamic'"):
-        _args_of(tmp_path, arch, rope_scaling=scaling)
+@pytest.mark.parametrize("family", ["internlm3", "hunyuan"])
+def test_dynamic_scaling_is_plain_rope_within_max_position_embeddings(tmp_path, family):
+    """transformers' dynamic NTK scaling (internlm3-8b-instruct's config) stretches the base only
+    for sequences past max_position_embeddings: within it the logits are plain RoPE's; a context
+    past it is refused. HunYuan's `dynamic` with an alpha is its fixed stretch (FAMILIES' hunyuan)."""
+    import transformers as tf
+
+    from radixflow.runtime import Engine
+
+    model_dir = _checkpoint_with(tmp_path, family, rope_scaling={"rope_type": "dynamic", "factor": 6.0},
+                                 max_position_embeddings=64)
+    hf = tf.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    assert load_model_args(model_dir).rope_scaling["rope_type"] == "dynamic"
+    prompt = torch.randint(0, hf.config.vocab_size, (40,), generator=torch.Generator().manual_seed(4)).tolist()
+    with torch.no_grad():
+        ref = hf(torch.tensor([prompt])).logits[0].float()
+    assert (_our_logits(model_dir, [prompt])[0] - ref).abs().max().item() < 1e-4
+    with pytest.raises(ValueError, match="max_model_len 128 is past the model's max_position_embeddings 64"):
+        Engine(model_dir, max_model_len=128, kv_cache_tokens=256)
 
 
 @pytest.mark.parametrize("kind", ["yarn", "su"])
@@ -262,14 +277,17 @@ def test_phi3s_old_names_for_longrope_are_longrope(tmp_path, kind):
     assert args.rope_scaling["rope_type"] == "longrope" and args.long_rope_len == 4096
 
 
-def test_yarn_needs_a_context_to_scale_from(tmp_path):
-    """Neither original_max_position_embeddings nor max_position_embeddings: each family's own
-    default would decide it (transformers'), so radixflow asks for one."""
-    cfg = {"architectures": ["Qwen2ForCausalLM"], "vocab_size": 100, "hidden_size": 32, "intermediate_size": 64,
-           "num_hidden_layers": 2, "num_attention_heads": 4, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}
-    (tmp_path / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(ValueError, match="original_max_position_embeddings"):
-        load_model_args(str(tmp_path))
+def test_yarn_scales_from_the_familys_context_when_the_config_names_none(tmp_path):
+    """Neither original_max_position_embeddings nor max_position_embeddings: YaRN scales from the
+    family's default context (Qwen2Config's 32768), as transformers does."""
+    import transformers as tf
+
+    fields = {"vocab_size": 100, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["Qwen2ForCausalLM"], **fields}))
+    scaling = load_model_args(str(tmp_path)).rope_scaling
+    want = tf.Qwen2Config(**fields)
+    assert scaling["original_max_position_embeddings"] == want.max_position_embeddings == 32768
 
 
 @pytest.mark.parametrize("family, config", [
@@ -312,7 +330,7 @@ def test_an_mlp_activation_other_than_silu_is_refused(tmp_path, act):
     cfg = {"architectures": ["LlamaForCausalLM"], "vocab_size": 100, "hidden_size": 32, "intermediate_size": 64,
            "num_hidden_layers": 2, "num_attention_heads": 4, "hidden_act": act}
     (tmp_path / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(ValueError, match="hidden_act .* is not supported; supported: silu"):
+    with pytest.raises(ValueError, match="hidden_act .* is not supported for LlamaForCausalLM; supported: silu"):
         load_model_args(str(tmp_path))
     cfg["hidden_act"] = "silu"
     (tmp_path / "config.json").write_text(json.dumps(cfg))
@@ -421,10 +439,78 @@ def test_olmo3_hub_config_reads_as_transformers_reads_it(tmp_path):
      dict(sliding_window=4096, window_layers=(0, 1, 2), nope_layers=(3,), qk_norm=True, post_norms=True,
           pre_norms=False)),
     ("Exaone4ForCausalLM", {"sliding_window": None}, dict(sliding_window=None, window_layers=(), nope_layers=())),
+    # a window but no layer sliding: every layer global, without RoPE (as transformers computes it)
+    ("Exaone4ForCausalLM", {"sliding_window_pattern": 1}, dict(sliding_window=None, window_layers=(),
+                                                                nope_layers=(0, 1, 2, 3))),
+    # transformers 5 reads RoPE's fields from rope_parameters (or a legacy rope_scaling, which replaces
+    # it) before the top-level ones
+    ("SeedOssForCausalLM", {"rope_theta": 10000.0, "rope_parameters": {"rope_type": "default", "rope_theta": 50.0}},
+     dict(rope_theta=50.0)),
+    ("GlmForCausalLM", {"head_dim": 16, "partial_rotary_factor": 0.5,
+                        "rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.75}}, dict(rotary_dim=12)),
+    ("Ernie4_5ForCausalLM", {"rope_scaling": {"rope_type": "default", "rope_theta": 50.0}}, dict(rope_theta=50.0)),
 ])
 def test_each_familys_config_defaults_and_biases(tmp_path, arch, fields, want):
     args = _args_of(tmp_path, arch, **fields)
     assert {k: getattr(args, k) for k in want} == want
+
+
+# each architecture's transformers config class (InternLM3 runs on Llama's model class)
+_CONFIG_CLASSES = {"LlamaForCausalLM": "LlamaConfig", "MistralForCausalLM": "MistralConfig",
+                   "Qwen2ForCausalLM": "Qwen2Config", "Qwen3ForCausalLM": "Qwen3Config",
+                   "MixtralForCausalLM": "MixtralConfig", "Qwen2MoeForCausalLM": "Qwen2MoeConfig",
+                   "Qwen3MoeForCausalLM": "Qwen3MoeConfig", "SmolLM3ForCausalLM": "SmolLM3Config",
+                   "GraniteForCausalLM": "GraniteConfig", "GraniteMoeForCausalLM": "GraniteMoeConfig",
+                   "Phi3ForCausalLM": "Phi3Config", "Olmo2ForCausalLM": "Olmo2Config", "Olmo3ForCausalLM": "Olmo3Config",
+                   "OlmoeForCausalLM": "OlmoeConfig", "GemmaForCausalLM": "GemmaConfig",
+                   "Gemma2ForCausalLM": "Gemma2Config", "Gemma3ForCausalLM": "Gemma3TextConfig",
+                   "SeedOssForCausalLM": "SeedOssConfig", "InternLM3ForCausalLM": "InternLM3Config",
+                   "Ernie4_5ForCausalLM": "Ernie4_5Config", "GlmForCausalLM": "GlmConfig", "Glm4ForCausalLM": "Glm4Config",
+                   "Exaone4ForCausalLM": "Exaone4Config", "HunYuanDenseV1ForCausalLM": "HunYuanDenseV1Config",
+                   "ArceeForCausalLM": "ArceeConfig", "ApertusForCausalLM": "ApertusConfig"}
+
+
+def test_every_architecture_has_its_transformers_config_class():
+    from radixflow.runtime.model.model_config import SUPPORTED_ARCHITECTURES
+
+    assert set(_CONFIG_CLASSES) == set(SUPPORTED_ARCHITECTURES)
+
+
+@pytest.mark.parametrize("arch", sorted(_CONFIG_CLASSES))
+def test_absent_fields_take_the_transformers_config_class_defaults(tmp_path, arch):
+    """A config.json naming only the shape: each field radixflow reads as transformers' config class
+    of the family fills it in (KV heads, norm epsilon, context length, RoPE base, head size, tie)."""
+    import transformers as tf
+
+    # 32 query heads: some classes default to 16 or 32 KV heads, which must divide them
+    shape = dict(vocab_size=96, hidden_size=256, intermediate_size=96, num_hidden_layers=4, num_attention_heads=32)
+    if arch in ("MixtralForCausalLM", "GraniteMoeForCausalLM"):  # the experts' fields stay required
+        shape.update(num_local_experts=4, num_experts_per_tok=2)
+    elif "Moe" in arch or arch == "OlmoeForCausalLM":
+        shape.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                     **({"shared_expert_intermediate_size": 32} if arch == "Qwen2MoeForCausalLM" else {}))
+    ref = getattr(tf, _CONFIG_CLASSES[arch])(**shape)
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": [arch], **shape}))
+    args = load_model_args(str(tmp_path))
+    rope = ref.rope_parameters.get("full_attention", ref.rope_parameters)
+    want = dict(num_kv_heads=ref.num_key_value_heads or ref.num_attention_heads, rms_norm_eps=ref.rms_norm_eps,
+                max_position_embeddings=ref.max_position_embeddings, rope_theta=rope["rope_theta"],
+                head_dim=getattr(ref, "head_dim", None) or 256 // 32, tie_word_embeddings=ref.tie_word_embeddings)
+    assert {k: getattr(args, k) for k in want} == want
+
+
+@pytest.mark.parametrize("arch, fields, match", [
+    ("Phi3ForCausalLM", {"partial_rotary_factor": True}, "partial_rotary_factor must be a positive number"),
+    ("Ernie4_5ForCausalLM", {"use_bias": "yes"}, "use_bias must be true or false"),
+    ("SeedOssForCausalLM", {"attention_out_bias": 1}, "attention_out_bias must be true or false"),
+    ("InternLM3ForCausalLM", {"qkv_bias": True, "bias": False}, "InternLM3 with attention_bias .* must be equal"),
+    ("LlamaForCausalLM", {"rope_theta": 0}, "rope_theta must be a positive number"),
+    ("Exaone4ForCausalLM", {"sliding_window_pattern": "LXG"}, "sliding_window_pattern 'LXG' must be a positive "
+                                                               "integer or a string of L"),
+])
+def test_malformed_family_fields_are_refused_naming_them(tmp_path, arch, fields, match):
+    with pytest.raises(ValueError, match=match):
+        _args_of(tmp_path, arch, **fields)
 
 
 def test_family_defaults_of_absent_fields(tmp_path):
