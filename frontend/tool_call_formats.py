@@ -283,9 +283,11 @@ class GraniteParser(_ValueParser):
     (CallListReader); a bare list at the start is read too (the special token skipped). A marker
     after other text, or before anything but a list, is content; text after the list is content."""
 
+    MARKERS: tuple[str, ...] = GRANITE_MARKERS
+
     def _start(self, out: list[Event]) -> bool:
         body = self._buf.lstrip()
-        for marker in GRANITE_MARKERS:
+        for marker in self.MARKERS:
             if body.startswith(marker):
                 return self._open(body[len(marker):].lstrip(), "[")
             if body and marker.startswith(body):
@@ -294,6 +296,14 @@ class GraniteParser(_ValueParser):
 
     def _reader(self) -> CallListReader:
         return CallListReader(self.names)
+
+
+class Phi4MiniParser(GraniteParser):
+    """Phi-4-mini: the output opens with `functools` and a JSON list of {"name", "arguments"}
+    objects (`functools[{...}, ...]`), read as Granite's is (a bare list at the start too; the
+    marker after other text is content)."""
+
+    MARKERS = ("functools",)
 
 
 class PythonicParser(_ValueParser):
@@ -337,6 +347,7 @@ def python_calls(source: str, names: Set[str]) -> list[Call] | None:
 PARSERS: dict[str, Callable[[Set[str]], Parser]] = {
     "hermes": HermesParser, "llama3_json": Llama3JsonParser, "mistral": MistralParser, "pythonic": PythonicParser,
     "qwen3_coder": Qwen3CoderParser, "glm45": Glm45Parser, "glm47": Glm45Parser, "granite": GraniteParser,
+    "phi4_mini_json": Phi4MiniParser,
 }
 TYPED = (Qwen3CoderParser, Glm45Parser)  # the formats whose values are raw text: they need the parameters' types
 

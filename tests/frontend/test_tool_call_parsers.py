@@ -10,7 +10,7 @@ import pytest
 from text_pieces import every_split  # noqa: E402  (tests/frontend is on sys.path via conftest)
 
 from radixflow.frontend.tool_call_formats import (
-    PARSERS, GraniteParser, Llama3JsonParser, MistralParser, PythonicParser, auto_parser,
+    PARSERS, GraniteParser, Llama3JsonParser, MistralParser, Phi4MiniParser, PythonicParser, auto_parser,
 )
 from radixflow.frontend.xml_calls import Glm45Parser, Qwen3CoderParser
 from radixflow.frontend.tool_calls import (
@@ -241,6 +241,17 @@ GRANITE = [
      [Call("add", '{"a": 1')]),
 ]
 
+PHI4_MINI = [
+    ("plain text, no call", "Hello [world] functool", ["Hello [world] functool"]),
+    ("functools then a list", 'functools[{"name": "get_weather", "arguments": {"city": "Paris"}}, '
+     '{"name": "add", "arguments": {"a": 1}}]', [WEATHER, ADD1]),
+    ("text after the calls is content", 'functools[{"name": "add"}]\n done', [Call("add", "{}"), "done"]),
+    ("the marker after text is content", 'Sure. functools[{"name": "add"}]', ['Sure. functools[{"name": "add"}]']),
+    ("the marker before something else stays content", "functools are handy", ["functools are handy"]),
+    ("an unknown tool first leaves the whole list content", 'functools[{"name": "rm", "arguments": {}}]',
+     ['functools[{"name": "rm", "arguments": {}}]']),
+]
+
 PYTHONIC = [
     ("plain text, no call", "Sure (or not) [ok]", ["Sure (or not) [ok]"]),
     ("a list of calls", '[get_weather(city="Paris"), add(a=1)]', [WEATHER, ADD1]),
@@ -398,6 +409,12 @@ def test_granite(text, expected):
         assert merged(run(GraniteParser(NAMES), pieces)) == expected, pieces
 
 
+@_cases(PHI4_MINI)
+def test_phi4_mini(text, expected):
+    for pieces in every_split(text):
+        assert merged(run(Phi4MiniParser(NAMES), pieces)) == expected, pieces
+
+
 @_cases(PYTHONIC)
 def test_pythonic(text, expected):
     for pieces in every_split(text):
@@ -459,10 +476,10 @@ def test_plain_text_streams_once_it_cannot_be_a_call():
 
 def test_parsers_by_flag_name():
     assert set(PARSERS) == {"hermes", "llama3_json", "mistral", "pythonic", "qwen3_coder", "glm45", "glm47",
-                            "granite"}
+                            "granite", "phi4_mini_json"}
     assert isinstance(auto_parser("mistral", NAMES, parallel=True), MistralParser)
     with pytest.raises(ValueError, match="--tool-call-parser must be one of hermes, llama3_json, mistral, "
-                                         "pythonic, qwen3_coder, glm45, glm47, granite; got 'qwen'"):
+                                         "pythonic, qwen3_coder, glm45, glm47, granite, phi4_mini_json; got 'qwen'"):
         auto_parser("qwen", NAMES, parallel=True)
 
 
@@ -475,6 +492,8 @@ ONE_CALL = [
      [WEATHER, "ok"]),
     (PythonicParser, '[get_weather(city="Paris"), add(a=1)]', [WEATHER]),
     (GraniteParser, '<tool_call>[{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "add"}] ok',
+     [WEATHER, "ok"]),
+    (Phi4MiniParser, 'functools[{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "add"}] ok',
      [WEATHER, "ok"]),
     (Qwen3CoderParser, _xml("get_weather", city="Paris") + " B " + _xml("add", a=1), [WEATHER, "B"]),
 ]
