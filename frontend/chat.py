@@ -21,7 +21,7 @@ from radixflow.frontend.reasoning import ChoiceParser
 from radixflow.frontend.tool_calls import Call, CallArgs, CallStart, Parser, whole
 from radixflow.frontend.tools import ToolPlan, template_tools, tool_plan
 from radixflow.runtime.sampling_params import RequestOptions
-from radixflow.runtime.text.reasoning import CLOSE, FORMATS, ReasoningParser, Thought, leaves_open
+from radixflow.runtime.text.reasoning import FORMATS, ReasoningParser, Thought, leaves_open
 
 
 def to_logprobs(meta: dict, tokenizer: Any) -> ChoiceLogprobs | None:
@@ -61,18 +61,19 @@ class ChatPlan:
 
     def constraint(self, own: Constraint | None) -> Constraint | None:
         """The output's grammar: the tool plan's, else the request's own; with a reasoning
-        format and thinking on, it starts after `</think>`."""
+        format and thinking on, it starts after the format's closing tag (`</think>`)."""
         constraint = self.tools.constraint or own
         if constraint is None or not self.thinking:
             return constraint
-        return Constraint({**constraint.params, "constrain_after": CLOSE}, constraint.param)
+        assert self.reasoning is not None, "thinking is set with a reasoning format only"
+        return Constraint({**constraint.params, "constrain_after": FORMATS[self.reasoning].close_tag}, constraint.param)
 
     def parser(self) -> Parser | ChoiceParser | None:
         """A fresh parser for one choice's text; None when the text is plain content."""
         tools = self.tools.parser()
         if self.reasoning is None:
             return tools
-        return ChoiceParser(ReasoningParser(self.opened), tools, self.include_reasoning)
+        return ChoiceParser(ReasoningParser(self.opened, FORMATS[self.reasoning]), tools, self.include_reasoning)
 
 
 def reasoning_plan(req: ChatRequest, tools: ToolPlan, reasoning_parser: str | None) -> ChatPlan:
@@ -86,9 +87,10 @@ def reasoning_plan(req: ChatRequest, tools: ToolPlan, reasoning_parser: str | No
         return ChatPlan(tools)
     kwargs = template_kwargs(req)
     thinking = kwargs.get("enable_thinking", kwargs.get("thinking")) is not False
-    opened = FORMATS[reasoning_parser] and thinking
+    fmt = FORMATS[reasoning_parser]
+    opened = fmt.opened and thinking
     if req.continue_final_message and req.messages:  # (no messages: the template refuses them)
-        opened = thinking = leaves_open(message_text(req.messages[-1]))
+        opened = thinking = leaves_open(message_text(req.messages[-1]), fmt)
     return ChatPlan(tools, reasoning_parser, opened, req.include_reasoning, thinking)
 
 

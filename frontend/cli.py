@@ -78,7 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
                        default=None,
                        help="split a thinking model's <think> block from its answer in chat responses "
                             "(message.reasoning_content): deepseek_r1 or qwen3_thinking (the output starts "
-                            "in the block), qwen3 (only when the output opens with <think>) (default: none)")
+                            "in the block), qwen3 (only when the output opens with <think>), seed_oss (as "
+                            "qwen3, with <seed:think> tags) (default: none)")
     serve.add_argument("--max-stored-responses", type=int, default=None,
                        help="/v1/responses kept in memory for previous_response_id and GET /v1/responses/{id}, "
                             "least recently used dropped first; per API server process and lost on restart "

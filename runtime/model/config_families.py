@@ -64,7 +64,7 @@ _APERTUS_ROPE = {"rope_type": "llama3", "rope_theta": 12_000_000.0, "factor": 8.
 def with_family_defaults(cfg: dict[str, Any], arch: str) -> dict[str, Any]:
     """`cfg` over the defaults of `arch`'s transformers config class (a null stays null)."""
     cfg = {**_FAMILY_DEFAULTS.get(arch, {}), **cfg}
-    if arch == "ApertusForCausalLM" and not cfg.get("rope_parameters") and not cfg.get("rope_scaling"):
+    if arch == "ApertusForCausalLM" and cfg.get("rope_parameters") is None and cfg.get("rope_scaling") is None:
         cfg = {**cfg, "rope_parameters": dict(_APERTUS_ROPE)}
     return cfg
 
@@ -171,6 +171,24 @@ def longrope_scaling(cfg: dict[str, Any], scaling: dict[str, Any], rotary_dim: i
             raise ValueError(f"rope_scaling {name} must list {head_dim // 2} positive numbers (one per RoPE "
                              f"frequency), got {values!r}")
     return {**scaling, "rope_type": "longrope", "factor": factor, "original_max_position_embeddings": old_len}
+
+
+def scaled_rope(cfg: dict[str, Any], scaling: dict[str, Any], kind: str) -> dict[str, Any]:
+    """A `linear`, `llama3` or `dynamic` rope_scaling checked, and llama3's original context filled in
+    as transformers fills it (max_position_embeddings where the scaling names none)."""
+    factor = scaling.get("factor")
+    if kind != "dynamic" or factor is not None:
+        check_positive_number("rope_scaling factor", factor)
+    if kind != "llama3":
+        return scaling
+    old_len = scaling.get("original_max_position_embeddings") or cfg.get("max_position_embeddings")
+    check_positive_int("rope_scaling original_max_position_embeddings", old_len)
+    low, high = scaling.get("low_freq_factor", 1.0), scaling.get("high_freq_factor", 4.0)
+    for name, value in (("low_freq_factor", low), ("high_freq_factor", high)):
+        check_positive_number(f"rope_scaling {name}", value)
+    if not low < high:
+        raise ValueError(f"rope_scaling low_freq_factor {low!r} must be below high_freq_factor {high!r}")
+    return {**scaling, "original_max_position_embeddings": old_len}
 
 
 def ntk_alpha_scaling(scaling: dict[str, Any]) -> dict[str, Any]:

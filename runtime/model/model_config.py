@@ -8,8 +8,8 @@ from typing import Any
 
 from radixflow.runtime.model.config_families import (
     ACTIVATIONS, GEMMA_ARCHITECTURES, GLM_ARCHITECTURES, UNGATED_ACTIVATIONS, UNGATED_ARCHITECTURES, bias_fields, check_positive_int, check_positive_number,
-    default_rope_theta, exaone4_layers, gemma1_config, gemma1_fields, gemma3_text_config, gemma_fields, granite_fields,
-    layer_type_rope, longrope_scaling, moe_fields, ntk_alpha_scaling, nope_layers, optional, required, sliding_window_fields,
+    default_rope_theta, exaone4_layers, flag, gemma1_config, gemma1_fields, gemma3_text_config, gemma_fields, granite_fields,
+    layer_type_rope, longrope_scaling, moe_fields, ntk_alpha_scaling, scaled_rope, nope_layers, optional, required, sliding_window_fields,
     with_family_defaults, with_gemma_defaults, yarn_scaling,
 )
 from radixflow.runtime.text_files import read_json_object
@@ -283,6 +283,8 @@ def model_args_from_dict(cfg: dict[str, Any]) -> ModelArgs:
             rope_scaling = yarn_scaling(cfg, rope_scaling)
         elif kind == "longrope":
             rope_scaling = longrope_scaling(cfg, rope_scaling, rotary_dim)
+        elif kind in ("linear", "llama3", "dynamic"):
+            rope_scaling = scaled_rope(cfg, rope_scaling, kind)
     if cfg.get("clip_qkv") is not None:  # OLMo(E) checkpoints trained with clamped q, k, v
         raise ValueError(f"clip_qkv {cfg['clip_qkv']!r} is not supported (q, k and v are not clamped here)")
     # Gemma's MLPs read hidden_activation (a hidden_act there is ignored, as transformers does), the
@@ -292,7 +294,7 @@ def model_args_from_dict(cfg: dict[str, Any]) -> ModelArgs:
         "ArceeForCausalLM": "relu2", "ApertusForCausalLM": "xielu"}[arch]
     act = cfg.get("hidden_activation" if is_gemma else "hidden_act") or default_act
     activations = ACTIVATIONS if gated else UNGATED_ACTIVATIONS
-    if act not in activations:
+    if not isinstance(act, str) or act not in activations:
         raise ValueError(f"hidden_act {act!r} is not supported for {arch}; supported: {', '.join(activations)}")
     eos = cfg.get("eos_token_id")
     eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
@@ -322,7 +324,7 @@ def model_args_from_dict(cfg: dict[str, Any]) -> ModelArgs:
         gated_mlp=gated,
         max_position_embeddings=optional(cfg, "max_position_embeddings", 4096),
         # transformers' defaults
-        tie_word_embeddings=cfg.get("tie_word_embeddings", arch == "SmolLM3ForCausalLM" or is_gemma),
+        tie_word_embeddings=flag(cfg, "tie_word_embeddings", arch == "SmolLM3ForCausalLM" or is_gemma),
         **bias_fields(cfg, arch),
         rope_interleaved=arch in GLM_ARCHITECTURES + ("Ernie4_5ForCausalLM",),
         fused_qkv=arch == "Phi3ForCausalLM",

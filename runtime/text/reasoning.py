@@ -8,6 +8,7 @@
     qwen3           reasoning only when the output opens with <think>; otherwise all content
                     (Qwen3 with enable_thinking false, or an answer without thinking)
     qwen3_thinking  as deepseek_r1 (Qwen3 thinking models, whose template opens the block)
+    seed_oss        as qwen3, with Seed-OSS's tags <seed:think> ... </seed:think>
 
 A parser is fed a choice's text as it is generated and returns events, `Thought` pieces and
 content text; text that may still be a tag (`</thi`) is held back until it cannot be, and so is
@@ -29,8 +30,18 @@ def partial_tag(text: str, tag: str) -> int:
             return k
     return 0
 
-# format → whether the output is in the block from its first token (the template opened it)
-FORMATS = {"deepseek_r1": True, "qwen3": False, "qwen3_thinking": True}
+@dataclass(frozen=True)
+class Format:
+    """A reasoning format: its block's tags, and whether the output is in the block from its first
+    token (the template opened it)."""
+
+    opened: bool
+    open_tag: str = OPEN
+    close_tag: str = CLOSE
+
+
+FORMATS = {"deepseek_r1": Format(True), "qwen3": Format(False), "qwen3_thinking": Format(True),
+           "seed_oss": Format(False, "<seed:think>", "</seed:think>")}
 _ALIASES = {name.replace("_", "-"): name for name in FORMATS}  # SGLang spells them with dashes
 
 
@@ -45,9 +56,9 @@ def check_reasoning_parser(name: str | None, what: str = "--reasoning-parser") -
     return name
 
 
-def leaves_open(text: str) -> bool:
-    """Whether `text` ends inside a block: its last <think> is not closed after it."""
-    return text.rfind(OPEN) > text.rfind(CLOSE)
+def leaves_open(text: str, fmt: Format = FORMATS["qwen3"]) -> bool:
+    """Whether `text` ends inside a block: its last opening tag is not closed after it."""
+    return text.rfind(fmt.open_tag) > text.rfind(fmt.close_tag)
 
 
 @dataclass(frozen=True)
@@ -64,8 +75,8 @@ class ReasoningParser:
     """One choice's text split into Thought pieces and content (see the module's docstring).
     `opened`: the output starts inside the block. `saw_block`: whether it was in one."""
 
-    def __init__(self, opened: bool) -> None:
-        self._opened = opened
+    def __init__(self, opened: bool, fmt: Format = FORMATS["qwen3"]) -> None:
+        self._opened, self._open, self._close = opened, fmt.open_tag, fmt.close_tag
         self._state = _START
         self._held = ""  # text that may still be a tag, or whitespace at the block's end
         self._leading = False  # in the block, before its first character other than whitespace
@@ -76,10 +87,10 @@ class ReasoningParser:
         text, self._held = self._held + text, ""
         while text:
             if self._state == _START:
-                if text.startswith(OPEN):
-                    text = text[len(OPEN):]
+                if text.startswith(self._open):
+                    text = text[len(self._open):]
                     self._think()
-                elif OPEN.startswith(text):
+                elif self._open.startswith(text):
                     self._held = text  # maybe the opening tag, not yet whole
                     break
                 elif self._opened:
@@ -87,9 +98,9 @@ class ReasoningParser:
                 else:
                     self._state = _CONTENT
             elif self._state == _THINKING:
-                end = text.find(CLOSE)
+                end = text.find(self._close)
                 if end < 0:
-                    keep = partial_tag(text, CLOSE)
+                    keep = partial_tag(text, self._close)
                     body = text[:len(text) - keep]
                     shown = body.rstrip()
                     self._held = body[len(shown):] + text[len(text) - keep:]
@@ -97,7 +108,7 @@ class ReasoningParser:
                     out.append(Thought(self._lead(text)))
                     break
                 out.append(Thought(self._lead(text[:end].rstrip())))
-                text = text[end + len(CLOSE):]
+                text = text[end + len(self._close):]
                 self._state = _AFTER
             elif self._state == _AFTER:  # whitespace between </think> and the answer is dropped
                 text = text.lstrip()
@@ -135,7 +146,7 @@ class ReasoningParser:
 def split_reasoning(text: str, name: str) -> tuple[str | None, str]:
     """A whole output's (reasoning, answer) under format `name` (a FORMATS key); reasoning None
     when the output had no block."""
-    parser = ReasoningParser(FORMATS[name])
+    parser = ReasoningParser(FORMATS[name].opened, FORMATS[name])
     events = parser.feed(text) + parser.finish()
     reasoning = "".join(e.text for e in events if isinstance(e, Thought))
     return reasoning if parser.saw_block else None, "".join(e for e in events if isinstance(e, str))

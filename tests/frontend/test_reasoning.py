@@ -51,6 +51,23 @@ def test_reasoning_and_content_fed_in_any_pieces(text, opened_case, plain_case):
             assert got == (thought or "", content, [], block), (opened, parts)
 
 
+@pytest.mark.parametrize("text, opened_case, plain_case", CASES)
+def test_seed_oss_tags_split_as_think_tags_do(text, opened_case, plain_case):
+    """Seed-OSS's <seed:think> ... </seed:think>: every case above with its tags in place of <think>'s
+    (the text between is unchanged), and <think> tags are plain text there."""
+    fmt = FORMATS["seed_oss"]
+    seed = text.replace("<think>", fmt.open_tag).replace("</think>", fmt.close_tag).replace(
+        "<thi", "<seed:thi").replace("</thi", "</seed:thi")
+    for opened, (thought, content, block) in ((True, opened_case), (False, plain_case)):
+        swap = (lambda t: t.replace("<think>", fmt.open_tag).replace("</think>", fmt.close_tag)
+                .replace("<thi", "<seed:thi").replace("</thi", "</seed:thi"))
+        for parts in every_split(seed):
+            got = split(ReasoningParser(opened, fmt), parts)
+            assert got == (swap(thought or ""), swap(content), [], block), (opened, parts)
+    assert split_reasoning("<think>a</think> b", "seed_oss") == (None, "<think>a</think> b")
+    assert split_reasoning("<seed:think>a</seed:think> b", "seed_oss") == ("a", "b")
+
+
 def test_content_after_the_block_goes_to_the_tool_parser():
     text = ('<think>I should call <tool_call>{"name": "add"}</tool_call> maybe</think>\n'
             'Sure.<tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>')

@@ -145,7 +145,8 @@ def test_the_parser_name_is_checked_and_shown(r1, capsys):
 
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve", "--help"])
-    assert "--reasoning-parser {deepseek_r1,qwen3,qwen3_thinking,deepseek-r1,qwen3-thinking}" in capsys.readouterr().out
+    assert ("--reasoning-parser {deepseek_r1,qwen3,qwen3_thinking,seed_oss,deepseek-r1,qwen3-thinking,seed-oss}"
+            in capsys.readouterr().out)
 
 
 def test_responses_give_the_block_as_a_reasoning_item(r1, engine, live_server):

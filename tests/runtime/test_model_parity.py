@@ -277,6 +277,24 @@ def test_phi3s_old_names_for_longrope_are_longrope(tmp_path, kind):
     assert args.rope_scaling["rope_type"] == "longrope" and args.long_rope_len == 4096
 
 
+def test_llama3_scaling_without_its_original_context_takes_max_position_embeddings(tmp_path):
+    """As transformers fills it in (Apertus' and Arcee's older configs leave it out)."""
+    import transformers as tf
+
+    model_dir = _checkpoint_with(tmp_path, "llama3", max_position_embeddings=64, rope_scaling={
+        "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0})
+    saved = json.loads((tmp_path / "config.json").read_text())  # transformers writes it: take it out again
+    saved["rope_parameters"].pop("original_max_position_embeddings")
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    assert load_model_args(model_dir).rope_scaling["original_max_position_embeddings"] == 64
+    hf = tf.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    assert hf.config.rope_parameters.get("original_max_position_embeddings", 64) == 64
+    prompt = torch.randint(0, hf.config.vocab_size, (40,), generator=torch.Generator().manual_seed(6)).tolist()
+    with torch.no_grad():
+        ref = hf(torch.tensor([prompt])).logits[0].float()
+    assert (_our_logits(model_dir, [prompt])[0] - ref).abs().max().item() < 1e-4
+
+
 def test_yarn_scales_from_the_familys_context_when_the_config_names_none(tmp_path):
     """Neither original_max_position_embeddings nor max_position_embeddings: YaRN scales from the
     family's default context (Qwen2Config's 32768), as transformers does."""
@@ -449,6 +467,9 @@ def test_olmo3_hub_config_reads_as_transformers_reads_it(tmp_path):
     ("GlmForCausalLM", {"head_dim": 16, "partial_rotary_factor": 0.5,
                         "rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.75}}, dict(rotary_dim=12)),
     ("Ernie4_5ForCausalLM", {"rope_scaling": {"rope_type": "default", "rope_theta": 50.0}}, dict(rope_theta=50.0)),
+    # ApertusConfig's llama3 RoPE when the config names none; an empty rope_parameters stays plain RoPE
+    ("ApertusForCausalLM", {"max_position_embeddings": 65536}, dict(rope_theta=12_000_000.0, long_rope_len=None)),
+    ("ApertusForCausalLM", {"rope_parameters": {}}, dict(rope_theta=10000.0, rope_scaling=None)),
 ])
 def test_each_familys_config_defaults_and_biases(tmp_path, arch, fields, want):
     args = _args_of(tmp_path, arch, **fields)
@@ -507,6 +528,13 @@ def test_absent_fields_take_the_transformers_config_class_defaults(tmp_path, arc
     ("LlamaForCausalLM", {"rope_theta": 0}, "rope_theta must be a positive number"),
     ("Exaone4ForCausalLM", {"sliding_window_pattern": "LXG"}, "sliding_window_pattern 'LXG' must be a positive "
                                                                "integer or a string of L"),
+    ("LlamaForCausalLM", {"tie_word_embeddings": "false"}, "tie_word_embeddings must be true or false"),
+    ("LlamaForCausalLM", {"hidden_act": ["silu"]}, r"hidden_act \['silu'\] is not supported"),
+    ("LlamaForCausalLM", {"rope_scaling": {"rope_type": "linear", "factor": "2"}},
+     "rope_scaling factor must be a positive number"),
+    ("LlamaForCausalLM", {"rope_scaling": {"rope_type": "linear"}}, "rope_scaling factor must be a positive number"),
+    ("LlamaForCausalLM", {"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 4.0,
+                                           "high_freq_factor": 4.0}}, "low_freq_factor 4.0 must be below"),
 ])
 def test_malformed_family_fields_are_refused_naming_them(tmp_path, arch, fields, match):
     with pytest.raises(ValueError, match=match):
