@@ -34,9 +34,10 @@ SMALL_BATCH_SIZES = (1, 2, 4)
 BATCH_SIZE_STEP = 8
 WARMUP_RUNS = 2  # compile the Triton kernels and settle cuBLAS workspaces outside the capture
 
-# Rows of the packed static buffer [NUM_FIELDS, max_bs] int64, one H2D copy per step.
-INPUT_IDS, POSITIONS, OUT_SLOTS, REQ_ROWS, SEQ_LENS, PREFIX_LENS = range(6)
-NUM_FIELDS = 6
+# Rows of the packed static buffer [NUM_FIELDS, max_bs] int64, one H2D copy per step; ROPE_ROWS:
+# each row's RoPE table row (its position, past the short rows for a LongRoPE long sequence)
+INPUT_IDS, POSITIONS, OUT_SLOTS, REQ_ROWS, SEQ_LENS, PREFIX_LENS, ROPE_ROWS = range(7)
+NUM_FIELDS = 7
 
 
 def capture_batch_sizes(max_bs: int) -> list[int]:
@@ -56,9 +57,10 @@ def padded_batch_size(bs: int, sizes: list[int]) -> int | None:
 
 
 def pack_decode_inputs(input_ids: list[int], positions: list[int], out_slots: list[int], req_rows: list[int],
-                       padded_bs: int, pin: bool = False) -> torch.Tensor:
+                       padded_bs: int, pin: bool = False, rope_offsets: list[int] | None = None) -> torch.Tensor:
     """Host tensor [NUM_FIELDS, padded_bs] int64: one decode batch plus its padding rows (all
-    zeros); `pin`: in pinned memory, for an asynchronous copy (runtime/core/upload.py)."""
+    zeros); `pin`: in pinned memory, for an asynchronous copy (runtime/core/upload.py);
+    `rope_offsets`: added to each row's position for its RoPE table row (LongRoPE)."""
     bs = len(input_ids)
     assert bs == len(positions) == len(out_slots) == len(req_rows) and bs <= padded_bs
     packed = torch.zeros((NUM_FIELDS, padded_bs), dtype=torch.int64, pin_memory=pin)
@@ -69,6 +71,9 @@ def pack_decode_inputs(input_ids: list[int], positions: list[int], out_slots: li
     # the new token sits at `position`, so its context holds position + 1 tokens
     host[SEQ_LENS, :bs] = host[POSITIONS, :bs] + 1
     host[PREFIX_LENS, :bs] = host[POSITIONS, :bs]
+    host[ROPE_ROWS, :bs] = host[POSITIONS, :bs]
+    if rope_offsets is not None:
+        host[ROPE_ROWS, :bs] += rope_offsets
     return packed
 
 
@@ -141,6 +146,7 @@ class DecodeGraphRunner:
             prefix_lens=p[PREFIX_LENS, :bs], extend_lens=self.ones[:bs], seq_lens=p[SEQ_LENS, :bs],
             extend_starts=self.arange[:bs], logit_rows=self.arange[:bs],
             prefix_lens_cpu=[0] * bs, extend_lens_cpu=[1] * bs, num_kv_splits=self.kv_splits(bs),
+            rope_positions=p[ROPE_ROWS, :bs] if self.model.args.long_rope_len is not None else None,
             lora=None if self.lora_slots is None else LoraBatch(
                 self.lora_slots, self.arange[:bs], self.ones[:bs], self.lora_slot_ids[:bs], 1, use_triton=True))
 
@@ -151,15 +157,18 @@ class DecodeGraphRunner:
         return None if choose is None else choose(bs, self.req_to_token.shape[1])
 
     def run(self, input_ids: list[int] | torch.Tensor, positions: list[int], out_slots: list[int],
-            req_rows: list[int], lora_slots: list[int] | None = None) -> torch.Tensor:
+            req_rows: list[int], lora_slots: list[int] | None = None,
+            rope_offsets: list[int] | None = None) -> torch.Tensor:
         """Logits [bs, vocab] fp32 of one decode step; bs must be <= max_bs. `input_ids` may be
-        a device tensor [bs] int64 (overlap scheduling: tokens not yet read back)."""
+        a device tensor [bs] int64 (overlap scheduling: tokens not yet read back); `rope_offsets`:
+        LongRoPE's table offset of each row (model_runner.rope_offsets)."""
         bs = len(positions)
         padded = padded_batch_size(bs, self.batch_sizes)
         assert padded is not None, f"decode batch {bs} exceeds the largest captured size {self.max_bs}"
         on_device = isinstance(input_ids, torch.Tensor)
         pin = self.packed.is_cuda  # asynchronous copies: the host never waits for a step in flight
-        host = pack_decode_inputs([0] * bs if on_device else input_ids, positions, out_slots, req_rows, padded, pin)
+        host = pack_decode_inputs([0] * bs if on_device else input_ids, positions, out_slots, req_rows, padded, pin,
+                                  rope_offsets)
         self.packed[:, :padded].copy_(host, non_blocking=True)
         if on_device:
             self.packed[INPUT_IDS, :bs].copy_(input_ids)

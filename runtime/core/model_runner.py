@@ -67,10 +67,7 @@ def derive_shape(cfg: EngineConfig, args: ModelArgs) -> RuntimeShape:
     # the torch references read lengths back to the host, which a graph capture forbids; a model
     # with experts decodes eagerly until its kernel's capture (tests/kernels/test_moe.py, -m gpu)
     # has run on a GPU
-    # LongRoPE reads each request's table rows (ForwardBatch.rope_positions), which the graphs' static
-    # inputs do not carry: such a model decodes eagerly
-    use_graphs = (use_cuda and backend == "triton" and not cfg.disable_cuda_graph and not args.moe_layers
-                  and args.long_rope_len is None)
+    use_graphs = use_cuda and backend == "triton" and not cfg.disable_cuda_graph and not args.moe_layers
     graph_bs = min(cfg.cuda_graph_max_bs, cfg.max_num_seqs) if use_graphs else 0
     return RuntimeShape(device, dtype, max_len, backend, graph_bs)
 
@@ -194,8 +191,8 @@ class ModelRunner:
             assert graphs is not None
             positions, rows = list(batch.prefix_lens), _rows(batch)
             out_slots = _decode_slots(batch.reqs, batch.prefix_lens, batch.new_slots)
-            loras = [r.lora_id for r in batch.reqs]
-            return lambda ids: graphs.run(ids, positions, out_slots, rows, lora_slots=loras)
+            loras, rope = [r.lora_id for r in batch.reqs], self.rope_offsets(batch.reqs)
+            return lambda ids: graphs.run(ids, positions, out_slots, rows, lora_slots=loras, rope_offsets=rope)
         fb = self.make_forward_batch(batch, offsets, input_ids=_IDS_LATER)
         return lambda ids: self.model(dataclasses.replace(fb, input_ids=ids), self.attention)
 
@@ -208,7 +205,8 @@ class ModelRunner:
         return self.graph_runner.run(
             input_ids=last_ids(reqs), positions=list(prefix_lens),
             out_slots=_decode_slots(reqs, prefix_lens, new_slots),
-            req_rows=[r.row for r in reqs] if rows is None else rows, lora_slots=[r.lora_id for r in reqs])
+            req_rows=[r.row for r in reqs] if rows is None else rows, lora_slots=[r.lora_id for r in reqs],
+            rope_offsets=self.rope_offsets(reqs))
 
     def _can_replay(self, batch: ScheduledBatch, logit_offsets: list[list[int]]) -> bool:
         """A decode batch that fits a captured graph and wants exactly each request's one logit row."""
@@ -323,15 +321,21 @@ class ModelRunner:
         tail = self._decode_tail(batch)
         return fb if tail is None else dataclasses.replace(fb, parts=fb.split(tail))
 
+    def rope_offsets(self, reqs: list[Req]) -> list[int] | None:
+        """LongRoPE: each request's offset into the RoPE tables, past the short factors' rows for a
+        long sequence (model.rope_tables); None when no request is long."""
+        if self.args.long_rope_len is None or not any(r.long_rope for r in reqs):
+            return None
+        return [self.shape.max_context_len if r.long_rope else 0 for r in reqs]
+
     def _with_rope_rows(self, fb: ForwardBatch, batch: ScheduledBatch) -> ForwardBatch:
-        """LongRoPE: `fb` with its long sequences' tokens reading the long factors' table rows,
-        which follow the short ones' (model.rope_tables); `fb` itself when none is long."""
-        if self.args.long_rope_len is None or not any(r.long_rope for r in batch.reqs):
+        """LongRoPE: `fb` with its long sequences' tokens reading the long factors' table rows;
+        `fb` itself when none is long."""
+        offsets = self.rope_offsets(batch.reqs)
+        if offsets is None:
             return fb
-        rows = self.shape.max_context_len  # the short factors' rows
-        offsets = np.repeat(np.asarray([rows if r.long_rope else 0 for r in batch.reqs], dtype=np.int64),
-                            batch.extend_lens)
-        return dataclasses.replace(fb, rope_positions=fb.positions + torch.from_numpy(offsets).to(fb.positions.device))
+        per_token = np.repeat(np.asarray(offsets, dtype=np.int64), batch.extend_lens)
+        return dataclasses.replace(fb, rope_positions=fb.positions + torch.from_numpy(per_token).to(fb.positions.device))
 
 
 def last_ids(reqs: list[Req]) -> list[int]:

@@ -16,7 +16,8 @@ import torch
 from radixflow.runtime import Engine
 from radixflow.runtime.config import EngineConfig
 from radixflow.runtime.core.cuda_graph import (
-    INPUT_IDS, OUT_SLOTS, POSITIONS, PREFIX_LENS, REQ_ROWS, SEQ_LENS, DecodeGraphRunner, capture_batch_sizes,
+    INPUT_IDS, NUM_FIELDS, OUT_SLOTS, POSITIONS, PREFIX_LENS, REQ_ROWS, ROPE_ROWS, SEQ_LENS, DecodeGraphRunner,
+    capture_batch_sizes,
     pack_decode_inputs, padded_batch_size,
 )
 from radixflow.runtime.model.demo import demo_model
@@ -46,13 +47,17 @@ def test_padded_batch_size():
 
 def test_pack_decode_inputs_pads_with_empty_rows():
     packed = pack_decode_inputs([11, 12, 13], [5, 0, 9], [40, 41, 42], [3, 1, 2], padded_bs=4)
-    assert packed.shape == (6, 4) and packed.dtype == torch.int64
+    assert packed.shape == (NUM_FIELDS, 4) == (7, 4) and packed.dtype == torch.int64
     assert packed[INPUT_IDS].tolist() == [11, 12, 13, 0]
     assert packed[POSITIONS].tolist() == [5, 0, 9, 0]
     assert packed[OUT_SLOTS].tolist() == [40, 41, 42, 0]  # padding writes the dummy slot 0
     assert packed[REQ_ROWS].tolist() == [3, 1, 2, 0]
     assert packed[SEQ_LENS].tolist() == [6, 1, 10, 0]  # padding: empty context, zero attention output
     assert packed[PREFIX_LENS].tolist() == [5, 0, 9, 0]
+    assert packed[ROPE_ROWS].tolist() == [5, 0, 9, 0]  # each row's own position
+    long = pack_decode_inputs([11, 12, 13], [5, 0, 9], [40, 41, 42], [3, 1, 2], padded_bs=4, rope_offsets=[0, 64, 64])
+    assert long[ROPE_ROWS].tolist() == [5, 64, 73, 0]  # LongRoPE: past the short factors' rows
+    assert long[POSITIONS].tolist() == [5, 0, 9, 0]
 
 
 @pytest.mark.parametrize("config, want", [

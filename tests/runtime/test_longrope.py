@@ -209,13 +209,33 @@ def test_an_unloaded_adapters_long_sequences_kv_is_freed_too(phi3_longrope, tmp_
         assert engine.scheduler.cache.total_size() == base_cached  # the base's KV stays
 
 
+def test_decode_graphs_read_each_rows_table(phi3_longrope):
+    """A decode graph's static buffers carry each row's RoPE table row (long sequences past the
+    short rows): on CPU an eager stand-in replays the forward over them (test_cuda_graph.py)."""
+    from radixflow.runtime.core.cuda_graph import DecodeGraphRunner
+    from test_cuda_graph import EagerCapture
+
+    model_dir, hf = phi3_longrope["switching"]
+    prompts = [_prompt(n) for n in LENGTHS]
+    capture = EagerCapture()
+    config = dict(device="cpu", dtype="float32", attention_backend="torch", kv_cache_tokens=1024, max_num_seqs=8)
+    with Engine(model_dir, **config) as engine:
+        runner = engine.runner
+        runner.graph_runner = DecodeGraphRunner(runner.model, runner.attention, runner.req_pool.table, 8, capture)
+        outs = [o["output_ids"] for o in engine.generate(input_ids=prompts, sampling_params=GREEDY)]
+    assert outs == [_hf_greedy(hf, p, GREEDY["max_new_tokens"]) for p in prompts]
+    assert sum(capture.replays.values()) >= GREEDY["max_new_tokens"] - 2  # the decode steps went through it
+
+
 @pytest.mark.gpu
-def test_gpu_triton_kernels_read_the_long_rows(phi3_longrope):
-    """On CUDA (the Triton RoPE kernel reading the doubled table, decode without graphs): fp32
+def test_gpu_triton_kernels_and_graphs_read_the_long_rows(phi3_longrope):
+    """On CUDA (the Triton RoPE kernel reading the doubled table; decode graphs on and off): fp32
     greedy output equals transformers' either side of the switch and across it."""
     model_dir, hf = phi3_longrope["switching"]
     prompts = [_prompt(n) for n in LENGTHS]
-    with Engine(model_dir, device="cuda", dtype="float32", kv_cache_tokens=1024) as engine:
-        assert engine.runner.graph_runner is None and engine.runner.graph_capture is None
-        outs = [o["output_ids"] for o in engine.generate(input_ids=prompts, sampling_params=GREEDY)]
-    assert outs == [_hf_greedy(hf, p, GREEDY["max_new_tokens"]) for p in prompts]
+    for graphs in (False, True):
+        with Engine(model_dir, device="cuda", dtype="float32", kv_cache_tokens=1024, cuda_graph_max_bs=8,
+                    disable_cuda_graph=not graphs) as engine:
+            assert (engine.runner.graph_capture is not None) == graphs
+            outs = [o["output_ids"] for o in engine.generate(input_ids=prompts, sampling_params=GREEDY)]
+        assert outs == [_hf_greedy(hf, p, GREEDY["max_new_tokens"]) for p in prompts]
