@@ -14,8 +14,8 @@ GRANITE_ARCHITECTURES = ("GraniteForCausalLM", "GraniteMoeForCausalLM")
 # a config's activation name → ModelArgs.hidden_act: of the gated MLPs (act(gate) * up), and of the
 # MLPs without a gate (act(up): Arcee's squared ReLU, Apertus' xIELU with its learned scalars)
 ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
-UNGATED_ACTIVATIONS = {"relu2": "relu2", "xielu": "xielu"}
-UNGATED_ARCHITECTURES = ("ArceeForCausalLM", "ApertusForCausalLM")
+UNGATED_ACTIVATIONS = {"relu2": "relu2", "xielu": "xielu", "gelu_pytorch_tanh": "gelu_tanh"}
+UNGATED_ARCHITECTURES = ("ArceeForCausalLM", "ApertusForCausalLM", "Starcoder2ForCausalLM")
 
 
 # GLM 4 (glm-4-9b-chat-hf: GlmForCausalLM; GLM-4-0414: Glm4ForCausalLM, norms around both branches):
@@ -53,6 +53,7 @@ _FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
     "HunYuanDenseV1ForCausalLM": {"rms_norm_eps": 1e-5, "max_position_embeddings": 2048},
     "ArceeForCausalLM": {"rms_norm_eps": 1e-5},
     "ApertusForCausalLM": {"rms_norm_eps": 1e-5, "max_position_embeddings": 65536},
+    "Starcoder2ForCausalLM": {"num_key_value_heads": 2, "use_bias": True, "tie_word_embeddings": True},
 }
 _DEFAULT_THETAS = {"Ernie4_5ForCausalLM": 500_000.0, "MixtralForCausalLM": 1_000_000.0,
                    "SmolLM3ForCausalLM": 2_000_000.0}
@@ -90,7 +91,7 @@ def bias_fields(cfg: dict[str, Any], arch: str) -> dict[str, bool]:
     if arch in ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM"):
         qkv = flag(cfg, "qkv_bias", True) if arch == "Qwen2MoeForCausalLM" else True
         return {"qkv_bias": qkv, "o_bias": False, "mlp_bias": False}
-    if arch == "Ernie4_5ForCausalLM":
+    if arch in ("Ernie4_5ForCausalLM", "Starcoder2ForCausalLM"):
         use_bias = flag(cfg, "use_bias", False)
         return {"qkv_bias": use_bias, "o_bias": use_bias, "mlp_bias": use_bias}
     if arch in GLM_ARCHITECTURES:
@@ -355,7 +356,7 @@ def sliding_window_fields(cfg: dict[str, Any], arch: str) -> dict[str, Any]:
     check_positive_int("num_hidden_layers", num_layers)
     if arch == "Olmo3ForCausalLM":  # three of four layers slide unless layer_types says otherwise
         return _olmo3_windows(cfg, num_layers)
-    if arch in ("MistralForCausalLM", "MixtralForCausalLM", "Phi3ForCausalLM"):
+    if arch in ("MistralForCausalLM", "MixtralForCausalLM", "Phi3ForCausalLM", "Starcoder2ForCausalLM"):
         window = cfg.get("sliding_window", 4096 if arch == "MistralForCausalLM" else None)
         layers = range(num_layers)
     elif arch.startswith("Qwen") or arch == "SmolLM3ForCausalLM":  # Qwen's default window: 4096

@@ -69,6 +69,26 @@ class RMSNorm(nn.Module):
         return self(x.reshape(-1, x.shape[-1]))[0].view(x.shape)
 
 
+class LayerNorm(RMSNorm):
+    """LayerNorm with a bias (StarCoder2), same contract as RMSNorm: x, residual [T, dim] →
+    (norm(h), h), h = x + residual; the sum in fp32 on CPU, as rmsnorm_cpu keeps it. Torch ops on
+    every device (no fused kernel)."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__(dim, eps)
+        self.bias = nn.Parameter(torch.zeros(dim))
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        h = x.float() if residual is None else x.float() + residual
+        normed = F.layer_norm(h, (h.shape[-1],), self.weight.float(), self.bias.float(), self.eps)
+        return normed.to(x.dtype), (h if x.device.type == "cpu" else h.to(x.dtype))
+
+
+def make_norm(args: ModelArgs) -> RMSNorm:
+    """A hidden-size norm of the model's kind: RMSNorm, or StarCoder2's LayerNorm."""
+    return (LayerNorm if args.layer_norm else RMSNorm)(args.hidden_size, args.rms_norm_eps)
+
+
 def rmsnorm_cpu(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """RMSNorm on CPU in torch ops (kernels/native_layers.py `rmsnorm`: the same bits in fewer passes): x
@@ -195,11 +215,13 @@ def act_and_mul(gate_up: torch.Tensor, act: str) -> torch.Tensor:
 
 
 def ungated_act(up: torch.Tensor, act: str, xielu: tuple[torch.Tensor, ...] | None) -> torch.Tensor:
-    """act(up) of an MLP without a gate: Arcee's squared ReLU, or Apertus' xIELU with its learned
+    """act(up) of an MLP without a gate: Arcee's squared ReLU, StarCoder2's GELU (tanh form), or Apertus' xIELU with its learned
     (alpha_p, alpha_n, beta, eps): x > 0: softplus(alpha_p) x^2 + beta x, else
     (beta + softplus(alpha_n)) (expm1(min(x, eps)) - x) + beta x."""
     if act == "relu2":
         return torch.relu(up).square()
+    if act == "gelu_tanh":  # StarCoder2
+        return F.gelu(up, approximate="tanh")
     assert xielu is not None
     alpha_p, alpha_n, beta, eps = (t.to(up.dtype) for t in xielu)
     alpha_p, alpha_n = F.softplus(alpha_p), beta + F.softplus(alpha_n)
@@ -283,13 +305,13 @@ class DecoderLayer(nn.Module):
         self.post_norms, self.pre_norms = args.post_norms, args.pre_norms
         self.local_rope = layer_id in args.window_layers and args.local_rope_theta is not None  # Gemma 3
         if args.pre_norms:
-            self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+            self.input_layernorm = make_norm(args)
         if args.post_norms:  # OLMo 2, Gemma 2 and 3 (which norm before the MLP too)
-            self.post_feedforward_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+            self.post_feedforward_layernorm = make_norm(args)
             if args.pre_norms:
-                self.pre_feedforward_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+                self.pre_feedforward_layernorm = make_norm(args)
         self.self_attn = Attention(args, layer_id)
-        self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.post_attention_layernorm = make_norm(args)
         self.mlp = SparseMoE(args, layer_id) if layer_id in args.moe_layers else MLP(args, layer_id)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None, rope: RopeStep,
@@ -331,7 +353,7 @@ class CausalLM(nn.Module):
         self.args = args
         self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(args, i) for i in range(args.num_layers))
-        self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.norm = make_norm(args)
         if not args.tie_word_embeddings:
             self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
         # CPU bf16: the LM head on oneDNN's prepacked layout (packed_linear.prepack_linears)

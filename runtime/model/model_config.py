@@ -20,7 +20,7 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCa
                            "Olmo2ForCausalLM", "Olmo3ForCausalLM", "OlmoeForCausalLM", "GemmaForCausalLM", "Gemma2ForCausalLM",
                            "Gemma3ForCausalLM", "SeedOssForCausalLM", "InternLM3ForCausalLM", "Ernie4_5ForCausalLM",
                            "GlmForCausalLM", "Glm4ForCausalLM", "Exaone4ForCausalLM", "HunYuanDenseV1ForCausalLM",
-                           "ArceeForCausalLM", "ApertusForCausalLM")
+                           "ArceeForCausalLM", "ApertusForCausalLM", "Starcoder2ForCausalLM")
 
 
 # OLMo 2 and 3: norms after attention and MLP (none before), q / k normed over the whole projection
@@ -54,8 +54,9 @@ class ModelArgs:
     rotary_dim: int = 0
     rope_interleaved: bool = False  # GLM, ERNIE 4.5: RoPE pairs dims (2i, 2i + 1), not (i, i + rotary_dim / 2)
     qk_norm_after_rope: bool = False  # HunYuan: the per-head q / k norms apply to the rotated q and k
-    # Arcee, Apertus: the MLP is down(act(up(x))), without a gate (its gate_up_proj holds up alone)
+    # Arcee, Apertus, StarCoder2: the MLP is down(act(up(x))), without a gate (its gate_up_proj holds up alone)
     gated_mlp: bool = True
+    layer_norm: bool = False  # StarCoder2: LayerNorm with a bias (rms_norm_eps its epsilon), not RMSNorm
     fused_qkv: bool = False         # Phi-3: the checkpoint stores q | k | v as one qkv_proj
     fused_gate_up: bool = False     # Phi-3, GLM: the checkpoint stores gate | up as one gate_up_proj
     # mixture of experts (Mixtral, Qwen2/3-MoE, GraniteMoE, OLMoE); no moe_layers: every MLP is dense
@@ -121,7 +122,7 @@ class ModelArgs:
                 not 0 <= i < self.num_layers for i in self.window_layers):
             raise ValueError(f"sliding_window {self.sliding_window!r} needs layers to slide in, and its layers "
                              f"{list(self.window_layers)} must lie inside the model's {self.num_layers} layers")
-        acts = ("silu", "gelu_tanh") if self.gated_mlp else ("relu2", "xielu")
+        acts = ("silu", "gelu_tanh") if self.gated_mlp else ("relu2", "xielu", "gelu_tanh")
         if self.hidden_act not in acts:
             raise ValueError(f"hidden_act {self.hidden_act!r} is not supported {'with' if self.gated_mlp else 'without'} "
                              f"a gated MLP; supported: {', '.join(acts)}")
@@ -291,7 +292,7 @@ def model_args_from_dict(cfg: dict[str, Any]) -> ModelArgs:
     # others hidden_act; SiLU's other name is swish, GELU's tanh form gelu_pytorch_tanh
     gated = arch not in UNGATED_ARCHITECTURES
     default_act = "gelu_pytorch_tanh" if is_gemma else "silu" if gated else {
-        "ArceeForCausalLM": "relu2", "ApertusForCausalLM": "xielu"}[arch]
+        "ArceeForCausalLM": "relu2", "ApertusForCausalLM": "xielu", "Starcoder2ForCausalLM": "gelu_pytorch_tanh"}[arch]
     act = cfg.get("hidden_activation" if is_gemma else "hidden_act") or default_act
     activations = ACTIVATIONS if gated else UNGATED_ACTIVATIONS
     if not isinstance(act, str) or act not in activations:
@@ -315,7 +316,9 @@ def model_args_from_dict(cfg: dict[str, Any]) -> ModelArgs:
         num_heads=num_heads,
         num_kv_heads=cfg.get("num_key_value_heads") or num_heads,
         head_dim=head_dim,
-        rms_norm_eps=optional(cfg, "rms_norm_eps", 1e-6),
+        rms_norm_eps=optional(cfg, "norm_epsilon", 1e-5) if arch == "Starcoder2ForCausalLM" else optional(
+            cfg, "rms_norm_eps", 1e-6),
+        layer_norm=arch == "Starcoder2ForCausalLM",
         rope_theta=rope_theta,
         rope_scaling=rope_scaling,
         rotary_dim=rotary_dim,

@@ -166,13 +166,14 @@ def _checkpoint_sources(args: ModelArgs) -> dict[str, list[str]]:
             src.update(_expert_sources(args, p, ours))
         else:
             for kind in ("weight", "bias") if args.mlp_bias else ("weight",):
-                if not args.gated_mlp:  # Arcee, Apertus: up alone
-                    src[ours + f"mlp.gate_up_proj.{kind}"] = [p + f"mlp.up_proj.{kind}"]
+                up, down = _MLP_NAMES.get(args.architecture, ("up_proj", "down_proj"))
+                if not args.gated_mlp:  # Arcee, Apertus, StarCoder2: up alone
+                    src[ours + f"mlp.gate_up_proj.{kind}"] = [p + f"mlp.{up}.{kind}"]
                 elif args.fused_gate_up:
                     src[ours + f"mlp.gate_up_proj.{kind}"] = [p + f"mlp.gate_up_proj.{kind}"]
                 else:
                     src[ours + f"mlp.gate_up_proj.{kind}"] = [p + f"mlp.gate_proj.{kind}", p + f"mlp.up_proj.{kind}"]
-                src[ours + f"mlp.down_proj.{kind}"] = [p + f"mlp.down_proj.{kind}"]
+                src[ours + f"mlp.down_proj.{kind}"] = [p + f"mlp.{down}.{kind}"]
             if args.hidden_act == "xielu":
                 for scalar in ("alpha_p", "alpha_n", "beta", "eps"):
                     src[ours + f"mlp.act_{scalar}"] = [p + f"mlp.act_fn.{scalar}"]
@@ -184,8 +185,15 @@ def _checkpoint_sources(args: ModelArgs) -> dict[str, list[str]]:
                 "post_feedforward_layernorm"]
         stored = _NORM_NAMES.get(args.architecture, {})
         for norm in norms:
-            src[ours + f"{norm}.weight"] = [p + f"{stored.get(norm, norm)}.weight"]
+            for kind in ("weight", "bias") if args.layer_norm else ("weight",):
+                src[ours + f"{norm}.{kind}"] = [p + f"{stored.get(norm, norm)}.{kind}"]
+    if args.layer_norm:
+        src["norm.bias"] = ["model.norm.bias"]
     return src
+
+
+# a family's names for its MLP's up and down projections, where they are not Llama's
+_MLP_NAMES = {"Starcoder2ForCausalLM": ("c_fc", "c_proj")}
 
 
 # a family's names for the norms around a layer's branches, where they are not Gemma's

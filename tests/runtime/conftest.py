@@ -65,6 +65,9 @@ def _hf_config(family: str, vocab_size: int, heads: int = 8):
         return tf.ArceeConfig(**common, tie_word_embeddings=False)
     if family == "apertus":  # per-head q / k norms, an MLP without a gate through xIELU's learned scalars
         return tf.ApertusConfig(**common, tie_word_embeddings=False)
+    if family == "starcoder2":  # LayerNorm with biases, a GELU MLP without a gate, biases on every projection
+        return tf.Starcoder2Config(**{k: v for k, v in common.items() if k != "rms_norm_eps"}, norm_epsilon=1e-5,
+                                   use_bias=True, sliding_window=None, tie_word_embeddings=True)
     if family == "olmoe":  # OLMoE: OLMo's whole-projection q/k norms before a mixture of experts
         return tf.OlmoeConfig(**{**common, "intermediate_size": 48, "head_dim": 8}, num_experts=4, num_experts_per_tok=2,
                               norm_topk_prob=False, clip_qkv=None, tie_word_embeddings=False)
@@ -113,6 +116,7 @@ _CLASSES = {"llama3": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
             "seed_oss": "SeedOssForCausalLM", "internlm3": "LlamaForCausalLM", "ernie4_5": "Ernie4_5ForCausalLM",
             "glm": "GlmForCausalLM", "glm4": "Glm4ForCausalLM", "exaone4": "Exaone4ForCausalLM",
             "hunyuan": "HunYuanDenseV1ForCausalLM", "arcee": "ArceeForCausalLM", "apertus": "ApertusForCausalLM",
+            "starcoder2": "Starcoder2ForCausalLM",
             "olmo2": "Olmo2ForCausalLM", "olmo3": "Olmo3ForCausalLM", "olmoe": "OlmoeForCausalLM", "gemma": "GemmaForCausalLM",
             "gemma2": "Gemma2ForCausalLM",
             "gemma3": "Gemma3ForCausalLM"}
@@ -147,7 +151,7 @@ def hf_checkpoint(tmp_path_factory):
                     p.normal_(0.0, 0.05)
                 elif family.startswith("gemma"):  # its norms compute 1 + weight, which starts at 0
                     p.normal_(0.0, 0.1)
-                elif family in ("hunyuan", "exaone4"):  # norms whose weights must not be all alike (HunYuan's
+                elif family in ("hunyuan", "exaone4", "starcoder2"):  # norms whose weights must not be all alike (HunYuan's
                     p.normal_(1.0, 0.3)  # q / k norms after RoPE would commute with it)
                 elif family == "apertus" and "act_fn" in name:  # xIELU's learned scalars, away from their init
                     p.add_(torch.randn_like(p) * 0.3)

@@ -15,7 +15,7 @@ from radixflow.runtime.model.model_config import load_model_args
 from radixflow.runtime.model.weights import build_model
 
 FAMILIES = ["llama3", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe", "smollm3", "granite",
-            "granitemoe", "phi3", "phi3_partial", "olmo2", "olmo3", "olmoe", "gemma", "gemma2", "gemma3", "seed_oss", "internlm3", "ernie4_5", "glm", "glm4", "exaone4", "hunyuan", "arcee", "apertus"]
+            "granitemoe", "phi3", "phi3_partial", "olmo2", "olmo3", "olmoe", "gemma", "gemma2", "gemma3", "seed_oss", "internlm3", "ernie4_5", "glm", "glm4", "exaone4", "hunyuan", "arcee", "apertus", "starcoder2"]
 
 
 def _our_logits(model_dir: str, prompts: list[list[int]], windows: dict[int, int] | None = None) -> list[torch.Tensor]:
@@ -176,6 +176,7 @@ def _checkpoint_with(tmp_path, family: str, **config) -> str:
     ("smollm3", {"use_sliding_window": True, "sliding_window": 6}, [1]),  # its layers without RoPE
     ("qwen2", {"use_sliding_window": False, "sliding_window": 6}, []),    # Qwen2's default: off
     ("olmo3", {"sliding_window": 6}, [0, 1]),
+    ("starcoder2", {"sliding_window": 6}, [0, 1]),  # every layer, as Mistral's
     ("exaone4", {"sliding_window": 6, "sliding_window_pattern": 2}, [0]),  # layer 1 global, without RoPE  # all but every fourth layer; the window layers' own RoPE base
 ])
 def test_a_sliding_window_matches_transformers_past_it(tmp_path, family, config, layers):
@@ -373,7 +374,7 @@ def test_a_partial_rotary_embedding_outside_phi3_or_odd_is_refused(tmp_path, arc
 
 
 @pytest.mark.parametrize("family", ["mixtral", "qwen2_moe", "smollm3", "granite", "phi3", "phi3_partial", "olmo2",
-                                    "olmoe", "glm4", "ernie4_5", "hunyuan", "apertus"])
+                                    "olmoe", "glm4", "ernie4_5", "hunyuan", "apertus", "starcoder2"])
 def test_triton_ops_path_equals_the_torch_path(hf_checkpoint, monkeypatch, family):
     """The model as CUDA runs it (fused norms, RoPE and SiLU-and-mul, the grouped Triton experts),
     here in the Triton interpreter, gives the CPU path's greedy tokens and logprobs: the families
@@ -488,7 +489,8 @@ _CONFIG_CLASSES = {"LlamaForCausalLM": "LlamaConfig", "MistralForCausalLM": "Mis
                    "SeedOssForCausalLM": "SeedOssConfig", "InternLM3ForCausalLM": "InternLM3Config",
                    "Ernie4_5ForCausalLM": "Ernie4_5Config", "GlmForCausalLM": "GlmConfig", "Glm4ForCausalLM": "Glm4Config",
                    "Exaone4ForCausalLM": "Exaone4Config", "HunYuanDenseV1ForCausalLM": "HunYuanDenseV1Config",
-                   "ArceeForCausalLM": "ArceeConfig", "ApertusForCausalLM": "ApertusConfig"}
+                   "ArceeForCausalLM": "ArceeConfig", "ApertusForCausalLM": "ApertusConfig",
+                   "Starcoder2ForCausalLM": "Starcoder2Config"}
 
 
 def test_every_architecture_has_its_transformers_config_class():
@@ -514,7 +516,8 @@ def test_absent_fields_take_the_transformers_config_class_defaults(tmp_path, arc
     (tmp_path / "config.json").write_text(json.dumps({"architectures": [arch], **shape}))
     args = load_model_args(str(tmp_path))
     rope = ref.rope_parameters.get("full_attention", ref.rope_parameters)
-    want = dict(num_kv_heads=ref.num_key_value_heads or ref.num_attention_heads, rms_norm_eps=ref.rms_norm_eps,
+    eps = ref.norm_epsilon if arch == "Starcoder2ForCausalLM" else ref.rms_norm_eps
+    want = dict(num_kv_heads=ref.num_key_value_heads or ref.num_attention_heads, rms_norm_eps=eps,
                 max_position_embeddings=ref.max_position_embeddings, rope_theta=rope["rope_theta"],
                 head_dim=getattr(ref, "head_dim", None) or 256 // 32, tie_word_embeddings=ref.tie_word_embeddings)
     assert {k: getattr(args, k) for k in want} == want
