@@ -169,7 +169,7 @@ def _collect(tensors: dict[str, torch.Tensor], path: str, args: ModelArgs, rank:
                              "projections and dense MLPs are)")
         if not args.gated_mlp and m.group(2) in ("gate_proj", "up_proj", "gate_up_proj"):
             raise ValueError(f"adapter {path!r}: tensor {name!r} adapts the MLP's up projection, which has no gate "
-                             "here (Arcee, Apertus): adapters on it are not supported (down_proj and attention are)")
+                             "here (Arcee, Apertus, StarCoder2): adapters on it are not supported (down_proj and attention are)")
         halves.setdefault((layer, m.group(2)), {})[m.group(3)] = t
     out = {}
     for (layer, module), pair in sorted(halves.items()):
