@@ -9,6 +9,8 @@ from typing import Any
 
 import msgspec
 
+from radixflow.runtime.model.quant_config import FLAG_METHODS
+
 SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 KV_CACHE_DTYPES = ("auto", "fp8_e4m3")
@@ -22,6 +24,9 @@ LORA_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_
 # fused module (Phi-3's checkpoints) -> its parts: an adapter on it is served as one on each part
 FUSED_LORA_TARGETS: dict[str, tuple[str, ...]] = {"qkv_proj": ("q_proj", "k_proj", "v_proj"),
                                                   "gate_up_proj": ("gate_proj", "up_proj")}
+
+
+QUANTIZATION_FLAGS = (*FLAG_METHODS, "gguf")  # --quantization: a safetensors method's name, or a GGUF file
 
 
 def lora_parts(module: str) -> tuple[str, ...]:
@@ -47,6 +52,7 @@ class EngineConfig:
     kv_cache_tokens: int | None = _opt(None, "KV pool size in tokens (default on CPU: from --cpu-kv-cache-bytes, at most 65536; on CUDA: from --mem-fraction).")
     mem_fraction: float = _opt(0.85, "Fraction of total GPU memory the engine may use (weights + KV pool).")
     kv_cache_dtype: str = _opt("auto", "KV cache storage: auto = the model dtype; fp8_e4m3 halves the bytes.", KV_CACHE_DTYPES)
+    quantization: str | None = _opt(None, "The method the checkpoint is quantized with (vLLM's and SGLang's flag: fp8, fbgemm_fp8, modelopt, compressed-tensors, gptq, awq, their _marlin names, gguf); read from the checkpoint's quantization_config anyway, so this only checks it. Quantized weights are dequantized at load; float weights are not quantized.")
     max_num_seqs: int = _opt(256, "Most requests running in one batch.")
     max_prefill_tokens: int = _opt(8192, "Most new prompt tokens in one prefill step.")
     chunked_prefill_size: int = _opt(2048, "Split longer prompts into chunks of this many tokens (<= 0: never chunk).")
@@ -96,6 +102,8 @@ class EngineConfig:
         for name in positive:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.quantization is not None and self.quantization not in QUANTIZATION_FLAGS:
+            raise ValueError(f"quantization={self.quantization!r} is not one of {', '.join(QUANTIZATION_FLAGS)}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
         if self.kv_cache_tokens is not None and self.kv_cache_tokens < 16:

@@ -15,6 +15,7 @@ from radixflow.runtime.model.cpu_features import has_native_bf16
 from radixflow.runtime.core.cuda_graph import Capture, CudaGraphCapture, DecodeGraphRunner
 from radixflow.runtime.core.forward_batch import ForwardBatch
 from radixflow.runtime.core.kv_pool import KVPool, ReqToTokenPool
+from radixflow.runtime.model.quant_config import check_quantization_flag
 from radixflow.runtime.model.model_config import ModelArgs, load_model_args
 from radixflow.runtime.model.random_weights import build_random_model
 from radixflow.runtime.core.request import Req
@@ -99,6 +100,8 @@ class ModelRunner:
         self.args = load_model_args(model_dir)
         self.shape = derive_shape(cfg, self.args)
         dev = self.shape.device
+        if cfg.load_format != "dummy":
+            check_quantization_flag(cfg.quantization, model_dir)
         if cfg.load_format == "dummy":
             self.model = build_random_model(self.args, self.shape.dtype, dev, self.shape.max_context_len, cfg.seed)
         else:

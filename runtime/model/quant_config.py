@@ -11,6 +11,9 @@ from typing import Any
 from radixflow.runtime.text_files import read_json_object
 
 SUPPORTED_METHODS = ("fp8", "fbgemm_fp8", "modelopt", "compressed-tensors", "gptq", "awq")
+# vLLM's and SGLang's `--quantization` names of those methods (their kernels' variants read the same files)
+FLAG_METHODS = {**{m: m for m in SUPPORTED_METHODS}, "gptq_marlin": "gptq", "awq_marlin": "awq",
+                "compressed_tensors": "compressed-tensors"}
 # compressed-tensors formats whose weights are stored one value per element, scaled
 _CT_SCALED_FORMATS = ("float-quantized", "int-quantized", "naive-quantized")
 
@@ -210,3 +213,21 @@ def _ct_scheme(name: str, fmt: Any, weights: dict[str, Any]) -> WeightScheme:
         return WeightScheme("scaled", group_size=group_size, block=block)
     raise ValueError(f"{where}: compressed-tensors format {fmt!r} is not supported; supported: pack-quantized, "
                      f"{', '.join(_CT_SCALED_FORMATS)}")
+
+
+def check_quantization_flag(flag: str | None, model_dir: str) -> None:
+    """`--quantization` (vLLM's and SGLang's flag) names the method the checkpoint is quantized
+    with, which is read from its config anyway; ValueError when the checkpoint is not quantized
+    (quantizing float weights at load is not done here) or is quantized otherwise."""
+    if flag is None:
+        return
+    if os.path.isfile(model_dir):
+        if flag != "gguf":
+            raise ValueError(f"--quantization {flag}: {model_dir} is a GGUF file (--quantization gguf, or none)")
+        return
+    found = read_quantization(model_dir)
+    if found is None:
+        raise ValueError(f"--quantization {flag}: {model_dir} holds no quantized checkpoint (no quantization_config); "
+                         "quantizing float weights at load is not supported")
+    if FLAG_METHODS.get(flag) != found.method:
+        raise ValueError(f"--quantization {flag}: the checkpoint in {model_dir} is quantized with {found.method}")

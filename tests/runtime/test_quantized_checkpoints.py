@@ -338,3 +338,24 @@ def test_gpu_serves_a_quantized_checkpoint_as_its_floats(hf_checkpoint, tmp_path
         with Engine(model_dir, device="cuda", dtype="float32", kv_cache_tokens=1024) as engine:
             outs.append([o["output_ids"] for o in engine.generate(input_ids=prompts, sampling_params=params)])
     assert outs[0] == outs[1]
+
+
+def test_the_quantization_flag_names_the_checkpoints_method(hf_checkpoint, tmp_path):
+    """`--quantization` (vLLM's and SGLang's flag) only checks the method the config declares: the
+    same method (or its _marlin name) loads, another one, a float checkpoint or an unknown name is
+    refused saying why."""
+    from radixflow.runtime import Engine
+    from radixflow.runtime.config import EngineConfig
+
+    quantized, _ = _quantized_and_float(hf_checkpoint, tmp_path, "llama3", "gptq4")
+    for flag in ("gptq", "gptq_marlin"):
+        with Engine(quantized, dtype="float32", kv_cache_tokens=256, quantization=flag) as engine:
+            assert len(engine.generate(input_ids=[5, 6, 7], sampling_params={"max_new_tokens": 2})["output_ids"]) == 2
+    with pytest.raises(ValueError, match=r"--quantization awq: the checkpoint in .* is quantized with gptq"):
+        Engine(quantized, dtype="float32", kv_cache_tokens=256, quantization="awq")
+    src, _ = hf_checkpoint("llama3")
+    with pytest.raises(ValueError, match=r"--quantization fp8: .* holds no quantized checkpoint .*quantizing float "
+                                         r"weights at load is not supported"):
+        Engine(src, dtype="float32", kv_cache_tokens=256, quantization="fp8")
+    with pytest.raises(ValueError, match=r"quantization='bitsandbytes' is not one of fp8, "):
+        EngineConfig(quantization="bitsandbytes")
