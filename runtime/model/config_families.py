@@ -1,10 +1,12 @@
-"""Each family's part of a Hugging Face config.json, read as transformers 5 reads it: sliding
-windows, mixture-of-experts layers, Granite's multipliers, Gemma's defaults and fields, YaRN's
-filled-in scaling (runtime/model/model_config.py builds ModelArgs from them)."""
+"""Each family's part of a Hugging Face config.json, read as transformers 5 reads it: its config
+class's defaults, biases, sliding windows, mixture-of-experts layers, Granite's multipliers,
+Gemma's fields (runtime/model/model_config.py builds ModelArgs from them; RoPE: rope_config.py)."""
 from __future__ import annotations
 
 import math
 from typing import Any
+
+from radixflow.runtime.model.config_fields import check_positive_int, check_positive_number, flag, optional, required
 
 GEMMA_ARCHITECTURES = ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
 # mixture-of-experts families: a router sends each token to its top-k experts' MLPs
@@ -55,8 +57,6 @@ _FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
     "ApertusForCausalLM": {"rms_norm_eps": 1e-5, "max_position_embeddings": 65536},
     "Starcoder2ForCausalLM": {"num_key_value_heads": 2, "use_bias": True, "tie_word_embeddings": True},
 }
-_DEFAULT_THETAS = {"Ernie4_5ForCausalLM": 500_000.0, "MixtralForCausalLM": 1_000_000.0,
-                   "SmolLM3ForCausalLM": 2_000_000.0}
 # ApertusConfig's RoPE where the config names none
 _APERTUS_ROPE = {"rope_type": "llama3", "rope_theta": 12_000_000.0, "factor": 8.0,
                  "original_max_position_embeddings": 8192, "low_freq_factor": 1.0, "high_freq_factor": 4.0}
@@ -68,10 +68,6 @@ def with_family_defaults(cfg: dict[str, Any], arch: str) -> dict[str, Any]:
     if arch == "ApertusForCausalLM" and cfg.get("rope_parameters") is None and cfg.get("rope_scaling") is None:
         cfg = {**cfg, "rope_parameters": dict(_APERTUS_ROPE)}
     return cfg
-
-
-def default_rope_theta(arch: str) -> float:
-    return _DEFAULT_THETAS.get(arch, 10_000.0)
 
 
 def bias_fields(cfg: dict[str, Any], arch: str) -> dict[str, bool]:
@@ -102,100 +98,6 @@ def bias_fields(cfg: dict[str, Any], arch: str) -> dict[str, bool]:
     with_mlp = arch in ("LlamaForCausalLM", "SmolLM3ForCausalLM", "GraniteForCausalLM", "InternLM3ForCausalLM",
                         "ArceeForCausalLM")
     return {"qkv_bias": attention_bias, "o_bias": attention_bias, "mlp_bias": mlp_bias and with_mlp}
-
-
-def flag(cfg: dict[str, Any], name: str, default: bool) -> bool:
-    """A true / false field (`default` when absent or null); ValueError for another value."""
-    value = cfg.get(name)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise ValueError(f"{name} must be true or false, got {value!r}")
-    return value
-
-
-def check_positive_int(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-
-
-def required(cfg: dict[str, Any], name: str) -> Any:
-    if cfg.get(name) is None:
-        raise ValueError(f"the required field {name} is missing")
-    return cfg[name]
-
-
-def optional(cfg: dict[str, Any], name: str, default: Any) -> Any:
-    return default if cfg.get(name) is None else cfg[name]
-
-
-def check_positive_number(name: str, value: object, nullable: bool = False) -> None:
-    if nullable and value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
-        raise ValueError(f"{name} must be a positive number{' or null' if nullable else ''}, got {value!r}")
-
-
-def yarn_scaling(cfg: dict[str, Any], scaling: dict[str, Any]) -> dict[str, Any]:
-    """A YaRN `rope_scaling` with its original context and factor filled in as transformers
-    fills them: the config's top-level original_max_position_embeddings first, else the
-    scaling's own, else max_position_embeddings; an absent factor is the ratio of the two.
-    Without any of those the family's default would decide: refused."""
-    longest = cfg.get("max_position_embeddings")
-    old_len = cfg.get("original_max_position_embeddings") or scaling.get("original_max_position_embeddings") or longest
-    if old_len is None:
-        raise ValueError("rope_scaling yarn needs original_max_position_embeddings (or max_position_embeddings)")
-    longest = old_len if longest is None else longest
-    factor = scaling.get("factor")
-    factor = longest / old_len if factor is None else factor
-    for name, value in (("factor", factor), ("original_max_position_embeddings", old_len)):
-        check_positive_number(f"rope_scaling {name}", value)
-    return {**scaling, "factor": factor, "original_max_position_embeddings": old_len}
-
-
-def longrope_scaling(cfg: dict[str, Any], scaling: dict[str, Any], rotary_dim: int) -> dict[str, Any]:
-    """Phi-3's LongRoPE `rope_scaling` (Phi-3.5, the 128K Phi-3 models) as transformers 5 reads it:
-    the top-level original_max_position_embeddings (4096 when absent) is the context the short
-    factors serve; an absent `factor` is max_position_embeddings over it; `short_factor` and
-    `long_factor` each divide one of the rotary_dim / 2 frequencies."""
-    head_dim = rotary_dim
-    old_len = optional(cfg, "original_max_position_embeddings", 4096)
-    check_positive_int("original_max_position_embeddings", old_len)
-    factor = scaling.get("factor")
-    factor = optional(cfg, "max_position_embeddings", 4096) / old_len if factor is None else factor
-    check_positive_number("rope_scaling factor", factor)
-    for name in ("short_factor", "long_factor"):
-        values = scaling.get(name)
-        if (not isinstance(values, list) or len(values) != head_dim // 2
-                or any(isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < math.inf
-                       for v in values)):
-            raise ValueError(f"rope_scaling {name} must list {head_dim // 2} positive numbers (one per RoPE "
-                             f"frequency), got {values!r}")
-    return {**scaling, "rope_type": "longrope", "factor": factor, "original_max_position_embeddings": old_len}
-
-
-def scaled_rope(cfg: dict[str, Any], scaling: dict[str, Any], kind: str) -> dict[str, Any]:
-    """A `linear`, `llama3` or `dynamic` rope_scaling checked, and llama3's original context filled in
-    as transformers fills it (max_position_embeddings where the scaling names none)."""
-    factor = scaling.get("factor")
-    if kind != "dynamic" or factor is not None:
-        check_positive_number("rope_scaling factor", factor)
-    if kind != "llama3":
-        return scaling
-    old_len = scaling.get("original_max_position_embeddings") or cfg.get("max_position_embeddings")
-    check_positive_int("rope_scaling original_max_position_embeddings", old_len)
-    low, high = scaling.get("low_freq_factor", 1.0), scaling.get("high_freq_factor", 4.0)
-    for name, value in (("low_freq_factor", low), ("high_freq_factor", high)):
-        check_positive_number(f"rope_scaling {name}", value)
-    if not low < high:
-        raise ValueError(f"rope_scaling low_freq_factor {low!r} must be below high_freq_factor {high!r}")
-    return {**scaling, "original_max_position_embeddings": old_len}
-
-
-def ntk_alpha_scaling(scaling: dict[str, Any]) -> dict[str, Any]:
-    """HunYuan's `dynamic` scaling with an `alpha`: the RoPE base times alpha ** (d / (d - 2))."""
-    check_positive_number("rope_scaling alpha", scaling.get("alpha"))
-    return {**scaling, "rope_type": "ntk_alpha"}
 
 
 # Gemma2Config's and Gemma3TextConfig's defaults (transformers 5): their checkpoints' configs leave many
@@ -261,25 +163,6 @@ def gemma3_text_config(cfg: dict[str, Any]) -> dict[str, Any]:
 
 def _as_list(value: Any) -> list[Any]:
     return [] if value is None else list(value) if isinstance(value, list) else [value]
-
-
-def layer_type_rope(cfg: dict[str, Any], rope: dict[str, Any], arch: str) -> tuple[float, dict[str, Any] | None, float]:
-    """Gemma 3's and OLMo 3's (global theta, global scaling, local theta): from `rope_theta` and
-    `rope_scaling` (Gemma 3: and `rope_local_base_freq`), or from newer transformers'
-    `rope_parameters` keyed by layer type ("full_attention", "sliding_attention"). The window
-    layers' RoPE is never scaled. NOTE: OLMo 3's config gives the top-level rope_theta to the full
-    layers only; its window layers take their nested theta, else 500,000 (as transformers reads it)."""
-    full, local = rope.get("full_attention") or {}, rope.get("sliding_attention") or {}
-    if not isinstance(full, dict) or not isinstance(local, dict):
-        raise ValueError(f"rope_parameters must map full_attention / sliding_attention to objects, got {rope!r}")
-    default = 500_000.0 if arch == "Olmo3ForCausalLM" else 1_000_000.0
-    # the nested thetas win over the top-level ones, as transformers reads them
-    theta = full.get("rope_theta") or cfg.get("rope_theta") or default
-    scaling = cfg.get("rope_scaling") or (full if full.get("rope_type", "default") != "default" else None)
-    if local.get("rope_type", "default") != "default":
-        raise ValueError(f"a scaled RoPE in the sliding-window layers ({local!r}) is not supported")
-    local_default = default if arch == "Olmo3ForCausalLM" else cfg.get("rope_local_base_freq") or 10_000.0
-    return theta, scaling, local.get("rope_theta") or local_default
 
 
 def gemma_fields(cfg: dict[str, Any], hidden: int, arch: str) -> dict[str, Any]:

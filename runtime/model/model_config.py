@@ -7,11 +7,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from radixflow.runtime.model.config_families import (
-    ACTIVATIONS, GEMMA_ARCHITECTURES, GLM_ARCHITECTURES, UNGATED_ACTIVATIONS, UNGATED_ARCHITECTURES, bias_fields, check_positive_int, check_positive_number,
-    default_rope_theta, exaone4_layers, flag, gemma1_config, gemma1_fields, gemma3_text_config, gemma_fields, granite_fields,
-    layer_type_rope, longrope_scaling, moe_fields, ntk_alpha_scaling, scaled_rope, nope_layers, optional, required, sliding_window_fields,
-    with_family_defaults, with_gemma_defaults, yarn_scaling,
+    ACTIVATIONS, GEMMA_ARCHITECTURES, GLM_ARCHITECTURES, UNGATED_ACTIVATIONS, UNGATED_ARCHITECTURES, bias_fields,
+    exaone4_layers, gemma1_config, gemma1_fields, gemma3_text_config, gemma_fields, granite_fields, moe_fields,
+    nope_layers, sliding_window_fields, with_family_defaults, with_gemma_defaults,
 )
+from radixflow.runtime.model.config_fields import check_positive_int, check_positive_number, flag, optional, required
+from radixflow.runtime.model.rope_config import read_rope
 from radixflow.runtime.text_files import read_json_object
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
@@ -204,25 +205,6 @@ def load_model_args(model_dir: str) -> ModelArgs:
         raise ValueError(f"{path}: {e}") from e
 
 
-def _rotary_dim(cfg: dict[str, Any], rope: dict[str, Any], head_dim: int, arch: str) -> int:
-    """The head dims RoPE rotates: head_dim * partial_rotary_factor (Phi-4-mini: 3/4, GLM: 1/2 by
-    default), as transformers' Phi-3 and GLM rotate them (the other families' transformers code
-    rotates whole heads)."""
-    partial = rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor",
-                                                        0.5 if arch in GLM_ARCHITECTURES else 1.0))
-    if partial == 1.0 and not isinstance(partial, bool):
-        return head_dim
-    if arch not in GLM_ARCHITECTURES + ("Phi3ForCausalLM",):
-        raise ValueError(f"partial_rotary_factor {partial!r} is supported for Phi3ForCausalLM and GLM only "
-                         "(RoPE over the whole head here)")
-    check_positive_number("partial_rotary_factor", partial)
-    rotary_dim = int(head_dim * partial)
-    if not 0 < rotary_dim <= head_dim or rotary_dim % 2:
-        raise ValueError(f"partial_rotary_factor {partial!r} rotates {rotary_dim} of {head_dim} head dims; "
-                         "an even count from 2 to head_dim is supported")
-    return rotary_dim
-
-
 def model_args_from_dict(cfg: dict[str, Any]) -> ModelArgs:
     """ModelArgs of a parsed config.json; ValueError naming a missing or invalid field."""
     archs = cfg.get("architectures") or []
@@ -241,7 +223,7 @@ def model_args_from_dict(cfg: dict[str, Any]) -> ModelArgs:
                          f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
     cfg = with_family_defaults(cfg, arch)
     num_heads, hidden = required(cfg, "num_attention_heads"), required(cfg, "hidden_size")
-    is_gemma, is_gemma3 = arch in GEMMA_ARCHITECTURES, arch == "Gemma3ForCausalLM"
+    is_gemma = arch in GEMMA_ARCHITECTURES
     head_dim = cfg.get("head_dim")
     if head_dim is None:
         check_positive_int("num_attention_heads", num_heads)
@@ -250,42 +232,7 @@ def model_args_from_dict(cfg: dict[str, Any]) -> ModelArgs:
             raise ValueError(f"hidden_size {hidden} is not a multiple of num_attention_heads {num_heads} "
                              "and there is no head_dim")
         head_dim = hidden // num_heads
-    rope = cfg.get("rope_parameters") or {}
-    if not isinstance(rope, dict):
-        raise ValueError(f"rope_parameters must be an object, got {rope!r}")  # newer transformers keep theta and scaling here
-    if is_gemma3 or arch == "Olmo3ForCausalLM":  # the window layers with RoPE of their own
-        rope_theta, rope_scaling, local_theta = layer_type_rope(cfg, rope, arch)
-    else:  # as transformers 5 reads it: a legacy rope_scaling replaces rope_parameters, whose keys win
-        rope = cfg.get("rope_scaling") or rope
-        if not isinstance(rope, dict):
-            raise ValueError(f"rope_scaling must be an object or null, got {rope!r}")
-        rope_theta, local_theta = rope.get("rope_theta", optional(cfg, "rope_theta", default_rope_theta(arch))), None
-        rope_scaling = rope if rope.get("rope_type", rope.get("type", "default")) != "default" else None
-    check_positive_number("rope_theta", rope_theta)
-    if rope_scaling is not None and not isinstance(rope_scaling, dict):
-        raise ValueError(f"rope_scaling must be an object or null, got {rope_scaling!r}")
-    rotary_dim = _rotary_dim(cfg, rope, head_dim, arch)
-    if rope_scaling is not None:
-        kind = rope_scaling.get("rope_type", rope_scaling.get("type"))
-        if arch == "Phi3ForCausalLM" and kind in ("su", "yarn"):  # Phi-3's old names for longrope
-            kind = "longrope"
-        if kind == "dynamic" and arch == "HunYuanDenseV1ForCausalLM" and rope_scaling.get("alpha"):
-            kind = "ntk_alpha"  # HunYuan's: the base stretched by a fixed alpha (not by the sequence's length)
-            rope_scaling = ntk_alpha_scaling(rope_scaling)
-        elif kind == "dynamic":  # dynamic NTK stretches the base only past max_position_embeddings: within
-            # it, plain RoPE (runtime/core/model_runner.py keeps the context there)
-            rope_scaling = {**rope_scaling, "rope_type": "dynamic"}
-        if kind not in ("default", "llama3", "linear", "yarn", "longrope", "ntk_alpha", "dynamic"):
-            raise ValueError(f"unsupported rope_scaling type {kind!r}; supported: llama3, linear, yarn, "
-                             "longrope (Phi-3), dynamic (within max_position_embeddings; with alpha: HunYuan)")
-        if kind == "longrope" and arch != "Phi3ForCausalLM":
-            raise ValueError(f"rope_scaling longrope is supported for Phi3ForCausalLM only, not {arch}")
-        if kind == "yarn":
-            rope_scaling = yarn_scaling(cfg, rope_scaling)
-        elif kind == "longrope":
-            rope_scaling = longrope_scaling(cfg, rope_scaling, rotary_dim)
-        elif kind in ("linear", "llama3", "dynamic"):
-            rope_scaling = scaled_rope(cfg, rope_scaling, kind)
+    rope = read_rope(cfg, arch, head_dim)
     if cfg.get("clip_qkv") is not None:  # OLMo(E) checkpoints trained with clamped q, k, v
         raise ValueError(f"clip_qkv {cfg['clip_qkv']!r} is not supported (q, k and v are not clamped here)")
     # Gemma's MLPs read hidden_activation (a hidden_act there is ignored, as transformers does), the
@@ -319,10 +266,10 @@ def model_args_from_dict(cfg: dict[str, Any]) -> ModelArgs:
         rms_norm_eps=optional(cfg, "norm_epsilon", 1e-5) if arch == "Starcoder2ForCausalLM" else optional(
             cfg, "rms_norm_eps", 1e-6),
         layer_norm=arch == "Starcoder2ForCausalLM",
-        rope_theta=rope_theta,
-        rope_scaling=rope_scaling,
-        rotary_dim=rotary_dim,
-        local_rope_theta=local_theta,
+        rope_theta=rope.theta,
+        rope_scaling=rope.scaling,
+        rotary_dim=rope.rotary_dim,
+        local_rope_theta=rope.local_theta,
         hidden_act=activations[act],
         gated_mlp=gated,
         max_position_embeddings=optional(cfg, "max_position_embeddings", 4096),
