@@ -13,7 +13,8 @@ Every request it was given is, at any moment, in exactly one place:
     any of them ──finish──▶ done (released; the engine takes it with take_finished())
 
 so the one finish path (`_retire`) sees every request, whatever step it was in. Prefill admission
-is in admission.py and the slot accounting checks in slot_accounting.py (mixins of Scheduler).
+is in admission.py, the slot accounting checks in slot_accounting.py and LongRoPE's switch to
+the long factors in long_rope_switch.py (mixins of Scheduler).
 """
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ from dataclasses import dataclass
 from radixflow.radix import Node, RadixCache
 from radixflow.runtime.core.admission import NO_FIT, Admission
 from radixflow.runtime.core.kv_pool import KVPool, ReqToTokenPool, SlotIds
-from radixflow.runtime.core.request import Req, Status, adapter_namespaces, long_rope_namespace
+from radixflow.runtime.core.long_rope_switch import LongRopeSwitch
+from radixflow.runtime.core.request import Req, Status, adapter_namespaces
 from radixflow.runtime.core.scheduled_batch import ScheduledBatch, mixed
 from radixflow.runtime.core.slot_accounting import SlotAccounting
 from radixflow.runtime.core.slot_list import SlotList, append_one_each
@@ -55,7 +57,7 @@ class SchedulerLimits:
     mixed: bool = False            # a prefill step also decodes the running requests
 
 
-class Scheduler(Admission, SlotAccounting):
+class Scheduler(Admission, SlotAccounting, LongRopeSwitch):
     def __init__(self, limits: SchedulerLimits, kv_pool: KVPool, req_pool: ReqToTokenPool,
                  cache: RadixCache, adapters: AdapterAdmission = NO_ADAPTERS,
                  long_rope_len: int | None = None) -> None:
@@ -86,28 +88,6 @@ class Scheduler(Admission, SlotAccounting):
         self._pick_rope(req)
         self.waiting.append(req)
         self._blocked_until = None
-
-    def _pick_rope(self, req: Req) -> None:
-        """LongRoPE: a waiting request longer than the short factors' context takes the long ones,
-        and its KV their namespace. Only while it holds no KV."""
-        if self.long_rope_len is not None and not req.long_rope and (
-                len(req.prompt_ids) + len(req.output_ids) > self.long_rope_len):
-            req.long_rope, req.namespace = True, long_rope_namespace(req.namespace)
-
-    def _restart_past_short_rope(self) -> None:
-        """LongRoPE, as transformers' Phi-3 generates: a running request whose next token would
-        sit past the short factors' context is computed again from its first token with the long
-        factors (its short KV stays cached for others). Not a preemption: the engine gives it
-        back to the queue's head, and its tokens so far stay."""
-        if self.long_rope_len is None:
-            return
-        for req in [r for r in self.running if not r.long_rope and r.seq_len > self.long_rope_len]:
-            log.debug("%s passes %d tokens: computed again with LongRoPE's long factors", req.rid,
-                      self.long_rope_len)
-            self._release(req)
-            req.status = Status.WAITING
-            self._pick_rope(req)
-            self.waiting.insert(0, req)
 
     def abort(self, rid: str, message: str = "aborted", reason: dict | None = None) -> bool:
         """Finish `rid` (or each part of the n > 1 request submitted as `rid`) with reason abort
@@ -297,9 +277,8 @@ class Scheduler(Admission, SlotAccounting):
         admission, retraction). A full batch or a memory-blocked queue goes on overlapping."""
         if self.prefilling or not self.running or (self.waiting and not self._admits_nothing()):
             return None
-        if self.long_rope_len is not None and any(not r.long_rope and r.kv_len >= self.long_rope_len
-                                                  for r in self.running):
-            return None  # its pending token passes the short factors' context: `schedule` restarts it
+        if self._crosses_next_step():
+            return None  # a pending token passes the short factors' context: `schedule` restarts its request
         if len(self.running) > self.kv.num_free + self.cache.evictable_size():
             return None
         slots = self._alloc(len(self.running))
@@ -341,8 +320,7 @@ class Scheduler(Admission, SlotAccounting):
             return news
         news = [1] * len(self.running) if news is None else news
         for i, (req, mine) in enumerate(zip(self.running, drafts)):
-            if self.long_rope_len is not None and not req.long_rope:  # no logits past the short context
-                mine = mine[:max(0, self.long_rope_len - 1 - req.kv_len)]
+            mine = self._drafts_within_rope(req, mine)
             if mine:
                 req.drafts = mine
                 req.output_ids.extend(mine)
