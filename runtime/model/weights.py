@@ -162,21 +162,7 @@ def _checkpoint_sources(args: ModelArgs) -> dict[str, list[str]]:
             q_norm, k_norm = _QK_NORM_NAMES.get(args.architecture, ("q_norm", "k_norm"))
             src[ours + "self_attn.q_norm.weight"] = [attn + f"{q_norm}.weight"]
             src[ours + "self_attn.k_norm.weight"] = [attn + f"{k_norm}.weight"]
-        if i in args.moe_layers:
-            src.update(_expert_sources(args, p, ours))
-        else:
-            for kind in ("weight", "bias") if args.mlp_bias else ("weight",):
-                up, down = _MLP_NAMES.get(args.architecture, ("up_proj", "down_proj"))
-                if not args.gated_mlp:  # Arcee, Apertus, StarCoder2: up alone
-                    src[ours + f"mlp.gate_up_proj.{kind}"] = [p + f"mlp.{up}.{kind}"]
-                elif args.fused_gate_up:
-                    src[ours + f"mlp.gate_up_proj.{kind}"] = [p + f"mlp.gate_up_proj.{kind}"]
-                else:
-                    src[ours + f"mlp.gate_up_proj.{kind}"] = [p + f"mlp.gate_proj.{kind}", p + f"mlp.up_proj.{kind}"]
-                src[ours + f"mlp.down_proj.{kind}"] = [p + f"mlp.{down}.{kind}"]
-            if args.hidden_act == "xielu":
-                for scalar in ("alpha_p", "alpha_n", "beta", "eps"):
-                    src[ours + f"mlp.act_{scalar}"] = [p + f"mlp.act_fn.{scalar}"]
+        src.update(_expert_sources(args, p, ours) if i in args.moe_layers else _mlp_sources(args, p, ours))
         norms = ["post_attention_layernorm"]  # Llama's before the MLP; OLMo 2's and Gemma 3's after attention
         if args.pre_norms:
             norms.append("input_layernorm")
@@ -194,6 +180,25 @@ def _checkpoint_sources(args: ModelArgs) -> dict[str, list[str]]:
 
 # a family's names for its MLP's up and down projections, where they are not Llama's
 _MLP_NAMES = {"Starcoder2ForCausalLM": ("c_fc", "c_proj")}
+
+
+def _mlp_sources(args: ModelArgs, p: str, ours: str) -> dict[str, list[str]]:
+    """A dense layer's MLP parameters: gate | up (stored apart, or fused as Phi-3's and GLM's; up
+    alone in an MLP without a gate), down, their biases, and Apertus' xIELU scalars."""
+    up, down = _MLP_NAMES.get(args.architecture, ("up_proj", "down_proj"))
+    src = {}
+    for kind in ("weight", "bias") if args.mlp_bias else ("weight",):
+        if not args.gated_mlp:  # Arcee, Apertus, StarCoder2
+            src[ours + f"mlp.gate_up_proj.{kind}"] = [p + f"mlp.{up}.{kind}"]
+        elif args.fused_gate_up:
+            src[ours + f"mlp.gate_up_proj.{kind}"] = [p + f"mlp.gate_up_proj.{kind}"]
+        else:
+            src[ours + f"mlp.gate_up_proj.{kind}"] = [p + f"mlp.gate_proj.{kind}", p + f"mlp.up_proj.{kind}"]
+        src[ours + f"mlp.down_proj.{kind}"] = [p + f"mlp.{down}.{kind}"]
+    if args.hidden_act == "xielu":
+        for scalar in ("alpha_p", "alpha_n", "beta", "eps"):
+            src[ours + f"mlp.act_{scalar}"] = [p + f"mlp.act_fn.{scalar}"]
+    return src
 
 
 # a family's names for the norms around a layer's branches, where they are not Gemma's
