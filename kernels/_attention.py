@@ -9,6 +9,7 @@ from ._triton import tl, triton
 from .fp8 import dequantize_fp8, fp8_e4m3_to_f32
 
 LOG2E = 1.0 / math.log(2.0)
+LOG2E_JIT = tl.constexpr(LOG2E) if tl is not None else LOG2E  # the same, as jit code reads a global
 # The `window` of attention without a sliding window: more positions than any context has.
 NO_WINDOW = 1 << 30
 
@@ -90,6 +91,24 @@ def softcap_scores(scores: torch.Tensor, softcap: float | None) -> torch.Tensor:
     """Attention scores soft-capped in place to softcap * tanh(scores / softcap) (Gemma 2's
     attn_logit_softcapping); unchanged for None."""
     return scores if softcap is None else scores.div_(softcap).tanh_().mul_(softcap)
+
+
+def softmax_with_sinks(scores: torch.Tensor, sinks: torch.Tensor | None) -> torch.Tensor:
+    """softmax(scores) over the last dim; with `sinks` (one logit per row, broadcast to
+    scores[..., :1]: gpt-oss's per-head attention sinks) each row's denominator also holds
+    exp(sink), a key that carries no value, so a row's weights sum to less than 1. A row whose
+    scores are all -inf gets zeros with a sink (NaN without, as softmax gives)."""
+    if sinks is None:
+        return scores.softmax(dim=-1)
+    sink = sinks.to(scores.dtype).expand(*scores.shape[:-1], 1)
+    return torch.cat([scores, sink], dim=-1).softmax(dim=-1)[..., :-1]
+
+
+def sink_scale(lse: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
+    """The factor an attention output normalized over its keys (log-sum-exp `lse`, natural log)
+    takes once a sink joins the denominator: e^lse / (e^lse + e^sink) = sigmoid(lse - sink)
+    (0 where lse is -inf: no keys)."""
+    return torch.sigmoid(lse - sinks.to(lse.dtype))
 
 
 def softcap_args(softcap: float | None) -> tuple[float, bool]:

@@ -67,6 +67,17 @@ def check_attention(q: object, k_cache: object, v_cache: object, req_to_token: o
                               and 0 < softcap < math.inf), f"softcap must be None or a positive float, got {softcap!r}")
 
 
+def check_sinks(sinks: object, q: torch.Tensor) -> None:
+    """Attention sinks: None, or one float logit per query head, on q's device."""
+    if sinks is None:
+        return
+    check_tensor("sinks", sinks, 1, FLOAT_DTYPES)
+    assert isinstance(sinks, torch.Tensor)
+    check(sinks.shape[0] == q.shape[1], f"sinks must hold one logit per query head ({q.shape[1]}), "
+          f"got {sinks.shape[0]}")
+    check(sinks.device == q.device, f"sinks must be on q's device {q.device}, got {sinks.device}")
+
+
 def check_scales(k_scale: float, v_scale: float) -> None:
     for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
         ok = isinstance(scale, (int, float)) and 0 < scale < float("inf")

@@ -4,8 +4,9 @@ from __future__ import annotations
 import torch
 
 from . import _triton as tr
-from ._attention import LOG2E, attend_kv_range, dot_precision, gather_kv, softcap_args, softcap_scores
-from ._checks import check, check_attention, check_index, check_same_device, check_scales
+from ._attention import (LOG2E, LOG2E_JIT, attend_kv_range, dot_precision, gather_kv, softcap_args, softcap_scores,
+                         softmax_with_sinks)
+from ._checks import check, check_attention, check_index, check_same_device, check_scales, check_sinks
 from ._triton import tl, triton
 
 
@@ -46,8 +47,10 @@ def window_context(req_to_token: torch.Tensor, req_rows: torch.Tensor, seq_lens:
 
 def _check_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to_token: torch.Tensor,
                   req_rows: torch.Tensor, seq_lens: torch.Tensor, sm_scale: float, k_scale: float,
-                  v_scale: float, num_kv_splits: int, softcap: float | None = None) -> None:
+                  v_scale: float, num_kv_splits: int, softcap: float | None = None,
+                  sinks: torch.Tensor | None = None) -> None:
     check_attention(q, k_cache, v_cache, req_to_token, sm_scale, softcap)
+    check_sinks(sinks, q)
     check_scales(k_scale, v_scale)
     check_index("req_rows", req_rows, q.shape[0])
     check_index("seq_lens", seq_lens, q.shape[0])
@@ -59,9 +62,11 @@ def _check_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
 
 def decode_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to_token: torch.Tensor,
                          req_rows: torch.Tensor, seq_lens: torch.Tensor, sm_scale: float, k_scale: float = 1.0,
-                         v_scale: float = 1.0, num_kv_splits: int = 8, softcap: float | None = None) -> torch.Tensor:
+                         v_scale: float = 1.0, num_kv_splits: int = 8, softcap: float | None = None,
+                         sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Attention of q [batch, num_heads, head_dim] (one query per request) over its context
-    (scores soft-capped to softcap * tanh(score / softcap) where `softcap` is given).
+    (scores soft-capped to softcap * tanh(score / softcap) where `softcap` is given; `sinks`
+    as extend_attention_ref's).
 
     Request i sees the seq_lens[i] slots req_to_token[req_rows[i], :seq_lens[i]],
     its own new token included (already stored). A request with seq_len 0 (CUDA
@@ -70,7 +75,7 @@ def decode_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
     over requests, padded to the longest context; `num_kv_splits` is unused here.
     """
     _check_decode(q, k_cache, v_cache, req_to_token, req_rows, seq_lens, sm_scale, k_scale, v_scale, num_kv_splits,
-                  softcap)
+                  softcap, sinks)
     batch, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[1]
     max_len = int(seq_lens.max()) if batch else 0
@@ -86,7 +91,8 @@ def decode_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
     scores = torch.einsum("bkgd,blkd->bkgl", qg, k) * sm_scale  # [batch, num_kv_heads, group, max_len]
     scores = softcap_scores(scores, softcap)
     mask = visible[:, None, None, :]
-    probs = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+    head_sinks = None if sinks is None else sinks.float().view(1, num_kv_heads, num_heads // num_kv_heads, 1)
+    probs = softmax_with_sinks(scores.masked_fill(~mask, float("-inf")), head_sinks)
     probs = torch.where(mask, probs, 0.0)  # a seq_len 0 row is all NaN: make it zeros
     out = torch.einsum("bkgl,blkd->bkgd", probs, v)
     return out.reshape(batch, num_heads, head_dim).to(q.dtype)
@@ -144,8 +150,9 @@ def _decode_stage1_kernel(
 
 @triton.jit
 def _decode_stage2_kernel(
-    part_out, part_lse, out, v_scale, stride_o_req, stride_o_head, num_heads,
+    part_out, part_lse, out, sinks, v_scale, stride_o_req, stride_o_head, num_heads,
     HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
 ):
     # grid: (row, query head): merges the splits' partial softmaxes (a row is a decode
     # request, or an extend token)
@@ -160,10 +167,15 @@ def _decode_stage2_kernel(
     has_keys = lse > float("-inf")  # a split that saw no key may not have written part_out
     m = tl.max(lse, 0)
     m = tl.where(m == float("-inf"), 0.0, m)  # seq_len 0: every split empty, weights 0 (not NaN)
+    if HAS_SINKS:  # the head's sink joins the denominator, once
+        sink = tl.load(sinks + head).to(tl.float32) * LOG2E_JIT
+        m = tl.maximum(m, sink)
     w = tl.exp2(lse - m)
     o = tl.load(part_out + part[:, None] * HEAD_DIM + offs_d[None, :],
                 mask=(mask_s & has_keys)[:, None] & mask_d[None, :], other=0.0)  # [BLOCK_S, BLOCK_D]
     total = tl.sum(w, 0)
+    if HAS_SINKS:
+        total += tl.exp2(sink - m)
     res = tl.sum(w[:, None] * o, 0) / tl.where(total > 0, total, 1.0) * v_scale
     tl.store(out + req * stride_o_req + head * stride_o_head + offs_d, res.to(out.dtype.element_ty), mask=mask_d)
 
@@ -178,7 +190,8 @@ def stage1_config(group: int, is_cuda: bool) -> dict[str, int]:
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to_token: torch.Tensor,
                      req_rows: torch.Tensor, seq_lens: torch.Tensor, sm_scale: float, k_scale: float = 1.0,
-                     v_scale: float = 1.0, num_kv_splits: int = 8, softcap: float | None = None) -> torch.Tensor:
+                     v_scale: float = 1.0, num_kv_splits: int = 8, softcap: float | None = None,
+                     sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Triton twin of `decode_attention_ref` (same contract), flash-decoding style.
 
     Stage 1, grid (batch, num_kv_heads * cdiv(group, BLOCK_H), num_kv_splits):
@@ -187,7 +200,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     device only, and the scratch size depends on shapes alone.
     """
     _check_decode(q, k_cache, v_cache, req_to_token, req_rows, seq_lens, sm_scale, k_scale, v_scale, num_kv_splits,
-                  softcap)
+                  softcap, sinks)
     tr.require_triton("decode_attention")
     batch, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[1]
@@ -211,17 +224,19 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         IS_FP8=is_fp8, DOT_PRECISION=dot_precision(q.dtype), USE_WHILE=tr.use_while_loop(q.device), SOFTCAP=use_cap,
         **cfg,
     )
-    merge_splits(part_out, part_lse, out, v_scale if is_fp8 else 1.0)
+    merge_splits(part_out, part_lse, out, v_scale if is_fp8 else 1.0, sinks)
     return out
 
 
-def merge_splits(part_out: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor, v_scale: float) -> None:
+def merge_splits(part_out: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor, v_scale: float,
+                 sinks: torch.Tensor | None = None) -> None:
     """Stage 2: out[r, h] = the softmax-weighted merge of part_out [rows, num_heads, splits,
     head_dim] fp32 by part_lse [rows, num_heads, splits] (log2 domain; -inf: the split saw no
-    key), times v_scale. A row whose splits are all -inf gets zeros. Writes `out` in place."""
+    key), times v_scale; with `sinks` [num_heads] (natural-log logits) each head's sink joins
+    the denominator. A row whose splits are all -inf gets zeros. Writes `out` in place."""
     rows, num_heads, num_splits, head_dim = part_out.shape
     _decode_stage2_kernel[(rows, num_heads)](
-        part_out, part_lse, out, v_scale, out.stride(0), out.stride(1), num_heads,
-        HEAD_DIM=head_dim, NUM_SPLITS=num_splits, BLOCK_S=triton.next_power_of_2(num_splits),
-        BLOCK_D=triton.next_power_of_2(head_dim), num_warps=4,
+        part_out, part_lse, out, part_lse if sinks is None else sinks, v_scale, out.stride(0), out.stride(1),
+        num_heads, HEAD_DIM=head_dim, NUM_SPLITS=num_splits, BLOCK_S=triton.next_power_of_2(num_splits),
+        BLOCK_D=triton.next_power_of_2(head_dim), HAS_SINKS=sinks is not None, num_warps=4,
     )

@@ -6,8 +6,9 @@ import functools
 import torch
 
 from . import _triton as tr
-from ._attention import LOG2E, NO_WINDOW, attend_kv_range, dot_precision, gather_kv, softcap_args, softcap_scores
-from ._checks import check, check_attention, check_index, check_same_device, check_scales
+from ._attention import (LOG2E, LOG2E_JIT, NO_WINDOW, attend_kv_range, dot_precision, gather_kv, softcap_args, softcap_scores,
+                         softmax_with_sinks)
+from ._checks import check, check_attention, check_index, check_same_device, check_scales, check_sinks
 from ._triton import tl, triton
 from .decode_attention import choose_kv_splits, merge_splits
 
@@ -16,8 +17,10 @@ def _check_extend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                   req_rows: torch.Tensor, prefix_lens: torch.Tensor, extend_lens: torch.Tensor,
                   extend_starts: torch.Tensor, sm_scale: float, k_scale: float, v_scale: float,
                   max_extend_len: int | None, max_seq_len: int | None = None,
-                  num_kv_splits: int | None = None, window: int | None = None, softcap: float | None = None) -> None:
+                  num_kv_splits: int | None = None, window: int | None = None, softcap: float | None = None,
+                  sinks: torch.Tensor | None = None) -> None:
     check_attention(q, k_cache, v_cache, req_to_token, sm_scale, softcap)
+    check_sinks(sinks, q)
     check(window is None or (isinstance(window, int) and not isinstance(window, bool) and window >= 1),
           f"window must be None or an int >= 1, got {window!r}")
     check_scales(k_scale, v_scale)
@@ -40,10 +43,11 @@ def extend_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
                          extend_starts: torch.Tensor, sm_scale: float, k_scale: float = 1.0, v_scale: float = 1.0,
                          max_extend_len: int | None = None, max_seq_len: int | None = None,
                          num_kv_splits: int | None = None, window: int | None = None,
-                         softcap: float | None = None) -> torch.Tensor:
+                         softcap: float | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Causal attention of the new tokens of each request over its whole context (or its last
     `window` positions: a sliding window), scores soft-capped to softcap * tanh(score / softcap)
-    where `softcap` is given.
+    where `softcap` is given; `sinks` [num_heads] (gpt-oss): each head's logit joins its
+    softmax's denominator (a key without a value: see _attention.softmax_with_sinks).
 
         q rows:   | req0 new tokens | req1 new tokens | ...      [num_tokens, num_heads, head_dim]
                   ^ extend_starts[0] ^ extend_starts[1]
@@ -59,10 +63,11 @@ def extend_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
     Memory: num_heads * extend_len * seq_len floats.
     """
     _check_extend(q, k_cache, v_cache, req_to_token, req_rows, prefix_lens, extend_lens, extend_starts,
-                  sm_scale, k_scale, v_scale, max_extend_len, max_seq_len, num_kv_splits, window, softcap)
+                  sm_scale, k_scale, v_scale, max_extend_len, max_seq_len, num_kv_splits, window, softcap, sinks)
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[1]
     group = num_heads // num_kv_heads
+    head_sinks = None if sinks is None else sinks.float().view(num_kv_heads, group, 1, 1)
     out = torch.zeros((num_tokens, num_heads, head_dim), dtype=q.dtype, device=q.device)
     per_req = zip(req_rows.tolist(), prefix_lens.tolist(), extend_lens.tolist(), extend_starts.tolist())
     for row, prefix_len, extend_len, start in per_req:
@@ -80,7 +85,7 @@ def extend_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
         visible = key_pos <= query_pos[:, None]  # [extend_len, seq_len]
         if window is not None:
             visible &= key_pos > query_pos[:, None] - window
-        probs = scores.masked_fill(~visible, float("-inf")).softmax(dim=-1)
+        probs = softmax_with_sinks(scores.masked_fill(~visible, float("-inf")), head_sinks)
         oi = torch.einsum("kges,skd->ekgd", probs, v)  # [extend_len, num_kv_heads, group, head_dim]
         out[start:start + extend_len] = oi.reshape(extend_len, num_heads, head_dim).to(q.dtype)
     return out
@@ -89,13 +94,14 @@ def extend_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
 @triton.jit
 def _extend_attention_kernel(
     q, k_cache, v_cache, out, part_out, part_lse, req_to_token, req_rows, prefix_lens, extend_lens, extend_starts,
-    qk_scale, v_scale, window, cap,
+    sinks, qk_scale, v_scale, window, cap,
     stride_q_tok, stride_q_head, stride_o_tok, stride_o_head,
     stride_kc_slot, stride_kc_head, stride_vc_slot, stride_vc_head, stride_r2t_row, num_heads, num_splits,
     GROUP_SIZE: tl.constexpr, HEAD_BLOCKS: tl.constexpr, HEADS_PER_TILE: tl.constexpr,
     TOKENS_PER_TILE: tl.constexpr, HEAD_DIM: tl.constexpr, IS_SPLIT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     IS_FP8: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_WHILE: tl.constexpr, SOFTCAP: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
 ):
     # grid: (request, KV head x HEAD_BLOCKS, token block x num_splits). A tile stacks the
     # query heads of one KV head into its M rows, token-major, so each K/V tile is loaded
@@ -146,6 +152,12 @@ def _extend_attention_kernel(
     has_keys = l_i > 0
     l_safe = tl.where(has_keys, l_i, 1.0)
     if not IS_SPLIT:
+        if HAS_SINKS:  # the head's sink joins the denominator (split launches add it in the merge)
+            sink = tl.load(sinks + heads, mask=mask_r, other=0.0).to(tl.float32) * LOG2E_JIT
+            m_s = tl.maximum(m_i, sink)
+            alpha = tl.exp2(m_i - m_s)
+            acc = acc * alpha[:, None]
+            l_safe = l_i * alpha + tl.exp2(sink - m_s)
         o = acc / l_safe[:, None] * v_scale
         o_ptrs = out + toks[:, None] * stride_o_tok + heads[:, None] * stride_o_head + offs_d[None, :]
         tl.store(o_ptrs, o.to(out.dtype.element_ty), mask=mask_rd)
@@ -203,7 +215,7 @@ def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      extend_starts: torch.Tensor, sm_scale: float, k_scale: float = 1.0, v_scale: float = 1.0,
                      max_extend_len: int | None = None, max_seq_len: int | None = None,
                      num_kv_splits: int | None = None, window: int | None = None,
-                     softcap: float | None = None) -> torch.Tensor:
+                     softcap: float | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Triton twin of `extend_attention_ref` (same contract).
 
     One launch for all requests: grid (batch, num_kv_heads * head_blocks, token tiles * splits),
@@ -217,7 +229,7 @@ def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     (not checked: that would sync).
     """
     _check_extend(q, k_cache, v_cache, req_to_token, req_rows, prefix_lens, extend_lens, extend_starts,
-                  sm_scale, k_scale, v_scale, max_extend_len, max_seq_len, num_kv_splits, window, softcap)
+                  sm_scale, k_scale, v_scale, max_extend_len, max_seq_len, num_kv_splits, window, softcap, sinks)
     tr.require_triton("extend_attention")
     num_tokens, num_heads, head_dim = q.shape
     batch, num_kv_heads = req_rows.shape[0], k_cache.shape[1]
@@ -247,15 +259,15 @@ def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     cap, use_cap = softcap_args(softcap)
     _extend_attention_kernel[grid](
         q, k_cache, v_cache, out, part_out, part_lse, req_to_token, req_rows, prefix_lens, extend_lens, extend_starts,
-        sm_scale * (k_scale if is_fp8 else 1.0) * LOG2E, v_scale if is_fp8 else 1.0,
+        q if sinks is None else sinks, sm_scale * (k_scale if is_fp8 else 1.0) * LOG2E, v_scale if is_fp8 else 1.0,
         NO_WINDOW if window is None else window, cap,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1), req_to_token.stride(0),
         num_heads, num_kv_splits, GROUP_SIZE=group, HEAD_BLOCKS=head_blocks, HEADS_PER_TILE=heads_per_tile,
         TOKENS_PER_TILE=tokens_per_tile, HEAD_DIM=head_dim, IS_SPLIT=num_kv_splits > 1, BLOCK_D=block_d,
         IS_FP8=is_fp8, DOT_PRECISION=dot_precision(q.dtype), USE_WHILE=tr.use_while_loop(q.device), SOFTCAP=use_cap,
-        **cfg,
+        HAS_SINKS=sinks is not None, **cfg,
     )
     if num_kv_splits > 1:
-        merge_splits(part_out, part_lse, out, v_scale if is_fp8 else 1.0)
+        merge_splits(part_out, part_lse, out, v_scale if is_fp8 else 1.0, sinks)
     return out

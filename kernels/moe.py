@@ -41,7 +41,7 @@ def moe_route(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tup
 
 
 def _check_moe(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w_gate_up: torch.Tensor,
-               w_down: torch.Tensor) -> None:
+               w_down: torch.Tensor, b_gate_up: torch.Tensor | None = None, b_down: torch.Tensor | None = None) -> None:
     check_tensor("x", x, 2, FLOAT_DTYPES)
     check_tensor("weights", weights, 2, (torch.float32,))
     check_tensor("ids", ids, 2, INDEX_DTYPES)
@@ -55,15 +55,26 @@ def _check_moe(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w_gate
     check(tuple(weights.shape) == tuple(ids.shape) and ids.shape[0] == x.shape[0],
           f"weights {tuple(weights.shape)} and ids {tuple(ids.shape)} must both be [{x.shape[0]}, k]")
     check_same_device(x=x, weights=weights, ids=ids, w_gate_up=w_gate_up, w_down=w_down)
+    for name, bias, weight in (("b_gate_up", b_gate_up, w_gate_up), ("b_down", b_down, w_down)):
+        if bias is not None:
+            check_tensor(name, bias, 2, (x.dtype,))
+            check(tuple(bias.shape) == tuple(weight.shape[:2]) and bias.device == x.device,
+                  f"{name} must be [{weight.shape[0]}, {weight.shape[1]}] on x's device, got {tuple(bias.shape)}")
 
 
 def fused_moe_ref(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w_gate_up: torch.Tensor,
-                  w_down: torch.Tensor, act: Callable[[torch.Tensor], torch.Tensor] = silu_and_mul_ref) -> torch.Tensor:
+                  w_down: torch.Tensor, act: Callable[[torch.Tensor], torch.Tensor] = silu_and_mul_ref,
+                  b_gate_up: torch.Tensor | None = None, b_down: torch.Tensor | None = None) -> torch.Tensor:
     """The weighted sum over each token's experts [T, H] in x's dtype, summed in fp32 expert by
-    expert; `act` [n, 2I] → [n, I] is the SiLU-and-mul to use (the CPU path passes its native one)."""
-    _check_moe(x, weights, ids, w_gate_up, w_down)
-    return grouped_experts(x, weights, ids, w_gate_up.shape[0],
-                           lambda e, rows: F.linear(act(F.linear(rows, w_gate_up[e])), w_down[e]))
+    expert; `act` [n, 2I] → [n, I] is the activation (SiLU-and-mul; the CPU path passes its native
+    one); b_gate_up [E, 2I] and b_down [E, H] the experts' biases (gpt-oss), or None."""
+    _check_moe(x, weights, ids, w_gate_up, w_down, b_gate_up, b_down)
+
+    def expert_mlp(e: int, rows: torch.Tensor) -> torch.Tensor:
+        gate_up = F.linear(rows, w_gate_up[e], None if b_gate_up is None else b_gate_up[e])
+        return F.linear(act(gate_up), w_down[e], None if b_down is None else b_down[e])
+
+    return grouped_experts(x, weights, ids, w_gate_up.shape[0], expert_mlp)
 
 
 def grouped_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, num_experts: int,
@@ -115,10 +126,11 @@ def align_pairs(ids: torch.Tensor, num_experts: int, block_m: int = BLOCK_M) -> 
 
 
 @triton.jit
-def _grouped_kernel(a, w, c, sorted_pairs, block_experts, scales, num_pairs, N, K, ROW_DIV, stride_a, stride_we,
-                    stride_wn, stride_c, HAS_SCALE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    # grid: (block of sorted pairs, block of N); c[pair, n-block] = a[pair // ROW_DIV] @ w[expert]^T (* scale)
+def _grouped_kernel(a, w, c, sorted_pairs, block_experts, scales, bias, num_pairs, N, K, ROW_DIV, stride_a,
+                    stride_we, stride_wn, stride_c, stride_be, HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr,
+                    DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    # grid: (block of sorted pairs, block of N);
+    # c[pair, n-block] = (a[pair // ROW_DIV] @ w[expert]^T + bias[expert]) (* scale)
     expert = tl.load(block_experts + tl.program_id(0)).to(tl.int64)
     if expert < 0:
         return
@@ -136,6 +148,8 @@ def _grouped_kernel(a, w, c, sorted_pairs, block_experts, scales, num_pairs, N, 
         wt = tl.load(w + expert * stride_we + rn[None, :] * stride_wn + kk[:, None],
                      mask=k_mask[:, None] & n_mask[None, :], other=0.0)
         acc += tl.dot(at, wt, input_precision=DOT_PRECISION)
+    if HAS_BIAS:
+        acc += tl.load(bias + expert * stride_be + rn, mask=n_mask, other=0.0).to(tl.float32)[None, :]
     if HAS_SCALE:
         acc = acc * tl.load(scales + pair, mask=m_mask, other=0.0)[:, None]
     tl.store(c + pair[:, None] * stride_c + rn[None, :], acc.to(c.dtype.element_ty),
@@ -143,7 +157,7 @@ def _grouped_kernel(a, w, c, sorted_pairs, block_experts, scales, num_pairs, N, 
 
 
 def _grouped(a: torch.Tensor, w: torch.Tensor, out: torch.Tensor, aligned: tuple[torch.Tensor, torch.Tensor],
-             row_div: int, scales: torch.Tensor | None) -> None:
+             row_div: int, scales: torch.Tensor | None, bias: torch.Tensor | None = None) -> None:
     sorted_pairs, block_experts = aligned
     n, k = w.shape[1], w.shape[2]
     if block_experts.shape[0] == 0 or n == 0:
@@ -151,25 +165,28 @@ def _grouped(a: torch.Tensor, w: torch.Tensor, out: torch.Tensor, aligned: tuple
     block_n = max(16, min(64, triton.next_power_of_2(n)))
     block_k = max(16, min(64, triton.next_power_of_2(k)))
     grid = (block_experts.shape[0], triton.cdiv(n, block_n))
-    _grouped_kernel[grid](a, w, out, sorted_pairs, block_experts, out if scales is None else scales, out.shape[0],
-                          n, k, row_div, a.stride(0), w.stride(0), w.stride(1), out.stride(0),
-                          HAS_SCALE=scales is not None, DOT_PRECISION=dot_precision(a.dtype), BLOCK_M=BLOCK_M,
-                          BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4)
+    _grouped_kernel[grid](a, w, out, sorted_pairs, block_experts, out if scales is None else scales,
+                          out if bias is None else bias, out.shape[0], n, k, row_div, a.stride(0), w.stride(0),
+                          w.stride(1), out.stride(0), 0 if bias is None else bias.stride(0),
+                          HAS_SCALE=scales is not None, HAS_BIAS=bias is not None,
+                          DOT_PRECISION=dot_precision(a.dtype), BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=block_k,
+                          num_warps=4)
 
 
 def fused_moe(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w_gate_up: torch.Tensor,
-              w_down: torch.Tensor) -> torch.Tensor:
-    """Triton twin of `fused_moe_ref` (same contract, the SiLU-and-mul kernel as `act`; the k
-    slots' parts summed in slot order, not expert order)."""
-    _check_moe(x, weights, ids, w_gate_up, w_down)
+              w_down: torch.Tensor, act: Callable[[torch.Tensor], torch.Tensor] | None = None,
+              b_gate_up: torch.Tensor | None = None, b_down: torch.Tensor | None = None) -> torch.Tensor:
+    """Triton twin of `fused_moe_ref` (same contract; `act` None: the SiLU-and-mul kernel; the
+    biases added in the grouped matmuls; the k slots' parts summed in slot order, not expert order)."""
+    _check_moe(x, weights, ids, w_gate_up, w_down, b_gate_up, b_down)
     tr.require_triton("fused_moe")
     check(w_gate_up.is_contiguous() and w_down.is_contiguous(), "w_gate_up and w_down must be contiguous")
     tokens, top_k = ids.shape
     pairs = tokens * top_k
     aligned = align_pairs(ids, w_gate_up.shape[0])
     gate_up = torch.empty((pairs, w_gate_up.shape[1]), dtype=x.dtype, device=x.device)
-    _grouped(x, w_gate_up, gate_up, aligned, top_k, None)
-    act = silu_and_mul(gate_up)
+    _grouped(x, w_gate_up, gate_up, aligned, top_k, None, b_gate_up)
+    hidden = silu_and_mul(gate_up) if act is None else act(gate_up)
     down = torch.empty((pairs, w_down.shape[1]), dtype=torch.float32, device=x.device)
-    _grouped(act, w_down, down, aligned, 1, weights.reshape(-1).contiguous())
+    _grouped(hidden, w_down, down, aligned, 1, weights.reshape(-1).contiguous(), b_down)
     return down.view(tokens, top_k, w_down.shape[1]).sum(dim=1).to(x.dtype)

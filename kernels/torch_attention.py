@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
 from . import native
-from ._attention import softcap_scores
+from ._attention import softcap_scores, softmax_with_sinks
 from .extend_attention import _check_extend
 
 # Short extends over long contexts take _attend_chunked: extend_len up to MAX_CHUNKED_EXTEND,
@@ -157,11 +157,11 @@ def _attend_request(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
 
 def _attend_masked(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
                    prefix_len: int, sm_scale: float, k_scale: float, v_scale: float, window: int | None,
-                   softcap: float | None) -> torch.Tensor:
+                   softcap: float | None, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """`_attend_request` through a sliding window (query p sees keys p - window + 1..p) and/or
-    with soft-capped scores. Per block of WINDOW_QUERY_BLOCK queries, over the keys the block's
-    windows reach: one band-masked SDPA call, or with a soft-cap the scores in two matmuls (SDPA
-    has no cap); fp32 result."""
+    with soft-capped scores or attention sinks (fp32 [num_heads]). Per block of WINDOW_QUERY_BLOCK
+    queries, over the keys the block's windows reach: one band-masked SDPA call, or with a soft-cap
+    or sinks the scores in two matmuls (SDPA has neither); fp32 result."""
     extend_len, num_heads, head_dim = q.shape
     group = num_heads // k_cache.shape[1]
     out = torch.empty(q.shape, dtype=torch.float32)
@@ -178,13 +178,14 @@ def _attend_masked(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
         if window is not None:
             visible &= key_pos > query_pos - window
         qh, kh, vh = q[a:b].to(torch.float32).transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)  # heads first
-        if softcap is None:
+        if softcap is None and sinks is None:
             o = F.scaled_dot_product_attention(qh[None], kh[None], vh[None], attn_mask=visible, scale=sm_scale * k_rest,
                                                enable_gqa=True)[0]  # [num_heads, b - a, head_dim]
         else:
             kh, vh = kh.repeat_interleave(group, dim=0), vh.repeat_interleave(group, dim=0)
             scores = softcap_scores(torch.matmul(qh, kh.transpose(1, 2)).mul_(sm_scale * k_rest), softcap)
-            o = torch.matmul(scores.masked_fill_(~visible, float("-inf")).softmax(dim=-1), vh)
+            scores = scores.masked_fill_(~visible, float("-inf"))
+            o = torch.matmul(softmax_with_sinks(scores, None if sinks is None else sinks[:, None, None]), vh)
         out[a:b] = o.transpose(0, 1) * v_rest
     return out
 
@@ -195,19 +196,19 @@ def extend_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            k_scale: float = 1.0, v_scale: float = 1.0,
                            max_extend_len: int | None = None, max_seq_len: int | None = None,
                            num_kv_splits: int | None = None, window: int | None = None,
-                           softcap: float | None = None) -> torch.Tensor:
+                           softcap: float | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """CPU-fast twin of `extend_attention_ref` (same contract); the launch hints are unused.
 
     The whole batch in one call of the native kernel (kernels/cpu_extend.c: the caches read in
     place) where it takes the caches; else, per request, exact-length gathers and one causal SDPA
     call or chunked matmuls (see `_attend_request`), or, past a sliding `window` or with a
-    `softcap`, per block of queries over the keys their windows reach (`_attend_masked`). Rows no
-    request covers are zero.
+    `softcap` or `sinks`, per block of queries over the keys their windows reach (`_attend_masked`).
+    Rows no request covers are zero.
     """
     _check_extend(q, k_cache, v_cache, req_to_token, req_rows, prefix_lens, extend_lens, extend_starts,
-                  sm_scale, k_scale, v_scale, max_extend_len, max_seq_len, num_kv_splits, window, softcap)
+                  sm_scale, k_scale, v_scale, max_extend_len, max_seq_len, num_kv_splits, window, softcap, sinks)
     within_window = window is None or req_rows.shape[0] == 0 or int((prefix_lens + extend_lens).max()) <= window
-    if within_window and softcap is None and native.supports_extend(k_cache, v_cache, q.shape[1]):
+    if within_window and softcap is None and sinks is None and native.supports_extend(k_cache, v_cache, q.shape[1]):
         return native.extend_attention_native(q, k_cache, v_cache, req_to_token, req_rows, prefix_lens,
                                               extend_lens, extend_starts, sm_scale).to(q.dtype)
     out = torch.zeros_like(q, memory_format=torch.contiguous_format)
@@ -219,9 +220,10 @@ def extend_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         qi = q[start:start + extend_len]
         # a window holding the whole context is none
         own_window = window if window is not None and prefix_len + extend_len > window else None
-        if own_window is not None or softcap is not None:
+        if own_window is not None or softcap is not None or sinks is not None:
             out[start:start + extend_len] = _attend_masked(qi, k_cache, v_cache, slots, prefix_len, sm_scale,
-                                                           k_scale, v_scale, own_window, softcap)
+                                                           k_scale, v_scale, own_window, softcap,
+                                                           None if sinks is None else sinks.float())
         else:
             out[start:start + extend_len] = _attend_request(qi, k_cache, v_cache, slots, prefix_len, sm_scale,
                                                             k_scale, v_scale)

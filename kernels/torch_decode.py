@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 from . import native
-from ._attention import softcap_scores
+from ._attention import sink_scale, softcap_scores, softmax_with_sinks
 from .decode_attention import _check_decode
 
 # Context tokens gathered at once by decode (see decode_attention_gathered): rows of like length,
@@ -207,14 +207,15 @@ def _gather_padded(cache: torch.Tensor, slots: torch.Tensor, max_len: int, dtype
 
 def decode_attention_gathered(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: DecodeGather,
                               sm_scale: float, k_scale: float = 1.0, v_scale: float = 1.0,
-                              softcap: float | None = None) -> torch.Tensor:
+                              softcap: float | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Decode attention of q [batch, num_heads, head_dim] over the contexts of `plan`: per chunk of
     requests of like length, one gather per cache (to fp32) and two matmuls with a KV head's query heads stacked
     as rows (GQA); each shared prefix once for its requests, merged by softmax statistics; a row
     with a long own context by itself, in chunks (as a shared prefix of one).
     Unchecked: the engine's per-layer hot path, with inputs `decode_attention_torch` validates.
     Math in fp32 whatever the cache dtype; returns q's dtype. A `softcap` needs a plan without the
-    native kernel (plan_decode(use_native=False)), which has none.
+    native kernel (plan_decode(use_native=False)), which has none. `sinks` [num_heads]: each head's
+    sink logit joins its denominator (the native kernel's outputs rescaled by their log-sum-exp).
 
     NOTE: not SDPA: for one query per request torch's CPU flash kernel ran ~7x slower than these
     two matmuls in bf16 (~1 ms vs 0.14-0.19 ms at 4 requests x 260 tokens, 9/3 heads, one core),
@@ -226,8 +227,9 @@ def decode_attention_gathered(q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     num_kv_heads = k_cache.shape[1]
     if plan.native is not None:
         assert softcap is None, "the native decode kernel has no soft-cap: plan with use_native=False"
-        return _native_decode(q, k_cache, v_cache, plan, sm_scale)
+        return _native_decode(q, k_cache, v_cache, plan, sm_scale, sinks)
     qg = q.to(torch.float32).view(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
+    head_sinks = None if sinks is None else sinks.float().view(num_kv_heads, num_heads // num_kv_heads)
     order = plan.order
     qs = qg if order is None else qg.index_select(0, order)  # rows longest first: the chunks are spans
     if not plan.shared and not plan.long:
@@ -236,7 +238,8 @@ def decode_attention_gathered(q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
             a, b = chunk.span
             scores = torch.matmul(qs[a:b], k.transpose(-1, -2)).mul_(sm_scale)  # [rows, num_kv_heads, group, length]
             softcap_scores(scores, softcap).masked_fill_(~chunk.visible, float("-inf"))
-            o = torch.matmul(scores.softmax(dim=-1), v)  # [rows, num_kv_heads, group, head_dim]
+            probs = softmax_with_sinks(scores, None if head_sinks is None else head_sinks[..., None])
+            o = torch.matmul(probs, v)  # [rows, num_kv_heads, group, head_dim]
             out[a:b] = o.view(b - a, num_heads, head_dim)
         return _unsorted(out, order).masked_fill_(plan.empty, 0.0)
     m = torch.empty(qg.shape[:-1], dtype=torch.float32, device=q.device)  # [batch, num_kv_heads, group]
@@ -250,15 +253,17 @@ def decode_attention_gathered(q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     for row, slots in plan.long:  # in place of its placeholder column's parts
         m[row:row + 1], l[row:row + 1], o[row:row + 1] = _prefix_parts(
             qg[row:row + 1], k_cache, v_cache, slots, sm_scale, k_scale, v_scale, softcap)
-    return _with_shared(qg, k_cache, v_cache, plan, sm_scale, k_scale, v_scale, (m, l, o), softcap=softcap).to(q.dtype)
+    return _with_shared(qg, k_cache, v_cache, plan, sm_scale, k_scale, v_scale, (m, l, o), softcap=softcap,
+                        sinks=head_sinks).to(q.dtype)
 
 
 def _with_shared(qg: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: DecodeGather, sm_scale: float,
                  k_scale: float, v_scale: float, own: Parts, prefix_parts=None,
-                 softcap: float | None = None) -> torch.Tensor:
+                 softcap: float | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """The attention output [batch, num_heads, head_dim] (fp32, padding rows zero): the rows' own
     parts (batch order) merged with their shared prefixes' parts (`prefix_parts(qg rows, prefix)`;
-    default: the gathered matmuls of _prefix_parts)."""
+    default: the gathered matmuls of _prefix_parts); `sinks` fp32 [num_kv_heads, group] join the
+    denominators."""
     m, l, o = own
     for prefix in plan.shared:
         rows = qg[prefix.rows]
@@ -267,14 +272,16 @@ def _with_shared(qg: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         m[prefix.rows], l[prefix.rows], o[prefix.rows] = _merge((m[prefix.rows], l[prefix.rows], o[prefix.rows]),
                                                                 part)
     batch, num_kv_heads, group, head_dim = qg.shape
+    if sinks is not None:
+        l = l + (sinks - m).exp_()
     return o.div_(l[..., None]).view(batch, num_kv_heads * group, head_dim).masked_fill_(plan.empty, 0.0)
 
 
 def _native_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: DecodeGather,
-                   sm_scale: float) -> torch.Tensor:
+                   sm_scale: float, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """The own parts by the native kernel (in place from the cache), merged with the shared
     prefixes' parts, also by the kernel, by their softmax statistics (a part's output
-    normalized: m = lse, l = 1)."""
+    normalized: m = lse, l = 1); `sinks` [num_heads] join the denominators."""
     rows = plan.native
     assert rows is not None
     batch, num_heads, head_dim = q.shape
@@ -285,7 +292,10 @@ def _native_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
         m, o = lse.view(batch, num_kv_heads, group), out.view(batch, num_kv_heads, group, head_dim)
         qg = q.to(torch.float32).view(batch, num_kv_heads, group, head_dim)
         out = _with_shared(qg, k_cache, v_cache, plan, sm_scale, 1.0, 1.0, (m, torch.ones_like(m), o),
-                           lambda rows, prefix: _native_prefix_parts(rows, k_cache, v_cache, prefix, sm_scale))
+                           lambda rows, prefix: _native_prefix_parts(rows, k_cache, v_cache, prefix, sm_scale),
+                           sinks=None if sinks is None else sinks.float().view(num_kv_heads, group))
+    elif sinks is not None:
+        out = out * sink_scale(lse, sinks.float())[..., None]
     return out.to(q.dtype)  # a padding row (seq_len 0) has no slots: the kernel wrote zeros
 
 
@@ -385,7 +395,8 @@ def _prefix_parts(qg: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
 def decode_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            req_to_token: torch.Tensor, req_rows: torch.Tensor, seq_lens: torch.Tensor,
                            sm_scale: float, k_scale: float = 1.0, v_scale: float = 1.0,
-                           num_kv_splits: int = 8, softcap: float | None = None) -> torch.Tensor:
+                           num_kv_splits: int = 8, softcap: float | None = None,
+                           sinks: torch.Tensor | None = None) -> torch.Tensor:
     """CPU-fast twin of `decode_attention_ref` (same contract); `num_kv_splits` is unused.
 
     Batched over requests in chunks of like context length (see DecodeGather); syncs on seq_lens
@@ -393,16 +404,17 @@ def decode_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     per layer.
     """
     plan = plan_checked_decode(q, k_cache, v_cache, req_to_token, req_rows, seq_lens, sm_scale, k_scale, v_scale,
-                               num_kv_splits, softcap)
-    return decode_attention_gathered(q, k_cache, v_cache, plan, sm_scale, k_scale, v_scale, softcap)
+                               num_kv_splits, softcap, sinks)
+    return decode_attention_gathered(q, k_cache, v_cache, plan, sm_scale, k_scale, v_scale, softcap, sinks)
 
 
 def plan_checked_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to_token: torch.Tensor,
                         req_rows: torch.Tensor, seq_lens: torch.Tensor, sm_scale: float, k_scale: float = 1.0,
-                        v_scale: float = 1.0, num_kv_splits: int = 8, softcap: float | None = None) -> DecodeGather:
+                        v_scale: float = 1.0, num_kv_splits: int = 8, softcap: float | None = None,
+                        sinks: torch.Tensor | None = None) -> DecodeGather:
     """`plan_decode` after the checks of `decode_attention_torch` (ValueError on a bad input); the
     native kernel where it takes the caches and there is no `softcap`."""
     _check_decode(q, k_cache, v_cache, req_to_token, req_rows, seq_lens, sm_scale, k_scale, v_scale, num_kv_splits,
-                  softcap)
+                  softcap, sinks)
     use_native = softcap is None and native.supports(k_cache, v_cache, q.shape[1])
     return plan_decode(req_to_token, req_rows, seq_lens, use_native=use_native)

@@ -84,21 +84,21 @@ class PoolAttention:
             native_layers.sum_lanes()  # and the RMSNorm's summation order checked (a few ms)
 
     def __call__(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                 fb: ForwardBatch) -> torch.Tensor:
+                 fb: ForwardBatch, sinks: torch.Tensor | None = None) -> torch.Tensor:
         if layer_id == 0:  # a new step (a CUDA graph's capture included: nothing carries over)
             if self._planned is not fb:
                 self._plans = {}
             self._planned = None
             self._contexts = {}
-        return self._attend(layer_id, q, k, v, fb)
+        return self._attend(layer_id, q, k, v, fb, sinks)
 
     def _attend(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                fb: ForwardBatch) -> torch.Tensor:
+                fb: ForwardBatch, sinks: torch.Tensor | None) -> torch.Tensor:
         if fb.parts is not None:  # a mixed step: its decode rows through the batched decode path
             head, tail = fb.parts
             n = head.num_tokens
-            return torch.cat([self._attend(layer_id, q[:n], k[:n], v[:n], head),
-                              self._attend(layer_id, q[n:], k[n:], v[n:], tail)])
+            return torch.cat([self._attend(layer_id, q[:n], k[:n], v[:n], head, sinks),
+                              self._attend(layer_id, q[n:], k[n:], v[n:], tail, sinks)])
         pool = self.pool
         if not fb.is_decode and pool.needs_calibration(layer_id):  # fp8: the layer's first prefill
             pool.calibrate(layer_id, k, v)
@@ -108,18 +108,19 @@ class PoolAttention:
         if window is not None and window >= fb.req_to_token.shape[1]:  # no context is longer than the window
             window = None
         if fb.is_decode and self.is_torch:
-            return self._decode_torch(layer_id, q, k, v, fb, window)
+            return self._decode_torch(layer_id, q, k, v, fb, window, sinks)
         self.ops.store_kv(kc, vc, fb.out_slots, k, v, ks, vs)
         if fb.is_decode:
             table, rows, lens = self._decode_context(fb, window)
             max_len = fb.max_seq_len if window is None else min(fb.max_seq_len, window)
             splits = fb.num_kv_splits or self.kv_splits_for(fb.batch_size, max_len)
             return self.ops.decode_attention(q, kc, vc, table, rows, lens, self.sm_scale, ks, vs, splits,
-                                             softcap=self.softcap)
+                                             softcap=self.softcap, sinks=sinks)
         # the kernel picks its KV splits from the longest context (short turns on long prefixes)
         return self.ops.extend_attention(q, kc, vc, fb.req_to_token, fb.req_rows, fb.prefix_lens,
                                          fb.extend_lens, fb.extend_starts, self.sm_scale, ks, vs,
-                                         fb.max_extend_len, fb.max_seq_len, window=window, softcap=self.softcap)
+                                         fb.max_extend_len, fb.max_seq_len, window=window, softcap=self.softcap,
+                                         sinks=sinks)
 
     def _decode_context(self, fb: ForwardBatch, window: int | None) -> tuple[torch.Tensor, ...]:
         """(req_to_token, req_rows, seq_lens) a decode step's attention reads through `window`
@@ -161,7 +162,7 @@ class PoolAttention:
         return native_layers.fused_decode_step(rows.slots, rows.offsets)
 
     def _decode_torch(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                      fb: ForwardBatch, window: int | None) -> torch.Tensor:
+                      fb: ForwardBatch, window: int | None, sinks: torch.Tensor | None) -> torch.Tensor:
         """Decode on CPU: inputs checked at layer 0; the step's layout planned at its first layer
         of each window (unless fused_layout planned it)."""
         pool = self.pool
@@ -180,4 +181,4 @@ class PoolAttention:
             table, rows, lens = self._decode_context(fb, window)
             plan = self._plans[window] = kernels.plan_checked_decode(q, kc, vc, table, rows, lens, self.sm_scale,
                                                                      ks, vs, softcap=self.softcap)
-        return kernels.decode_attention_gathered(q, kc, vc, plan, self.sm_scale, ks, vs, self.softcap)
+        return kernels.decode_attention_gathered(q, kc, vc, plan, self.sm_scale, ks, vs, self.softcap, sinks)

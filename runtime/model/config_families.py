@@ -11,7 +11,7 @@ from radixflow.runtime.model.config_fields import check_positive_int, check_posi
 GEMMA_ARCHITECTURES = ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
 # mixture-of-experts families: a router sends each token to its top-k experts' MLPs
 MOE_ARCHITECTURES = ("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "GraniteMoeForCausalLM",
-                     "OlmoeForCausalLM")
+                     "OlmoeForCausalLM", "GptOssForCausalLM")
 GRANITE_ARCHITECTURES = ("GraniteForCausalLM", "GraniteMoeForCausalLM")
 # a config's activation name → ModelArgs.hidden_act: of the gated MLPs (act(gate) * up), and of the
 # MLPs without a gate (act(up): Arcee's squared ReLU, Apertus' xIELU with its learned scalars)
@@ -56,17 +56,27 @@ _FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
     "ArceeForCausalLM": {"rms_norm_eps": 1e-5},
     "ApertusForCausalLM": {"rms_norm_eps": 1e-5, "max_position_embeddings": 65536},
     "Starcoder2ForCausalLM": {"num_key_value_heads": 2, "use_bias": True, "tie_word_embeddings": True},
+    "GptOssForCausalLM": {"num_key_value_heads": 8, "rms_norm_eps": 1e-5, "max_position_embeddings": 131072,
+                          "head_dim": 64, "attention_bias": True, "sliding_window": 128, "num_local_experts": 128,
+                          "num_experts_per_tok": 4},
 }
 # ApertusConfig's RoPE where the config names none
 _APERTUS_ROPE = {"rope_type": "llama3", "rope_theta": 12_000_000.0, "factor": 8.0,
                  "original_max_position_embeddings": 8192, "low_freq_factor": 1.0, "high_freq_factor": 4.0}
 
 
+# GptOssConfig's (its base, 150,000, is rope_config's default for the family)
+_GPT_OSS_ROPE = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                 "original_max_position_embeddings": 4096}
+_DEFAULT_ROPES = {"ApertusForCausalLM": _APERTUS_ROPE, "GptOssForCausalLM": _GPT_OSS_ROPE}
+
+
 def with_family_defaults(cfg: dict[str, Any], arch: str) -> dict[str, Any]:
     """`cfg` over the defaults of `arch`'s transformers config class (a null stays null)."""
     cfg = {**_FAMILY_DEFAULTS.get(arch, {}), **cfg}
-    if arch == "ApertusForCausalLM" and cfg.get("rope_parameters") is None and cfg.get("rope_scaling") is None:
-        cfg = {**cfg, "rope_parameters": dict(_APERTUS_ROPE)}
+    rope = _DEFAULT_ROPES.get(arch)
+    if rope is not None and cfg.get("rope_parameters") is None and cfg.get("rope_scaling") is None:
+        cfg = {**cfg, "rope_parameters": dict(rope)}
     return cfg
 
 
@@ -238,7 +248,9 @@ def sliding_window_fields(cfg: dict[str, Any], arch: str) -> dict[str, Any]:
     num_layers = required(cfg, "num_hidden_layers")
     check_positive_int("num_hidden_layers", num_layers)
     if arch == "Olmo3ForCausalLM":  # three of four layers slide unless layer_types says otherwise
-        return _olmo3_windows(cfg, num_layers)
+        return _layer_type_windows(cfg, num_layers, 4)
+    if arch == "GptOssForCausalLM":  # every other layer from the first slides unless layer_types says otherwise
+        return _layer_type_windows(cfg, num_layers, 2)
     if arch in ("MistralForCausalLM", "MixtralForCausalLM", "Phi3ForCausalLM", "Starcoder2ForCausalLM"):
         window = cfg.get("sliding_window", 4096 if arch == "MistralForCausalLM" else None)
         layers = range(num_layers)
@@ -306,10 +318,11 @@ def exaone4_layers(cfg: dict[str, Any]) -> dict[str, Any]:
         "nope_layers": nope}  # no layer slides: every layer global, without RoPE
 
 
-def _olmo3_windows(cfg: dict[str, Any], num_layers: int) -> dict[str, Any]:
-    """OLMo 3: a `sliding_window` (4096 when absent) in the layers `layer_types` names
-    "sliding_attention", else in all but every fourth."""
-    layer_types = layer_types_of(cfg, num_layers, 4)
+def _layer_type_windows(cfg: dict[str, Any], num_layers: int, pattern: int) -> dict[str, Any]:
+    """OLMo 3 and gpt-oss: a `sliding_window` (OLMo 3: 4096 when absent; gpt-oss's default, 128,
+    is in its family defaults) in the layers `layer_types` names "sliding_attention", else in all
+    but every `pattern`-th (OLMo 3: 4, gpt-oss: 2)."""
+    layer_types = layer_types_of(cfg, num_layers, pattern)
     window = cfg.get("sliding_window", 4096)
     layers = tuple(i for i, t in enumerate(layer_types) if t == "sliding_attention")
     if window is None and layers:
@@ -338,11 +351,17 @@ def moe_fields(cfg: dict[str, Any], arch: str) -> dict[str, Any]:
     if experts == 0 and arch.startswith("Qwen"):  # Qwen-MoE without experts: every MLP dense
         return {}
     fields: dict[str, Any] = {"num_experts": experts, "num_experts_per_tok": required(cfg, "num_experts_per_tok")}
-    if arch in ("MixtralForCausalLM", "GraniteMoeForCausalLM", "OlmoeForCausalLM"):  # every MLP: experts
-        # Mixtral and GraniteMoE always renormalize (Granite: a softmax over the top-k logits)
+    if arch in ("MixtralForCausalLM", "GraniteMoeForCausalLM", "OlmoeForCausalLM", "GptOssForCausalLM"):
+        # every MLP: experts. Mixtral, GraniteMoE and gpt-oss always renormalize (Granite and gpt-oss:
+        # a softmax over the top-k logits, the same weights)
         norm = _norm_topk_prob(cfg) if arch == "OlmoeForCausalLM" else True
-        return {**fields, "moe_intermediate_size": required(cfg, "intermediate_size"), "norm_topk_prob": norm,
-                "moe_layers": tuple(range(num_layers))}
+        fields.update(moe_intermediate_size=required(cfg, "intermediate_size"), norm_topk_prob=norm,
+                      moe_layers=tuple(range(num_layers)))
+        if arch == "GptOssForCausalLM":  # biases on the router and the experts; the clamped SwiGLU
+            fields.update(router_bias=True, expert_bias=True, expert_act="swiglu_clamped",
+                          swiglu_alpha=optional(cfg, "swiglu_alpha", 1.702),
+                          swiglu_limit=optional(cfg, "swiglu_limit", 7.0))
+        return fields
     step, dense = optional(cfg, "decoder_sparse_step", 1), optional(cfg, "mlp_only_layers", [])
     check_positive_int("decoder_sparse_step", step)
     if not isinstance(dense, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in dense):

@@ -18,6 +18,9 @@ _PARTS = {"weight", "weight_scale", "weight_scale_inv", "weight_zero_point", "we
           "g_idx"}
 # AWQ packs output column 8w + AWQ_ORDER[p] into nibble p of word w
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
+# MXFP4's 4-bit codes (E2M1: sign, 2 exponent bits, 1 mantissa bit) and the values they stand for
+FP4_E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+MXFP4_BLOCK = 32  # values per shared scale
 FLOAT8 = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz") if hasattr(torch, n))
 
 
@@ -177,6 +180,24 @@ def _grouped(codes: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor, sch
     return ((codes - zeros[g_idx]).float() * scales[g_idx]).t().contiguous()
 
 
+def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor, name: str) -> torch.Tensor:
+    """gpt-oss's MXFP4 tensor `name` ([..., out, in] as `<name>_blocks` [..., out, in / 32, 16]
+    bytes, two E2M1 codes each, low nibble first, and `<name>_scales` [..., out, in / 32], each an
+    E8M0 power of two 2^(s - 127) for its 32 values) as float32, in the layout its float checkpoint
+    stores: [..., in, out] (gpt-oss keeps x @ W; runtime/model/weights.py turns it back)."""
+    if blocks.dtype != torch.uint8 or scales.dtype != torch.uint8:
+        raise ValueError(f"MXFP4 tensor {name!r} must be stored as uint8 blocks and scales, got "
+                         f"{_dtype(blocks)} and {_dtype(scales)}")
+    if blocks.dim() < 3 or blocks.shape[-1] != MXFP4_BLOCK // 2 or tuple(blocks.shape[:-1]) != tuple(scales.shape):
+        raise ValueError(f"MXFP4 tensor {name!r}: blocks {tuple(blocks.shape)} must be scales' shape "
+                         f"{tuple(scales.shape)} plus {MXFP4_BLOCK // 2} bytes")
+    table = torch.tensor(FP4_E2M1, dtype=torch.float32)
+    codes = torch.stack([blocks & 0x0F, blocks >> 4], dim=-1).long()  # [..., G, 16, 2]: low nibble first
+    values = table[codes].flatten(-3)  # [..., out, in]
+    groups = torch.ldexp(torch.ones(scales.shape), scales.to(torch.int32) - 127).repeat_interleave(MXFP4_BLOCK, dim=-1)
+    return (values * groups).transpose(-1, -2)
+
+
 _DEQUANTIZERS: dict[str, Callable[[dict[str, torch.Tensor], WeightScheme, str], torch.Tensor]] = {
     "scaled": dequantize_scaled, "packed": dequantize_packed, "gptq": dequantize_gptq, "awq": dequantize_awq}
 # the tensors each kind needs
@@ -199,8 +220,12 @@ class DequantizingReader:
             layer, _, part = name.rpartition(".")
             if part in _MARKERS:
                 self.layers[layer] = [f"{layer}.{p}" for p in _PARTS if f"{layer}.{p}" in stored]
-        hidden = {n for parts in self.layers.values() for n in parts}
-        self._names = (stored - hidden) | {f"{layer}.weight" for layer in self.layers}
+        # gpt-oss's MXFP4 tensors: `<name>_blocks` and `<name>_scales` stand for float `<name>`
+        self.mxfp4 = {name.removesuffix("_blocks") for name in stored if name.endswith("_blocks")
+                      and quantization.method == "mxfp4"}
+        hidden = {n for parts in self.layers.values() for n in parts} | {
+            f"{name}_{part}" for name in self.mxfp4 for part in ("blocks", "scales")}
+        self._names = (stored - hidden) | {f"{layer}.weight" for layer in self.layers} | self.mxfp4
         log.info("%s checkpoint: %d quantized layers dequantized at load (weights held in the engine dtype)",
                  quantization.method, len(self.layers))
 
@@ -208,6 +233,10 @@ class DequantizingReader:
         return set(self._names)
 
     def get(self, name: str) -> torch.Tensor:
+        if name in self.mxfp4:
+            if f"{name}_scales" not in self.reader.names():
+                raise ValueError(f"MXFP4 tensor {name!r} has blocks but no {name}_scales")
+            return dequantize_mxfp4(self.reader.raw(f"{name}_blocks"), self.reader.raw(f"{name}_scales"), name)
         layer = name.removesuffix(".weight")
         if name.endswith(".weight") and layer in self.layers:
             return self._dequantized(layer)

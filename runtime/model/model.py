@@ -44,8 +44,9 @@ def add_lora(fb: ForwardBatch, layer_id: int, proj: str, x: torch.Tensor, y: tor
 
 class AttentionFn(Protocol):
     def __call__(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                 fb: ForwardBatch) -> torch.Tensor:
-        """q [T, H, D], k/v [T, Hkv, D] of the new tokens → attention output [T, H, D]."""
+                 fb: ForwardBatch, sinks: torch.Tensor | None = None) -> torch.Tensor:
+        """q [T, H, D], k/v [T, Hkv, D] of the new tokens → attention output [T, H, D]; `sinks` [H]
+        (passed only by a model that has them): each head's logit joins its softmax's denominator."""
         ...
 
 
@@ -167,6 +168,8 @@ class Attention(nn.Module):
         elif args.qk_norm_whole:  # OLMo 2, OLMoE: over the whole projection
             self.q_norm = RMSNorm(args.q_size, args.rms_norm_eps)
             self.k_norm = RMSNorm(args.kv_size, args.rms_norm_eps)
+        # gpt-oss: one learned logit per query head in its softmax's denominator (AttentionFn `sinks`)
+        self.sinks = nn.Parameter(torch.empty(args.num_heads)) if args.attention_sinks else None
 
     def forward(self, x: torch.Tensor, rope: RopeStep, fb: ForwardBatch, attn: AttentionFn) -> torch.Tensor:
         a = self.args
@@ -191,7 +194,11 @@ class Attention(nn.Module):
             q, k = qk[:, :a.num_heads], qk[:, a.num_heads:]
         if a.qk_norm_after_rope:  # HunYuan: the rotated q and k normed per head
             q, k = self.q_norm.norm_heads(q), self.k_norm.norm_heads(k)
-        o = attn(self.layer_id, q, k, v, fb).reshape(-1, a.q_size)  # [T, q_size]
+        if self.sinks is None:
+            o = attn(self.layer_id, q, k, v, fb)
+        else:
+            o = attn(self.layer_id, q, k, v, fb, sinks=self.sinks)
+        o = o.reshape(-1, a.q_size)  # [T, q_size]
         return add_lora(fb, self.layer_id, "o", o, self.o_proj(o))
 
 
@@ -212,6 +219,14 @@ def act_and_mul(gate_up: torch.Tensor, act: str) -> torch.Tensor:
     if use_triton_ops(gate_up):
         return kernels.gelu_tanh_and_mul(gate_up)
     return kernels.gelu_tanh_and_mul_ref(gate_up)
+
+
+def swiglu_clamped(gate_up: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
+    """gpt-oss's experts' activation of gate_up [n, 2I] = | gate | up |: (up + 1) * g * sigmoid(alpha * g)
+    with g = min(gate, limit) and up clamped to [-limit, limit], in gate_up's dtype → [n, I]."""
+    gate, up = gate_up.split(gate_up.shape[-1] // 2, dim=-1)
+    gate = gate.clamp(max=limit)
+    return (up.clamp(-limit, limit) + 1) * (gate * torch.sigmoid(gate * alpha))
 
 
 def ungated_act(up: torch.Tensor, act: str, xielu: tuple[torch.Tensor, ...] | None) -> torch.Tensor:
@@ -263,16 +278,20 @@ class MLP(nn.Module):
 class SparseMoE(nn.Module):
     """A mixture-of-experts MLP: `gate` routes each token to its top-k of the experts' SwiGLU MLPs,
     stored stacked (kernels/moe.py: the grouped Triton kernel on CUDA, the torch grouping on CPU);
-    Qwen2-MoE adds a shared expert scaled by sigmoid(shared_expert_gate(x)). LoRA adapters do not
-    reach it (runtime/lora/adapter.py refuses them)."""
+    Qwen2-MoE adds a shared expert scaled by sigmoid(shared_expert_gate(x)); gpt-oss's router and
+    experts carry biases and its experts take the clamped SwiGLU (swiglu_clamped). LoRA adapters
+    do not reach it (runtime/lora/adapter.py refuses them)."""
 
     def __init__(self, args: ModelArgs, layer_id: int) -> None:
         super().__init__()
         self.top_k, self.renormalize = args.num_experts_per_tok, args.norm_topk_prob
         experts, inter = args.num_experts, args.moe_intermediate_size
-        self.gate = nn.Linear(args.hidden_size, experts, bias=False)
+        self.gate = nn.Linear(args.hidden_size, experts, bias=args.router_bias)
         self.experts_gate_up = nn.Parameter(torch.empty(experts, 2 * inter, args.hidden_size))
         self.experts_down = nn.Parameter(torch.empty(experts, args.hidden_size, inter))
+        self.experts_gate_up_bias = nn.Parameter(torch.empty(experts, 2 * inter)) if args.expert_bias else None
+        self.experts_down_bias = nn.Parameter(torch.empty(experts, args.hidden_size)) if args.expert_bias else None
+        self.swiglu = (args.swiglu_alpha, args.swiglu_limit) if args.expert_act == "swiglu_clamped" else None
         # CPU bf16: each expert's (gate | up, down) on the packed layout (packed_linear.prepack_linears)
         self.packed_experts: list[tuple[nn.Module, nn.Module]] | None = None
         self.shared_expert: MLP | None = None
@@ -282,20 +301,26 @@ class SparseMoE(nn.Module):
 
     def forward(self, x: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
         weights, ids = kernels.moe_route(self.gate(x), self.top_k, self.renormalize)
+        biases = (self.experts_gate_up_bias, self.experts_down_bias)
         if self.packed_experts is not None:  # CPU bf16 (the stacked parameters are emptied)
             out = grouped_experts(x, weights, ids, len(self.packed_experts), self._packed_expert)
         elif use_triton_ops(x):
-            out = kernels.fused_moe(x, weights, ids, self.experts_gate_up, self.experts_down)
+            out = kernels.fused_moe(x, weights, ids, self.experts_gate_up, self.experts_down,
+                                    None if self.swiglu is None else self._act, *biases)
         else:
-            out = kernels.fused_moe_ref(x, weights, ids, self.experts_gate_up, self.experts_down, silu_and_mul)
+            out = kernels.fused_moe_ref(x, weights, ids, self.experts_gate_up, self.experts_down, self._act, *biases)
         if self.shared_expert is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x, fb)
         return out
 
+    def _act(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """The experts' activation: SiLU-and-mul, or gpt-oss's clamped SwiGLU."""
+        return silu_and_mul(gate_up) if self.swiglu is None else swiglu_clamped(gate_up, *self.swiglu)
+
     def _packed_expert(self, expert: int, rows: torch.Tensor) -> torch.Tensor:
         assert self.packed_experts is not None
         gate_up, down = self.packed_experts[expert]
-        return down(silu_and_mul(gate_up(rows)))
+        return down(self._act(gate_up(rows)))
 
 
 class DecoderLayer(nn.Module):

@@ -21,7 +21,7 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCa
                            "Olmo2ForCausalLM", "Olmo3ForCausalLM", "OlmoeForCausalLM", "GemmaForCausalLM", "Gemma2ForCausalLM",
                            "Gemma3ForCausalLM", "SeedOssForCausalLM", "InternLM3ForCausalLM", "Ernie4_5ForCausalLM",
                            "GlmForCausalLM", "Glm4ForCausalLM", "Exaone4ForCausalLM", "HunYuanDenseV1ForCausalLM",
-                           "ArceeForCausalLM", "ApertusForCausalLM", "Starcoder2ForCausalLM")
+                           "ArceeForCausalLM", "ApertusForCausalLM", "Starcoder2ForCausalLM", "GptOssForCausalLM")
 
 
 # OLMo 2 and 3: norms after attention and MLP (none before), q / k normed over the whole projection
@@ -67,6 +67,14 @@ class ModelArgs:
     norm_topk_prob: bool = True          # the top-k routing weights renormalized to sum to 1
     moe_layers: tuple[int, ...] = ()     # the layers whose MLP is the experts (the rest: dense MLPs)
     shared_expert_intermediate_size: int = 0  # Qwen2-MoE: a gated dense MLP beside the experts
+    # gpt-oss: the router and every expert's projections carry biases, and the experts' activation is
+    # the clamped SwiGLU (up + 1) * g * sigmoid(alpha * g), g = min(gate, limit), up clamped to ±limit
+    router_bias: bool = False
+    expert_bias: bool = False
+    expert_act: str = "silu"  # or "swiglu_clamped"
+    swiglu_alpha: float = 1.702
+    swiglu_limit: float = 7.0
+    attention_sinks: bool = False  # gpt-oss: each query head's learned logit joins its softmax's denominator
     # OLMo 2: each attention / MLP output normed before its residual add and nothing normed before them
     post_norms: bool = False
     qk_norm_whole: bool = False  # OLMo 2, OLMoE: RMSNorm over the whole q and k projections (all heads at once)
@@ -139,6 +147,11 @@ class ModelArgs:
         if self.hidden_act != "silu":  # the experts' kernels compute SiLU-and-mul
             raise ValueError(f"hidden_act {self.hidden_act!r} is not supported in a mixture of experts; "
                              "supported: silu")
+        if self.expert_act not in ("silu", "swiglu_clamped"):
+            raise ValueError(f"experts' activation {self.expert_act!r} is not supported; supported: silu, "
+                             "swiglu_clamped")
+        check_positive_number("swiglu_alpha", self.swiglu_alpha)
+        check_positive_number("swiglu_limit", self.swiglu_limit)
         for name, value in (("num_experts", self.num_experts), ("num_experts_per_tok", self.num_experts_per_tok),
                             ("moe_intermediate_size", self.moe_intermediate_size)):
             check_positive_int(name, value)
@@ -286,6 +299,7 @@ def model_args_from_dict(cfg: dict[str, Any]) -> ModelArgs:
         qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM", "Exaone4ForCausalLM",
                          "HunYuanDenseV1ForCausalLM", "ApertusForCausalLM"),
         qk_norm_after_rope=arch == "HunYuanDenseV1ForCausalLM",
+        attention_sinks=arch == "GptOssForCausalLM",
         torch_dtype=cfg.get("torch_dtype") or cfg.get("dtype") or "float32",
         bos_token_id=cfg.get("bos_token_id"),
         eos_token_ids=eos_ids,

@@ -93,7 +93,10 @@ def _pack_experts(moe: nn.Module) -> int:
     hold no memory: the packed copies are the only ones (the experts are most of such a model).
     """
     gate_up, down = moe.experts_gate_up, moe.experts_down
-    moe.packed_experts = [(PackedLinear(gate_up[e]), PackedLinear(down[e])) for e in range(gate_up.shape[0])]
+    up_bias, down_bias = moe.experts_gate_up_bias, moe.experts_down_bias  # gpt-oss's, else None
+    moe.packed_experts = [(PackedLinear(gate_up[e], None if up_bias is None else up_bias[e]),
+                           PackedLinear(down[e], None if down_bias is None else down_bias[e]))
+                          for e in range(gate_up.shape[0])]
     for name, weight in (("experts_gate_up", gate_up), ("experts_down", down)):
         shape_only = torch.zeros((), dtype=weight.dtype, device=weight.device).expand(weight.shape)
         setattr(moe, name, nn.Parameter(shape_only, requires_grad=False))

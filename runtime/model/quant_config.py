@@ -1,6 +1,6 @@
 """A quantized checkpoint's `quantization_config` read into the weight schemes radixflow
 dequantizes at load (runtime/model/dequantize.py): FP8 (vLLM's, fbgemm's, ModelOpt's),
-compressed-tensors (float-, int-, naive- and pack-quantized), GPTQ and AWQ."""
+compressed-tensors (float-, int-, naive- and pack-quantized), GPTQ, AWQ and gpt-oss's MXFP4 experts."""
 from __future__ import annotations
 
 import os
@@ -10,7 +10,7 @@ from typing import Any
 
 from radixflow.runtime.text_files import read_json_object
 
-SUPPORTED_METHODS = ("fp8", "fbgemm_fp8", "modelopt", "compressed-tensors", "gptq", "awq")
+SUPPORTED_METHODS = ("fp8", "fbgemm_fp8", "modelopt", "compressed-tensors", "gptq", "awq", "mxfp4")
 # vLLM's and SGLang's `--quantization` names of those methods (their kernels' variants read the same files)
 FLAG_METHODS = {**{m: m for m in SUPPORTED_METHODS}, "gptq_marlin": "gptq", "awq_marlin": "awq",
                 "compressed_tensors": "compressed-tensors"}
@@ -110,6 +110,8 @@ def quantization_from_dict(qc: dict[str, Any]) -> Quantization:
         return Quantization(method, ((("Linear",), _gptq(qc)),))
     if method == "awq":
         return Quantization(method, ((("Linear",), _awq(qc)),))
+    if method == "mxfp4":  # gpt-oss's experts (`_blocks` and `_scales` tensors); no per-layer schemes
+        return Quantization(method, ())
     raise ValueError(f"quant_method {qc.get('quant_method')!r} is not supported; supported: "
                      f"{', '.join(SUPPORTED_METHODS)} (dequantized at load)")
 

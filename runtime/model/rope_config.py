@@ -12,7 +12,7 @@ from radixflow.runtime.model.config_families import GLM_ARCHITECTURES
 from radixflow.runtime.model.config_fields import check_positive_int, check_positive_number, optional
 
 _DEFAULT_THETAS = {"Ernie4_5ForCausalLM": 500_000.0, "MixtralForCausalLM": 1_000_000.0,
-                   "SmolLM3ForCausalLM": 2_000_000.0}
+                   "SmolLM3ForCausalLM": 2_000_000.0, "GptOssForCausalLM": 150_000.0}
 
 
 def default_rope_theta(arch: str) -> float:

@@ -156,6 +156,8 @@ def _checkpoint_sources(args: ModelArgs) -> dict[str, list[str]]:
         if args.qkv_bias:
             src[ours + "self_attn.qkv_proj.bias"] = [attn + f"{x}_proj.bias" for x in "qkv"]
         src[ours + "self_attn.o_proj.weight"] = [attn + "o_proj.weight"]
+        if args.attention_sinks:
+            src[ours + "self_attn.sinks"] = [attn + "sinks"]
         if args.o_bias:
             src[ours + "self_attn.o_proj.bias"] = [attn + "o_proj.bias"]
         if args.qk_norm or args.qk_norm_whole:
@@ -220,6 +222,12 @@ _QWEN_EXPERT_NAMES = ("mlp", ("gate_proj", "up_proj", "down_proj"))
 def _expert_sources(args: ModelArgs, p: str, ours: str) -> dict[str, list[str]]:
     """A mixture-of-experts layer's parameters: the router, every expert's gate | up stacked (one
     [2I, H] block per expert) and its down, and Qwen2-MoE's shared expert with its gate."""
+    if args.architecture == "GptOssForCausalLM":  # stacked, with biases (layout: _from_stored_layout)
+        moe = f"{p}mlp."
+        return {ours + f"mlp.{name}": [moe + stored] for name, stored in (
+            ("gate.weight", "router.weight"), ("gate.bias", "router.bias"),
+            ("experts_gate_up", "experts.gate_up_proj"), ("experts_gate_up_bias", "experts.gate_up_proj_bias"),
+            ("experts_down", "experts.down_proj"), ("experts_down_bias", "experts.down_proj_bias"))}
     if args.architecture == "GraniteMoeForCausalLM":
         moe = f"{p}block_sparse_moe."
         return {ours + "mlp.gate.weight": [moe + "router.layer.weight"],
@@ -236,6 +244,19 @@ def _expert_sources(args: ModelArgs, p: str, ours: str) -> dict[str, list[str]]:
         src[ours + "mlp.shared_expert.down_proj.weight"] = [shared + "down_proj.weight"]
         src[ours + "mlp.shared_expert_gate.weight"] = [f"{p}mlp.shared_expert_gate.weight"]
     return src
+
+
+def _from_stored_layout(args: ModelArgs, name: str, tensor: torch.Tensor) -> torch.Tensor:
+    """Checkpoint tensor `tensor` for our parameter `name` in our layout. gpt-oss stores its experts
+    as x @ W (gate_up [E, H, 2I], down [E, I, H]; ours are [E, out, in]) with gate and up
+    interleaved (columns 2j, 2j + 1; ours | gate | up |), their biases likewise."""
+    if args.architecture != "GptOssForCausalLM" or ".mlp.experts_" not in name:
+        return tensor
+    if tensor.dim() == 3:
+        tensor = tensor.transpose(1, 2).contiguous()
+    if "gate_up" in name and tensor.dim() >= 2:
+        tensor = torch.cat([tensor[:, 0::2], tensor[:, 1::2]], dim=1)
+    return tensor
 
 
 def join_parts(parts: list[torch.Tensor], want: tuple[int, ...]) -> torch.Tensor | None:
@@ -299,7 +320,7 @@ def load_weights(model: CausalLM, model_dir: str, dtype: torch.dtype, device: to
                    {s for sources in all_sources.values() for s in sources}, "checkpoint")
     state: dict[str, torch.Tensor] = {}
     for name, sources in all_sources.items():
-        parts = [reader.get(s) for s in sources]
+        parts = [_from_stored_layout(model.args, name, reader.get(s)) for s in sources]
         want = tuple(expected[name].shape)
         tensor = join_parts(parts, want)
         if tensor is None:

@@ -67,10 +67,12 @@ for dtype, fp8 in ((torch.bfloat16, False), (torch.bfloat16, True), (torch.float
     dt = NAMES[dtype]
     cache = "*u8" if fp8 else "*" + dt
     attn = {"q": "*" + dt, "k_cache": cache, "v_cache": cache, "req_to_token": "*i32", "req_rows": "*i64",
-            "qk_scale": "fp32", "v_scale": "fp32"}
+            "qk_scale": "fp32", "v_scale": "fp32", "sinks": "*" + dt}
     common = dict(IS_FP8=fp8, DOT_PRECISION=dot_precision(dtype), USE_WHILE=False)
     bf16 = dtype == torch.bfloat16
-    for head_dim, group, splits in ((128, 4, 1), (128, 8, 16), (80, 4, 1), (64, 1, 4)):
+    # (64, 8, 1, True): gpt-oss's heads with attention sinks
+    for head_dim, group, splits, sinks in ((128, 4, 1, False), (128, 8, 16, False), (80, 4, 1, False),
+                                           (64, 1, 4, False), (64, 8, 1, True)):
         block_d = max(16, triton.next_power_of_2(head_dim))
         cfg = _launch_config(dtype, block_d, True, fp8)
         head_blocks, heads_per_tile, tokens_per_tile = stack_heads(group, cfg["BLOCK_M"])
@@ -78,7 +80,7 @@ for dtype, fp8 in ((torch.bfloat16, False), (torch.bfloat16, True), (torch.float
               "prefix_lens": "*i64", "extend_lens": "*i64", "extend_starts": "*i64"},
               dict(GROUP_SIZE=group, HEAD_BLOCKS=head_blocks, HEADS_PER_TILE=heads_per_tile,
                    TOKENS_PER_TILE=tokens_per_tile, HEAD_DIM=head_dim, IS_SPLIT=splits > 1, BLOCK_M=cfg["BLOCK_M"],
-                   BLOCK_N=cfg["BLOCK_N"], BLOCK_D=block_d, **common),
+                   BLOCK_N=cfg["BLOCK_N"], BLOCK_D=block_d, HAS_SINKS=sinks, **common),
               cfg["num_warps"], cfg["num_stages"], no_spills=bf16,
               spill_bytes=0 if fp8 else EXTEND_SPILL_BYTES)
     for head_dim, group in ((128, 4), (128, 8), (80, 1), (128, 64)):
@@ -89,8 +91,10 @@ for dtype, fp8 in ((torch.bfloat16, False), (torch.bfloat16, True), (torch.float
               cfg["num_warps"], cfg["num_stages"], no_spills=bf16)
     build(_store_kv_kernel, {"k_cache": cache, "v_cache": cache, "slots": "*i64", "k": "*" + dt, "v": "*" + dt,
           "k_scale": "fp32", "v_scale": "fp32"}, dict(BLOCK_H=8, BLOCK_D=128, IS_FP8=fp8), 4, 3)
-build(_decode_stage2_kernel, {"part_out": "*fp32", "part_lse": "*fp32", "out": "*bf16", "v_scale": "fp32"},
-      dict(HEAD_DIM=128, NUM_SPLITS=64, BLOCK_S=64, BLOCK_D=128), 4, 2, no_spills=True)
+for sinks in (False, True):
+    build(_decode_stage2_kernel, {"part_out": "*fp32", "part_lse": "*fp32", "out": "*bf16", "v_scale": "fp32",
+          "sinks": "*bf16"}, dict(HEAD_DIM=128, NUM_SPLITS=64, BLOCK_S=64, BLOCK_D=128, HAS_SINKS=sinks), 4, 2,
+          no_spills=True)
 build(_apply_token_bitmask_kernel, {"logits": "*fp32", "bitmask": "*i32", "rows": "*i64"},
       dict(HAS_ROWS=True, BLOCK=1024), 4, 3)
 print("compiled")

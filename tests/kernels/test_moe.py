@@ -89,6 +89,34 @@ def test_reference_equals_each_token_through_its_own_experts(tokens):
                                rtol=1e-5, atol=1e-5)
 
 
+def _clamped(gate_up: torch.Tensor) -> torch.Tensor:  # gpt-oss's activation, limit 0.5 so that it clamps here
+    from radixflow.runtime.model.model import swiglu_clamped
+
+    return swiglu_clamped(gate_up, 1.702, 0.5)
+
+
+@pytest.mark.parametrize("tokens", [1, 6, 33])
+def test_biased_experts_with_another_activation_match_each_token_through_its_own_experts(device, tokens):
+    """gpt-oss's experts: gate | up and down with biases, the clamped SwiGLU; the Triton kernels
+    (biases added in the grouped matmuls, before the pair's weight) and the reference against
+    each token run through its own experts in fp64."""
+    x, weights, ids, w_gate_up, w_down = _case(tokens, 5, 2, 32, 16, torch.float32, device, seed=7)
+    g = torch.Generator().manual_seed(8)
+    b_gate_up = (torch.randn(5, 32, generator=g) * 0.5).to(device)
+    b_down = (torch.randn(5, 32, generator=g) * 0.5).to(device)
+    want = torch.zeros(tokens, 32, dtype=torch.float64)
+    for t in range(tokens):
+        for w, e in zip(weights[t].tolist(), ids[t].tolist()):
+            gate_up = F.linear(x[t].double().cpu(), w_gate_up[e].double().cpu(), b_gate_up[e].double().cpu())
+            want[t] += w * F.linear(_clamped(gate_up[None])[0], w_down[e].double().cpu(), b_down[e].double().cpu())
+    ref = kernels.fused_moe_ref(x, weights, ids, w_gate_up, w_down, _clamped, b_gate_up, b_down)
+    torch.testing.assert_close(ref.double().cpu(), want, rtol=1e-5, atol=1e-5)
+    got = kernels.fused_moe(x, weights, ids, w_gate_up, w_down, _clamped, b_gate_up, b_down)
+    torch.testing.assert_close(got.double().cpu(), want, rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="b_down must be"):
+        kernels.fused_moe(x, weights, ids, w_gate_up, w_down, _clamped, b_gate_up, b_down[:, :8])
+
+
 def test_bad_shapes_raise_before_launch(device):
     x, weights, ids, w_gate_up, w_down = _case(3, 4, 2, 32, 16, torch.float32, device)
     with pytest.raises(ValueError, match="w_down must be"):

@@ -97,6 +97,10 @@ def _hf_config(family: str, vocab_size: int, heads: int = 8):
         return tf.GraniteMoeConfig(**{**common, "intermediate_size": 48}, **granite, num_local_experts=4,
                                    num_experts_per_tok=2)
     moe = dict(num_experts_per_tok=2, tie_word_embeddings=False)
+    if family == "gpt_oss":  # attention sinks, a window in every other layer, experts with biases whose clamped
+        # SwiGLU clamps at this scale (limit 0.5: the random gate / up values reach past it)
+        return tf.GptOssConfig(**{**common, "intermediate_size": 64}, num_local_experts=4, num_experts_per_tok=2,
+                               sliding_window=8, swiglu_limit=0.5, tie_word_embeddings=False)
     if family == "mixtral":  # every layer's MLP is 4 experts of intermediate_size
         return tf.MixtralConfig(**{**common, "intermediate_size": 48}, **moe, num_local_experts=4, sliding_window=None)
     if family == "qwen3_moe":  # layer 0 experts, layer 1 a dense MLP
@@ -116,7 +120,7 @@ _CLASSES = {"llama3": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
             "seed_oss": "SeedOssForCausalLM", "internlm3": "LlamaForCausalLM", "ernie4_5": "Ernie4_5ForCausalLM",
             "glm": "GlmForCausalLM", "glm4": "Glm4ForCausalLM", "exaone4": "Exaone4ForCausalLM",
             "hunyuan": "HunYuanDenseV1ForCausalLM", "arcee": "ArceeForCausalLM", "apertus": "ApertusForCausalLM",
-            "starcoder2": "Starcoder2ForCausalLM",
+            "starcoder2": "Starcoder2ForCausalLM", "gpt_oss": "GptOssForCausalLM",
             "olmo2": "Olmo2ForCausalLM", "olmo3": "Olmo3ForCausalLM", "olmoe": "OlmoeForCausalLM", "gemma": "GemmaForCausalLM",
             "gemma2": "Gemma2ForCausalLM",
             "gemma3": "Gemma3ForCausalLM"}
@@ -140,8 +144,8 @@ def hf_checkpoint(tmp_path_factory):
         vocab = Tokenizer.from_dir(demo).vocab_size
         torch.manual_seed(1234)
         cfg = _hf_config(family, vocab, heads)
-        if family.startswith("gemma"):  # transformers' SDPA path drops Gemma 2's attention soft-cap
-            cfg._attn_implementation = "eager"
+        if family.startswith("gemma") or family == "gpt_oss":  # transformers' SDPA path drops Gemma 2's attention
+            cfg._attn_implementation = "eager"  # soft-cap and gpt-oss's sinks
         model = getattr(tf, _CLASSES[family])(cfg).float().eval()
         with torch.no_grad():  # widen the random init so greedy argmax has clear margins
             for name, p in model.named_parameters():
@@ -155,6 +159,8 @@ def hf_checkpoint(tmp_path_factory):
                     p.normal_(1.0, 0.3)  # q / k norms after RoPE would commute with it)
                 elif family == "apertus" and "act_fn" in name:  # xIELU's learned scalars, away from their init
                     p.add_(torch.randn_like(p) * 0.3)
+                elif name.endswith("sinks"):  # gpt-oss: logits beside the scores', some above them, some below
+                    p.normal_(0.0, 1.5)
         out = str(tmp_path_factory.mktemp(f"{family}{'-sharded' if shard else ''}-h{heads}"))
         model.save_pretrained(out, safe_serialization=True, max_shard_size="100KB" if shard else "5GB")
         if family in SAVED_ARCHITECTURES:  # transformers runs it on another family's class

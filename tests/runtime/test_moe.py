@@ -200,14 +200,16 @@ def test_a_peft_adapter_on_experts_is_refused_as_such(hf_checkpoint, tmp_path):
             load_adapter(str(path), load_model_args(model_dir), 16, frozenset({"gate_proj", "q_proj"}))
 
 
-def test_packed_experts_match_the_plain_weights(hf_checkpoint):
-    """CPU bf16 packs each expert's weights (packed_linear.prepack_linears) and frees the stacked
-    ones: the step's logits stay those of the plain bf16 weights up to bf16 rounding."""
+@pytest.mark.parametrize("family", ["qwen2_moe", "gpt_oss"])
+def test_packed_experts_match_the_plain_weights(hf_checkpoint, family):
+    """CPU bf16 packs each expert's weights (packed_linear.prepack_linears; gpt-oss's with their
+    biases) and frees the stacked ones: the step's logits stay those of the plain bf16 weights up
+    to bf16 rounding."""
     from radixflow.runtime.model.packed_linear import can_prepack, prepack_linears
 
     if not can_prepack(torch.device("cpu"), torch.bfloat16):
         pytest.skip("no oneDNN bf16 on this CPU")
-    model_dir, _ = hf_checkpoint("qwen2_moe")
+    model_dir, _ = hf_checkpoint(family)
     args = load_model_args(model_dir)
     model = build_model(args, model_dir, torch.bfloat16, torch.device("cpu"), 64)
     x = torch.randn(5, args.hidden_size, dtype=torch.bfloat16)
