@@ -17,8 +17,9 @@ from radixflow.frontend.openai_schemas import (
     AssistantMessage, CalledFunction, ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk,
     ChatRequest, ChatToolCall, ChoiceLogprobs, Delta, DeltaFunction, DeltaToolCall, TokenLogprob, TopLogprob,
 )
+from radixflow.frontend.harmony import HarmonyChoiceParser
 from radixflow.frontend.reasoning import ChoiceParser
-from radixflow.frontend.tool_calls import Call, CallArgs, CallStart, Parser, whole
+from radixflow.frontend.tool_calls import Call, CallArgs, CallStart, FirstCallOnly, Parser, whole
 from radixflow.frontend.tools import ToolPlan, template_tools, tool_plan
 from radixflow.runtime.sampling_params import RequestOptions
 from radixflow.runtime.text.reasoning import FORMATS, ReasoningParser, Thought, leaves_open
@@ -68,8 +69,20 @@ class ChatPlan:
         assert self.reasoning is not None, "thinking is set with a reasoning format only"
         return Constraint({**constraint.params, "constrain_after": FORMATS[self.reasoning].close_tag}, constraint.param)
 
-    def parser(self) -> Parser | ChoiceParser | None:
+    @property
+    def harmony(self) -> bool:
+        """The output is read as gpt-oss's harmony messages (its markers are special tokens the
+        text must keep): under --reasoning-parser gpt_oss, or --tool-call-parser gpt_oss with tools."""
+        return (self.reasoning is not None and FORMATS[self.reasoning].harmony) or (
+            self.tools.mode == "auto" and self.tools.call_format == "gpt_oss")
+
+    def parser(self) -> Parser | ChoiceParser | HarmonyChoiceParser | FirstCallOnly | None:
         """A fresh parser for one choice's text; None when the text is plain content."""
+        if self.harmony:
+            auto = self.tools.mode == "auto"
+            parser = HarmonyChoiceParser(self.tools.names if auto else None, self.reasoning is not None,
+                                         self.include_reasoning, None if auto else self.tools.parser())
+            return parser if not auto or self.tools.parallel else FirstCallOnly(parser)  # type: ignore[arg-type]
         tools = self.tools.parser()
         if self.reasoning is None:
             return tools
@@ -101,6 +114,9 @@ def _split(events: list[Any]) -> tuple[str, str, list[Any]]:
 
 
 def _saw_reasoning(parser: Any) -> bool:
+    parser = parser.parser if isinstance(parser, FirstCallOnly) else parser
+    if isinstance(parser, HarmonyChoiceParser):
+        return parser.saw_reasoning
     return isinstance(parser, ChoiceParser) and parser.reasoning.saw_block
 
 
@@ -157,9 +173,10 @@ class ChatShape:
             limits.check_top_logprobs(req.top_logprobs, "top_logprobs")
         check_chat_prompt(req, limits)
         tools = tool_plan(req, limits, getattr(server.engine, "supports_grammar", False), server.tool_call_parser)
-        if tools.keeps_special_tokens and req.skip_special_tokens is None:
-            req.skip_special_tokens = False  # the call format's markers are special tokens
-        return reasoning_plan(req, tools, server.reasoning_parser)
+        plan = reasoning_plan(req, tools, server.reasoning_parser)
+        if (tools.keeps_special_tokens or plan.harmony) and req.skip_special_tokens is None:
+            req.skip_special_tokens = False  # the format's markers are special tokens
+        return plan
 
     def constraint(self, plan: ChatPlan, own: Constraint | None) -> Constraint | None:
         return plan.constraint(own)

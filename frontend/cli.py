@@ -64,22 +64,24 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--incremental-streaming-output", action="store_true",
                        help="native /generate streams send each chunk's new text and output_ids only, not the "
                             "whole output so far (SGLang's flag; OpenAI streams always send deltas)")
-    from radixflow.frontend.tool_call_formats import PARSERS
+    from radixflow.frontend.tool_call_formats import ALIASES, PARSERS
 
-    serve.add_argument("--tool-call-parser", choices=tuple(PARSERS), default="hermes",
+    serve.add_argument("--tool-call-parser", choices=(*PARSERS, *ALIASES), default="hermes",
                        help="the format of the model's tool calls under tool_choice 'auto': hermes "
                             "(<tool_call> blocks), llama3_json, mistral ([TOOL_CALLS]), pythonic, qwen3_coder "
-                            "(<function=...> blocks), glm45 / glm47 (<arg_key> pairs) or granite "
-                            "(<tool_call>[...]) (default: hermes)")
-    from radixflow.runtime.text.reasoning import FORMATS
+                            "(<function=...> blocks), glm45 / glm47 (<arg_key> pairs), granite "
+                            "(<tool_call>[...]), phi4_mini_json or gpt_oss (harmony messages to functions.NAME; "
+                            "also gpt-oss, openai) (default: hermes)")
+    from radixflow.runtime.text.reasoning import ALIASES as REASONING_ALIASES, FORMATS
 
-    names = dict.fromkeys([*FORMATS, *(f.replace("_", "-") for f in FORMATS)])  # qwen3 has no dashed spelling
+    names = dict.fromkeys([*FORMATS, *REASONING_ALIASES])  # qwen3 has no dashed spelling
     serve.add_argument("--reasoning-parser", choices=tuple(names),
                        default=None,
                        help="split a thinking model's <think> block from its answer in chat responses "
                             "(message.reasoning_content): deepseek_r1 or qwen3_thinking (the output starts "
                             "in the block), qwen3 (only when the output opens with <think>), seed_oss (as "
-                            "qwen3, with <seed:think> tags) (default: none)")
+                            "qwen3, with <seed:think> tags), gpt_oss (harmony's analysis channel; also "
+                            "gpt-oss, openai_gptoss) (default: none)")
     serve.add_argument("--max-stored-responses", type=int, default=None,
                        help="/v1/responses kept in memory for previous_response_id and GET /v1/responses/{id}, "
                             "least recently used dropped first; per API server process and lost on restart "

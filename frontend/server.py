@@ -181,7 +181,7 @@ def create_app(engine_or_factory: EngineOrFactory, served_model_name: str | None
     name, or SGLang's spelling of one; None: it is not).
     `max_stored_responses`: /v1/responses kept in this process's memory for previous_response_id
     and GET (least recently used dropped first; 0: none)."""
-    check_parser_name(tool_call_parser)
+    tool_call_parser = check_parser_name(tool_call_parser)
     reasoning_parser = check_reasoning_parser(reasoning_parser)
     limits = limits or RequestLimits()
     if max_body_bytes is not None:

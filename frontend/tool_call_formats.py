@@ -17,6 +17,7 @@ import json
 import re
 from collections.abc import Callable, Mapping, Set
 
+from radixflow.frontend.harmony import HarmonyChoiceParser
 from radixflow.frontend.xml_calls import Glm45Parser, Qwen3CoderParser
 from radixflow.frontend.tool_calls import (
     ArgsReader, Call, CallListReader, CallReader, Content, Event, FirstCallOnly, HermesParser, Parser, StateParser,
@@ -347,12 +348,18 @@ def python_calls(source: str, names: Set[str]) -> list[Call] | None:
 PARSERS: dict[str, Callable[[Set[str]], Parser]] = {
     "hermes": HermesParser, "llama3_json": Llama3JsonParser, "mistral": MistralParser, "pythonic": PythonicParser,
     "qwen3_coder": Qwen3CoderParser, "glm45": Glm45Parser, "glm47": Glm45Parser, "granite": GraniteParser,
-    "phi4_mini_json": Phi4MiniParser,
+    "phi4_mini_json": Phi4MiniParser, "gpt_oss": lambda names: HarmonyChoiceParser(names, reasoning=False),
 }
 TYPED = (Qwen3CoderParser, Glm45Parser)  # the formats whose values are raw text: they need the parameters' types
 
 
+# other servers' names for a format: gpt-oss's is SGLang's gpt-oss and vLLM's openai
+ALIASES = {"gpt-oss": "gpt_oss", "openai": "gpt_oss"}
+
+
 def check_parser_name(name: str) -> str:
+    """The format `name` means (an alias read as its format); ValueError for an unknown one."""
+    name = ALIASES.get(name, name)
     if name not in PARSERS:
         raise ValueError(f"--tool-call-parser must be one of {', '.join(PARSERS)}; got {name!r}")
     return name

@@ -160,9 +160,9 @@ def _answer_only(reasoning: str | None) -> Callable[[str, bool], list[str]]:
     (held back while it may still be a tag)."""
     if reasoning is None:
         return lambda piece, last: [piece] if piece else []
-    from radixflow.runtime.text.reasoning import FORMATS, ReasoningParser  # pure text: no torch
+    from radixflow.runtime.text.reasoning import reasoning_parser  # pure text: no torch
 
-    parser = ReasoningParser(FORMATS[reasoning])
+    parser = reasoning_parser(reasoning)
 
     def shown(piece: str, last: bool) -> list[str]:
         events = parser.feed(piece) + (parser.finish() if last else [])

@@ -98,16 +98,23 @@ def separate_reasoning(expr: Any, model_type: str = "deepseek_r1") -> Expr:
     separate_reasoning: a gen stores its answer as its variable and its reasoning as
     `<name>_reasoning_content` ("" without a block), and only the answer joins the text (as
     thinking models' templates drop past reasoning). A constrained gen's grammar holds after
-    `</think>`. `model_type`: deepseek_r1 or qwen3_thinking (the output starts in the block), qwen3
-    (a block only when the output opens with `<think>`); SGLang's dashed names too."""
+    the block (`</think>`, the format's own closing tag). `model_type`: deepseek_r1 or
+    qwen3_thinking (the output starts in the block), qwen3 (a block only when the output opens
+    with `<think>`), seed_oss, gpt_oss (harmony channels: the gen keeps special tokens); SGLang's
+    dashed names too."""
+    from radixflow.runtime.text.reasoning import FORMATS  # pure text: no torch
+
     fmt = reasoning_format(model_type)
+    form = FORMATS[fmt]
     out: list[ir.Op] = []
     for op in to_expr(expr).ops:
         if isinstance(op, ir.Select):
             raise ValueError("separate_reasoning takes gen()s: a select's choices are whole answers")
         if isinstance(op, ir.Gen):
             constrained = any(op.params.get(c) is not None for c in _CONSTRAINTS)
-            after = {"constrain_after": "</think>"} if constrained else {}
+            after: dict[str, Any] = {"constrain_after": form.close_tag} if constrained else {}
+            if form.harmony:  # gpt-oss's channels are marked by special tokens, which the text must keep
+                after["skip_special_tokens"] = op.params.get("skip_special_tokens", False)
             op = msgspec.structs.replace(op, reasoning=fmt, params={**op.params, **after})
         out.append(op)
     if not any(isinstance(op, ir.Gen) for op in out):

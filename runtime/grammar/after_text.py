@@ -1,6 +1,7 @@
 """A constraint that starts once the output contains a text (`constrain_after`): a thinking
 model reasons freely, and the grammar holds from the token after the one that completes the
-block's end (`</think>`). Bytes that token carries past the text are not matched by the grammar."""
+block's end (`</think>`; gpt-oss's `<|channel|>final<|message|>`, special tokens read as their
+text). Bytes that token carries past the text are not matched by the grammar."""
 from __future__ import annotations
 
 import ctypes
@@ -15,7 +16,7 @@ class AfterText:
     is still to come) and nothing is forced."""
 
     def __init__(self, inner: Matcher, text: bytes, vocab: TokenVocab) -> None:
-        self.inner, self._text, self._bytes = inner, text, vocab.token_bytes
+        self.inner, self._text, self._bytes, self._special = inner, text, vocab.token_bytes, vocab.special_bytes
         self._tail = b""  # the output's last len(text) - 1 bytes, while the text is not yet seen
         self.started = False
 
@@ -25,7 +26,8 @@ class AfterText:
 
     def _completes(self, tail: bytes, token: int) -> tuple[bool, bytes]:
         """(whether `token` after `tail` completes the text, the new tail)."""
-        seen = tail + (self._bytes[token] if token < len(self._bytes) else b"")  # ids past the tokenizer's: b""
+        # ids past the tokenizer's: b""; a special token: its text (gpt-oss's <|message|>)
+        seen = tail + ((self._bytes[token] if token < len(self._bytes) else b"") or self._special.get(token, b""))
         return self._text in seen, seen[max(0, len(seen) - len(self._text) + 1):] if len(self._text) > 1 else b""
 
     def fill_mask(self, ptr: int, num_words: int) -> None:

@@ -12,8 +12,11 @@ class TokenVocab:
     """
 
     def __init__(self, token_bytes: list[bytes], eos_ids: Iterable[int], model_vocab_size: int,
-                 encode: Callable[[str], list[int]]) -> None:
+                 encode: Callable[[str], list[int]], special_bytes: dict[int, bytes] | None = None) -> None:
         self.token_bytes = token_bytes
+        # the text of the special tokens other than EOS, which token_bytes leaves empty: what
+        # constrain_after sees of them (gpt-oss's channel markers are special tokens)
+        self.special_bytes = dict(special_bytes or {})
         self.eos_ids = tuple(sorted(set(eos_ids)))
         self.model_vocab_size = model_vocab_size
         self._encode = encode
@@ -29,7 +32,8 @@ class TokenVocab:
         specials = set(tokenizer.special_token_ids) | eos
         size = min(tokenizer.vocab_size, model_vocab_size)
         table = [b"" if i in specials else tokenizer.token_bytes(i) for i in range(size)]
-        return cls(table, eos, model_vocab_size, lambda text: tokenizer.encode(text, add_special_tokens=False))
+        marks = {i: tokenizer.token_bytes(i) for i in sorted(specials - eos) if i < size}
+        return cls(table, eos, model_vocab_size, lambda text: tokenizer.encode(text, add_special_tokens=False), marks)
 
     def outlines_map(self) -> dict[bytes, list[int]]:
         """bytes -> token ids, without EOS/special/empty tokens (what outlines_core.Vocabulary takes)."""

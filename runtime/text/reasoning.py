@@ -9,6 +9,8 @@
                     (Qwen3 with enable_thinking false, or an answer without thinking)
     qwen3_thinking  as deepseek_r1 (Qwen3 thinking models, whose template opens the block)
     seed_oss        as qwen3, with Seed-OSS's tags <seed:think> ... </seed:think>
+    gpt_oss         gpt-oss's harmony messages (runtime/text/harmony.py): the analysis channel
+                    is reasoning, the others content; the text keeps its special tokens
 
 A parser is fed a choice's text as it is generated and returns events, `Thought` pieces and
 content text; text that may still be a tag (`</thi`) is held back until it cannot be, and so is
@@ -33,16 +35,20 @@ def partial_tag(text: str, tag: str) -> int:
 @dataclass(frozen=True)
 class Format:
     """A reasoning format: its block's tags, and whether the output is in the block from its first
-    token (the template opened it)."""
+    token (the template opened it). `harmony`: gpt-oss's messages, whose markers are special
+    tokens (the text keeps them; close_tag is where the answer opens)."""
 
     opened: bool
     open_tag: str = OPEN
     close_tag: str = CLOSE
+    harmony: bool = False
 
 
 FORMATS = {"deepseek_r1": Format(True), "qwen3": Format(False), "qwen3_thinking": Format(True),
-           "seed_oss": Format(False, "<seed:think>", "</seed:think>")}
-_ALIASES = {name.replace("_", "-"): name for name in FORMATS}  # SGLang spells them with dashes
+           "seed_oss": Format(False, "<seed:think>", "</seed:think>"),
+           "gpt_oss": Format(False, "<|channel|>analysis<|message|>", "<|channel|>final<|message|>", harmony=True)}
+# SGLang spells them with dashes; vLLM calls gpt-oss's openai_gptoss
+ALIASES = {**{name.replace("_", "-"): name for name in FORMATS}, "openai_gptoss": "gpt_oss"}
 
 
 def check_reasoning_parser(name: str | None, what: str = "--reasoning-parser") -> str | None:
@@ -50,7 +56,7 @@ def check_reasoning_parser(name: str | None, what: str = "--reasoning-parser") -
     given) for an unknown one."""
     if name is None:
         return None
-    name = _ALIASES.get(name, name)
+    name = ALIASES.get(name, name)
     if name not in FORMATS:
         raise ValueError(f"{what} must be one of {', '.join(FORMATS)}; got {name!r}")
     return name
@@ -143,10 +149,21 @@ class ReasoningParser:
         return text
 
 
+def reasoning_parser(name: str, opened: bool | None = None) -> ReasoningParser:
+    """A fresh parser of format `name` (a FORMATS key) for one output; `opened` (default: the
+    format's) whether it starts inside the block. gpt_oss: harmony.HarmonyReasoning."""
+    fmt = FORMATS[name]
+    if fmt.harmony:
+        from radixflow.runtime.text.harmony import HarmonyReasoning  # it imports this module
+
+        return HarmonyReasoning()  # type: ignore[return-value]  # the same interface
+    return ReasoningParser(fmt.opened if opened is None else opened, fmt)
+
+
 def split_reasoning(text: str, name: str) -> tuple[str | None, str]:
     """A whole output's (reasoning, answer) under format `name` (a FORMATS key); reasoning None
     when the output had no block."""
-    parser = ReasoningParser(FORMATS[name].opened, FORMATS[name])
+    parser = reasoning_parser(name)
     events = parser.feed(text) + parser.finish()
     reasoning = "".join(e.text for e in events if isinstance(e, Thought))
     return reasoning if parser.saw_block else None, "".join(e for e in events if isinstance(e, str))

@@ -475,11 +475,17 @@ def test_plain_text_streams_once_it_cannot_be_a_call():
 
 
 def test_parsers_by_flag_name():
+    from radixflow.frontend.harmony import HarmonyChoiceParser
+    from radixflow.frontend.tool_call_formats import check_parser_name
+
     assert set(PARSERS) == {"hermes", "llama3_json", "mistral", "pythonic", "qwen3_coder", "glm45", "glm47",
-                            "granite", "phi4_mini_json"}
+                            "granite", "phi4_mini_json", "gpt_oss"}
     assert isinstance(auto_parser("mistral", NAMES, parallel=True), MistralParser)
+    assert isinstance(auto_parser("openai", NAMES, parallel=True), HarmonyChoiceParser)  # vLLM's name for it
+    assert check_parser_name("gpt-oss") == check_parser_name("openai") == "gpt_oss"
     with pytest.raises(ValueError, match="--tool-call-parser must be one of hermes, llama3_json, mistral, "
-                                         "pythonic, qwen3_coder, glm45, glm47, granite, phi4_mini_json; got 'qwen'"):
+                                         "pythonic, qwen3_coder, glm45, glm47, granite, phi4_mini_json, gpt_oss; "
+                                         "got 'qwen'"):
         auto_parser("qwen", NAMES, parallel=True)
 
 

@@ -48,6 +48,37 @@ def test_qwen3_without_a_block_and_a_constrained_gen(make_fake):
     assert fake.requests[-1]["sampling_params"]["constrain_after"] == "</think>"
 
 
+@pytest.mark.parametrize("model_type, reply, answer, thought", [
+    ("qwen3", "plain", "plain", ""),  # no block: all content, streamed as well as whole
+    ("seed_oss", "<seed:think>x</seed:think>Paris", "Paris", "x"),  # its own tags
+    ("gpt-oss", "<|channel|>analysis<|message|>x<|end|><|start|>assistant<|channel|>final<|message|>Paris",
+     "Paris", "x"),
+])
+def test_a_streamed_run_shows_the_answer_of_each_format(make_fake, model_type, reply, answer, thought):
+    fake = make_fake(reply=lambda prompt, sp: reply if "Italy" not in prompt else "Rome", chunk_chars=2)
+    state = quiz.run(backend=fake, model_type=model_type, stream=True)
+    pieces = list(state.text_iter())
+    assert state["answer"] == answer and state["answer_reasoning_content"] == thought
+    assert "".join(pieces) == state.text() == f"Q: capital of France? A:{answer} Q: and Italy? A:Rome"
+
+
+@pytest.mark.parametrize("model_type, after", [("deepseek-r1", "</think>"), ("seed_oss", "</seed:think>"),
+                                               ("gpt_oss", "<|channel|>final<|message|>")])
+def test_a_constrained_gen_holds_after_its_formats_closing_tag(make_fake, model_type, after):
+    """The grammar starts where the format's answer does (Seed-OSS's own tag, gpt-oss's final
+    channel), and gpt-oss's text keeps the special tokens its channels are marked by."""
+    fake = make_fake(reply=lambda prompt, sp: "7")
+
+    @rf.function
+    def number(s):
+        s += "n=" + rf.separate_reasoning(rf.gen_int("n"), model_type=model_type)
+
+    number.run(backend=fake)
+    sp = fake.requests[-1]["sampling_params"]
+    assert sp["constrain_after"] == after
+    assert sp.get("skip_special_tokens", True) is (model_type != "gpt_oss")
+
+
 def test_bad_uses_are_value_errors():
     with pytest.raises(ValueError, match="model_type must be one of"):
         rf.separate_reasoning(rf.gen("a"), model_type="o1")
