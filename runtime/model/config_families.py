@@ -57,8 +57,7 @@ _FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
     "ApertusForCausalLM": {"rms_norm_eps": 1e-5, "max_position_embeddings": 65536},
     "Starcoder2ForCausalLM": {"num_key_value_heads": 2, "use_bias": True, "tie_word_embeddings": True},
     "GptOssForCausalLM": {"num_key_value_heads": 8, "rms_norm_eps": 1e-5, "max_position_embeddings": 131072,
-                          "head_dim": 64, "attention_bias": True, "sliding_window": 128, "num_local_experts": 128,
-                          "num_experts_per_tok": 4},
+                          "head_dim": 64, "attention_bias": True, "sliding_window": 128, "num_experts_per_tok": 4},
 }
 # ApertusConfig's RoPE where the config names none
 _APERTUS_ROPE = {"rope_type": "llama3", "rope_theta": 12_000_000.0, "factor": 8.0,
@@ -345,7 +344,9 @@ def moe_fields(cfg: dict[str, Any], arch: str) -> dict[str, Any]:
     num_layers = required(cfg, "num_hidden_layers")
     check_positive_int("num_hidden_layers", num_layers)
     experts = cfg.get("num_local_experts")
-    experts = cfg.get("num_experts") if experts is None else experts
+    experts = cfg.get("num_experts") if experts is None else experts  # GptOssConfig's alias, others' name
+    if experts is None and arch == "GptOssForCausalLM":
+        experts = 128  # GptOssConfig's default
     if experts is None:
         raise ValueError("the required field num_local_experts (or num_experts) is missing")
     if experts == 0 and arch.startswith("Qwen"):  # Qwen-MoE without experts: every MLP dense

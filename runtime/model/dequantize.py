@@ -21,6 +21,9 @@ AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 # MXFP4's 4-bit codes (E2M1: sign, 2 exponent bits, 1 mantissa bit) and the values they stand for
 FP4_E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 MXFP4_BLOCK = 32  # values per shared scale
+MXFP4_CHUNK_ROWS = 4096  # output rows dequantized at a time
+# where gpt-oss stores MXFP4: its experts' stacked projections (x @ W order: runtime/model/weights.py)
+MXFP4_TENSORS = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
 FLOAT8 = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz") if hasattr(torch, n))
 
 
@@ -192,10 +195,17 @@ def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor, name: str) -> t
         raise ValueError(f"MXFP4 tensor {name!r}: blocks {tuple(blocks.shape)} must be scales' shape "
                          f"{tuple(scales.shape)} plus {MXFP4_BLOCK // 2} bytes")
     table = torch.tensor(FP4_E2M1, dtype=torch.float32)
-    codes = torch.stack([blocks & 0x0F, blocks >> 4], dim=-1).long()  # [..., G, 16, 2]: low nibble first
-    values = table[codes].flatten(-3)  # [..., out, in]
-    groups = torch.ldexp(torch.ones(scales.shape), scales.to(torch.int32) - 127).repeat_interleave(MXFP4_BLOCK, dim=-1)
-    return (values * groups).transpose(-1, -2)
+    *lead, out, groups, half = blocks.shape
+    values = torch.empty((*lead, out, groups * 2 * half), dtype=torch.float32)
+    flat_blocks, flat_values = blocks.reshape(-1, groups, half), values.view(-1, groups, 2 * half)
+    flat_scales = scales.reshape(-1, groups, 1).to(torch.int32) - 127
+    # NOTE: rows in chunks: the codes' int64 indices take 16 bytes per value, 32x the blocks' size
+    for a in range(0, flat_blocks.shape[0], MXFP4_CHUNK_ROWS):
+        rows = flat_blocks[a:a + MXFP4_CHUNK_ROWS]
+        codes = torch.stack([rows & 0x0F, rows >> 4], dim=-1).long()  # [rows, G, 16, 2]: low nibble first
+        # ldexp of each value (not value * 2^e): a zero code stays 0 at the top scale, as transformers reads it
+        torch.ldexp(table[codes].flatten(-2), flat_scales[a:a + MXFP4_CHUNK_ROWS], out=flat_values[a:a + MXFP4_CHUNK_ROWS])
+    return values.transpose(-1, -2)
 
 
 _DEQUANTIZERS: dict[str, Callable[[dict[str, torch.Tensor], WeightScheme, str], torch.Tensor]] = {
@@ -234,6 +244,9 @@ class DequantizingReader:
 
     def get(self, name: str) -> torch.Tensor:
         if name in self.mxfp4:
+            if not name.endswith(MXFP4_TENSORS):
+                raise ValueError(f"tensor {name!r} is stored as MXFP4 (`_blocks` / `_scales`): MXFP4 is read for "
+                                 "gpt-oss's experts only (mlp.experts.gate_up_proj / down_proj)")
             if f"{name}_scales" not in self.reader.names():
                 raise ValueError(f"MXFP4 tensor {name!r} has blocks but no {name}_scales")
             return dequantize_mxfp4(self.reader.raw(f"{name}_blocks"), self.reader.raw(f"{name}_scales"), name)

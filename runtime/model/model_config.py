@@ -254,6 +254,8 @@ def model_args_from_dict(cfg: dict[str, Any]) -> ModelArgs:
     default_act = "gelu_pytorch_tanh" if is_gemma else "silu" if gated else {
         "ArceeForCausalLM": "relu2", "ApertusForCausalLM": "xielu", "Starcoder2ForCausalLM": "gelu_pytorch_tanh"}[arch]
     act = cfg.get("hidden_activation" if is_gemma else "hidden_act") or default_act
+    if arch == "GptOssForCausalLM":  # its experts take the clamped SwiGLU whatever hidden_act says (as transformers)
+        act = "silu"
     activations = ACTIVATIONS if gated else UNGATED_ACTIVATIONS
     if not isinstance(act, str) or act not in activations:
         raise ValueError(f"hidden_act {act!r} is not supported for {arch}; supported: {', '.join(activations)}")

@@ -9,7 +9,7 @@ import re
 
 import httpx
 import pytest
-from text_pieces import every_split
+from text_pieces import every_split, merged, run
 
 from radixflow.frontend.call_stream import CallArgs, CallStart, whole
 from radixflow.frontend.harmony import HarmonyChoiceParser
@@ -22,26 +22,6 @@ CALL = ('<|start|>assistant<|channel|>commentary to=functions.get_weather <|cons
         '{"city": "Rome", "days": 2}<|call|>')
 FINAL = "<|start|>assistant<|channel|>final<|message|>It is sunny in Rome.<|return|>"
 NAMES = frozenset({"get_weather", "add"})
-
-
-def _run(parser, pieces):
-    events = []
-    for piece in pieces:
-        events += parser.feed(piece)
-    return events + parser.finish()
-
-
-def _merged(events):
-    """Adjacent text and adjacent Thought pieces joined, calls whole."""
-    out = []
-    for e in whole(events):
-        if isinstance(e, str) and out and isinstance(out[-1], str):
-            out[-1] += e
-        elif isinstance(e, Thought) and out and isinstance(out[-1], Thought):
-            out[-1] = Thought(out[-1].text + e.text)
-        else:
-            out.append(e)
-    return out
 
 
 def test_headers_name_channel_and_recipient_either_side():
@@ -58,7 +38,7 @@ def test_the_reader_gives_the_same_messages_in_any_pieces():
     want = [Header("analysis"), Body("The user wants the weather."), Header("commentary", "functions.get_weather"),
             Body('{"city": "Rome", "days": 2}'), Header("final"), Body("It is sunny in Rome.")]
     for pieces in every_split(text):
-        events = _run(HarmonyReader(), pieces)
+        events = run(HarmonyReader(), pieces)
         merged = []
         for e in events:  # a body may come in pieces
             if isinstance(e, Body) and merged and isinstance(merged[-1], Body):
@@ -78,7 +58,7 @@ def test_the_reader_gives_the_same_messages_in_any_pieces():
 ])
 def test_the_reader_on_cut_and_odd_outputs(text, want):
     for pieces in ([text], list(text)):
-        events = _run(HarmonyReader(), pieces)
+        events = run(HarmonyReader(), pieces)
         bodies = "".join(e.text for e in events if isinstance(e, Body))
         assert [e for e in events if isinstance(e, Header)] == [w for w in want if isinstance(w, Header)]
         assert bodies == "".join(w.text for w in want if isinstance(w, Body))
@@ -86,7 +66,7 @@ def test_the_reader_on_cut_and_odd_outputs(text, want):
 
 def test_a_header_that_never_closes_is_content():
     text = "<|channel|>" + "x" * 600
-    events = _run(HarmonyReader(), [text])
+    events = run(HarmonyReader(), [text])
     assert events[0] == Header("") and "".join(e.text for e in events[1:]) == text
 
 
@@ -100,7 +80,7 @@ def test_calls_reasoning_and_content_in_any_pieces():
     want = [Thought("The user wants the weather."), Call("get_weather", '{"city": "Rome", "days": 2}'),
             "It is sunny in Rome."]
     for pieces in every_split(ANALYSIS + CALL + FINAL):
-        assert _merged(_run(HarmonyChoiceParser(NAMES), pieces)) == want, pieces
+        assert merged(run(HarmonyChoiceParser(NAMES), pieces)) == want, pieces
 
 
 def test_call_arguments_stream_as_written():
@@ -115,7 +95,7 @@ def test_call_arguments_stream_as_written():
     ({"include": False}, [Call("get_weather", '{"city": "Rome", "days": 2}'), "It is sunny in Rome."]),
 ])
 def test_reasoning_off_or_not_included(options, want):
-    assert _merged(_run(HarmonyChoiceParser(NAMES, **options), [ANALYSIS + CALL + FINAL])) == want
+    assert merged(run(HarmonyChoiceParser(NAMES, **options), [ANALYSIS + CALL + FINAL])) == want
 
 
 @pytest.mark.parametrize("call, names", [
@@ -127,12 +107,12 @@ def test_reasoning_off_or_not_included(options, want):
 def test_messages_that_are_not_calls_of_the_tools_are_content(call, names):
     body = re.search(r"<\|message\|>(.*)<\|call\|>", call).group(1)
     for pieces in ([call], list(call)):
-        assert _merged(_run(HarmonyChoiceParser(names), pieces)) == [body]
+        assert merged(run(HarmonyChoiceParser(names), pieces)) == [body]
 
 
 def test_parallel_tool_calls_false_keeps_the_first_call():
     second = CALL.replace("get_weather", "add").replace('{"city": "Rome", "days": 2}', '{"a": 1}')
-    events = _run(FirstCallOnly(HarmonyChoiceParser(NAMES)), [ANALYSIS + CALL + second + FINAL])
+    events = run(FirstCallOnly(HarmonyChoiceParser(NAMES)), [ANALYSIS + CALL + second + FINAL])
     assert [e for e in whole(events) if isinstance(e, Call)] == [Call("get_weather", '{"city": "Rome", "days": 2}')]
 
 
@@ -171,7 +151,7 @@ def test_a_grammar_holds_from_the_final_channel_and_required_calls_are_read_ther
     _, plan = _check({"tools": TOOLS, "tool_choice": "required"})
     assert plan.constraint(None).params["constrain_after"] == "<|channel|>final<|message|>"
     text = ANALYSIS + '<|start|>assistant<|channel|>final<|message|>[{"name": "add", "arguments": {"a": 1}}]'
-    events = _run(plan.parser(), [text])
+    events = run(plan.parser(), [text])
     assert [e for e in whole(events) if isinstance(e, Call)] == [Call("add", '{"a": 1}')]
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from text_pieces import every_split  # noqa: E402  (tests/frontend is on sys.path via conftest)
+from text_pieces import every_split, merged, run  # noqa: E402  (tests/frontend is on sys.path via conftest)
 
 from radixflow.frontend.tool_call_formats import (
     PARSERS, GraniteParser, Llama3JsonParser, MistralParser, Phi4MiniParser, PythonicParser, auto_parser,
@@ -18,25 +18,6 @@ from radixflow.frontend.tool_calls import (
 )
 
 NAMES = frozenset({"get_weather", "add"})
-
-
-def run(parser, pieces):
-    out = []
-    for piece in pieces:
-        out += parser.feed(piece)
-    return out + parser.finish()
-
-
-def merged(events):
-    """Each call's start and argument pieces folded into a Call, and adjacent text events joined:
-    what a client reassembles."""
-    out = []
-    for e in whole(events):
-        if isinstance(e, str) and out and isinstance(out[-1], str):
-            out[-1] += e
-        else:
-            out.append(e)
-    return out
 
 
 WEATHER = Call("get_weather", '{"city": "Paris"}')

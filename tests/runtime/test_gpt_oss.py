@@ -15,16 +15,9 @@ from safetensors.torch import load_file, save_file
 from radixflow.runtime import Engine
 from radixflow.runtime.model.dequantize import dequantize_mxfp4
 from radixflow.runtime.model.model_config import load_model_args
+from test_model_parity import _hf_greedy  # noqa: E402  (tests/runtime is on sys.path via conftest)
 
 GREEDY = {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True}
-
-
-def _hf_greedy(hf, prompt: list[int], n: int) -> list[int]:
-    ids = list(prompt)
-    with torch.no_grad():
-        for _ in range(n):
-            ids.append(int(hf(torch.tensor([ids])).logits[0, -1].argmax()))
-    return ids[len(prompt):]
 
 
 def test_config_reads_gpt_oss_as_transformers_does(hf_checkpoint):
@@ -144,3 +137,45 @@ def test_malformed_mxfp4_tensors_are_refused_naming_them(hf_checkpoint, tmp_path
     save_file(tensors, path)
     with pytest.raises(ValueError, match=f"model.layers.1.mlp.experts.down_proj.*{match}|{match}.*down_proj"):
         Engine(quantized, kv_cache_tokens=512, dtype="float32")
+
+
+def test_mxfp4_outside_the_experts_is_refused(hf_checkpoint, tmp_path):
+    """MXFP4 is read where gpt-oss stores it, its experts (in x @ W order); a `_blocks` tensor
+    anywhere else would load transposed, so it is refused naming the tensor."""
+    hf_dir, _ = hf_checkpoint("gpt_oss")
+    quantized, _ = _mxfp4_checkpoints(tmp_path, hf_dir)
+    path = os.path.join(quantized, "model.safetensors")
+    tensors = load_file(path)
+    name = "model.layers.0.self_attn.o_proj.weight"
+    blocks, scales = _mxfp4(tuple(tensors.pop(name).shape), torch.Generator().manual_seed(1))
+    tensors[name + "_blocks"], tensors[name + "_scales"] = blocks, scales
+    save_file(tensors, path)
+    with pytest.raises(ValueError, match="o_proj.weight.*MXFP4 is read for gpt-oss's experts only"):
+        Engine(quantized, kv_cache_tokens=512, dtype="float32")
+
+
+def test_mxfp4_scales_at_the_top_of_the_range_dequantize_as_transformers_does():
+    """Scale byte 255 (the MX spec's NaN; transformers reads it as 2^128): a zero code stays 0."""
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    blocks = (torch.arange(16, dtype=torch.uint8) * 17).reshape(1, 1, 1, 16)  # every code, both nibbles
+    for scale in (0, 1, 254, 255):
+        scales = torch.full((1, 1, 1), scale, dtype=torch.uint8)
+        ours, want = dequantize_mxfp4(blocks, scales, "t"), convert_moe_packed_tensors(blocks, scales,
+                                                                                       dtype=torch.float32)
+        assert torch.equal(ours.nan_to_num(), want.nan_to_num()) and ours.isnan().sum() == want.isnan().sum()
+
+
+def test_config_fields_read_as_transformers_reads_gpt_oss():
+    """`num_experts` is GptOssConfig's alias of num_local_experts; hidden_act is ignored (the
+    experts always take the clamped SwiGLU), as transformers ignores it."""
+    import transformers as tf
+
+    from radixflow.runtime.model.model_config import model_args_from_dict
+
+    cfg = {"architectures": ["GptOssForCausalLM"], "vocab_size": 100, "hidden_size": 64, "intermediate_size": 64,
+           "num_hidden_layers": 2, "num_attention_heads": 8, "num_experts": 8, "hidden_act": "gelu"}
+    ref = tf.GptOssConfig(**{k: v for k, v in cfg.items() if k != "architectures"})
+    args = model_args_from_dict(cfg)
+    assert args.num_experts == ref.num_local_experts == 8 and args.expert_act == "swiglu_clamped"
+    assert args.num_experts_per_tok == ref.num_experts_per_tok
