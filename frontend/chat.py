@@ -59,6 +59,7 @@ class ChatPlan:
     opened: bool = False
     include_reasoning: bool = True
     thinking: bool = False  # a constraint holds after the block (the template was not told not to think)
+    harmony_server: bool = False  # the server's --reasoning-parser is gpt_oss (calls read even when not split)
 
     def constraint(self, own: Constraint | None) -> Constraint | None:
         """The output's grammar: the tool plan's, else the request's own; with a reasoning
@@ -74,7 +75,7 @@ class ChatPlan:
         """The output is read as gpt-oss's harmony messages (its markers are special tokens the
         text must keep): under --reasoning-parser gpt_oss, or --tool-call-parser gpt_oss with tools."""
         return (self.reasoning is not None and FORMATS[self.reasoning].harmony) or (
-            self.tools.mode == "auto" and self.tools.call_format == "gpt_oss")
+            self.tools.mode == "auto" and (self.tools.call_format == "gpt_oss" or self.harmony_server))
 
     def parser(self) -> Parser | ChoiceParser | HarmonyChoiceParser | FirstCallOnly | None:
         """A fresh parser for one choice's text; None when the text is plain content."""
@@ -97,7 +98,7 @@ def reasoning_plan(req: ChatRequest, tools: ToolPlan, reasoning_parser: str | No
     With `continue_final_message` the output goes on from the final message's text, not from the
     start of a turn the template opened: it is in the block when that text leaves one open."""
     if reasoning_parser is None or not req.separate_reasoning:
-        return ChatPlan(tools)
+        return ChatPlan(tools, harmony_server=reasoning_parser is not None and FORMATS[reasoning_parser].harmony)
     kwargs = template_kwargs(req)
     thinking = kwargs.get("enable_thinking", kwargs.get("thinking")) is not False
     fmt = FORMATS[reasoning_parser]

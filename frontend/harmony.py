@@ -22,13 +22,14 @@ class HarmonyChoiceParser:
     """One choice's harmony text → Thought, content and call events. `names`: the tools a call may
     name (None: no calls are read, their bodies are content); `reasoning` false: the analysis is
     content; `include` false: it is dropped (vLLM's include_reasoning); `content`: the parser the
-    content goes through (tool_choice "required" or a named function: the JSON the final channel
-    is constrained to), else it is text."""
+    final channel goes through (tool_choice "required" or a named function: the JSON the grammar
+    holds it to), else it is text like the other messages."""
 
     def __init__(self, names: Set[str] | None, reasoning: bool = True, include: bool = True,
                  content: Parser | None = None) -> None:
         self._reader = HarmonyReader()
         self._names, self._reasoning, self._include, self._content = names, reasoning, include, content
+        self._final = False  # the current message is in the final channel
         self._kind = "content"  # of the current message: thought | content | call | dropped
         self._args: ArgsReader | None = None
         self._before = ""  # a call's body before its arguments opened (content if it never does)
@@ -52,6 +53,7 @@ class HarmonyChoiceParser:
         return out
 
     def _open(self, header: Header) -> None:
+        self._final = header.channel == "final"
         name = (header.recipient or "").removeprefix(FUNCTIONS)
         if header.recipient is None and header.channel == "analysis" and self._reasoning:
             self._kind, self.saw_reasoning = "thought", True
@@ -90,7 +92,9 @@ class HarmonyChoiceParser:
         return out
 
     def _text(self, text: str, out: list[Thought | Event]) -> None:
-        if self._content is None:
+        """Content: the final channel's through `content` where there is one (where the grammar
+        holds), the rest as text."""
+        if self._content is None or not self._final:
             out.append(text)
         else:
             out += self._content.feed(text)

@@ -13,9 +13,10 @@ fed in any pieces, into Header / Body events (a marker split across pieces is he
 is whole); `HarmonyReasoning` is the reasoning split of `--reasoning-parser gpt_oss` (the
 frontend reads tool calls from the same events: frontend/harmony.py).
 
-Text that does not open with a marker (markers stripped, or not a harmony model) is one
-headerless message of content; a header that runs past MAX_HEADER characters without its
-`<|message|>` is content as written from its start.
+Text that does not open with a marker or ` to=` (markers stripped, or not a harmony model) is
+one headerless message of content; a header whose `<|message|>` does not start within
+MAX_HEADER characters is content as written from its start, and so is a header cut short that
+holds no harmony marker (`<|im_start|>...`).
 """
 from __future__ import annotations
 
@@ -27,7 +28,9 @@ from radixflow.runtime.text.reasoning import Thought, partial_tag
 START, CHANNEL, MESSAGE, CONSTRAIN = "<|start|>", "<|channel|>", "<|message|>", "<|constrain|>"
 ENDS = ("<|end|>", "<|call|>", "<|return|>")
 MARKERS = (START, CHANNEL, MESSAGE, CONSTRAIN, *ENDS)
-MAX_HEADER = 512
+MAX_HEADER = 512  # a header's `<|message|>` starts within this many characters, else it is content
+# how the first header may open: its channel, or its recipient (the prompt ended `<|start|>assistant`)
+_OPENINGS = ("<|", "to=")
 # the answer's opening: a constraint (response_format, tools) holds after it
 FINAL_OPENING = CHANNEL + "final" + MESSAGE
 _CHANNEL = re.compile(re.escape(CHANNEL) + r"\s*([^\s<]*)")
@@ -82,13 +85,14 @@ class HarmonyReader:
 
     def finish(self) -> list[Header | Body]:
         """What was held back: the end of a body, or a header never closed (dropped when it holds
-        a marker: the output was cut inside a header; content when it holds none)."""
+        a harmony marker or a recipient: the output was cut inside a header; content otherwise)."""
         buf, self._buf = self._buf, ""
         if not buf:
             return []
         if self._state in (_BODY, _PLAIN):
             return [Body(buf)]
-        return [] if "<|" in buf else [Header(""), Body(buf)]
+        cut = any(m in buf for m in MARKERS) or buf.lstrip().startswith("to=")
+        return [] if cut else [Header(""), Body(buf)]
 
     def _step(self, out: list[Header | Body]) -> bool:
         buf = self._buf
@@ -101,19 +105,20 @@ class HarmonyReader:
         if self._state == _HEAD:
             if not self._started:
                 lead = buf.lstrip()
-                if lead and not lead.startswith("<|") and not "<|".startswith(lead):
+                if not any(lead.startswith(o) for o in _OPENINGS):
+                    if not lead or any(o.startswith(lead) for o in _OPENINGS):
+                        return False  # may still open a header
                     out.append(Header(""))  # not harmony: all of it is content
                     self._state = _PLAIN
                     return True
-                if not lead or "<|".startswith(lead):
-                    return False
             self._started = True
             at = buf.find(MESSAGE)
+            # no <|message|> starting within MAX_HEADER (decided the same however the text is cut)
+            if at > MAX_HEADER or (at < 0 and len(buf) >= MAX_HEADER + len(MESSAGE)):
+                out.append(Header(""))
+                self._state = _PLAIN
+                return True
             if at < 0:
-                if len(buf) > MAX_HEADER:
-                    out.append(Header(""))
-                    self._state = _PLAIN
-                    return True
                 return False
             out.append(parse_header(buf[:at]))
             self._buf, self._state = buf[at + len(MESSAGE):], _BODY

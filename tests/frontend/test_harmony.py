@@ -218,3 +218,56 @@ def test_separate_reasoning_route_reads_harmony(harmony_server):
     assert r.json() == {"text": "It is sunny in Rome.", "reasoning_text": "The user wants the weather."}
     r = harmony_server.post("/separate_reasoning", json={"text": ANALYSIS + FINAL, "reasoning_parser": "openai_gptoss"})
     assert r.json()["reasoning_text"] == "The user wants the weather."
+
+
+RECIPIENT_FIRST = (' to=functions.get_weather<|channel|>commentary json<|message|>{"city": "Rome", "days": 2}<|call|>'
+                   + FINAL)
+
+
+def test_a_first_message_naming_its_recipient_before_its_channel_is_a_call():
+    """The prompt ends with `<|start|>assistant`, so an output may open with ` to=functions.x`."""
+    want = [Call("get_weather", '{"city": "Rome", "days": 2}'), "It is sunny in Rome."]
+    for pieces in every_split(RECIPIENT_FIRST):
+        assert merged(run(HarmonyChoiceParser(NAMES), pieces)) == want, pieces
+
+
+PREAMBLE = "<|start|>assistant<|channel|>commentary<|message|>Let me add these.<|end|>"
+OWN_CALL = '<|start|>assistant<|channel|>commentary to=functions.add <|constrain|>json<|message|>{"a": 1}<|end|>'
+
+
+@pytest.mark.parametrize("choice, final", [
+    ("required", '[{"name": "add", "arguments": {"a": 2}}]'),
+    ({"type": "function", "function": {"name": "add"}}, '{"a": 2}')])
+@pytest.mark.parametrize("before", ["", PREAMBLE, OWN_CALL])
+def test_required_and_named_calls_are_read_from_the_final_channel_only(choice, final, before):
+    """The grammar holds in the final channel; a preamble or a call message the model wrote before
+    it is content as written, and does not spoil the final channel's calls."""
+    _, plan = _check({"tools": TOOLS, "tool_choice": choice})
+    text = ANALYSIS + before + "<|start|>assistant<|channel|>final<|message|>" + final
+    events = run(plan.parser(), [text])
+    assert [e for e in whole(events) if isinstance(e, Call)] == [Call("add", '{"a": 2}')]
+    body = re.search(r"<\|message\|>(.*)<\|end\|>", before).group(1) if before else ""
+    assert "".join(e for e in events if isinstance(e, str)) == body
+
+
+def test_a_header_past_the_limit_is_content_whole_and_streamed():
+    text = "<|channel|>analysis" + " " * 600 + "<|message|>secret<|end|>" + FINAL
+    for limit_case in (text, "<|channel|>analysis" + " " * 490 + "<|message|>ok<|end|>" + FINAL):
+        results = {tuple(merged(run(HarmonyChoiceParser(NAMES), pieces))) for pieces in every_split(limit_case)}
+        assert len(results) == 1, results  # one reading however it is cut
+    assert merged(run(HarmonyChoiceParser(NAMES), [text])) == [text]  # as written
+
+
+@pytest.mark.parametrize("text", ["<|hello world", "<|im_start|>assistant\nHi there", "<| not a marker |> but text"])
+def test_text_opening_with_a_bar_but_no_marker_is_content(text):
+    for pieces in ([text], list(text)):
+        assert merged(run(HarmonyChoiceParser(NAMES), pieces)) == [text]
+    assert split_reasoning(text, "gpt_oss") == (None, text)
+
+
+def test_separate_reasoning_false_still_reads_calls_on_a_harmony_server():
+    req, plan = _check({"tools": TOOLS, "separate_reasoning": False})
+    assert req.skip_special_tokens is False
+    add = CALL.replace("get_weather", "add").replace('{"city": "Rome", "days": 2}', '{"a": 1}')
+    assert merged(run(plan.parser(), [ANALYSIS + add + FINAL])) == [
+        "The user wants the weather.", Call("add", '{"a": 1}'), "It is sunny in Rome."]
