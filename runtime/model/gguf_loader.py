@@ -13,6 +13,12 @@ llama.cpp's names map onto ours as
     blk.N.ffn_{gate,up}_exps       layers.N.mlp.experts_gate_up ([E, I, H] each, joined on dim 1)
     blk.N.ffn_down_exps            layers.N.mlp.experts_down
     blk.N.ffn_{gate,up,down}_shexp layers.N.mlp.shared_expert (qwen2moe; ffn_gate_inp_shexp its gate)
+    blk.N.post_attention_norm      layers.N.post_attention_layernorm (gemma2 / gemma3, whose ffn_norm
+    blk.N.post_ffw_norm            layers.N.post_feedforward_layernorm   is pre_feedforward_layernorm)
+
+Gemma files store each norm's weight with the 1 its RMSNorm adds (llama.cpp's converter adds it),
+so they load as they are; what llama.cpp fixes in code rather than metadata is fixed here alike
+(gemma_fields).
 
 NOTE: for `llama` files, llama.cpp's converter permutes the rows of Q and K within each head from
 the Hugging Face rotate-half layout to interleaved pairs (its RoPE kernel's layout); we undo that.
@@ -40,7 +46,16 @@ GGUF_ARCHITECTURES = {
     "qwen3": ("Qwen3ForCausalLM", False),
     "qwen2moe": ("Qwen2MoeForCausalLM", False),
     "qwen3moe": ("Qwen3MoeForCausalLM", False),
+    "gemma2": ("Gemma2ForCausalLM", False),
+    "gemma3": ("Gemma3ForCausalLM", False),
 }
+GEMMA_ARCHS = ("gemma2", "gemma3")
+# llama.cpp's Gemma constants: every `pattern`-th layer global, the others through the window (a file
+# may say otherwise: attention.sliding_window_pattern); Gemma 3's window layers' RoPE base; the
+# block count of each 27B, whose attention scale is 1 / sqrt(hidden / heads), not 1 / sqrt(head_dim)
+_GEMMA_PATTERNS = {"gemma2": 2, "gemma3": 6}
+_GEMMA3_LOCAL_BASE = 10_000.0
+_GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
 _FLOAT_FILE_DTYPES = {0: "float32", 1: "float16", 30: "bfloat16"}  # general.file_type -> dtype
 
 Transform = Callable[[torch.Tensor], torch.Tensor]
@@ -115,6 +130,7 @@ def _model_args(f: GGUFFile) -> ModelArgs:
     # the dense MLPs' width: required where any layer has one, else the experts'
     all_experts = len(moe.get("moe_layers", ())) == num_layers  # type: ignore[arg-type]
     dense_width = int_key("feed_forward_length", moe["moe_intermediate_size"] if all_experts else None)  # type: ignore[arg-type]
+    family = _gemma_fields(meta, arch, num_layers, hidden, num_heads, head_dim, float_key) if arch in GEMMA_ARCHS else {}
     return ModelArgs(
         architecture=our_arch,
         vocab_size=f.tensors["token_embd.weight"].shape[0],
@@ -132,12 +148,49 @@ def _model_args(f: GGUFFile) -> ModelArgs:
         qkv_bias="blk.0.attn_q.bias" in f.tensors,
         o_bias="blk.0.attn_output.bias" in f.tensors,
         mlp_bias="blk.0.ffn_down.bias" in f.tensors,
-        qk_norm=arch in ("qwen3", "qwen3moe"),
+        qk_norm=arch in ("qwen3", "qwen3moe", "gemma3"),
         torch_dtype=_FLOAT_FILE_DTYPES.get(int(meta.get("general.file_type", 0)), "float32"),
         bos_token_id=int(bos) if bos is not None else None,
         eos_token_ids=(int(eos),) if eos is not None else (),
         **moe,  # type: ignore[arg-type]
+        **family,  # type: ignore[arg-type]
     )
+
+
+def _gemma_fields(meta: dict, arch: str, num_layers: int, hidden: int, num_heads: int, head_dim: int,
+                  float_key: Callable[..., float]) -> dict[str, object]:
+    """A gemma2 / gemma3 file's ModelArgs fields as llama.cpp runs it: norms before and after
+    attention and MLP, a GELU-tanh MLP, embeddings scaled by sqrt(hidden) in the model's dtype, the
+    window layers (attention.sliding_window_pattern, else every 2nd / 6th layer global), Gemma 2's
+    soft-caps, Gemma 3's window layers on RoPE base 10,000 (rope.freq_base_swa where the file has
+    it) and its q / k norms; the attention scale 1 / sqrt(head_dim), 1 / sqrt(hidden / heads) for
+    the 27Bs (by block count, as llama.cpp tells them apart), attention.scale where the file has it."""
+    window = meta.get(f"{arch}.attention.sliding_window")
+    if isinstance(window, bool) or not isinstance(window, int) or window <= 0:
+        raise ValueError(f"GGUF metadata {arch}.attention.sliding_window must be a positive integer, got {window!r}")
+    pattern = meta.get(f"{arch}.attention.sliding_window_pattern", _GEMMA_PATTERNS[arch])
+    if isinstance(pattern, list):  # a flag per layer: true where the layer slides
+        if len(pattern) != num_layers or not all(isinstance(x, bool) for x in pattern):
+            raise ValueError(f"GGUF metadata {arch}.attention.sliding_window_pattern must hold a flag per layer")
+        window_layers = tuple(i for i, slides in enumerate(pattern) if slides)
+    elif isinstance(pattern, int) and not isinstance(pattern, bool) and pattern > 0:
+        window_layers = tuple(i for i in range(num_layers) if i % pattern < pattern - 1)
+    else:
+        raise ValueError(f"GGUF metadata {arch}.attention.sliding_window_pattern must be a positive integer or "
+                         f"a list of flags, got {pattern!r}")
+    scalar = hidden // num_heads if num_layers == _GEMMA_27B_LAYERS[arch] else head_dim
+    scale = float_key("attention.scale", scalar ** -0.5)  # a file that states the scale
+    fields: dict[str, object] = {
+        "hidden_act": "gelu_tanh", "post_norms": True, "pre_norms": True, "sliding_window": window,
+        "window_layers": window_layers, "embedding_multiplier": hidden ** 0.5,
+        "embedding_multiplier_in_dtype": True, "attention_multiplier": scale}
+    if arch == "gemma2":
+        for name in ("attn_logit_softcapping", "final_logit_softcapping"):
+            if meta.get(f"{arch}.{name}") is not None:
+                fields[name] = float_key(name)
+    else:
+        fields["local_rope_theta"] = float_key("rope.freq_base_swa", _GEMMA3_LOCAL_BASE)
+    return fields
 
 
 def unpermute_rope_rows(w: torch.Tensor, num_heads: int) -> torch.Tensor:
@@ -182,7 +235,12 @@ def gguf_sources(args: ModelArgs, permuted: bool) -> dict[str, list[tuple[str, T
                 src[ours + f"mlp.gate_up_proj.{kind}"] = [(b + f"ffn_gate.{kind}", None), (b + f"ffn_up.{kind}", None)]
                 src[ours + f"mlp.down_proj.{kind}"] = [(b + f"ffn_down.{kind}", None)]
         src[ours + "input_layernorm.weight"] = [(b + "attn_norm.weight", None)]
-        src[ours + "post_attention_layernorm.weight"] = [(b + "ffn_norm.weight", None)]
+        if args.post_norms:  # gemma2 / gemma3
+            src[ours + "post_attention_layernorm.weight"] = [(b + "post_attention_norm.weight", None)]
+            src[ours + "pre_feedforward_layernorm.weight"] = [(b + "ffn_norm.weight", None)]
+            src[ours + "post_feedforward_layernorm.weight"] = [(b + "post_ffw_norm.weight", None)]
+        else:
+            src[ours + "post_attention_layernorm.weight"] = [(b + "ffn_norm.weight", None)]
     return src
 
 

@@ -1,5 +1,6 @@
 """Test helper: write a Hugging Face demo-model directory as a GGUF file, the way llama.cpp's
-converter lays it out (names, Q/K row permutation for llama, tokenizer metadata, norms in F32)."""
+converter lays it out (names, Q/K row permutation for llama, tokenizer metadata, norms in F32;
+Gemma's norms with the 1 its RMSNorm adds, its window and soft-cap keys)."""
 from __future__ import annotations
 
 import json
@@ -56,7 +57,10 @@ def _encode(w: np.ndarray, qtype: str) -> tuple[np.ndarray, gguf.GGMLQuantizatio
     return gguf.quants.quantize(w.astype(np.float32), QTYPES[qtype]), QTYPES[qtype]
 
 
-def _gguf_tensors(cfg: dict, weights: dict[str, torch.Tensor], permute: bool) -> dict[str, np.ndarray]:
+def _gguf_tensors(cfg: dict, weights: dict[str, torch.Tensor], permute: bool,
+                  gemma: bool = False) -> dict[str, np.ndarray]:
+    if gemma:  # llama.cpp's converter stores Gemma's norms as the weights its RMSNorm multiplies by: 1 + w
+        weights = {k: v + 1 if k.endswith("norm.weight") else v for k, v in weights.items()}
     out = {"token_embd.weight": weights["model.embed_tokens.weight"], "output_norm.weight": weights["model.norm.weight"]}
     if "lm_head.weight" in weights:
         out["output.weight"] = weights["lm_head.weight"]
@@ -64,6 +68,9 @@ def _gguf_tensors(cfg: dict, weights: dict[str, torch.Tensor], permute: bool) ->
              "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
              "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
              "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"}
+    if gemma:  # norms after attention and MLP too; the one before the MLP is ffn_norm
+        names.update({"post_attention_layernorm": "post_attention_norm", "pre_feedforward_layernorm": "ffn_norm",
+                      "post_feedforward_layernorm": "post_ffw_norm"})
     for i in range(cfg["num_hidden_layers"]):
         for hf, ours in names.items():
             for kind in ("weight", "bias"):
@@ -134,7 +141,10 @@ def write_gguf(model_dir: str, out_path: str, qtype: str, arch: str = "llama", p
     writer.add_feed_forward_length(cfg["intermediate_size"])
     writer.add_head_count(cfg["num_attention_heads"])
     writer.add_head_count_kv(cfg["num_key_value_heads"])
-    writer.add_rope_freq_base(cfg.get("rope_theta") or cfg.get("rope_parameters", {}).get("rope_theta", 10000.0))
+    rope = cfg.get("rope_parameters") or {}
+    local = rope.get("sliding_attention", {}).get("rope_theta")  # Gemma 3's window layers (nested, transformers 5)
+    rope = rope.get("full_attention", rope)
+    writer.add_rope_freq_base(cfg.get("rope_theta") or rope.get("rope_theta", 10000.0))
     writer.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
     writer.add_rope_dimension_count(head_dim)
@@ -149,9 +159,21 @@ def write_gguf(model_dir: str, out_path: str, qtype: str, arch: str = "llama", p
             writer.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
         if "shared_expert_intermediate_size" in cfg:
             writer.add_expert_shared_feed_forward_length(cfg["shared_expert_intermediate_size"])
+    gemma = arch in ("gemma2", "gemma3")
+    if gemma:
+        writer.add_sliding_window(cfg["sliding_window"])
+        for name in ("attn_logit_softcapping", "final_logit_softcapping"):
+            if arch == "gemma2" and cfg.get(name) is not None:
+                writer.add_float32(f"{arch}.{name}", cfg[name])
+        scaling = cfg.get("rope_scaling") or rope
+        if scaling.get("rope_type") == "linear":
+            writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+            writer.add_rope_scaling_factor(scaling["factor"])
+        if local is not None and local != 10000.0:  # llama.cpp's own value when the key is absent
+            writer.add_float32(f"{arch}.rope.freq_base_swa", local)
     _add_tokenizer(writer, model_dir, pre)
     weights = load_file(os.path.join(model_dir, "model.safetensors"))
-    for name, array in _gguf_tensors(cfg, weights, permute=arch == "llama").items():
+    for name, array in _gguf_tensors(cfg, weights, permute=arch == "llama", gemma=gemma).items():
         data, raw_type = _encode(array, qtype)
         writer.add_tensor(name, data, raw_dtype=raw_type)  # quantized: data's shape is the byte shape
     writer.write_header_to_file()

@@ -173,8 +173,8 @@ def _rewrite(src: str, dst: str, *, arch: str | None = None, retype: str | None 
 
 def test_unsupported_architecture_is_named(gguf_files, tmp_path):
     folder, name = gguf_files("F32")
-    bad = _rewrite(os.path.join(folder, name), str(tmp_path / "bad.gguf"), arch="gemma2")
-    with pytest.raises(ValueError, match="unsupported GGUF architecture 'gemma2'"):
+    bad = _rewrite(os.path.join(folder, name), str(tmp_path / "bad.gguf"), arch="falcon")
+    with pytest.raises(ValueError, match="unsupported GGUF architecture 'falcon'"):
         load_model_args(bad)
 
 
@@ -339,3 +339,76 @@ def test_moe_gguf_metadata_errors_name_the_key(hf_checkpoint, tmp_path):
     assert load_model_args(path).moe_layers == (0,)
     with pytest.raises(ValueError, match="lacks qwen2moe.feed_forward_length"):
         load_model_args(rewrite(path, str(tmp_path / "no-ffn.gguf"), "qwen2moe.feed_forward_length"))
+
+
+def _gemma_source(tmp_path, family: str, **config) -> str:
+    """A tiny Gemma checkpoint as llama.cpp can describe it (attention scale 1 / sqrt(head_dim), the
+    default window patterns), its norms perturbed so that the stored 1 + w matters."""
+    from safetensors.torch import load_file, save_file
+    from test_model_parity import _checkpoint_with
+
+    src = _checkpoint_with(tmp_path, family, query_pre_attn_scalar=16, **config)
+    path = os.path.join(src, "model.safetensors")
+    weights = load_file(path)
+    g = torch.Generator().manual_seed(5)
+    for name, t in weights.items():
+        if t.dim() >= 2:
+            weights[name] = torch.randn(t.shape, generator=g) * 0.08
+        elif name.endswith("norm.weight"):
+            weights[name] = torch.randn(t.shape, generator=g) * 0.3
+    save_file(weights, path)
+    return src
+
+
+@pytest.mark.parametrize("family, config", [
+    # every other layer from the first through the window; scores and logits soft-capped
+    ("gemma2", dict(num_hidden_layers=3, sliding_window=4)),
+    # all but every 6th layer through the window on their own RoPE base (10,000 as llama.cpp's, and
+    # another one written as rope.freq_base_swa); linear RoPE scaling in the global layer
+    ("gemma3", dict(num_hidden_layers=6, sliding_window=4, rope_local_base_freq=10000.0, sliding_window_pattern=6,
+                    final_logit_softcapping=None)),
+    ("gemma3", dict(num_hidden_layers=6, sliding_window=4, rope_local_base_freq=500.0, sliding_window_pattern=6,
+                    final_logit_softcapping=None)),
+])
+def test_gemma_gguf_equals_its_safetensors_source(tmp_path, family, config):
+    """gemma2 / gemma3 files as llama.cpp's converter writes them (norms stored as 1 + w, norms after
+    attention and MLP) load to the model of their safetensors source, itself checked against
+    transformers in test_model_parity; Q8_0 too, within its rounding."""
+    src = _gemma_source(tmp_path / "src", family, **config)
+    ref_args = load_model_args(src)
+    out = tmp_path / "gguf"
+    out.mkdir()
+    for qtype in ("F32", "Q8_0"):
+        path = write_gguf(src, str(out / f"{qtype}.gguf"), qtype, arch=family)
+        args = load_model_args(path)
+        for field in ("architecture", "window_layers", "sliding_window", "attention_multiplier", "local_rope_theta",
+                      "rope_theta", "attn_logit_softcapping", "final_logit_softcapping", "qk_norm", "post_norms",
+                      "hidden_act", "embedding_multiplier", "tie_word_embeddings"):
+            assert getattr(args, field) == getattr(ref_args, field), field
+        scaling = [{k: (a or {}).get(k) for k in ("rope_type", "factor")} for a in (args.rope_scaling,
+                                                                                    ref_args.rope_scaling)]
+        assert scaling[0] == scaling[1]
+        assert args.window_layers and len(args.window_layers) < args.num_layers  # both kinds of layer
+        ref = _our_logits(src, PROMPTS)
+        for a, b in zip(_our_logits(path, PROMPTS), ref):
+            if qtype == "F32":
+                torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+            else:
+                assert (a - b).abs().max().item() < 0.1
+
+
+def test_gemma_gguf_metadata_errors_name_the_key(tmp_path):
+    src = _gemma_source(tmp_path / "src", "gemma2", num_hidden_layers=2, sliding_window=4)
+    path = write_gguf(src, str(tmp_path / "g.gguf"), "F32", arch="gemma2")
+    f = GGUFFile(path)
+    f.metadata["gemma2.attention.sliding_window"] = 0
+    from radixflow.runtime.model.gguf_loader import model_args_from_gguf
+
+    with pytest.raises(ValueError, match="gemma2.attention.sliding_window must be a positive integer"):
+        model_args_from_gguf(f)
+    f.metadata["gemma2.attention.sliding_window"] = 4
+    f.metadata["gemma2.attention.sliding_window_pattern"] = [True]
+    with pytest.raises(ValueError, match="sliding_window_pattern must hold a flag per layer"):
+        model_args_from_gguf(f)
+    f.metadata["gemma2.attention.sliding_window_pattern"] = [False, True]
+    assert model_args_from_gguf(f).window_layers == (1,)
