@@ -13,6 +13,8 @@ llama.cpp's names map onto ours as
     blk.N.ffn_{gate,up}_exps       layers.N.mlp.experts_gate_up ([E, I, H] each, joined on dim 1)
     blk.N.ffn_down_exps            layers.N.mlp.experts_down
     blk.N.ffn_{gate,up,down}_shexp layers.N.mlp.shared_expert (qwen2moe; ffn_gate_inp_shexp its gate)
+    blk.N.attn_qkv / ffn_up        layers.N.self_attn.qkv_proj / mlp.gate_up_proj (phi3: stored fused)
+    rope_factors_long / _short     Phi-3's LongRoPE factors (rope_scaling longrope)
     blk.N.post_attention_norm      layers.N.post_attention_layernorm (gemma2 / gemma3, whose ffn_norm
     blk.N.post_ffw_norm            layers.N.post_feedforward_layernorm   is pre_feedforward_layernorm)
 
@@ -34,6 +36,7 @@ import torch
 from radixflow.runtime.model.gguf_file import GGUFFile
 from radixflow.runtime.model.model import CausalLM
 from radixflow.runtime.model.model_config import ModelArgs
+from radixflow.runtime.model.rope_layout import to_model_layout
 from radixflow.runtime.model.weights import check_all_used, join_parts, misfit_error
 
 log = logging.getLogger(__name__)
@@ -48,6 +51,7 @@ GGUF_ARCHITECTURES = {
     "qwen3moe": ("Qwen3MoeForCausalLM", False),
     "gemma2": ("Gemma2ForCausalLM", False),
     "gemma3": ("Gemma3ForCausalLM", False),
+    "phi3": ("Phi3ForCausalLM", False),
 }
 GEMMA_ARCHS = ("gemma2", "gemma3")
 # llama.cpp's Gemma constants: every `pattern`-th layer global, the others through the window (a file
@@ -97,8 +101,9 @@ def _model_args(f: GGUFFile) -> ModelArgs:
     hidden, num_heads = int_key("embedding_length"), int_key("attention.head_count")
     head_dim = int_key("attention.key_length", hidden // num_heads)
     rot_dim = int_key("rope.dimension_count", head_dim)
-    if rot_dim != head_dim:
-        raise ValueError(f"partial rotary embedding ({rot_dim} of {head_dim} dims) is not supported")
+    if rot_dim > head_dim or rot_dim % 2 or (rot_dim != head_dim and arch != "phi3"):
+        raise ValueError(f"partial rotary embedding ({rot_dim} of {head_dim} dims) is not supported"
+                         + ("" if arch != "phi3" else ": an even count up to head_dim is"))
     if "rope_freqs.weight" in f.tensors:
         raise ValueError("per-dimension RoPE frequency factors (rope_freqs.weight) are not supported")
     if "token_embd.weight" not in f.tensors:
@@ -109,6 +114,8 @@ def _model_args(f: GGUFFile) -> ModelArgs:
     rope_scaling = None
     if scaling == "linear":
         rope_scaling = {"rope_type": "linear", "factor": float_key("rope.scaling.factor")}
+    if arch == "phi3" and "rope_factors_long.weight" in f.tensors:
+        rope_scaling = _longrope(f, float_key, int_key, rot_dim)
     eos = meta.get("tokenizer.ggml.eos_token_id")
     bos = meta.get("tokenizer.ggml.bos_token_id")
     our_arch, _ = GGUF_ARCHITECTURES[arch]
@@ -131,6 +138,8 @@ def _model_args(f: GGUFFile) -> ModelArgs:
     all_experts = len(moe.get("moe_layers", ())) == num_layers  # type: ignore[arg-type]
     dense_width = int_key("feed_forward_length", moe["moe_intermediate_size"] if all_experts else None)  # type: ignore[arg-type]
     family = _gemma_fields(meta, arch, num_layers, hidden, num_heads, head_dim, float_key) if arch in GEMMA_ARCHS else {}
+    if arch == "phi3" and meta.get("phi3.attention.sliding_window"):  # every layer, as transformers' Phi-3
+        family = {"sliding_window": int_key("attention.sliding_window"), "window_layers": tuple(range(num_layers))}
     return ModelArgs(
         architecture=our_arch,
         vocab_size=f.tensors["token_embd.weight"].shape[0],
@@ -149,12 +158,36 @@ def _model_args(f: GGUFFile) -> ModelArgs:
         o_bias="blk.0.attn_output.bias" in f.tensors,
         mlp_bias="blk.0.ffn_down.bias" in f.tensors,
         qk_norm=arch in ("qwen3", "qwen3moe", "gemma3"),
+        rotary_dim=rot_dim if rot_dim != head_dim else 0,
+        fused_qkv=arch == "phi3",
+        fused_gate_up=arch == "phi3",
         torch_dtype=_FLOAT_FILE_DTYPES.get(int(meta.get("general.file_type", 0)), "float32"),
         bos_token_id=int(bos) if bos is not None else None,
         eos_token_ids=(int(eos),) if eos is not None else (),
         **moe,  # type: ignore[arg-type]
         **family,  # type: ignore[arg-type]
     )
+
+
+def _longrope(f: GGUFFile, float_key: Callable[..., float], int_key: Callable[..., int], rot_dim: int) -> dict:
+    """Phi-3's LongRoPE from a phi3 file: the factor tensors (one per rotated pair), the original
+    context (rope.scaling.original_context_length) and the attention factor the converter computed
+    (rope.scaling.attn_factor; else transformers' sqrt(1 + ln(s) / ln(original)))."""
+    factors = {}
+    for kind in ("long", "short"):
+        name = f"rope_factors_{kind}.weight"
+        if name not in f.tensors:
+            raise ValueError(f"GGUF file has rope_factors_long.weight but not {name!r}")
+        values = f.dequantize(name).flatten()
+        if values.numel() != rot_dim // 2:
+            raise ValueError(f"GGUF tensor {name!r} holds {values.numel()} factors; RoPE rotates {rot_dim // 2} pairs")
+        factors[f"{kind}_factor"] = values.tolist()
+    original, context = int_key("rope.scaling.original_context_length"), int_key("context_length")
+    scaling = {"rope_type": "longrope", **factors, "original_max_position_embeddings": original,
+               "factor": context / original}
+    if f.metadata.get("phi3.rope.scaling.attn_factor") is not None:
+        scaling["attention_factor"] = float_key("rope.scaling.attn_factor")
+    return scaling
 
 
 def _gemma_fields(meta: dict, arch: str, num_layers: int, hidden: int, num_heads: int, head_dim: int,
@@ -212,7 +245,7 @@ def gguf_sources(args: ModelArgs, permuted: bool) -> dict[str, list[tuple[str, T
     for i in range(args.num_layers):
         b, ours = f"blk.{i}.", f"layers.{i}."
         for kind in ("weight", "bias") if args.qkv_bias else ("weight",):
-            src[ours + f"self_attn.qkv_proj.{kind}"] = [
+            src[ours + f"self_attn.qkv_proj.{kind}"] = [(b + f"attn_qkv.{kind}", None)] if args.fused_qkv else [
                 (b + f"attn_q.{kind}", q_fix), (b + f"attn_k.{kind}", k_fix), (b + f"attn_v.{kind}", None)]
         for kind in ("weight", "bias") if args.o_bias else ("weight",):
             src[ours + f"self_attn.o_proj.{kind}"] = [(b + f"attn_output.{kind}", None)]
@@ -232,7 +265,8 @@ def gguf_sources(args: ModelArgs, permuted: bool) -> dict[str, list[tuple[str, T
                 src[ours + "mlp.shared_expert_gate.weight"] = [(b + "ffn_gate_inp_shexp.weight", _as_row)]
         else:
             for kind in ("weight", "bias") if args.mlp_bias else ("weight",):
-                src[ours + f"mlp.gate_up_proj.{kind}"] = [(b + f"ffn_gate.{kind}", None), (b + f"ffn_up.{kind}", None)]
+                src[ours + f"mlp.gate_up_proj.{kind}"] = [(b + f"ffn_up.{kind}", None)] if args.fused_gate_up else [
+                    (b + f"ffn_gate.{kind}", None), (b + f"ffn_up.{kind}", None)]
                 src[ours + f"mlp.down_proj.{kind}"] = [(b + f"ffn_down.{kind}", None)]
         src[ours + "input_layernorm.weight"] = [(b + "attn_norm.weight", None)]
         if args.post_norms:  # gemma2 / gemma3
@@ -267,7 +301,10 @@ def load_gguf_weights(model: CausalLM, f: GGUFFile, dtype: torch.dtype, device: 
     _, permuted = GGUF_ARCHITECTURES[f.architecture]
     expected = dict(model.named_parameters())
     sources = gguf_sources(model.args, permuted)
-    check_all_used(set(f.tensors), {s for parts in sources.values() for s, _ in parts}, f"{f.path}: GGUF")
+    used = {s for parts in sources.values() for s, _ in parts}
+    if model.args.long_rope_len is not None:  # read into ModelArgs.rope_scaling (_longrope)
+        used |= {"rope_factors_long.weight", "rope_factors_short.weight"}
+    check_all_used(set(f.tensors), used, f"{f.path}: GGUF")
     state: dict[str, torch.Tensor] = {}
     start = time.perf_counter()
     for name, parts in tqdm(sources.items(), desc="dequantizing GGUF", unit="tensor", disable=None, leave=False):
@@ -276,7 +313,7 @@ def load_gguf_weights(model: CausalLM, f: GGUFFile, dtype: torch.dtype, device: 
         tensor = join_parts(tensors, want)
         if tensor is None:
             raise misfit_error("GGUF", [s for s, _ in parts], tensors, name, want)
-        state[name] = tensor.to(device)
+        state[name] = to_model_layout(model.args, name, tensor).to(device)  # phi3's partial RoPE
     model.load_state_dict(state, strict=True, assign=True)
     types = sorted({f.type_name(s) for parts in sources.values() for s, _ in parts})
     log.info("loaded %d GGUF tensors (%s) from %s in %.2f s", len(state), ", ".join(types), f.path,

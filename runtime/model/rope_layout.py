@@ -35,6 +35,18 @@ def to_rotary_order(rows: torch.Tensor, head_dim: int, rotary_dim: int, interlea
     return rows.reshape(heads, head_dim, *rows.shape[1:])[:, order].reshape(rows.shape)
 
 
+def to_model_layout(args, name: str, tensor: torch.Tensor) -> torch.Tensor:
+    """Our parameter `name` (a safetensors or GGUF tensor already joined) in our head order: a
+    fused q | k | v projection's q and k heads, and the per-head q / k norms, where the model
+    reorders its RoPE (ModelArgs.reorders_rope); other tensors as they are."""
+    if args.reorders_rope and ".qkv_proj." in name:  # Phi-4-mini, GLM, ERNIE 4.5
+        return qkv_to_rotary_order(tensor, args.q_size, args.kv_size, args.head_dim, args.rope_dim,
+                                   args.rope_interleaved)
+    if args.reorders_rope and args.qk_norm and name.endswith(("q_norm.weight", "k_norm.weight")):
+        return to_rotary_order(tensor, args.head_dim, args.rope_dim, args.rope_interleaved)  # one head's
+    return tensor
+
+
 def qkv_to_rotary_order(qkv: torch.Tensor, q_size: int, kv_size: int, head_dim: int, rotary_dim: int,
                         interleaved: bool = False) -> torch.Tensor:
     """A fused q | k | v projection's weight or bias with its q and k heads in our order."""

@@ -15,7 +15,7 @@ from torch import nn
 from radixflow.runtime.model.dequantize import FLOAT8, DequantizingReader
 from radixflow.runtime.model.model import CausalLM
 from radixflow.runtime.model.model_config import ModelArgs
-from radixflow.runtime.model.rope_layout import qkv_to_rotary_order, to_rotary_order
+from radixflow.runtime.model.rope_layout import to_model_layout
 from radixflow.runtime.model.quant_config import read_quantization
 from radixflow.runtime.text_files import read_json_object
 
@@ -327,12 +327,7 @@ def load_weights(model: CausalLM, model_dir: str, dtype: torch.dtype, device: to
             raise misfit_error("checkpoint", sources, parts, name, want)
         if model.args.norm_weight_offset and name.endswith("norm.weight"):  # Gemma 3 stores weight - 1
             tensor = tensor.float() + model.args.norm_weight_offset
-        args = model.args
-        if args.reorders_rope and ".qkv_proj." in name:  # Phi-4-mini, GLM, ERNIE 4.5: rope_layout.py
-            tensor = qkv_to_rotary_order(tensor, args.q_size, args.kv_size, args.head_dim, args.rope_dim,
-                                         args.rope_interleaved)
-        elif args.reorders_rope and args.qk_norm and name.endswith(("q_norm.weight", "k_norm.weight")):
-            tensor = to_rotary_order(tensor, args.head_dim, args.rope_dim, args.rope_interleaved)  # one head's
+        tensor = to_model_layout(model.args, name, tensor)  # Phi-4-mini, GLM, ERNIE 4.5: rope_layout.py
         # copy=True: a tensor already in `dtype` would stay a view of the file's memory map, which then
         # stays mapped (and, once read, resident) beside the copies packing makes (packed_linear.py)
         state[name] = tensor.to(device=device, dtype=dtype, copy=True)

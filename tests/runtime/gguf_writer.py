@@ -67,7 +67,8 @@ def _gguf_tensors(cfg: dict, weights: dict[str, torch.Tensor], permute: bool,
     names = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
              "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
              "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
-             "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"}
+             "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
+             "self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up"}  # Phi-3's fused ones, stored fused
     if gemma:  # norms after attention and MLP too; the one before the MLP is ffn_norm
         names.update({"post_attention_layernorm": "post_attention_norm", "pre_feedforward_layernorm": "ffn_norm",
                       "post_feedforward_layernorm": "post_ffw_norm"})
@@ -147,7 +148,8 @@ def write_gguf(model_dir: str, out_path: str, qtype: str, arch: str = "llama", p
     writer.add_rope_freq_base(cfg.get("rope_theta") or rope.get("rope_theta", 10000.0))
     writer.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
-    writer.add_rope_dimension_count(head_dim)
+    if arch != "phi3":  # its own below
+        writer.add_rope_dimension_count(head_dim)
     writer.add_key_length(head_dim)
     writer.add_value_length(head_dim)
     writer.add_vocab_size(cfg["vocab_size"])
@@ -160,6 +162,19 @@ def write_gguf(model_dir: str, out_path: str, qtype: str, arch: str = "llama", p
         if "shared_expert_intermediate_size" in cfg:
             writer.add_expert_shared_feed_forward_length(cfg["shared_expert_intermediate_size"])
     gemma = arch in ("gemma2", "gemma3")
+    if arch == "phi3":  # partial rotary, LongRoPE's factors and contexts, the window
+        rotary = int(head_dim * cfg.get("partial_rotary_factor", 1.0))
+        writer.add_rope_dimension_count(rotary)
+        scaling = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
+        if scaling.get("rope_type", scaling.get("type")) == "longrope":
+            original = cfg.get("original_max_position_embeddings") or scaling["original_max_position_embeddings"]
+            writer.add_rope_scaling_orig_ctx_len(original)
+            scale = cfg["max_position_embeddings"] / original
+            writer.add_rope_scaling_attn_factors(1.0 if scale <= 1 else (1 + np.log(scale) / np.log(original)) ** 0.5)
+            for kind in ("long", "short"):
+                writer.add_tensor(f"rope_factors_{kind}.weight", np.array(scaling[f"{kind}_factor"], dtype=np.float32))
+        if cfg.get("sliding_window"):
+            writer.add_sliding_window(cfg["sliding_window"])
     if gemma:
         writer.add_sliding_window(cfg["sliding_window"])
         for name in ("attn_logit_softcapping", "final_logit_softcapping"):

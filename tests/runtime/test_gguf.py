@@ -412,3 +412,38 @@ def test_gemma_gguf_metadata_errors_name_the_key(tmp_path):
         model_args_from_gguf(f)
     f.metadata["gemma2.attention.sliding_window_pattern"] = [False, True]
     assert model_args_from_gguf(f).window_layers == (1,)
+
+
+@pytest.mark.parametrize("family", ["phi3", "phi3_partial", "phi3_longrope", "phi3_window"])
+def test_phi3_gguf_equals_its_safetensors_source(hf_checkpoint, tmp_path, family):
+    """phi3 files: q | k | v and gate | up stored fused (attn_qkv, ffn_up), Phi-4-mini's partial
+    rotary (rope.dimension_count, its heads reordered at load as the safetensors' are), Phi-3.5's
+    LongRoPE (rope_factors_long / _short, the original context and attention factor) across its
+    switch, and Phi-3-mini's window on every layer; Q8_0 too, within its rounding."""
+    if family == "phi3_longrope":
+        from test_longrope import SWITCH, _factors, save_tiny_phi3
+
+        src = str(tmp_path / "src")
+        save_tiny_phi3(src, seed=7, rope_scaling={"type": "longrope", "short_factor": _factors(1, 1.0, 3.0),
+                                                  "long_factor": _factors(2, 4.0, 40.0)})
+        prompts = [[5, 77, 300, 12], list(range(3, 3 + SWITCH + 9))]  # one short, one past the switch
+    elif family == "phi3_window":
+        from test_model_parity import _checkpoint_with
+
+        src, prompts = _checkpoint_with(tmp_path, "phi3", sliding_window=4), PROMPTS
+    else:
+        src, _ = hf_checkpoint(family)
+        prompts = PROMPTS
+    ref_args = load_model_args(src)
+    ref = _our_logits(src, prompts)
+    for qtype in ("F32", "Q8_0"):
+        path = write_gguf(src, str(tmp_path / f"{qtype}.gguf"), qtype, arch="phi3")
+        args = load_model_args(path)
+        for field in ("rope_dim", "long_rope_len", "window_layers", "sliding_window", "tie_word_embeddings",
+                      "fused_qkv", "fused_gate_up"):
+            assert getattr(args, field) == getattr(ref_args, field), field
+        for a, b in zip(_our_logits(path, prompts), ref):
+            if qtype == "F32":
+                torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+            else:
+                assert (a - b).abs().max().item() < 0.1
