@@ -11,7 +11,7 @@ from .extend_attention import choose_extend_splits, extend_attention, extend_att
 from .fp8 import FP8_E4M3_MAX, dequantize_fp8, quantize_fp8
 from .lora import lora_expand, lora_expand_ref, lora_shrink, lora_shrink_ref
 from .logits_mask import apply_token_bitmask, apply_token_bitmask_ref
-from .moe import fused_moe, fused_moe_ref, moe_route
+from .moe import fused_moe, fused_moe_ref, moe_route, moe_route_grouped
 from .rmsnorm import rmsnorm, rmsnorm_ref
 from .rope import rope, rope_attention_factor, rope_cos_sin, rope_inv_freq, rope_ref
 from .store_kv import store_kv, store_kv_ref
@@ -43,6 +43,7 @@ __all__ = [
     "lora_shrink",
     "lora_shrink_ref",
     "moe_route",
+    "moe_route_grouped",
     "plan_checked_decode",
     "plan_decode",
     "quantize_fp8",

@@ -40,6 +40,32 @@ def moe_route(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tup
     return weights, ids
 
 
+def moe_route_grouped(router_logits: torch.Tensor, top_k: int, renormalize: bool, correction: torch.Tensor,
+                      n_group: int, topk_group: int, scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """DeepSeek-V3's and GLM-4.5's routing: router_logits [T, E] → (weights fp32 [T, k], expert ids
+    int64 [T, k]). Each expert's score is sigmoid(logit); `correction` [E] added to the scores ranks
+    the groups (E / n_group experts each, by the sum of each group's top two), the best `topk_group`
+    groups hold the candidates, and the k best of them by corrected score are chosen; their plain
+    scores are the weights, renormalized to sum to 1 when `renormalize`, then times `scaling`."""
+    check_tensor("router_logits", router_logits, 2, FLOAT_DTYPES)
+    tokens, experts = router_logits.shape
+    check(n_group >= 1 and experts % n_group == 0 and 1 <= topk_group <= n_group,
+          f"n_group {n_group} must divide the {experts} experts and topk_group {topk_group} be in [1, n_group]")
+    check(1 <= top_k <= topk_group * (experts // n_group),
+          f"top_k must be in [1, {topk_group * (experts // n_group)}], got {top_k}")
+    scores = torch.sigmoid(router_logits.float())
+    chosen = scores + correction.float()
+    if n_group > 1:
+        groups = chosen.view(tokens, n_group, -1).topk(2, dim=-1).values.sum(dim=-1)  # [T, n_group]
+        keep = torch.zeros_like(groups).scatter_(1, groups.topk(topk_group, dim=-1).indices, 1.0)
+        chosen = chosen.masked_fill(keep.repeat_interleave(experts // n_group, dim=1) == 0, float("-inf"))
+    ids = chosen.topk(top_k, dim=-1).indices
+    weights = scores.gather(1, ids)
+    if renormalize:
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+    return weights * scaling, ids
+
+
 def _check_moe(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w_gate_up: torch.Tensor,
                w_down: torch.Tensor, b_gate_up: torch.Tensor | None = None, b_down: torch.Tensor | None = None) -> None:
     check_tensor("x", x, 2, FLOAT_DTYPES)

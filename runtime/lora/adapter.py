@@ -155,7 +155,7 @@ def _collect(tensors: dict[str, torch.Tensor], path: str, args: ModelArgs, rank:
     halves: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
     for name, t in tensors.items():
         m = _TENSOR_NAME.match(name)
-        if m is None and re.search(r"\.(experts|shared_expert|block_sparse_moe)\.", name):
+        if m is None and re.search(r"\.(experts|shared_experts?|block_sparse_moe)\.", name):
             raise ValueError(f"adapter {path!r}: tensor {name!r} adapts a mixture of experts: adapters on "
                              "experts are not supported (attention projections and dense MLPs are)")
         if m is None or not set(lora_parts(m.group(2))) <= targets:

@@ -11,7 +11,7 @@ from radixflow.runtime.model.config_fields import check_positive_int, check_posi
 GEMMA_ARCHITECTURES = ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
 # mixture-of-experts families: a router sends each token to its top-k experts' MLPs
 MOE_ARCHITECTURES = ("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "GraniteMoeForCausalLM",
-                     "OlmoeForCausalLM", "GptOssForCausalLM")
+                     "OlmoeForCausalLM", "GptOssForCausalLM", "Glm4MoeForCausalLM")
 GRANITE_ARCHITECTURES = ("GraniteForCausalLM", "GraniteMoeForCausalLM")
 # a config's activation name → ModelArgs.hidden_act: of the gated MLPs (act(gate) * up), and of the
 # MLPs without a gate (act(up): Arcee's squared ReLU, Apertus' xIELU with its learned scalars)
@@ -56,6 +56,8 @@ _FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
     "ArceeForCausalLM": {"rms_norm_eps": 1e-5},
     "ApertusForCausalLM": {"rms_norm_eps": 1e-5, "max_position_embeddings": 65536},
     "Starcoder2ForCausalLM": {"num_key_value_heads": 2, "use_bias": True, "tie_word_embeddings": True},
+    "Glm4MoeForCausalLM": {"num_key_value_heads": 8, "rms_norm_eps": 1e-5, "max_position_embeddings": 131072,
+                           "n_routed_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 1408},
     "GptOssForCausalLM": {"num_key_value_heads": 8, "rms_norm_eps": 1e-5, "max_position_embeddings": 131072,
                           "head_dim": 64, "attention_bias": True, "sliding_window": 128, "num_experts_per_tok": 4},
 }
@@ -99,7 +101,7 @@ def bias_fields(cfg: dict[str, Any], arch: str) -> dict[str, bool]:
     if arch in ("Ernie4_5ForCausalLM", "Starcoder2ForCausalLM"):
         use_bias = flag(cfg, "use_bias", False)
         return {"qkv_bias": use_bias, "o_bias": use_bias, "mlp_bias": use_bias}
-    if arch in GLM_ARCHITECTURES:
+    if arch in GLM_ARCHITECTURES + ("Glm4MoeForCausalLM",):
         return {"qkv_bias": attention_bias, "o_bias": False, "mlp_bias": False}
     if arch == "SeedOssForCausalLM":
         return {"qkv_bias": attention_bias, "o_bias": flag(cfg, "attention_out_bias", False),
@@ -278,6 +280,31 @@ def sliding_window_fields(cfg: dict[str, Any], arch: str) -> dict[str, Any]:
     return {"sliding_window": window, "window_layers": tuple(layers)}
 
 
+def _glm4_moe_fields(cfg: dict[str, Any], num_layers: int) -> dict[str, Any]:
+    """GLM-4.5's experts (Glm4MoeConfig's fields): `n_routed_experts` (or num_local_experts) of
+    `moe_intermediate_size` from layer `first_k_dense_replace` on (dense MLPs of intermediate_size
+    before), `n_shared_experts` of that width as one ungated shared expert, sigmoid scores with the
+    router's correction bias choosing within `topk_group` of `n_group` groups, renormalized when
+    `norm_topk_prob` and scaled by `routed_scaling_factor`; `num_nextn_predict_layers` MTP layers
+    stored after the decoder's (not run)."""
+    experts = cfg.get("n_routed_experts", cfg.get("num_local_experts"))
+    inter, shared = required(cfg, "moe_intermediate_size"), optional(cfg, "n_shared_experts", 1)
+    first = optional(cfg, "first_k_dense_replace", 1)
+    for name, value in (("n_routed_experts", experts), ("moe_intermediate_size", inter)):
+        check_positive_int(name, value)
+    for name, value in (("n_shared_experts", shared), ("first_k_dense_replace", first),
+                        ("num_nextn_predict_layers", optional(cfg, "num_nextn_predict_layers", 0))):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+    return {"num_experts": experts, "num_experts_per_tok": required(cfg, "num_experts_per_tok"),
+            "moe_intermediate_size": inter, "norm_topk_prob": flag(cfg, "norm_topk_prob", True),
+            "moe_layers": tuple(range(first, num_layers)), "shared_expert_intermediate_size": inter * shared,
+            "shared_expert_gate": False, "router_scoring": "sigmoid", "n_group": optional(cfg, "n_group", 1),
+            "topk_group": optional(cfg, "topk_group", 1),
+            "routed_scaling_factor": optional(cfg, "routed_scaling_factor", 1.0),
+            "extra_layers": optional(cfg, "num_nextn_predict_layers", 0)}
+
+
 def layer_types_of(cfg: dict[str, Any], num_layers: int, pattern: Any) -> list[str]:
     """Each layer's attention, "sliding_attention" or "full_attention": the config's `layer_types`,
     else every `pattern`-th layer full and the others sliding (EXAONE 4's string form: L for a
@@ -343,6 +370,8 @@ def moe_fields(cfg: dict[str, Any], arch: str) -> dict[str, Any]:
         return {}
     num_layers = required(cfg, "num_hidden_layers")
     check_positive_int("num_hidden_layers", num_layers)
+    if arch == "Glm4MoeForCausalLM":
+        return _glm4_moe_fields(cfg, num_layers)
     experts = cfg.get("num_local_experts")
     experts = cfg.get("num_experts") if experts is None else experts  # GptOssConfig's alias, others' name
     if experts is None and arch == "GptOssForCausalLM":

@@ -278,7 +278,8 @@ class MLP(nn.Module):
 class SparseMoE(nn.Module):
     """A mixture-of-experts MLP: `gate` routes each token to its top-k of the experts' SwiGLU MLPs,
     stored stacked (kernels/moe.py: the grouped Triton kernel on CUDA, the torch grouping on CPU);
-    Qwen2-MoE adds a shared expert scaled by sigmoid(shared_expert_gate(x)); gpt-oss's router and
+    Qwen2-MoE adds a shared expert scaled by sigmoid(shared_expert_gate(x)), GLM-4.5 one without a
+    gate and its grouped sigmoid routing (router_correction); gpt-oss's router and
     experts carry biases and its experts take the clamped SwiGLU (swiglu_clamped). LoRA adapters
     do not reach it (runtime/lora/adapter.py refuses them)."""
 
@@ -292,15 +293,25 @@ class SparseMoE(nn.Module):
         self.experts_gate_up_bias = nn.Parameter(torch.empty(experts, 2 * inter)) if args.expert_bias else None
         self.experts_down_bias = nn.Parameter(torch.empty(experts, args.hidden_size)) if args.expert_bias else None
         self.swiglu = (args.swiglu_alpha, args.swiglu_limit) if args.expert_act == "swiglu_clamped" else None
+        # GLM-4.5: sigmoid scores, grouped, with the router's correction bias (kernels.moe_route_grouped)
+        self.grouping = (args.n_group, args.topk_group, args.routed_scaling_factor)
+        self.router_correction = nn.Parameter(torch.empty(experts)) if args.router_scoring == "sigmoid" else None
         # CPU bf16: each expert's (gate | up, down) on the packed layout (packed_linear.prepack_linears)
         self.packed_experts: list[tuple[nn.Module, nn.Module]] | None = None
         self.shared_expert: MLP | None = None
+        self.shared_expert_gate: nn.Linear | None = None
         if args.shared_expert_intermediate_size:
             self.shared_expert = MLP(args, layer_id, args.shared_expert_intermediate_size, lora=False)
-            self.shared_expert_gate = nn.Linear(args.hidden_size, 1, bias=False)
+            if args.shared_expert_gate:
+                self.shared_expert_gate = nn.Linear(args.hidden_size, 1, bias=False)
 
     def forward(self, x: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
-        weights, ids = kernels.moe_route(self.gate(x), self.top_k, self.renormalize)
+        if self.router_correction is None:
+            weights, ids = kernels.moe_route(self.gate(x), self.top_k, self.renormalize)
+        else:  # in fp32, as the checkpoint's router is kept
+            logits = F.linear(x.float(), self.gate.weight.float())
+            weights, ids = kernels.moe_route_grouped(logits, self.top_k, self.renormalize, self.router_correction,
+                                                     *self.grouping)
         biases = (self.experts_gate_up_bias, self.experts_down_bias)
         if self.packed_experts is not None:  # CPU bf16 (the stacked parameters are emptied)
             out = grouped_experts(x, weights, ids, len(self.packed_experts), self._packed_expert)
@@ -310,7 +321,8 @@ class SparseMoE(nn.Module):
         else:
             out = kernels.fused_moe_ref(x, weights, ids, self.experts_gate_up, self.experts_down, self._act, *biases)
         if self.shared_expert is not None:
-            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x, fb)
+            shared = self.shared_expert(x, fb)
+            out = out + (shared if self.shared_expert_gate is None else torch.sigmoid(self.shared_expert_gate(x)) * shared)
         return out
 
     def _act(self, gate_up: torch.Tensor) -> torch.Tensor:

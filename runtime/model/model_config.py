@@ -21,7 +21,8 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCa
                            "Olmo2ForCausalLM", "Olmo3ForCausalLM", "OlmoeForCausalLM", "GemmaForCausalLM", "Gemma2ForCausalLM",
                            "Gemma3ForCausalLM", "SeedOssForCausalLM", "InternLM3ForCausalLM", "Ernie4_5ForCausalLM",
                            "GlmForCausalLM", "Glm4ForCausalLM", "Exaone4ForCausalLM", "HunYuanDenseV1ForCausalLM",
-                           "ArceeForCausalLM", "ApertusForCausalLM", "Starcoder2ForCausalLM", "GptOssForCausalLM")
+                           "ArceeForCausalLM", "ApertusForCausalLM", "Starcoder2ForCausalLM", "GptOssForCausalLM",
+                           "Glm4MoeForCausalLM")
 
 
 # OLMo 2 and 3: norms after attention and MLP (none before), q / k normed over the whole projection
@@ -75,6 +76,16 @@ class ModelArgs:
     swiglu_alpha: float = 1.702
     swiglu_limit: float = 7.0
     attention_sinks: bool = False  # gpt-oss: each query head's learned logit joins its softmax's denominator
+    # GLM-4.5 (DeepSeek-V3's routing): each expert scored by a sigmoid; with a correction bias added,
+    # the best `topk_group` of `n_group` expert groups (by the sum of each group's top two) hold the
+    # candidates, of which the top-k are taken; their plain scores renormalized and scaled by
+    # routed_scaling_factor. Its shared expert has no gate (Qwen2-MoE's: shared_expert_gate).
+    router_scoring: str = "softmax"  # or "sigmoid"
+    n_group: int = 1
+    topk_group: int = 1
+    routed_scaling_factor: float = 1.0
+    shared_expert_gate: bool = True
+    extra_layers: int = 0  # layers stored after the decoder's that it does not run (GLM-4.5's MTP layer)
     # OLMo 2: each attention / MLP output normed before its residual add and nothing normed before them
     post_norms: bool = False
     qk_norm_whole: bool = False  # OLMo 2, OLMoE: RMSNorm over the whole q and k projections (all heads at once)
@@ -160,6 +171,17 @@ class ModelArgs:
                              f"{self.num_experts}")
         if self.shared_expert_intermediate_size:
             check_positive_int("shared_expert_intermediate_size", self.shared_expert_intermediate_size)
+        if self.router_scoring not in ("softmax", "sigmoid"):
+            raise ValueError(f"router scoring {self.router_scoring!r} is not supported; supported: softmax, sigmoid")
+        check_positive_int("n_group", self.n_group)
+        check_positive_int("topk_group", self.topk_group)
+        check_positive_number("routed_scaling_factor", self.routed_scaling_factor)
+        per_group, left = divmod(self.num_experts, self.n_group)
+        if left or self.topk_group > self.n_group or (self.n_group > 1 and per_group < 2) \
+                or self.num_experts_per_tok > self.topk_group * per_group:
+            raise ValueError(f"n_group {self.n_group} must divide the {self.num_experts} experts into groups of two or "
+                             f"more, topk_group {self.topk_group} be at most n_group, and those groups hold the "
+                             f"num_experts_per_tok {self.num_experts_per_tok}")
         if any(not 0 <= i < self.num_layers for i in self.moe_layers):
             raise ValueError(f"mixture-of-experts layers {list(self.moe_layers)} are outside the model's "
                              f"{self.num_layers} layers")
@@ -299,7 +321,8 @@ def model_args_from_dict(cfg: dict[str, Any]) -> ModelArgs:
         pre_norms=arch not in OLMO_ARCHITECTURES + ("Exaone4ForCausalLM",),
         qk_norm_whole=arch in OLMO_ARCHITECTURES + ("OlmoeForCausalLM",),
         qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM", "Exaone4ForCausalLM",
-                         "HunYuanDenseV1ForCausalLM", "ApertusForCausalLM"),
+                         "HunYuanDenseV1ForCausalLM", "ApertusForCausalLM") or (
+            arch == "Glm4MoeForCausalLM" and flag(cfg, "use_qk_norm", False)),
         qk_norm_after_rope=arch == "HunYuanDenseV1ForCausalLM",
         attention_sinks=arch == "GptOssForCausalLM",
         torch_dtype=cfg.get("torch_dtype") or cfg.get("dtype") or "float32",

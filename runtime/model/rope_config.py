@@ -83,11 +83,11 @@ def rotary_dim(cfg: dict[str, Any], rope: dict[str, Any], head_dim: int, arch: s
     """The head dims RoPE rotates: head_dim * partial_rotary_factor (Phi-4-mini: 3/4, GLM: 1/2 by
     default), as transformers' Phi-3 and GLM rotate them (the other families' transformers code
     rotates whole heads)."""
-    partial = rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor",
-                                                        0.5 if arch in GLM_ARCHITECTURES else 1.0))
+    glm = arch in GLM_ARCHITECTURES + ("Glm4MoeForCausalLM",)  # GLM-4.5 rotates half too (rotate-half pairs)
+    partial = rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 0.5 if glm else 1.0))
     if partial == 1.0 and not isinstance(partial, bool):
         return head_dim
-    if arch not in GLM_ARCHITECTURES + ("Phi3ForCausalLM",):
+    if not glm and arch != "Phi3ForCausalLM":
         raise ValueError(f"partial_rotary_factor {partial!r} is supported for Phi3ForCausalLM and GLM only "
                          "(RoPE over the whole head here)")
     check_positive_number("partial_rotary_factor", partial)

@@ -238,11 +238,14 @@ def _expert_sources(args: ModelArgs, p: str, ours: str) -> dict[str, list[str]]:
     src = {ours + "mlp.gate.weight": [f"{p}{block}.gate.weight"],
            ours + "mlp.experts_gate_up": [e + f"{w}.weight" for e in experts for w in (gate, up)],
            ours + "mlp.experts_down": [e + f"{down}.weight" for e in experts]}
-    if args.shared_expert_intermediate_size:
-        shared = f"{p}mlp.shared_expert."
+    if args.router_scoring == "sigmoid":  # GLM-4.5's correction bias beside its router
+        src[ours + "mlp.router_correction"] = [f"{p}{block}.gate.e_score_correction_bias"]
+    if args.shared_expert_intermediate_size:  # Qwen2-MoE's shared_expert, GLM-4.5's shared_experts
+        shared = f"{p}mlp.shared_expert{'' if args.shared_expert_gate else 's'}."
         src[ours + "mlp.shared_expert.gate_up_proj.weight"] = [shared + "gate_proj.weight", shared + "up_proj.weight"]
         src[ours + "mlp.shared_expert.down_proj.weight"] = [shared + "down_proj.weight"]
-        src[ours + "mlp.shared_expert_gate.weight"] = [f"{p}mlp.shared_expert_gate.weight"]
+        if args.shared_expert_gate:
+            src[ours + "mlp.shared_expert_gate.weight"] = [f"{p}mlp.shared_expert_gate.weight"]
     return src
 
 
@@ -338,11 +341,14 @@ def load_weights(model: CausalLM, model_dir: str, dtype: torch.dtype, device: to
 
 def _ignorable(args: ModelArgs, names: set[str]) -> set[str]:
     """Checkpoint tensors that may go unused: RoPE's frequencies, fp8 KV scales (read_kv_scales
-    reads them), and an LM head the config ties to the embeddings."""
+    reads them), an LM head the config ties to the embeddings, and the layers stored after the
+    decoder's that it does not run (GLM-4.5's MTP layer: ModelArgs.extra_layers)."""
     kv_scales = {f"model.layers.{i}.{s}" for i in range(args.num_layers)
                  for suffixes in _KV_SCALE_NAMES.values() for s in suffixes}
     tied = {"lm_head.weight"} if args.tie_word_embeddings else set()
-    return {n for n in names if n.endswith(_IGNORED_SUFFIXES) or n in kv_scales or n in tied}
+    extra = tuple(f"model.layers.{i}." for i in range(args.num_layers, args.num_layers + args.extra_layers))
+    return {n for n in names if n.endswith(_IGNORED_SUFFIXES) or n in kv_scales or n in tied
+            or (extra and n.startswith(extra))}
 
 
 def check_all_used(names: set[str], used: set[str], what: str) -> None:

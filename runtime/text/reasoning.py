@@ -47,8 +47,9 @@ class Format:
 FORMATS = {"deepseek_r1": Format(True), "qwen3": Format(False), "qwen3_thinking": Format(True),
            "seed_oss": Format(False, "<seed:think>", "</seed:think>"),
            "gpt_oss": Format(False, "<|channel|>analysis<|message|>", "<|channel|>final<|message|>", harmony=True)}
-# SGLang spells them with dashes; vLLM calls gpt-oss's openai_gptoss
-ALIASES = {**{name.replace("_", "-"): name for name in FORMATS}, "openai_gptoss": "gpt_oss"}
+# SGLang spells them with dashes; vLLM calls gpt-oss's openai_gptoss; GLM-4.5's <think> block (SGLang's
+# glm45) is read as qwen3's: thinking when the output opens with <think>
+ALIASES = {**{name.replace("_", "-"): name for name in FORMATS}, "openai_gptoss": "gpt_oss", "glm45": "qwen3"}
 
 
 def check_reasoning_parser(name: str | None, what: str = "--reasoning-parser") -> str | None:

@@ -85,6 +85,7 @@ def test_include_false_drops_the_reasoning():
 def test_format_names():
     assert check_reasoning_parser(None) is None
     assert check_reasoning_parser("deepseek-r1") == "deepseek_r1"
+    assert check_reasoning_parser("glm45") == "qwen3" and check_reasoning_parser("openai_gptoss") == "gpt_oss"
     assert {check_reasoning_parser(name) for name in FORMATS} == set(FORMATS)
     with pytest.raises(ValueError, match="--reasoning-parser must be one of"):
         check_reasoning_parser("o1")

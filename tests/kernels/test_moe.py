@@ -143,3 +143,40 @@ def test_gpu_bf16_qwen3_moe_shape_and_cuda_graph_replay():
     ids.copy_(new_ids)
     graph.replay()
     torch.testing.assert_close(out, kernels.fused_moe_ref(x, weights, ids, w_gate_up, w_down), rtol=3e-2, atol=3e-2)
+
+
+@pytest.mark.parametrize("experts, n_group, topk_group, top_k, renormalize, scaling", [
+    (8, 1, 1, 2, True, 1.0), (8, 2, 1, 2, True, 2.5), (16, 4, 2, 3, False, 1.0), (16, 8, 3, 4, True, 0.7),
+    (6, 3, 3, 6, True, 1.0)])
+def test_grouped_routing_matches_transformers_router(experts, n_group, topk_group, top_k, renormalize, scaling):
+    """GLM-4.5's router (transformers' Glm4MoeTopkRouter) against moe_route_grouped: the same experts
+    and weights for random logits and correction biases, the group restriction deciding some rows."""
+    import transformers as tf
+    from transformers.models.glm4_moe.modeling_glm4_moe import Glm4MoeTopkRouter
+
+    cfg = tf.Glm4MoeConfig(hidden_size=16, n_routed_experts=experts, num_experts_per_tok=top_k, n_group=n_group,
+                           topk_group=topk_group, norm_topk_prob=renormalize, routed_scaling_factor=scaling)
+    g = torch.Generator().manual_seed(experts * 10 + n_group)
+    router = Glm4MoeTopkRouter(cfg)
+    with torch.no_grad():
+        router.weight.normal_(0.0, 1.0, generator=g)
+        router.e_score_correction_bias.normal_(0.0, 0.5, generator=g)
+    x = torch.randn(64, 16, generator=g)
+    _, want_w, want_ids = router(x)
+    weights, ids = kernels.moe_route_grouped(x @ router.weight.T, top_k, renormalize, router.e_score_correction_bias,
+                                             n_group, topk_group, scaling)
+    order, want_order = ids.argsort(dim=1), want_ids.argsort(dim=1)
+    assert torch.equal(ids.gather(1, order), want_ids.gather(1, want_order))
+    torch.testing.assert_close(weights.gather(1, order), want_w.gather(1, want_order), rtol=1e-6, atol=1e-6)
+    if n_group > topk_group:  # the groups decided something: ungrouped routing differs on some row
+        plain, _ = kernels.moe_route_grouped(x @ router.weight.T, top_k, renormalize, router.e_score_correction_bias,
+                                             1, 1, scaling)
+        assert not torch.equal(plain.sort(dim=1).values, weights.sort(dim=1).values)
+
+
+def test_grouped_routing_refuses_groups_that_cannot_hold_the_choice():
+    logits = torch.zeros(2, 8)
+    with pytest.raises(ValueError, match="n_group 3 must divide the 8 experts"):
+        kernels.moe_route_grouped(logits, 2, True, torch.zeros(8), 3, 1, 1.0)
+    with pytest.raises(ValueError, match=r"top_k must be in \[1, 4\]"):
+        kernels.moe_route_grouped(logits, 5, True, torch.zeros(8), 2, 1, 1.0)

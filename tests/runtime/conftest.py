@@ -101,6 +101,12 @@ def _hf_config(family: str, vocab_size: int, heads: int = 8):
         # SwiGLU clamps at this scale (limit 0.5: the random gate / up values reach past it)
         return tf.GptOssConfig(**{**common, "intermediate_size": 64}, num_local_experts=4, num_experts_per_tok=2,
                                sliding_window=8, swiglu_limit=0.5, tie_word_embeddings=False)
+    if family == "glm4_moe":  # GLM-4.5: layer 0 dense, layer 1 experts in 4 groups (2 kept), sigmoid scores with a
+        # correction bias, scaled; an ungated shared expert; q / k biases and norms; half of each head rotated
+        return tf.Glm4MoeConfig(**common, moe_intermediate_size=32, n_routed_experts=8, num_experts_per_tok=3,
+                                n_shared_experts=1, n_group=4, topk_group=2, first_k_dense_replace=1,
+                                routed_scaling_factor=2.5, use_qk_norm=True, attention_bias=True,
+                                tie_word_embeddings=False)
     if family == "mixtral":  # every layer's MLP is 4 experts of intermediate_size
         return tf.MixtralConfig(**{**common, "intermediate_size": 48}, **moe, num_local_experts=4, sliding_window=None)
     if family == "qwen3_moe":  # layer 0 experts, layer 1 a dense MLP
@@ -120,7 +126,7 @@ _CLASSES = {"llama3": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
             "seed_oss": "SeedOssForCausalLM", "internlm3": "LlamaForCausalLM", "ernie4_5": "Ernie4_5ForCausalLM",
             "glm": "GlmForCausalLM", "glm4": "Glm4ForCausalLM", "exaone4": "Exaone4ForCausalLM",
             "hunyuan": "HunYuanDenseV1ForCausalLM", "arcee": "ArceeForCausalLM", "apertus": "ApertusForCausalLM",
-            "starcoder2": "Starcoder2ForCausalLM", "gpt_oss": "GptOssForCausalLM",
+            "starcoder2": "Starcoder2ForCausalLM", "gpt_oss": "GptOssForCausalLM", "glm4_moe": "Glm4MoeForCausalLM",
             "olmo2": "Olmo2ForCausalLM", "olmo3": "Olmo3ForCausalLM", "olmoe": "OlmoeForCausalLM", "gemma": "GemmaForCausalLM",
             "gemma2": "Gemma2ForCausalLM",
             "gemma3": "Gemma3ForCausalLM"}
@@ -148,6 +154,9 @@ def hf_checkpoint(tmp_path_factory):
             cfg._attn_implementation = "eager"  # soft-cap and gpt-oss's sinks
         model = getattr(tf, _CLASSES[family])(cfg).float().eval()
         with torch.no_grad():  # widen the random init so greedy argmax has clear margins
+            for name, b in model.named_buffers():  # GLM-4.5's router correction: a bias that changes the choice
+                if name.endswith("e_score_correction_bias"):
+                    b.normal_(0.0, 0.5)
             for name, p in model.named_parameters():
                 if p.dim() >= 2:  # matrices, and MoE models' stacked experts
                     p.normal_(0.0, 0.08)

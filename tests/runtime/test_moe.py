@@ -251,3 +251,35 @@ def test_a_bf16_checkpoint_is_not_left_mapped_and_packing_twice_keeps_the_expert
     once = model.layers[0].mlp(x, None)
     prepack_linears(model)
     torch.testing.assert_close(model.layers[0].mlp(x, None), once, rtol=0, atol=0)
+
+
+def test_glm4_moe_mtp_layers_are_skipped_and_bad_groups_refused(hf_checkpoint, tmp_path):
+    """GLM-4.5's checkpoints store `num_nextn_predict_layers` MTP layers after the decoder's (layer
+    num_hidden_layers and on): not run here, so not loaded; the same tensors without that count
+    are refused as unused. Groups that cannot hold the choice are a ValueError naming them."""
+    from safetensors.torch import load_file, save_file
+
+    src, _ = hf_checkpoint("glm4_moe")
+    dst = tmp_path / "mtp"
+    shutil.copytree(src, dst)
+    tensors = load_file(str(dst / "model.safetensors"))
+    tensors["model.layers.2.eh_proj.weight"] = torch.zeros(64, 128)
+    tensors["model.layers.2.self_attn.q_proj.weight"] = torch.zeros(128, 64)
+    save_file(tensors, str(dst / "model.safetensors"))
+    cfg = json.loads((dst / "config.json").read_text())
+    for count in (1, 0):
+        (dst / "config.json").write_text(json.dumps({**cfg, "num_nextn_predict_layers": count}))
+        if count:
+            with Engine(str(dst), kv_cache_tokens=512, dtype="float32") as engine:
+                with Engine(src, kv_cache_tokens=512, dtype="float32") as ref:
+                    got, want = (e.generate(input_ids=PROMPTS[:2], sampling_params=GREEDY) for e in (engine, ref))
+                    assert [o["output_ids"] for o in got] == [o["output_ids"] for o in want]
+        else:
+            with pytest.raises(ValueError, match="model.layers.2.eh_proj.weight.* are not used by the model"):
+                Engine(str(dst), kv_cache_tokens=512, dtype="float32")
+    for fields, match in (({"n_group": 3}, "n_group 3 must divide the 8 experts"),
+                          ({"topk_group": 5}, "topk_group 5 be at most n_group"),
+                          ({"num_experts_per_tok": 5, "topk_group": 2}, "hold the num_experts_per_tok 5"),
+                          ({"n_shared_experts": -1}, "n_shared_experts must be an integer >= 0")):
+        with pytest.raises(ValueError, match=match):
+            model_args_from_dict({**cfg, **fields})
