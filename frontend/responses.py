@@ -78,7 +78,7 @@ class Turn:
     def keep(self, store: ResponseStore, response: ResponseObject) -> None:
         if self.store:
             store.put(StoredResponse(response, self.conversation + conversation_items(response.output),
-                                     listed_items(self.inputs)))
+                                     listed_items(self.inputs, self.req.input)))
 
 
 def _stores(req: ResponsesRequest, store: ResponseStore) -> bool:

@@ -154,14 +154,24 @@ def _builtins_list(entries: list[Any]) -> list[Any]:
     return [msgspec.to_builtins(e) for e in entries]
 
 
-def listed_items(items: list[Item]) -> list[dict[str, Any]]:
-    """A request's input items as GET /v1/responses/{id}/input_items lists them, each given an id."""
+# an item's id prefix by type, for the items a request sent without one
+_ID_PREFIXES = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs"}
+
+
+def listed_items(items: list[Item], sent: str | list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """A request's input items as GET /v1/responses/{id}/input_items lists them: as they were sent
+    (`sent`, the request's checked `input`: parts, refusals, summaries and ids kept), a message's
+    text content as one part (output_text, with its annotations, for the assistant's), each item
+    without an id given one; built from the conversation `items` when the input was a string."""
+    if isinstance(sent, list):
+        return [_as_listed(raw) for raw in sent]
     out: list[dict[str, Any]] = []
     for item in items:
         if isinstance(item, MessageItem):
-            part = "output_text" if item.role == "assistant" else "input_text"
+            part = {"type": "output_text", "text": item.text, "annotations": []} if item.role == "assistant" else {
+                "type": "input_text", "text": item.text}
             out.append({"type": "message", "id": item_id("msg"), "role": item.role, "status": "completed",
-                        "content": [{"type": part, "text": item.text}]})
+                        "content": [part]})
         elif isinstance(item, CallItem):
             out.append({"type": "function_call", "id": item_id("fc"), "call_id": item.call_id, "name": item.name,
                         "arguments": item.arguments, "status": "completed"})
@@ -172,6 +182,23 @@ def listed_items(items: list[Item]) -> list[dict[str, Any]]:
             out.append({"type": "function_call_output", "id": item_id("fco"), "call_id": item.call_id,
                         "output": item.output, "status": "completed"})
     return out
+
+
+def _as_listed(raw: dict[str, Any]) -> dict[str, Any]:
+    kind = raw.get("type", "message")
+    item = {"type": kind, **raw, "id": raw.get("id") or item_id(_ID_PREFIXES.get(kind, "item"))}
+    if kind != "reasoning":
+        item.setdefault("status", "completed")
+    if kind == "message":
+        assistant = raw.get("role") == "assistant"
+        content = raw.get("content")
+        if isinstance(content, str):
+            content = [{"type": "output_text" if assistant else "input_text", "text": content}]
+        item["content"] = [{**part, "annotations": part.get("annotations", [])} if part.get("type") == "output_text"
+                           else part for part in content]
+    if kind == "reasoning":
+        item.setdefault("summary", [])
+    return item
 
 
 def conversation_items(output: list[OutputItem]) -> list[Item]:
@@ -198,5 +225,6 @@ def status_of(reason: str | None) -> tuple[str, IncompleteDetails | None]:
 
 
 def response_usage(usage: Usage) -> ResponseUsage:
-    return ResponseUsage(usage.prompt_tokens, InputTokensDetails(usage.prompt_tokens_details.cached_tokens),
+    cached = usage.prompt_tokens_details.cached_tokens
+    return ResponseUsage(usage.prompt_tokens, InputTokensDetails(cached, usage.prompt_tokens - cached),
                          usage.completion_tokens, OutputTokensDetails(), usage.total_tokens)

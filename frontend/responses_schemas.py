@@ -130,6 +130,7 @@ OutputItem = OutputMessage | FunctionCall | ReasoningOutput
 
 class InputTokensDetails(Struct):
     cached_tokens: int  # prompt tokens served from the radix cache
+    cache_write_tokens: int = 0  # the prompt tokens it did not hold: computed now, and kept there
 
 
 class OutputTokensDetails(Struct):

@@ -153,6 +153,10 @@ def test_previous_response_id_continues_from_the_cache(oai, client):
                                   previous_response_id=first.id, max_output_tokens=2, temperature=0)
     assert second.previous_response_id == first.id
     assert second.usage.input_tokens_details.cached_tokens >= first.usage.input_tokens
+    # the input tokens the cache did not hold are written to it (OpenAI's cache_write_tokens)
+    for out in (first, second):
+        details = out.usage.input_tokens_details
+        assert details.cache_write_tokens == out.usage.input_tokens - details.cached_tokens
     chat = _chat(client, [{"role": "system", "content": "Be brief"}, {"role": "user", "content": "Hi there"},
                           {"role": "assistant", "content": first.output_text},
                           {"role": "user", "content": "And then?"}])
@@ -189,6 +193,28 @@ def test_input_items_of_a_stored_response(oai, client):
     assert [i.id for i in rest.data] == [listed[0].id] and not rest.has_more
     later = oai.responses.create(model=MODEL_NAME, input="More", previous_response_id=out.id, max_output_tokens=1)
     assert [i.content[0].text for i in oai.responses.input_items.list(later.id)] == ["More"]
+    # an assistant message's text is output_text, with its (empty) annotations as OpenAI's type has them
+    said = oai.responses.create(model=MODEL_NAME, input=[{"role": "assistant", "content": "Hi"}, {"role": "user",
+                                                                                                 "content": "Go"}],
+                                max_output_tokens=1)
+    from openai.types.responses import ResponseItemList
+
+    raw = client.get(f"/v1/responses/{said.id}/input_items?order=asc").json()
+    assert raw["data"][0]["content"] == [{"type": "output_text", "text": "Hi", "annotations": []}]
+    ResponseItemList.model_validate(raw, strict=True)  # the openai client's own schema, strictly
+    # items are listed as they were sent: parts apart, a refusal as one, a reasoning item's summary, ids given
+    sent = [{"role": "user", "content": [{"type": "input_text", "text": "a"}, {"type": "input_text", "text": "b"}]},
+            {"type": "message", "role": "assistant", "id": "msg_given", "status": "completed",
+             "content": [{"type": "refusal", "refusal": "No."}]},
+            {"type": "reasoning", "id": "rs_given", "summary": [{"type": "summary_text", "text": "thought"}]},
+            {"role": "user", "content": "Go"}]
+    echoed = oai.responses.create(model=MODEL_NAME, input=sent, max_output_tokens=1)
+    raw = client.get(f"/v1/responses/{echoed.id}/input_items?order=asc").json()
+    ResponseItemList.model_validate(raw, strict=True)
+    listed = raw["data"]
+    assert listed[0]["content"] == sent[0]["content"] and listed[1]["content"] == sent[1]["content"]
+    assert [i["id"] for i in listed[1:3]] == ["msg_given", "rs_given"] and listed[2]["summary"] == sent[2]["summary"]
+    assert listed[3]["content"] == [{"type": "input_text", "text": "Go"}] and listed[0]["id"].startswith("msg_")
     for query, param in (("limit=0", "limit"), ("order=up", "order"), ("after=msg_nope", "after"),
                          ("include=message.input_image.image_url", "include")):
         r = client.get(f"/v1/responses/{out.id}/input_items?{query}")
