@@ -11,7 +11,7 @@ from radixflow.runtime.model.config_fields import check_positive_int, check_posi
 GEMMA_ARCHITECTURES = ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
 # mixture-of-experts families: a router sends each token to its top-k experts' MLPs
 MOE_ARCHITECTURES = ("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "GraniteMoeForCausalLM",
-                     "OlmoeForCausalLM", "GptOssForCausalLM", "Glm4MoeForCausalLM")
+                     "OlmoeForCausalLM", "GptOssForCausalLM", "Glm4MoeForCausalLM", "MiniMaxM2ForCausalLM")
 GRANITE_ARCHITECTURES = ("GraniteForCausalLM", "GraniteMoeForCausalLM")
 # a config's activation name → ModelArgs.hidden_act: of the gated MLPs (act(gate) * up), and of the
 # MLPs without a gate (act(up): Arcee's squared ReLU, Apertus' xIELU with its learned scalars)
@@ -58,6 +58,8 @@ _FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
     "Starcoder2ForCausalLM": {"num_key_value_heads": 2, "use_bias": True, "tie_word_embeddings": True},
     "Glm4MoeForCausalLM": {"num_key_value_heads": 8, "rms_norm_eps": 1e-5, "max_position_embeddings": 131072,
                            "n_routed_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 1408},
+    "MiniMaxM2ForCausalLM": {"num_key_value_heads": 8, "max_position_embeddings": 196608, "head_dim": 128,
+                             "num_experts_per_tok": 8},
     "GptOssForCausalLM": {"num_key_value_heads": 8, "rms_norm_eps": 1e-5, "max_position_embeddings": 131072,
                           "head_dim": 64, "attention_bias": True, "sliding_window": 128, "num_experts_per_tok": 4},
 }
@@ -374,19 +376,25 @@ def moe_fields(cfg: dict[str, Any], arch: str) -> dict[str, Any]:
         return _glm4_moe_fields(cfg, num_layers)
     experts = cfg.get("num_local_experts")
     experts = cfg.get("num_experts") if experts is None else experts  # GptOssConfig's alias, others' name
-    if experts is None and arch == "GptOssForCausalLM":
-        experts = 128  # GptOssConfig's default
+    if experts is None and arch in ("GptOssForCausalLM", "MiniMaxM2ForCausalLM"):
+        experts = {"GptOssForCausalLM": 128, "MiniMaxM2ForCausalLM": 256}[arch]  # their config classes' defaults
     if experts is None:
         raise ValueError("the required field num_local_experts (or num_experts) is missing")
     if experts == 0 and arch.startswith("Qwen"):  # Qwen-MoE without experts: every MLP dense
         return {}
     fields: dict[str, Any] = {"num_experts": experts, "num_experts_per_tok": required(cfg, "num_experts_per_tok")}
-    if arch in ("MixtralForCausalLM", "GraniteMoeForCausalLM", "OlmoeForCausalLM", "GptOssForCausalLM"):
+    if arch in ("MixtralForCausalLM", "GraniteMoeForCausalLM", "OlmoeForCausalLM", "GptOssForCausalLM",
+                "MiniMaxM2ForCausalLM"):
         # every MLP: experts. Mixtral, GraniteMoE and gpt-oss always renormalize (Granite and gpt-oss:
         # a softmax over the top-k logits, the same weights)
         norm = _norm_topk_prob(cfg) if arch == "OlmoeForCausalLM" else True
         fields.update(moe_intermediate_size=required(cfg, "intermediate_size"), norm_topk_prob=norm,
                       moe_layers=tuple(range(num_layers)))
+        if arch == "MiniMaxM2ForCausalLM":  # sigmoid scores with a correction bias choose; `num_mtp_modules` MTP layers
+            mtp = optional(cfg, "num_mtp_modules", 0)  # stored after the decoder's (not run)
+            if isinstance(mtp, bool) or not isinstance(mtp, int) or mtp < 0:
+                raise ValueError(f"num_mtp_modules must be an integer >= 0, got {mtp!r}")
+            fields.update(router_scoring="sigmoid", extra_layers=mtp)
         if arch == "GptOssForCausalLM":  # biases on the router and the experts; the clamped SwiGLU
             fields.update(router_bias=True, expert_bias=True, expert_act="swiglu_clamped",
                           swiglu_alpha=optional(cfg, "swiglu_alpha", 1.702),

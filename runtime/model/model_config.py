@@ -22,7 +22,7 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCa
                            "Gemma3ForCausalLM", "SeedOssForCausalLM", "InternLM3ForCausalLM", "Ernie4_5ForCausalLM",
                            "GlmForCausalLM", "Glm4ForCausalLM", "Exaone4ForCausalLM", "HunYuanDenseV1ForCausalLM",
                            "ArceeForCausalLM", "ApertusForCausalLM", "Starcoder2ForCausalLM", "GptOssForCausalLM",
-                           "Glm4MoeForCausalLM")
+                           "Glm4MoeForCausalLM", "MiniMaxM2ForCausalLM")
 
 
 # OLMo 2 and 3: norms after attention and MLP (none before), q / k normed over the whole projection
@@ -319,7 +319,7 @@ def model_args_from_dict(cfg: dict[str, Any]) -> ModelArgs:
         nope_layers=nope_layers(cfg) if arch == "SmolLM3ForCausalLM" else family.pop("nope_layers", ()),  # before **family
         post_norms=arch in OLMO_ARCHITECTURES + ("Glm4ForCausalLM", "Exaone4ForCausalLM") or is_gemma,
         pre_norms=arch not in OLMO_ARCHITECTURES + ("Exaone4ForCausalLM",),
-        qk_norm_whole=arch in OLMO_ARCHITECTURES + ("OlmoeForCausalLM",),
+        qk_norm_whole=arch in OLMO_ARCHITECTURES + ("OlmoeForCausalLM", "MiniMaxM2ForCausalLM"),
         qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM", "Exaone4ForCausalLM",
                          "HunYuanDenseV1ForCausalLM", "ApertusForCausalLM") or (
             arch == "Glm4MoeForCausalLM" and flag(cfg, "use_qk_norm", False)),

@@ -12,7 +12,8 @@ from radixflow.runtime.model.config_families import GLM_ARCHITECTURES
 from radixflow.runtime.model.config_fields import check_positive_int, check_positive_number, optional
 
 _DEFAULT_THETAS = {"Ernie4_5ForCausalLM": 500_000.0, "MixtralForCausalLM": 1_000_000.0,
-                   "SmolLM3ForCausalLM": 2_000_000.0, "GptOssForCausalLM": 150_000.0}
+                   "SmolLM3ForCausalLM": 2_000_000.0, "GptOssForCausalLM": 150_000.0,
+                   "MiniMaxM2ForCausalLM": 5_000_000.0}
 
 
 def default_rope_theta(arch: str) -> float:
@@ -85,9 +86,12 @@ def rotary_dim(cfg: dict[str, Any], rope: dict[str, Any], head_dim: int, arch: s
     rotates whole heads)."""
     glm = arch in GLM_ARCHITECTURES + ("Glm4MoeForCausalLM",)  # GLM-4.5 rotates half too (rotate-half pairs)
     partial = rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 0.5 if glm else 1.0))
+    if arch == "MiniMaxM2ForCausalLM" and "partial_rotary_factor" not in rope and cfg.get("rotary_dim") is not None:
+        check_positive_int("rotary_dim", cfg["rotary_dim"])  # its released configs' name for it
+        partial = cfg["rotary_dim"] / head_dim
     if partial == 1.0 and not isinstance(partial, bool):
         return head_dim
-    if not glm and arch != "Phi3ForCausalLM":
+    if not glm and arch not in ("Phi3ForCausalLM", "MiniMaxM2ForCausalLM"):
         raise ValueError(f"partial_rotary_factor {partial!r} is supported for Phi3ForCausalLM and GLM only "
                          "(RoPE over the whole head here)")
     check_positive_number("partial_rotary_factor", partial)

@@ -37,13 +37,15 @@ def to_rotary_order(rows: torch.Tensor, head_dim: int, rotary_dim: int, interlea
 
 def to_model_layout(args, name: str, tensor: torch.Tensor) -> torch.Tensor:
     """Our parameter `name` (a safetensors or GGUF tensor already joined) in our head order: a
-    fused q | k | v projection's q and k heads, and the per-head q / k norms, where the model
-    reorders its RoPE (ModelArgs.reorders_rope); other tensors as they are."""
+    fused q | k | v projection's q and k heads, and the q / k norms' weights (per head, or over the
+    whole projection: MiniMax-M2), where the model reorders its RoPE (ModelArgs.reorders_rope);
+    other tensors as they are."""
     if args.reorders_rope and ".qkv_proj." in name:  # Phi-4-mini, GLM, ERNIE 4.5
         return qkv_to_rotary_order(tensor, args.q_size, args.kv_size, args.head_dim, args.rope_dim,
                                    args.rope_interleaved)
-    if args.reorders_rope and args.qk_norm and name.endswith(("q_norm.weight", "k_norm.weight")):
-        return to_rotary_order(tensor, args.head_dim, args.rope_dim, args.rope_interleaved)  # one head's
+    if args.reorders_rope and (args.qk_norm or args.qk_norm_whole) and name.endswith(("q_norm.weight",
+                                                                                        "k_norm.weight")):
+        return to_rotary_order(tensor, args.head_dim, args.rope_dim, args.rope_interleaved)  # per head, or every head
     return tensor
 
 

@@ -214,7 +214,10 @@ _QK_NORM_NAMES = {"HunYuanDenseV1ForCausalLM": ("query_layernorm", "key_layernor
 
 
 # each family's names for a layer's experts block and an expert's (gate, up, down) projections
-_EXPERT_NAMES = {"MixtralForCausalLM": ("block_sparse_moe", ("w1", "w3", "w2"))}
+_EXPERT_NAMES = {"MixtralForCausalLM": ("block_sparse_moe", ("w1", "w3", "w2")),
+                 "MiniMaxM2ForCausalLM": ("block_sparse_moe", ("w1", "w3", "w2"))}
+# where a sigmoid router's correction bias is kept, beside the experts' block: GLM-4.5's on its router
+_CORRECTION_NAMES = {"MiniMaxM2ForCausalLM": "e_score_correction_bias"}
 # GraniteMoE stores its experts stacked: gate | up as input_linear [E, 2I, H], down as output_linear
 _QWEN_EXPERT_NAMES = ("mlp", ("gate_proj", "up_proj", "down_proj"))
 
@@ -238,8 +241,9 @@ def _expert_sources(args: ModelArgs, p: str, ours: str) -> dict[str, list[str]]:
     src = {ours + "mlp.gate.weight": [f"{p}{block}.gate.weight"],
            ours + "mlp.experts_gate_up": [e + f"{w}.weight" for e in experts for w in (gate, up)],
            ours + "mlp.experts_down": [e + f"{down}.weight" for e in experts]}
-    if args.router_scoring == "sigmoid":  # GLM-4.5's correction bias beside its router
-        src[ours + "mlp.router_correction"] = [f"{p}{block}.gate.e_score_correction_bias"]
+    if args.router_scoring == "sigmoid":  # the correction bias beside the router (GLM-4.5) or the block (MiniMax-M2)
+        stored = _CORRECTION_NAMES.get(args.architecture, "gate.e_score_correction_bias")
+        src[ours + "mlp.router_correction"] = [f"{p}{block}.{stored}"]
     if args.shared_expert_intermediate_size:  # Qwen2-MoE's shared_expert, GLM-4.5's shared_experts
         shared = f"{p}mlp.shared_expert{'' if args.shared_expert_gate else 's'}."
         src[ours + "mlp.shared_expert.gate_up_proj.weight"] = [shared + "gate_proj.weight", shared + "up_proj.weight"]

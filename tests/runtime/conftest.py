@@ -107,6 +107,11 @@ def _hf_config(family: str, vocab_size: int, heads: int = 8):
                                 n_shared_experts=1, n_group=4, topk_group=2, first_k_dense_replace=1,
                                 routed_scaling_factor=2.5, use_qk_norm=True, attention_bias=True,
                                 tie_word_embeddings=False)
+    if family == "minimax_m2":  # sigmoid routing with a correction bias; q / k normed over the whole projection,
+        # 3/4 of each head rotated (the released configs' rotary_dim)
+        cfg = tf.MiniMaxM2Config(**{**common, "intermediate_size": 32}, num_local_experts=8, num_experts_per_tok=2,
+                                 rotary_dim=12, tie_word_embeddings=False)
+        return cfg
     if family == "mixtral":  # every layer's MLP is 4 experts of intermediate_size
         return tf.MixtralConfig(**{**common, "intermediate_size": 48}, **moe, num_local_experts=4, sliding_window=None)
     if family == "qwen3_moe":  # layer 0 experts, layer 1 a dense MLP
@@ -127,6 +132,7 @@ _CLASSES = {"llama3": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
             "glm": "GlmForCausalLM", "glm4": "Glm4ForCausalLM", "exaone4": "Exaone4ForCausalLM",
             "hunyuan": "HunYuanDenseV1ForCausalLM", "arcee": "ArceeForCausalLM", "apertus": "ApertusForCausalLM",
             "starcoder2": "Starcoder2ForCausalLM", "gpt_oss": "GptOssForCausalLM", "glm4_moe": "Glm4MoeForCausalLM",
+            "minimax_m2": "MiniMaxM2ForCausalLM",
             "olmo2": "Olmo2ForCausalLM", "olmo3": "Olmo3ForCausalLM", "olmoe": "OlmoeForCausalLM", "gemma": "GemmaForCausalLM",
             "gemma2": "Gemma2ForCausalLM",
             "gemma3": "Gemma3ForCausalLM"}
@@ -164,7 +170,7 @@ def hf_checkpoint(tmp_path_factory):
                     p.normal_(0.0, 0.05)
                 elif family.startswith("gemma"):  # its norms compute 1 + weight, which starts at 0
                     p.normal_(0.0, 0.1)
-                elif family in ("hunyuan", "exaone4", "starcoder2"):  # norms whose weights must not be all alike (HunYuan's
+                elif family in ("hunyuan", "exaone4", "starcoder2", "minimax_m2"):  # norms whose weights must not be all alike (HunYuan's
                     p.normal_(1.0, 0.3)  # q / k norms after RoPE would commute with it)
                 elif family == "apertus" and "act_fn" in name:  # xIELU's learned scalars, away from their init
                     p.add_(torch.randn_like(p) * 0.3)

@@ -283,3 +283,23 @@ def test_glm4_moe_mtp_layers_are_skipped_and_bad_groups_refused(hf_checkpoint, t
                           ({"n_shared_experts": -1}, "n_shared_experts must be an integer >= 0")):
         with pytest.raises(ValueError, match=match):
             model_args_from_dict({**cfg, **fields})
+
+
+def test_minimax_m2_mtp_modules_are_skipped(hf_checkpoint, tmp_path):
+    """MiniMax-M2 stores `num_mtp_modules` MTP layers after the decoder's: not loaded."""
+    from safetensors.torch import load_file, save_file
+
+    src, _ = hf_checkpoint("minimax_m2")
+    dst = tmp_path / "mtp"
+    shutil.copytree(src, dst)
+    tensors = load_file(str(dst / "model.safetensors"))
+    tensors["model.layers.2.self_attn.q_proj.weight"] = torch.zeros(128, 64)
+    save_file(tensors, str(dst / "model.safetensors"))
+    cfg = json.loads((dst / "config.json").read_text())
+    (dst / "config.json").write_text(json.dumps({**cfg, "num_mtp_modules": 1}))
+    assert load_model_args(str(dst)).extra_layers == 1
+    with Engine(str(dst), kv_cache_tokens=512, dtype="float32") as engine:
+        assert len(engine.generate(input_ids=PROMPTS[0], sampling_params=GREEDY)["output_ids"]) == 12
+    (dst / "config.json").write_text(json.dumps({**cfg, "num_mtp_modules": True}))
+    with pytest.raises(ValueError, match="num_mtp_modules must be an integer >= 0"):
+        load_model_args(str(dst))
