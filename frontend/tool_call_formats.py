@@ -18,7 +18,7 @@ import re
 from collections.abc import Callable, Mapping, Set
 
 from radixflow.frontend.harmony import HarmonyChoiceParser
-from radixflow.frontend.xml_calls import Glm45Parser, Qwen3CoderParser
+from radixflow.frontend.xml_calls import Glm45Parser, MiniMaxM2Parser, Qwen3CoderParser
 from radixflow.frontend.tool_calls import (
     ArgsReader, Call, CallListReader, CallReader, Content, Event, FirstCallOnly, HermesParser, Parser, StateParser,
     call_events,
@@ -349,8 +349,9 @@ PARSERS: dict[str, Callable[[Set[str]], Parser]] = {
     "hermes": HermesParser, "llama3_json": Llama3JsonParser, "mistral": MistralParser, "pythonic": PythonicParser,
     "qwen3_coder": Qwen3CoderParser, "glm45": Glm45Parser, "glm47": Glm45Parser, "granite": GraniteParser,
     "phi4_mini_json": Phi4MiniParser, "gpt_oss": lambda names: HarmonyChoiceParser(names, reasoning=False),
+    "minimax_m2": MiniMaxM2Parser,
 }
-TYPED = (Qwen3CoderParser, Glm45Parser)  # the formats whose values are raw text: they need the parameters' types
+TYPED = (Qwen3CoderParser, Glm45Parser, MiniMaxM2Parser)  # the formats whose values are raw text: they need the parameters' types
 
 
 # other servers' names for a format: gpt-oss's is SGLang's gpt-oss and vLLM's openai

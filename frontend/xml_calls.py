@@ -9,12 +9,20 @@ arguments object as they are written: Qwen3-Coder's (`--tool-call-parser qwen3_c
     </function>
     </tool_call>
 
-and GLM-4.5's and 4.7's (`glm45`, `glm47`)
+GLM-4.5's and 4.7's (`glm45`, `glm47`)
 
     <tool_call>get_weather
     <arg_key>city</arg_key>
     <arg_value>Paris</arg_value>
     </tool_call>
+
+and MiniMax-M2's (`minimax_m2`), several calls in one block
+
+    <minimax:tool_call>
+    <invoke name="get_weather">
+    <parameter name="city">Paris</parameter>
+    </invoke>
+    </minimax:tool_call>
 
 A call starts once its function names one of the tools, and its arguments open with it. A
 parameter whose schema type is "string" streams as a JSON string while it is written; any other
@@ -38,6 +46,8 @@ from radixflow.runtime.text.reasoning import partial_tag
 FUNCTION, PARAMETER = "<function=", "<parameter="
 END_FUNCTION, END_PARAMETER = "</function>", "</parameter>"
 ARG_KEY, END_ARG_KEY, ARG_VALUE, END_ARG_VALUE = "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"
+MINIMAX_OPEN, MINIMAX_CLOSE = "<minimax:tool_call>", "</minimax:tool_call>"
+INVOKE, NAMED_PARAMETER, END_INVOKE = "<invoke name=", "<parameter name=", "</invoke>"
 MAX_NAME = 256  # characters of a function or parameter name: past that, no name is coming
 
 
@@ -90,6 +100,7 @@ class _XmlCallsParser(StateParser):
     block's end and breaks are read here. `strings`: per tool, its string-typed parameters
     (streamed as they are written). Content is trimmed where calls were (`Content`)."""
 
+    block_open, block_close = OPEN, CLOSE  # a block's tags
     end_value = ""  # the closing tag of a value
     strip_all = False  # all whitespace around a value is layout (else one newline each side)
 
@@ -109,7 +120,7 @@ class _XmlCallsParser(StateParser):
         if self._state in ("text", "broken"):
             self._content.text(self._buf, out)  # broken: no closing tag came after the break
         elif self._state == "block":
-            self._content.text(OPEN + self._buf, out)
+            self._content.text(self.block_open + self._buf, out)
         elif self._state == "value" and self._buf.strip():  # cut short: the arguments stay unfinished
             out.append(CallArgs(_escaped(self._buf) if self._string else _json_value(self._buf)))
         self._buf, self._state = "", "text"
@@ -117,9 +128,9 @@ class _XmlCallsParser(StateParser):
         return out
 
     def _text(self, out: list[Event]) -> bool:
-        self._buf, found = self._content.until(self._buf, OPEN, out)
+        self._buf, found = self._content.until(self._buf, self.block_open, out)
         if found:
-            self._buf, self._state = self._buf[len(OPEN):], "block"
+            self._buf, self._state = self._buf[len(self.block_open):], "block"
         return found
 
     def _start(self, name: str, body: str, out: list[Event]) -> bool:
@@ -131,7 +142,7 @@ class _XmlCallsParser(StateParser):
         return True
 
     def _not_a_call(self, out: list[Event]) -> bool:
-        self._content.text(OPEN, out)  # the block is text, as written
+        self._content.text(self.block_open, out)  # the block is text, as written
         self._state = "text"
         return True
 
@@ -190,10 +201,10 @@ class _XmlCallsParser(StateParser):
     def _after(self, out: list[Event]) -> bool:
         """After `</function>`: the block's closing tag, or text (a model that left it out)."""
         body = self._buf.lstrip()
-        if body.startswith(CLOSE):
-            self._buf, self._state = body[len(CLOSE):], "text"
+        if body.startswith(self.block_close):
+            self._buf, self._state = body[len(self.block_close):], "text"
             return True
-        if not body or CLOSE.startswith(body):
+        if not body or self.block_close.startswith(body):
             return False
         self._state = "text"
         return True
@@ -201,15 +212,15 @@ class _XmlCallsParser(StateParser):
     def _broken(self, out: list[Event]) -> bool:
         """After a break in a started call: the block's rest is dropped up to its closing tag;
         up to a new block, it is content."""
-        close, again = self._buf.find(CLOSE, self._scan), self._buf.find(OPEN, self._scan)
+        close, again = self._buf.find(self.block_close, self._scan), self._buf.find(self.block_open, self._scan)
         if close >= 0 and (again < 0 or close < again):
-            self._buf, self._state = self._buf[close + len(CLOSE):], "text"
+            self._buf, self._state = self._buf[close + len(self.block_close):], "text"
             return True
         if again >= 0:
             self._content.text(self._buf[:again], out)
             self._buf, self._state = self._buf[again:], "text"
             return True
-        self._scan = max(0, len(self._buf) - len(CLOSE) + 1)
+        self._scan = max(0, len(self._buf) - len(self.block_close) + 1)
         return False
 
     def _break(self) -> bool:
@@ -246,7 +257,7 @@ class Qwen3CoderParser(_XmlCallsParser):
         key, end = _tag(body, PARAMETER)
         if key is not None:
             return self._key(key, body[end:], out)
-        closed = self._close(body, ((END_FUNCTION, "after"), (CLOSE, "text")), out)
+        closed = self._close(body, ((END_FUNCTION, "after"), (self.block_close, "text")), out)
         if closed or closed is None or end < 0:
             return bool(closed)
         return self._break()
@@ -262,7 +273,7 @@ class Glm45Parser(_XmlCallsParser):
 
     def _block(self, out: list[Event]) -> bool:
         body = self._buf.lstrip()
-        ends = [at for at in (body.find("\n"), body.find(ARG_KEY), body.find(CLOSE)) if at >= 0]
+        ends = [at for at in (body.find("\n"), body.find(ARG_KEY), body.find(self.block_close)) if at >= 0]
         at = min(ends, default=len(body))
         if at > MAX_NAME:
             return self._not_a_call(out)
@@ -278,7 +289,60 @@ class Glm45Parser(_XmlCallsParser):
             if rest.startswith(ARG_VALUE):
                 return self._key(body[len(ARG_KEY):end].strip(), rest[len(ARG_VALUE):], out)
             return False if ARG_VALUE.startswith(rest) else self._break()
-        closed = self._close(body, ((CLOSE, "text"),), out)
+        closed = self._close(body, ((self.block_close, "text"),), out)
         if closed or closed is None or ARG_KEY.startswith(body):
             return bool(closed)
         return self._break()
+
+
+def _unquoted(name: str) -> str:
+    """A tag attribute's value without the quotes around it."""
+    name = name.strip()
+    return name[1:-1] if len(name) >= 2 and name[0] == name[-1] and name[0] in "\"'" else name
+
+
+class MiniMaxM2Parser(_XmlCallsParser):
+    """MiniMax-M2: `<minimax:tool_call><invoke name="NAME"><parameter name="KEY">value</parameter>
+    ...</invoke>...</minimax:tool_call>`, any number of invokes in a block; a missing `</invoke>`
+    is forgiven, and an invoke of no tool after a call breaks the block (its rest is dropped)."""
+
+    block_open, block_close = MINIMAX_OPEN, MINIMAX_CLOSE
+    end_value = END_PARAMETER
+
+    def __init__(self, names: Set[str], strings: Mapping[str, Set[str]] | None = None) -> None:
+        super().__init__(names, strings)
+        self._inner = False  # a call of this block came before: an invoke now is not the block's opening
+
+    def _block(self, out: list[Event]) -> bool:
+        body = self._buf.lstrip()
+        name, end = _tag(body, INVOKE)
+        if name is None:
+            return False if end < 0 else (self._break() if self._inner else self._not_a_call(out))
+        if self._inner and _unquoted(name) not in self.names:
+            return self._break()
+        return self._start(_unquoted(name), body[end:], out)
+
+    def _text(self, out: list[Event]) -> bool:
+        self._inner = False
+        return super()._text(out)
+
+    def _function(self, out: list[Event]) -> bool:
+        body = self._buf.lstrip()
+        key, end = _tag(body, NAMED_PARAMETER)
+        if key is not None:
+            return self._key(_unquoted(key), body[end:], out)
+        closed = self._close(body, ((END_INVOKE, "after"), (self.block_close, "text")), out)
+        if closed or closed is None or end < 0:
+            return bool(closed)
+        return self._break()
+
+    def _after(self, out: list[Event]) -> bool:
+        """After `</invoke>`: the block's next invoke, its closing tag, or text (a model that left
+        the closing tag out)."""
+        body = self._buf.lstrip()
+        if body.startswith(INVOKE):
+            self._buf, self._state, self._inner = body, "block", True
+            return True
+        if not body or any(tag.startswith(body) for tag in (INVOKE, self.block_close)):
+            return False
+        return super()._after(out)

@@ -12,7 +12,7 @@ from text_pieces import every_split, merged, run  # noqa: E402  (tests/frontend 
 from radixflow.frontend.tool_call_formats import (
     PARSERS, GraniteParser, Llama3JsonParser, MistralParser, Phi4MiniParser, PythonicParser, auto_parser,
 )
-from radixflow.frontend.xml_calls import Glm45Parser, Qwen3CoderParser
+from radixflow.frontend.xml_calls import Glm45Parser, MiniMaxM2Parser, Qwen3CoderParser
 from radixflow.frontend.tool_calls import (
     Call, CallArgs, CallStart, FirstCallOnly, HermesParser, JsonCallsParser, whole,
 )
@@ -351,6 +351,44 @@ def test_glm45_streams_string_values_holding_back_trailing_whitespace():
     assert parser.feed("x</arg_value></tool_call>") == [CallArgs(' \\nx"'), CallArgs("}")]
 
 
+def _minimax(*calls):
+    """A MiniMax-M2 block: (name, {key: value}) invokes, one block holding them all."""
+    body = "".join(f'<invoke name="{name}">\n' + "".join(f'<parameter name="{k}">{v}</parameter>\n'
+                                                          for k, v in params.items()) + "</invoke>\n"
+                   for name, params in calls)
+    return f"<minimax:tool_call>\n{body}</minimax:tool_call>"
+
+
+MINIMAX = [
+    ("plain text, no call", 'Hello <invoke name="add"> <minimax', ['Hello <invoke name="add"> <minimax']),
+    ("one call", _minimax(("get_weather", {"city": "Paris"})), [WEATHER]),
+    ("two calls in one block, text around", "Let me check.\n" + _minimax(("get_weather", {"city": "Paris"}),
+                                                                       ("add", {"a": 1})) + "\nDone.",
+     ["Let me check.", WEATHER, ADD1, "\nDone."]),
+    ("two blocks", _minimax(("get_weather", {"city": "Paris"})) + _minimax(("add", {"a": 1})), [WEATHER, ADD1]),
+    ("single quotes, and values typed by the schemas",
+     "<minimax:tool_call><invoke name='add'><parameter name='a'>[1, 2]</parameter>"
+     "<parameter name='b'>True</parameter></invoke></minimax:tool_call>", [Call("add", '{"a": [1, 2], "b": true}')]),
+    ("a string keeps its inner newlines", _minimax(("get_weather", {"city": "\nline 1\n  line 2\n"})),
+     [Call("get_weather", '{"city": "line 1\\n  line 2"}')]),
+    ("no parameters", '<minimax:tool_call><invoke name="add"></invoke></minimax:tool_call>', [Call("add", "{}")]),
+    ("an unknown tool stays content", _minimax(("rm", {"path": "/"})), [_minimax(("rm", {"path": "/"}))]),
+    ("a missing </invoke> is forgiven", '<minimax:tool_call><invoke name="add"><parameter name="a">1</parameter>'
+                                        "</minimax:tool_call> ok", [ADD1, "ok"]),
+    ("text in a call breaks it: its rest is dropped up to the closing tag",
+     '<minimax:tool_call><invoke name="add"><parameter name="a">1</parameter>oops</invoke></minimax:tool_call> ok',
+     [Call("add", '{"a": 1'), "ok"]),
+    ("an unclosed call that started keeps its unfinished arguments",
+     'x <minimax:tool_call><invoke name="get_weather"><parameter name="city">Par', ["x", Call("get_weather", '{"city": "Par')]),
+]
+
+
+@pytest.mark.parametrize("text,expected", [c[1:] for c in MINIMAX], ids=[c[0] for c in MINIMAX])
+def test_minimax_m2(text, expected):
+    for pieces in every_split(text):
+        assert merged(run(MiniMaxM2Parser(NAMES, STRINGS), pieces)) == expected, pieces
+
+
 def test_qwen3_coder_types_come_from_the_tools_schemas():
     """A request's string-typed parameters stay strings even when they read as JSON; others are JSON."""
     import msgspec
@@ -460,12 +498,13 @@ def test_parsers_by_flag_name():
     from radixflow.frontend.tool_call_formats import check_parser_name
 
     assert set(PARSERS) == {"hermes", "llama3_json", "mistral", "pythonic", "qwen3_coder", "glm45", "glm47",
-                            "granite", "phi4_mini_json", "gpt_oss"}
+                            "granite", "phi4_mini_json", "gpt_oss", "minimax_m2"}
     assert isinstance(auto_parser("mistral", NAMES, parallel=True), MistralParser)
     assert isinstance(auto_parser("openai", NAMES, parallel=True), HarmonyChoiceParser)  # vLLM's name for it
     assert check_parser_name("gpt-oss") == check_parser_name("openai") == "gpt_oss"
     with pytest.raises(ValueError, match="--tool-call-parser must be one of hermes, llama3_json, mistral, "
-                                         "pythonic, qwen3_coder, glm45, glm47, granite, phi4_mini_json, gpt_oss; "
+                                         "pythonic, qwen3_coder, glm45, glm47, granite, phi4_mini_json, gpt_oss, "
+                                         "minimax_m2; "
                                          "got 'qwen'"):
         auto_parser("qwen", NAMES, parallel=True)
 

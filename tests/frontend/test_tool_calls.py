@@ -185,6 +185,9 @@ TWO_CALLS = {
     "glm45": ("Checking.\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Rome</arg_value>\n"
               "<arg_key>days</arg_key>\n<arg_value>2</arg_value>\n</tool_call>\n<tool_call>add\n<arg_key>a</arg_key>\n"
               "<arg_value>3</arg_value>\n</tool_call>", "Checking."),
+    "minimax_m2": ('Checking.\n<minimax:tool_call>\n<invoke name="get_weather">\n<parameter name="city">Rome</parameter>\n'
+                   '<parameter name="days">2</parameter>\n</invoke>\n<invoke name="add">\n<parameter name="a">3</parameter>\n'
+                   "</invoke>\n</minimax:tool_call>", "Checking."),
 }
 
 
