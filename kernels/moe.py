@@ -41,9 +41,11 @@ def moe_route(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tup
 
 
 def moe_route_grouped(router_logits: torch.Tensor, top_k: int, renormalize: bool, correction: torch.Tensor,
-                      n_group: int, topk_group: int, scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """DeepSeek-V3's and GLM-4.5's routing: router_logits [T, E] → (weights fp32 [T, k], expert ids
-    int64 [T, k]). Each expert's score is sigmoid(logit); `correction` [E] added to the scores ranks
+                      n_group: int, topk_group: int, scaling: float,
+                      scoring: str = "sigmoid") -> tuple[torch.Tensor, torch.Tensor]:
+    """DeepSeek-V3's and GLM-4.5's routing (MiniMax-M2's with one group; ERNIE 4.5 MoE's with
+    softmax `scoring`): router_logits [T, E] → (weights fp32 [T, k], expert ids int64 [T, k]).
+    Each expert's score is sigmoid(logit) (or the softmax's); `correction` [E] added to the scores ranks
     the groups (E / n_group experts each, by the sum of each group's top two), the best `topk_group`
     groups hold the candidates, and the k best of them by corrected score are chosen; their plain
     scores are the weights, renormalized to sum to 1 when `renormalize`, then times `scaling`."""
@@ -53,7 +55,9 @@ def moe_route_grouped(router_logits: torch.Tensor, top_k: int, renormalize: bool
           f"n_group {n_group} must divide the {experts} experts and topk_group {topk_group} be in [1, n_group]")
     check(1 <= top_k <= topk_group * (experts // n_group),
           f"top_k must be in [1, {topk_group * (experts // n_group)}], got {top_k}")
-    scores = torch.sigmoid(router_logits.float())
+    check(scoring in ("sigmoid", "softmax"), f"scoring must be sigmoid or softmax, got {scoring!r}")
+    logits = router_logits.float()
+    scores = torch.sigmoid(logits) if scoring == "sigmoid" else torch.softmax(logits, dim=-1)
     chosen = scores + correction.float()
     if n_group > 1:
         groups = chosen.view(tokens, n_group, -1).topk(2, dim=-1).values.sum(dim=-1)  # [T, n_group]

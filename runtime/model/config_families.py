@@ -11,7 +11,8 @@ from radixflow.runtime.model.config_fields import check_positive_int, check_posi
 GEMMA_ARCHITECTURES = ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
 # mixture-of-experts families: a router sends each token to its top-k experts' MLPs
 MOE_ARCHITECTURES = ("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "GraniteMoeForCausalLM",
-                     "OlmoeForCausalLM", "GptOssForCausalLM", "Glm4MoeForCausalLM", "MiniMaxM2ForCausalLM")
+                     "OlmoeForCausalLM", "GptOssForCausalLM", "Glm4MoeForCausalLM", "MiniMaxM2ForCausalLM",
+                     "Ernie4_5_MoeForCausalLM")
 GRANITE_ARCHITECTURES = ("GraniteForCausalLM", "GraniteMoeForCausalLM")
 # a config's activation name → ModelArgs.hidden_act: of the gated MLPs (act(gate) * up), and of the
 # MLPs without a gate (act(up): Arcee's squared ReLU, Apertus' xIELU with its learned scalars)
@@ -58,6 +59,8 @@ _FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
     "Starcoder2ForCausalLM": {"num_key_value_heads": 2, "use_bias": True, "tie_word_embeddings": True},
     "Glm4MoeForCausalLM": {"num_key_value_heads": 8, "rms_norm_eps": 1e-5, "max_position_embeddings": 131072,
                            "n_routed_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 1408},
+    "Ernie4_5_MoeForCausalLM": {"num_key_value_heads": 4, "rms_norm_eps": 1e-5, "max_position_embeddings": 131072,
+                                "tie_word_embeddings": True},
     "MiniMaxM2ForCausalLM": {"num_key_value_heads": 8, "max_position_embeddings": 196608, "head_dim": 128,
                              "num_experts_per_tok": 8},
     "GptOssForCausalLM": {"num_key_value_heads": 8, "rms_norm_eps": 1e-5, "max_position_embeddings": 131072,
@@ -100,7 +103,7 @@ def bias_fields(cfg: dict[str, Any], arch: str) -> dict[str, bool]:
     if arch in ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM"):
         qkv = flag(cfg, "qkv_bias", True) if arch == "Qwen2MoeForCausalLM" else True
         return {"qkv_bias": qkv, "o_bias": False, "mlp_bias": False}
-    if arch in ("Ernie4_5ForCausalLM", "Starcoder2ForCausalLM"):
+    if arch in ("Ernie4_5ForCausalLM", "Ernie4_5_MoeForCausalLM", "Starcoder2ForCausalLM"):
         use_bias = flag(cfg, "use_bias", False)
         return {"qkv_bias": use_bias, "o_bias": use_bias, "mlp_bias": use_bias}
     if arch in GLM_ARCHITECTURES + ("Glm4MoeForCausalLM",):
@@ -301,10 +304,42 @@ def _glm4_moe_fields(cfg: dict[str, Any], num_layers: int) -> dict[str, Any]:
     return {"num_experts": experts, "num_experts_per_tok": required(cfg, "num_experts_per_tok"),
             "moe_intermediate_size": inter, "norm_topk_prob": flag(cfg, "norm_topk_prob", True),
             "moe_layers": tuple(range(first, num_layers)), "shared_expert_intermediate_size": inter * shared,
-            "shared_expert_gate": False, "router_scoring": "sigmoid", "n_group": optional(cfg, "n_group", 1),
+            "shared_expert_gate": False, "router_scoring": "sigmoid", "router_correction": True,
+            "n_group": optional(cfg, "n_group", 1),
             "topk_group": optional(cfg, "topk_group", 1),
             "routed_scaling_factor": optional(cfg, "routed_scaling_factor", 1.0),
             "extra_layers": optional(cfg, "num_nextn_predict_layers", 0)}
+
+
+def _ernie_moe_fields(cfg: dict[str, Any], num_layers: int) -> dict[str, Any]:
+    """ERNIE 4.5 MoE's experts (Ernie4_5_MoeConfig's fields, its aliases num_experts and
+    num_experts_per_tok too): `moe_num_experts` of `moe_intermediate_size` in the layers i with
+    (i + 1) % moe_layer_interval == 0 from moe_layer_start_index to moe_layer_end_index (-1: the
+    last), dense MLPs elsewhere; `moe_num_shared_experts` of that width as one ungated shared
+    expert; softmax scores, the correction bias
+    (moe_statics) choosing, the chosen renormalized; `num_nextn_predict_layers` MTP layers after."""
+    experts = optional(cfg, "moe_num_experts", optional(cfg, "num_experts", 64))
+    top_k = optional(cfg, "moe_k", optional(cfg, "num_experts_per_tok", 6))
+    inter, shared = required(cfg, "moe_intermediate_size"), optional(cfg, "moe_num_shared_experts", 2)
+    start, end = optional(cfg, "moe_layer_start_index", 1), optional(cfg, "moe_layer_end_index", -1)
+    interval, mtp = optional(cfg, "moe_layer_interval", 1), optional(cfg, "num_nextn_predict_layers", 0)
+    for name, value in (("moe_num_experts", experts), ("moe_k", top_k), ("moe_intermediate_size", inter),
+                        ("moe_layer_interval", interval)):
+        check_positive_int(name, value)
+    for name, value in (("moe_num_shared_experts", shared), ("moe_layer_start_index", start),
+                        ("num_nextn_predict_layers", 0 if mtp is None else mtp)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+    if isinstance(end, bool) or not isinstance(end, int) or end < -1:
+        raise ValueError(f"moe_layer_end_index must be an integer >= -1, got {end!r}")
+    if flag(cfg, "use_bias", False):  # transformers gives the LM head a bias then, which is not served here
+        raise ValueError("use_bias true is not supported for Ernie4_5_MoeForCausalLM (its LM head's bias)")
+    end = num_layers - 1 if end == -1 else end
+    return {"num_experts": experts, "num_experts_per_tok": top_k, "moe_intermediate_size": inter,
+            "norm_topk_prob": True, "moe_layers": tuple(i for i in range(num_layers)
+                                                        if (i + 1) % interval == 0 and start <= i <= end),
+            "shared_expert_intermediate_size": inter * shared, "shared_expert_gate": False, "router_correction": True,
+            "extra_layers": mtp or 0}
 
 
 def layer_types_of(cfg: dict[str, Any], num_layers: int, pattern: Any) -> list[str]:
@@ -374,6 +409,8 @@ def moe_fields(cfg: dict[str, Any], arch: str) -> dict[str, Any]:
     check_positive_int("num_hidden_layers", num_layers)
     if arch == "Glm4MoeForCausalLM":
         return _glm4_moe_fields(cfg, num_layers)
+    if arch == "Ernie4_5_MoeForCausalLM":
+        return _ernie_moe_fields(cfg, num_layers)
     experts = cfg.get("num_local_experts")
     experts = cfg.get("num_experts") if experts is None else experts  # GptOssConfig's alias, others' name
     if experts is None and arch in ("GptOssForCausalLM", "MiniMaxM2ForCausalLM"):
@@ -394,7 +431,7 @@ def moe_fields(cfg: dict[str, Any], arch: str) -> dict[str, Any]:
             mtp = optional(cfg, "num_mtp_modules", 0)  # stored after the decoder's (not run)
             if isinstance(mtp, bool) or not isinstance(mtp, int) or mtp < 0:
                 raise ValueError(f"num_mtp_modules must be an integer >= 0, got {mtp!r}")
-            fields.update(router_scoring="sigmoid", extra_layers=mtp)
+            fields.update(router_scoring="sigmoid", router_correction=True, extra_layers=mtp)
         if arch == "GptOssForCausalLM":  # biases on the router and the experts; the clamped SwiGLU
             fields.update(router_bias=True, expert_bias=True, expert_act="swiglu_clamped",
                           swiglu_alpha=optional(cfg, "swiglu_alpha", 1.702),

@@ -246,15 +246,15 @@ def ungated_act(up: torch.Tensor, act: str, xielu: tuple[torch.Tensor, ...] | No
 
 class MLP(nn.Module):
     """The dense SwiGLU MLP (gate_up_proj: | gate | up |), or without a gate (ModelArgs.gated_mlp false:
-    gate_up_proj holds up alone); `lora` False for one that adapters do not reach (Qwen2-MoE's
-    shared expert)."""
+    gate_up_proj holds up alone); `lora` False for one that adapters do not reach (a shared
+    expert), `bias` its biases (default: ModelArgs.mlp_bias)."""
 
     def __init__(self, args: ModelArgs, layer_id: int, intermediate_size: int | None = None,
-                 lora: bool = True) -> None:
+                 lora: bool = True, bias: bool | None = None) -> None:
         super().__init__()
         self.layer_id, self.lora, self.act, self.gated = layer_id, lora, args.hidden_act, args.gated_mlp
         self.intermediate_size = args.intermediate_size if intermediate_size is None else intermediate_size
-        bias = args.mlp_bias and lora  # Qwen2-MoE's shared expert: never
+        bias = args.mlp_bias if bias is None else bias  # a shared expert: none
         width = 2 * self.intermediate_size if self.gated else self.intermediate_size
         self.gate_up_proj = nn.Linear(args.hidden_size, width, bias=bias)
         self.down_proj = nn.Linear(self.intermediate_size, args.hidden_size, bias=bias)
@@ -294,14 +294,14 @@ class SparseMoE(nn.Module):
         self.experts_down_bias = nn.Parameter(torch.empty(experts, args.hidden_size)) if args.expert_bias else None
         self.swiglu = (args.swiglu_alpha, args.swiglu_limit) if args.expert_act == "swiglu_clamped" else None
         # GLM-4.5: sigmoid scores, grouped, with the router's correction bias (kernels.moe_route_grouped)
-        self.grouping = (args.n_group, args.topk_group, args.routed_scaling_factor)
-        self.router_correction = nn.Parameter(torch.empty(experts)) if args.router_scoring == "sigmoid" else None
+        self.grouping = (args.n_group, args.topk_group, args.routed_scaling_factor, args.router_scoring)
+        self.router_correction = nn.Parameter(torch.empty(experts)) if args.router_correction else None
         # CPU bf16: each expert's (gate | up, down) on the packed layout (packed_linear.prepack_linears)
         self.packed_experts: list[tuple[nn.Module, nn.Module]] | None = None
         self.shared_expert: MLP | None = None
         self.shared_expert_gate: nn.Linear | None = None
         if args.shared_expert_intermediate_size:
-            self.shared_expert = MLP(args, layer_id, args.shared_expert_intermediate_size, lora=False)
+            self.shared_expert = MLP(args, layer_id, args.shared_expert_intermediate_size, lora=False, bias=False)
             if args.shared_expert_gate:
                 self.shared_expert_gate = nn.Linear(args.hidden_size, 1, bias=False)
 

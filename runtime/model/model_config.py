@@ -22,7 +22,7 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCa
                            "Gemma3ForCausalLM", "SeedOssForCausalLM", "InternLM3ForCausalLM", "Ernie4_5ForCausalLM",
                            "GlmForCausalLM", "Glm4ForCausalLM", "Exaone4ForCausalLM", "HunYuanDenseV1ForCausalLM",
                            "ArceeForCausalLM", "ApertusForCausalLM", "Starcoder2ForCausalLM", "GptOssForCausalLM",
-                           "Glm4MoeForCausalLM", "MiniMaxM2ForCausalLM")
+                           "Glm4MoeForCausalLM", "MiniMaxM2ForCausalLM", "Ernie4_5_MoeForCausalLM")
 
 
 # OLMo 2 and 3: norms after attention and MLP (none before), q / k normed over the whole projection
@@ -81,6 +81,7 @@ class ModelArgs:
     # candidates, of which the top-k are taken; their plain scores renormalized and scaled by
     # routed_scaling_factor. Its shared expert has no gate (Qwen2-MoE's: shared_expert_gate).
     router_scoring: str = "softmax"  # or "sigmoid"
+    router_correction: bool = False  # a correction bias chooses the experts (GLM-4.5, MiniMax-M2, ERNIE 4.5 MoE)
     n_group: int = 1
     topk_group: int = 1
     routed_scaling_factor: float = 1.0
@@ -313,7 +314,7 @@ def model_args_from_dict(cfg: dict[str, Any]) -> ModelArgs:
         # transformers' defaults
         tie_word_embeddings=flag(cfg, "tie_word_embeddings", arch == "SmolLM3ForCausalLM" or is_gemma),
         **bias_fields(cfg, arch),
-        rope_interleaved=arch in GLM_ARCHITECTURES + ("Ernie4_5ForCausalLM",),
+        rope_interleaved=arch in GLM_ARCHITECTURES + ("Ernie4_5ForCausalLM", "Ernie4_5_MoeForCausalLM"),
         fused_qkv=arch == "Phi3ForCausalLM",
         fused_gate_up=arch in GLM_ARCHITECTURES + ("Phi3ForCausalLM",),
         nope_layers=nope_layers(cfg) if arch == "SmolLM3ForCausalLM" else family.pop("nope_layers", ()),  # before **family

@@ -11,7 +11,8 @@ from typing import Any
 from radixflow.runtime.model.config_families import GLM_ARCHITECTURES
 from radixflow.runtime.model.config_fields import check_positive_int, check_positive_number, optional
 
-_DEFAULT_THETAS = {"Ernie4_5ForCausalLM": 500_000.0, "MixtralForCausalLM": 1_000_000.0,
+_DEFAULT_THETAS = {"Ernie4_5ForCausalLM": 500_000.0, "Ernie4_5_MoeForCausalLM": 500_000.0,
+                   "MixtralForCausalLM": 1_000_000.0,
                    "SmolLM3ForCausalLM": 2_000_000.0, "GptOssForCausalLM": 150_000.0,
                    "MiniMaxM2ForCausalLM": 5_000_000.0}
 

@@ -217,7 +217,8 @@ _QK_NORM_NAMES = {"HunYuanDenseV1ForCausalLM": ("query_layernorm", "key_layernor
 _EXPERT_NAMES = {"MixtralForCausalLM": ("block_sparse_moe", ("w1", "w3", "w2")),
                  "MiniMaxM2ForCausalLM": ("block_sparse_moe", ("w1", "w3", "w2"))}
 # where a sigmoid router's correction bias is kept, beside the experts' block: GLM-4.5's on its router
-_CORRECTION_NAMES = {"MiniMaxM2ForCausalLM": "e_score_correction_bias"}
+_CORRECTION_NAMES = {"MiniMaxM2ForCausalLM": "e_score_correction_bias",
+                     "Ernie4_5_MoeForCausalLM": "moe_statics.e_score_correction_bias"}  # ERNIE's [1, E]
 # GraniteMoE stores its experts stacked: gate | up as input_linear [E, 2I, H], down as output_linear
 _QWEN_EXPERT_NAMES = ("mlp", ("gate_proj", "up_proj", "down_proj"))
 
@@ -241,7 +242,7 @@ def _expert_sources(args: ModelArgs, p: str, ours: str) -> dict[str, list[str]]:
     src = {ours + "mlp.gate.weight": [f"{p}{block}.gate.weight"],
            ours + "mlp.experts_gate_up": [e + f"{w}.weight" for e in experts for w in (gate, up)],
            ours + "mlp.experts_down": [e + f"{down}.weight" for e in experts]}
-    if args.router_scoring == "sigmoid":  # the correction bias beside the router (GLM-4.5) or the block (MiniMax-M2)
+    if args.router_correction:  # the correction bias beside the router (GLM-4.5) or in the block (MiniMax-M2, ERNIE)
         stored = _CORRECTION_NAMES.get(args.architecture, "gate.e_score_correction_bias")
         src[ours + "mlp.router_correction"] = [f"{p}{block}.{stored}"]
     if args.shared_expert_intermediate_size:  # Qwen2-MoE's shared_expert, GLM-4.5's shared_experts
@@ -257,6 +258,8 @@ def _from_stored_layout(args: ModelArgs, name: str, tensor: torch.Tensor) -> tor
     """Checkpoint tensor `tensor` for our parameter `name` in our layout. gpt-oss stores its experts
     as x @ W (gate_up [E, H, 2I], down [E, I, H]; ours are [E, out, in]) with gate and up
     interleaved (columns 2j, 2j + 1; ours | gate | up |), their biases likewise."""
+    if name.endswith(".mlp.router_correction"):  # ERNIE 4.5 MoE keeps it as one group's row [1, E]
+        return tensor.reshape(-1) if tensor.dim() == 2 and tensor.shape[0] == 1 else tensor
     if args.architecture != "GptOssForCausalLM" or ".mlp.experts_" not in name:
         return tensor
     if tensor.dim() == 3:

@@ -107,6 +107,11 @@ def _hf_config(family: str, vocab_size: int, heads: int = 8):
                                 n_shared_experts=1, n_group=4, topk_group=2, first_k_dense_replace=1,
                                 routed_scaling_factor=2.5, use_qk_norm=True, attention_bias=True,
                                 tie_word_embeddings=False)
+    if family == "ernie4_5_moe":  # ERNIE 4.5 MoE: layer 0 dense, then experts chosen by softmax score plus a
+        # correction bias, an ungated shared expert; RoPE in interleaved pairs
+        return tf.Ernie4_5_MoeConfig(**{**common, "num_hidden_layers": 3}, moe_intermediate_size=32, moe_num_experts=8,
+                                     moe_k=2, moe_num_shared_experts=1, moe_layer_start_index=1, use_bias=False,
+                                     tie_word_embeddings=False)
     if family == "minimax_m2":  # sigmoid routing with a correction bias; q / k normed over the whole projection,
         # 3/4 of each head rotated (the released configs' rotary_dim)
         cfg = tf.MiniMaxM2Config(**{**common, "intermediate_size": 32}, num_local_experts=8, num_experts_per_tok=2,
@@ -132,7 +137,7 @@ _CLASSES = {"llama3": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
             "glm": "GlmForCausalLM", "glm4": "Glm4ForCausalLM", "exaone4": "Exaone4ForCausalLM",
             "hunyuan": "HunYuanDenseV1ForCausalLM", "arcee": "ArceeForCausalLM", "apertus": "ApertusForCausalLM",
             "starcoder2": "Starcoder2ForCausalLM", "gpt_oss": "GptOssForCausalLM", "glm4_moe": "Glm4MoeForCausalLM",
-            "minimax_m2": "MiniMaxM2ForCausalLM",
+            "minimax_m2": "MiniMaxM2ForCausalLM", "ernie4_5_moe": "Ernie4_5_MoeForCausalLM",
             "olmo2": "Olmo2ForCausalLM", "olmo3": "Olmo3ForCausalLM", "olmoe": "OlmoeForCausalLM", "gemma": "GemmaForCausalLM",
             "gemma2": "Gemma2ForCausalLM",
             "gemma3": "Gemma3ForCausalLM"}

@@ -16,7 +16,7 @@ from radixflow.runtime.model.weights import build_model
 
 FAMILIES = ["llama3", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe", "smollm3", "granite",
             "granitemoe", "phi3", "phi3_partial", "olmo2", "olmo3", "olmoe", "gemma", "gemma2", "gemma3", "seed_oss", "internlm3", "ernie4_5", "glm", "glm4", "exaone4", "hunyuan", "arcee", "apertus", "starcoder2",
-            "gpt_oss", "glm4_moe", "minimax_m2"]
+            "gpt_oss", "glm4_moe", "minimax_m2", "ernie4_5_moe"]
 
 
 def _our_logits(model_dir: str, prompts: list[list[int]], windows: dict[int, int] | None = None) -> list[torch.Tensor]:
@@ -376,7 +376,7 @@ def test_a_partial_rotary_embedding_outside_phi3_or_odd_is_refused(tmp_path, arc
 
 @pytest.mark.parametrize("family", ["mixtral", "qwen2_moe", "smollm3", "granite", "phi3", "phi3_partial", "olmo2",
                                     "olmoe", "glm4", "ernie4_5", "hunyuan", "apertus", "starcoder2", "gpt_oss",
-                                    "glm4_moe", "minimax_m2"])
+                                    "glm4_moe", "minimax_m2", "ernie4_5_moe"])
 def test_triton_ops_path_equals_the_torch_path(hf_checkpoint, monkeypatch, family):
     """The model as CUDA runs it (fused norms, RoPE and SiLU-and-mul, the grouped Triton experts),
     here in the Triton interpreter, gives the CPU path's greedy tokens and logprobs: the families
@@ -493,7 +493,8 @@ _CONFIG_CLASSES = {"LlamaForCausalLM": "LlamaConfig", "MistralForCausalLM": "Mis
                    "Exaone4ForCausalLM": "Exaone4Config", "HunYuanDenseV1ForCausalLM": "HunYuanDenseV1Config",
                    "ArceeForCausalLM": "ArceeConfig", "ApertusForCausalLM": "ApertusConfig",
                    "Starcoder2ForCausalLM": "Starcoder2Config", "GptOssForCausalLM": "GptOssConfig",
-                   "Glm4MoeForCausalLM": "Glm4MoeConfig", "MiniMaxM2ForCausalLM": "MiniMaxM2Config"}
+                   "Glm4MoeForCausalLM": "Glm4MoeConfig", "MiniMaxM2ForCausalLM": "MiniMaxM2Config",
+                   "Ernie4_5_MoeForCausalLM": "Ernie4_5_MoeConfig"}
 
 
 def test_every_architecture_has_its_transformers_config_class():

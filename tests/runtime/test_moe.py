@@ -303,3 +303,20 @@ def test_minimax_m2_mtp_modules_are_skipped(hf_checkpoint, tmp_path):
     (dst / "config.json").write_text(json.dumps({**cfg, "num_mtp_modules": True}))
     with pytest.raises(ValueError, match="num_mtp_modules must be an integer >= 0"):
         load_model_args(str(dst))
+
+
+def test_ernie_moe_layers_and_refusals():
+    """ERNIE 4.5 MoE's experts sit in the layers i with (i + 1) % interval == 0 between the start
+    and end indices (-1: the last); use_bias (an LM head bias, not served) is refused."""
+    cfg = {"architectures": ["Ernie4_5_MoeForCausalLM"], "vocab_size": 100, "hidden_size": 64, "intermediate_size": 96,
+           "num_hidden_layers": 8, "num_attention_heads": 4, "moe_intermediate_size": 32, "moe_num_experts": 4,
+           "moe_k": 2}
+    args = model_args_from_dict({**cfg, "moe_layer_start_index": 2, "moe_layer_interval": 2})
+    assert args.moe_layers == (3, 5, 7) and args.router_correction and args.rope_interleaved
+    assert model_args_from_dict({**cfg, "moe_layer_end_index": 4}).moe_layers == (1, 2, 3, 4)
+    assert model_args_from_dict({**cfg, "num_experts": 6, "num_experts_per_tok": 3, "moe_num_experts": None,
+                                 "moe_k": None}).num_experts == 6
+    with pytest.raises(ValueError, match="use_bias true is not supported for Ernie4_5_MoeForCausalLM"):
+        model_args_from_dict({**cfg, "use_bias": True})
+    with pytest.raises(ValueError, match="moe_layer_end_index must be an integer >= -1"):
+        model_args_from_dict({**cfg, "moe_layer_end_index": -2})
