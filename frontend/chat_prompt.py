@@ -44,7 +44,7 @@ def message_text(message: ChatMessage) -> str:
 def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
     """Messages as the chat template expects them: text content, `developer` read as `system`,
     tool_calls (arguments decoded) and tool_call_id kept, an assistant turn's reasoning as
-    `reasoning_content` (sent as that or as `reasoning`)."""
+    `reasoning_content` and `thinking` (sent as `reasoning_content` or `reasoning`)."""
     out = []
     for m in messages:
         content = m.content if m.content is None else message_text(m)
@@ -56,8 +56,8 @@ def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
         if m.tool_call_id is not None:
             msg["tool_call_id"] = m.tool_call_id
         reasoning = m.reasoning_content if m.reasoning_content is not None else m.reasoning
-        if reasoning is not None:
-            msg["reasoning_content"] = reasoning  # the name thinking models' templates read
+        if reasoning is not None:  # the names thinking models' templates read: gpt-oss's `thinking`, others'
+            msg["reasoning_content"] = msg["thinking"] = reasoning
         out.append(msg)
     return out
 

@@ -271,3 +271,19 @@ def test_separate_reasoning_false_still_reads_calls_on_a_harmony_server():
     add = CALL.replace("get_weather", "add").replace('{"city": "Rome", "days": 2}', '{"a": 1}')
     assert merged(run(plan.parser(), [ANALYSIS + add + FINAL])) == [
         "The user wants the weather.", Call("add", '{"a": 1}'), "It is sunny in Rome."]
+
+
+def test_reasoning_sent_back_reaches_the_template_as_thinking_too():
+    """gpt-oss's template reads an assistant turn's analysis as `thinking` (the name transformers'
+    gpt-oss template uses); other thinking models' templates read `reasoning_content`: both are set."""
+    import msgspec
+
+    from radixflow.frontend.chat_prompt import template_messages
+    from radixflow.frontend.openai_schemas import ChatMessage
+
+    turns = [{"role": "user", "content": "Weather?"},
+             {"role": "assistant", "content": None, "reasoning": "Need the tool.",
+              "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "add", "arguments": "{}"}}]}]
+    out = template_messages([msgspec.convert(m, ChatMessage) for m in turns])
+    assert out[1]["thinking"] == out[1]["reasoning_content"] == "Need the tool."
+    assert "thinking" not in out[0]
