@@ -290,15 +290,16 @@ def _glm4_moe_fields(cfg: dict[str, Any], num_layers: int) -> dict[str, Any]:
     `moe_intermediate_size` from layer `first_k_dense_replace` on (dense MLPs of intermediate_size
     before), `n_shared_experts` of that width as one ungated shared expert, sigmoid scores with the
     router's correction bias choosing within `topk_group` of `n_group` groups, renormalized when
-    `norm_topk_prob` and scaled by `routed_scaling_factor`; `num_nextn_predict_layers` MTP layers
-    stored after the decoder's (not run)."""
+    `norm_topk_prob` and scaled by `routed_scaling_factor`; `num_nextn_predict_layers` (or
+    num_mtp_layers; 1 when absent) MTP layers stored after the decoder's (not run)."""
     experts = cfg.get("n_routed_experts", cfg.get("num_local_experts"))
     inter, shared = required(cfg, "moe_intermediate_size"), optional(cfg, "n_shared_experts", 1)
     first = optional(cfg, "first_k_dense_replace", 1)
+    mtp = optional(cfg, "num_nextn_predict_layers", optional(cfg, "num_mtp_layers", 1))  # transformers' default: 1
     for name, value in (("n_routed_experts", experts), ("moe_intermediate_size", inter)):
         check_positive_int(name, value)
     for name, value in (("n_shared_experts", shared), ("first_k_dense_replace", first),
-                        ("num_nextn_predict_layers", optional(cfg, "num_nextn_predict_layers", 0))):
+                        ("num_nextn_predict_layers", mtp)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
     return {"num_experts": experts, "num_experts_per_tok": required(cfg, "num_experts_per_tok"),
@@ -307,8 +308,7 @@ def _glm4_moe_fields(cfg: dict[str, Any], num_layers: int) -> dict[str, Any]:
             "shared_expert_gate": False, "router_scoring": "sigmoid", "router_correction": True,
             "n_group": optional(cfg, "n_group", 1),
             "topk_group": optional(cfg, "topk_group", 1),
-            "routed_scaling_factor": optional(cfg, "routed_scaling_factor", 1.0),
-            "extra_layers": optional(cfg, "num_nextn_predict_layers", 0)}
+            "routed_scaling_factor": optional(cfg, "routed_scaling_factor", 1.0), "extra_layers": mtp}
 
 
 def _ernie_moe_fields(cfg: dict[str, Any], num_layers: int) -> dict[str, Any]:

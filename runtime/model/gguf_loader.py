@@ -28,6 +28,7 @@ the Hugging Face rotate-half layout to interleaved pairs (its RoPE kernel's layo
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 
@@ -92,18 +93,20 @@ def _model_args(f: GGUFFile) -> ModelArgs:
             raise ValueError(f"GGUF metadata {arch}.{name} must be a positive integer, got {value!r}")
         return value
 
-    def float_key(name: str, default: float | None = None) -> float:
+    def float_key(name: str, default: float | None = None, positive: bool = False) -> float:
         value = key(name, default)
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ValueError(f"GGUF metadata {arch}.{name} must be a number, got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or (positive and not 0 < value < math.inf):
+            raise ValueError(f"GGUF metadata {arch}.{name} must be a {'positive ' if positive else ''}number, "
+                             f"got {value!r}")
         return float(value)
 
     hidden, num_heads = int_key("embedding_length"), int_key("attention.head_count")
     head_dim = int_key("attention.key_length", hidden // num_heads)
     rot_dim = int_key("rope.dimension_count", head_dim)
     if rot_dim > head_dim or rot_dim % 2 or (rot_dim != head_dim and arch != "phi3"):
-        raise ValueError(f"partial rotary embedding ({rot_dim} of {head_dim} dims) is not supported"
-                         + ("" if arch != "phi3" else ": an even count up to head_dim is"))
+        raise ValueError(f"GGUF metadata {arch}.rope.dimension_count {rot_dim}: a partial rotary embedding ({rot_dim} of "
+                         f"{head_dim} dims) is not supported" + ("" if arch != "phi3" else ": an even count up to "
+                                                                 "head_dim is"))
     if "rope_freqs.weight" in f.tensors:
         raise ValueError("per-dimension RoPE frequency factors (rope_freqs.weight) are not supported")
     if "token_embd.weight" not in f.tensors:
@@ -112,8 +115,9 @@ def _model_args(f: GGUFFile) -> ModelArgs:
     if scaling not in ("none", "linear"):
         raise ValueError(f"unsupported RoPE scaling {scaling!r}; supported: none, linear")
     rope_scaling = None
-    if scaling == "linear":
-        rope_scaling = {"rope_type": "linear", "factor": float_key("rope.scaling.factor")}
+    # a factor of 0 is no scaling, as llama.cpp reads it
+    if scaling == "linear" and meta.get(f"{arch}.rope.scaling.factor") != 0:
+        rope_scaling = {"rope_type": "linear", "factor": float_key("rope.scaling.factor", positive=True)}
     if arch == "phi3" and "rope_factors_long.weight" in f.tensors:
         rope_scaling = _longrope(f, float_key, int_key, rot_dim)
     eos = meta.get("tokenizer.ggml.eos_token_id")
@@ -186,7 +190,7 @@ def _longrope(f: GGUFFile, float_key: Callable[..., float], int_key: Callable[..
     scaling = {"rope_type": "longrope", **factors, "original_max_position_embeddings": original,
                "factor": context / original}
     if f.metadata.get("phi3.rope.scaling.attn_factor") is not None:
-        scaling["attention_factor"] = float_key("rope.scaling.attn_factor")
+        scaling["attention_factor"] = float_key("rope.scaling.attn_factor", positive=True)
     return scaling
 
 
@@ -194,14 +198,19 @@ def _gemma_fields(meta: dict, arch: str, num_layers: int, hidden: int, num_heads
                   float_key: Callable[..., float]) -> dict[str, object]:
     """A gemma2 / gemma3 file's ModelArgs fields as llama.cpp runs it: norms before and after
     attention and MLP, a GELU-tanh MLP, embeddings scaled by sqrt(hidden) in the model's dtype, the
-    window layers (attention.sliding_window_pattern, else every 2nd / 6th layer global), Gemma 2's
-    soft-caps, Gemma 3's window layers on RoPE base 10,000 (rope.freq_base_swa where the file has
-    it) and its q / k norms; the attention scale 1 / sqrt(head_dim), 1 / sqrt(hidden / heads) for
+    window layers (attention.sliding_window_pattern, else every 2nd / 6th layer global; a gemma3
+    file without attention.sliding_window has none), the soft-caps (Gemma 3: the final one only),
+    Gemma 3's window layers on RoPE base 10,000 (rope.freq_base_swa where the file has it) and its
+    q / k norms; the attention scale 1 / sqrt(head_dim), 1 / sqrt(hidden / heads) for
     the 27Bs (by block count, as llama.cpp tells them apart), attention.scale where the file has it."""
     window = meta.get(f"{arch}.attention.sliding_window")
-    if isinstance(window, bool) or not isinstance(window, int) or window <= 0:
+    if window is None and arch == "gemma3":  # the converter leaves it out where no layer slides
+        pattern_default = 1
+    elif isinstance(window, bool) or not isinstance(window, int) or window <= 0:
         raise ValueError(f"GGUF metadata {arch}.attention.sliding_window must be a positive integer, got {window!r}")
-    pattern = meta.get(f"{arch}.attention.sliding_window_pattern", _GEMMA_PATTERNS[arch])
+    else:
+        pattern_default = _GEMMA_PATTERNS[arch]
+    pattern = meta.get(f"{arch}.attention.sliding_window_pattern", pattern_default)
     if isinstance(pattern, list):  # a flag per layer: true where the layer slides
         if len(pattern) != num_layers or not all(isinstance(x, bool) for x in pattern):
             raise ValueError(f"GGUF metadata {arch}.attention.sliding_window_pattern must hold a flag per layer")
@@ -212,17 +221,17 @@ def _gemma_fields(meta: dict, arch: str, num_layers: int, hidden: int, num_heads
         raise ValueError(f"GGUF metadata {arch}.attention.sliding_window_pattern must be a positive integer or "
                          f"a list of flags, got {pattern!r}")
     scalar = hidden // num_heads if num_layers == _GEMMA_27B_LAYERS[arch] else head_dim
-    scale = float_key("attention.scale", scalar ** -0.5)  # a file that states the scale
+    scale = float_key("attention.scale", scalar ** -0.5, positive=True)  # a file that states the scale
     fields: dict[str, object] = {
-        "hidden_act": "gelu_tanh", "post_norms": True, "pre_norms": True, "sliding_window": window,
-        "window_layers": window_layers, "embedding_multiplier": hidden ** 0.5,
-        "embedding_multiplier_in_dtype": True, "attention_multiplier": scale}
-    if arch == "gemma2":
-        for name in ("attn_logit_softcapping", "final_logit_softcapping"):
-            if meta.get(f"{arch}.{name}") is not None:
-                fields[name] = float_key(name)
-    else:
-        fields["local_rope_theta"] = float_key("rope.freq_base_swa", _GEMMA3_LOCAL_BASE)
+        "hidden_act": "gelu_tanh", "post_norms": True, "pre_norms": True,
+        "sliding_window": window if window_layers else None, "window_layers": window_layers,
+        "embedding_multiplier": hidden ** 0.5, "embedding_multiplier_in_dtype": True, "attention_multiplier": scale}
+    for name in ("attn_logit_softcapping", "final_logit_softcapping") if arch == "gemma2" else (
+            "final_logit_softcapping",):  # Gemma 3's attention is never capped
+        if meta.get(f"{arch}.{name}") is not None:
+            fields[name] = float_key(name, positive=True)
+    if arch == "gemma3":
+        fields["local_rope_theta"] = float_key("rope.freq_base_swa", _GEMMA3_LOCAL_BASE, positive=True)
     return fields
 
 

@@ -188,6 +188,14 @@ class ModelArgs:
                              f"{self.num_layers} layers")
 
     @property
+    def fp32_parameters(self) -> tuple[str, ...]:
+        """Endings of the parameters kept fp32 whatever the model's dtype, as transformers keeps
+        them: GLM-4.5's and ERNIE 4.5 MoE's routers and correction biases."""
+        if self.architecture in ("Glm4MoeForCausalLM", "Ernie4_5_MoeForCausalLM"):
+            return (".mlp.gate.weight", ".mlp.router_correction")
+        return ()
+
+    @property
     def sm_scale(self) -> float:
         """The attention's softmax scale: Granite's attention_multiplier, else 1 / sqrt(head_dim)."""
         return 1.0 / math.sqrt(self.head_dim) if self.attention_multiplier is None else self.attention_multiplier

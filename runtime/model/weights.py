@@ -340,7 +340,8 @@ def load_weights(model: CausalLM, model_dir: str, dtype: torch.dtype, device: to
         tensor = to_model_layout(model.args, name, tensor)  # Phi-4-mini, GLM, ERNIE 4.5: rope_layout.py
         # copy=True: a tensor already in `dtype` would stay a view of the file's memory map, which then
         # stays mapped (and, once read, resident) beside the copies packing makes (packed_linear.py)
-        state[name] = tensor.to(device=device, dtype=dtype, copy=True)
+        keep = torch.float32 if name.endswith(model.args.fp32_parameters) else dtype
+        state[name] = tensor.to(device=device, dtype=keep, copy=True)
         if on_tensor is not None:
             on_tensor(name, state[name])
     model.load_state_dict(state, strict=True, assign=True)
@@ -348,14 +349,17 @@ def load_weights(model: CausalLM, model_dir: str, dtype: torch.dtype, device: to
 
 def _ignorable(args: ModelArgs, names: set[str]) -> set[str]:
     """Checkpoint tensors that may go unused: RoPE's frequencies, fp8 KV scales (read_kv_scales
-    reads them), an LM head the config ties to the embeddings, and the layers stored after the
-    decoder's that it does not run (GLM-4.5's MTP layer: ModelArgs.extra_layers)."""
+    reads them), an LM head the config ties to the embeddings, the layers stored after the
+    decoder's that it does not run (GLM-4.5's MTP layer: ModelArgs.extra_layers), and the empty
+    shared expert of a model without one."""
     kv_scales = {f"model.layers.{i}.{s}" for i in range(args.num_layers)
                  for suffixes in _KV_SCALE_NAMES.values() for s in suffixes}
     tied = {"lm_head.weight"} if args.tie_word_embeddings else set()
     extra = tuple(f"model.layers.{i}." for i in range(args.num_layers, args.num_layers + args.extra_layers))
+    # GLM-4.5 with n_shared_experts 0: transformers saves its shared expert anyway, as empty tensors
+    unshared = ".mlp.shared_experts." if args.router_correction and not args.shared_expert_intermediate_size else None
     return {n for n in names if n.endswith(_IGNORED_SUFFIXES) or n in kv_scales or n in tied
-            or (extra and n.startswith(extra))}
+            or (extra and n.startswith(extra)) or (unshared is not None and unshared in n)}
 
 
 def check_all_used(names: set[str], used: set[str], what: str) -> None:

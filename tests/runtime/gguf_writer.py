@@ -178,7 +178,7 @@ def write_gguf(model_dir: str, out_path: str, qtype: str, arch: str = "llama", p
     if gemma:
         writer.add_sliding_window(cfg["sliding_window"])
         for name in ("attn_logit_softcapping", "final_logit_softcapping"):
-            if arch == "gemma2" and cfg.get(name) is not None:
+            if (arch == "gemma2" or name.startswith("final")) and cfg.get(name) is not None:
                 writer.add_float32(f"{arch}.{name}", cfg[name])
         scaling = cfg.get("rope_scaling") or rope
         if scaling.get("rope_type") == "linear":

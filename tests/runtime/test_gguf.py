@@ -365,10 +365,8 @@ def _gemma_source(tmp_path, family: str, **config) -> str:
     ("gemma2", dict(num_hidden_layers=3, sliding_window=4)),
     # all but every 6th layer through the window on their own RoPE base (10,000 as llama.cpp's, and
     # another one written as rope.freq_base_swa); linear RoPE scaling in the global layer
-    ("gemma3", dict(num_hidden_layers=6, sliding_window=4, rope_local_base_freq=10000.0, sliding_window_pattern=6,
-                    final_logit_softcapping=None)),
-    ("gemma3", dict(num_hidden_layers=6, sliding_window=4, rope_local_base_freq=500.0, sliding_window_pattern=6,
-                    final_logit_softcapping=None)),
+    ("gemma3", dict(num_hidden_layers=6, sliding_window=4, rope_local_base_freq=10000.0, sliding_window_pattern=6)),
+    ("gemma3", dict(num_hidden_layers=6, sliding_window=4, rope_local_base_freq=500.0, sliding_window_pattern=6)),
 ])
 def test_gemma_gguf_equals_its_safetensors_source(tmp_path, family, config):
     """gemma2 / gemma3 files as llama.cpp's converter writes them (norms stored as 1 + w, norms after
@@ -447,3 +445,65 @@ def test_phi3_gguf_equals_its_safetensors_source(hf_checkpoint, tmp_path, family
                 torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
             else:
                 assert (a - b).abs().max().item() < 0.1
+
+
+def _gemma_file(tmp_path, family: str = "gemma3", **config) -> str:
+    src = _gemma_source(tmp_path / "src", family, num_hidden_layers=6, sliding_window=4, sliding_window_pattern=6,
+                        **config)
+    return write_gguf(src, str(tmp_path / "g.gguf"), "F32", arch=family), src
+
+
+def test_gemma3_gguf_final_softcap_and_no_window(tmp_path):
+    """A gemma3 file's final_logit_softcapping is applied (llama.cpp's converter writes it where the
+    config sets it), and one without attention.sliding_window (a config whose pattern is 1) runs
+    every layer with full attention."""
+    from radixflow.runtime.model.gguf_loader import model_args_from_gguf
+
+    path, src = _gemma_file(tmp_path, final_logit_softcapping=3.0)
+    f = GGUFFile(path)
+    f.metadata["gemma3.final_logit_softcapping"] = 3.0
+    assert model_args_from_gguf(f).final_logit_softcapping == 3.0 == load_model_args(src).final_logit_softcapping
+    del f.metadata["gemma3.attention.sliding_window"]
+    args = model_args_from_gguf(f)
+    assert args.sliding_window is None and args.window_layers == ()
+
+
+@pytest.mark.parametrize("key, value, match", [
+    ("gemma3.attention.scale", 0.0, "gemma3.attention.scale must be a positive number"),
+    ("gemma3.rope.freq_base_swa", -1.0, "gemma3.rope.freq_base_swa must be a positive number"),
+    ("gemma3.rope.scaling.factor", -2.0, "gemma3.rope.scaling.factor must be a positive number"),
+    ("gemma3.rope.dimension_count", 7, "gemma3.rope.dimension_count 7"),
+])
+def test_bad_gguf_rope_and_scale_keys_are_named(tmp_path, key, value, match):
+    from radixflow.runtime.model.gguf_loader import model_args_from_gguf
+
+    path, _ = _gemma_file(tmp_path)
+    f = GGUFFile(path)
+    f.metadata[key] = value
+    if key.endswith("scaling.factor"):
+        f.metadata["gemma3.rope.scaling.type"] = "linear"
+    with pytest.raises(ValueError, match=match):
+        model_args_from_gguf(f)
+
+
+def test_a_zero_linear_factor_is_no_scaling_as_llama_cpp_reads_it(tmp_path):
+    from radixflow.runtime.model.gguf_loader import model_args_from_gguf
+
+    path, _ = _gemma_file(tmp_path)
+    f = GGUFFile(path)
+    f.metadata["gemma3.rope.scaling.type"], f.metadata["gemma3.rope.scaling.factor"] = "linear", 0.0
+    assert model_args_from_gguf(f).rope_scaling is None
+
+
+def test_a_phi3_attention_factor_must_be_positive(tmp_path):
+    from radixflow.runtime.model.gguf_loader import model_args_from_gguf
+    from test_longrope import _factors, save_tiny_phi3
+
+    src = str(tmp_path / "src")
+    save_tiny_phi3(src, seed=7, rope_scaling={"type": "longrope", "short_factor": _factors(1, 1.0, 3.0),
+                                              "long_factor": _factors(2, 4.0, 40.0)})
+    f = GGUFFile(write_gguf(src, str(tmp_path / "p.gguf"), "F32", arch="phi3"))
+    for bad in (0.0, -1.0):
+        f.metadata["phi3.rope.scaling.attn_factor"] = bad
+        with pytest.raises(ValueError, match="phi3.rope.scaling.attn_factor must be a positive number"):
+            model_args_from_gguf(f)

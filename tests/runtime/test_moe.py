@@ -320,3 +320,49 @@ def test_ernie_moe_layers_and_refusals():
         model_args_from_dict({**cfg, "use_bias": True})
     with pytest.raises(ValueError, match="moe_layer_end_index must be an integer >= -1"):
         model_args_from_dict({**cfg, "moe_layer_end_index": -2})
+
+
+def test_glm4_moe_without_shared_experts_matches_transformers(tmp_path):
+    """n_shared_experts 0: transformers still saves the shared expert's empty tensors ([0, H]),
+    which carry nothing and are skipped."""
+    import transformers as tf
+    from test_model_parity import _checkpoint_with, _our_logits
+
+    src = _checkpoint_with(tmp_path, "glm4_moe", n_shared_experts=0)
+    args = load_model_args(src)
+    assert args.shared_expert_intermediate_size == 0
+    hf = tf.Glm4MoeForCausalLM.from_pretrained(src, dtype=torch.float32).eval()
+    for prompt, ours in zip(PROMPTS, _our_logits(src, PROMPTS)):
+        with torch.no_grad():
+            assert (ours - hf(torch.tensor([prompt])).logits[0]).abs().max() < 1e-4
+
+
+def test_glm4_moe_mtp_layer_default_and_alias(hf_checkpoint, tmp_path):
+    """Glm4MoeConfig's num_nextn_predict_layers defaults to 1 (also read as num_mtp_layers): a
+    checkpoint with its MTP layer and no such field loads as transformers loads it."""
+    from safetensors.torch import load_file, save_file
+
+    src, _ = hf_checkpoint("glm4_moe")
+    dst = tmp_path / "mtp"
+    shutil.copytree(src, dst)
+    tensors = load_file(str(dst / "model.safetensors"))
+    tensors["model.layers.2.eh_proj.weight"] = torch.zeros(64, 128)
+    save_file(tensors, str(dst / "model.safetensors"))
+    cfg = json.loads((dst / "config.json").read_text())
+    cfg.pop("num_nextn_predict_layers", None)
+    for extra in ({}, {"num_mtp_layers": 1}):
+        (dst / "config.json").write_text(json.dumps({**cfg, **extra}))
+        assert load_model_args(str(dst)).extra_layers == 1
+        build_model(load_model_args(str(dst)), str(dst), torch.float32, torch.device("cpu"), 64)
+
+
+@pytest.mark.parametrize("family", ["glm4_moe", "ernie4_5_moe"])
+def test_routers_kept_in_fp32_in_a_bf16_model(hf_checkpoint, family):
+    """As transformers keeps them (_keep_in_fp32_modules_strict): GLM-4.5's and ERNIE 4.5 MoE's
+    router weights and correction biases stay fp32 in a bf16 model (a bf16 bias near 4 rounds by
+    1/64, enough to change which experts are chosen)."""
+    src, _ = hf_checkpoint(family)
+    model = build_model(load_model_args(src), src, torch.bfloat16, torch.device("cpu"), 64)
+    moe = model.layers[1].mlp
+    assert moe.gate.weight.dtype == moe.router_correction.dtype == torch.float32
+    assert model.layers[1].self_attn.qkv_proj.weight.dtype == torch.bfloat16
