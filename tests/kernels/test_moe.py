@@ -145,6 +145,25 @@ def test_gpu_bf16_qwen3_moe_shape_and_cuda_graph_replay():
     torch.testing.assert_close(out, kernels.fused_moe_ref(x, weights, ids, w_gate_up, w_down), rtol=3e-2, atol=3e-2)
 
 
+@pytest.mark.gpu
+def test_gpu_bf16_gpt_oss_experts_with_biases_and_grouped_routing():
+    """gpt-oss-20b's expert shape (32 experts, top 4, H = I = 2880) with biases and the clamped
+    SwiGLU, compiled, against the reference; GLM-4.5's grouped routing on the device."""
+    device = torch.device("cuda")
+    x, weights, ids, w_gate_up, w_down = _case(48, 32, 4, 2880, 2880, torch.bfloat16, device)
+    g = torch.Generator().manual_seed(4)
+    b_gate_up = (torch.randn(32, 5760, generator=g) * 0.1).to(device, torch.bfloat16)
+    b_down = (torch.randn(32, 2880, generator=g) * 0.1).to(device, torch.bfloat16)
+    want = kernels.fused_moe_ref(x, weights, ids, w_gate_up, w_down, _clamped, b_gate_up, b_down)
+    got = kernels.fused_moe(x, weights, ids, w_gate_up, w_down, _clamped, b_gate_up, b_down)
+    torch.testing.assert_close(got.float(), want.float(), rtol=3e-2, atol=3e-2)
+    logits, bias = torch.randn(48, 160, generator=g), torch.randn(160, generator=g)
+    weights, ids = kernels.moe_route_grouped(logits.to(device), 8, True, bias.to(device), 8, 4, 2.5)
+    cpu_weights, cpu_ids = kernels.moe_route_grouped(logits, 8, True, bias, 8, 4, 2.5)
+    assert torch.equal(ids.sort(dim=1).values.cpu(), cpu_ids.sort(dim=1).values)
+    torch.testing.assert_close(weights.sort(dim=1).values.cpu(), cpu_weights.sort(dim=1).values)
+
+
 @pytest.mark.parametrize("experts, n_group, topk_group, top_k, renormalize, scaling", [
     (8, 1, 1, 2, True, 1.0), (8, 2, 1, 2, True, 2.5), (16, 4, 2, 3, False, 1.0), (16, 8, 3, 4, True, 0.7),
     (6, 3, 3, 6, True, 1.0)])
