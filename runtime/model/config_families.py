@@ -177,6 +177,37 @@ def gemma3_text_config(cfg: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
+# Qwen's vision-language models served as their language models: the architecture each one's text
+# model runs as, and the text config class's defaults that differ from that family's
+VL_TEXT_ARCHITECTURES = {"Qwen2VLForConditionalGeneration": "Qwen2ForCausalLM",
+                         "Qwen2_5_VLForConditionalGeneration": "Qwen2ForCausalLM",
+                         "Qwen3VLForConditionalGeneration": "Qwen3ForCausalLM"}
+_VL_TEXT_DEFAULTS = {"Qwen2VLForConditionalGeneration": {"rope_theta": 1_000_000.0, "max_position_embeddings": 32768},
+                     "Qwen2_5_VLForConditionalGeneration": {"rope_theta": 1_000_000.0,
+                                                            "max_position_embeddings": 32768},
+                     "Qwen3VLForConditionalGeneration": {"rope_theta": 500_000.0, "max_position_embeddings": 128_000}}
+
+
+def vl_text_config(cfg: dict[str, Any], arch: str) -> dict[str, Any]:
+    """The language model's config of a Qwen2-VL / Qwen2.5-VL / Qwen3-VL config: its `text_config`
+    (transformers 5) or the top level itself (the released Qwen2-VL / 2.5-VL configs), over the text
+    config class's defaults, with the top level's token ids, dtype and head tie; its multimodal
+    RoPE read as plain RoPE (text-only positions make them one)."""
+    text = cfg.get("text_config")
+    if text is not None and not isinstance(text, dict):
+        raise ValueError(f"text_config must be an object, got {text!r}")
+    base = {k: v for k, v in (text or cfg).items() if k not in ("vision_config", "text_config", "architectures")}
+    merged = {**_VL_TEXT_DEFAULTS[arch],
+              **{k: cfg[k] for k in ("bos_token_id", "eos_token_id", "torch_dtype", "dtype") if cfg.get(k) is not None},
+              **{k: v for k, v in base.items() if v is not None}}
+    merged["tie_word_embeddings"] = cfg.get("tie_word_embeddings", base.get("tie_word_embeddings", False))
+    for field in ("rope_parameters", "rope_scaling"):  # the multimodal RoPE: with text alone a token's three
+        rope = merged.get(field)  # positions are one, and its rotation is plain RoPE's (mrope_section unread)
+        if isinstance(rope, dict) and rope.get("rope_type", rope.get("type")) == "mrope":
+            merged[field] = {**{k: v for k, v in rope.items() if k != "type"}, "rope_type": "default"}
+    return merged
+
+
 def _as_list(value: Any) -> list[Any]:
     return [] if value is None else list(value) if isinstance(value, list) else [value]
 

@@ -8,8 +8,9 @@ from typing import Any
 
 from radixflow.runtime.model.config_families import (
     ACTIVATIONS, GEMMA_ARCHITECTURES, GLM_ARCHITECTURES, UNGATED_ACTIVATIONS, UNGATED_ARCHITECTURES, bias_fields,
-    exaone4_layers, gemma1_config, gemma1_fields, gemma3_text_config, gemma_fields, granite_fields, moe_fields,
-    nope_layers, sliding_window_fields, with_family_defaults, with_gemma_defaults,
+    VL_TEXT_ARCHITECTURES, exaone4_layers, gemma1_config, gemma1_fields, gemma3_text_config, gemma_fields,
+    granite_fields, moe_fields, nope_layers, sliding_window_fields, vl_text_config, with_family_defaults,
+    with_gemma_defaults,
 )
 from radixflow.runtime.model.config_fields import check_positive_int, check_positive_number, flag, optional, required
 from radixflow.runtime.model.rope_config import read_rope
@@ -256,6 +257,9 @@ def model_args_from_dict(cfg: dict[str, Any]) -> ModelArgs:
         archs = [archs]
     if "Gemma3ForConditionalGeneration" in archs:  # Gemma 3 4B and up: served as its language model
         cfg, archs = gemma3_text_config(cfg), ["Gemma3ForCausalLM"]
+    vl = next((a for a in archs if a in VL_TEXT_ARCHITECTURES), None)
+    if vl is not None:  # Qwen2-VL, 2.5-VL, 3-VL: served as their language models, text only
+        cfg, archs = vl_text_config(cfg, vl), [VL_TEXT_ARCHITECTURES[vl]]
     gemma = next((a for a in archs if a in GEMMA_ARCHITECTURES), None)
     if gemma is not None:  # transformers' defaults for what the config leaves out
         cfg = with_gemma_defaults(cfg, gemma)

@@ -45,7 +45,8 @@ def skip_weight_init() -> Iterator[None]:
 # a text model's tensors; its vision tower and projector are not loaded (images are not served).
 _TEXT_PREFIXES = (("language_model.model.", "model."), ("language_model.lm_head.", "lm_head."),
                   ("model.language_model.", "model."))
-_VISION_PREFIXES = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector.")
+_VISION_PREFIXES = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector.",
+                    "visual.", "model.visual.")  # Gemma 3's; Qwen-VL's
 
 
 def _text_name(name: str) -> str:

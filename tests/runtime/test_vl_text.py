@@ -1,0 +1,95 @@
+"""Qwen2-VL / Qwen2.5-VL / Qwen3-VL checkpoints served as their language models (text only): the
+text config read from `text_config` or the released flat form, the vision tower's tensors skipped,
+the multimodal RoPE read as plain RoPE (a text-only prompt's three positions are one); logits and
+greedy tokens as transformers' multimodal model gives them for text."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+import torch
+
+from radixflow.runtime import Engine
+from radixflow.runtime.model.model_config import load_model_args
+from test_model_parity import _hf_greedy, _our_logits  # noqa: E402  (tests/runtime is on sys.path via conftest)
+
+PROMPTS = [[5, 77, 300, 12], [901, 44, 2, 17, 17, 250, 9, 1000, 3, 64, 88]]
+
+
+def _vl_checkpoint(tmp_path, kind: str):
+    """A tiny random VL model of `kind` saved with the demo tokenizer; (dir, transformers model)."""
+    import transformers as tf
+
+    from conftest import TOKENIZER_FILES
+    from radixflow.runtime.model.demo import demo_model
+    from radixflow.runtime.text.tokenizer import Tokenizer
+
+    demo = demo_model("tiny")
+    text = dict(vocab_size=Tokenizer.from_dir(demo).vocab_size, hidden_size=64, intermediate_size=112,
+                num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=512,
+                bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    vision = dict(depth=1, hidden_size=32, num_heads=2, intermediate_size=32, out_hidden_size=64)
+    # the multimodal RoPE's sections, one per position axis, summing to the head's rotated pairs
+    if kind == "qwen3_vl":
+        text["head_dim"] = 16
+        text["rope_parameters"] = {"rope_type": "default", "rope_theta": 500_000.0, "mrope_section": [2, 3, 3],
+                                   "mrope_interleaved": True}
+        vision["deepstack_visual_indexes"] = [0]
+        cfg = tf.Qwen3VLConfig(text_config=text, vision_config=vision)
+        cls = tf.Qwen3VLForConditionalGeneration
+    else:
+        text["rope_parameters"] = {"rope_type": "default", "rope_theta": 1_000_000.0, "mrope_section": [1, 1, 2]}
+        cfg = tf.Qwen2_5_VLConfig(text_config=text, vision_config=vision)
+        cls = tf.Qwen2_5_VLForConditionalGeneration
+    torch.manual_seed(3)
+    hf = cls(cfg).float().eval()
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.08)
+            elif "norm" in name:
+                p.normal_(1.0, 0.3)
+            elif "bias" in name:
+                p.normal_(0.0, 0.05)
+    out = tmp_path / kind
+    hf.save_pretrained(str(out))
+    for f in TOKENIZER_FILES:
+        shutil.copy(os.path.join(demo, f), out)
+    return str(out), hf
+
+
+def _hf_logits(hf, prompt):
+    with torch.no_grad():
+        return hf(input_ids=torch.tensor([prompt])).logits[0].float()
+
+
+@pytest.mark.parametrize("kind, arch", [("qwen2_5_vl", "Qwen2ForCausalLM"), ("qwen3_vl", "Qwen3ForCausalLM")])
+def test_a_vl_checkpoint_serves_its_language_model(tmp_path, kind, arch):
+    model_dir, hf = _vl_checkpoint(tmp_path, kind)
+    args = load_model_args(model_dir)
+    assert args.architecture == arch and args.rope_scaling is None
+    for prompt, ours in zip(PROMPTS, _our_logits(model_dir, PROMPTS)):
+        assert (ours - _hf_logits(hf, prompt)).abs().max() < 1e-4
+    with Engine(model_dir, kv_cache_tokens=1024, dtype="float32") as engine:
+        outs = engine.generate(input_ids=PROMPTS, sampling_params={"max_new_tokens": 16, "temperature": 0,
+                                                                   "ignore_eos": True})
+    for prompt, out in zip(PROMPTS, outs):
+        assert out["output_ids"] == _hf_greedy(hf, prompt, 16)
+
+
+def test_the_released_flat_qwen2_5_vl_config_reads_alike(tmp_path):
+    """Qwen2.5-VL's released config.json: the text fields at the top level beside vision_config,
+    rope_scaling {"type": "mrope", "mrope_section": [...]}."""
+    model_dir, _ = _vl_checkpoint(tmp_path, "qwen2_5_vl")
+    path = os.path.join(model_dir, "config.json")
+    cfg = json.load(open(path))
+    text = cfg.pop("text_config")
+    flat = {**cfg, **{k: v for k, v in text.items() if k not in ("rope_parameters", "model_type")},
+            "rope_theta": text["rope_parameters"]["rope_theta"],
+            "rope_scaling": {"type": "mrope", "mrope_section": [1, 1, 2]}}
+    before = load_model_args(model_dir)
+    json.dump(flat, open(path, "w"))
+    after = load_model_args(model_dir)
+    assert after == before
