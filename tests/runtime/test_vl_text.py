@@ -39,6 +39,11 @@ def _vl_checkpoint(tmp_path, kind: str):
         vision["deepstack_visual_indexes"] = [0]
         cfg = tf.Qwen3VLConfig(text_config=text, vision_config=vision)
         cls = tf.Qwen3VLForConditionalGeneration
+    elif kind == "qwen2_vl":
+        text["rope_parameters"] = {"rope_type": "default", "rope_theta": 1_000_000.0, "mrope_section": [1, 1, 2]}
+        cfg = tf.Qwen2VLConfig(text_config=text, vision_config=dict(depth=1, embed_dim=32, num_heads=2,
+                                                                     hidden_size=64, mlp_ratio=1))
+        cls = tf.Qwen2VLForConditionalGeneration
     else:
         text["rope_parameters"] = {"rope_type": "default", "rope_theta": 1_000_000.0, "mrope_section": [1, 1, 2]}
         cfg = tf.Qwen2_5_VLConfig(text_config=text, vision_config=vision)
@@ -65,7 +70,8 @@ def _hf_logits(hf, prompt):
         return hf(input_ids=torch.tensor([prompt])).logits[0].float()
 
 
-@pytest.mark.parametrize("kind, arch", [("qwen2_5_vl", "Qwen2ForCausalLM"), ("qwen3_vl", "Qwen3ForCausalLM")])
+@pytest.mark.parametrize("kind, arch", [("qwen2_vl", "Qwen2ForCausalLM"), ("qwen2_5_vl", "Qwen2ForCausalLM"),
+                                        ("qwen3_vl", "Qwen3ForCausalLM")])
 def test_a_vl_checkpoint_serves_its_language_model(tmp_path, kind, arch):
     model_dir, hf = _vl_checkpoint(tmp_path, kind)
     args = load_model_args(model_dir)
