@@ -304,7 +304,8 @@ def _unquoted(name: str) -> str:
 class MiniMaxM2Parser(_XmlCallsParser):
     """MiniMax-M2: `<minimax:tool_call><invoke name="NAME"><parameter name="KEY">value</parameter>
     ...</invoke>...</minimax:tool_call>`, any number of invokes in a block; a missing `</invoke>`
-    is forgiven, and an invoke of no tool after a call breaks the block (its rest is dropped)."""
+    is forgiven (before the block's end or the next invoke), and an invoke of no tool after a call
+    breaks the block (its rest is dropped)."""
 
     block_open, block_close = MINIMAX_OPEN, MINIMAX_CLOSE
     end_value = END_PARAMETER
@@ -331,7 +332,10 @@ class MiniMaxM2Parser(_XmlCallsParser):
         key, end = _tag(body, NAMED_PARAMETER)
         if key is not None:
             return self._key(_unquoted(key), body[end:], out)
-        closed = self._close(body, ((END_INVOKE, "after"), (self.block_close, "text")), out)
+        # the call's end: its </invoke>, the block's end, or (</invoke> left out) the next invoke
+        closed = self._close(body, ((END_INVOKE, "after"), (self.block_close, "text"), (INVOKE, "block")), out)
+        if closed and self._state == "block":
+            self._buf, self._inner = INVOKE + self._buf, True
         if closed or closed is None or end < 0:
             return bool(closed)
         return self._break()

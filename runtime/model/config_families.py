@@ -182,10 +182,11 @@ def gemma3_text_config(cfg: dict[str, Any]) -> dict[str, Any]:
 VL_TEXT_ARCHITECTURES = {"Qwen2VLForConditionalGeneration": "Qwen2ForCausalLM",
                          "Qwen2_5_VLForConditionalGeneration": "Qwen2ForCausalLM",
                          "Qwen3VLForConditionalGeneration": "Qwen3ForCausalLM"}
-_VL_TEXT_DEFAULTS = {"Qwen2VLForConditionalGeneration": {"rope_theta": 1_000_000.0, "max_position_embeddings": 32768},
-                     "Qwen2_5_VLForConditionalGeneration": {"rope_theta": 1_000_000.0,
-                                                            "max_position_embeddings": 32768},
-                     "Qwen3VLForConditionalGeneration": {"rope_theta": 500_000.0, "max_position_embeddings": 128_000}}
+_QWEN2_VL_TEXT = {"rope_theta": 1_000_000.0, "max_position_embeddings": 32768, "rms_norm_eps": 1e-5,
+                  "num_key_value_heads": 8}
+_VL_TEXT_DEFAULTS = {"Qwen2VLForConditionalGeneration": _QWEN2_VL_TEXT, "Qwen2_5_VLForConditionalGeneration": _QWEN2_VL_TEXT,
+                     "Qwen3VLForConditionalGeneration": {"rope_theta": 500_000.0, "max_position_embeddings": 128_000,
+                                                         "num_key_value_heads": 32, "head_dim": 128}}
 
 
 def vl_text_config(cfg: dict[str, Any], arch: str) -> dict[str, Any]:

@@ -87,7 +87,8 @@ def rotary_dim(cfg: dict[str, Any], rope: dict[str, Any], head_dim: int, arch: s
     rotates whole heads)."""
     glm = arch in GLM_ARCHITECTURES + ("Glm4MoeForCausalLM",)  # GLM-4.5 rotates half too (rotate-half pairs)
     partial = rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 0.5 if glm else 1.0))
-    if arch == "MiniMaxM2ForCausalLM" and "partial_rotary_factor" not in rope and cfg.get("rotary_dim") is not None:
+    if (arch == "MiniMaxM2ForCausalLM" and "partial_rotary_factor" not in rope and cfg.get("partial_rotary_factor") is None
+            and cfg.get("rotary_dim") is not None):
         check_positive_int("rotary_dim", cfg["rotary_dim"])  # its released configs' name for it
         partial = cfg["rotary_dim"] / head_dim
     if partial == 1.0 and not isinstance(partial, bool):

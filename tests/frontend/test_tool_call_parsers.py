@@ -375,6 +375,9 @@ MINIMAX = [
     ("an unknown tool stays content", _minimax(("rm", {"path": "/"})), [_minimax(("rm", {"path": "/"}))]),
     ("a missing </invoke> is forgiven", '<minimax:tool_call><invoke name="add"><parameter name="a">1</parameter>'
                                         "</minimax:tool_call> ok", [ADD1, "ok"]),
+    ("... before the next invoke too", '<minimax:tool_call>\n<invoke name="get_weather">\n<parameter name="city">Paris'
+                                       '</parameter>\n<invoke name="add">\n<parameter name="a">1</parameter>\n</invoke>\n'
+                                       "</minimax:tool_call>", [WEATHER, ADD1]),
     ("text in a call breaks it: its rest is dropped up to the closing tag",
      '<minimax:tool_call><invoke name="add"><parameter name="a">1</parameter>oops</invoke></minimax:tool_call> ok',
      [Call("add", '{"a": 1'), "ok"]),

@@ -439,6 +439,16 @@ def test_olmo3_hub_config_reads_as_transformers_reads_it(tmp_path):
     assert args.post_norms and not args.pre_norms and args.qk_norm_whole
 
 
+def test_minimax_m2s_explicit_partial_rotary_factor_wins_over_rotary_dim(tmp_path):
+    """As transformers reads MiniMax-M2: `rotary_dim` stands for partial_rotary_factor only where the
+    config gives no factor."""
+    args = _args_of(tmp_path, "MiniMaxM2ForCausalLM", head_dim=16, num_local_experts=4, num_experts_per_tok=2,
+                    rotary_dim=16, partial_rotary_factor=0.5)
+    assert args.rope_dim == 8
+    assert _args_of(tmp_path, "MiniMaxM2ForCausalLM", head_dim=16, num_local_experts=4, num_experts_per_tok=2,
+                    rotary_dim=12).rope_dim == 12
+
+
 @pytest.mark.parametrize("arch, fields, want", [
     # what each transformers config class defaults to where config.json is silent
     ("SeedOssForCausalLM", {}, dict(head_dim=128, qkv_bias=True, o_bias=False, mlp_bias=False)),

@@ -85,6 +85,25 @@ def test_a_vl_checkpoint_serves_its_language_model(tmp_path, kind, arch):
         assert out["output_ids"] == _hf_greedy(hf, prompt, 16)
 
 
+@pytest.mark.parametrize("text_class", ["Qwen2VLTextConfig", "Qwen2_5_VLTextConfig", "Qwen3VLTextConfig"])
+def test_absent_text_fields_take_the_vl_text_config_class_defaults(tmp_path, text_class):
+    """What a VL config leaves out is its text config class's (Qwen2-VL's rms_norm_eps 1e-5 and 8
+    KV heads, not Qwen2's), in the text_config and the flat form alike."""
+    import transformers as tf
+
+    arch = {"Qwen2VLTextConfig": "Qwen2VLForConditionalGeneration",
+            "Qwen2_5_VLTextConfig": "Qwen2_5_VLForConditionalGeneration",
+            "Qwen3VLTextConfig": "Qwen3VLForConditionalGeneration"}[text_class]
+    shape = dict(vocab_size=96, hidden_size=256, intermediate_size=96, num_hidden_layers=2, num_attention_heads=32)
+    ref = getattr(tf, text_class)(**shape)
+    for form in ({"text_config": shape}, shape):
+        (tmp_path / "config.json").write_text(json.dumps({"architectures": [arch], **form}))
+        args = load_model_args(str(tmp_path))
+        assert (args.num_kv_heads, args.rms_norm_eps, args.max_position_embeddings, args.rope_theta) == (
+            ref.num_key_value_heads, ref.rms_norm_eps, ref.max_position_embeddings, ref.rope_parameters["rope_theta"])
+        assert args.head_dim == (getattr(ref, "head_dim", None) or 256 // 32)
+
+
 def test_the_released_flat_qwen2_5_vl_config_reads_alike(tmp_path):
     """Qwen2.5-VL's released config.json: the text fields at the top level beside vision_config,
     rope_scaling {"type": "mrope", "mrope_section": [...]}."""
