@@ -201,7 +201,9 @@ def vl_text_config(cfg: dict[str, Any], arch: str) -> dict[str, Any]:
     merged = {**_VL_TEXT_DEFAULTS[arch],
               **{k: cfg[k] for k in ("bos_token_id", "eos_token_id", "torch_dtype", "dtype") if cfg.get(k) is not None},
               **{k: v for k, v in base.items() if v is not None}}
-    merged["tie_word_embeddings"] = cfg.get("tie_word_embeddings", base.get("tie_word_embeddings", False))
+    # the head ties by the top-level flag; without one, Qwen2(.5)-VL's by the text config's, Qwen3-VL's not
+    text_tie = base.get("tie_word_embeddings", False) if arch != "Qwen3VLForConditionalGeneration" else False
+    merged["tie_word_embeddings"] = cfg.get("tie_word_embeddings", text_tie)
     for field in ("rope_parameters", "rope_scaling"):  # the multimodal RoPE: with text alone a token's three
         rope = merged.get(field)  # positions are one, and its rotation is plain RoPE's (mrope_section unread)
         if isinstance(rope, dict) and rope.get("rope_type", rope.get("type")) == "mrope":

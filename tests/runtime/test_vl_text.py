@@ -104,6 +104,20 @@ def test_absent_text_fields_take_the_vl_text_config_class_defaults(tmp_path, tex
         assert args.head_dim == (getattr(ref, "head_dim", None) or 256 // 32)
 
 
+@pytest.mark.parametrize("arch, tied", [("Qwen2_5_VLForConditionalGeneration", True),
+                                        ("Qwen3VLForConditionalGeneration", False)])
+def test_the_head_ties_as_transformers_ties_it(tmp_path, arch, tied):
+    """With no top-level tie_word_embeddings, Qwen2(.5)-VL take the text config's, Qwen3-VL its own
+    default (false), as transformers' VL config classes read them."""
+    text = dict(vocab_size=96, hidden_size=256, intermediate_size=96, num_hidden_layers=2, num_attention_heads=32,
+                tie_word_embeddings=True)
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": [arch], "text_config": text}))
+    assert load_model_args(str(tmp_path)).tie_word_embeddings is tied
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": [arch], "text_config": text,
+                                                      "tie_word_embeddings": not tied}))
+    assert load_model_args(str(tmp_path)).tie_word_embeddings is (not tied)
+
+
 def test_the_released_flat_qwen2_5_vl_config_reads_alike(tmp_path):
     """Qwen2.5-VL's released config.json: the text fields at the top level beside vision_config,
     rope_scaling {"type": "mrope", "mrope_section": [...]}."""
