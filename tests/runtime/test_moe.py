@@ -253,20 +253,24 @@ def test_a_bf16_checkpoint_is_not_left_mapped_and_packing_twice_keeps_the_expert
     torch.testing.assert_close(model.layers[0].mlp(x, None), once, rtol=0, atol=0)
 
 
+def _with_tensors(src: str, dst, extra: dict[str, torch.Tensor]) -> dict:
+    """A copy of checkpoint `src` at `dst` holding `extra` tensors too; its config.json as a dict."""
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dst)
+    tensors = load_file(str(dst / "model.safetensors"))
+    save_file({**tensors, **extra}, str(dst / "model.safetensors"))
+    return json.loads((dst / "config.json").read_text())
+
+
 def test_glm4_moe_mtp_layers_are_skipped_and_bad_groups_refused(hf_checkpoint, tmp_path):
     """GLM-4.5's checkpoints store `num_nextn_predict_layers` MTP layers after the decoder's (layer
     num_hidden_layers and on): not run here, so not loaded; the same tensors without that count
     are refused as unused. Groups that cannot hold the choice are a ValueError naming them."""
-    from safetensors.torch import load_file, save_file
-
     src, _ = hf_checkpoint("glm4_moe")
     dst = tmp_path / "mtp"
-    shutil.copytree(src, dst)
-    tensors = load_file(str(dst / "model.safetensors"))
-    tensors["model.layers.2.eh_proj.weight"] = torch.zeros(64, 128)
-    tensors["model.layers.2.self_attn.q_proj.weight"] = torch.zeros(128, 64)
-    save_file(tensors, str(dst / "model.safetensors"))
-    cfg = json.loads((dst / "config.json").read_text())
+    cfg = _with_tensors(src, dst, {"model.layers.2.eh_proj.weight": torch.zeros(64, 128),
+                                   "model.layers.2.self_attn.q_proj.weight": torch.zeros(128, 64)})
     for count in (1, 0):
         (dst / "config.json").write_text(json.dumps({**cfg, "num_nextn_predict_layers": count}))
         if count:
@@ -287,15 +291,9 @@ def test_glm4_moe_mtp_layers_are_skipped_and_bad_groups_refused(hf_checkpoint, t
 
 def test_minimax_m2_mtp_modules_are_skipped(hf_checkpoint, tmp_path):
     """MiniMax-M2 stores `num_mtp_modules` MTP layers after the decoder's: not loaded."""
-    from safetensors.torch import load_file, save_file
-
     src, _ = hf_checkpoint("minimax_m2")
     dst = tmp_path / "mtp"
-    shutil.copytree(src, dst)
-    tensors = load_file(str(dst / "model.safetensors"))
-    tensors["model.layers.2.self_attn.q_proj.weight"] = torch.zeros(128, 64)
-    save_file(tensors, str(dst / "model.safetensors"))
-    cfg = json.loads((dst / "config.json").read_text())
+    cfg = _with_tensors(src, dst, {"model.layers.2.self_attn.q_proj.weight": torch.zeros(128, 64)})
     (dst / "config.json").write_text(json.dumps({**cfg, "num_mtp_modules": 1}))
     assert load_model_args(str(dst)).extra_layers == 1
     with Engine(str(dst), kv_cache_tokens=512, dtype="float32") as engine:
@@ -340,15 +338,9 @@ def test_glm4_moe_without_shared_experts_matches_transformers(tmp_path):
 def test_glm4_moe_mtp_layer_default_and_alias(hf_checkpoint, tmp_path):
     """Glm4MoeConfig's num_nextn_predict_layers defaults to 1 (also read as num_mtp_layers): a
     checkpoint with its MTP layer and no such field loads as transformers loads it."""
-    from safetensors.torch import load_file, save_file
-
     src, _ = hf_checkpoint("glm4_moe")
     dst = tmp_path / "mtp"
-    shutil.copytree(src, dst)
-    tensors = load_file(str(dst / "model.safetensors"))
-    tensors["model.layers.2.eh_proj.weight"] = torch.zeros(64, 128)
-    save_file(tensors, str(dst / "model.safetensors"))
-    cfg = json.loads((dst / "config.json").read_text())
+    cfg = _with_tensors(src, dst, {"model.layers.2.eh_proj.weight": torch.zeros(64, 128)})
     cfg.pop("num_nextn_predict_layers", None)
     for extra in ({}, {"num_mtp_layers": 1}):
         (dst / "config.json").write_text(json.dumps({**cfg, **extra}))
