@@ -181,12 +181,16 @@ def gemma3_text_config(cfg: dict[str, Any]) -> dict[str, Any]:
 # model runs as, and the text config class's defaults that differ from that family's
 VL_TEXT_ARCHITECTURES = {"Qwen2VLForConditionalGeneration": "Qwen2ForCausalLM",
                          "Qwen2_5_VLForConditionalGeneration": "Qwen2ForCausalLM",
-                         "Qwen3VLForConditionalGeneration": "Qwen3ForCausalLM"}
+                         "Qwen3VLForConditionalGeneration": "Qwen3ForCausalLM",
+                         "Qwen3VLMoeForConditionalGeneration": "Qwen3MoeForCausalLM"}
 _QWEN2_VL_TEXT = {"rope_theta": 1_000_000.0, "max_position_embeddings": 32768, "rms_norm_eps": 1e-5,
                   "num_key_value_heads": 8}
 _VL_TEXT_DEFAULTS = {"Qwen2VLForConditionalGeneration": _QWEN2_VL_TEXT, "Qwen2_5_VLForConditionalGeneration": _QWEN2_VL_TEXT,
                      "Qwen3VLForConditionalGeneration": {"rope_theta": 500_000.0, "max_position_embeddings": 128_000,
-                                                         "num_key_value_heads": 32, "head_dim": 128}}
+                                                         "num_key_value_heads": 32, "head_dim": 128},
+                     "Qwen3VLMoeForConditionalGeneration": {"rope_theta": 500_000.0, "max_position_embeddings": 128_000,
+                                                            "num_key_value_heads": 16, "num_experts": 60,
+                                                            "num_experts_per_tok": 4, "moe_intermediate_size": 1408}}
 
 
 def vl_text_config(cfg: dict[str, Any], arch: str) -> dict[str, Any]:
@@ -202,7 +206,7 @@ def vl_text_config(cfg: dict[str, Any], arch: str) -> dict[str, Any]:
               **{k: cfg[k] for k in ("bos_token_id", "eos_token_id", "torch_dtype", "dtype") if cfg.get(k) is not None},
               **{k: v for k, v in base.items() if v is not None}}
     # the head ties by the top-level flag; without one, Qwen2(.5)-VL's by the text config's, Qwen3-VL's not
-    text_tie = base.get("tie_word_embeddings", False) if arch != "Qwen3VLForConditionalGeneration" else False
+    text_tie = base.get("tie_word_embeddings", False) if arch.startswith("Qwen2") else False
     merged["tie_word_embeddings"] = cfg.get("tie_word_embeddings", text_tie)
     for field in ("rope_parameters", "rope_scaling"):  # the multimodal RoPE: with text alone a token's three
         rope = merged.get(field)  # positions are one, and its rotation is plain RoPE's (mrope_section unread)

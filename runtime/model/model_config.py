@@ -88,6 +88,7 @@ class ModelArgs:
     routed_scaling_factor: float = 1.0
     shared_expert_gate: bool = True
     extra_layers: int = 0  # layers stored after the decoder's that it does not run (GLM-4.5's MTP layer)
+    stacked_experts: bool = False  # Qwen3-VL-MoE: a layer's experts stored as one gate | up and one down tensor
     # OLMo 2: each attention / MLP output normed before its residual add and nothing normed before them
     post_norms: bool = False
     qk_norm_whole: bool = False  # OLMo 2, OLMoE: RMSNorm over the whole q and k projections (all heads at once)
@@ -258,7 +259,7 @@ def model_args_from_dict(cfg: dict[str, Any]) -> ModelArgs:
     if "Gemma3ForConditionalGeneration" in archs:  # Gemma 3 4B and up: served as its language model
         cfg, archs = gemma3_text_config(cfg), ["Gemma3ForCausalLM"]
     vl = next((a for a in archs if a in VL_TEXT_ARCHITECTURES), None)
-    if vl is not None:  # Qwen2-VL, 2.5-VL, 3-VL: served as their language models, text only
+    if vl is not None:  # Qwen2-VL, 2.5-VL, 3-VL (and its MoE): served as their language models, text only
         cfg, archs = vl_text_config(cfg, vl), [VL_TEXT_ARCHITECTURES[vl]]
     gemma = next((a for a in archs if a in GEMMA_ARCHITECTURES), None)
     if gemma is not None:  # transformers' defaults for what the config leaves out
@@ -304,6 +305,8 @@ def model_args_from_dict(cfg: dict[str, Any]) -> ModelArgs:
         family = exaone4_layers(cfg)
     else:
         family = {**sliding_window_fields(cfg, arch), **granite_fields(cfg, arch), **moe_fields(cfg, arch)}
+        if vl == "Qwen3VLMoeForConditionalGeneration" and family.get("moe_layers"):  # its router always
+            family.update(stacked_experts=True, norm_topk_prob=True)  # renormalizes (no norm_topk_prob field)
     return ModelArgs(
         architecture=arch,
         vocab_size=required(cfg, "vocab_size"),

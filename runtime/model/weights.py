@@ -233,6 +233,10 @@ def _expert_sources(args: ModelArgs, p: str, ours: str) -> dict[str, list[str]]:
             ("gate.weight", "router.weight"), ("gate.bias", "router.bias"),
             ("experts_gate_up", "experts.gate_up_proj"), ("experts_gate_up_bias", "experts.gate_up_proj_bias"),
             ("experts_down", "experts.down_proj"), ("experts_down_bias", "experts.down_proj_bias"))}
+    if args.stacked_experts:  # Qwen3-VL-MoE: gate | up and down each one tensor [E, ...]
+        return {ours + "mlp.gate.weight": [f"{p}mlp.gate.weight"],
+                ours + "mlp.experts_gate_up": [f"{p}mlp.experts.gate_up_proj"],
+                ours + "mlp.experts_down": [f"{p}mlp.experts.down_proj"]}
     if args.architecture == "GraniteMoeForCausalLM":
         moe = f"{p}block_sparse_moe."
         return {ours + "mlp.gate.weight": [moe + "router.layer.weight"],
@@ -255,12 +259,16 @@ def _expert_sources(args: ModelArgs, p: str, ours: str) -> dict[str, list[str]]:
     return src
 
 
-def _from_stored_layout(args: ModelArgs, name: str, tensor: torch.Tensor) -> torch.Tensor:
-    """Checkpoint tensor `tensor` for our parameter `name` in our layout. gpt-oss stores its experts
-    as x @ W (gate_up [E, H, 2I], down [E, I, H]; ours are [E, out, in]) with gate and up
-    interleaved (columns 2j, 2j + 1; ours | gate | up |), their biases likewise."""
+def _from_stored_layout(args: ModelArgs, name: str, tensor: torch.Tensor, want: tuple[int, ...]) -> torch.Tensor:
+    """Checkpoint tensor `tensor` for our parameter `name` (of shape `want`) in our layout. gpt-oss
+    stores its experts as x @ W (gate_up [E, H, 2I], down [E, I, H]; ours are [E, out, in]) with
+    gate and up interleaved (columns 2j, 2j + 1; ours | gate | up |), their biases likewise.
+    Qwen3-VL-MoE's stacked experts come as x @ W in its released files and as ours where
+    transformers saved them: turned when their shape is not ours (as transformers does)."""
     if name.endswith(".mlp.router_correction"):  # ERNIE 4.5 MoE keeps it as one group's row [1, E]
         return tensor.reshape(-1) if tensor.dim() == 2 and tensor.shape[0] == 1 else tensor
+    if args.stacked_experts and ".mlp.experts_" in name and tensor.dim() == 3 and tuple(tensor.shape) != want:
+        return tensor.transpose(1, 2).contiguous()
     if args.architecture != "GptOssForCausalLM" or ".mlp.experts_" not in name:
         return tensor
     if tensor.dim() == 3:
@@ -331,8 +339,8 @@ def load_weights(model: CausalLM, model_dir: str, dtype: torch.dtype, device: to
                    {s for sources in all_sources.values() for s in sources}, "checkpoint")
     state: dict[str, torch.Tensor] = {}
     for name, sources in all_sources.items():
-        parts = [_from_stored_layout(model.args, name, reader.get(s)) for s in sources]
         want = tuple(expected[name].shape)
+        parts = [_from_stored_layout(model.args, name, reader.get(s), want) for s in sources]
         tensor = join_parts(parts, want)
         if tensor is None:
             raise misfit_error("checkpoint", sources, parts, name, want)

@@ -32,7 +32,14 @@ def _vl_checkpoint(tmp_path, kind: str):
                 bos_token_id=None, eos_token_id=None, pad_token_id=None)
     vision = dict(depth=1, hidden_size=32, num_heads=2, intermediate_size=32, out_hidden_size=64)
     # the multimodal RoPE's sections, one per position axis, summing to the head's rotated pairs
-    if kind == "qwen3_vl":
+    if kind == "qwen3_vl_moe":  # experts in layer 1 (layer 0 dense), one gate | up and one down tensor each
+        text.update(head_dim=16, moe_intermediate_size=24, num_experts=4, num_experts_per_tok=2, mlp_only_layers=[0])
+        text["rope_parameters"] = {"rope_type": "default", "rope_theta": 500_000.0, "mrope_section": [2, 3, 3],
+                                   "mrope_interleaved": True}
+        vision["deepstack_visual_indexes"] = [0]
+        cfg = tf.Qwen3VLMoeConfig(text_config=text, vision_config=vision)
+        cls = tf.Qwen3VLMoeForConditionalGeneration
+    elif kind == "qwen3_vl":
         text["head_dim"] = 16
         text["rope_parameters"] = {"rope_type": "default", "rope_theta": 500_000.0, "mrope_section": [2, 3, 3],
                                    "mrope_interleaved": True}
@@ -71,7 +78,7 @@ def _hf_logits(hf, prompt):
 
 
 @pytest.mark.parametrize("kind, arch", [("qwen2_vl", "Qwen2ForCausalLM"), ("qwen2_5_vl", "Qwen2ForCausalLM"),
-                                        ("qwen3_vl", "Qwen3ForCausalLM")])
+                                        ("qwen3_vl", "Qwen3ForCausalLM"), ("qwen3_vl_moe", "Qwen3MoeForCausalLM")])
 def test_a_vl_checkpoint_serves_its_language_model(tmp_path, kind, arch):
     model_dir, hf = _vl_checkpoint(tmp_path, kind)
     args = load_model_args(model_dir)
@@ -116,6 +123,22 @@ def test_the_head_ties_as_transformers_ties_it(tmp_path, arch, tied):
     (tmp_path / "config.json").write_text(json.dumps({"architectures": [arch], "text_config": text,
                                                       "tie_word_embeddings": not tied}))
     assert load_model_args(str(tmp_path)).tie_word_embeddings is (not tied)
+
+
+def test_qwen3_vl_moe_experts_in_the_released_layout(tmp_path):
+    """Qwen3-VL-MoE's released files store each layer's experts as x @ W (gate_up [E, H, 2I], down
+    [E, I, H]); transformers saves them as it holds them ([E, 2I, H], [E, H, I]): both load alike."""
+    from safetensors.torch import load_file, save_file
+
+    model_dir, hf = _vl_checkpoint(tmp_path, "qwen3_vl_moe")
+    assert load_model_args(model_dir).stacked_experts and load_model_args(model_dir).moe_layers == (1,)
+    path = os.path.join(model_dir, "model.safetensors")
+    tensors = load_file(path)
+    for name in [n for n in tensors if ".mlp.experts." in n]:
+        tensors[name] = tensors[name].transpose(1, 2).contiguous()
+    save_file(tensors, path)
+    for prompt, ours in zip(PROMPTS, _our_logits(model_dir, PROMPTS)):
+        assert (ours - _hf_logits(hf, prompt)).abs().max() < 1e-4
 
 
 def test_the_released_flat_qwen2_5_vl_config_reads_alike(tmp_path):
