@@ -25,18 +25,21 @@ def rmsnorm_ref(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Te
     """x, residual [num_tokens, hidden] → (weight * norm(h), h) with h = x + residual (or x).
 
     Returns new tensors of x's dtype; the norm runs in fp32, the weight multiplies the
-    result cast back to x's dtype (the Llama convention). `h` is the next residual.
+    result cast back to x's dtype (the Llama convention), or, an fp32 weight on a narrower x,
+    the fp32 result before it is cast (Gemma's and gpt-oss's). `h` is the next residual.
     """
     _check_rmsnorm(x, residual, weight, eps)
     h = x if residual is None else x + residual
     hf = h.float()
-    normed = (hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
-    return weight.to(x.dtype) * normed, h
+    normed = hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + eps)
+    if weight.dtype == torch.float32 and x.dtype != torch.float32:
+        return (weight * normed).to(x.dtype), h
+    return weight.to(x.dtype) * normed.to(x.dtype), h
 
 
 @triton.jit
 def _rmsnorm_kernel(x, residual, weight, out, h_out, stride_x, stride_r, stride_o, stride_h, hidden, eps,
-                    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
+                    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, FP32_PRODUCT: tl.constexpr = False):
     # one program per token row, the whole hidden dim in one block
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
@@ -47,9 +50,13 @@ def _rmsnorm_kernel(x, residual, weight, out, h_out, stride_x, stride_r, stride_
     tl.store(h_out + row * stride_h + offs, h, mask=mask)
     hf = h.to(tl.float32)
     rstd = 1.0 / tl.sqrt(tl.sum(hf * hf, axis=0) / hidden + eps)
-    normed = (hf * rstd).to(h.dtype)
-    w = tl.load(weight + offs, mask=mask, other=0.0).to(h.dtype)
-    tl.store(out + row * stride_o + offs, w * normed, mask=mask)
+    if FP32_PRODUCT:  # an fp32 weight: the product in fp32, rounded once
+        w = tl.load(weight + offs, mask=mask, other=0.0).to(tl.float32)
+        tl.store(out + row * stride_o + offs, (w * (hf * rstd)).to(h.dtype), mask=mask)
+    else:
+        normed = (hf * rstd).to(h.dtype)
+        w = tl.load(weight + offs, mask=mask, other=0.0).to(h.dtype)
+        tl.store(out + row * stride_o + offs, w * normed, mask=mask)
 
 
 def rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
@@ -64,5 +71,6 @@ def rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor
     r = x if residual is None else residual
     _rmsnorm_kernel[(num_tokens,)](
         x, r, weight, out, h, x.stride(0), r.stride(0), out.stride(0), h.stride(0), hidden, float(eps),
-        HAS_RESIDUAL=residual is not None, BLOCK=triton.next_power_of_2(hidden), num_warps=4 if hidden <= 4096 else 8)
+        HAS_RESIDUAL=residual is not None, BLOCK=triton.next_power_of_2(hidden), num_warps=4 if hidden <= 4096 else 8,
+        FP32_PRODUCT=weight.dtype == torch.float32 and x.dtype != torch.float32)
     return out, h

@@ -317,7 +317,8 @@ def load_gguf_weights(model: CausalLM, f: GGUFFile, dtype: torch.dtype, device: 
     state: dict[str, torch.Tensor] = {}
     start = time.perf_counter()
     for name, parts in tqdm(sources.items(), desc="dequantizing GGUF", unit="tensor", disable=None, leave=False):
-        tensors = [_read(f, src, fix, dtype) for src, fix in parts]
+        keep = torch.float32 if name.endswith(model.args.fp32_parameters) else dtype  # Gemma's norms
+        tensors = [_read(f, src, fix, keep) for src, fix in parts]
         want = tuple(expected[name].shape)
         tensor = join_parts(tensors, want)
         if tensor is None:

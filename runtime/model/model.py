@@ -100,7 +100,10 @@ def rmsnorm_cpu(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Te
     of "What is the capital of France?"); the cost is one elementwise add per norm.
     """
     h = x.float() if residual is None else x.float() + residual
-    return weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype), h
+    normed = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    if weight.dtype == torch.float32 and x.dtype != torch.float32:  # Gemma, gpt-oss: the product in fp32
+        return (weight * normed).to(x.dtype), h
+    return weight * normed.to(x.dtype), h
 
 
 def silu_mul_cpu(gate_up: torch.Tensor) -> torch.Tensor:

@@ -192,9 +192,12 @@ class ModelArgs:
     @property
     def fp32_parameters(self) -> tuple[str, ...]:
         """Endings of the parameters kept fp32 whatever the model's dtype, as transformers keeps
-        them: GLM-4.5's and ERNIE 4.5 MoE's routers and correction biases."""
+        them: GLM-4.5's and ERNIE 4.5 MoE's routers and correction biases; the norms' weights where
+        transformers multiplies by them in fp32 (Gemma's 1 + w, gpt-oss's), which RMSNorm then does."""
         if self.architecture in ("Glm4MoeForCausalLM", "Ernie4_5_MoeForCausalLM"):
             return (".mlp.gate.weight", ".mlp.router_correction")
+        if self.architecture in ("GemmaForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM", "GptOssForCausalLM"):
+            return ("norm.weight",)
         return ()
 
     @property

@@ -110,3 +110,17 @@ def test_llama3_scaling_slows_only_low_frequencies():
     assert torch.equal(scaled[:8], plain[:8])  # short wavelengths kept
     torch.testing.assert_close(scaled[-4:], plain[-4:] / 8.0)  # long ones divided by factor
     assert ((scaled <= plain) & (scaled >= plain / 8.0)).all()
+
+
+def test_rmsnorm_multiplies_an_fp32_weight_in_fp32(device):
+    """Gemma's and gpt-oss's norms (weights kept fp32): the product in fp32, then rounded once to
+    x's dtype, in the kernel and the reference alike."""
+    g = torch.Generator().manual_seed(1)
+    x = (torch.randn(7, 64, generator=g) * 3).to(device=device, dtype=torch.float16)
+    weight = (torch.randn(64, generator=g) * 0.5 + 1).to(device)
+    out, _ = rmsnorm(x, None, weight, 1e-6)
+    want, _ = rmsnorm_ref(x, None, weight, 1e-6)
+    hf = x.float()
+    exact = (weight * (hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + 1e-6))).to(torch.float16)
+    assert out.dtype == want.dtype == torch.float16 and torch.equal(want, exact)
+    torch.testing.assert_close(out, exact, rtol=0, atol=1e-3)  # the kernel's sum order may differ by an ulp
