@@ -177,12 +177,13 @@ def gemma3_text_config(cfg: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
-# Qwen's vision-language models served as their language models: the architecture each one's text
-# model runs as, and the text config class's defaults that differ from that family's
+# vision-language models served as their language models (Qwen2/2.5/3-VL, Mistral 3: Mistral-Small-3.x):
+# the architecture each one's text model runs as, and the text config class's defaults that differ
 VL_TEXT_ARCHITECTURES = {"Qwen2VLForConditionalGeneration": "Qwen2ForCausalLM",
                          "Qwen2_5_VLForConditionalGeneration": "Qwen2ForCausalLM",
                          "Qwen3VLForConditionalGeneration": "Qwen3ForCausalLM",
-                         "Qwen3VLMoeForConditionalGeneration": "Qwen3MoeForCausalLM"}
+                         "Qwen3VLMoeForConditionalGeneration": "Qwen3MoeForCausalLM",
+                         "Mistral3ForConditionalGeneration": "MistralForCausalLM"}
 _QWEN2_VL_TEXT = {"rope_theta": 1_000_000.0, "max_position_embeddings": 32768, "rms_norm_eps": 1e-5,
                   "num_key_value_heads": 8}
 _VL_TEXT_DEFAULTS = {"Qwen2VLForConditionalGeneration": _QWEN2_VL_TEXT, "Qwen2_5_VLForConditionalGeneration": _QWEN2_VL_TEXT,
@@ -190,7 +191,8 @@ _VL_TEXT_DEFAULTS = {"Qwen2VLForConditionalGeneration": _QWEN2_VL_TEXT, "Qwen2_5
                                                          "num_key_value_heads": 32, "head_dim": 128},
                      "Qwen3VLMoeForConditionalGeneration": {"rope_theta": 500_000.0, "max_position_embeddings": 128_000,
                                                             "num_key_value_heads": 16, "num_experts": 60,
-                                                            "num_experts_per_tok": 4, "moe_intermediate_size": 1408}}
+                                                            "num_experts_per_tok": 4, "moe_intermediate_size": 1408},
+                     "Mistral3ForConditionalGeneration": {}}
 
 
 def vl_text_config(cfg: dict[str, Any], arch: str) -> dict[str, Any]:
@@ -204,9 +206,10 @@ def vl_text_config(cfg: dict[str, Any], arch: str) -> dict[str, Any]:
     base = {k: v for k, v in (text or cfg).items() if k not in ("vision_config", "text_config", "architectures")}
     merged = {**_VL_TEXT_DEFAULTS[arch],
               **{k: cfg[k] for k in ("bos_token_id", "eos_token_id", "torch_dtype", "dtype") if cfg.get(k) is not None},
-              **{k: v for k, v in base.items() if v is not None}}
-    # the head ties by the top-level flag; without one, Qwen2(.5)-VL's by the text config's, Qwen3-VL's not
-    text_tie = base.get("tie_word_embeddings", False) if arch.startswith("Qwen2") else False
+              **{k: v for k, v in base.items() if v is not None or k == "sliding_window"}}  # a null window: none
+    # the head ties by the top-level flag; without one, Qwen2(.5)-VL's and Mistral 3's by the text config's
+    # (Mistral-Small-3.x's released configs have none, and store the head), Qwen3-VL's not
+    text_tie = base.get("tie_word_embeddings", False) if arch.startswith(("Qwen2", "Mistral3")) else False
     merged["tie_word_embeddings"] = cfg.get("tie_word_embeddings", text_tie)
     for field in ("rope_parameters", "rope_scaling"):  # the multimodal RoPE: with text alone a token's three
         rope = merged.get(field)  # positions are one, and its rotation is plain RoPE's (mrope_section unread)

@@ -155,3 +155,56 @@ def test_the_released_flat_qwen2_5_vl_config_reads_alike(tmp_path):
     json.dump(flat, open(path, "w"))
     after = load_model_args(model_dir)
     assert after == before
+
+
+def _mistral3(tmp_path):
+    import transformers as tf
+
+    from conftest import TOKENIZER_FILES
+    from radixflow.runtime.model.demo import demo_model
+    from radixflow.runtime.text.tokenizer import Tokenizer
+
+    demo = demo_model("tiny")
+    text = dict(vocab_size=Tokenizer.from_dir(demo).vocab_size, hidden_size=64, intermediate_size=112,
+                num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=2, head_dim=8,
+                max_position_embeddings=512, sliding_window=None, bos_token_id=None, eos_token_id=None,
+                rope_parameters={"rope_type": "default", "rope_theta": 1_000_000_000.0})
+    vision = dict(hidden_size=32, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=32,
+                  patch_size=16)
+    torch.manual_seed(5)
+    hf = tf.Mistral3ForConditionalGeneration(tf.Mistral3Config(text_config=text, vision_config=vision)).float().eval()
+    with torch.no_grad():
+        for p in hf.parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.08)
+    out = tmp_path / "mistral3"
+    hf.save_pretrained(str(out))
+    for f in TOKENIZER_FILES:
+        shutil.copy(os.path.join(demo, f), out)
+    return str(out), hf
+
+
+def test_mistral3_serves_its_language_model(tmp_path):
+    """Mistral-Small-3.x (Mistral3ForConditionalGeneration) as its Mistral text model; its tie as
+    the top-level flag says (transformers writes true), else as its text config says (the released
+    configs have no top-level flag, and store the head: untied, the head used)."""
+    from safetensors.torch import load_file, save_file
+
+    model_dir, hf = _mistral3(tmp_path)
+    args = load_model_args(model_dir)
+    assert args.architecture == "MistralForCausalLM" and args.tie_word_embeddings and args.sliding_window is None
+    for prompt, ours in zip(PROMPTS, _our_logits(model_dir, PROMPTS)):
+        assert (ours - _hf_logits(hf, prompt)).abs().max() < 1e-4
+    # the released form: no top-level tie, a head of its own stored beside the embeddings
+    path = os.path.join(model_dir, "config.json")
+    cfg = json.load(open(path))
+    del cfg["tie_word_embeddings"]
+    json.dump(cfg, open(path, "w"))
+    tensors = load_file(os.path.join(model_dir, "model.safetensors"))
+    head = torch.randn(tensors["language_model.model.embed_tokens.weight"].shape, generator=torch.Generator().manual_seed(2))
+    save_file({**tensors, "language_model.lm_head.weight": head * 0.08}, os.path.join(model_dir, "model.safetensors"))
+    assert not load_model_args(model_dir).tie_word_embeddings
+    with torch.no_grad():
+        hf.lm_head.weight = torch.nn.Parameter(head * 0.08)  # the text model with its own head
+    for prompt, ours in zip(PROMPTS, _our_logits(model_dir, PROMPTS)):
+        assert (ours - _hf_logits(hf, prompt)).abs().max() < 1e-4
