@@ -7,7 +7,7 @@ import torch
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 INDEX_DTYPES = (torch.int32, torch.int64)
-MAX_HEAD_DIM = 256
+MAX_HEAD_DIM = 576  # latent attention's one head: DeepSeek's 512-dim latent and 64 rotated dims
 
 
 def check(cond: bool, message: str) -> None:

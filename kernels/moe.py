@@ -40,9 +40,9 @@ def moe_route(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tup
     return weights, ids
 
 
-def moe_route_grouped(router_logits: torch.Tensor, top_k: int, renormalize: bool, correction: torch.Tensor,
-                      n_group: int, topk_group: int, scaling: float,
-                      scoring: str = "sigmoid") -> tuple[torch.Tensor, torch.Tensor]:
+def moe_route_grouped(router_logits: torch.Tensor, top_k: int, renormalize: bool, correction: torch.Tensor | None,
+                      n_group: int, topk_group: int, scaling: float, scoring: str = "sigmoid",
+                      group_score: str = "top2") -> tuple[torch.Tensor, torch.Tensor]:
     """DeepSeek-V3's and GLM-4.5's routing (MiniMax-M2's with one group; ERNIE 4.5 MoE's with
     softmax `scoring`): router_logits [T, E] → (weights fp32 [T, k], expert ids int64 [T, k]).
     Each expert's score is sigmoid(logit) (or the softmax's); `correction` [E] added to the scores ranks
@@ -56,11 +56,13 @@ def moe_route_grouped(router_logits: torch.Tensor, top_k: int, renormalize: bool
     check(1 <= top_k <= topk_group * (experts // n_group),
           f"top_k must be in [1, {topk_group * (experts // n_group)}], got {top_k}")
     check(scoring in ("sigmoid", "softmax"), f"scoring must be sigmoid or softmax, got {scoring!r}")
+    check(group_score in ("top2", "max"), f"group_score must be top2 or max, got {group_score!r}")
     logits = router_logits.float()
     scores = torch.sigmoid(logits) if scoring == "sigmoid" else torch.softmax(logits, dim=-1)
-    chosen = scores + correction.float()
+    chosen = scores if correction is None else scores + correction.float()
     if n_group > 1:
-        groups = chosen.view(tokens, n_group, -1).topk(2, dim=-1).values.sum(dim=-1)  # [T, n_group]
+        grouped = chosen.view(tokens, n_group, -1)
+        groups = grouped.amax(dim=-1) if group_score == "max" else grouped.topk(2, dim=-1).values.sum(dim=-1)
         keep = torch.zeros_like(groups).scatter_(1, groups.topk(topk_group, dim=-1).indices, 1.0)
         chosen = chosen.masked_fill(keep.repeat_interleave(experts // n_group, dim=1) == 0, float("-inf"))
     ids = chosen.topk(top_k, dim=-1).indices

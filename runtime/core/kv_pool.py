@@ -29,11 +29,12 @@ class KVPool:
     are one array copy each, whatever their size. Runs are pushed reversed and taken reversed, so
     a fresh pool hands out ascending runs and a freed run comes back in its order: a long
     prefill's slots are then one run, which CPU attention reads as a view (kernels/torch_attention.py).
-    The scheduler (CPU) owns it; kernels only see slot ids.
+    The scheduler (CPU) owns it; kernels only see slot ids. `shared_kv` (latent attention, whose
+    values are its keys: model.LatentAttention): each layer's V tensor is its K tensor, stored once.
     """
 
     def __init__(self, num_slots: int, num_layers: int, num_kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device, fp8: bool = False) -> None:
+                 dtype: torch.dtype, device: torch.device, fp8: bool = False, shared_kv: bool = False) -> None:
         if num_slots < 2:
             raise ValueError(f"KV pool needs at least 2 slots, got {num_slots}")
         self.num_slots = num_slots
@@ -41,7 +42,9 @@ class KVPool:
         store = torch.uint8 if fp8 else dtype
         shape = (num_slots, num_kv_heads, head_dim)
         self.k_caches = [torch.zeros(shape, dtype=store, device=device) for _ in range(num_layers)]
-        self.v_caches = [torch.zeros(shape, dtype=store, device=device) for _ in range(num_layers)]
+        self.shared_kv = shared_kv
+        self.v_caches = self.k_caches if shared_kv else [torch.zeros(shape, dtype=store, device=device)
+                                                         for _ in range(num_layers)]
         # Per-layer dequantization scales: a stored e4m3 value x reads back as x * scale. fp8
         # pools start uncalibrated: set_scales (a checkpoint's) or calibrate (the first
         # prefill's K/V) fixes a layer's scales before any of its K/V is stored.
@@ -68,6 +71,8 @@ class KVPool:
             if not (math.isfinite(scale) and scale > 0):
                 raise ValueError(f"KV scales must be positive and finite, got {scale!r}")
         self.k_scales, self.v_scales = [float(s) for s in k_scales], [float(s) for s in v_scales]
+        if self.shared_kv:  # one tensor read both ways: one scale, the larger (it keeps both in range)
+            self.k_scales = self.v_scales = [max(k, v) for k, v in zip(self.k_scales, self.v_scales)]
         self._uncalibrated.clear()
 
     def calibrate(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -79,9 +84,9 @@ class KVPool:
 
     @staticmethod
     def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
-                        fp8: bool) -> int:
+                        fp8: bool, shared_kv: bool = False) -> int:
         elem = 1 if fp8 else torch.empty((), dtype=dtype).element_size()
-        return 2 * num_layers * num_kv_heads * head_dim * elem
+        return (1 if shared_kv else 2) * num_layers * num_kv_heads * head_dim * elem
 
     @property
     def num_free(self) -> int:

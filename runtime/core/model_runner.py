@@ -77,7 +77,7 @@ def kv_pool_tokens(cfg: EngineConfig, args: ModelArgs, shape: RuntimeShape, fp8:
     """KV slots to allocate: the explicit budget, else a CPU default or a GPU memory share."""
     if cfg.kv_cache_tokens is not None:
         return cfg.kv_cache_tokens
-    per_token = KVPool.bytes_per_token(args.num_layers, args.num_kv_heads, args.head_dim, shape.dtype, fp8)
+    per_token = KVPool.bytes_per_token(args.num_layers, args.num_kv_heads, args.head_dim, shape.dtype, fp8, args.mla)
     if shape.device.type != "cuda":
         fit = cfg.cpu_kv_cache_bytes // per_token
         if fit < 16:
@@ -115,7 +115,7 @@ class ModelRunner:
         fp8 = cfg.kv_cache_dtype == "fp8_e4m3"
         num_tokens = kv_pool_tokens(cfg, self.args, self.shape, fp8)
         self.kv_pool = KVPool(num_tokens + 1, self.args.num_layers, self.args.num_kv_heads,
-                              self.args.head_dim, self.shape.dtype, dev, fp8=fp8)
+                              self.args.head_dim, self.shape.dtype, dev, fp8=fp8, shared_kv=self.args.mla)
         scales = read_kv_scales(model_dir, self.args.num_layers) if fp8 and cfg.load_format != "dummy" else None
         if scales is not None:
             self.kv_pool.set_scales(*scales)
@@ -127,7 +127,8 @@ class ModelRunner:
                                        self.args.layer_windows, self.args.attn_logit_softcapping)
         log.info("KV pool: %d tokens, %.2f GiB (%s, %s), max context %d, attention backend %s",
                  num_tokens, num_tokens * KVPool.bytes_per_token(
-                     self.args.num_layers, self.args.num_kv_heads, self.args.head_dim, self.shape.dtype, fp8) / 2**30, "fp8_e4m3" if fp8 else self.shape.dtype, dev,
+                     self.args.num_layers, self.args.num_kv_heads, self.args.head_dim, self.shape.dtype, fp8,
+                     self.args.mla) / 2**30, "fp8_e4m3" if fp8 else self.shape.dtype, dev,
                  self.shape.max_context_len, self.shape.attention_backend)
         self.graph_runner: DecodeGraphRunner | None = None
         # NOTE: a graph bakes in the KV scales its store and attention kernels were launched with,

@@ -12,7 +12,9 @@ GEMMA_ARCHITECTURES = ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
 # mixture-of-experts families: a router sends each token to its top-k experts' MLPs
 MOE_ARCHITECTURES = ("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "GraniteMoeForCausalLM",
                      "OlmoeForCausalLM", "GptOssForCausalLM", "Glm4MoeForCausalLM", "MiniMaxM2ForCausalLM",
-                     "Ernie4_5_MoeForCausalLM")
+                     "Ernie4_5_MoeForCausalLM", "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
+# multi-head latent attention (DeepSeek-V2 / V3, Kimi K2, Moonlight): see mla_fields
+DEEPSEEK_ARCHITECTURES = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
 GRANITE_ARCHITECTURES = ("GraniteForCausalLM", "GraniteMoeForCausalLM")
 # a config's activation name → ModelArgs.hidden_act: of the gated MLPs (act(gate) * up), and of the
 # MLPs without a gate (act(up): Arcee's squared ReLU, Apertus' xIELU with its learned scalars)
@@ -63,6 +65,9 @@ _FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
                                 "tie_word_embeddings": True},
     "MiniMaxM2ForCausalLM": {"num_key_value_heads": 8, "max_position_embeddings": 196608, "head_dim": 128,
                              "num_experts_per_tok": 8},
+    "DeepseekV2ForCausalLM": {"max_position_embeddings": 2048, "n_routed_experts": 64, "moe_intermediate_size": 1407},
+    "DeepseekV3ForCausalLM": {"n_routed_experts": 256, "moe_intermediate_size": 2048, "num_experts_per_tok": 8,
+                              "bos_token_id": 0, "eos_token_id": 1},
     "GptOssForCausalLM": {"num_key_value_heads": 8, "rms_norm_eps": 1e-5, "max_position_embeddings": 131072,
                           "head_dim": 64, "attention_bias": True, "sliding_window": 128, "num_experts_per_tok": 4},
 }
@@ -452,6 +457,8 @@ def moe_fields(cfg: dict[str, Any], arch: str) -> dict[str, Any]:
         return _glm4_moe_fields(cfg, num_layers)
     if arch == "Ernie4_5_MoeForCausalLM":
         return _ernie_moe_fields(cfg, num_layers)
+    if arch in DEEPSEEK_ARCHITECTURES:
+        return _deepseek_moe_fields(cfg, arch, num_layers)
     experts = cfg.get("num_local_experts")
     experts = cfg.get("num_experts") if experts is None else experts  # GptOssConfig's alias, others' name
     if experts is None and arch in ("GptOssForCausalLM", "MiniMaxM2ForCausalLM"):
@@ -487,3 +494,76 @@ def moe_fields(cfg: dict[str, Any], arch: str) -> dict[str, Any]:
     if arch == "Qwen2MoeForCausalLM":
         fields["shared_expert_intermediate_size"] = required(cfg, "shared_expert_intermediate_size")
     return fields
+
+
+def _count(name: str, value: Any) -> int:
+    """An integer field that may be 0."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+    return value
+
+
+def _deepseek_moe_fields(cfg: dict[str, Any], arch: str, num_layers: int) -> dict[str, Any]:
+    """DeepSeek-V2's and V3's experts (their config classes' fields and defaults): `n_routed_experts`
+    of `moe_intermediate_size` in the layers i >= first_k_dense_replace with i % moe_layer_freq == 0
+    (dense MLPs elsewhere; transformers' classes ignore the frequency, every released config has 1),
+    `n_shared_experts` of that width as one ungated shared expert, weights times routed_scaling_factor.
+    V3 (Kimi K2, Moonlight): sigmoid scores with the router's correction bias choosing within
+    `topk_group` of `n_group` groups (ranked by the sum of their top two), renormalized when
+    `norm_topk_prob`; `num_nextn_predict_layers` MTP layers stored after the decoder's (not run).
+    V2: softmax scores, `topk_method` greedy (all experts) or group_limited_greedy (the groups
+    ranked by their best score), renormalized when `norm_topk_prob` (false in its configs; as the
+    reference code and vLLM read it: transformers' V2 router never renormalizes)."""
+    v3 = arch == "DeepseekV3ForCausalLM"
+    scoring = optional(cfg, "scoring_func", "sigmoid" if v3 else "softmax")
+    if scoring != ("sigmoid" if v3 else "softmax"):  # the one each family's routing computes
+        raise ValueError(f"scoring_func {scoring!r} is not supported for {arch}; supported: "
+                         f"{'sigmoid' if v3 else 'softmax'}")
+    experts, inter = required(cfg, "n_routed_experts"), required(cfg, "moe_intermediate_size")
+    for name, value in (("n_routed_experts", experts), ("moe_intermediate_size", inter)):
+        check_positive_int(name, value)
+    shared = _count("n_shared_experts", optional(cfg, "n_shared_experts", 1 if v3 else 2))
+    first = _count("first_k_dense_replace", optional(cfg, "first_k_dense_replace", 3 if v3 else 0))
+    freq = optional(cfg, "moe_layer_freq", 1)
+    check_positive_int("moe_layer_freq", freq)
+    fields: dict[str, Any] = {
+        "num_experts": experts, "num_experts_per_tok": required(cfg, "num_experts_per_tok"),
+        "moe_intermediate_size": inter, "norm_topk_prob": flag(cfg, "norm_topk_prob", v3),
+        "moe_layers": tuple(i for i in range(first, num_layers) if i % freq == 0),
+        "shared_expert_intermediate_size": inter * shared, "shared_expert_gate": False,
+        "routed_scaling_factor": optional(cfg, "routed_scaling_factor", 2.5 if v3 else 1.0)}
+    if v3:
+        mtp = _count("num_nextn_predict_layers",
+                     optional(cfg, "num_nextn_predict_layers", optional(cfg, "num_mtp_layers", 1)))
+        fields.update(router_scoring="sigmoid", router_correction=True, n_group=optional(cfg, "n_group", 8),
+                      topk_group=optional(cfg, "topk_group", 4), extra_layers=mtp)
+        return fields
+    method = optional(cfg, "topk_method", "greedy")
+    if method not in ("greedy", "group_limited_greedy"):
+        raise ValueError(f"topk_method {method!r} is not supported for DeepseekV2ForCausalLM; supported: greedy, "
+                         "group_limited_greedy")
+    if method == "group_limited_greedy":
+        fields.update(n_group=required(cfg, "n_group"), topk_group=required(cfg, "topk_group"), group_score="max")
+    return fields
+
+
+def mla_fields(cfg: dict[str, Any], arch: str) -> dict[str, Any]:
+    """Multi-head latent attention's shape (DeepSeek-V2 / V3): each head's query of
+    qk_nope_head_dim + qk_rope_head_dim dims, from x (`q_lora_rank` null) or through a
+    `q_lora_rank` bottleneck; keys and values from one `kv_lora_rank` latent per token plus a
+    qk_rope_head_dim key shared by every head. The KV pool keeps the latent and the rotated key
+    (one KV head of kv_lora_rank + qk_rope_head_dim dims); values have v_head_dim dims. RoPE pairs
+    interleaved dims (V3's `rope_interleave`, true unless set; V2 always)."""
+    fields = {"kv_lora_rank": optional(cfg, "kv_lora_rank", 512),
+              "qk_nope_head_dim": optional(cfg, "qk_nope_head_dim", 128),
+              "qk_rope_head_dim": optional(cfg, "qk_rope_head_dim", 64),
+              "v_head_dim": optional(cfg, "v_head_dim", 128)}
+    for name, value in fields.items():
+        check_positive_int(name, value)
+    q_lora = cfg.get("q_lora_rank", 1536)  # null: q straight from x (DeepSeek-V2-Lite)
+    if q_lora is not None:
+        check_positive_int("q_lora_rank", q_lora)
+    if fields["qk_rope_head_dim"] % 2:
+        raise ValueError(f"qk_rope_head_dim {fields['qk_rope_head_dim']} must be even (RoPE rotates pairs)")
+    interleaved = flag(cfg, "rope_interleave", True) if arch == "DeepseekV3ForCausalLM" else True
+    return {**fields, "q_lora_rank": q_lora or 0, "rope_interleaved": interleaved}

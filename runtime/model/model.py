@@ -1,6 +1,6 @@
 """One decoder for the Llama family (Llama 2/3/3.1, Mistral, Qwen2, Qwen3, Phi-3, SmolLM3, Granite,
 OLMo 2, Gemma 1, 2 and 3) and its mixture-of-experts kin (Mixtral, Qwen2-MoE, Qwen3-MoE, GraniteMoE, OLMoE:
-kernels/moe.py), driven by ModelArgs.
+kernels/moe.py), DeepSeek-V2 / V3's latent attention among them (LatentAttention), driven by ModelArgs.
 
 Projections are fused at load time (q|k|v into `qkv_proj`, gate|up into `gate_up_proj`) so each
 layer runs two matmuls fewer. Attention goes through an `AttentionFn` that receives the step's
@@ -114,17 +114,17 @@ def silu_mul_cpu(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 def rope_tables(args: ModelArgs, max_len: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin [max_len, head_dim] fp32 for the model's RoPE (llama3 / linear / yarn scaling
+    """cos, sin [max_len, rope_table_dim] fp32 for the model's RoPE (llama3 / linear / yarn scaling
     applied). LongRoPE: [2 * max_len, head_dim], the short factors' rows then the long ones'
     (a long sequence's tokens read row position + max_len: ForwardBatch.rope_positions)."""
     factor = kernels.rope_attention_factor(args.rope_scaling)
     tables = []
     for long in (False, True) if args.long_rope_len is not None else (False,):
         inv_freq = kernels.rope_inv_freq(args.rope_dim, args.rope_theta, args.rope_scaling, long)
-        inv_freq = torch.cat([inv_freq, inv_freq.new_zeros((args.head_dim - args.rope_dim) // 2)])
+        inv_freq = torch.cat([inv_freq, inv_freq.new_zeros((args.rope_table_dim - args.rope_dim) // 2)])
         cos, sin = kernels.rope_cos_sin(inv_freq, max_len, device, factor)
-        if args.rope_dim < args.head_dim:  # the dims partial RoPE passes through: cos 1, sin 0 (unscaled)
-            passed = pass_through_columns(args.head_dim, args.rope_dim).to(device)
+        if args.rope_dim < args.rope_table_dim:  # the dims partial RoPE passes through: cos 1, sin 0 (unscaled)
+            passed = pass_through_columns(args.rope_table_dim, args.rope_dim).to(device)
             cos[:, passed], sin[:, passed] = 1.0, 0.0
         tables.append((cos, sin))
     return torch.cat([cos for cos, _ in tables]), torch.cat([sin for _, sin in tables])
@@ -203,6 +203,59 @@ class Attention(nn.Module):
             o = attn(self.layer_id, q, k, v, fb, sinks=self.sinks)
         o = o.reshape(-1, a.q_size)  # [T, q_size]
         return add_lora(fb, self.layer_id, "o", o, self.o_proj(o))
+
+
+class LatentAttention(nn.Module):
+    """DeepSeek-V2 / V3's multi-head latent attention (MLA), with the up-projections absorbed.
+
+    Per token: a latent c = norm(x W_dkv) of kv_lora_rank dims and one key of qk_rope_head_dim
+    dims shared by every head, rotated (k_pe). Each head h's query is | q_nope | q_pe |
+    (from x, or through a q_lora_rank bottleneck). kv_b_proj holds each head's W_uk [nope, latent]
+    and W_uv [v, latent], so q_nope . (W_uk c) = (W_uk^T q_nope) . c: every head attends over the
+    one KV head | c | k_pe | with the query | W_uk^T q_nope | q_pe |, and its output's latent part
+    times W_uv^T is the head's value sum. The KV pool keeps | c | k_pe | per token (keys and values
+    alike: KVPool shared_kv), kv_lora_rank + qk_rope_head_dim numbers instead of
+    2 * heads * head dims. The rotated dims' rows are de-interleaved at load (rope_layout.py) and
+    turned by rotate-half tables of qk_rope_head_dim columns."""
+
+    def __init__(self, args: ModelArgs, layer_id: int) -> None:
+        super().__init__()
+        self.args, self.layer_id = args, layer_id
+        heads, qk_dim = args.num_heads, args.qk_nope_head_dim + args.qk_rope_head_dim
+        if args.q_lora_rank:
+            self.q_a_proj = nn.Linear(args.hidden_size, args.q_lora_rank, bias=args.qkv_bias)
+            self.q_a_layernorm = RMSNorm(args.q_lora_rank, args.rms_norm_eps)
+            self.q_b_proj = nn.Linear(args.q_lora_rank, heads * qk_dim, bias=False)
+        else:
+            self.q_proj = nn.Linear(args.hidden_size, heads * qk_dim, bias=False)
+        self.kv_a_proj_with_mqa = nn.Linear(args.hidden_size, args.kv_lora_rank + args.qk_rope_head_dim,
+                                            bias=args.qkv_bias)
+        self.kv_a_layernorm = RMSNorm(args.kv_lora_rank, args.rms_norm_eps)
+        self.kv_b_proj = nn.Linear(args.kv_lora_rank, heads * (args.qk_nope_head_dim + args.v_head_dim), bias=False)
+        self.o_proj = nn.Linear(heads * args.v_head_dim, args.hidden_size, bias=args.o_bias)
+
+    def forward(self, x: torch.Tensor, rope: RopeStep, fb: ForwardBatch, attn: AttentionFn) -> torch.Tensor:
+        a = self.args
+        tokens, heads, nope, rot, latent = x.shape[0], a.num_heads, a.qk_nope_head_dim, a.qk_rope_head_dim, a.kv_lora_rank
+        if a.q_lora_rank:
+            q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x))[0])
+        else:
+            q = self.q_proj(x)
+        q = q.view(tokens, heads, nope + rot)
+        kv = self.kv_a_proj_with_mqa(x)  # [T, latent + rot]
+        c = self.kv_a_layernorm(kv[:, :latent].contiguous())[0]  # [T, latent]
+        q_pe, k_pe = q[..., nope:].contiguous(), kv[:, None, latent:].contiguous()  # [T, H, rot], [T, 1, rot]
+        if use_triton_ops(x):
+            kernels.rope(q_pe, k_pe, rope.positions, rope.cos, rope.sin)  # in place
+        else:
+            q_pe, k_pe = rotate_cpu(q_pe, rope.cos, rope.sin), rotate_cpu(k_pe, rope.cos, rope.sin)
+        w = self.kv_b_proj.weight.view(heads, nope + a.v_head_dim, latent)
+        q_latent = torch.bmm(q[..., :nope].transpose(0, 1), w[:, :nope])  # [H, T, latent]
+        query = torch.cat([q_latent.transpose(0, 1), q_pe], dim=-1)  # [T, H, latent + rot]
+        key = torch.cat([c, k_pe[:, 0]], dim=-1)[:, None]  # [T, 1, latent + rot]: the values' latent too
+        o = attn(self.layer_id, query, key, key, fb)  # [T, H, latent + rot]
+        o = torch.bmm(o[..., :latent].transpose(0, 1), w[:, nope:].transpose(1, 2))  # [H, T, v]
+        return self.o_proj(o.transpose(0, 1).reshape(tokens, heads * a.v_head_dim))
 
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
@@ -299,6 +352,9 @@ class SparseMoE(nn.Module):
         # GLM-4.5: sigmoid scores, grouped, with the router's correction bias (kernels.moe_route_grouped)
         self.grouping = (args.n_group, args.topk_group, args.routed_scaling_factor, args.router_scoring)
         self.router_correction = nn.Parameter(torch.empty(experts)) if args.router_correction else None
+        # routed by moe_route_grouped from fp32 logits: GLM-4.5, MiniMax-M2, ERNIE 4.5 MoE, DeepSeek-V2 / V3
+        self.grouped = args.router_correction or args.mla
+        self.group_score = args.group_score
         # CPU bf16: each expert's (gate | up, down) on the packed layout (packed_linear.prepack_linears)
         self.packed_experts: list[tuple[nn.Module, nn.Module]] | None = None
         self.shared_expert: MLP | None = None
@@ -309,12 +365,12 @@ class SparseMoE(nn.Module):
                 self.shared_expert_gate = nn.Linear(args.hidden_size, 1, bias=False)
 
     def forward(self, x: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
-        if self.router_correction is None:
+        if not self.grouped:
             weights, ids = kernels.moe_route(self.gate(x), self.top_k, self.renormalize)
         else:  # in fp32, as the checkpoint's router is kept
             logits = F.linear(x.float(), self.gate.weight.float())
             weights, ids = kernels.moe_route_grouped(logits, self.top_k, self.renormalize, self.router_correction,
-                                                     *self.grouping)
+                                                     *self.grouping, group_score=self.group_score)
         biases = (self.experts_gate_up_bias, self.experts_down_bias)
         if self.packed_experts is not None:  # CPU bf16 (the stacked parameters are emptied)
             out = grouped_experts(x, weights, ids, len(self.packed_experts), self._packed_expert)
@@ -350,7 +406,7 @@ class DecoderLayer(nn.Module):
             self.post_feedforward_layernorm = make_norm(args)
             if args.pre_norms:
                 self.pre_feedforward_layernorm = make_norm(args)
-        self.self_attn = Attention(args, layer_id)
+        self.self_attn = LatentAttention(args, layer_id) if args.mla else Attention(args, layer_id)
         self.post_attention_layernorm = make_norm(args)
         self.mlp = SparseMoE(args, layer_id) if layer_id in args.moe_layers else MLP(args, layer_id)
 

@@ -7,10 +7,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from radixflow.runtime.model.config_families import (
-    ACTIVATIONS, GEMMA_ARCHITECTURES, GLM_ARCHITECTURES, UNGATED_ACTIVATIONS, UNGATED_ARCHITECTURES, bias_fields,
+    ACTIVATIONS, DEEPSEEK_ARCHITECTURES, GEMMA_ARCHITECTURES, GLM_ARCHITECTURES, UNGATED_ACTIVATIONS, UNGATED_ARCHITECTURES, bias_fields,
     VL_TEXT_ARCHITECTURES, exaone4_layers, gemma1_config, gemma1_fields, gemma3_text_config, gemma_fields,
     granite_fields, moe_fields, nope_layers, sliding_window_fields, vl_text_config, with_family_defaults,
-    with_gemma_defaults,
+    mla_fields, with_gemma_defaults,
 )
 from radixflow.runtime.model.config_fields import check_positive_int, check_positive_number, flag, optional, required
 from radixflow.runtime.model.rope_config import read_rope
@@ -23,7 +23,8 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCa
                            "Gemma3ForCausalLM", "SeedOssForCausalLM", "InternLM3ForCausalLM", "Ernie4_5ForCausalLM",
                            "GlmForCausalLM", "Glm4ForCausalLM", "Exaone4ForCausalLM", "HunYuanDenseV1ForCausalLM",
                            "ArceeForCausalLM", "ApertusForCausalLM", "Starcoder2ForCausalLM", "GptOssForCausalLM",
-                           "Glm4MoeForCausalLM", "MiniMaxM2ForCausalLM", "Ernie4_5_MoeForCausalLM")
+                           "Glm4MoeForCausalLM", "MiniMaxM2ForCausalLM", "Ernie4_5_MoeForCausalLM",
+                           "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
 
 
 # OLMo 2 and 3: norms after attention and MLP (none before), q / k normed over the whole projection
@@ -87,6 +88,7 @@ class ModelArgs:
     topk_group: int = 1
     routed_scaling_factor: float = 1.0
     shared_expert_gate: bool = True
+    group_score: str = "top2"  # how expert groups are ranked: the sum of their top two scores, or "max" (DeepSeek-V2)
     extra_layers: int = 0  # layers stored after the decoder's that it does not run (GLM-4.5's MTP layer)
     stacked_experts: bool = False  # Qwen3-VL-MoE: a layer's experts stored as one gate | up and one down tensor
     # OLMo 2: each attention / MLP output normed before its residual add and nothing normed before them
@@ -116,6 +118,14 @@ class ModelArgs:
     embedding_multiplier_in_dtype: bool = False
     final_logit_softcapping: float | None = None
     attn_logit_softcapping: float | None = None  # Gemma 2: each attention score s → cap * tanh(s / cap)
+    # DeepSeek-V2 / V3's multi-head latent attention (config_families.mla_fields; model.LatentAttention);
+    # kv_lora_rank 0: none. With it the KV pool holds one head of head_dim = kv_lora_rank + qk_rope_head_dim
+    # (num_kv_heads 1): the latent and the rotated key, read as keys and values alike
+    kv_lora_rank: int = 0
+    q_lora_rank: int = 0  # 0: q projected from x directly
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
 
     def __post_init__(self) -> None:
         """ValueError naming the field (by its config.json name) when the shape cannot be built."""
@@ -139,6 +149,9 @@ class ModelArgs:
             raise ValueError(f"rope_scaling must be an object or null, got {self.rope_scaling!r}")
         if self.moe_layers:
             self._check_moe()
+        if self.kv_lora_rank and (self.num_kv_heads != 1 or self.head_dim != self.kv_lora_rank + self.qk_rope_head_dim
+                                  or self.rotary_dim != self.qk_rope_head_dim):
+            raise ValueError("a latent-attention model's KV pool holds one head of kv_lora_rank + qk_rope_head_dim dims")
         if self.sliding_window is not None:
             check_positive_int("sliding_window", self.sliding_window)
         if (self.sliding_window is None) != (not self.window_layers) or any(
@@ -174,6 +187,8 @@ class ModelArgs:
                              f"{self.num_experts}")
         if self.shared_expert_intermediate_size:
             check_positive_int("shared_expert_intermediate_size", self.shared_expert_intermediate_size)
+        if self.group_score not in ("top2", "max"):
+            raise ValueError(f"expert group score {self.group_score!r} is not supported; supported: top2, max")
         if self.router_scoring not in ("softmax", "sigmoid"):
             raise ValueError(f"router scoring {self.router_scoring!r} is not supported; supported: softmax, sigmoid")
         check_positive_int("n_group", self.n_group)
@@ -194,7 +209,7 @@ class ModelArgs:
         """Endings of the parameters kept fp32 whatever the model's dtype, as transformers keeps
         them: GLM-4.5's and ERNIE 4.5 MoE's routers and correction biases; the norms' weights where
         transformers multiplies by them in fp32 (Gemma's 1 + w, gpt-oss's), which RMSNorm then does."""
-        if self.architecture in ("Glm4MoeForCausalLM", "Ernie4_5_MoeForCausalLM"):
+        if self.architecture in ("Glm4MoeForCausalLM", "Ernie4_5_MoeForCausalLM") + DEEPSEEK_ARCHITECTURES:
             return (".mlp.gate.weight", ".mlp.router_correction")
         if self.architecture in ("GemmaForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM", "GptOssForCausalLM"):
             return ("norm.weight",)
@@ -202,8 +217,22 @@ class ModelArgs:
 
     @property
     def sm_scale(self) -> float:
-        """The attention's softmax scale: Granite's attention_multiplier, else 1 / sqrt(head_dim)."""
+        """The attention's softmax scale: Granite's attention_multiplier, else 1 / sqrt(head_dim);
+        latent attention: 1 / sqrt(qk_nope_head_dim + qk_rope_head_dim), times YaRN's mscale(factor,
+        mscale_all_dim) squared where the scaling names one (as transformers' yarn_apply_mscale)."""
+        if self.kv_lora_rank:
+            scale = 1.0 / math.sqrt(self.qk_nope_head_dim + self.qk_rope_head_dim)
+            rope = self.rope_scaling or {}
+            if rope.get("rope_type", rope.get("type")) == "yarn" and rope.get("mscale_all_dim"):
+                mscale = 0.1 * rope["mscale_all_dim"] * math.log(rope["factor"]) + 1.0 if rope["factor"] > 1 else 1.0
+                scale *= mscale * mscale
+            return scale
         return 1.0 / math.sqrt(self.head_dim) if self.attention_multiplier is None else self.attention_multiplier
+
+    @property
+    def mla(self) -> bool:
+        """Multi-head latent attention (DeepSeek-V2 / V3)."""
+        return self.kv_lora_rank > 0
 
     @property
     def layer_windows(self) -> dict[int, int]:
@@ -219,6 +248,12 @@ class ModelArgs:
     def reorders_rope(self) -> bool:
         """Whether q and k heads are reordered at load (runtime/model/rope_layout.py)."""
         return self.rope_dim < self.head_dim or self.rope_interleaved
+
+    @property
+    def rope_table_dim(self) -> int:
+        """The width of the RoPE tables: the head's (partial RoPE passes dims through), or the rotated
+        part's alone where latent attention rotates it apart."""
+        return self.rope_dim if self.mla else self.head_dim
 
     @property
     def long_rope_len(self) -> int | None:
@@ -284,7 +319,12 @@ def model_args_from_dict(cfg: dict[str, Any]) -> ModelArgs:
             raise ValueError(f"hidden_size {hidden} is not a multiple of num_attention_heads {num_heads} "
                              "and there is no head_dim")
         head_dim = hidden // num_heads
-    rope = read_rope(cfg, arch, head_dim)
+    mla = mla_fields(cfg, arch) if arch in DEEPSEEK_ARCHITECTURES else {}
+    if mla:  # the pool's one head: the latent and the rotated key
+        head_dim = mla["kv_lora_rank"] + mla["qk_rope_head_dim"]
+    rope = read_rope(cfg, arch, mla["qk_rope_head_dim"] if mla else head_dim)
+    interleaved = mla.pop("rope_interleaved") if mla else arch in GLM_ARCHITECTURES + (
+        "Ernie4_5ForCausalLM", "Ernie4_5_MoeForCausalLM")
     if cfg.get("clip_qkv") is not None:  # OLMo(E) checkpoints trained with clamped q, k, v
         raise ValueError(f"clip_qkv {cfg['clip_qkv']!r} is not supported (q, k and v are not clamped here)")
     # Gemma's MLPs read hidden_activation (a hidden_act there is ignored, as transformers does), the
@@ -317,14 +357,14 @@ def model_args_from_dict(cfg: dict[str, Any]) -> ModelArgs:
         intermediate_size=required(cfg, "intermediate_size"),
         num_layers=required(cfg, "num_hidden_layers"),
         num_heads=num_heads,
-        num_kv_heads=cfg.get("num_key_value_heads") or num_heads,
+        num_kv_heads=1 if mla else cfg.get("num_key_value_heads") or num_heads,
         head_dim=head_dim,
         rms_norm_eps=optional(cfg, "norm_epsilon", 1e-5) if arch == "Starcoder2ForCausalLM" else optional(
             cfg, "rms_norm_eps", 1e-6),
         layer_norm=arch == "Starcoder2ForCausalLM",
         rope_theta=rope.theta,
         rope_scaling=rope.scaling,
-        rotary_dim=rope.rotary_dim,
+        rotary_dim=mla["qk_rope_head_dim"] if mla else rope.rotary_dim,
         local_rope_theta=rope.local_theta,
         hidden_act=activations[act],
         gated_mlp=gated,
@@ -332,7 +372,7 @@ def model_args_from_dict(cfg: dict[str, Any]) -> ModelArgs:
         # transformers' defaults
         tie_word_embeddings=flag(cfg, "tie_word_embeddings", arch == "SmolLM3ForCausalLM" or is_gemma),
         **bias_fields(cfg, arch),
-        rope_interleaved=arch in GLM_ARCHITECTURES + ("Ernie4_5ForCausalLM", "Ernie4_5_MoeForCausalLM"),
+        rope_interleaved=interleaved,
         fused_qkv=arch == "Phi3ForCausalLM",
         fused_gate_up=arch in GLM_ARCHITECTURES + ("Phi3ForCausalLM",),
         nope_layers=nope_layers(cfg) if arch == "SmolLM3ForCausalLM" else family.pop("nope_layers", ()),  # before **family
@@ -348,4 +388,5 @@ def model_args_from_dict(cfg: dict[str, Any]) -> ModelArgs:
         bos_token_id=cfg.get("bos_token_id"),
         eos_token_ids=eos_ids,
         **family,
+        **mla,
     )

@@ -23,7 +23,8 @@ from radixflow.kernels import native, native_layers
 
 # The decoder layers' projections (runtime/model/model.py). The LM head gets a packed copy
 # beside its plain weight (`CausalLM.packed_lm_head`): the embedding shares that weight when tied.
-PACKED_PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+PACKED_PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj",
+                      "q_proj", "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa")  # the last four: latent attention's
 BATCH_HINT = 16  # rows oneDNN picks the layout for; any row count gives the same products
 
 

@@ -40,6 +40,8 @@ def to_model_layout(args, name: str, tensor: torch.Tensor) -> torch.Tensor:
     fused q | k | v projection's q and k heads, and the q / k norms' weights (per head, or over the
     whole projection: MiniMax-M2), where the model reorders its RoPE (ModelArgs.reorders_rope);
     other tensors as they are."""
+    if args.mla:
+        return latent_to_rotary_order(args, name, tensor)
     if args.reorders_rope and ".qkv_proj." in name:  # Phi-4-mini, GLM, ERNIE 4.5
         return qkv_to_rotary_order(tensor, args.q_size, args.kv_size, args.head_dim, args.rope_dim,
                                    args.rope_interleaved)
@@ -47,6 +49,23 @@ def to_model_layout(args, name: str, tensor: torch.Tensor) -> torch.Tensor:
                                                                                         "k_norm.weight")):
         return to_rotary_order(tensor, args.head_dim, args.rope_dim, args.rope_interleaved)  # per head, or every head
     return tensor
+
+
+def latent_to_rotary_order(args, name: str, tensor: torch.Tensor) -> torch.Tensor:
+    """A latent-attention parameter (DeepSeek-V2 / V3) with its rotated rows de-interleaved where
+    the checkpoint pairs them (2i, 2i + 1): each head's last qk_rope_head_dim rows of the query
+    projection, and the shared key's rows after the latent in kv_a_proj_with_mqa."""
+    rot = args.qk_rope_head_dim
+    if not args.rope_interleaved or not name.endswith((".q_proj.weight", ".q_b_proj.weight",
+                                                       ".kv_a_proj_with_mqa.weight", ".kv_a_proj_with_mqa.bias")):
+        return tensor
+    order = rotary_order(rot, rot, interleaved=True).to(tensor.device)
+    if ".kv_a_proj_with_mqa." in name:
+        latent, key = tensor.split([args.kv_lora_rank, rot])
+        return torch.cat([latent, key[order]])
+    heads = tensor.reshape(args.num_heads, args.qk_nope_head_dim + rot, *tensor.shape[1:])
+    nope, query = heads.split([args.qk_nope_head_dim, rot], dim=1)
+    return torch.cat([nope, query[:, order]], dim=1).reshape(tensor.shape)
 
 
 def qkv_to_rotary_order(qkv: torch.Tensor, q_size: int, kv_size: int, head_dim: int, rotary_dim: int,

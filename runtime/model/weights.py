@@ -152,19 +152,10 @@ def _checkpoint_sources(args: ModelArgs) -> dict[str, list[str]]:
     for i in range(args.num_layers):
         p, ours = f"model.layers.{i}.", f"layers.{i}."
         attn = p + "self_attn."
-        src[ours + "self_attn.qkv_proj.weight"] = [attn + "qkv_proj.weight"] if args.fused_qkv else [
-            attn + f"{x}_proj.weight" for x in "qkv"]
-        if args.qkv_bias:
-            src[ours + "self_attn.qkv_proj.bias"] = [attn + f"{x}_proj.bias" for x in "qkv"]
-        src[ours + "self_attn.o_proj.weight"] = [attn + "o_proj.weight"]
-        if args.attention_sinks:
-            src[ours + "self_attn.sinks"] = [attn + "sinks"]
-        if args.o_bias:
-            src[ours + "self_attn.o_proj.bias"] = [attn + "o_proj.bias"]
-        if args.qk_norm or args.qk_norm_whole:
-            q_norm, k_norm = _QK_NORM_NAMES.get(args.architecture, ("q_norm", "k_norm"))
-            src[ours + "self_attn.q_norm.weight"] = [attn + f"{q_norm}.weight"]
-            src[ours + "self_attn.k_norm.weight"] = [attn + f"{k_norm}.weight"]
+        if args.mla:
+            src.update(_latent_attention_sources(args, attn, ours + "self_attn."))
+        else:
+            src.update(_attention_sources(args, attn, ours + "self_attn."))
         src.update(_expert_sources(args, p, ours) if i in args.moe_layers else _mlp_sources(args, p, ours))
         norms = ["post_attention_layernorm"]  # Llama's before the MLP; OLMo 2's and Gemma 3's after attention
         if args.pre_norms:
@@ -179,6 +170,37 @@ def _checkpoint_sources(args: ModelArgs) -> dict[str, list[str]]:
     if args.layer_norm:
         src["norm.bias"] = ["model.norm.bias"]
     return src
+
+
+def _attention_sources(args: ModelArgs, attn: str, ours: str) -> dict[str, list[str]]:
+    """A layer's attention parameters (`ours`: their prefix): q | k | v fused (stored apart, or as
+    Phi-3's qkv_proj), o, their biases, gpt-oss's sinks and the q / k norms."""
+    src: dict[str, list[str]] = {}
+    src[ours + "qkv_proj.weight"] = [attn + "qkv_proj.weight"] if args.fused_qkv else [
+        attn + f"{x}_proj.weight" for x in "qkv"]
+    if args.qkv_bias:
+        src[ours + "qkv_proj.bias"] = [attn + f"{x}_proj.bias" for x in "qkv"]
+    src[ours + "o_proj.weight"] = [attn + "o_proj.weight"]
+    if args.attention_sinks:
+        src[ours + "sinks"] = [attn + "sinks"]
+    if args.o_bias:
+        src[ours + "o_proj.bias"] = [attn + "o_proj.bias"]
+    if args.qk_norm or args.qk_norm_whole:
+        q_norm, k_norm = _QK_NORM_NAMES.get(args.architecture, ("q_norm", "k_norm"))
+        src[ours + "q_norm.weight"] = [attn + f"{q_norm}.weight"]
+        src[ours + "k_norm.weight"] = [attn + f"{k_norm}.weight"]
+    return src
+
+
+def _latent_attention_sources(args: ModelArgs, attn: str, ours: str) -> dict[str, list[str]]:
+    """A latent-attention layer's parameters (model.LatentAttention), named as stored."""
+    names = ["kv_a_proj_with_mqa.weight", "kv_a_layernorm.weight", "kv_b_proj.weight", "o_proj.weight"]
+    names += ["q_a_proj.weight", "q_a_layernorm.weight", "q_b_proj.weight"] if args.q_lora_rank else ["q_proj.weight"]
+    if args.qkv_bias:  # attention_bias: the down-projections'
+        names += ["kv_a_proj_with_mqa.bias"] + (["q_a_proj.bias"] if args.q_lora_rank else [])
+    if args.o_bias:
+        names.append("o_proj.bias")
+    return {ours + name: [attn + name] for name in names}
 
 
 # a family's names for its MLP's up and down projections, where they are not Llama's

@@ -193,6 +193,35 @@ def test_grouped_routing_matches_transformers_router(experts, n_group, topk_grou
         assert not torch.equal(plain.sort(dim=1).values, weights.sort(dim=1).values)
 
 
+@pytest.mark.parametrize("experts, n_group, topk_group, top_k, scaling", [
+    (8, 1, 1, 2, 1.0), (16, 4, 2, 3, 1.5), (16, 8, 3, 4, 16.0), (12, 3, 1, 2, 1.0)])
+def test_deepseek_v2_routing_matches_transformers_router(experts, n_group, topk_group, top_k, scaling):
+    """DeepSeek-V2's router (transformers' DeepseekV2TopkRouter: softmax scores, greedy or limited
+    to the groups of best single score, never renormalized) against moe_route_grouped with
+    group_score "max" and no correction."""
+    import transformers as tf
+    from transformers.models.deepseek_v2.modeling_deepseek_v2 import DeepseekV2TopkRouter
+
+    method = "greedy" if n_group == 1 else "group_limited_greedy"
+    cfg = tf.DeepseekV2Config(hidden_size=16, num_attention_heads=4, n_routed_experts=experts, num_experts_per_tok=top_k, n_group=n_group,
+                              topk_group=topk_group, topk_method=method, routed_scaling_factor=scaling)
+    g = torch.Generator().manual_seed(experts * 10 + n_group)
+    router = DeepseekV2TopkRouter(cfg)
+    with torch.no_grad():
+        router.weight.normal_(0.0, 1.0, generator=g)
+    x = torch.randn(256, 16, generator=g)
+    _, want_w, want_ids = router(x)
+    route = lambda score: kernels.moe_route_grouped(x @ router.weight.T, top_k, False, None, n_group,  # noqa: E731
+                                                    topk_group, scaling, "softmax", score)
+    weights, ids = route("max")
+    order, want_order = ids.argsort(dim=1), want_ids.argsort(dim=1)
+    assert torch.equal(ids.gather(1, order), want_ids.gather(1, want_order))
+    torch.testing.assert_close(weights.gather(1, order), want_w.gather(1, want_order), rtol=1e-6, atol=1e-6)
+    if n_group > topk_group:  # ranking the groups by their top two (V3's) differs on some row
+        other, _ = route("top2")
+        assert not torch.equal(other.sort(dim=1).values, weights.sort(dim=1).values)
+
+
 def test_grouped_routing_refuses_groups_that_cannot_hold_the_choice():
     logits = torch.zeros(2, 8)
     with pytest.raises(ValueError, match="n_group 3 must divide the 8 experts"):

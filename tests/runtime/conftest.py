@@ -117,6 +117,22 @@ def _hf_config(family: str, vocab_size: int, heads: int = 8):
         cfg = tf.MiniMaxM2Config(**{**common, "intermediate_size": 32}, num_local_experts=8, num_experts_per_tok=2,
                                  rotary_dim=12, tie_word_embeddings=False)
         return cfg
+    # DeepSeek's latent attention (as many KV heads as query heads, as its configs give them): a 32-dim latent,
+    # 8 rotated dims in interleaved pairs; YaRN whose mscale_all_dim scales the softmax
+    mla = dict(kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12, moe_intermediate_size=32,
+               n_routed_experts=8, n_shared_experts=1, first_k_dense_replace=1, tie_word_embeddings=False)
+    mla_common = {**{k: v for k, v in common.items() if k != "head_dim"}, "num_key_value_heads": heads}
+    if family == "deepseek_v2":  # q straight from x; softmax routing limited to the 2 groups of best expert
+        return tf.DeepseekV2Config(**mla_common, **mla, q_lora_rank=None, num_experts_per_tok=2,
+                                   topk_method="group_limited_greedy", n_group=4, topk_group=2,
+                                   routed_scaling_factor=1.5, rope_scaling={
+                                       "type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128,
+                                       "mscale": 0.707, "mscale_all_dim": 0.707, "beta_fast": 32, "beta_slow": 1})
+    if family == "deepseek_v3":  # q through a bottleneck; GLM-4.5's grouped sigmoid routing
+        return tf.DeepseekV3Config(**mla_common, **mla, q_lora_rank=24, num_experts_per_tok=3, n_group=4, topk_group=2,
+                                   routed_scaling_factor=2.5, rope_scaling={
+                                       "type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128,
+                                       "mscale": 1.0, "mscale_all_dim": 1.0, "beta_fast": 32, "beta_slow": 1})
     if family == "mixtral":  # every layer's MLP is 4 experts of intermediate_size
         return tf.MixtralConfig(**{**common, "intermediate_size": 48}, **moe, num_local_experts=4, sliding_window=None)
     if family == "qwen3_moe":  # layer 0 experts, layer 1 a dense MLP
@@ -138,6 +154,7 @@ _CLASSES = {"llama3": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
             "hunyuan": "HunYuanDenseV1ForCausalLM", "arcee": "ArceeForCausalLM", "apertus": "ApertusForCausalLM",
             "starcoder2": "Starcoder2ForCausalLM", "gpt_oss": "GptOssForCausalLM", "glm4_moe": "Glm4MoeForCausalLM",
             "minimax_m2": "MiniMaxM2ForCausalLM", "ernie4_5_moe": "Ernie4_5_MoeForCausalLM",
+            "deepseek_v2": "DeepseekV2ForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM",
             "olmo2": "Olmo2ForCausalLM", "olmo3": "Olmo3ForCausalLM", "olmoe": "OlmoeForCausalLM", "gemma": "GemmaForCausalLM",
             "gemma2": "Gemma2ForCausalLM",
             "gemma3": "Gemma3ForCausalLM"}

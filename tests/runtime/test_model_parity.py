@@ -16,7 +16,7 @@ from radixflow.runtime.model.weights import build_model
 
 FAMILIES = ["llama3", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe", "smollm3", "granite",
             "granitemoe", "phi3", "phi3_partial", "olmo2", "olmo3", "olmoe", "gemma", "gemma2", "gemma3", "seed_oss", "internlm3", "ernie4_5", "glm", "glm4", "exaone4", "hunyuan", "arcee", "apertus", "starcoder2",
-            "gpt_oss", "glm4_moe", "minimax_m2", "ernie4_5_moe"]
+            "gpt_oss", "glm4_moe", "minimax_m2", "ernie4_5_moe", "deepseek_v2", "deepseek_v3"]
 
 
 def _our_logits(model_dir: str, prompts: list[list[int]], windows: dict[int, int] | None = None) -> list[torch.Tensor]:
@@ -376,7 +376,7 @@ def test_a_partial_rotary_embedding_outside_phi3_or_odd_is_refused(tmp_path, arc
 
 @pytest.mark.parametrize("family", ["mixtral", "qwen2_moe", "smollm3", "granite", "phi3", "phi3_partial", "olmo2",
                                     "olmoe", "glm4", "ernie4_5", "hunyuan", "apertus", "starcoder2", "gpt_oss",
-                                    "glm4_moe", "minimax_m2", "ernie4_5_moe"])
+                                    "glm4_moe", "minimax_m2", "ernie4_5_moe", "deepseek_v2", "deepseek_v3"])
 def test_triton_ops_path_equals_the_torch_path(hf_checkpoint, monkeypatch, family):
     """The model as CUDA runs it (fused norms, RoPE and SiLU-and-mul, the grouped Triton experts),
     here in the Triton interpreter, gives the CPU path's greedy tokens and logprobs: the families
@@ -504,7 +504,8 @@ _CONFIG_CLASSES = {"LlamaForCausalLM": "LlamaConfig", "MistralForCausalLM": "Mis
                    "ArceeForCausalLM": "ArceeConfig", "ApertusForCausalLM": "ApertusConfig",
                    "Starcoder2ForCausalLM": "Starcoder2Config", "GptOssForCausalLM": "GptOssConfig",
                    "Glm4MoeForCausalLM": "Glm4MoeConfig", "MiniMaxM2ForCausalLM": "MiniMaxM2Config",
-                   "Ernie4_5_MoeForCausalLM": "Ernie4_5_MoeConfig"}
+                   "Ernie4_5_MoeForCausalLM": "Ernie4_5_MoeConfig", "DeepseekV2ForCausalLM": "DeepseekV2Config",
+                   "DeepseekV3ForCausalLM": "DeepseekV3Config"}
 
 
 def test_every_architecture_has_its_transformers_config_class():
@@ -523,6 +524,8 @@ def test_absent_fields_take_the_transformers_config_class_defaults(tmp_path, arc
     shape = dict(vocab_size=96, hidden_size=256, intermediate_size=96, num_hidden_layers=4, num_attention_heads=32)
     if arch in ("MixtralForCausalLM", "GraniteMoeForCausalLM"):  # the experts' fields stay required
         shape.update(num_local_experts=4, num_experts_per_tok=2)
+    elif arch == "DeepseekV2ForCausalLM":  # V3's class has a top-k, V2's none
+        shape.update(num_experts_per_tok=4)
     elif "Moe" in arch or arch == "OlmoeForCausalLM":
         shape.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
                      **({"shared_expert_intermediate_size": 32} if arch == "Qwen2MoeForCausalLM" else {}))
@@ -534,6 +537,13 @@ def test_absent_fields_take_the_transformers_config_class_defaults(tmp_path, arc
     want = dict(num_kv_heads=ref.num_key_value_heads or ref.num_attention_heads, rms_norm_eps=eps,
                 max_position_embeddings=ref.max_position_embeddings, rope_theta=rope["rope_theta"],
                 head_dim=getattr(ref, "head_dim", None) or 256 // 32, tie_word_embeddings=ref.tie_word_embeddings)
+    if arch.startswith("Deepseek"):  # latent attention: the pool's one head holds the latent and the rotated key
+        want.update(num_kv_heads=1, head_dim=ref.kv_lora_rank + ref.qk_rope_head_dim, q_lora_rank=ref.q_lora_rank,
+                    qk_nope_head_dim=ref.qk_nope_head_dim, v_head_dim=ref.v_head_dim, rope_interleaved=True,
+                    num_experts=ref.n_routed_experts, n_group=ref.n_group or 1, topk_group=ref.topk_group or 1,
+                    routed_scaling_factor=ref.routed_scaling_factor, norm_topk_prob=ref.norm_topk_prob,
+                    moe_layers=tuple(range(ref.first_k_dense_replace, 4)),
+                    shared_expert_intermediate_size=ref.moe_intermediate_size * ref.n_shared_experts)
     assert {k: getattr(args, k) for k in want} == want
 
 
