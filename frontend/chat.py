@@ -93,15 +93,18 @@ class ChatPlan:
 def reasoning_plan(req: ChatRequest, tools: ToolPlan, reasoning_parser: str | None) -> ChatPlan:
     """The request's ChatPlan under the server's `--reasoning-parser`. The output starts inside
     the block when the format says so, unless the template was told not to think (enable_thinking
-    or thinking false among its variables, `reasoning_effort` "none"): then it is reasoning only
+    or thinking false among its variables, `reasoning_effort` "none"; deepseek_v3's unless it was
+    told to think, `thinking` true): then it is reasoning only
     when it opens with <think>, and a grammar holds from the first token, else from after </think>.
     With `continue_final_message` the output goes on from the final message's text, not from the
     start of a turn the template opened: it is in the block when that text leaves one open."""
     if reasoning_parser is None or not req.separate_reasoning:
         return ChatPlan(tools, harmony_server=reasoning_parser is not None and FORMATS[reasoning_parser].harmony)
     kwargs = template_kwargs(req)
-    thinking = kwargs.get("enable_thinking", kwargs.get("thinking")) is not False
     fmt = FORMATS[reasoning_parser]
+    # unset: the template's default (DeepSeek-V3.1's thinks only when told to)
+    thinking = kwargs.get("enable_thinking", kwargs.get("thinking", None if fmt.thinks_by_default else False))
+    thinking = thinking is not False
     opened = fmt.opened and thinking
     if req.continue_final_message and req.messages:  # (no messages: the template refuses them)
         opened = thinking = leaves_open(message_text(req.messages[-1]), fmt)

@@ -1,6 +1,8 @@
 """The call formats tool_choice "auto" can parse (`radixflow serve --tool-call-parser`): Hermes
 (tool_calls.py), Llama 3 JSON, Mistral `[TOOL_CALLS]`, Granite `<tool_call>[...]`, pythonic lists,
-and the XML-like blocks of Qwen3-Coder and GLM-4.5 / 4.7 (xml_calls.py).
+the XML-like blocks of Qwen3-Coder, GLM-4.5 / 4.7 and MiniMax-M2 (xml_calls.py), gpt-oss's
+harmony messages (harmony.py), and the marked sections of DeepSeek-V3 / V3.1 and Kimi K2
+(marked_calls.py).
 
 The middle four write their calls as a bracketed value (an object, a list) where the output starts
 (Llama 3.2: several objects, `;` between; Mistral: also after its marker). Such a value is held
@@ -18,6 +20,7 @@ import re
 from collections.abc import Callable, Mapping, Set
 
 from radixflow.frontend.harmony import HarmonyChoiceParser
+from radixflow.frontend.marked_calls import DeepSeekV3Parser, DeepSeekV31Parser, KimiK2Parser
 from radixflow.frontend.xml_calls import Glm45Parser, MiniMaxM2Parser, Qwen3CoderParser
 from radixflow.frontend.tool_calls import (
     ArgsReader, Call, CallListReader, CallReader, Content, Event, FirstCallOnly, HermesParser, Parser, StateParser,
@@ -349,13 +352,17 @@ PARSERS: dict[str, Callable[[Set[str]], Parser]] = {
     "hermes": HermesParser, "llama3_json": Llama3JsonParser, "mistral": MistralParser, "pythonic": PythonicParser,
     "qwen3_coder": Qwen3CoderParser, "glm45": Glm45Parser, "glm47": Glm45Parser, "granite": GraniteParser,
     "phi4_mini_json": Phi4MiniParser, "gpt_oss": lambda names: HarmonyChoiceParser(names, reasoning=False),
-    "minimax_m2": MiniMaxM2Parser,
+    "minimax_m2": MiniMaxM2Parser, "deepseek_v3": DeepSeekV3Parser, "deepseek_v31": DeepSeekV31Parser,
+    "kimi_k2": KimiK2Parser,
 }
 TYPED = (Qwen3CoderParser, Glm45Parser, MiniMaxM2Parser)  # the formats whose values are raw text: they need the parameters' types
 
 
-# other servers' names for a format: gpt-oss's is SGLang's gpt-oss and vLLM's openai
-ALIASES = {"gpt-oss": "gpt_oss", "openai": "gpt_oss"}
+# other servers' names for a format: gpt-oss's is SGLang's gpt-oss and vLLM's openai; DeepSeek's
+# are SGLang's deepseekv3 / deepseekv31
+ALIASES = {"gpt-oss": "gpt_oss", "openai": "gpt_oss", "deepseekv3": "deepseek_v3", "deepseekv31": "deepseek_v31"}
+# the formats whose markers are special tokens the text must keep
+SPECIAL_TOKEN_FORMATS = ("mistral", "deepseek_v3", "deepseek_v31", "kimi_k2")
 
 
 def check_parser_name(name: str) -> str:

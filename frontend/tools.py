@@ -22,7 +22,7 @@ import msgspec
 from radixflow.frontend.errors import APIError
 from radixflow.frontend.openai_schemas import ChatRequest, NamedToolChoice, Tool
 from radixflow.frontend.openai_sampling import Constraint, constraint_fields
-from radixflow.frontend.tool_call_formats import auto_parser
+from radixflow.frontend.tool_call_formats import SPECIAL_TOKEN_FORMATS, auto_parser
 from radixflow.frontend.xml_calls import string_parameters
 from radixflow.frontend.tool_calls import JsonCallsParser, Parser
 
@@ -46,8 +46,8 @@ class ToolPlan:
     @property
     def keeps_special_tokens(self) -> bool:
         """The output's call markers are special tokens the text must keep (Mistral's
-        `[TOOL_CALLS]` and `[ARGS]`), unless the request says otherwise."""
-        return self.mode == "auto" and self.call_format == "mistral"
+        `[TOOL_CALLS]` and `[ARGS]`, DeepSeek's, Kimi's), unless the request says otherwise."""
+        return self.mode == "auto" and self.call_format in SPECIAL_TOKEN_FORMATS
 
     def parser(self) -> Parser | None:
         """A fresh parser for one choice's text; None when the text is plain content."""

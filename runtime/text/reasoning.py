@@ -11,6 +11,10 @@
     seed_oss        as qwen3, with Seed-OSS's tags <seed:think> ... </seed:think>
     gpt_oss         gpt-oss's harmony messages (runtime/text/harmony.py): the analysis channel
                     is reasoning, the others content; the text keeps its special tokens
+    deepseek_v3     DeepSeek-V3.1: as deepseek_r1 when the template is told to think (`thinking`
+                    true among its variables), else as qwen3: its template thinks only when asked
+    kimi            Kimi's older ◁think▷ ... ◁/think▷ block, read as qwen3's (Kimi K2's <think>
+                    block: the alias kimi_k2, read as qwen3)
 
 A parser is fed a choice's text as it is generated and returns events, `Thought` pieces and
 content text; text that may still be a tag (`</thi`) is held back until it cannot be, and so is
@@ -42,14 +46,17 @@ class Format:
     open_tag: str = OPEN
     close_tag: str = CLOSE
     harmony: bool = False
+    thinks_by_default: bool = True  # False: the template thinks only when its variables ask (DeepSeek-V3.1)
 
 
 FORMATS = {"deepseek_r1": Format(True), "qwen3": Format(False), "qwen3_thinking": Format(True),
            "seed_oss": Format(False, "<seed:think>", "</seed:think>"),
-           "gpt_oss": Format(False, "<|channel|>analysis<|message|>", "<|channel|>final<|message|>", harmony=True)}
-# SGLang spells them with dashes; vLLM calls gpt-oss's openai_gptoss; GLM-4.5's <think> block (SGLang's
-# glm45) is read as qwen3's: thinking when the output opens with <think>
-ALIASES = {**{name.replace("_", "-"): name for name in FORMATS}, "openai_gptoss": "gpt_oss", "glm45": "qwen3"}
+           "gpt_oss": Format(False, "<|channel|>analysis<|message|>", "<|channel|>final<|message|>", harmony=True),
+           "deepseek_v3": Format(True, thinks_by_default=False), "kimi": Format(False, "◁think▷", "◁/think▷")}
+# SGLang spells them with dashes; vLLM calls gpt-oss's openai_gptoss; GLM-4.5's and Kimi K2's <think>
+# blocks (SGLang's glm45, kimi_k2) are read as qwen3's: thinking when the output opens with <think>
+ALIASES = {**{name.replace("_", "-"): name for name in FORMATS}, "openai_gptoss": "gpt_oss", "glm45": "qwen3",
+           "kimi_k2": "qwen3", "deepseek_v31": "deepseek_v3"}
 
 
 def check_reasoning_parser(name: str | None, what: str = "--reasoning-parser") -> str | None:
@@ -152,13 +159,13 @@ class ReasoningParser:
 
 def reasoning_parser(name: str, opened: bool | None = None) -> ReasoningParser:
     """A fresh parser of format `name` (a FORMATS key) for one output; `opened` (default: the
-    format's) whether it starts inside the block. gpt_oss: harmony.HarmonyReasoning."""
+    format's, where its template thinks by default) whether it starts inside the block. gpt_oss: harmony.HarmonyReasoning."""
     fmt = FORMATS[name]
     if fmt.harmony:
         from radixflow.runtime.text.harmony import HarmonyReasoning  # it imports this module
 
         return HarmonyReasoning()  # type: ignore[return-value]  # the same interface
-    return ReasoningParser(fmt.opened if opened is None else opened, fmt)
+    return ReasoningParser(fmt.opened and fmt.thinks_by_default if opened is None else opened, fmt)
 
 
 def split_reasoning(text: str, name: str) -> tuple[str | None, str]:

@@ -137,3 +137,33 @@ def test_split_reasoning_of_a_whole_output():
     assert split_reasoning("b", "qwen3") == (None, "b")
     assert split_reasoning("a</think>b", "deepseek_r1") == ("a", "b")
     assert split_reasoning("", "deepseek_r1") == (None, "")
+
+
+def test_kimis_older_tags_split_as_think_tags_do():
+    fmt = FORMATS["kimi"]
+    text = "◁think▷\nLet me add.\n◁/think▷\n\nIt is 4."
+    for parts in every_split(text):
+        assert split(ReasoningParser(False, fmt), parts) == ("Let me add.", "It is 4.", [], True), parts
+    assert split_reasoning("<think>a</think> b", "kimi") == (None, "<think>a</think> b")
+    assert check_reasoning_parser("kimi_k2") == "qwen3"  # Kimi K2's <think> block
+
+
+@pytest.mark.parametrize("kwargs, opened", [({}, False), ({"thinking": True}, True), ({"thinking": False}, False),
+                                            ({"enable_thinking": True}, True)])
+def test_deepseek_v31_thinks_only_when_its_template_is_told_to(kwargs, opened):
+    """DeepSeek-V3.1's template opens the block only with `thinking` true (its default is not to
+    think): deepseek_v3 starts the output inside the block then, and reads a <think> the output
+    opens with otherwise; deepseek_r1's output is in the block unless told not to think."""
+    import msgspec
+
+    from radixflow.frontend.chat import reasoning_plan
+    from radixflow.frontend.openai_schemas import ChatRequest
+    from radixflow.frontend.tools import NO_TOOLS
+
+    req = msgspec.convert({"model": "m", "messages": [{"role": "user", "content": "x"}],
+                           "chat_template_kwargs": kwargs}, ChatRequest)
+    assert reasoning_plan(req, NO_TOOLS, "deepseek_v3").opened is opened
+    assert reasoning_plan(req, NO_TOOLS, "deepseek_r1").opened is (kwargs.get("thinking", True) is not False)
+    assert check_reasoning_parser("deepseek_v31") == check_reasoning_parser("deepseek-v3") == "deepseek_v3"
+    assert split_reasoning("a</think>b", "deepseek_v3") == (None, "a</think>b")  # not told to think
+    assert split_reasoning("<think>a</think>b", "deepseek_v3") == ("a", "b")

@@ -80,7 +80,7 @@ def test_an_unknown_tool_call_parser_is_refused_at_startup(capsys, caplog):
     assert exc.value.code == 2 and "--tool-call-parser: invalid choice: 'qwen'" in capsys.readouterr().err
     assert build_parser().parse_args(["serve"]).tool_call_parser == "hermes"
     message = ("--tool-call-parser must be one of hermes, llama3_json, mistral, pythonic, qwen3_coder, glm45, glm47, "
-               "granite, phi4_mini_json, gpt_oss, minimax_m2; got 'qwen'")
+               "granite, phi4_mini_json, gpt_oss, minimax_m2, deepseek_v3, deepseek_v31, kimi_k2; got 'qwen'")
     with pytest.raises(ValueError, match=message):
         create_app(lambda: None, tool_call_parser="qwen")
     ns = argparse.Namespace(host="127.0.0.1", port=0, demo_size="tiny", tool_call_parser="qwen")

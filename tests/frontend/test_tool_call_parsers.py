@@ -12,6 +12,7 @@ from text_pieces import every_split, merged, run  # noqa: E402  (tests/frontend 
 from radixflow.frontend.tool_call_formats import (
     PARSERS, GraniteParser, Llama3JsonParser, MistralParser, Phi4MiniParser, PythonicParser, auto_parser,
 )
+from radixflow.frontend.marked_calls import DeepSeekV3Parser, DeepSeekV31Parser, KimiK2Parser
 from radixflow.frontend.xml_calls import Glm45Parser, MiniMaxM2Parser, Qwen3CoderParser
 from radixflow.frontend.tool_calls import (
     Call, CallArgs, CallStart, FirstCallOnly, HermesParser, JsonCallsParser, whole,
@@ -392,6 +393,79 @@ def test_minimax_m2(text, expected):
         assert merged(run(MiniMaxM2Parser(NAMES, STRINGS), pieces)) == expected, pieces
 
 
+B, E, CB, CE, SEP = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"
+
+
+def _deepseek(*calls, v31=False):
+    """A DeepSeek section: (name, arguments text) calls, V3's fenced form or V3.1's."""
+    if v31:
+        return B + "".join(f"{CB}{name}{SEP}{args}{CE}" for name, args in calls) + E
+    return B + "".join(f"{CB}function{SEP}{name}\n```json\n{args}\n```{CE}" for name, args in calls) + E
+
+
+def _kimi(*calls):
+    return "<|tool_calls_section_begin|>" + "".join(
+        f"<|tool_call_begin|>functions.{name}:{i}<|tool_call_argument_begin|>{args}<|tool_call_end|>"
+        for i, (name, args) in enumerate(calls)) + "<|tool_calls_section_end|>"
+
+
+def _marked_cases(section):
+    """The cases every marked-section format shares: `section(*(name, arguments))` writes one section."""
+    one, two = section(("get_weather", '{"city": "Paris"}')), section(("get_weather", '{"city": "Paris"}'),
+                                                                      ("add", '{"a": 1}'))
+    unknown, cut = section(("rm", '{"path": "/"}')), section(("get_weather", '{"city": "Par'))
+    return [
+        ("one call", one, [WEATHER]),
+        ("two calls in one section, text around", "Let me check.\n" + two + "\nDone.",
+         ["Let me check.", WEATHER, ADD1, "\nDone."]),
+        ("two sections", one + section(("add", '{"a": 1}')), [WEATHER, ADD1]),
+        ("nested JSON and markers inside strings",
+         section(("add", '{"a": {"b": [1, "' + E + '"]}}')), [Call("add", '{"a": {"b": [1, "' + E + '"]}}')]),
+        ("an unknown tool stays content", unknown, [unknown]),
+        ("an unknown tool after a call ends the section there",
+         section(("add", '{"a": 1}'), ("rm", "{}")) + " ok", [ADD1, "ok"]),
+        ("broken JSON: the call ends where it broke, the section's rest is dropped",
+         section(("add", '{"a": NaN}')) + " ok", [Call("add", '{"a": '), "ok"]),
+        ("an unclosed call that started keeps its unfinished arguments",
+         "x " + cut[:cut.index('"Par') + 4], ["x", Call("get_weather", '{"city": "Par')]),
+    ]
+
+
+DEEPSEEK = _marked_cases(_deepseek) + [
+    ("plain text, no call", "Hello <｜tool▁calls <tool_call>", ["Hello <｜tool▁calls <tool_call>"]),
+    ("an empty section is content", B + E + " hi", [B + E + " hi"]),
+    ("no fence: not V3's form, content", B + CB + "function" + SEP + 'add\n{"a": 1}' + CE + E,
+     [B + CB + "function" + SEP + 'add\n{"a": 1}' + CE + E]),
+]
+DEEPSEEK_V31 = _marked_cases(lambda *calls: _deepseek(*calls, v31=True)) + [
+    ("V3's fenced form is not V3.1's", _deepseek(("add", '{"a": 1}')), [_deepseek(("add", '{"a": 1}'))]),
+]
+KIMI = _marked_cases(_kimi) + [
+    ("the older section marker", "<|tool_call_section_begin|><|tool_call_begin|>functions.add:0"
+                                 '<|tool_call_argument_begin|>{"a": 1}<|tool_call_end|><|tool_calls_section_end|>', [ADD1]),
+    ("a name without its functions. prefix or index", "<|tool_calls_section_begin|><|tool_call_begin|>add"
+                                                      '<|tool_call_argument_begin|>{"a": 1}<|tool_call_end|>'
+                                                      "<|tool_calls_section_end|>", [ADD1]),
+]
+
+
+@pytest.mark.parametrize("kind,text,expected", [(k, *c[1:]) for k, cases in (
+    (DeepSeekV3Parser, DEEPSEEK), (DeepSeekV31Parser, DEEPSEEK_V31), (KimiK2Parser, KIMI)) for c in cases],
+    ids=[f"{k}-{c[0]}" for k, cases in (("v3", DEEPSEEK), ("v31", DEEPSEEK_V31), ("kimi", KIMI)) for c in cases])
+def test_marked_sections(kind, text, expected):
+    for pieces in every_split(text):
+        assert merged(run(kind(NAMES), pieces)) == expected, pieces
+
+
+def test_marked_arguments_stream_as_they_are_written():
+    parser = DeepSeekV31Parser(NAMES)
+    assert parser.feed("Sure." + B + CB + "get_wea") == ["Sure."]
+    assert parser.feed("ther" + SEP + '{"city": "Pa') == [CallStart("get_weather"), CallArgs('{"city": "Pa')]
+    assert parser.feed('ris"}' + CE) == [CallArgs('ris"}')]
+    assert parser.feed(E + " done") == ["done"]  # trimmed after the call, as every format trims
+    assert parser.finish() == []
+
+
 def test_qwen3_coder_types_come_from_the_tools_schemas():
     """A request's string-typed parameters stay strings even when they read as JSON; others are JSON."""
     import msgspec
@@ -453,7 +527,7 @@ def test_mistral_v11_arguments_stream():
 
 @pytest.mark.parametrize("parser,tools,asked,kept", [
     ("mistral", True, None, False), ("mistral", True, True, True), ("mistral", False, None, None),
-    ("hermes", True, None, None)])
+    ("hermes", True, None, None), ("deepseek_v3", True, None, False), ("kimi_k2", True, None, False)])
 def test_the_mistral_parser_keeps_special_tokens_unless_the_request_drops_them(parser, tools, asked, kept):
     """[TOOL_CALLS] and [ARGS] are special tokens: under --tool-call-parser mistral, tool_choice
     "auto" keeps them in the text (skip_special_tokens false) unless the request says otherwise."""
@@ -501,13 +575,15 @@ def test_parsers_by_flag_name():
     from radixflow.frontend.tool_call_formats import check_parser_name
 
     assert set(PARSERS) == {"hermes", "llama3_json", "mistral", "pythonic", "qwen3_coder", "glm45", "glm47",
-                            "granite", "phi4_mini_json", "gpt_oss", "minimax_m2"}
+                            "granite", "phi4_mini_json", "gpt_oss", "minimax_m2", "deepseek_v3", "deepseek_v31",
+                            "kimi_k2"}
     assert isinstance(auto_parser("mistral", NAMES, parallel=True), MistralParser)
     assert isinstance(auto_parser("openai", NAMES, parallel=True), HarmonyChoiceParser)  # vLLM's name for it
     assert check_parser_name("gpt-oss") == check_parser_name("openai") == "gpt_oss"
+    assert check_parser_name("deepseekv3") == "deepseek_v3" and check_parser_name("deepseekv31") == "deepseek_v31"
     with pytest.raises(ValueError, match="--tool-call-parser must be one of hermes, llama3_json, mistral, "
                                          "pythonic, qwen3_coder, glm45, glm47, granite, phi4_mini_json, gpt_oss, "
-                                         "minimax_m2; "
+                                         "minimax_m2, deepseek_v3, deepseek_v31, kimi_k2; "
                                          "got 'qwen'"):
         auto_parser("qwen", NAMES, parallel=True)
 
@@ -525,6 +601,8 @@ ONE_CALL = [
     (Phi4MiniParser, 'functools[{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "add"}] ok',
      [WEATHER, "ok"]),
     (Qwen3CoderParser, _xml("get_weather", city="Paris") + " B " + _xml("add", a=1), [WEATHER, "B"]),
+    (DeepSeekV3Parser, _deepseek(("get_weather", '{"city": "Paris"}'), ("add", '{"a": 1}')), [WEATHER]),
+    (KimiK2Parser, _kimi(("get_weather", '{"city": "Paris"}'), ("add", '{"a": 1}')) + " ok", [WEATHER, "ok"]),
 ]
 
 

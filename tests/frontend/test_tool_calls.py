@@ -188,6 +188,15 @@ TWO_CALLS = {
     "minimax_m2": ('Checking.\n<minimax:tool_call>\n<invoke name="get_weather">\n<parameter name="city">Rome</parameter>\n'
                    '<parameter name="days">2</parameter>\n</invoke>\n<invoke name="add">\n<parameter name="a">3</parameter>\n'
                    "</invoke>\n</minimax:tool_call>", "Checking."),
+    "deepseek_v3": ("Checking.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n"
+                    '{"city": "Rome", "days": 2}\n```<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>function<｜tool▁sep｜>add\n'
+                    '```json\n{"a": 3}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>', "Checking."),
+    "deepseek_v31": ('Checking.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"city": "Rome", "days": 2}'
+                     '<｜tool▁call▁end｜><｜tool▁call▁begin｜>add<｜tool▁sep｜>{"a": 3}<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
+                     "Checking."),
+    "kimi_k2": ("Checking.<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0"
+                '<|tool_call_argument_begin|>{"city": "Rome", "days": 2}<|tool_call_end|><|tool_call_begin|>functions.add:1'
+                '<|tool_call_argument_begin|>{"a": 3}<|tool_call_end|><|tool_calls_section_end|>', "Checking."),
 }
 
 
