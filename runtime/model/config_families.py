@@ -512,8 +512,9 @@ def _deepseek_moe_fields(cfg: dict[str, Any], arch: str, num_layers: int) -> dic
     `topk_group` of `n_group` groups (ranked by the sum of their top two), renormalized when
     `norm_topk_prob`; `num_nextn_predict_layers` MTP layers stored after the decoder's (not run).
     V2: softmax scores, `topk_method` greedy (all experts) or group_limited_greedy (the groups
-    ranked by their best score), renormalized when `norm_topk_prob` (false in its configs; as the
-    reference code and vLLM read it: transformers' V2 router never renormalizes)."""
+    ranked by their best score), renormalized when `norm_topk_prob` and top-k > 1 (false in its
+    configs; as the reference code reads it: transformers' V2 router never renormalizes).
+    `n_shared_experts` null: none."""
     v3 = arch == "DeepseekV3ForCausalLM"
     scoring = optional(cfg, "scoring_func", "sigmoid" if v3 else "softmax")
     if scoring != ("sigmoid" if v3 else "softmax"):  # the one each family's routing computes
@@ -522,13 +523,18 @@ def _deepseek_moe_fields(cfg: dict[str, Any], arch: str, num_layers: int) -> dic
     experts, inter = required(cfg, "n_routed_experts"), required(cfg, "moe_intermediate_size")
     for name, value in (("n_routed_experts", experts), ("moe_intermediate_size", inter)):
         check_positive_int(name, value)
-    shared = _count("n_shared_experts", optional(cfg, "n_shared_experts", 1 if v3 else 2))
+    # absent: the class's default; null: none (as DeepSeek's code reads it)
+    shared = _count("n_shared_experts", cfg.get("n_shared_experts", 1 if v3 else 2) or 0)
+    if flag(cfg, "mlp_bias", False):  # transformers' V2 MLPs would carry biases; no released model has them
+        raise ValueError(f"mlp_bias true is not supported for {arch}")
     first = _count("first_k_dense_replace", optional(cfg, "first_k_dense_replace", 3 if v3 else 0))
     freq = optional(cfg, "moe_layer_freq", 1)
     check_positive_int("moe_layer_freq", freq)
     fields: dict[str, Any] = {
         "num_experts": experts, "num_experts_per_tok": required(cfg, "num_experts_per_tok"),
-        "moe_intermediate_size": inter, "norm_topk_prob": flag(cfg, "norm_topk_prob", v3),
+        "moe_intermediate_size": inter,
+        # V2's reference code renormalizes several chosen experts only (one keeps its score)
+        "norm_topk_prob": flag(cfg, "norm_topk_prob", v3) and (v3 or required(cfg, "num_experts_per_tok") != 1),
         "moe_layers": tuple(i for i in range(first, num_layers) if i % freq == 0),
         "shared_expert_intermediate_size": inter * shared, "shared_expert_gate": False,
         "routed_scaling_factor": optional(cfg, "routed_scaling_factor", 2.5 if v3 else 1.0)}

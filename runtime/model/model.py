@@ -205,6 +205,10 @@ class Attention(nn.Module):
         return add_lora(fb, self.layer_id, "o", o, self.o_proj(o))
 
 
+# the latent norms' epsilon, whatever rms_norm_eps says: transformers' and DeepSeek's own code build them so
+LATENT_NORM_EPS = 1e-6
+
+
 class LatentAttention(nn.Module):
     """DeepSeek-V2 / V3's multi-head latent attention (MLA), with the up-projections absorbed.
 
@@ -224,13 +228,13 @@ class LatentAttention(nn.Module):
         heads, qk_dim = args.num_heads, args.qk_nope_head_dim + args.qk_rope_head_dim
         if args.q_lora_rank:
             self.q_a_proj = nn.Linear(args.hidden_size, args.q_lora_rank, bias=args.qkv_bias)
-            self.q_a_layernorm = RMSNorm(args.q_lora_rank, args.rms_norm_eps)
+            self.q_a_layernorm = RMSNorm(args.q_lora_rank, LATENT_NORM_EPS)
             self.q_b_proj = nn.Linear(args.q_lora_rank, heads * qk_dim, bias=False)
         else:
             self.q_proj = nn.Linear(args.hidden_size, heads * qk_dim, bias=False)
         self.kv_a_proj_with_mqa = nn.Linear(args.hidden_size, args.kv_lora_rank + args.qk_rope_head_dim,
                                             bias=args.qkv_bias)
-        self.kv_a_layernorm = RMSNorm(args.kv_lora_rank, args.rms_norm_eps)
+        self.kv_a_layernorm = RMSNorm(args.kv_lora_rank, LATENT_NORM_EPS)
         self.kv_b_proj = nn.Linear(args.kv_lora_rank, heads * (args.qk_nope_head_dim + args.v_head_dim), bias=False)
         self.o_proj = nn.Linear(heads * args.v_head_dim, args.hidden_size, bias=args.o_bias)
 

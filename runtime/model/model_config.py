@@ -223,8 +223,10 @@ class ModelArgs:
         if self.kv_lora_rank:
             scale = 1.0 / math.sqrt(self.qk_nope_head_dim + self.qk_rope_head_dim)
             rope = self.rope_scaling or {}
-            if rope.get("rope_type", rope.get("type")) == "yarn" and rope.get("mscale_all_dim"):
-                mscale = 0.1 * rope["mscale_all_dim"] * math.log(rope["factor"]) + 1.0 if rope["factor"] > 1 else 1.0
+            factor = rope.get("factor", 1.0)
+            if rope.get("rope_type", rope.get("type", "default")) != "default" and rope.get("mscale_all_dim") \
+                    and factor > 1:
+                mscale = 0.1 * rope["mscale_all_dim"] * math.log(factor) + 1.0
                 scale *= mscale * mscale
             return scale
         return 1.0 / math.sqrt(self.head_dim) if self.attention_multiplier is None else self.attention_multiplier

@@ -17,12 +17,14 @@ INIT_STD = 0.02  # the usual transformer init: activations stay finite through m
 def random_state(model: CausalLM, dtype: torch.dtype, device: torch.device, seed: int) -> dict[str, torch.Tensor]:
     """A state dict for every parameter of `model` (meta or not), created on `device`.
 
-    Matrices and embeddings ~ N(0, INIT_STD), norm weights 1, biases 0.
+    Matrices and embeddings ~ N(0, INIT_STD), norm weights 1, biases 0; ModelArgs.fp32_parameters
+    in fp32 whatever `dtype` is, as a checkpoint load keeps them.
     """
     gen = torch.Generator(device).manual_seed(seed)
     state = {}
     for name, p in model.named_parameters():
-        t = torch.empty(p.shape, dtype=dtype, device=device)
+        keep = torch.float32 if name.endswith(model.args.fp32_parameters) else dtype
+        t = torch.empty(p.shape, dtype=keep, device=device)
         if name.endswith("norm.weight"):
             t.fill_(1.0)
         elif name.endswith(".bias"):

@@ -70,6 +70,11 @@ def _scaling(cfg: dict[str, Any], scaling: dict[str, Any], arch: str, dims: int)
     if kind not in _KINDS:
         raise ValueError(f"unsupported rope_scaling type {kind!r}; supported: llama3, linear, yarn, "
                          "longrope (Phi-3), dynamic (within max_position_embeddings; with alpha: HunYuan)")
+    for name in ("mscale", "mscale_all_dim"):  # YaRN's (and latent attention's softmax scale: ModelArgs.sm_scale)
+        value = scaling.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not 0 <= value < math.inf):
+            raise ValueError(f"rope_scaling {name} must be a number >= 0, got {value!r}")
     if kind == "longrope" and arch != "Phi3ForCausalLM":
         raise ValueError(f"rope_scaling longrope is supported for Phi3ForCausalLM only, not {arch}")
     if kind == "yarn":

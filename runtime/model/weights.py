@@ -387,8 +387,9 @@ def _ignorable(args: ModelArgs, names: set[str]) -> set[str]:
                  for suffixes in _KV_SCALE_NAMES.values() for s in suffixes}
     tied = {"lm_head.weight"} if args.tie_word_embeddings else set()
     extra = tuple(f"model.layers.{i}." for i in range(args.num_layers, args.num_layers + args.extra_layers))
-    # GLM-4.5 with n_shared_experts 0: transformers saves its shared expert anyway, as empty tensors
-    unshared = ".mlp.shared_experts." if args.router_correction and not args.shared_expert_intermediate_size else None
+    # GLM-4.5 and DeepSeek with n_shared_experts 0: transformers saves the shared expert anyway, as empty tensors
+    unshared = ".mlp.shared_experts." if (args.router_correction or args.mla) and not \
+        args.shared_expert_intermediate_size else None
     return {n for n in names if n.endswith(_IGNORED_SUFFIXES) or n in kv_scales or n in tied
             or (extra and n.startswith(extra)) or (unshared is not None and unshared in n)}
 

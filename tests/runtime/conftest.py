@@ -162,15 +162,16 @@ _CLASSES = {"llama3": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
 
 @pytest.fixture(scope="session")
 def hf_checkpoint(tmp_path_factory):
-    """factory(family, shard=False, heads=8) -> (dir, transformers model): random weights saved as a
-    Hugging Face checkpoint with the demo tokenizer, so the Engine can serve it too."""
+    """factory(family, shard=False, heads=8, **fields) -> (dir, transformers model): random weights saved
+    as a Hugging Face checkpoint with the demo tokenizer, so the Engine can serve it too; `fields`
+    set on the family's config before the model is built."""
     import transformers as tf
 
     demo = demo_model("tiny")
     made: dict[tuple[str, bool], tuple[str, object]] = {}
 
-    def make(family: str, shard: bool = False, heads: int = 8):
-        key = (family, shard, heads)
+    def make(family: str, shard: bool = False, heads: int = 8, **fields):
+        key = (family, shard, heads, repr(sorted(fields.items())))
         if key in made:
             return made[key]
         from radixflow.runtime.text.tokenizer import Tokenizer
@@ -178,6 +179,8 @@ def hf_checkpoint(tmp_path_factory):
         vocab = Tokenizer.from_dir(demo).vocab_size
         torch.manual_seed(1234)
         cfg = _hf_config(family, vocab, heads)
+        for name, value in fields.items():
+            setattr(cfg, name, value)
         if family.startswith("gemma") or family == "gpt_oss":  # transformers' SDPA path drops Gemma 2's attention
             cfg._attn_implementation = "eager"  # soft-cap and gpt-oss's sinks
         model = getattr(tf, _CLASSES[family])(cfg).float().eval()
@@ -198,7 +201,7 @@ def hf_checkpoint(tmp_path_factory):
                     p.add_(torch.randn_like(p) * 0.3)
                 elif name.endswith("sinks"):  # gpt-oss: logits beside the scores', some above them, some below
                     p.normal_(0.0, 1.5)
-        out = str(tmp_path_factory.mktemp(f"{family}{'-sharded' if shard else ''}-h{heads}"))
+        out = str(tmp_path_factory.mktemp(f"{family}{'-sharded' if shard else ''}-h{heads}{'-fields' if fields else ''}"))
         model.save_pretrained(out, safe_serialization=True, max_shard_size="100KB" if shard else "5GB")
         if family in SAVED_ARCHITECTURES:  # transformers runs it on another family's class
             with open(os.path.join(out, "config.json")) as f:

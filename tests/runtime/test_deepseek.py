@@ -170,3 +170,74 @@ def test_triton_ops_and_attention_equal_the_torch_path(hf_checkpoint, family, mo
                      [[lp for lp, _, _ in o["meta_info"]["output_token_logprobs"]] for o in outs]))
     assert runs[1][0] == runs[0][0]
     torch.testing.assert_close(torch.tensor(runs[1][1]), torch.tensor(runs[0][1]), rtol=1e-4, atol=1e-4)
+
+
+def _max_logit_diff(model_dir: str, hf) -> float:
+    from test_model_parity import _our_logits
+
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, hf.config.vocab_size, (n,), generator=g).tolist() for n in (5, 23)]
+    with torch.no_grad():
+        return max((mine - hf(torch.tensor([p])).logits[0].float()).abs().max().item()
+                   for p, mine in zip(prompts, _our_logits(model_dir, prompts)))
+
+
+@pytest.mark.parametrize("family", ["deepseek_v2", "deepseek_v3"])
+def test_the_latent_norms_take_eps_1e6_whatever_rms_norm_eps_says(hf_checkpoint, family):
+    """q_a_layernorm and kv_a_layernorm are built with eps 1e-6 (transformers' and DeepSeek's own code;
+    Moonlight's rms_norm_eps is 1e-5): a large rms_norm_eps shows it."""
+    model_dir, hf = hf_checkpoint(family, rms_norm_eps=1e-2)
+    assert _max_logit_diff(model_dir, hf) < 1e-4
+
+
+@pytest.mark.parametrize("family", ["deepseek_v2", "deepseek_v3"])
+def test_no_shared_experts(hf_checkpoint, family):
+    """n_shared_experts 0: transformers saves the shared experts as empty tensors, which are skipped."""
+    model_dir, hf = hf_checkpoint(family, n_shared_experts=0)
+    assert load_model_args(model_dir).shared_expert_intermediate_size == 0
+    assert _max_logit_diff(model_dir, hf) < 1e-4
+
+
+def test_v2_renormalizes_only_several_experts_when_norm_topk_prob(hf_checkpoint, tmp_path):
+    """DeepSeek-V2's reference code renormalizes the chosen weights when norm_topk_prob and
+    top_k > 1 (transformers' V2 router never does); with one expert per token the weight stays its
+    softmax score, as transformers gives it."""
+    model_dir, hf = hf_checkpoint("deepseek_v2", norm_topk_prob=True, num_experts_per_tok=1)
+    assert _max_logit_diff(model_dir, hf) < 1e-4
+    cfg = {**DEEPSEEK_V2_LITE, "norm_topk_prob": True}
+    assert _args(tmp_path, cfg).norm_topk_prob and not _args(tmp_path, {**cfg, "num_experts_per_tok": 1}).norm_topk_prob
+
+
+@pytest.mark.parametrize("fields, match", [
+    ({"rope_scaling": {**DEEPSEEK_V3["rope_scaling"], "mscale_all_dim": "1.0"}}, "mscale_all_dim must be a number"),
+    ({"rope_scaling": {**DEEPSEEK_V3["rope_scaling"], "mscale_all_dim": True}}, "mscale_all_dim must be a number"),
+    ({"rope_scaling": {**DEEPSEEK_V3["rope_scaling"], "mscale_all_dim": -30}}, "mscale_all_dim must be a number"),
+    ({"rope_scaling": {**DEEPSEEK_V3["rope_scaling"], "mscale": "1"}}, "mscale must be a number"),
+    ({"mlp_bias": True}, "mlp_bias true is not supported for DeepseekV3ForCausalLM"),
+])
+def test_malformed_scale_fields_are_refused_at_load(tmp_path, fields, match):
+    with pytest.raises(ValueError, match=match):
+        _args(tmp_path, {**DEEPSEEK_V3, **fields})
+
+
+def test_the_softmax_scale_takes_mscale_all_dim_under_any_scaled_rope(tmp_path):
+    """transformers' yarn_apply_mscale: any rope type but the default (linear here) with an
+    mscale_all_dim scales the softmax by mscale(factor, mscale_all_dim)^2."""
+    args = _args(tmp_path, {**DEEPSEEK_V3, "rope_scaling": {"rope_type": "linear", "factor": 4.0, "mscale_all_dim": 1.0}})
+    mscale = 0.1 * math.log(4.0) + 1.0
+    assert args.sm_scale == pytest.approx(mscale * mscale / math.sqrt(192), rel=1e-12)
+
+
+def test_null_shared_experts_are_none(tmp_path):
+    assert _args(tmp_path, {**DEEPSEEK_V3, "n_shared_experts": None}).shared_expert_intermediate_size == 0
+
+
+def test_random_weights_keep_the_fp32_parameters(hf_checkpoint):
+    """load_format dummy keeps the router (and its correction) fp32 in a bf16 model, as a checkpoint load does."""
+    from radixflow.runtime.model.random_weights import build_random_model
+
+    args = load_model_args(hf_checkpoint("deepseek_v3")[0])
+    model = build_random_model(args, torch.bfloat16, torch.device("cpu"), 64)
+    moe = model.layers[1].mlp
+    assert moe.gate.weight.dtype == moe.router_correction.dtype == torch.float32
+    assert model.layers[1].self_attn.kv_b_proj.weight.dtype == torch.bfloat16
