@@ -40,6 +40,8 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None = None, long
     wavelen = 2 * math.pi / inv_freq
     # long wavelengths are slowed by `factor`, short ones kept, the band between interpolated
     scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+    if high == low:  # Llama 4's: no band between (transformers' band would be the one wavelength old_len / low)
+        return scaled
     smooth = (old_len / wavelen - low) / (high - low)
     smoothed = (1 - smooth) * scaled / factor + smooth * scaled
     is_medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)

@@ -34,8 +34,8 @@ class LoraSlots:
 
     def __init__(self, args: ModelArgs, targets: frozenset[str], num_slots: int, max_rank: int,
                  dtype: torch.dtype, device: torch.device) -> None:
-        if args.mla:  # its attention has no q / k / v projections to adapt, and adapters on only its MLPs would
-            raise ValueError(f"LoRA adapters are not supported on {args.architecture} (latent attention)")  # mislead
+        if args.mla or args.expert_input_scaled:  # latent attention has no q / k / v projections to adapt; Llama 4's
+            raise ValueError(f"LoRA adapters are not supported on {args.architecture}")  # layers are untested with them
         self.args, self.num_slots, self.max_rank = args, num_slots, max_rank
         self.a: dict[str, torch.Tensor] = {}
         self.b: dict[str, list[torch.Tensor]] = {}  # proj -> B_j per part, [L, S, R, out_j] each

@@ -12,7 +12,8 @@ GEMMA_ARCHITECTURES = ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
 # mixture-of-experts families: a router sends each token to its top-k experts' MLPs
 MOE_ARCHITECTURES = ("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "GraniteMoeForCausalLM",
                      "OlmoeForCausalLM", "GptOssForCausalLM", "Glm4MoeForCausalLM", "MiniMaxM2ForCausalLM",
-                     "Ernie4_5_MoeForCausalLM", "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
+                     "Ernie4_5_MoeForCausalLM", "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM",
+                     "Llama4ForCausalLM")
 # multi-head latent attention (DeepSeek-V2 / V3, Kimi K2, Moonlight): see mla_fields
 DEEPSEEK_ARCHITECTURES = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
 GRANITE_ARCHITECTURES = ("GraniteForCausalLM", "GraniteMoeForCausalLM")
@@ -65,6 +66,9 @@ _FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
                                 "tie_word_embeddings": True},
     "MiniMaxM2ForCausalLM": {"num_key_value_heads": 8, "max_position_embeddings": 196608, "head_dim": 128,
                              "num_experts_per_tok": 8},
+    "Llama4ForCausalLM": {"num_key_value_heads": 8, "head_dim": 128, "rms_norm_eps": 1e-5,
+                          "max_position_embeddings": 131072, "intermediate_size_mlp": 16384, "num_local_experts": 16,
+                          "bos_token_id": 1, "eos_token_id": 2},
     "DeepseekV2ForCausalLM": {"max_position_embeddings": 2048, "n_routed_experts": 64, "moe_intermediate_size": 1407},
     "DeepseekV3ForCausalLM": {"n_routed_experts": 256, "moe_intermediate_size": 2048, "num_experts_per_tok": 8,
                               "bos_token_id": 0, "eos_token_id": 1},
@@ -188,10 +192,12 @@ VL_TEXT_ARCHITECTURES = {"Qwen2VLForConditionalGeneration": "Qwen2ForCausalLM",
                          "Qwen2_5_VLForConditionalGeneration": "Qwen2ForCausalLM",
                          "Qwen3VLForConditionalGeneration": "Qwen3ForCausalLM",
                          "Qwen3VLMoeForConditionalGeneration": "Qwen3MoeForCausalLM",
-                         "Mistral3ForConditionalGeneration": "MistralForCausalLM"}
+                         "Mistral3ForConditionalGeneration": "MistralForCausalLM",
+                         "Llama4ForConditionalGeneration": "Llama4ForCausalLM"}
 _QWEN2_VL_TEXT = {"rope_theta": 1_000_000.0, "max_position_embeddings": 32768, "rms_norm_eps": 1e-5,
                   "num_key_value_heads": 8}
-_VL_TEXT_DEFAULTS = {"Qwen2VLForConditionalGeneration": _QWEN2_VL_TEXT, "Qwen2_5_VLForConditionalGeneration": _QWEN2_VL_TEXT,
+_VL_TEXT_DEFAULTS = {"Llama4ForConditionalGeneration": {},
+                     "Qwen2VLForConditionalGeneration": _QWEN2_VL_TEXT, "Qwen2_5_VLForConditionalGeneration": _QWEN2_VL_TEXT,
                      "Qwen3VLForConditionalGeneration": {"rope_theta": 500_000.0, "max_position_embeddings": 128_000,
                                                          "num_key_value_heads": 32, "head_dim": 128},
                      "Qwen3VLMoeForConditionalGeneration": {"rope_theta": 500_000.0, "max_position_embeddings": 128_000,
@@ -459,6 +465,8 @@ def moe_fields(cfg: dict[str, Any], arch: str) -> dict[str, Any]:
         return _ernie_moe_fields(cfg, num_layers)
     if arch in DEEPSEEK_ARCHITECTURES:
         return _deepseek_moe_fields(cfg, arch, num_layers)
+    if arch == "Llama4ForCausalLM":
+        return _llama4_moe_fields(cfg, num_layers)
     experts = cfg.get("num_local_experts")
     experts = cfg.get("num_experts") if experts is None else experts  # GptOssConfig's alias, others' name
     if experts is None and arch in ("GptOssForCausalLM", "MiniMaxM2ForCausalLM"):
@@ -573,3 +581,51 @@ def mla_fields(cfg: dict[str, Any], arch: str) -> dict[str, Any]:
         raise ValueError(f"qk_rope_head_dim {fields['qk_rope_head_dim']} must be even (RoPE rotates pairs)")
     interleaved = flag(cfg, "rope_interleave", True) if arch == "DeepseekV3ForCausalLM" else True
     return {**fields, "q_lora_rank": q_lora or 0, "rope_interleaved": interleaved}
+
+
+def _llama4_moe_fields(cfg: dict[str, Any], num_layers: int) -> dict[str, Any]:
+    """Llama 4's experts (Llama4TextConfig's fields): `num_local_experts` of `intermediate_size` in
+    the layers `moe_layers` lists (else every `interleave_moe_layer_step`-th, from the step's last),
+    dense MLPs of `intermediate_size_mlp` elsewhere; one expert per token, chosen by its router
+    logit, whose sigmoid scales the expert's input (not its output); an ungated shared expert of
+    intermediate_size beside them. Only one expert per token is computed so."""
+    experts, top_k = required(cfg, "num_local_experts"), optional(cfg, "num_experts_per_tok", 1)
+    inter = required(cfg, "intermediate_size")
+    for name, value in (("num_local_experts", experts), ("intermediate_size", inter)):
+        check_positive_int(name, value)
+    if top_k != 1:  # the input scaling of several experts per token is not computed here
+        raise ValueError(f"num_experts_per_tok {top_k!r} is not supported for Llama4ForCausalLM; supported: 1")
+    layers = cfg.get("moe_layers")
+    if layers is None:
+        step = optional(cfg, "interleave_moe_layer_step", 1)
+        check_positive_int("interleave_moe_layer_step", step)
+        layers = list(range(step - 1, num_layers, step))
+    if not isinstance(layers, list) or any(isinstance(i, bool) or not isinstance(i, int) for i in layers):
+        raise ValueError(f"moe_layers must list layer numbers, got {layers!r}")
+    return {"num_experts": experts, "num_experts_per_tok": 1, "moe_intermediate_size": inter,
+            "moe_layers": tuple(sorted(set(layers))), "shared_expert_intermediate_size": inter,
+            "shared_expert_gate": False, "expert_input_scaled": True}
+
+
+def llama4_fields(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Llama 4's attention (Llama4TextConfig's fields): every `no_rope_layer_interval`-th layer (or
+    as `no_rope_layers` lists) without RoPE, its queries scaled by log1p(floor((pos + 1) /
+    floor_scale)) * attn_scale + 1 (`attn_temperature_tuning`, true unless set); the other layers'
+    q and k normed after RoPE without a weight (`use_qk_norm`, true unless set), attending within
+    chunks of `attention_chunk_size` tokens (8192 unless set; the context is kept within one chunk)."""
+    chunk = cfg.get("attention_chunk_size", 8192)
+    if chunk is not None:
+        check_positive_int("attention_chunk_size", chunk)
+    # an empty no_rope_layers (the released configs') is the default interval's, as transformers reads it
+    layers = nope_layers({**cfg, "no_rope_layers": cfg.get("no_rope_layers") or None})
+    fields: dict[str, Any] = {"nope_layers": layers, "qk_norm_weightless": flag(cfg, "use_qk_norm", True),
+                              "attention_chunk_size": chunk}
+    tuning = optional(cfg, "attn_temperature_tuning", True)  # some released configs give it as a number (4)
+    if isinstance(tuning, str) or not isinstance(tuning, (bool, int, float)):
+        raise ValueError(f"attn_temperature_tuning must be true or false, got {tuning!r}")
+    if tuning:
+        floor_scale, attn_scale = optional(cfg, "floor_scale", 8192), optional(cfg, "attn_scale", 0.1)
+        check_positive_number("floor_scale", floor_scale)
+        check_positive_number("attn_scale", attn_scale)
+        fields["attn_temperature"] = (float(floor_scale), float(attn_scale))
+    return fields

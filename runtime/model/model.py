@@ -1,6 +1,7 @@
 """One decoder for the Llama family (Llama 2/3/3.1, Mistral, Qwen2, Qwen3, Phi-3, SmolLM3, Granite,
 OLMo 2, Gemma 1, 2 and 3) and its mixture-of-experts kin (Mixtral, Qwen2-MoE, Qwen3-MoE, GraniteMoE, OLMoE:
-kernels/moe.py), DeepSeek-V2 / V3's latent attention among them (LatentAttention), driven by ModelArgs.
+kernels/moe.py), DeepSeek-V2 / V3's latent attention (LatentAttention) and Llama 4 among them, driven by
+ModelArgs.
 
 Projections are fused at load time (q|k|v into `qkv_proj`, gate|up into `gate_up_proj`) so each
 layer runs two matmuls fewer. Attention goes through an `AttentionFn` that receives the step's
@@ -197,6 +198,11 @@ class Attention(nn.Module):
             q, k = qk[:, :a.num_heads], qk[:, a.num_heads:]
         if a.qk_norm_after_rope:  # HunYuan: the rotated q and k normed per head
             q, k = self.q_norm.norm_heads(q), self.k_norm.norm_heads(k)
+        if self.layer_id in a.nope_layers:
+            if a.attn_temperature is not None:  # Llama 4: the queries of its layers without RoPE, by position
+                q = q * attention_temperature(fb.positions, *a.attn_temperature).to(q.dtype)[:, None, None]
+        elif a.qk_norm_weightless:  # Llama 4: the rotated q and k normed per head, without a weight
+            q, k = rms_unweighted(q, a.rms_norm_eps), rms_unweighted(k, a.rms_norm_eps)
         if self.sinks is None:
             o = attn(self.layer_id, q, k, v, fb)
         else:
@@ -260,6 +266,17 @@ class LatentAttention(nn.Module):
         o = attn(self.layer_id, query, key, key, fb)  # [T, H, latent + rot]
         o = torch.bmm(o[..., :latent].transpose(0, 1), w[:, nope:].transpose(1, 2))  # [H, T, v]
         return self.o_proj(o.transpose(0, 1).reshape(tokens, heads * a.v_head_dim))
+
+
+def rms_unweighted(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """x [..., D] over its last dim's root mean square, in fp32, back in x's dtype (Llama 4's q / k norm)."""
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def attention_temperature(positions: torch.Tensor, floor_scale: float, attn_scale: float) -> torch.Tensor:
+    """Llama 4's query scale at each position [T] (fp32): log1p(floor((pos + 1) / floor_scale)) * attn_scale + 1."""
+    return torch.log1p(torch.floor((positions.float() + 1.0) / floor_scale)) * attn_scale + 1.0
 
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
@@ -339,7 +356,8 @@ class SparseMoE(nn.Module):
     """A mixture-of-experts MLP: `gate` routes each token to its top-k of the experts' SwiGLU MLPs,
     stored stacked (kernels/moe.py: the grouped Triton kernel on CUDA, the torch grouping on CPU);
     Qwen2-MoE adds a shared expert scaled by sigmoid(shared_expert_gate(x)), GLM-4.5 one without a
-    gate and its grouped sigmoid routing (router_correction); gpt-oss's router and
+    gate and its grouped sigmoid routing (router_correction), Llama 4 one without a gate beside one
+    expert per token whose input its router weight scales (expert_input_scaled); gpt-oss's router and
     experts carry biases and its experts take the clamped SwiGLU (swiglu_clamped). LoRA adapters
     do not reach it (runtime/lora/adapter.py refuses them)."""
 
@@ -358,6 +376,7 @@ class SparseMoE(nn.Module):
         self.router_correction = nn.Parameter(torch.empty(experts)) if args.router_correction else None
         # routed by moe_route_grouped from fp32 logits: GLM-4.5, MiniMax-M2, ERNIE 4.5 MoE, DeepSeek-V2 / V3
         self.grouped = args.router_correction or args.mla
+        self.input_scaled = args.expert_input_scaled  # Llama 4
         self.group_score = args.group_score
         # CPU bf16: each expert's (gate | up, down) on the packed layout (packed_linear.prepack_linears)
         self.packed_experts: list[tuple[nn.Module, nn.Module]] | None = None
@@ -369,7 +388,12 @@ class SparseMoE(nn.Module):
                 self.shared_expert_gate = nn.Linear(args.hidden_size, 1, bias=False)
 
     def forward(self, x: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
-        if not self.grouped:
+        routed = x  # the experts' input
+        if self.input_scaled:  # the one expert of the top logit, its input scaled by the logit's sigmoid
+            top = self.gate(x).topk(1, dim=-1)
+            routed = x * torch.sigmoid(top.values.float()).to(x.dtype)
+            weights, ids = torch.ones(top.values.shape, dtype=torch.float32, device=x.device), top.indices
+        elif not self.grouped:
             weights, ids = kernels.moe_route(self.gate(x), self.top_k, self.renormalize)
         else:  # in fp32, as the checkpoint's router is kept
             logits = F.linear(x.float(), self.gate.weight.float())
@@ -377,12 +401,13 @@ class SparseMoE(nn.Module):
                                                      *self.grouping, group_score=self.group_score)
         biases = (self.experts_gate_up_bias, self.experts_down_bias)
         if self.packed_experts is not None:  # CPU bf16 (the stacked parameters are emptied)
-            out = grouped_experts(x, weights, ids, len(self.packed_experts), self._packed_expert)
+            out = grouped_experts(routed, weights, ids, len(self.packed_experts), self._packed_expert)
         elif use_triton_ops(x):
-            out = kernels.fused_moe(x, weights, ids, self.experts_gate_up, self.experts_down,
+            out = kernels.fused_moe(routed, weights, ids, self.experts_gate_up, self.experts_down,
                                     None if self.swiglu is None else self._act, *biases)
         else:
-            out = kernels.fused_moe_ref(x, weights, ids, self.experts_gate_up, self.experts_down, self._act, *biases)
+            out = kernels.fused_moe_ref(routed, weights, ids, self.experts_gate_up, self.experts_down, self._act,
+                                        *biases)
         if self.shared_expert is not None:
             shared = self.shared_expert(x, fb)
             out = out + (shared if self.shared_expert_gate is None else torch.sigmoid(self.shared_expert_gate(x)) * shared)

@@ -10,7 +10,7 @@ from radixflow.runtime.model.config_families import (
     ACTIVATIONS, DEEPSEEK_ARCHITECTURES, GEMMA_ARCHITECTURES, GLM_ARCHITECTURES, UNGATED_ACTIVATIONS, UNGATED_ARCHITECTURES, bias_fields,
     VL_TEXT_ARCHITECTURES, exaone4_layers, gemma1_config, gemma1_fields, gemma3_text_config, gemma_fields,
     granite_fields, moe_fields, nope_layers, sliding_window_fields, vl_text_config, with_family_defaults,
-    mla_fields, with_gemma_defaults,
+    llama4_fields, mla_fields, with_gemma_defaults,
 )
 from radixflow.runtime.model.config_fields import check_positive_int, check_positive_number, flag, optional, required
 from radixflow.runtime.model.rope_config import read_rope
@@ -24,7 +24,7 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCa
                            "GlmForCausalLM", "Glm4ForCausalLM", "Exaone4ForCausalLM", "HunYuanDenseV1ForCausalLM",
                            "ArceeForCausalLM", "ApertusForCausalLM", "Starcoder2ForCausalLM", "GptOssForCausalLM",
                            "Glm4MoeForCausalLM", "MiniMaxM2ForCausalLM", "Ernie4_5_MoeForCausalLM",
-                           "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
+                           "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Llama4ForCausalLM")
 
 
 # OLMo 2 and 3: norms after attention and MLP (none before), q / k normed over the whole projection
@@ -78,6 +78,16 @@ class ModelArgs:
     swiglu_alpha: float = 1.702
     swiglu_limit: float = 7.0
     attention_sinks: bool = False  # gpt-oss: each query head's learned logit joins its softmax's denominator
+    # Llama 4: the expert's input scaled by its router weight (one expert per token), not its output
+    expert_input_scaled: bool = False
+    # Llama 4: q and k normed per head after RoPE, without a weight, in the layers with RoPE
+    qk_norm_weightless: bool = False
+    # Llama 4: (floor_scale, attn_scale) of the layers without RoPE, whose queries are scaled by
+    # log1p(floor((position + 1) / floor_scale)) * attn_scale + 1
+    attn_temperature: tuple[float, float] | None = None
+    # Llama 4: the layers with RoPE attend within chunks of this many tokens; the context is kept within
+    # one chunk (model_runner), where that is plain causal attention
+    attention_chunk_size: int | None = None
     # GLM-4.5 (DeepSeek-V3's routing): each expert scored by a sigmoid; with a correction bias added,
     # the best `topk_group` of `n_group` expert groups (by the sum of each group's top two) hold the
     # candidates, of which the top-k are taken; their plain scores renormalized and scaled by
@@ -187,6 +197,8 @@ class ModelArgs:
                              f"{self.num_experts}")
         if self.shared_expert_intermediate_size:
             check_positive_int("shared_expert_intermediate_size", self.shared_expert_intermediate_size)
+        if self.expert_input_scaled and self.num_experts_per_tok != 1:
+            raise ValueError("experts whose input the router weight scales take one expert per token")
         if self.group_score not in ("top2", "max"):
             raise ValueError(f"expert group score {self.group_score!r} is not supported; supported: top2, max")
         if self.router_scoring not in ("softmax", "sigmoid"):
@@ -326,7 +338,7 @@ def model_args_from_dict(cfg: dict[str, Any]) -> ModelArgs:
         head_dim = mla["kv_lora_rank"] + mla["qk_rope_head_dim"]
     rope = read_rope(cfg, arch, mla["qk_rope_head_dim"] if mla else head_dim)
     interleaved = mla.pop("rope_interleaved") if mla else arch in GLM_ARCHITECTURES + (
-        "Ernie4_5ForCausalLM", "Ernie4_5_MoeForCausalLM")
+        "Ernie4_5ForCausalLM", "Ernie4_5_MoeForCausalLM", "Llama4ForCausalLM")
     if cfg.get("clip_qkv") is not None:  # OLMo(E) checkpoints trained with clamped q, k, v
         raise ValueError(f"clip_qkv {cfg['clip_qkv']!r} is not supported (q, k and v are not clamped here)")
     # Gemma's MLPs read hidden_activation (a hidden_act there is ignored, as transformers does), the
@@ -350,13 +362,15 @@ def model_args_from_dict(cfg: dict[str, Any]) -> ModelArgs:
         family = exaone4_layers(cfg)
     else:
         family = {**sliding_window_fields(cfg, arch), **granite_fields(cfg, arch), **moe_fields(cfg, arch)}
+        if arch == "Llama4ForCausalLM":  # its dense MLPs are intermediate_size_mlp wide (its experts intermediate_size)
+            family.update(llama4_fields(cfg), intermediate_size=required(cfg, "intermediate_size_mlp"))
         if vl == "Qwen3VLMoeForConditionalGeneration" and family.get("moe_layers"):  # its router always
             family.update(stacked_experts=True, norm_topk_prob=True)  # renormalizes (no norm_topk_prob field)
     return ModelArgs(
         architecture=arch,
         vocab_size=required(cfg, "vocab_size"),
         hidden_size=hidden,
-        intermediate_size=required(cfg, "intermediate_size"),
+        intermediate_size=family.pop("intermediate_size", None) or required(cfg, "intermediate_size"),
         num_layers=required(cfg, "num_hidden_layers"),
         num_heads=num_heads,
         num_kv_heads=1 if mla else cfg.get("num_key_value_heads") or num_heads,

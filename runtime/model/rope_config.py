@@ -14,7 +14,7 @@ from radixflow.runtime.model.config_fields import check_positive_int, check_posi
 _DEFAULT_THETAS = {"Ernie4_5ForCausalLM": 500_000.0, "Ernie4_5_MoeForCausalLM": 500_000.0,
                    "MixtralForCausalLM": 1_000_000.0,
                    "SmolLM3ForCausalLM": 2_000_000.0, "GptOssForCausalLM": 150_000.0,
-                   "MiniMaxM2ForCausalLM": 5_000_000.0}
+                   "MiniMaxM2ForCausalLM": 5_000_000.0, "Llama4ForCausalLM": 500_000.0}
 
 
 def default_rope_theta(arch: str) -> float:
@@ -160,8 +160,8 @@ def scaled_rope(cfg: dict[str, Any], scaling: dict[str, Any], kind: str) -> dict
     low, high = scaling.get("low_freq_factor", 1.0), scaling.get("high_freq_factor", 4.0)
     for name, value in (("low_freq_factor", low), ("high_freq_factor", high)):
         check_positive_number(f"rope_scaling {name}", value)
-    if not low < high:
-        raise ValueError(f"rope_scaling low_freq_factor {low!r} must be below high_freq_factor {high!r}")
+    if not low <= high:  # equal (Llama 4's): a hard cut, no band between
+        raise ValueError(f"rope_scaling low_freq_factor {low!r} must not be above high_freq_factor {high!r}")
     return {**scaling, "original_max_position_embeddings": old_len}
 
 

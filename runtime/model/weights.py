@@ -46,7 +46,7 @@ def skip_weight_init() -> Iterator[None]:
 _TEXT_PREFIXES = (("language_model.model.", "model."), ("language_model.lm_head.", "lm_head."),
                   ("model.language_model.", "model."))
 _VISION_PREFIXES = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector.",
-                    "visual.", "model.visual.")  # Gemma 3's; Qwen-VL's
+                    "visual.", "model.visual.", "vision_model.", "model.vision_model.")  # Gemma 3's; Qwen-VL's; Llama 4's
 
 
 def _text_name(name: str) -> str:
@@ -211,6 +211,9 @@ def _mlp_sources(args: ModelArgs, p: str, ours: str) -> dict[str, list[str]]:
     """A dense layer's MLP parameters: gate | up (stored apart, or fused as Phi-3's and GLM's; up
     alone in an MLP without a gate), down, their biases, and Apertus' xIELU scalars."""
     up, down = _MLP_NAMES.get(args.architecture, ("up_proj", "down_proj"))
+    if args.architecture == "Llama4ForCausalLM":  # its MLP is the layer's feed_forward
+        return {ours + "mlp.gate_up_proj.weight": [p + "feed_forward.gate_proj.weight", p + "feed_forward.up_proj.weight"],
+                ours + "mlp.down_proj.weight": [p + "feed_forward.down_proj.weight"]}
     src = {}
     for kind in ("weight", "bias") if args.mlp_bias else ("weight",):
         if not args.gated_mlp:  # Arcee, Apertus, StarCoder2
@@ -255,6 +258,13 @@ def _expert_sources(args: ModelArgs, p: str, ours: str) -> dict[str, list[str]]:
             ("gate.weight", "router.weight"), ("gate.bias", "router.bias"),
             ("experts_gate_up", "experts.gate_up_proj"), ("experts_gate_up_bias", "experts.gate_up_proj_bias"),
             ("experts_down", "experts.down_proj"), ("experts_down_bias", "experts.down_proj_bias"))}
+    if args.architecture == "Llama4ForCausalLM":  # stacked as x @ W (layout: _from_stored_layout), a shared expert
+        moe, shared = f"{p}feed_forward.", f"{p}feed_forward.shared_expert."
+        return {ours + "mlp.gate.weight": [moe + "router.weight"],
+                ours + "mlp.experts_gate_up": [moe + "experts.gate_up_proj"],
+                ours + "mlp.experts_down": [moe + "experts.down_proj"],
+                ours + "mlp.shared_expert.gate_up_proj.weight": [shared + "gate_proj.weight", shared + "up_proj.weight"],
+                ours + "mlp.shared_expert.down_proj.weight": [shared + "down_proj.weight"]}
     if args.stacked_experts:  # Qwen3-VL-MoE: gate | up and down each one tensor [E, ...]
         return {ours + "mlp.gate.weight": [f"{p}mlp.gate.weight"],
                 ours + "mlp.experts_gate_up": [f"{p}mlp.experts.gate_up_proj"],
@@ -291,6 +301,8 @@ def _from_stored_layout(args: ModelArgs, name: str, tensor: torch.Tensor, want: 
         return tensor.reshape(-1) if tensor.dim() == 2 and tensor.shape[0] == 1 else tensor
     if args.stacked_experts and ".mlp.experts_" in name and tensor.dim() == 3 and tuple(tensor.shape) != want:
         return tensor.transpose(1, 2).contiguous()
+    if args.architecture == "Llama4ForCausalLM" and ".mlp.experts_" in name and tensor.dim() == 3:
+        return tensor.transpose(1, 2).contiguous()  # x @ W: gate | up [E, H, 2I], down [E, I, H]
     if args.architecture != "GptOssForCausalLM" or ".mlp.experts_" not in name:
         return tensor
     if tensor.dim() == 3:

@@ -133,6 +133,17 @@ def _hf_config(family: str, vocab_size: int, heads: int = 8):
                                    routed_scaling_factor=2.5, rope_scaling={
                                        "type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128,
                                        "mscale": 1.0, "mscale_all_dim": 1.0, "beta_fast": 32, "beta_slow": 1})
+    if family == "llama4":  # Llama 4 text: experts in layers 0 and 3 (one per token, its input scaled) beside a shared
+        # expert, dense MLPs of intermediate_size_mlp between; layers 1 and 3 without RoPE and with their queries'
+        # temperature (floor_scale 4: it changes from position 3 on), 0 and 2 with RoPE in interleaved pairs and
+        # unweighted q / k norms; chunks longer than any test context
+        return tf.Llama4TextConfig(**{**common, "num_hidden_layers": 4, "intermediate_size": 32}, intermediate_size_mlp=112,
+                                   num_local_experts=4, num_experts_per_tok=1, moe_layers=[0, 3],
+                                   no_rope_layers=[1, 0, 1, 0], attention_chunk_size=512, floor_scale=4, attn_scale=0.5,
+                                   tie_word_embeddings=False, rope_scaling={
+                                       "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+                                       "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                       "original_max_position_embeddings": 64})
     if family == "mixtral":  # every layer's MLP is 4 experts of intermediate_size
         return tf.MixtralConfig(**{**common, "intermediate_size": 48}, **moe, num_local_experts=4, sliding_window=None)
     if family == "qwen3_moe":  # layer 0 experts, layer 1 a dense MLP
@@ -154,7 +165,7 @@ _CLASSES = {"llama3": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
             "hunyuan": "HunYuanDenseV1ForCausalLM", "arcee": "ArceeForCausalLM", "apertus": "ApertusForCausalLM",
             "starcoder2": "Starcoder2ForCausalLM", "gpt_oss": "GptOssForCausalLM", "glm4_moe": "Glm4MoeForCausalLM",
             "minimax_m2": "MiniMaxM2ForCausalLM", "ernie4_5_moe": "Ernie4_5_MoeForCausalLM",
-            "deepseek_v2": "DeepseekV2ForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM",
+            "deepseek_v2": "DeepseekV2ForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM", "llama4": "Llama4ForCausalLM",
             "olmo2": "Olmo2ForCausalLM", "olmo3": "Olmo3ForCausalLM", "olmoe": "OlmoeForCausalLM", "gemma": "GemmaForCausalLM",
             "gemma2": "Gemma2ForCausalLM",
             "gemma3": "Gemma3ForCausalLM"}

@@ -16,7 +16,7 @@ from radixflow.runtime.model.weights import build_model
 
 FAMILIES = ["llama3", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe", "smollm3", "granite",
             "granitemoe", "phi3", "phi3_partial", "olmo2", "olmo3", "olmoe", "gemma", "gemma2", "gemma3", "seed_oss", "internlm3", "ernie4_5", "glm", "glm4", "exaone4", "hunyuan", "arcee", "apertus", "starcoder2",
-            "gpt_oss", "glm4_moe", "minimax_m2", "ernie4_5_moe", "deepseek_v2", "deepseek_v3"]
+            "gpt_oss", "glm4_moe", "minimax_m2", "ernie4_5_moe", "deepseek_v2", "deepseek_v3", "llama4"]
 
 
 def _our_logits(model_dir: str, prompts: list[list[int]], windows: dict[int, int] | None = None) -> list[torch.Tensor]:
@@ -376,7 +376,7 @@ def test_a_partial_rotary_embedding_outside_phi3_or_odd_is_refused(tmp_path, arc
 
 @pytest.mark.parametrize("family", ["mixtral", "qwen2_moe", "smollm3", "granite", "phi3", "phi3_partial", "olmo2",
                                     "olmoe", "glm4", "ernie4_5", "hunyuan", "apertus", "starcoder2", "gpt_oss",
-                                    "glm4_moe", "minimax_m2", "ernie4_5_moe", "deepseek_v2", "deepseek_v3"])
+                                    "glm4_moe", "minimax_m2", "ernie4_5_moe", "deepseek_v2", "deepseek_v3", "llama4"])
 def test_triton_ops_path_equals_the_torch_path(hf_checkpoint, monkeypatch, family):
     """The model as CUDA runs it (fused norms, RoPE and SiLU-and-mul, the grouped Triton experts),
     here in the Triton interpreter, gives the CPU path's greedy tokens and logprobs: the families
@@ -505,7 +505,7 @@ _CONFIG_CLASSES = {"LlamaForCausalLM": "LlamaConfig", "MistralForCausalLM": "Mis
                    "Starcoder2ForCausalLM": "Starcoder2Config", "GptOssForCausalLM": "GptOssConfig",
                    "Glm4MoeForCausalLM": "Glm4MoeConfig", "MiniMaxM2ForCausalLM": "MiniMaxM2Config",
                    "Ernie4_5_MoeForCausalLM": "Ernie4_5_MoeConfig", "DeepseekV2ForCausalLM": "DeepseekV2Config",
-                   "DeepseekV3ForCausalLM": "DeepseekV3Config"}
+                   "DeepseekV3ForCausalLM": "DeepseekV3Config", "Llama4ForCausalLM": "Llama4TextConfig"}
 
 
 def test_every_architecture_has_its_transformers_config_class():
@@ -560,8 +560,8 @@ def test_absent_fields_take_the_transformers_config_class_defaults(tmp_path, arc
     ("LlamaForCausalLM", {"rope_scaling": {"rope_type": "linear", "factor": "2"}},
      "rope_scaling factor must be a positive number"),
     ("LlamaForCausalLM", {"rope_scaling": {"rope_type": "linear"}}, "rope_scaling factor must be a positive number"),
-    ("LlamaForCausalLM", {"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 4.0,
-                                           "high_freq_factor": 4.0}}, "low_freq_factor 4.0 must be below"),
+    ("LlamaForCausalLM", {"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 5.0,
+                                           "high_freq_factor": 4.0}}, "low_freq_factor 5.0 must not be above"),
 ])
 def test_malformed_family_fields_are_refused_naming_them(tmp_path, arch, fields, match):
     with pytest.raises(ValueError, match=match):
