@@ -6,7 +6,7 @@ CPU path).
 from __future__ import annotations
 
 from .activation import gelu_tanh_and_mul, gelu_tanh_and_mul_ref, silu_and_mul, silu_and_mul_ref
-from .decode_attention import choose_kv_splits, decode_attention, decode_attention_ref, window_context
+from .decode_attention import chunk_context, choose_kv_splits, decode_attention, decode_attention_ref, window_context
 from .extend_attention import choose_extend_splits, extend_attention, extend_attention_ref
 from .fp8 import FP8_E4M3_MAX, dequantize_fp8, quantize_fp8
 from .lora import lora_expand, lora_expand_ref, lora_shrink, lora_shrink_ref
@@ -59,4 +59,5 @@ __all__ = [
     "store_kv",
     "store_kv_ref",
     "window_context",
+    "chunk_context",
 ]

@@ -45,6 +45,22 @@ def window_context(req_to_token: torch.Tensor, req_rows: torch.Tensor, seq_lens:
     return table, rows, seq_lens.clamp(max=width)
 
 
+def chunk_context(req_to_token: torch.Tensor, req_rows: torch.Tensor, seq_lens: torch.Tensor,
+                  chunk: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A decode step's contexts cut to the chunk their last position is in (Llama 4's chunked
+    attention: a query sees the keys of its own `chunk`-token chunk up to itself), as window_context
+    gives them: a slot table [batch, min(chunk, width)] whose row i starts at request i's chunk
+    start ((seq_len - 1) // chunk * chunk), rows 0..batch-1, and lengths from there. Device ops only."""
+    check(isinstance(chunk, int) and not isinstance(chunk, bool) and chunk >= 1,
+          f"chunk must be an int >= 1, got {chunk!r}")
+    width = min(chunk, req_to_token.shape[1])
+    start = (seq_lens - 1).clamp(min=0) // chunk * chunk
+    cols = torch.arange(width, device=seq_lens.device)[None, :] + start[:, None]
+    table = req_to_token[req_rows.long()[:, None], cols.clamp(max=req_to_token.shape[1] - 1)]
+    rows = torch.arange(seq_lens.shape[0], dtype=req_rows.dtype, device=req_rows.device)
+    return table, rows, seq_lens - start
+
+
 def _check_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to_token: torch.Tensor,
                   req_rows: torch.Tensor, seq_lens: torch.Tensor, sm_scale: float, k_scale: float,
                   v_scale: float, num_kv_splits: int, softcap: float | None = None,

@@ -60,12 +60,6 @@ def derive_shape(cfg: EngineConfig, args: ModelArgs) -> RuntimeShape:
     else:  # bf16 halves the bytes each decode step reads, but is slower than fp32 when emulated
         dtype = torch.bfloat16 if has_native_bf16() else torch.float32
     max_len = cfg.max_model_len or args.max_position_embeddings
-    chunk = args.attention_chunk_size if len(args.nope_layers) < args.num_layers else None
-    if chunk is not None:  # Llama 4: within one chunk its chunked attention is plain causal attention
-        if cfg.max_model_len is not None and cfg.max_model_len > chunk:
-            raise ValueError(f"max_model_len {cfg.max_model_len} is past the model's attention_chunk_size {chunk}: "
-                             "attention within chunks of a longer context is not supported")
-        max_len = min(max_len, chunk)
     if (args.rope_scaling or {}).get("rope_type") == "dynamic" and max_len > args.max_position_embeddings:
         raise ValueError(f"max_model_len {max_len} is past the model's max_position_embeddings "
                          f"{args.max_position_embeddings}, where its dynamic RoPE scaling would stretch the base "
@@ -130,7 +124,8 @@ class ModelRunner:
         self.req_pool = ReqToTokenPool(cfg.max_num_seqs, self.shape.max_context_len, dev)
         ops = AttentionOps.for_backend(self.shape.attention_backend)
         self.attention = PoolAttention(self.kv_pool, ops, self.args.sm_scale, default_kv_splits(dev),
-                                       self.args.layer_windows, self.args.attn_logit_softcapping)
+                                       self.args.layer_windows, self.args.attn_logit_softcapping,
+                                       self.args.layer_chunks)
         log.info("KV pool: %d tokens, %.2f GiB (%s, %s), max context %d, attention backend %s",
                  num_tokens, num_tokens * KVPool.bytes_per_token(
                      self.args.num_layers, self.args.num_kv_heads, self.args.head_dim, self.shape.dtype, fp8,

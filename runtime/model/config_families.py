@@ -612,7 +612,7 @@ def llama4_fields(cfg: dict[str, Any]) -> dict[str, Any]:
     as `no_rope_layers` lists) without RoPE, its queries scaled by log1p(floor((pos + 1) /
     floor_scale)) * attn_scale + 1 (`attn_temperature_tuning`, true unless set); the other layers'
     q and k normed after RoPE without a weight (`use_qk_norm`, true unless set), attending within
-    chunks of `attention_chunk_size` tokens (8192 unless set; the context is kept within one chunk)."""
+    chunks of `attention_chunk_size` tokens (8192 unless set; null: no chunks)."""
     chunk = cfg.get("attention_chunk_size", 8192)
     if chunk is not None:
         check_positive_int("attention_chunk_size", chunk)

@@ -85,8 +85,7 @@ class ModelArgs:
     # Llama 4: (floor_scale, attn_scale) of the layers without RoPE, whose queries are scaled by
     # log1p(floor((position + 1) / floor_scale)) * attn_scale + 1
     attn_temperature: tuple[float, float] | None = None
-    # Llama 4: the layers with RoPE attend within chunks of this many tokens; the context is kept within
-    # one chunk (model_runner), where that is plain causal attention
+    # Llama 4: the layers with RoPE attend within chunks of this many tokens (PoolAttention's chunks)
     attention_chunk_size: int | None = None
     # GLM-4.5 (DeepSeek-V3's routing): each expert scored by a sigmoid; with a correction bias added,
     # the best `topk_group` of `n_group` expert groups (by the sum of each group's top two) hold the
@@ -252,6 +251,13 @@ class ModelArgs:
     def layer_windows(self) -> dict[int, int]:
         """Layer → the sliding window its attention reads (the layers in window_layers)."""
         return {i: self.sliding_window for i in self.window_layers if self.sliding_window is not None}
+
+    @property
+    def layer_chunks(self) -> dict[int, int]:
+        """Layer → the chunk size it attends within (Llama 4's layers with RoPE)."""
+        if self.attention_chunk_size is None:
+            return {}
+        return {i: self.attention_chunk_size for i in range(self.num_layers) if i not in self.nope_layers}
 
     @property
     def rope_dim(self) -> int:

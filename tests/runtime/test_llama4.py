@@ -80,14 +80,34 @@ def test_a_multimodal_checkpoint_serves_its_text_model(hf_checkpoint, tmp_path):
         assert torch.equal(mine, want)
 
 
-def test_the_context_is_kept_within_one_chunk(hf_checkpoint):
-    """Its RoPE layers attend within chunks of attention_chunk_size tokens, which is computed only where
-    a context is one chunk: the default context is the chunk, and a longer max_model_len is refused."""
-    model_dir, _ = hf_checkpoint("llama4", attention_chunk_size=64)
-    with Engine(model_dir, kv_cache_tokens=256, dtype="float32") as engine:
-        assert engine.runner.shape.max_context_len == 64
-    with pytest.raises(ValueError, match="max_model_len 128 is past the model's attention_chunk_size 64"):
-        Engine(model_dir, kv_cache_tokens=256, dtype="float32", max_model_len=128)
+@pytest.mark.parametrize("chunk", [4, 8])
+def test_attention_within_chunks_matches_transformers(hf_checkpoint, chunk):
+    """The RoPE layers attend within chunks of attention_chunk_size positions: prompts of several
+    chunks, each query seeing its own chunk up to itself (the layers without RoPE see everything)."""
+    model_dir, hf = hf_checkpoint("llama4", attention_chunk_size=chunk)
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, hf.config.vocab_size, (n,), generator=g).tolist() for n in (3, 9, 17, 40)]
+    with torch.no_grad():
+        for prompt, mine in zip(prompts, _our_logits(model_dir, prompts)):
+            assert (mine - hf(torch.tensor([prompt])).logits[0].float()).abs().max().item() < 1e-4
+
+
+def test_the_chunks_matter(hf_checkpoint):
+    """A 40-token prompt's logits past the first chunk differ with and without chunks (so the test
+    above checks the chunks), and within the first chunk they do not."""
+    prompt = [[(7 * i) % 300 + 3 for i in range(40)]]
+    chunked = _our_logits(hf_checkpoint("llama4", attention_chunk_size=8)[0], prompt)[0]
+    whole = _our_logits(hf_checkpoint("llama4")[0], prompt)[0]
+    assert torch.allclose(chunked[:8], whole[:8], atol=1e-5) and not torch.allclose(chunked[8:], whole[8:], atol=1e-2)
+
+
+def test_chunk_context_cuts_each_context_at_its_chunk():
+    from radixflow import kernels
+
+    table = torch.arange(40, dtype=torch.int32).view(2, 20)
+    cut, rows, lens = kernels.chunk_context(table, torch.tensor([1, 0]), torch.tensor([9, 16]), 8)
+    assert lens.tolist() == [1, 8] and rows.tolist() == [0, 1]
+    assert cut[0, :1].tolist() == [28] and cut[1].tolist() == list(range(8, 16))  # row 1 from 8; row 0 from 8
 
 
 @pytest.mark.parametrize("options", [
@@ -96,9 +116,10 @@ def test_the_context_is_kept_within_one_chunk(hf_checkpoint):
     dict(speculative_algorithm="ngram", speculative_ngram_min=1, speculative_ngram_max=2),
 ])
 def test_engine_paths_give_transformers_greedy_tokens(hf_checkpoint, options):
-    """The temperature of the layers without RoPE reads each token's absolute position, through a
-    cached prefix, chunks, mixed steps and drafts; each request's greedy tokens equal transformers'."""
-    model_dir, hf = hf_checkpoint("llama4")
+    """Attention within 8-token chunks, and the temperature of the layers without RoPE, read each
+    token's absolute position through a cached prefix, prefill chunks, mixed steps and drafts, with
+    decode crossing chunks; each request's greedy tokens equal transformers'."""
+    model_dir, hf = hf_checkpoint("llama4", attention_chunk_size=8)
     shared = [5, 77, 300, 12, 9, 9, 41, 7, 3, 88, 19, 5, 77, 300]
     prompts = [shared + [2, 17], shared + [250, 9, 250, 9], [901, 44, 2, 17, 17, 250, 9]]
     with Engine(model_dir, kv_cache_tokens=2048, dtype="float32", **options) as engine:
@@ -107,6 +128,28 @@ def test_engine_paths_give_transformers_greedy_tokens(hf_checkpoint, options):
         assert rest[0]["meta_info"]["cached_tokens"] >= len(shared) - 1  # the prefix was reused
     for p, out in zip(prompts, [first, *rest]):
         assert out["output_ids"] == _hf_greedy(hf, p, GREEDY["max_new_tokens"])
+
+
+@pytest.mark.parametrize("chunk", [8, 512])
+def test_triton_attention_equals_the_torch_path(hf_checkpoint, monkeypatch, chunk):
+    """The Triton extend and decode kernels over the chunk-cut tables (in the interpreter) give the torch
+    path's greedy tokens and logprobs, through a cached prefix and prefill chunks."""
+    from radixflow.runtime.model import model
+
+    model_dir, _ = hf_checkpoint("llama4", attention_chunk_size=chunk)
+    warm = [5, 77, 300, 12, 9, 9, 41, 7, 3, 88, 19]
+    batch = [warm + [2, 17], [901, 44, 2, 17, 17, 250, 9]]
+    runs = []
+    for triton in (False, True):
+        monkeypatch.setattr(model, "FORCE_TRITON_OPS", triton)
+        with Engine(model_dir, device="cpu", dtype="float32", kv_cache_tokens=512, chunked_prefill_size=5,
+                    attention_backend="triton" if triton else "torch") as engine:
+            engine.generate(input_ids=warm, sampling_params={**GREEDY, "max_new_tokens": 1})
+            outs = engine.generate(input_ids=batch, return_logprob=True, sampling_params={**GREEDY, "max_new_tokens": 9})
+        runs.append(([o["output_ids"] for o in outs],
+                     [[lp for lp, _, _ in o["meta_info"]["output_token_logprobs"]] for o in outs]))
+    assert runs[1][0] == runs[0][0]
+    torch.testing.assert_close(torch.tensor(runs[1][1]), torch.tensor(runs[0][1]), rtol=1e-4, atol=1e-4)
 
 
 def test_bf16_stays_close_to_fp32(hf_checkpoint):

@@ -40,7 +40,7 @@ def _our_logits(model_dir: str, prompts: list[list[int]], windows: dict[int, int
         prefix_lens_cpu=[0] * len(lens), extend_lens_cpu=lens)
     attn = PoolAttention(pool, AttentionOps.for_backend("torch"), args.sm_scale,
                          windows=args.layer_windows if windows is None else windows,
-                         softcap=args.attn_logit_softcapping)
+                         softcap=args.attn_logit_softcapping, chunks=args.layer_chunks)
     logits = model(fb, attn)
     return list(logits.split(lens))
 
