@@ -14,6 +14,8 @@ MOE_ARCHITECTURES = ("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCa
                      "OlmoeForCausalLM", "GptOssForCausalLM", "Glm4MoeForCausalLM", "MiniMaxM2ForCausalLM",
                      "Ernie4_5_MoeForCausalLM", "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM",
                      "Llama4ForCausalLM")
+# Command R / R+ and Command R7B / A: one LayerNorm (no bias) before attention and MLP side by side
+COHERE_ARCHITECTURES = ("CohereForCausalLM", "Cohere2ForCausalLM")
 # multi-head latent attention (DeepSeek-V2 / V3, Kimi K2, Moonlight): see mla_fields
 DEEPSEEK_ARCHITECTURES = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
 GRANITE_ARCHITECTURES = ("GraniteForCausalLM", "GraniteMoeForCausalLM")
@@ -66,6 +68,8 @@ _FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
                                 "tie_word_embeddings": True},
     "MiniMaxM2ForCausalLM": {"num_key_value_heads": 8, "max_position_embeddings": 196608, "head_dim": 128,
                              "num_experts_per_tok": 8},
+    "CohereForCausalLM": {"max_position_embeddings": 8192, "bos_token_id": 5, "eos_token_id": 255001},
+    "Cohere2ForCausalLM": {"max_position_embeddings": 8192, "bos_token_id": 5, "eos_token_id": 255001},
     "Llama4ForCausalLM": {"num_key_value_heads": 8, "head_dim": 128, "rms_norm_eps": 1e-5,
                           "max_position_embeddings": 131072, "intermediate_size_mlp": 16384, "num_local_experts": 16,
                           "bos_token_id": 1, "eos_token_id": 2},
@@ -629,3 +633,21 @@ def llama4_fields(cfg: dict[str, Any]) -> dict[str, Any]:
         check_positive_number("attn_scale", attn_scale)
         fields["attn_temperature"] = (float(floor_scale), float(attn_scale))
     return fields
+
+
+def cohere2_layers(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Command R7B / A, as transformers reads its config: the layers `layer_types` names
+    "sliding_attention" (else all but every `sliding_window_pattern`-th, 4 when absent) attend
+    through a `sliding_window` (4096 when absent) with RoPE, the others globally without RoPE (a null
+    window where layers slide is refused, as transformers refuses it)."""
+    num_layers = required(cfg, "num_hidden_layers")
+    check_positive_int("num_hidden_layers", num_layers)
+    window = cfg.get("sliding_window", 4096)
+    layer_types = layer_types_of(cfg, num_layers, optional(cfg, "sliding_window_pattern", 4))
+    window_layers = tuple(i for i, t in enumerate(layer_types) if t == "sliding_attention")
+    if window is None and window_layers:
+        raise ValueError("sliding_window null is not supported where layers slide (layer_types names "
+                         "sliding_attention layers)")
+    nope = tuple(i for i in range(num_layers) if i not in window_layers)
+    return {"sliding_window": window, "window_layers": window_layers, "nope_layers": nope} if window_layers else {
+        "nope_layers": nope}

@@ -72,23 +72,41 @@ class RMSNorm(nn.Module):
 
 
 class LayerNorm(RMSNorm):
-    """LayerNorm with a bias (StarCoder2), same contract as RMSNorm: x, residual [T, dim] →
-    (norm(h), h), h = x + residual; the sum in fp32 on CPU, as rmsnorm_cpu keeps it. Torch ops on
-    every device (no fused kernel)."""
+    """LayerNorm with a bias (StarCoder2) or without (Cohere), same contract as RMSNorm: x, residual
+    [T, dim] → (norm(h), h), h = x + residual; the sum in fp32 on CPU, as rmsnorm_cpu keeps it. Torch
+    ops on every device (no fused kernel)."""
 
-    def __init__(self, dim: int, eps: float) -> None:
+    def __init__(self, dim: int, eps: float, bias: bool = True) -> None:
         super().__init__(dim, eps)
-        self.bias = nn.Parameter(torch.zeros(dim))
+        self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         h = x.float() if residual is None else x.float() + residual
-        normed = F.layer_norm(h, (h.shape[-1],), self.weight.float(), self.bias.float(), self.eps)
+        bias = None if self.bias is None else self.bias.float()
+        normed = F.layer_norm(h, (h.shape[-1],), self.weight.float(), bias, self.eps)
         return normed.to(x.dtype), (h if x.device.type == "cpu" else h.to(x.dtype))
 
 
+class HeadLayerNorm(nn.Module):
+    """Command R+'s q / k norm: each head's vector LayerNormed (no bias) with that head's own
+    weights [heads, head_dim], in fp32, back in the input's dtype."""
+
+    def __init__(self, heads: int, head_dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(heads, head_dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [T, heads, head_dim] → the same shape."""
+        normed = F.layer_norm(x.float(), (x.shape[-1],), None, None, self.eps)
+        return (normed * self.weight.float()).to(x.dtype)
+
+
 def make_norm(args: ModelArgs) -> RMSNorm:
-    """A hidden-size norm of the model's kind: RMSNorm, or StarCoder2's LayerNorm."""
-    return (LayerNorm if args.layer_norm else RMSNorm)(args.hidden_size, args.rms_norm_eps)
+    """A hidden-size norm of the model's kind: RMSNorm, or StarCoder2's and Cohere's LayerNorm."""
+    if args.layer_norm:
+        return LayerNorm(args.hidden_size, args.rms_norm_eps, args.norm_bias)
+    return RMSNorm(args.hidden_size, args.rms_norm_eps)
 
 
 def rmsnorm_cpu(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
@@ -172,6 +190,9 @@ class Attention(nn.Module):
         elif args.qk_norm_whole:  # OLMo 2, OLMoE: over the whole projection
             self.q_norm = RMSNorm(args.q_size, args.rms_norm_eps)
             self.k_norm = RMSNorm(args.kv_size, args.rms_norm_eps)
+        elif args.qk_layer_norm:  # Command R+
+            self.q_norm = HeadLayerNorm(args.num_heads, args.head_dim, args.rms_norm_eps)
+            self.k_norm = HeadLayerNorm(args.num_kv_heads, args.head_dim, args.rms_norm_eps)
         # gpt-oss: one learned logit per query head in its softmax's denominator (AttentionFn `sinks`)
         self.sinks = nn.Parameter(torch.empty(args.num_heads)) if args.attention_sinks else None
 
@@ -187,11 +208,13 @@ class Attention(nn.Module):
         elif a.qk_norm_whole:
             q = self.q_norm(qkv[:, :a.q_size].contiguous())[0].view(num_tokens, a.num_heads, a.head_dim)
             k = self.k_norm(qkv[:, a.q_size:qk_size].contiguous())[0].view(num_tokens, a.num_kv_heads, a.head_dim)
+        elif a.qk_layer_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
         if self.layer_id in a.nope_layers:  # SmolLM3: no position encoding in this layer
             pass
         elif use_triton_ops(x):
             kernels.rope(q, k, rope.positions, rope.cos, rope.sin)  # in place
-        elif a.qk_norm or a.qk_norm_whole:
+        elif a.qk_norm or a.qk_norm_whole or a.qk_layer_norm:
             q, k = rotate_cpu(q, rope.cos, rope.sin), rotate_cpu(k, rope.cos, rope.sin)
         else:  # q and k side by side in qkv: one rotation over [T, num_heads + num_kv_heads, D]
             qk = rotate_cpu(qkv[:, :qk_size].view(num_tokens, -1, a.head_dim), rope.cos, rope.sin)
@@ -436,7 +459,9 @@ class DecoderLayer(nn.Module):
             if args.pre_norms:
                 self.pre_feedforward_layernorm = make_norm(args)
         self.self_attn = LatentAttention(args, layer_id) if args.mla else Attention(args, layer_id)
-        self.post_attention_layernorm = make_norm(args)
+        self.parallel = args.parallel_block  # Cohere: attention and the MLP read the one norm's output
+        if not self.parallel:
+            self.post_attention_layernorm = make_norm(args)
         self.mlp = SparseMoE(args, layer_id) if layer_id in args.moe_layers else MLP(args, layer_id)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None, rope: RopeStep,
@@ -446,6 +471,8 @@ class DecoderLayer(nn.Module):
         if self.post_norms:
             return self._post_norms(x, residual, rope, fb, attn)
         h, residual = self.input_layernorm(x, residual)
+        if self.parallel:  # stream + attn(norm(stream)) + mlp(norm(stream))
+            return self.self_attn(h, rope, fb, attn) + self.mlp(h, fb), residual
         h = self.self_attn(h, rope, fb, attn)
         if self.residual_multiplier != 1.0:
             h = h * self.residual_multiplier

@@ -7,10 +7,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from radixflow.runtime.model.config_families import (
-    ACTIVATIONS, DEEPSEEK_ARCHITECTURES, GEMMA_ARCHITECTURES, GLM_ARCHITECTURES, UNGATED_ACTIVATIONS, UNGATED_ARCHITECTURES, bias_fields,
+    ACTIVATIONS, COHERE_ARCHITECTURES, DEEPSEEK_ARCHITECTURES, GEMMA_ARCHITECTURES, GLM_ARCHITECTURES, UNGATED_ACTIVATIONS, UNGATED_ARCHITECTURES, bias_fields,
     VL_TEXT_ARCHITECTURES, exaone4_layers, gemma1_config, gemma1_fields, gemma3_text_config, gemma_fields,
     granite_fields, moe_fields, nope_layers, sliding_window_fields, vl_text_config, with_family_defaults,
-    llama4_fields, mla_fields, with_gemma_defaults,
+    cohere2_layers, llama4_fields, mla_fields, with_gemma_defaults,
 )
 from radixflow.runtime.model.config_fields import check_positive_int, check_positive_number, flag, optional, required
 from radixflow.runtime.model.rope_config import read_rope
@@ -24,7 +24,8 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCa
                            "GlmForCausalLM", "Glm4ForCausalLM", "Exaone4ForCausalLM", "HunYuanDenseV1ForCausalLM",
                            "ArceeForCausalLM", "ApertusForCausalLM", "Starcoder2ForCausalLM", "GptOssForCausalLM",
                            "Glm4MoeForCausalLM", "MiniMaxM2ForCausalLM", "Ernie4_5_MoeForCausalLM",
-                           "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Llama4ForCausalLM")
+                           "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Llama4ForCausalLM",
+                           "CohereForCausalLM", "Cohere2ForCausalLM")
 
 
 # OLMo 2 and 3: norms after attention and MLP (none before), q / k normed over the whole projection
@@ -60,7 +61,11 @@ class ModelArgs:
     qk_norm_after_rope: bool = False  # HunYuan: the per-head q / k norms apply to the rotated q and k
     # Arcee, Apertus, StarCoder2: the MLP is down(act(up(x))), without a gate (its gate_up_proj holds up alone)
     gated_mlp: bool = True
-    layer_norm: bool = False  # StarCoder2: LayerNorm with a bias (rms_norm_eps its epsilon), not RMSNorm
+    layer_norm: bool = False  # StarCoder2, Cohere: LayerNorm (rms_norm_eps its epsilon), not RMSNorm
+    norm_bias: bool = True  # the LayerNorms carry a bias (StarCoder2; Cohere's do not)
+    # Cohere: the layer's one norm feeds attention and the MLP side by side, both added to the stream
+    parallel_block: bool = False
+    qk_layer_norm: bool = False  # Command R+: q and k LayerNormed over head_dim, each head its own weights
     fused_qkv: bool = False         # Phi-3: the checkpoint stores q | k | v as one qkv_proj
     fused_gate_up: bool = False     # Phi-3, GLM: the checkpoint stores gate | up as one gate_up_proj
     # mixture of experts (Mixtral, Qwen2/3-MoE, GraniteMoE, OLMoE); no moe_layers: every MLP is dense
@@ -331,7 +336,7 @@ def model_args_from_dict(cfg: dict[str, Any]) -> ModelArgs:
     cfg = with_family_defaults(cfg, arch)
     num_heads, hidden = required(cfg, "num_attention_heads"), required(cfg, "hidden_size")
     is_gemma = arch in GEMMA_ARCHITECTURES
-    head_dim = cfg.get("head_dim")
+    head_dim = None if arch == "Cohere2ForCausalLM" else cfg.get("head_dim")  # Cohere2Config sets hidden / heads
     if head_dim is None:
         check_positive_int("num_attention_heads", num_heads)
         check_positive_int("hidden_size", hidden)
@@ -343,7 +348,7 @@ def model_args_from_dict(cfg: dict[str, Any]) -> ModelArgs:
     if mla:  # the pool's one head: the latent and the rotated key
         head_dim = mla["kv_lora_rank"] + mla["qk_rope_head_dim"]
     rope = read_rope(cfg, arch, mla["qk_rope_head_dim"] if mla else head_dim)
-    interleaved = mla.pop("rope_interleaved") if mla else arch in GLM_ARCHITECTURES + (
+    interleaved = mla.pop("rope_interleaved") if mla else arch in GLM_ARCHITECTURES + COHERE_ARCHITECTURES + (
         "Ernie4_5ForCausalLM", "Ernie4_5_MoeForCausalLM", "Llama4ForCausalLM")
     if cfg.get("clip_qkv") is not None:  # OLMo(E) checkpoints trained with clamped q, k, v
         raise ValueError(f"clip_qkv {cfg['clip_qkv']!r} is not supported (q, k and v are not clamped here)")
@@ -366,6 +371,12 @@ def model_args_from_dict(cfg: dict[str, Any]) -> ModelArgs:
         family = gemma1_fields(hidden)
     elif arch == "Exaone4ForCausalLM":
         family = exaone4_layers(cfg)
+    elif arch in COHERE_ARCHITECTURES:
+        family = cohere2_layers(cfg) if arch == "Cohere2ForCausalLM" else {}
+        scale = optional(cfg, "logit_scale", 0.0625)  # logits times it, as a divisor (Granite's logits_scaling)
+        check_positive_number("logit_scale", scale)
+        family.update(logits_scaling=1.0 / scale, layer_norm=True, norm_bias=False, parallel_block=True,
+                      qk_layer_norm=arch == "CohereForCausalLM" and flag(cfg, "use_qk_norm", False))
     else:
         family = {**sliding_window_fields(cfg, arch), **granite_fields(cfg, arch), **moe_fields(cfg, arch)}
         if arch == "Llama4ForCausalLM":  # its dense MLPs are intermediate_size_mlp wide (its experts intermediate_size)
@@ -382,8 +393,8 @@ def model_args_from_dict(cfg: dict[str, Any]) -> ModelArgs:
         num_kv_heads=1 if mla else cfg.get("num_key_value_heads") or num_heads,
         head_dim=head_dim,
         rms_norm_eps=optional(cfg, "norm_epsilon", 1e-5) if arch == "Starcoder2ForCausalLM" else optional(
-            cfg, "rms_norm_eps", 1e-6),
-        layer_norm=arch == "Starcoder2ForCausalLM",
+            cfg, "layer_norm_eps", 1e-5) if arch in COHERE_ARCHITECTURES else optional(cfg, "rms_norm_eps", 1e-6),
+        layer_norm=family.pop("layer_norm", arch == "Starcoder2ForCausalLM"),
         rope_theta=rope.theta,
         rope_scaling=rope.scaling,
         rotary_dim=mla["qk_rope_head_dim"] if mla else rope.rotary_dim,
@@ -392,7 +403,8 @@ def model_args_from_dict(cfg: dict[str, Any]) -> ModelArgs:
         gated_mlp=gated,
         max_position_embeddings=optional(cfg, "max_position_embeddings", 4096),
         # transformers' defaults
-        tie_word_embeddings=flag(cfg, "tie_word_embeddings", arch == "SmolLM3ForCausalLM" or is_gemma),
+        tie_word_embeddings=flag(cfg, "tie_word_embeddings", arch in ("SmolLM3ForCausalLM",) + COHERE_ARCHITECTURES
+                                 or is_gemma),
         **bias_fields(cfg, arch),
         rope_interleaved=interleaved,
         fused_qkv=arch == "Phi3ForCausalLM",

@@ -14,7 +14,8 @@ from radixflow.runtime.model.config_fields import check_positive_int, check_posi
 _DEFAULT_THETAS = {"Ernie4_5ForCausalLM": 500_000.0, "Ernie4_5_MoeForCausalLM": 500_000.0,
                    "MixtralForCausalLM": 1_000_000.0,
                    "SmolLM3ForCausalLM": 2_000_000.0, "GptOssForCausalLM": 150_000.0,
-                   "MiniMaxM2ForCausalLM": 5_000_000.0, "Llama4ForCausalLM": 500_000.0}
+                   "MiniMaxM2ForCausalLM": 5_000_000.0, "Llama4ForCausalLM": 500_000.0,
+                   "CohereForCausalLM": 500_000.0}
 
 
 def default_rope_theta(arch: str) -> float:

@@ -45,9 +45,10 @@ def to_model_layout(args, name: str, tensor: torch.Tensor) -> torch.Tensor:
     if args.reorders_rope and ".qkv_proj." in name:  # Phi-4-mini, GLM, ERNIE 4.5
         return qkv_to_rotary_order(tensor, args.q_size, args.kv_size, args.head_dim, args.rope_dim,
                                    args.rope_interleaved)
-    if args.reorders_rope and (args.qk_norm or args.qk_norm_whole) and name.endswith(("q_norm.weight",
-                                                                                        "k_norm.weight")):
-        return to_rotary_order(tensor, args.head_dim, args.rope_dim, args.rope_interleaved)  # per head, or every head
+    if args.reorders_rope and (args.qk_norm or args.qk_norm_whole or args.qk_layer_norm) and name.endswith(
+            ("q_norm.weight", "k_norm.weight")):  # one head's, every head's, or each head's own (Command R+)
+        return to_rotary_order(tensor.reshape(-1), args.head_dim, args.rope_dim, args.rope_interleaved).view(
+            tensor.shape)
     return tensor
 
 

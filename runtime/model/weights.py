@@ -157,7 +157,8 @@ def _checkpoint_sources(args: ModelArgs) -> dict[str, list[str]]:
         else:
             src.update(_attention_sources(args, attn, ours + "self_attn."))
         src.update(_expert_sources(args, p, ours) if i in args.moe_layers else _mlp_sources(args, p, ours))
-        norms = ["post_attention_layernorm"]  # Llama's before the MLP; OLMo 2's and Gemma 3's after attention
+        # Llama's before the MLP; OLMo 2's and Gemma 3's after attention; none in Cohere's parallel layer
+        norms = [] if args.parallel_block else ["post_attention_layernorm"]
         if args.pre_norms:
             norms.append("input_layernorm")
         if args.post_norms:
@@ -165,9 +166,9 @@ def _checkpoint_sources(args: ModelArgs) -> dict[str, list[str]]:
                 "post_feedforward_layernorm"]
         stored = _NORM_NAMES.get(args.architecture, {})
         for norm in norms:
-            for kind in ("weight", "bias") if args.layer_norm else ("weight",):
+            for kind in ("weight", "bias") if args.layer_norm and args.norm_bias else ("weight",):
                 src[ours + f"{norm}.{kind}"] = [p + f"{stored.get(norm, norm)}.{kind}"]
-    if args.layer_norm:
+    if args.layer_norm and args.norm_bias:
         src["norm.bias"] = ["model.norm.bias"]
     return src
 
@@ -185,7 +186,7 @@ def _attention_sources(args: ModelArgs, attn: str, ours: str) -> dict[str, list[
         src[ours + "sinks"] = [attn + "sinks"]
     if args.o_bias:
         src[ours + "o_proj.bias"] = [attn + "o_proj.bias"]
-    if args.qk_norm or args.qk_norm_whole:
+    if args.qk_norm or args.qk_norm_whole or args.qk_layer_norm:
         q_norm, k_norm = _QK_NORM_NAMES.get(args.architecture, ("q_norm", "k_norm"))
         src[ours + "q_norm.weight"] = [attn + f"{q_norm}.weight"]
         src[ours + "k_norm.weight"] = [attn + f"{k_norm}.weight"]

@@ -133,6 +133,14 @@ def _hf_config(family: str, vocab_size: int, heads: int = 8):
                                    routed_scaling_factor=2.5, rope_scaling={
                                        "type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128,
                                        "mscale": 1.0, "mscale_all_dim": 1.0, "beta_fast": 32, "beta_slow": 1})
+    # Cohere: one LayerNorm (no bias) feeding attention and the MLP side by side, RoPE in interleaved pairs, logits
+    # scaled, a tied head; head_dim is hidden / heads
+    cohere = {**{k: v for k, v in common.items() if k not in ("head_dim", "rms_norm_eps")}, "layer_norm_eps": 1e-5,
+              "tie_word_embeddings": True}
+    if family == "cohere":  # Command R+'s per-head q / k LayerNorms
+        return tf.CohereConfig(**cohere, use_qk_norm=True, logit_scale=0.25)
+    if family == "cohere2":  # layer 0 through a 4-token window with RoPE, layer 1 global without RoPE
+        return tf.Cohere2Config(**cohere, sliding_window=4, layer_types=["sliding_attention", "full_attention"])
     if family == "llama4":  # Llama 4 text: experts in layers 0 and 3 (one per token, its input scaled) beside a shared
         # expert, dense MLPs of intermediate_size_mlp between; layers 1 and 3 without RoPE and with their queries'
         # temperature (floor_scale 4: it changes from position 3 on), 0 and 2 with RoPE in interleaved pairs and
@@ -166,6 +174,7 @@ _CLASSES = {"llama3": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
             "starcoder2": "Starcoder2ForCausalLM", "gpt_oss": "GptOssForCausalLM", "glm4_moe": "Glm4MoeForCausalLM",
             "minimax_m2": "MiniMaxM2ForCausalLM", "ernie4_5_moe": "Ernie4_5_MoeForCausalLM",
             "deepseek_v2": "DeepseekV2ForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM", "llama4": "Llama4ForCausalLM",
+            "cohere": "CohereForCausalLM", "cohere2": "Cohere2ForCausalLM",
             "olmo2": "Olmo2ForCausalLM", "olmo3": "Olmo3ForCausalLM", "olmoe": "OlmoeForCausalLM", "gemma": "GemmaForCausalLM",
             "gemma2": "Gemma2ForCausalLM",
             "gemma3": "Gemma3ForCausalLM"}
@@ -206,7 +215,7 @@ def hf_checkpoint(tmp_path_factory):
                     p.normal_(0.0, 0.05)
                 elif family.startswith("gemma"):  # its norms compute 1 + weight, which starts at 0
                     p.normal_(0.0, 0.1)
-                elif family in ("hunyuan", "exaone4", "starcoder2", "minimax_m2"):  # norms whose weights must not be all alike (HunYuan's
+                elif family in ("hunyuan", "exaone4", "starcoder2", "minimax_m2", "cohere", "cohere2"):  # norms whose weights must not be all alike (HunYuan's
                     p.normal_(1.0, 0.3)  # q / k norms after RoPE would commute with it)
                 elif family == "apertus" and "act_fn" in name:  # xIELU's learned scalars, away from their init
                     p.add_(torch.randn_like(p) * 0.3)

@@ -16,7 +16,8 @@ from radixflow.runtime.model.weights import build_model
 
 FAMILIES = ["llama3", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe", "smollm3", "granite",
             "granitemoe", "phi3", "phi3_partial", "olmo2", "olmo3", "olmoe", "gemma", "gemma2", "gemma3", "seed_oss", "internlm3", "ernie4_5", "glm", "glm4", "exaone4", "hunyuan", "arcee", "apertus", "starcoder2",
-            "gpt_oss", "glm4_moe", "minimax_m2", "ernie4_5_moe", "deepseek_v2", "deepseek_v3", "llama4"]
+            "gpt_oss", "glm4_moe", "minimax_m2", "ernie4_5_moe", "deepseek_v2", "deepseek_v3", "llama4",
+            "cohere", "cohere2"]
 
 
 def _our_logits(model_dir: str, prompts: list[list[int]], windows: dict[int, int] | None = None) -> list[torch.Tensor]:
@@ -376,7 +377,8 @@ def test_a_partial_rotary_embedding_outside_phi3_or_odd_is_refused(tmp_path, arc
 
 @pytest.mark.parametrize("family", ["mixtral", "qwen2_moe", "smollm3", "granite", "phi3", "phi3_partial", "olmo2",
                                     "olmoe", "glm4", "ernie4_5", "hunyuan", "apertus", "starcoder2", "gpt_oss",
-                                    "glm4_moe", "minimax_m2", "ernie4_5_moe", "deepseek_v2", "deepseek_v3", "llama4"])
+                                    "glm4_moe", "minimax_m2", "ernie4_5_moe", "deepseek_v2", "deepseek_v3", "llama4",
+            "cohere", "cohere2"])
 def test_triton_ops_path_equals_the_torch_path(hf_checkpoint, monkeypatch, family):
     """The model as CUDA runs it (fused norms, RoPE and SiLU-and-mul, the grouped Triton experts),
     here in the Triton interpreter, gives the CPU path's greedy tokens and logprobs: the families
@@ -505,7 +507,8 @@ _CONFIG_CLASSES = {"LlamaForCausalLM": "LlamaConfig", "MistralForCausalLM": "Mis
                    "Starcoder2ForCausalLM": "Starcoder2Config", "GptOssForCausalLM": "GptOssConfig",
                    "Glm4MoeForCausalLM": "Glm4MoeConfig", "MiniMaxM2ForCausalLM": "MiniMaxM2Config",
                    "Ernie4_5_MoeForCausalLM": "Ernie4_5_MoeConfig", "DeepseekV2ForCausalLM": "DeepseekV2Config",
-                   "DeepseekV3ForCausalLM": "DeepseekV3Config", "Llama4ForCausalLM": "Llama4TextConfig"}
+                   "DeepseekV3ForCausalLM": "DeepseekV3Config", "Llama4ForCausalLM": "Llama4TextConfig",
+                   "CohereForCausalLM": "CohereConfig", "Cohere2ForCausalLM": "Cohere2Config"}
 
 
 def test_every_architecture_has_its_transformers_config_class():
@@ -533,7 +536,8 @@ def test_absent_fields_take_the_transformers_config_class_defaults(tmp_path, arc
     (tmp_path / "config.json").write_text(json.dumps({"architectures": [arch], **shape}))
     args = load_model_args(str(tmp_path))
     rope = ref.rope_parameters.get("full_attention", ref.rope_parameters)
-    eps = ref.norm_epsilon if arch == "Starcoder2ForCausalLM" else ref.rms_norm_eps
+    eps = ref.norm_epsilon if arch == "Starcoder2ForCausalLM" else ref.layer_norm_eps if arch.startswith("Cohere") else \
+        ref.rms_norm_eps
     want = dict(num_kv_heads=ref.num_key_value_heads or ref.num_attention_heads, rms_norm_eps=eps,
                 max_position_embeddings=ref.max_position_embeddings, rope_theta=rope["rope_theta"],
                 head_dim=getattr(ref, "head_dim", None) or 256 // 32, tie_word_embeddings=ref.tie_word_embeddings)
