@@ -13,7 +13,7 @@ GEMMA_ARCHITECTURES = ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
 MOE_ARCHITECTURES = ("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "GraniteMoeForCausalLM",
                      "OlmoeForCausalLM", "GptOssForCausalLM", "Glm4MoeForCausalLM", "MiniMaxM2ForCausalLM",
                      "Ernie4_5_MoeForCausalLM", "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM",
-                     "Llama4ForCausalLM")
+                     "Llama4ForCausalLM", "HunYuanMoEV1ForCausalLM")
 # Command R / R+ and Command R7B / A: one LayerNorm (no bias) before attention and MLP side by side
 COHERE_ARCHITECTURES = ("CohereForCausalLM", "Cohere2ForCausalLM")
 # multi-head latent attention (DeepSeek-V2 / V3, Kimi K2, Moonlight): see mla_fields
@@ -59,6 +59,7 @@ _FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
     "Glm4ForCausalLM": _GLM_DEFAULTS,
     "Exaone4ForCausalLM": {"rms_norm_eps": 1e-5, "max_position_embeddings": 2048},
     "HunYuanDenseV1ForCausalLM": {"rms_norm_eps": 1e-5, "max_position_embeddings": 2048},
+    "HunYuanMoEV1ForCausalLM": {"rms_norm_eps": 1e-5, "max_position_embeddings": 2048},
     "ArceeForCausalLM": {"rms_norm_eps": 1e-5},
     "ApertusForCausalLM": {"rms_norm_eps": 1e-5, "max_position_embeddings": 65536},
     "Starcoder2ForCausalLM": {"num_key_value_heads": 2, "use_bias": True, "tie_word_embeddings": True},
@@ -471,6 +472,8 @@ def moe_fields(cfg: dict[str, Any], arch: str) -> dict[str, Any]:
         return _deepseek_moe_fields(cfg, arch, num_layers)
     if arch == "Llama4ForCausalLM":
         return _llama4_moe_fields(cfg, num_layers)
+    if arch == "HunYuanMoEV1ForCausalLM":
+        return _hunyuan_moe_fields(cfg, num_layers)
     experts = cfg.get("num_local_experts")
     experts = cfg.get("num_experts") if experts is None else experts  # GptOssConfig's alias, others' name
     if experts is None and arch in ("GptOssForCausalLM", "MiniMaxM2ForCausalLM"):
@@ -651,3 +654,30 @@ def cohere2_layers(cfg: dict[str, Any]) -> dict[str, Any]:
     nope = tuple(i for i in range(num_layers) if i not in window_layers)
     return {"sliding_window": window, "window_layers": window_layers, "nope_layers": nope} if window_layers else {
         "nope_layers": nope}
+
+
+def _per_layer(cfg: dict[str, Any], name: str, default: int, num_layers: int) -> int:
+    """A field given once or per layer (HunYuan's num_experts, moe_topk): one positive integer for
+    every layer; ValueError for layers that differ."""
+    value = optional(cfg, name, default)
+    values = value if isinstance(value, list) else [value]
+    if isinstance(value, list) and len(value) != num_layers or not values:
+        raise ValueError(f"{name} must be one integer or one per each of the {num_layers} layers, got {value!r}")
+    for v in values:
+        check_positive_int(name, v)
+    if len(set(values)) != 1:
+        raise ValueError(f"{name} differing between layers ({value!r}) is not supported")
+    return values[0]
+
+
+def _hunyuan_moe_fields(cfg: dict[str, Any], num_layers: int) -> dict[str, Any]:
+    """Hunyuan MoE's experts (HunYuanMoEV1Config, as transformers builds them): in every layer,
+    `num_experts` of `intermediate_size` chosen `moe_topk` per token by a softmax over the fp32
+    router's logits, renormalized, beside an ungated shared MLP of intermediate_size. A per-layer
+    list must give every layer the same value."""
+    inter = required(cfg, "intermediate_size")
+    check_positive_int("intermediate_size", inter)
+    return {"num_experts": _per_layer(cfg, "num_experts", 1, num_layers),
+            "num_experts_per_tok": _per_layer(cfg, "moe_topk", 1, num_layers), "moe_intermediate_size": inter,
+            "norm_topk_prob": True, "moe_layers": tuple(range(num_layers)),
+            "shared_expert_intermediate_size": inter, "shared_expert_gate": False}

@@ -397,8 +397,9 @@ class SparseMoE(nn.Module):
         # GLM-4.5: sigmoid scores, grouped, with the router's correction bias (kernels.moe_route_grouped)
         self.grouping = (args.n_group, args.topk_group, args.routed_scaling_factor, args.router_scoring)
         self.router_correction = nn.Parameter(torch.empty(experts)) if args.router_correction else None
-        # routed by moe_route_grouped from fp32 logits: GLM-4.5, MiniMax-M2, ERNIE 4.5 MoE, DeepSeek-V2 / V3
-        self.grouped = args.router_correction or args.mla
+        # routed by moe_route_grouped from fp32 logits: GLM-4.5, MiniMax-M2, ERNIE 4.5 MoE, DeepSeek-V2 / V3,
+        # Hunyuan MoE (its softmax top-k, one group, no correction)
+        self.grouped = args.router_correction or args.mla or ".mlp.gate.weight" in args.fp32_parameters
         self.input_scaled = args.expert_input_scaled  # Llama 4
         self.group_score = args.group_score
         # CPU bf16: each expert's (gate | up, down) on the packed layout (packed_linear.prepack_linears)

@@ -25,7 +25,7 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCa
                            "ArceeForCausalLM", "ApertusForCausalLM", "Starcoder2ForCausalLM", "GptOssForCausalLM",
                            "Glm4MoeForCausalLM", "MiniMaxM2ForCausalLM", "Ernie4_5_MoeForCausalLM",
                            "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Llama4ForCausalLM",
-                           "CohereForCausalLM", "Cohere2ForCausalLM")
+                           "CohereForCausalLM", "Cohere2ForCausalLM", "HunYuanMoEV1ForCausalLM")
 
 
 # OLMo 2 and 3: norms after attention and MLP (none before), q / k normed over the whole projection
@@ -223,9 +223,10 @@ class ModelArgs:
     @property
     def fp32_parameters(self) -> tuple[str, ...]:
         """Endings of the parameters kept fp32 whatever the model's dtype, as transformers keeps
-        them: GLM-4.5's and ERNIE 4.5 MoE's routers and correction biases; the norms' weights where
+        them: GLM-4.5's, ERNIE 4.5 MoE's, DeepSeek's and Hunyuan MoE's routers and correction biases; the norms' weights where
         transformers multiplies by them in fp32 (Gemma's 1 + w, gpt-oss's), which RMSNorm then does."""
-        if self.architecture in ("Glm4MoeForCausalLM", "Ernie4_5_MoeForCausalLM") + DEEPSEEK_ARCHITECTURES:
+        if self.architecture in ("Glm4MoeForCausalLM", "Ernie4_5_MoeForCausalLM",
+                                 "HunYuanMoEV1ForCausalLM") + DEEPSEEK_ARCHITECTURES:
             return (".mlp.gate.weight", ".mlp.router_correction")
         if self.architecture in ("GemmaForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM", "GptOssForCausalLM"):
             return ("norm.weight",)
@@ -414,9 +415,9 @@ def model_args_from_dict(cfg: dict[str, Any]) -> ModelArgs:
         pre_norms=arch not in OLMO_ARCHITECTURES + ("Exaone4ForCausalLM",),
         qk_norm_whole=arch in OLMO_ARCHITECTURES + ("OlmoeForCausalLM", "MiniMaxM2ForCausalLM"),
         qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM", "Exaone4ForCausalLM",
-                         "HunYuanDenseV1ForCausalLM", "ApertusForCausalLM") or (
+                         "HunYuanDenseV1ForCausalLM", "HunYuanMoEV1ForCausalLM", "ApertusForCausalLM") or (
             arch == "Glm4MoeForCausalLM" and flag(cfg, "use_qk_norm", False)),
-        qk_norm_after_rope=arch == "HunYuanDenseV1ForCausalLM",
+        qk_norm_after_rope=arch in ("HunYuanDenseV1ForCausalLM", "HunYuanMoEV1ForCausalLM"),
         attention_sinks=arch == "GptOssForCausalLM",
         torch_dtype=cfg.get("torch_dtype") or cfg.get("dtype") or "float32",
         bos_token_id=cfg.get("bos_token_id"),

@@ -62,7 +62,7 @@ def _scaling(cfg: dict[str, Any], scaling: dict[str, Any], arch: str, dims: int)
     kind = scaling.get("rope_type", scaling.get("type"))
     if arch == "Phi3ForCausalLM" and kind in ("su", "yarn"):  # Phi-3's old names for longrope
         kind = "longrope"
-    if kind == "dynamic" and arch == "HunYuanDenseV1ForCausalLM" and scaling.get("alpha"):
+    if kind == "dynamic" and arch in ("HunYuanDenseV1ForCausalLM", "HunYuanMoEV1ForCausalLM") and scaling.get("alpha"):
         kind = "ntk_alpha"  # HunYuan's: the base stretched by a fixed alpha (not by the sequence's length)
         scaling = ntk_alpha_scaling(scaling)
     elif kind == "dynamic":  # dynamic NTK stretches the base only past max_position_embeddings: within

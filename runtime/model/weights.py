@@ -237,7 +237,8 @@ _NORM_NAMES = {"Glm4ForCausalLM": {"post_attention_layernorm": "post_self_attn_l
                "ApertusForCausalLM": {"input_layernorm": "attention_layernorm",
                                       "post_attention_layernorm": "feedforward_layernorm"}}
 # a family's names for the per-head q / k norms, where they are not Qwen3's
-_QK_NORM_NAMES = {"HunYuanDenseV1ForCausalLM": ("query_layernorm", "key_layernorm")}
+_QK_NORM_NAMES = {"HunYuanDenseV1ForCausalLM": ("query_layernorm", "key_layernorm"),
+                  "HunYuanMoEV1ForCausalLM": ("query_layernorm", "key_layernorm")}
 
 
 # each family's names for a layer's experts block and an expert's (gate, up, down) projections
@@ -277,14 +278,17 @@ def _expert_sources(args: ModelArgs, p: str, ours: str) -> dict[str, list[str]]:
                 ours + "mlp.experts_down": [moe + "output_linear.weight"]}
     block, (gate, up, down) = _EXPERT_NAMES.get(args.architecture, _QWEN_EXPERT_NAMES)
     experts = [f"{p}{block}.experts.{e}." for e in range(args.num_experts)]
-    src = {ours + "mlp.gate.weight": [f"{p}{block}.gate.weight"],
+    router = "gate.wg" if args.architecture == "HunYuanMoEV1ForCausalLM" else "gate"
+    src = {ours + "mlp.gate.weight": [f"{p}{block}.{router}.weight"],
            ours + "mlp.experts_gate_up": [e + f"{w}.weight" for e in experts for w in (gate, up)],
            ours + "mlp.experts_down": [e + f"{down}.weight" for e in experts]}
     if args.router_correction:  # the correction bias beside the router (GLM-4.5) or in the block (MiniMax-M2, ERNIE)
         stored = _CORRECTION_NAMES.get(args.architecture, "gate.e_score_correction_bias")
         src[ours + "mlp.router_correction"] = [f"{p}{block}.{stored}"]
-    if args.shared_expert_intermediate_size:  # Qwen2-MoE's shared_expert, GLM-4.5's shared_experts
+    if args.shared_expert_intermediate_size:  # Qwen2-MoE's shared_expert, GLM-4.5's shared_experts, Hunyuan's shared_mlp
         shared = f"{p}mlp.shared_expert{'' if args.shared_expert_gate else 's'}."
+        if args.architecture == "HunYuanMoEV1ForCausalLM":
+            shared = f"{p}mlp.shared_mlp."
         src[ours + "mlp.shared_expert.gate_up_proj.weight"] = [shared + "gate_proj.weight", shared + "up_proj.weight"]
         src[ours + "mlp.shared_expert.down_proj.weight"] = [shared + "down_proj.weight"]
         if args.shared_expert_gate:

@@ -141,6 +141,10 @@ def _hf_config(family: str, vocab_size: int, heads: int = 8):
         return tf.CohereConfig(**cohere, use_qk_norm=True, logit_scale=0.25)
     if family == "cohere2":  # layer 0 through a 4-token window with RoPE, layer 1 global without RoPE
         return tf.Cohere2Config(**cohere, sliding_window=4, layer_types=["sliding_attention", "full_attention"])
+    if family == "hunyuan_moe":  # Hunyuan's attention; 4 experts (2 a token, softmax renormalized) beside a shared MLP
+        return tf.HunYuanMoEV1Config(**{**common, "intermediate_size": 32}, attention_bias=True, num_experts=4,
+                                     moe_topk=2, tie_word_embeddings=False,
+                                     rope_scaling={"type": "dynamic", "alpha": 50.0, "factor": 1.0})
     if family == "llama4":  # Llama 4 text: experts in layers 0 and 3 (one per token, its input scaled) beside a shared
         # expert, dense MLPs of intermediate_size_mlp between; layers 1 and 3 without RoPE and with their queries'
         # temperature (floor_scale 4: it changes from position 3 on), 0 and 2 with RoPE in interleaved pairs and
@@ -174,7 +178,7 @@ _CLASSES = {"llama3": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
             "starcoder2": "Starcoder2ForCausalLM", "gpt_oss": "GptOssForCausalLM", "glm4_moe": "Glm4MoeForCausalLM",
             "minimax_m2": "MiniMaxM2ForCausalLM", "ernie4_5_moe": "Ernie4_5_MoeForCausalLM",
             "deepseek_v2": "DeepseekV2ForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM", "llama4": "Llama4ForCausalLM",
-            "cohere": "CohereForCausalLM", "cohere2": "Cohere2ForCausalLM",
+            "cohere": "CohereForCausalLM", "cohere2": "Cohere2ForCausalLM", "hunyuan_moe": "HunYuanMoEV1ForCausalLM",
             "olmo2": "Olmo2ForCausalLM", "olmo3": "Olmo3ForCausalLM", "olmoe": "OlmoeForCausalLM", "gemma": "GemmaForCausalLM",
             "gemma2": "Gemma2ForCausalLM",
             "gemma3": "Gemma3ForCausalLM"}
@@ -215,7 +219,7 @@ def hf_checkpoint(tmp_path_factory):
                     p.normal_(0.0, 0.05)
                 elif family.startswith("gemma"):  # its norms compute 1 + weight, which starts at 0
                     p.normal_(0.0, 0.1)
-                elif family in ("hunyuan", "exaone4", "starcoder2", "minimax_m2", "cohere", "cohere2"):  # norms whose weights must not be all alike (HunYuan's
+                elif family in ("hunyuan", "hunyuan_moe", "exaone4", "starcoder2", "minimax_m2", "cohere", "cohere2"):  # norms whose weights must not be all alike (HunYuan's
                     p.normal_(1.0, 0.3)  # q / k norms after RoPE would commute with it)
                 elif family == "apertus" and "act_fn" in name:  # xIELU's learned scalars, away from their init
                     p.add_(torch.randn_like(p) * 0.3)

@@ -17,7 +17,7 @@ from radixflow.runtime.model.weights import build_model
 FAMILIES = ["llama3", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe", "smollm3", "granite",
             "granitemoe", "phi3", "phi3_partial", "olmo2", "olmo3", "olmoe", "gemma", "gemma2", "gemma3", "seed_oss", "internlm3", "ernie4_5", "glm", "glm4", "exaone4", "hunyuan", "arcee", "apertus", "starcoder2",
             "gpt_oss", "glm4_moe", "minimax_m2", "ernie4_5_moe", "deepseek_v2", "deepseek_v3", "llama4",
-            "cohere", "cohere2"]
+            "cohere", "cohere2", "hunyuan_moe"]
 
 
 def _our_logits(model_dir: str, prompts: list[list[int]], windows: dict[int, int] | None = None) -> list[torch.Tensor]:
@@ -378,7 +378,7 @@ def test_a_partial_rotary_embedding_outside_phi3_or_odd_is_refused(tmp_path, arc
 @pytest.mark.parametrize("family", ["mixtral", "qwen2_moe", "smollm3", "granite", "phi3", "phi3_partial", "olmo2",
                                     "olmoe", "glm4", "ernie4_5", "hunyuan", "apertus", "starcoder2", "gpt_oss",
                                     "glm4_moe", "minimax_m2", "ernie4_5_moe", "deepseek_v2", "deepseek_v3", "llama4",
-            "cohere", "cohere2"])
+            "cohere", "cohere2", "hunyuan_moe"])
 def test_triton_ops_path_equals_the_torch_path(hf_checkpoint, monkeypatch, family):
     """The model as CUDA runs it (fused norms, RoPE and SiLU-and-mul, the grouped Triton experts),
     here in the Triton interpreter, gives the CPU path's greedy tokens and logprobs: the families
@@ -508,7 +508,8 @@ _CONFIG_CLASSES = {"LlamaForCausalLM": "LlamaConfig", "MistralForCausalLM": "Mis
                    "Glm4MoeForCausalLM": "Glm4MoeConfig", "MiniMaxM2ForCausalLM": "MiniMaxM2Config",
                    "Ernie4_5_MoeForCausalLM": "Ernie4_5_MoeConfig", "DeepseekV2ForCausalLM": "DeepseekV2Config",
                    "DeepseekV3ForCausalLM": "DeepseekV3Config", "Llama4ForCausalLM": "Llama4TextConfig",
-                   "CohereForCausalLM": "CohereConfig", "Cohere2ForCausalLM": "Cohere2Config"}
+                   "CohereForCausalLM": "CohereConfig", "Cohere2ForCausalLM": "Cohere2Config",
+                   "HunYuanMoEV1ForCausalLM": "HunYuanMoEV1Config"}
 
 
 def test_every_architecture_has_its_transformers_config_class():
@@ -600,3 +601,16 @@ def test_clipped_qkv_is_refused(tmp_path):
     with pytest.raises(ValueError, match="clip_qkv 8.0 is not supported"):
         _args_of(tmp_path, "OlmoeForCausalLM", num_experts=4, num_experts_per_tok=2, clip_qkv=8.0)
     assert _args_of(tmp_path, "OlmoeForCausalLM", num_experts=4, num_experts_per_tok=2, clip_qkv=None).qk_norm_whole
+
+
+def test_hunyuan_moe_per_layer_fields(tmp_path):
+    """Hunyuan MoE's released configs list num_experts / moe_topk per layer: one value for all is read,
+    layers that differ are refused."""
+    base = dict(num_hidden_layers=2, intermediate_size=64, rope_scaling={"type": "dynamic", "alpha": 1000.0})
+    args = _args_of(tmp_path, "HunYuanMoEV1ForCausalLM", **base, num_experts=[8, 8], moe_topk=[2, 2])
+    assert (args.num_experts, args.num_experts_per_tok, args.moe_layers) == (8, 2, (0, 1))
+    assert args.shared_expert_intermediate_size == args.moe_intermediate_size == 64 and args.qk_norm_after_rope
+    with pytest.raises(ValueError, match=r"moe_topk differing between layers \(\[2, 4\]\) is not supported"):
+        _args_of(tmp_path, "HunYuanMoEV1ForCausalLM", **base, num_experts=8, moe_topk=[2, 4])
+    with pytest.raises(ValueError, match="num_experts must be one integer or one per each of the 2 layers"):
+        _args_of(tmp_path, "HunYuanMoEV1ForCausalLM", **base, num_experts=[8], moe_topk=2)
