@@ -13,7 +13,7 @@ GEMMA_ARCHITECTURES = ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
 MOE_ARCHITECTURES = ("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "GraniteMoeForCausalLM",
                      "OlmoeForCausalLM", "GptOssForCausalLM", "Glm4MoeForCausalLM", "MiniMaxM2ForCausalLM",
                      "Ernie4_5_MoeForCausalLM", "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM",
-                     "Llama4ForCausalLM", "HunYuanMoEV1ForCausalLM")
+                     "Llama4ForCausalLM", "HunYuanMoEV1ForCausalLM", "Dots1ForCausalLM")
 # Command R / R+ and Command R7B / A: one LayerNorm (no bias) before attention and MLP side by side
 COHERE_ARCHITECTURES = ("CohereForCausalLM", "Cohere2ForCausalLM")
 # multi-head latent attention (DeepSeek-V2 / V3, Kimi K2, Moonlight): see mla_fields
@@ -60,6 +60,7 @@ _FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
     "Exaone4ForCausalLM": {"rms_norm_eps": 1e-5, "max_position_embeddings": 2048},
     "HunYuanDenseV1ForCausalLM": {"rms_norm_eps": 1e-5, "max_position_embeddings": 2048},
     "HunYuanMoEV1ForCausalLM": {"rms_norm_eps": 1e-5, "max_position_embeddings": 2048},
+    "Dots1ForCausalLM": {"max_position_embeddings": 2048, "moe_intermediate_size": 1408},
     "ArceeForCausalLM": {"rms_norm_eps": 1e-5},
     "ApertusForCausalLM": {"rms_norm_eps": 1e-5, "max_position_embeddings": 65536},
     "Starcoder2ForCausalLM": {"num_key_value_heads": 2, "use_bias": True, "tie_word_embeddings": True},
@@ -314,6 +315,14 @@ def sliding_window_fields(cfg: dict[str, Any], arch: str) -> dict[str, Any]:
         return _layer_type_windows(cfg, num_layers, 4)
     if arch == "GptOssForCausalLM":  # every other layer from the first slides unless layer_types says otherwise
         return _layer_type_windows(cfg, num_layers, 2)
+    if arch == "Dots1ForCausalLM":  # the layers layer_types names, else those from max_window_layers (62) on
+        if cfg.get("sliding_window", 4096) is None and not cfg.get("layer_types"):
+            return {}
+        first = optional(cfg, "max_window_layers", 62)
+        if isinstance(first, bool) or not isinstance(first, int) or first < 0:
+            raise ValueError(f"max_window_layers must be an integer >= 0, got {first!r}")
+        types = ["sliding_attention" if i >= first else "full_attention" for i in range(num_layers)]
+        return _layer_type_windows({**cfg, "layer_types": cfg.get("layer_types") or types}, num_layers, 1)
     if arch in ("MistralForCausalLM", "MixtralForCausalLM", "Phi3ForCausalLM", "Starcoder2ForCausalLM"):
         window = cfg.get("sliding_window", 4096 if arch == "MistralForCausalLM" else None)
         layers = range(num_layers)
@@ -342,17 +351,18 @@ def sliding_window_fields(cfg: dict[str, Any], arch: str) -> dict[str, Any]:
     return {"sliding_window": window, "window_layers": tuple(layers)}
 
 
-def _glm4_moe_fields(cfg: dict[str, Any], num_layers: int) -> dict[str, Any]:
+def _glm4_moe_fields(cfg: dict[str, Any], num_layers: int, dots: bool = False) -> dict[str, Any]:
     """GLM-4.5's experts (Glm4MoeConfig's fields): `n_routed_experts` (or num_local_experts) of
     `moe_intermediate_size` from layer `first_k_dense_replace` on (dense MLPs of intermediate_size
     before), `n_shared_experts` of that width as one ungated shared expert, sigmoid scores with the
     router's correction bias choosing within `topk_group` of `n_group` groups, renormalized when
     `norm_topk_prob` and scaled by `routed_scaling_factor`; `num_nextn_predict_layers` (or
-    num_mtp_layers; 1 when absent) MTP layers stored after the decoder's (not run)."""
+    num_mtp_layers; 1 when absent) MTP layers stored after the decoder's (not run). dots.llm1
+    (`dots`): the same experts with Dots1Config's defaults (every layer's, not renormalized, no MTP)."""
     experts = cfg.get("n_routed_experts", cfg.get("num_local_experts"))
     inter, shared = required(cfg, "moe_intermediate_size"), optional(cfg, "n_shared_experts", 1)
-    first = optional(cfg, "first_k_dense_replace", 1)
-    mtp = optional(cfg, "num_nextn_predict_layers", optional(cfg, "num_mtp_layers", 1))  # transformers' default: 1
+    first = optional(cfg, "first_k_dense_replace", 0 if dots else 1)
+    mtp = 0 if dots else optional(cfg, "num_nextn_predict_layers", optional(cfg, "num_mtp_layers", 1))  # transformers': 1
     for name, value in (("n_routed_experts", experts), ("moe_intermediate_size", inter)):
         check_positive_int(name, value)
     for name, value in (("n_shared_experts", shared), ("first_k_dense_replace", first),
@@ -360,7 +370,7 @@ def _glm4_moe_fields(cfg: dict[str, Any], num_layers: int) -> dict[str, Any]:
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
     return {"num_experts": experts, "num_experts_per_tok": required(cfg, "num_experts_per_tok"),
-            "moe_intermediate_size": inter, "norm_topk_prob": flag(cfg, "norm_topk_prob", True),
+            "moe_intermediate_size": inter, "norm_topk_prob": flag(cfg, "norm_topk_prob", not dots),
             "moe_layers": tuple(range(first, num_layers)), "shared_expert_intermediate_size": inter * shared,
             "shared_expert_gate": False, "router_scoring": "sigmoid", "router_correction": True,
             "n_group": optional(cfg, "n_group", 1),
@@ -464,8 +474,8 @@ def moe_fields(cfg: dict[str, Any], arch: str) -> dict[str, Any]:
         return {}
     num_layers = required(cfg, "num_hidden_layers")
     check_positive_int("num_hidden_layers", num_layers)
-    if arch == "Glm4MoeForCausalLM":
-        return _glm4_moe_fields(cfg, num_layers)
+    if arch in ("Glm4MoeForCausalLM", "Dots1ForCausalLM"):
+        return _glm4_moe_fields(cfg, num_layers, arch == "Dots1ForCausalLM")
     if arch == "Ernie4_5_MoeForCausalLM":
         return _ernie_moe_fields(cfg, num_layers)
     if arch in DEEPSEEK_ARCHITECTURES:

@@ -25,7 +25,7 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCa
                            "ArceeForCausalLM", "ApertusForCausalLM", "Starcoder2ForCausalLM", "GptOssForCausalLM",
                            "Glm4MoeForCausalLM", "MiniMaxM2ForCausalLM", "Ernie4_5_MoeForCausalLM",
                            "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Llama4ForCausalLM",
-                           "CohereForCausalLM", "Cohere2ForCausalLM", "HunYuanMoEV1ForCausalLM")
+                           "CohereForCausalLM", "Cohere2ForCausalLM", "HunYuanMoEV1ForCausalLM", "Dots1ForCausalLM")
 
 
 # OLMo 2 and 3: norms after attention and MLP (none before), q / k normed over the whole projection
@@ -225,8 +225,8 @@ class ModelArgs:
         """Endings of the parameters kept fp32 whatever the model's dtype, as transformers keeps
         them: GLM-4.5's, ERNIE 4.5 MoE's, DeepSeek's and Hunyuan MoE's routers and correction biases; the norms' weights where
         transformers multiplies by them in fp32 (Gemma's 1 + w, gpt-oss's), which RMSNorm then does."""
-        if self.architecture in ("Glm4MoeForCausalLM", "Ernie4_5_MoeForCausalLM",
-                                 "HunYuanMoEV1ForCausalLM") + DEEPSEEK_ARCHITECTURES:
+        if self.architecture in ("Glm4MoeForCausalLM", "Ernie4_5_MoeForCausalLM", "HunYuanMoEV1ForCausalLM",
+                                 "Dots1ForCausalLM") + DEEPSEEK_ARCHITECTURES:
             return (".mlp.gate.weight", ".mlp.router_correction")
         if self.architecture in ("GemmaForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM", "GptOssForCausalLM"):
             return ("norm.weight",)
@@ -415,7 +415,8 @@ def model_args_from_dict(cfg: dict[str, Any]) -> ModelArgs:
         pre_norms=arch not in OLMO_ARCHITECTURES + ("Exaone4ForCausalLM",),
         qk_norm_whole=arch in OLMO_ARCHITECTURES + ("OlmoeForCausalLM", "MiniMaxM2ForCausalLM"),
         qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM", "Exaone4ForCausalLM",
-                         "HunYuanDenseV1ForCausalLM", "HunYuanMoEV1ForCausalLM", "ApertusForCausalLM") or (
+                         "HunYuanDenseV1ForCausalLM", "HunYuanMoEV1ForCausalLM", "ApertusForCausalLM",
+                         "Dots1ForCausalLM") or (
             arch == "Glm4MoeForCausalLM" and flag(cfg, "use_qk_norm", False)),
         qk_norm_after_rope=arch in ("HunYuanDenseV1ForCausalLM", "HunYuanMoEV1ForCausalLM"),
         attention_sinks=arch == "GptOssForCausalLM",

@@ -145,6 +145,12 @@ def _hf_config(family: str, vocab_size: int, heads: int = 8):
         return tf.HunYuanMoEV1Config(**{**common, "intermediate_size": 32}, attention_bias=True, num_experts=4,
                                      moe_topk=2, tie_word_embeddings=False,
                                      rope_scaling={"type": "dynamic", "alpha": 50.0, "factor": 1.0})
+    if family == "dots1":  # dots.llm1: Qwen3's attention, layer 1 through a 4-token window (max_window_layers 1);
+        # GLM-4.5's experts from layer 1 (4 groups, 2 kept, sigmoid scores with a correction bias) and a shared expert
+        return tf.Dots1Config(**common, moe_intermediate_size=32, n_routed_experts=8, num_experts_per_tok=3,
+                              n_shared_experts=1, n_group=4, topk_group=2, first_k_dense_replace=1,
+                              routed_scaling_factor=2.5, norm_topk_prob=True, sliding_window=4, max_window_layers=1,
+                              tie_word_embeddings=False)
     if family == "llama4":  # Llama 4 text: experts in layers 0 and 3 (one per token, its input scaled) beside a shared
         # expert, dense MLPs of intermediate_size_mlp between; layers 1 and 3 without RoPE and with their queries'
         # temperature (floor_scale 4: it changes from position 3 on), 0 and 2 with RoPE in interleaved pairs and
@@ -179,6 +185,7 @@ _CLASSES = {"llama3": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
             "minimax_m2": "MiniMaxM2ForCausalLM", "ernie4_5_moe": "Ernie4_5_MoeForCausalLM",
             "deepseek_v2": "DeepseekV2ForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM", "llama4": "Llama4ForCausalLM",
             "cohere": "CohereForCausalLM", "cohere2": "Cohere2ForCausalLM", "hunyuan_moe": "HunYuanMoEV1ForCausalLM",
+            "dots1": "Dots1ForCausalLM",
             "olmo2": "Olmo2ForCausalLM", "olmo3": "Olmo3ForCausalLM", "olmoe": "OlmoeForCausalLM", "gemma": "GemmaForCausalLM",
             "gemma2": "Gemma2ForCausalLM",
             "gemma3": "Gemma3ForCausalLM"}

@@ -17,7 +17,7 @@ from radixflow.runtime.model.weights import build_model
 FAMILIES = ["llama3", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe", "smollm3", "granite",
             "granitemoe", "phi3", "phi3_partial", "olmo2", "olmo3", "olmoe", "gemma", "gemma2", "gemma3", "seed_oss", "internlm3", "ernie4_5", "glm", "glm4", "exaone4", "hunyuan", "arcee", "apertus", "starcoder2",
             "gpt_oss", "glm4_moe", "minimax_m2", "ernie4_5_moe", "deepseek_v2", "deepseek_v3", "llama4",
-            "cohere", "cohere2", "hunyuan_moe"]
+            "cohere", "cohere2", "hunyuan_moe", "dots1"]
 
 
 def _our_logits(model_dir: str, prompts: list[list[int]], windows: dict[int, int] | None = None) -> list[torch.Tensor]:
@@ -378,7 +378,7 @@ def test_a_partial_rotary_embedding_outside_phi3_or_odd_is_refused(tmp_path, arc
 @pytest.mark.parametrize("family", ["mixtral", "qwen2_moe", "smollm3", "granite", "phi3", "phi3_partial", "olmo2",
                                     "olmoe", "glm4", "ernie4_5", "hunyuan", "apertus", "starcoder2", "gpt_oss",
                                     "glm4_moe", "minimax_m2", "ernie4_5_moe", "deepseek_v2", "deepseek_v3", "llama4",
-            "cohere", "cohere2", "hunyuan_moe"])
+            "cohere", "cohere2", "hunyuan_moe", "dots1"])
 def test_triton_ops_path_equals_the_torch_path(hf_checkpoint, monkeypatch, family):
     """The model as CUDA runs it (fused norms, RoPE and SiLU-and-mul, the grouped Triton experts),
     here in the Triton interpreter, gives the CPU path's greedy tokens and logprobs: the families
@@ -509,7 +509,7 @@ _CONFIG_CLASSES = {"LlamaForCausalLM": "LlamaConfig", "MistralForCausalLM": "Mis
                    "Ernie4_5_MoeForCausalLM": "Ernie4_5_MoeConfig", "DeepseekV2ForCausalLM": "DeepseekV2Config",
                    "DeepseekV3ForCausalLM": "DeepseekV3Config", "Llama4ForCausalLM": "Llama4TextConfig",
                    "CohereForCausalLM": "CohereConfig", "Cohere2ForCausalLM": "Cohere2Config",
-                   "HunYuanMoEV1ForCausalLM": "HunYuanMoEV1Config"}
+                   "HunYuanMoEV1ForCausalLM": "HunYuanMoEV1Config", "Dots1ForCausalLM": "Dots1Config"}
 
 
 def test_every_architecture_has_its_transformers_config_class():
@@ -530,6 +530,8 @@ def test_absent_fields_take_the_transformers_config_class_defaults(tmp_path, arc
         shape.update(num_local_experts=4, num_experts_per_tok=2)
     elif arch == "DeepseekV2ForCausalLM":  # V3's class has a top-k, V2's none
         shape.update(num_experts_per_tok=4)
+    elif arch == "Dots1ForCausalLM":  # its class names no experts
+        shape.update(n_routed_experts=4, num_experts_per_tok=2)
     elif "Moe" in arch or arch == "OlmoeForCausalLM":
         shape.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
                      **({"shared_expert_intermediate_size": 32} if arch == "Qwen2MoeForCausalLM" else {}))
