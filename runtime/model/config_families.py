@@ -199,10 +199,19 @@ VL_TEXT_ARCHITECTURES = {"Qwen2VLForConditionalGeneration": "Qwen2ForCausalLM",
                          "Qwen3VLForConditionalGeneration": "Qwen3ForCausalLM",
                          "Qwen3VLMoeForConditionalGeneration": "Qwen3MoeForCausalLM",
                          "Mistral3ForConditionalGeneration": "MistralForCausalLM",
-                         "Llama4ForConditionalGeneration": "Llama4ForCausalLM"}
+                         "Llama4ForConditionalGeneration": "Llama4ForCausalLM",
+                         "Glm4vForConditionalGeneration": "Glm4ForCausalLM",
+                         "Glm4vMoeForConditionalGeneration": "Glm4MoeForCausalLM"}
 _QWEN2_VL_TEXT = {"rope_theta": 1_000_000.0, "max_position_embeddings": 32768, "rms_norm_eps": 1e-5,
                   "num_key_value_heads": 8}
 _VL_TEXT_DEFAULTS = {"Llama4ForConditionalGeneration": {},
+                     "Glm4vForConditionalGeneration": {"num_key_value_heads": 2, "rms_norm_eps": 1e-5,
+                                                       "max_position_embeddings": 32768},
+                     "Glm4vMoeForConditionalGeneration": {
+                         "num_key_value_heads": 8, "rms_norm_eps": 1e-5, "max_position_embeddings": 65536,
+                         "attention_bias": True, "moe_intermediate_size": 1408, "num_experts_per_tok": 8,
+                         "n_shared_experts": 1, "n_routed_experts": 128, "routed_scaling_factor": 1.0, "n_group": 1,
+                         "topk_group": 1, "first_k_dense_replace": 1, "norm_topk_prob": True},
                      "Qwen2VLForConditionalGeneration": _QWEN2_VL_TEXT, "Qwen2_5_VLForConditionalGeneration": _QWEN2_VL_TEXT,
                      "Qwen3VLForConditionalGeneration": {"rope_theta": 500_000.0, "max_position_embeddings": 128_000,
                                                          "num_key_value_heads": 32, "head_dim": 128},
@@ -213,7 +222,8 @@ _VL_TEXT_DEFAULTS = {"Llama4ForConditionalGeneration": {},
 
 
 def vl_text_config(cfg: dict[str, Any], arch: str) -> dict[str, Any]:
-    """The language model's config of a Qwen2-VL / Qwen2.5-VL / Qwen3-VL config: its `text_config`
+    """The language model's config of a Qwen2-VL / Qwen2.5-VL / Qwen3-VL, Mistral 3, Llama 4 or
+    GLM-4.1V / 4.5V config: its `text_config`
     (transformers 5) or the top level itself (the released Qwen2-VL / 2.5-VL configs), over the text
     config class's defaults, with the top level's token ids, dtype and head tie; its multimodal
     RoPE read as plain RoPE (text-only positions make them one)."""
@@ -228,6 +238,15 @@ def vl_text_config(cfg: dict[str, Any], arch: str) -> dict[str, Any]:
     # (Mistral-Small-3.x's released configs have none, and store the head), Qwen3-VL's not
     text_tie = base.get("tie_word_embeddings", False) if arch.startswith(("Qwen2", "Mistral3")) else False
     merged["tie_word_embeddings"] = cfg.get("tie_word_embeddings", text_tie)
+    if arch.startswith("Glm4v"):  # GLM-4.1V / 4.5V: the part of each head rotated, when neither names it
+        rope = merged.get("rope_parameters") or merged.get("rope_scaling") or {}
+        if "partial_rotary_factor" not in rope and merged.get("partial_rotary_factor") is None:
+            merged["partial_rotary_factor"] = 0.5 if arch.startswith("Glm4vMoe") else 1.0
+    if arch == "Glm4vForConditionalGeneration":  # its attention: hidden / heads per head, q / k / v biases always
+        hidden, heads = merged.get("hidden_size"), merged.get("num_attention_heads")
+        if isinstance(hidden, int) and isinstance(heads, int) and heads > 0:
+            merged["head_dim"] = hidden // heads
+        merged["attention_bias"] = True
     for field in ("rope_parameters", "rope_scaling"):  # the multimodal RoPE: with text alone a token's three
         rope = merged.get(field)  # positions are one, and its rotation is plain RoPE's (mrope_section unread)
         if isinstance(rope, dict) and rope.get("rope_type", rope.get("type")) == "mrope":

@@ -51,6 +51,20 @@ def _vl_checkpoint(tmp_path, kind: str):
         cfg = tf.Qwen2VLConfig(text_config=text, vision_config=dict(depth=1, embed_dim=32, num_heads=2,
                                                                      hidden_size=64, mlp_ratio=1))
         cls = tf.Qwen2VLForConditionalGeneration
+    elif kind == "glm4v":  # GLM-4.1V: GLM-4's layer, half of each head (hidden / heads = 8) rotated in interleaved pairs
+        text["rope_parameters"] = {"rope_type": "default", "rope_theta": 10_000.0, "mrope_section": [0, 1, 1],
+                                   "partial_rotary_factor": 0.5}
+        cfg = tf.Glm4vConfig(text_config=text, vision_config=dict(depth=1, hidden_size=32, num_heads=2,
+                                                                  intermediate_size=32, out_hidden_size=64))
+        cls = tf.Glm4vForConditionalGeneration
+    elif kind == "glm4v_moe":  # GLM-4.5V: GLM-4.5's experts (layer 0 dense), half of each head rotated
+        text.update(moe_intermediate_size=24, n_routed_experts=8, num_experts_per_tok=2, n_group=2, topk_group=1,
+                    first_k_dense_replace=1, routed_scaling_factor=2.0)  # head_dim: hidden / heads = 8
+        text["rope_parameters"] = {"rope_type": "default", "rope_theta": 10_000.0, "mrope_section": [0, 1, 1],
+                                   "partial_rotary_factor": 0.5}
+        cfg = tf.Glm4vMoeConfig(text_config=text, vision_config=dict(depth=1, hidden_size=32, num_heads=2,
+                                                                     intermediate_size=32, out_hidden_size=64))
+        cls = tf.Glm4vMoeForConditionalGeneration
     else:
         text["rope_parameters"] = {"rope_type": "default", "rope_theta": 1_000_000.0, "mrope_section": [1, 1, 2]}
         cfg = tf.Qwen2_5_VLConfig(text_config=text, vision_config=vision)
@@ -78,7 +92,8 @@ def _hf_logits(hf, prompt):
 
 
 @pytest.mark.parametrize("kind, arch", [("qwen2_vl", "Qwen2ForCausalLM"), ("qwen2_5_vl", "Qwen2ForCausalLM"),
-                                        ("qwen3_vl", "Qwen3ForCausalLM"), ("qwen3_vl_moe", "Qwen3MoeForCausalLM")])
+                                        ("qwen3_vl", "Qwen3ForCausalLM"), ("qwen3_vl_moe", "Qwen3MoeForCausalLM"),
+                                        ("glm4v", "Glm4ForCausalLM"), ("glm4v_moe", "Glm4MoeForCausalLM")])
 def test_a_vl_checkpoint_serves_its_language_model(tmp_path, kind, arch):
     model_dir, hf = _vl_checkpoint(tmp_path, kind)
     args = load_model_args(model_dir)
@@ -92,7 +107,8 @@ def test_a_vl_checkpoint_serves_its_language_model(tmp_path, kind, arch):
         assert out["output_ids"] == _hf_greedy(hf, prompt, 16)
 
 
-@pytest.mark.parametrize("text_class", ["Qwen2VLTextConfig", "Qwen2_5_VLTextConfig", "Qwen3VLTextConfig"])
+@pytest.mark.parametrize("text_class", ["Qwen2VLTextConfig", "Qwen2_5_VLTextConfig", "Qwen3VLTextConfig",
+                                        "Glm4vTextConfig", "Glm4vMoeTextConfig"])
 def test_absent_text_fields_take_the_vl_text_config_class_defaults(tmp_path, text_class):
     """What a VL config leaves out is its text config class's (Qwen2-VL's rms_norm_eps 1e-5 and 8
     KV heads, not Qwen2's), in the text_config and the flat form alike."""
@@ -100,7 +116,8 @@ def test_absent_text_fields_take_the_vl_text_config_class_defaults(tmp_path, tex
 
     arch = {"Qwen2VLTextConfig": "Qwen2VLForConditionalGeneration",
             "Qwen2_5_VLTextConfig": "Qwen2_5_VLForConditionalGeneration",
-            "Qwen3VLTextConfig": "Qwen3VLForConditionalGeneration"}[text_class]
+            "Qwen3VLTextConfig": "Qwen3VLForConditionalGeneration", "Glm4vTextConfig": "Glm4vForConditionalGeneration",
+            "Glm4vMoeTextConfig": "Glm4vMoeForConditionalGeneration"}[text_class]
     shape = dict(vocab_size=96, hidden_size=256, intermediate_size=96, num_hidden_layers=2, num_attention_heads=32)
     ref = getattr(tf, text_class)(**shape)
     for form in ({"text_config": shape}, shape):
@@ -109,6 +126,9 @@ def test_absent_text_fields_take_the_vl_text_config_class_defaults(tmp_path, tex
         assert (args.num_kv_heads, args.rms_norm_eps, args.max_position_embeddings, args.rope_theta) == (
             ref.num_key_value_heads, ref.rms_norm_eps, ref.max_position_embeddings, ref.rope_parameters["rope_theta"])
         assert args.head_dim == (getattr(ref, "head_dim", None) or 256 // 32)
+        if text_class.startswith("Glm4v"):  # the rotated part: rope_parameters' factor, else the class's default
+            factor = ref.rope_parameters.get("partial_rotary_factor", 1.0)
+            assert args.rope_dim == int(args.head_dim * factor) and args.qkv_bias and not args.o_bias
 
 
 @pytest.mark.parametrize("arch, tied", [("Qwen2_5_VLForConditionalGeneration", True),
