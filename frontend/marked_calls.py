@@ -34,11 +34,17 @@ DEEPSEEK_SECTION = ("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
 DEEPSEEK_CALL = ("<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>")
 DEEPSEEK_SEP = "<｜tool▁sep｜>"
 KIMI_SECTION = ("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>")
-KIMI_OLD_SECTION = "<|tool_call_section_begin|>"  # an earlier spelling some Kimi outputs use
+KIMI_OLD_SECTION = ("<|tool_call_section_begin|>", "<|tool_call_section_end|>")  # a spelling some Kimi outputs use
 KIMI_CALL = ("<|tool_call_begin|>", "<|tool_call_end|>")
 KIMI_ARGS = "<|tool_call_argument_begin|>"
 
 WAIT, NO = -1, 0  # a header's verdicts besides its arguments' start: more text may make it one; it cannot
+
+
+def _first(buf: str, markers: tuple[str, ...], start: int) -> tuple[int, str]:
+    """Where in `buf` (from `start`) the first of `markers` is, and which; (-1, "") when none is."""
+    found = [(at, m) for m in markers if (at := buf.find(m, start)) >= 0]
+    return min(found) if found else (-1, "")
 
 
 def _prefix(body: str, part: str) -> int | None:
@@ -57,7 +63,7 @@ class _MarkedCallsParser(StateParser):
     written."""
 
     openings: tuple[str, ...] = ()  # a section's opening markers
-    section_close = ""
+    closings: tuple[str, ...] = ()  # its closing markers
     call_open, call_close = "", ""
     args_suffix = ""  # what may come between the arguments' end and the call's closing (besides whitespace)
 
@@ -103,7 +109,7 @@ class _MarkedCallsParser(StateParser):
         rest = self._buf[self._at:]
         body = rest.lstrip()
         skipped = len(rest) - len(body)
-        for marker, state in ((self.call_open, "header"), (self.section_close, "text")):
+        for marker, state in ((self.call_open, "header"), *((close, "text") for close in self.closings)):
             n = _prefix(body, marker)
             if n is None:
                 continue
@@ -165,16 +171,17 @@ class _MarkedCallsParser(StateParser):
     def _broken(self, out: list[Event]) -> bool:
         """After a break in a started call: the section's rest is dropped up to its closing marker;
         up to a new section, it is content."""
-        close = self._buf.find(self.section_close, self._scan)
-        again = min((i for i in (self._buf.find(m, self._scan) for m in self.openings) if i >= 0), default=-1)
+        close, closing = _first(self._buf, self.closings, self._scan)
+        again, _ = _first(self._buf, self.openings, self._scan)
         if close >= 0 and (again < 0 or close < again):
-            self._buf, self._state = self._buf[close + len(self.section_close):], "text"
+            self._buf, self._state = self._buf[close + len(closing):], "text"
             return True
         if again >= 0:
             self._content.text(self._buf[:again], out)
             self._buf, self._state = self._buf[again:], "text"
             return True
-        self._scan = max(0, len(self._buf) - len(self.section_close) + 1)
+        longest = max(len(m) for m in (*self.closings, *self.openings))  # a marker may have begun at the end
+        self._scan = max(0, len(self._buf) - longest + 1)
         return False
 
     def _break(self) -> bool:
@@ -211,8 +218,7 @@ class DeepSeekV3Parser(_MarkedCallsParser):
     """DeepSeek-V3 and R1: `function<｜tool▁sep｜>NAME`, a newline, and the arguments in a
     ```json fence."""
 
-    openings = (DEEPSEEK_SECTION[0],)
-    section_close = DEEPSEEK_SECTION[1]
+    openings, closings = (DEEPSEEK_SECTION[0],), (DEEPSEEK_SECTION[1],)
     call_open, call_close = DEEPSEEK_CALL
     args_suffix = "```"
 
@@ -234,8 +240,7 @@ class DeepSeekV3Parser(_MarkedCallsParser):
 class DeepSeekV31Parser(_MarkedCallsParser):
     """DeepSeek-V3.1: `NAME<｜tool▁sep｜>` and the arguments."""
 
-    openings = (DEEPSEEK_SECTION[0],)
-    section_close = DEEPSEEK_SECTION[1]
+    openings, closings = (DEEPSEEK_SECTION[0],), (DEEPSEEK_SECTION[1],)
     call_open, call_close = DEEPSEEK_CALL
 
     def _parse_header(self, body: str) -> tuple[str | None, int]:
@@ -245,10 +250,10 @@ class DeepSeekV31Parser(_MarkedCallsParser):
 
 class KimiK2Parser(_MarkedCallsParser):
     """Kimi K2: `functions.NAME:INDEX<|tool_call_argument_begin|>` and the arguments (the call's id
-    is not kept: the response gives each call an id of its own)."""
+    is not kept: the response gives each call an id of its own); its sections' markers in either
+    spelling (`tool_calls_section` or `tool_call_section`)."""
 
-    openings = (KIMI_SECTION[0], KIMI_OLD_SECTION)
-    section_close = KIMI_SECTION[1]
+    openings, closings = (KIMI_SECTION[0], KIMI_OLD_SECTION[0]), (KIMI_SECTION[1], KIMI_OLD_SECTION[1])
     call_open, call_close = KIMI_CALL
 
     def _parse_header(self, body: str) -> tuple[str | None, int]:

@@ -48,7 +48,7 @@ class EngineConfig:
     dtype: str = _opt("auto", "Weight and activation dtype; auto = bfloat16 on CPUs with native bf16 (AVX512-BF16 / AMX), else float32; on CUDA the checkpoint's (bfloat16 for float32 checkpoints).", DTYPES)
     device: str = _opt("auto", "Where the model runs; auto = cuda when available.", DEVICES)
     seed: int = _opt(0, "Seed for sampling of requests that give no seed of their own.")
-    max_model_len: int | None = _opt(None, "Longest context (prompt + output) in tokens; default: the model's.")
+    max_model_len: int | None = _opt(None, "Longest context (prompt + output) in tokens; default: the model's, at most 262144.")
     kv_cache_tokens: int | None = _opt(None, "KV pool size in tokens (default on CPU: from --cpu-kv-cache-bytes, at most 65536; on CUDA: from --mem-fraction).")
     mem_fraction: float = _opt(0.85, "Fraction of total GPU memory the engine may use (weights + KV pool).")
     kv_cache_dtype: str = _opt("auto", "KV cache storage: auto = the model dtype; fp8_e4m3 halves the bytes.", KV_CACHE_DTYPES)

@@ -28,6 +28,9 @@ from radixflow.runtime.model.weights import build_model, read_kv_scales
 
 log = logging.getLogger(__name__)
 
+# the default context where the model has more positions (Llama 4 Scout: 10M): the request-to-slot table
+# (max_num_seqs x context int32) and the RoPE tables grow with it; max_model_len asks for more
+DEFAULT_MAX_CONTEXT = 262_144
 CPU_DEFAULT_KV_TOKENS = 65536  # CPU cap: more slots than a CPU can fill only cost start-up time
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 # GPU memory kept out of the KV budget for activations, logits and the CUDA graph pool.
@@ -59,7 +62,10 @@ def derive_shape(cfg: EngineConfig, args: ModelArgs) -> RuntimeShape:
         dtype = torch.bfloat16 if dtype == torch.float32 else dtype
     else:  # bf16 halves the bytes each decode step reads, but is slower than fp32 when emulated
         dtype = torch.bfloat16 if has_native_bf16() else torch.float32
-    max_len = cfg.max_model_len or args.max_position_embeddings
+    max_len = cfg.max_model_len or min(args.max_position_embeddings, DEFAULT_MAX_CONTEXT)
+    if cfg.max_model_len is None and args.max_position_embeddings > DEFAULT_MAX_CONTEXT:
+        log.info("context capped at %d of the model's %d positions (the slot and RoPE tables grow with it): "
+                 "set max_model_len for more", DEFAULT_MAX_CONTEXT, args.max_position_embeddings)
     if (args.rope_scaling or {}).get("rope_type") == "dynamic" and max_len > args.max_position_embeddings:
         raise ValueError(f"max_model_len {max_len} is past the model's max_position_embeddings "
                          f"{args.max_position_embeddings}, where its dynamic RoPE scaling would stretch the base "

@@ -236,8 +236,9 @@ def vl_text_config(cfg: dict[str, Any], arch: str) -> dict[str, Any]:
               **{k: v for k, v in base.items() if v is not None or k == "sliding_window"}}  # a null window: none
     # the head ties by the top-level flag; without one, Qwen2(.5)-VL's and Mistral 3's by the text config's
     # (Mistral-Small-3.x's released configs have none, and store the head), Qwen3-VL's not
-    text_tie = base.get("tie_word_embeddings", False) if arch.startswith(("Qwen2", "Mistral3")) else False
-    merged["tie_word_embeddings"] = cfg.get("tie_word_embeddings", text_tie)
+    text_tie = base.get("tie_word_embeddings", False) if arch.startswith(("Qwen2", "Mistral3", "Llama4")) else False
+    # Llama 4's language model ties by its text config alone (transformers builds it from that config)
+    merged["tie_word_embeddings"] = text_tie if arch.startswith("Llama4") else cfg.get("tie_word_embeddings", text_tie)
     if arch.startswith("Glm4v"):  # GLM-4.1V / 4.5V: the part of each head rotated, when neither names it
         rope = merged.get("rope_parameters") or merged.get("rope_scaling") or {}
         if "partial_rotary_factor" not in rope and merged.get("partial_rotary_factor") is None:

@@ -381,7 +381,8 @@ def model_args_from_dict(cfg: dict[str, Any]) -> ModelArgs:
     else:
         family = {**sliding_window_fields(cfg, arch), **granite_fields(cfg, arch), **moe_fields(cfg, arch)}
         if arch == "Llama4ForCausalLM":  # its dense MLPs are intermediate_size_mlp wide (its experts intermediate_size)
-            family.update(llama4_fields(cfg), intermediate_size=required(cfg, "intermediate_size_mlp"))
+            check_positive_int("intermediate_size_mlp", required(cfg, "intermediate_size_mlp"))
+            family.update(llama4_fields(cfg), intermediate_size=cfg["intermediate_size_mlp"])
         if vl == "Qwen3VLMoeForConditionalGeneration" and family.get("moe_layers"):  # its router always
             family.update(stacked_experts=True, norm_topk_prob=True)  # renormalizes (no norm_topk_prob field)
     return ModelArgs(

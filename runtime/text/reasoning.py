@@ -13,8 +13,9 @@
                     is reasoning, the others content; the text keeps its special tokens
     deepseek_v3     DeepSeek-V3.1: as deepseek_r1 when the template is told to think (`thinking`
                     true among its variables), else as qwen3: its template thinks only when asked
-    kimi            Kimi's older ◁think▷ ... ◁/think▷ block, read as qwen3's (Kimi K2's <think>
-                    block: the alias kimi_k2, read as qwen3)
+    kimi            Kimi's older ◁think▷ ... ◁/think▷ block, read as qwen3's
+    kimi_k2         Kimi K2's <think> block, read as qwen3's, which also ends where a tool-call
+                    section opens (K2 may call tools without closing it); the section is content
 
 A parser is fed a choice's text as it is generated and returns events, `Thought` pieces and
 content text; text that may still be a tag (`</thi`) is held back until it cannot be, and so is
@@ -47,16 +48,18 @@ class Format:
     close_tag: str = CLOSE
     harmony: bool = False
     thinks_by_default: bool = True  # False: the template thinks only when its variables ask (DeepSeek-V3.1)
+    ends_before: tuple[str, ...] = ()  # markers that also end the block, kept as the content's start (Kimi K2)
 
 
 FORMATS = {"deepseek_r1": Format(True), "qwen3": Format(False), "qwen3_thinking": Format(True),
            "seed_oss": Format(False, "<seed:think>", "</seed:think>"),
            "gpt_oss": Format(False, "<|channel|>analysis<|message|>", "<|channel|>final<|message|>", harmony=True),
-           "deepseek_v3": Format(True, thinks_by_default=False), "kimi": Format(False, "◁think▷", "◁/think▷")}
-# SGLang spells them with dashes; vLLM calls gpt-oss's openai_gptoss; GLM-4.5's and Kimi K2's <think>
-# blocks (SGLang's glm45, kimi_k2) are read as qwen3's: thinking when the output opens with <think>
+           "deepseek_v3": Format(True, thinks_by_default=False), "kimi": Format(False, "◁think▷", "◁/think▷"),
+           "kimi_k2": Format(False, ends_before=("<|tool_calls_section_begin|>", "<|tool_call_section_begin|>"))}
+# SGLang spells them with dashes; vLLM calls gpt-oss's openai_gptoss; GLM-4.5's <think> block (SGLang's
+# glm45) is read as qwen3's: thinking when the output opens with <think>
 ALIASES = {**{name.replace("_", "-"): name for name in FORMATS}, "openai_gptoss": "gpt_oss", "glm45": "qwen3",
-           "kimi_k2": "qwen3", "deepseek_v31": "deepseek_v3"}
+           "deepseek_v31": "deepseek_v3"}
 
 
 def check_reasoning_parser(name: str | None, what: str = "--reasoning-parser") -> str | None:
@@ -91,6 +94,7 @@ class ReasoningParser:
 
     def __init__(self, opened: bool, fmt: Format = FORMATS["qwen3"]) -> None:
         self._opened, self._open, self._close = opened, fmt.open_tag, fmt.close_tag
+        self._ends = fmt.ends_before
         self._state = _START
         self._held = ""  # text that may still be a tag, or whitespace at the block's end
         self._leading = False  # in the block, before its first character other than whitespace
@@ -113,8 +117,13 @@ class ReasoningParser:
                     self._state = _CONTENT
             elif self._state == _THINKING:
                 end = text.find(self._close)
+                before = min((at for at in (text.find(m) for m in self._ends) if at >= 0), default=-1)
+                if before >= 0 and (end < 0 or before < end):  # a marker that ends the block and starts the content
+                    out.append(Thought(self._lead(text[:before].rstrip())))
+                    text, self._state = text[before:], _CONTENT
+                    continue
                 if end < 0:
-                    keep = partial_tag(text, self._close)
+                    keep = max(partial_tag(text, tag) for tag in (self._close, *self._ends))
                     body = text[:len(text) - keep]
                     shown = body.rstrip()
                     self._held = body[len(shown):] + text[len(text) - keep:]

@@ -145,7 +145,7 @@ def test_kimis_older_tags_split_as_think_tags_do():
     for parts in every_split(text):
         assert split(ReasoningParser(False, fmt), parts) == ("Let me add.", "It is 4.", [], True), parts
     assert split_reasoning("<think>a</think> b", "kimi") == (None, "<think>a</think> b")
-    assert check_reasoning_parser("kimi_k2") == "qwen3"  # Kimi K2's <think> block
+    assert check_reasoning_parser("kimi-k2") == "kimi_k2"  # SGLang's spelling
 
 
 @pytest.mark.parametrize("kwargs, opened", [({}, False), ({"thinking": True}, True), ({"thinking": False}, False),
@@ -167,3 +167,17 @@ def test_deepseek_v31_thinks_only_when_its_template_is_told_to(kwargs, opened):
     assert check_reasoning_parser("deepseek_v31") == check_reasoning_parser("deepseek-v3") == "deepseek_v3"
     assert split_reasoning("a</think>b", "deepseek_v3") == (None, "a</think>b")  # not told to think
     assert split_reasoning("<think>a</think>b", "deepseek_v3") == ("a", "b")
+
+
+def test_kimi_k2_reasoning_ends_where_its_tool_calls_begin():
+    """Kimi K2 may call tools from inside its <think> block, without closing it: the block ends
+    where a tool-call section opens, and the section is content (for the tool-call parser)."""
+    fmt = FORMATS[check_reasoning_parser("kimi_k2")]
+    section = '<|tool_calls_section_begin|><|tool_call_begin|>functions.add:0<|tool_call_argument_begin|>{"a": 1}'
+    for opening in ("<|tool_calls_section_begin|>", "<|tool_call_section_begin|>"):
+        text = "<think>I should call the tool.\n" + section.replace("<|tool_calls_section_begin|>", opening)
+        for parts in every_split(text):
+            got = split(ReasoningParser(False, fmt), parts)
+            assert got[:2] == ("I should call the tool.", text[len("<think>I should call the tool.\n"):]), parts
+    assert split(ReasoningParser(False, fmt), ["<think>a</think>b <|tool_calls_section_begin|>"])[:2] == (
+        "a", "b <|tool_calls_section_begin|>")  # after the block the marker is content as any text

@@ -145,8 +145,8 @@ def test_the_parser_name_is_checked_and_shown(r1, capsys):
 
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve", "--help"])
-    assert ("--reasoning-parser {deepseek_r1,qwen3,qwen3_thinking,seed_oss,gpt_oss,deepseek_v3,kimi,deepseek-r1,"
-            "qwen3-thinking,seed-oss,gpt-oss,deepseek-v3,openai_gptoss,glm45,kimi_k2,deepseek_v31}"
+    assert ("--reasoning-parser {deepseek_r1,qwen3,qwen3_thinking,seed_oss,gpt_oss,deepseek_v3,kimi,kimi_k2,"
+            "deepseek-r1,qwen3-thinking,seed-oss,gpt-oss,deepseek-v3,kimi-k2,openai_gptoss,glm45,deepseek_v31}"
             in capsys.readouterr().out)
 
 

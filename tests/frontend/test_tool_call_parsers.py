@@ -438,9 +438,18 @@ DEEPSEEK = _marked_cases(_deepseek) + [
      [B + CB + "function" + SEP + 'add\n{"a": 1}' + CE + E]),
 ]
 DEEPSEEK_V31 = _marked_cases(lambda *calls: _deepseek(*calls, v31=True)) + [
+    ("a section opening after a broken call, however the text is split",
+     B + CB + "add" + SEP + '{"a": NaN}' + CE + " " + _deepseek(("add", '{"a": 1}'), v31=True),
+     [Call("add", '{"a": '), "NaN}" + CE, ADD1]),  # no closing marker before the new section: content
     ("V3's fenced form is not V3.1's", _deepseek(("add", '{"a": 1}')), [_deepseek(("add", '{"a": 1}'))]),
 ]
 KIMI = _marked_cases(_kimi) + [
+    ("the singular closing marker too", "<|tool_call_section_begin|><|tool_call_begin|>functions.add:0"
+                                        '<|tool_call_argument_begin|>{"a": 1}<|tool_call_end|><|tool_call_section_end|> ok',
+     [ADD1, "ok"]),
+    ("a section opening after a broken call, however the text is split",
+     "<|tool_calls_section_begin|><|tool_call_begin|>functions.add:0<|tool_call_argument_begin|>{\"a\": NaN}"
+     "<|tool_call_end|> " + _kimi(("add", '{"a": 1}')), [Call("add", '{"a": '), "NaN}<|tool_call_end|>", ADD1]),
     ("the older section marker", "<|tool_call_section_begin|><|tool_call_begin|>functions.add:0"
                                  '<|tool_call_argument_begin|>{"a": 1}<|tool_call_end|><|tool_calls_section_end|>', [ADD1]),
     ("a name without its functions. prefix or index", "<|tool_calls_section_begin|><|tool_call_begin|>add"

@@ -182,3 +182,33 @@ def test_llama3_scaling_with_equal_frequency_factors(hf_checkpoint):
     with torch.no_grad():
         want = hf(torch.tensor(prompts)).logits[0].float()
     assert (_our_logits(model_dir, prompts)[0] - want).abs().max().item() < 1e-4
+
+
+@pytest.mark.parametrize("top, text, tied", [(None, True, True), (True, False, False), (False, True, True),
+                                             (None, None, False)])
+def test_the_multimodal_heads_tie_by_the_text_config(tmp_path, top, text, tied):
+    """transformers ties Llama4ForConditionalGeneration's language-model head by its text config's
+    tie_word_embeddings (false when absent); the top-level flag does not decide it."""
+    text_cfg = dict(SCOUT_TEXT) if text is None else {**SCOUT_TEXT, "tie_word_embeddings": text}
+    cfg = {"architectures": ["Llama4ForConditionalGeneration"], "text_config": text_cfg}
+    if top is not None:
+        cfg["tie_word_embeddings"] = top
+    assert _args(tmp_path, cfg).tie_word_embeddings is tied
+
+
+def test_intermediate_size_mlp_is_checked(tmp_path):
+    for value in (0, "16384"):
+        with pytest.raises(ValueError, match="intermediate_size_mlp must be a positive integer"):
+            _args(tmp_path, {"architectures": ["Llama4ForCausalLM"], **SCOUT_TEXT, "intermediate_size_mlp": value})
+
+
+def test_a_huge_context_is_capped_unless_asked_for(hf_checkpoint):
+    """Scout's 10,485,760 positions: without --max-model-len the context is capped (the slot table and RoPE
+    tables grow with it), and an explicit max_model_len is taken as given."""
+    from radixflow.runtime.core.model_runner import DEFAULT_MAX_CONTEXT
+
+    model_dir, _ = hf_checkpoint("llama4", max_position_embeddings=10485760)
+    with Engine(model_dir, kv_cache_tokens=256, dtype="float32", max_num_seqs=2) as engine:
+        assert engine.runner.shape.max_context_len == DEFAULT_MAX_CONTEXT == 262144
+    with Engine(model_dir, kv_cache_tokens=256, dtype="float32", max_num_seqs=2, max_model_len=300000) as engine:
+        assert engine.runner.shape.max_context_len == 300000
