@@ -320,6 +320,8 @@ def model_args_from_dict(cfg: dict[str, Any]) -> ModelArgs:
     archs = cfg.get("architectures") or []
     if isinstance(archs, str):
         archs = [archs]
+    if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
+        raise ValueError(f"architectures must be a list of class names, got {archs!r}")
     if "Gemma3ForConditionalGeneration" in archs:  # Gemma 3 4B and up: served as its language model
         cfg, archs = gemma3_text_config(cfg), ["Gemma3ForCausalLM"]
     vl = next((a for a in archs if a in VL_TEXT_ARCHITECTURES), None)

@@ -616,3 +616,10 @@ def test_hunyuan_moe_per_layer_fields(tmp_path):
         _args_of(tmp_path, "HunYuanMoEV1ForCausalLM", **base, num_experts=8, moe_topk=[2, 4])
     with pytest.raises(ValueError, match="num_experts must be one integer or one per each of the 2 layers"):
         _args_of(tmp_path, "HunYuanMoEV1ForCausalLM", **base, num_experts=[8], moe_topk=2)
+
+
+@pytest.mark.parametrize("archs", [5, {"a": 1}, [5], [None]])
+def test_malformed_architectures_are_refused(tmp_path, archs):
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": archs, "vocab_size": 100, "hidden_size": 32}))
+    with pytest.raises(ValueError, match="architectures must be a list of class names"):
+        load_model_args(str(tmp_path))
