@@ -57,10 +57,10 @@ def _prefix(body: str, part: str) -> int | None:
 class _MarkedCallsParser(StateParser):
     """Sections of calls as states over the buffer (StateParser): `text` (searching for a section's
     opening), `section` (a call's opening or the section's end), `header` (a subclass's
-    `_parse_header` reads it), `args` (the arguments, through ArgsReader), `after` (what ends the arguments, then
-    the call's closing marker) and `broken` (the section's rest dropped). The markers stay in
-    `_buf` until the section's first call starts, so a section that is not calls is content as
-    written."""
+    `_parse_header` reads it), `args` (the arguments, through ArgsReader), `after` (what ends the
+    arguments, then the call's closing marker) and `broken` (the section's rest dropped). The
+    markers stay in `_buf` until the section's first call starts, so a section that is not calls
+    is content as written."""
 
     openings: tuple[str, ...] = ()  # a section's opening markers
     closings: tuple[str, ...] = ()  # its closing markers
@@ -93,15 +93,13 @@ class _MarkedCallsParser(StateParser):
         raise NotImplementedError
 
     def _text(self, out: list[Event]) -> bool:
-        at = min((i for i in (self._buf.find(m) for m in self.openings) if i >= 0), default=-1)
-        if at < 0:
+        at, opening = _first(self._buf, self.openings, 0)
+        if at < 0:  # all but what may be an opening's start
             at = len(self._buf) - max(partial_tag(self._buf, m) for m in self.openings)
-            self._content.text(self._buf[:at], out)
-            self._buf = self._buf[at:]
-            return False
         self._content.text(self._buf[:at], out)
         self._buf = self._buf[at:]
-        opening = next(m for m in self.openings if self._buf.startswith(m))
+        if not opening:
+            return False
         self._state, self._at, self._calls = "section", len(opening), 0
         return True
 
