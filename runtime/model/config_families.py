@@ -72,6 +72,9 @@ _FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
                              "num_experts_per_tok": 8},
     "CohereForCausalLM": {"max_position_embeddings": 8192, "bos_token_id": 5, "eos_token_id": 255001},
     "Cohere2ForCausalLM": {"max_position_embeddings": 8192, "bos_token_id": 5, "eos_token_id": 255001},
+    "MinistralForCausalLM": {"num_key_value_heads": 8, "max_position_embeddings": 131072},
+    "Ministral3ForCausalLM": {"num_key_value_heads": 8, "head_dim": 128, "rms_norm_eps": 1e-5,
+                              "max_position_embeddings": 262144, "vocab_size": 131072},
     "Llama4ForCausalLM": {"num_key_value_heads": 8, "head_dim": 128, "rms_norm_eps": 1e-5,
                           "max_position_embeddings": 131072, "intermediate_size_mlp": 16384, "num_local_experts": 16,
                           "bos_token_id": 1, "eos_token_id": 2},
@@ -89,7 +92,11 @@ _APERTUS_ROPE = {"rope_type": "llama3", "rope_theta": 12_000_000.0, "factor": 8.
 # GptOssConfig's (its base, 150,000, is rope_config's default for the family)
 _GPT_OSS_ROPE = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
                  "original_max_position_embeddings": 4096}
-_DEFAULT_ROPES = {"ApertusForCausalLM": _APERTUS_ROPE, "GptOssForCausalLM": _GPT_OSS_ROPE}
+# Ministral3Config's
+_MINISTRAL3_ROPE = {"rope_type": "yarn", "rope_theta": 1_000_000.0, "factor": 16.0, "original_max_position_embeddings": 16384,
+                    "beta_fast": 32.0, "beta_slow": 1.0, "mscale_all_dim": 1.0, "mscale": 1.0, "llama_4_scaling_beta": 0.1}
+_DEFAULT_ROPES = {"ApertusForCausalLM": _APERTUS_ROPE, "GptOssForCausalLM": _GPT_OSS_ROPE,
+                  "Ministral3ForCausalLM": _MINISTRAL3_ROPE}
 
 
 def with_family_defaults(cfg: dict[str, Any], arch: str) -> dict[str, Any]:
@@ -335,6 +342,13 @@ def sliding_window_fields(cfg: dict[str, Any], arch: str) -> dict[str, Any]:
         return _layer_type_windows(cfg, num_layers, 4)
     if arch == "GptOssForCausalLM":  # every other layer from the first slides unless layer_types says otherwise
         return _layer_type_windows(cfg, num_layers, 2)
+    if arch == "MinistralForCausalLM":  # the layers layer_types names, else every layer where a window is set
+        window = cfg.get("sliding_window", 4096)
+        types = cfg.get("layer_types") or ["sliding_attention" if window is not None else "full_attention"] * num_layers
+        return _layer_type_windows({**cfg, "layer_types": types}, num_layers, 1)
+    if arch == "Ministral3ForCausalLM":  # every layer when sliding_window is set
+        window = cfg.get("sliding_window")
+        return {"sliding_window": window, "window_layers": tuple(range(num_layers))} if window is not None else {}
     if arch == "Dots1ForCausalLM":  # the layers layer_types names, else those from max_window_layers (62) on
         if cfg.get("sliding_window", 4096) is None and not cfg.get("layer_types"):
             return {}
@@ -664,7 +678,7 @@ def llama4_fields(cfg: dict[str, Any]) -> dict[str, Any]:
         floor_scale, attn_scale = optional(cfg, "floor_scale", 8192), optional(cfg, "attn_scale", 0.1)
         check_positive_number("floor_scale", floor_scale)
         check_positive_number("attn_scale", attn_scale)
-        fields["attn_temperature"] = (float(floor_scale), float(attn_scale))
+        fields["attn_temperature"] = (float(floor_scale), float(attn_scale), 1.0)
     return fields
 
 
@@ -711,3 +725,16 @@ def _hunyuan_moe_fields(cfg: dict[str, Any], num_layers: int) -> dict[str, Any]:
             "num_experts_per_tok": _per_layer(cfg, "moe_topk", 1, num_layers), "moe_intermediate_size": inter,
             "norm_topk_prob": True, "moe_layers": tuple(range(num_layers)),
             "shared_expert_intermediate_size": inter, "shared_expert_gate": False}
+
+
+def ministral3_temperature(scaling: dict[str, Any] | None) -> dict[str, Any]:
+    """Ministral 3's query temperature in every layer: 1 + llama_4_scaling_beta *
+    log(1 + floor(position / original_max_position_embeddings)), both from its rope_parameters
+    (none without a beta)."""
+    scaling = scaling or {}
+    beta, length = scaling.get("llama_4_scaling_beta"), scaling.get("original_max_position_embeddings")
+    if beta is None:
+        return {}
+    check_positive_number("llama_4_scaling_beta", beta)
+    check_positive_int("rope_parameters original_max_position_embeddings", length)
+    return {"attn_temperature": (float(length), float(beta), 0.0), "temperature_all_layers": True}

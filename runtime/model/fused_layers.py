@@ -62,7 +62,7 @@ class FusedLayers:
                    args.mlp_bias, args.nope_layers, args.window_layers, args.hidden_act != "silu",
                    args.attn_logit_softcapping is not None, args.attention_sinks,
                    args.residual_multiplier != 1.0, args.mla, args.qk_norm_weightless, args.layer_norm,
-                   args.parallel_block)
+                   args.parallel_block, args.attn_temperature is not None)
         if any(unfused) or not lanes or args.hidden_size < lanes or len(k_caches) != len(model.layers):
             return False
         for layer in model.layers:

@@ -221,11 +221,11 @@ class Attention(nn.Module):
             q, k = qk[:, :a.num_heads], qk[:, a.num_heads:]
         if a.qk_norm_after_rope:  # HunYuan: the rotated q and k normed per head
             q, k = self.q_norm.norm_heads(q), self.k_norm.norm_heads(k)
-        if self.layer_id in a.nope_layers:
-            if a.attn_temperature is not None:  # Llama 4: the queries of its layers without RoPE, by position
-                q = q * attention_temperature(fb.positions, *a.attn_temperature).to(q.dtype)[:, None, None]
-        elif a.qk_norm_weightless:  # Llama 4: the rotated q and k normed per head, without a weight
+        if a.qk_norm_weightless and self.layer_id not in a.nope_layers:  # Llama 4: rotated q, k normed unweighted
             q, k = rms_unweighted(q, a.rms_norm_eps), rms_unweighted(k, a.rms_norm_eps)
+        if a.attn_temperature is not None and (a.temperature_all_layers or self.layer_id in a.nope_layers):
+            # the queries scaled by position: Llama 4's layers without RoPE, Ministral 3's every layer
+            q = q * attention_temperature(fb.positions, *a.attn_temperature).to(q.dtype)[:, None, None]
         if self.sinks is None:
             o = attn(self.layer_id, q, k, v, fb)
         else:
@@ -297,9 +297,10 @@ def rms_unweighted(x: torch.Tensor, eps: float) -> torch.Tensor:
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
 
-def attention_temperature(positions: torch.Tensor, floor_scale: float, attn_scale: float) -> torch.Tensor:
-    """Llama 4's query scale at each position [T] (fp32): log1p(floor((pos + 1) / floor_scale)) * attn_scale + 1."""
-    return torch.log1p(torch.floor((positions.float() + 1.0) / floor_scale)) * attn_scale + 1.0
+def attention_temperature(positions: torch.Tensor, floor_scale: float, scale: float, offset: float) -> torch.Tensor:
+    """The query scale at each position [T] (fp32): log1p(floor((pos + offset) / floor_scale)) * scale + 1
+    (Llama 4: offset 1; Ministral 3: offset 0)."""
+    return torch.log1p(torch.floor((positions.float() + offset) / floor_scale)) * scale + 1.0
 
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:

@@ -10,7 +10,7 @@ from radixflow.runtime.model.config_families import (
     ACTIVATIONS, COHERE_ARCHITECTURES, DEEPSEEK_ARCHITECTURES, GEMMA_ARCHITECTURES, GLM_ARCHITECTURES, UNGATED_ACTIVATIONS, UNGATED_ARCHITECTURES, bias_fields,
     VL_TEXT_ARCHITECTURES, exaone4_layers, gemma1_config, gemma1_fields, gemma3_text_config, gemma_fields,
     granite_fields, moe_fields, nope_layers, sliding_window_fields, vl_text_config, with_family_defaults,
-    cohere2_layers, llama4_fields, mla_fields, with_gemma_defaults,
+    cohere2_layers, llama4_fields, ministral3_temperature, mla_fields, with_gemma_defaults,
 )
 from radixflow.runtime.model.config_fields import check_positive_int, check_positive_number, flag, optional, required
 from radixflow.runtime.model.rope_config import read_rope
@@ -25,7 +25,8 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCa
                            "ArceeForCausalLM", "ApertusForCausalLM", "Starcoder2ForCausalLM", "GptOssForCausalLM",
                            "Glm4MoeForCausalLM", "MiniMaxM2ForCausalLM", "Ernie4_5_MoeForCausalLM",
                            "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Llama4ForCausalLM",
-                           "CohereForCausalLM", "Cohere2ForCausalLM", "HunYuanMoEV1ForCausalLM", "Dots1ForCausalLM")
+                           "CohereForCausalLM", "Cohere2ForCausalLM", "HunYuanMoEV1ForCausalLM", "Dots1ForCausalLM",
+                           "MinistralForCausalLM", "Ministral3ForCausalLM")
 
 
 # OLMo 2 and 3: norms after attention and MLP (none before), q / k normed over the whole projection
@@ -87,9 +88,10 @@ class ModelArgs:
     expert_input_scaled: bool = False
     # Llama 4: q and k normed per head after RoPE, without a weight, in the layers with RoPE
     qk_norm_weightless: bool = False
-    # Llama 4: (floor_scale, attn_scale) of the layers without RoPE, whose queries are scaled by
-    # log1p(floor((position + 1) / floor_scale)) * attn_scale + 1
-    attn_temperature: tuple[float, float] | None = None
+    # (floor_scale, scale, offset): queries scaled by log1p(floor((position + offset) / floor_scale)) * scale + 1
+    # in the layers without RoPE (Llama 4: offset 1), or in every layer (Ministral 3: offset 0)
+    attn_temperature: tuple[float, float, float] | None = None
+    temperature_all_layers: bool = False
     # Llama 4: the layers with RoPE attend within chunks of this many tokens (PoolAttention's chunks)
     attention_chunk_size: int | None = None
     # GLM-4.5 (DeepSeek-V3's routing): each expert scored by a sigmoid; with a correction bias added,
@@ -326,7 +328,9 @@ def model_args_from_dict(cfg: dict[str, Any]) -> ModelArgs:
         cfg, archs = gemma3_text_config(cfg), ["Gemma3ForCausalLM"]
     vl = next((a for a in archs if a in VL_TEXT_ARCHITECTURES), None)
     if vl is not None:  # Qwen2-VL, 2.5-VL, 3-VL (and its MoE): served as their language models, text only
-        cfg, archs = vl_text_config(cfg, vl), [VL_TEXT_ARCHITECTURES[vl]]
+        text_type = (cfg.get("text_config") or {}).get("model_type") if isinstance(cfg.get("text_config"), dict) else None
+        archs = ["Ministral3ForCausalLM" if text_type == "ministral3" else VL_TEXT_ARCHITECTURES[vl]]  # Ministral 3's
+        cfg = vl_text_config(cfg, vl)
     gemma = next((a for a in archs if a in GEMMA_ARCHITECTURES), None)
     if gemma is not None:  # transformers' defaults for what the config leaves out
         cfg = with_gemma_defaults(cfg, gemma)
@@ -385,6 +389,8 @@ def model_args_from_dict(cfg: dict[str, Any]) -> ModelArgs:
         if arch == "Llama4ForCausalLM":  # its dense MLPs are intermediate_size_mlp wide (its experts intermediate_size)
             check_positive_int("intermediate_size_mlp", required(cfg, "intermediate_size_mlp"))
             family.update(llama4_fields(cfg), intermediate_size=cfg["intermediate_size_mlp"])
+        if arch == "Ministral3ForCausalLM":
+            family.update(ministral3_temperature(rope.scaling))
         if vl == "Qwen3VLMoeForConditionalGeneration" and family.get("moe_layers"):  # its router always
             family.update(stacked_experts=True, norm_topk_prob=True)  # renormalizes (no norm_topk_prob field)
     return ModelArgs(

@@ -151,6 +151,13 @@ def _hf_config(family: str, vocab_size: int, heads: int = 8):
                               n_shared_experts=1, n_group=4, topk_group=2, first_k_dense_replace=1,
                               routed_scaling_factor=2.5, norm_topk_prob=True, sliding_window=4, max_window_layers=1,
                               tie_word_embeddings=False)
+    if family == "ministral":  # Ministral-8B: layer 0 through a 4-token window, layer 1 global
+        return tf.MinistralConfig(**common, sliding_window=4, layer_types=["sliding_attention", "full_attention"],
+                                  tie_word_embeddings=False)
+    if family == "ministral3":  # Ministral 3: YaRN over 8 positions, every query scaled from position 8 on
+        return tf.Ministral3Config(**common, tie_word_embeddings=False, rope_parameters={
+            "rope_type": "yarn", "rope_theta": 1_000_000.0, "factor": 4.0, "original_max_position_embeddings": 8,
+            "beta_fast": 32.0, "beta_slow": 1.0, "mscale_all_dim": 1.0, "mscale": 1.0, "llama_4_scaling_beta": 0.5})
     if family == "llama4":  # Llama 4 text: experts in layers 0 and 3 (one per token, its input scaled) beside a shared
         # expert, dense MLPs of intermediate_size_mlp between; layers 1 and 3 without RoPE and with their queries'
         # temperature (floor_scale 4: it changes from position 3 on), 0 and 2 with RoPE in interleaved pairs and
@@ -185,7 +192,7 @@ _CLASSES = {"llama3": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
             "minimax_m2": "MiniMaxM2ForCausalLM", "ernie4_5_moe": "Ernie4_5_MoeForCausalLM",
             "deepseek_v2": "DeepseekV2ForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM", "llama4": "Llama4ForCausalLM",
             "cohere": "CohereForCausalLM", "cohere2": "Cohere2ForCausalLM", "hunyuan_moe": "HunYuanMoEV1ForCausalLM",
-            "dots1": "Dots1ForCausalLM",
+            "dots1": "Dots1ForCausalLM", "ministral": "MinistralForCausalLM", "ministral3": "Ministral3ForCausalLM",
             "olmo2": "Olmo2ForCausalLM", "olmo3": "Olmo3ForCausalLM", "olmoe": "OlmoeForCausalLM", "gemma": "GemmaForCausalLM",
             "gemma2": "Gemma2ForCausalLM",
             "gemma3": "Gemma3ForCausalLM"}

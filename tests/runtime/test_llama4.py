@@ -40,7 +40,7 @@ def test_the_released_scout_config_reads_as_its_shape(tmp_path):
     assert (args.intermediate_size, args.moe_intermediate_size, args.shared_expert_intermediate_size) == (16384, 8192,
                                                                                                            8192)
     assert args.nope_layers == tuple(range(3, 48, 4)) and args.qk_norm_weightless and args.rope_interleaved
-    assert args.attn_temperature == (8192.0, 0.1) and args.attention_chunk_size == 8192
+    assert args.attn_temperature == (8192.0, 0.1, 1.0) and args.attention_chunk_size == 8192
     assert args.expert_input_scaled and args.num_experts_per_tok == 1 and not args.shared_expert_gate
     maverick = _args(tmp_path, {"architectures": ["Llama4ForCausalLM"], **SCOUT_TEXT, "interleave_moe_layer_step": 2,
                                 "num_local_experts": 128, "use_qk_norm": False})

@@ -17,7 +17,7 @@ from radixflow.runtime.model.weights import build_model
 FAMILIES = ["llama3", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe", "smollm3", "granite",
             "granitemoe", "phi3", "phi3_partial", "olmo2", "olmo3", "olmoe", "gemma", "gemma2", "gemma3", "seed_oss", "internlm3", "ernie4_5", "glm", "glm4", "exaone4", "hunyuan", "arcee", "apertus", "starcoder2",
             "gpt_oss", "glm4_moe", "minimax_m2", "ernie4_5_moe", "deepseek_v2", "deepseek_v3", "llama4",
-            "cohere", "cohere2", "hunyuan_moe", "dots1"]
+            "cohere", "cohere2", "hunyuan_moe", "dots1", "ministral", "ministral3"]
 
 
 def _our_logits(model_dir: str, prompts: list[list[int]], windows: dict[int, int] | None = None) -> list[torch.Tensor]:
@@ -378,7 +378,7 @@ def test_a_partial_rotary_embedding_outside_phi3_or_odd_is_refused(tmp_path, arc
 @pytest.mark.parametrize("family", ["mixtral", "qwen2_moe", "smollm3", "granite", "phi3", "phi3_partial", "olmo2",
                                     "olmoe", "glm4", "ernie4_5", "hunyuan", "apertus", "starcoder2", "gpt_oss",
                                     "glm4_moe", "minimax_m2", "ernie4_5_moe", "deepseek_v2", "deepseek_v3", "llama4",
-            "cohere", "cohere2", "hunyuan_moe", "dots1"])
+            "cohere", "cohere2", "hunyuan_moe", "dots1", "ministral", "ministral3"])
 def test_triton_ops_path_equals_the_torch_path(hf_checkpoint, monkeypatch, family):
     """The model as CUDA runs it (fused norms, RoPE and SiLU-and-mul, the grouped Triton experts),
     here in the Triton interpreter, gives the CPU path's greedy tokens and logprobs: the families
@@ -509,7 +509,8 @@ _CONFIG_CLASSES = {"LlamaForCausalLM": "LlamaConfig", "MistralForCausalLM": "Mis
                    "Ernie4_5_MoeForCausalLM": "Ernie4_5_MoeConfig", "DeepseekV2ForCausalLM": "DeepseekV2Config",
                    "DeepseekV3ForCausalLM": "DeepseekV3Config", "Llama4ForCausalLM": "Llama4TextConfig",
                    "CohereForCausalLM": "CohereConfig", "Cohere2ForCausalLM": "Cohere2Config",
-                   "HunYuanMoEV1ForCausalLM": "HunYuanMoEV1Config", "Dots1ForCausalLM": "Dots1Config"}
+                   "HunYuanMoEV1ForCausalLM": "HunYuanMoEV1Config", "Dots1ForCausalLM": "Dots1Config",
+                   "MinistralForCausalLM": "MinistralConfig", "Ministral3ForCausalLM": "Ministral3Config"}
 
 
 def test_every_architecture_has_its_transformers_config_class():
@@ -623,3 +624,18 @@ def test_malformed_architectures_are_refused(tmp_path, archs):
     (tmp_path / "config.json").write_text(json.dumps({"architectures": archs, "vocab_size": 100, "hidden_size": 32}))
     with pytest.raises(ValueError, match="architectures must be a list of class names"):
         load_model_args(str(tmp_path))
+
+
+def test_ministral3_reads_its_temperature_alone_or_in_mistral3(tmp_path):
+    """Ministral 3's text config (alone, or as a Mistral3ForConditionalGeneration's text_config of model_type
+    ministral3): its rope_parameters' llama_4_scaling_beta scales every layer's queries; a plain Mistral
+    text config under Mistral 3 stays Mistral."""
+    text = {"vocab_size": 100, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8}
+    alone = _args_of(tmp_path, "Ministral3ForCausalLM")  # its class's default RoPE: YaRN 16 over 16,384, beta 0.1
+    assert alone.attn_temperature == (16384.0, 0.1, 0.0) and alone.temperature_all_layers
+    for model_type, arch in (("ministral3", "Ministral3ForCausalLM"), ("mistral", "MistralForCausalLM")):
+        (tmp_path / "config.json").write_text(json.dumps({"architectures": ["Mistral3ForConditionalGeneration"],
+                                                          "text_config": {**text, "model_type": model_type}}))
+        args = load_model_args(str(tmp_path))
+        assert args.architecture == arch and (args.attn_temperature is not None) is (model_type == "ministral3")
