@@ -391,18 +391,30 @@ def test_a_stream_sees_outputs_posted_before_its_submit_returned(engine, monkeyp
     assert chunks[-1]["meta_info"]["finish_reason"] == want["meta_info"]["finish_reason"]
 
 
-def test_a_stream_rid_in_use_is_refused_and_the_first_stream_goes_on(engine):
+def test_a_stream_rid_in_use_is_refused_and_the_first_stream_goes_on(engine, monkeypatch):
     """The queue is opened before the submit, so a second stream with a rid in use on the same
-    loop is refused there, without taking the first one's queue; the first ends as it would."""
+    loop is refused there, without taking the first one's queue; the first ends as it would. The
+    submit is slowed so that the engine has finished the first request before the loop reads it
+    (a loaded machine's case)."""
+    real = Engine.start_stream
+
+    def slow_return(self, *args, **kwargs):
+        req = real(self, *args, **kwargs)
+        time.sleep(0.5)
+        return req
+    monkeypatch.setattr(Engine, "start_stream", slow_return)
     sp = {**GREEDY, "max_new_tokens": 8}
 
     async def run() -> list[dict]:
         first = engine.generate_stream("same rid", sp, rid="dup")
-        chunks = [await first.__anext__()]
+        # NOTE: the first stream opens its queue and submits in its first step, and this coroutine resumes
+        # right after, before any delivery the engine thread schedules: awaiting its first chunk instead
+        # raced, as a loaded machine can deliver all 8 tokens, the finish that frees the rid included, at once
+        pending = asyncio.ensure_future(first.__anext__())
+        await asyncio.sleep(0)
         with pytest.raises(ValueError, match="already in use"):
             await engine.generate_stream("other", sp, rid="dup").__anext__()
-        chunks += [c async for c in first]
-        return chunks
+        return [await pending] + [c async for c in first]
     chunks = asyncio.run(run())
     want = engine.generate("same rid", sp)
     assert chunks[-1]["output_ids"] == want["output_ids"] and chunks[-1]["text"] == want["text"]
