@@ -6,7 +6,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from radixflow.runtime.model.config_fields import check_positive_int, check_positive_number, flag, optional, required
+from radixflow.runtime.model.config_fields import (
+    check_nonnegative_int, check_positive_int, check_positive_number, flag, optional, required,
+)
 
 GEMMA_ARCHITECTURES = ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
 # mixture-of-experts families: a router sends each token to its top-k experts' MLPs
@@ -353,8 +355,7 @@ def sliding_window_fields(cfg: dict[str, Any], arch: str) -> dict[str, Any]:
         if cfg.get("sliding_window", 4096) is None and not cfg.get("layer_types"):
             return {}
         first = optional(cfg, "max_window_layers", 62)
-        if isinstance(first, bool) or not isinstance(first, int) or first < 0:
-            raise ValueError(f"max_window_layers must be an integer >= 0, got {first!r}")
+        check_nonnegative_int("max_window_layers", first)
         types = ["sliding_attention" if i >= first else "full_attention" for i in range(num_layers)]
         return _layer_type_windows({**cfg, "layer_types": cfg.get("layer_types") or types}, num_layers, 1)
     if arch in ("MistralForCausalLM", "MixtralForCausalLM", "Phi3ForCausalLM", "Starcoder2ForCausalLM"):
@@ -372,8 +373,7 @@ def sliding_window_fields(cfg: dict[str, Any], arch: str) -> dict[str, Any]:
             layers = nope_layers(cfg)
         else:
             first = optional(cfg, "max_window_layers", 28)
-            if isinstance(first, bool) or not isinstance(first, int) or first < 0:
-                raise ValueError(f"max_window_layers must be an integer >= 0, got {first!r}")
+            check_nonnegative_int("max_window_layers", first)
             if arch == "Qwen2MoeForCausalLM":
                 layers = [i for i in range(min(first, num_layers)) if i % 2 == 0]
             else:
@@ -401,8 +401,7 @@ def _glm4_moe_fields(cfg: dict[str, Any], num_layers: int, dots: bool = False) -
         check_positive_int(name, value)
     for name, value in (("n_shared_experts", shared), ("first_k_dense_replace", first),
                         ("num_nextn_predict_layers", mtp)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+        check_nonnegative_int(name, value)
     return {"num_experts": experts, "num_experts_per_tok": required(cfg, "num_experts_per_tok"),
             "moe_intermediate_size": inter, "norm_topk_prob": flag(cfg, "norm_topk_prob", not dots),
             "moe_layers": tuple(range(first, num_layers)), "shared_expert_intermediate_size": inter * shared,
@@ -429,8 +428,7 @@ def _ernie_moe_fields(cfg: dict[str, Any], num_layers: int) -> dict[str, Any]:
         check_positive_int(name, value)
     for name, value in (("moe_num_shared_experts", shared), ("moe_layer_start_index", start),
                         ("num_nextn_predict_layers", 0 if mtp is None else mtp)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+        check_nonnegative_int(name, value)
     if isinstance(end, bool) or not isinstance(end, int) or end < -1:
         raise ValueError(f"moe_layer_end_index must be an integer >= -1, got {end!r}")
     if flag(cfg, "use_bias", False):  # transformers gives the LM head a bias then, which is not served here
@@ -536,8 +534,7 @@ def moe_fields(cfg: dict[str, Any], arch: str) -> dict[str, Any]:
                       moe_layers=tuple(range(num_layers)))
         if arch == "MiniMaxM2ForCausalLM":  # sigmoid scores with a correction bias choose; `num_mtp_modules` MTP layers
             mtp = optional(cfg, "num_mtp_modules", 0)  # stored after the decoder's (not run)
-            if isinstance(mtp, bool) or not isinstance(mtp, int) or mtp < 0:
-                raise ValueError(f"num_mtp_modules must be an integer >= 0, got {mtp!r}")
+            check_nonnegative_int("num_mtp_modules", mtp)
             fields.update(router_scoring="sigmoid", router_correction=True, extra_layers=mtp)
         if arch == "GptOssForCausalLM":  # biases on the router and the experts; the clamped SwiGLU
             fields.update(router_bias=True, expert_bias=True, expert_act="swiglu_clamped",
@@ -553,13 +550,6 @@ def moe_fields(cfg: dict[str, Any], arch: str) -> dict[str, Any]:
     if arch == "Qwen2MoeForCausalLM":
         fields["shared_expert_intermediate_size"] = required(cfg, "shared_expert_intermediate_size")
     return fields
-
-
-def _count(name: str, value: Any) -> int:
-    """An integer field that may be 0."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
-    return value
 
 
 def _deepseek_moe_fields(cfg: dict[str, Any], arch: str, num_layers: int) -> dict[str, Any]:
@@ -583,10 +573,12 @@ def _deepseek_moe_fields(cfg: dict[str, Any], arch: str, num_layers: int) -> dic
     for name, value in (("n_routed_experts", experts), ("moe_intermediate_size", inter)):
         check_positive_int(name, value)
     # absent: the class's default; null: none (as DeepSeek's code reads it)
-    shared = _count("n_shared_experts", cfg.get("n_shared_experts", 1 if v3 else 2) or 0)
+    shared = cfg.get("n_shared_experts", 1 if v3 else 2) or 0
     if flag(cfg, "mlp_bias", False):  # transformers' V2 MLPs would carry biases; no released model has them
         raise ValueError(f"mlp_bias true is not supported for {arch}")
-    first = _count("first_k_dense_replace", optional(cfg, "first_k_dense_replace", 3 if v3 else 0))
+    first = optional(cfg, "first_k_dense_replace", 3 if v3 else 0)
+    check_nonnegative_int("n_shared_experts", shared)
+    check_nonnegative_int("first_k_dense_replace", first)
     freq = optional(cfg, "moe_layer_freq", 1)
     check_positive_int("moe_layer_freq", freq)
     fields: dict[str, Any] = {
@@ -598,8 +590,8 @@ def _deepseek_moe_fields(cfg: dict[str, Any], arch: str, num_layers: int) -> dic
         "shared_expert_intermediate_size": inter * shared, "shared_expert_gate": False,
         "routed_scaling_factor": optional(cfg, "routed_scaling_factor", 2.5 if v3 else 1.0)}
     if v3:
-        mtp = _count("num_nextn_predict_layers",
-                     optional(cfg, "num_nextn_predict_layers", optional(cfg, "num_mtp_layers", 1)))
+        mtp = optional(cfg, "num_nextn_predict_layers", optional(cfg, "num_mtp_layers", 1))
+        check_nonnegative_int("num_nextn_predict_layers", mtp)
         fields.update(router_scoring="sigmoid", router_correction=True, n_group=optional(cfg, "n_group", 8),
                       topk_group=optional(cfg, "topk_group", 4), extra_layers=mtp)
         return fields

@@ -20,6 +20,11 @@ def check_positive_int(name: str, value: object) -> None:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
+def check_nonnegative_int(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+
+
 def required(cfg: dict[str, Any], name: str) -> Any:
     if cfg.get(name) is None:
         raise ValueError(f"the required field {name} is missing")

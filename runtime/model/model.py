@@ -176,6 +176,7 @@ class RopeStep:
     positions: torch.Tensor  # [T] int64
     cos: torch.Tensor        # CUDA: [max_len, D] table; CPU: [T, 1, D] rows
     sin: torch.Tensor        # CUDA: [max_len, D] table; CPU: [T, 1, D] rows, first half negated
+    temperature: torch.Tensor | None = None  # [T, 1, 1]: the step's query scales (ModelArgs.attn_temperature)
 
 
 class Attention(nn.Module):
@@ -223,9 +224,8 @@ class Attention(nn.Module):
             q, k = self.q_norm.norm_heads(q), self.k_norm.norm_heads(k)
         if a.qk_norm_weightless and self.layer_id not in a.nope_layers:  # Llama 4: rotated q, k normed unweighted
             q, k = rms_unweighted(q, a.rms_norm_eps), rms_unweighted(k, a.rms_norm_eps)
-        if a.attn_temperature is not None and (a.temperature_all_layers or self.layer_id in a.nope_layers):
-            # the queries scaled by position: Llama 4's layers without RoPE, Ministral 3's every layer
-            q = q * attention_temperature(fb.positions, *a.attn_temperature).to(q.dtype)[:, None, None]
+        if rope.temperature is not None and (a.temperature_all_layers or self.layer_id in a.nope_layers):
+            q = q * rope.temperature  # by position: Llama 4's layers without RoPE, Ministral 3's every layer
         if self.sinks is None:
             o = attn(self.layer_id, q, k, v, fb)
         else:
@@ -400,7 +400,7 @@ class SparseMoE(nn.Module):
         self.router_correction = nn.Parameter(torch.empty(experts)) if args.router_correction else None
         # routed by moe_route_grouped from fp32 logits: GLM-4.5, MiniMax-M2, ERNIE 4.5 MoE, DeepSeek-V2 / V3,
         # Hunyuan MoE (its softmax top-k, one group, no correction)
-        self.grouped = args.router_correction or args.mla or ".mlp.gate.weight" in args.fp32_parameters
+        self.grouped = args.router_correction or ".mlp.gate.weight" in args.fp32_parameters
         self.input_scaled = args.expert_input_scaled  # Llama 4
         self.group_score = args.group_score
         # CPU bf16: each expert's (gate | up, down) on the packed layout (packed_linear.prepack_linears)
@@ -551,6 +551,9 @@ class CausalLM(nn.Module):
         rope = self._rope_step(positions)
         local_rope = self._rope_step(positions, local=True) if self.local_rope is not None else rope
         x, residual = self.embed_tokens(fb.input_ids), None  # [T, hidden]
+        if self.args.attn_temperature is not None:  # once a step, for the layers that scale their queries
+            scales = attention_temperature(fb.positions, *self.args.attn_temperature).to(x.dtype)[:, None, None]
+            rope = RopeStep(rope.positions, rope.cos, rope.sin, scales)
         if self.args.embedding_multiplier_in_dtype:  # Gemma: its scale rounded to the weights' dtype first
             x = x * torch.tensor(self.args.embedding_multiplier, dtype=x.dtype)
         elif self.args.embedding_multiplier != 1.0:  # Granite

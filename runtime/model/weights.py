@@ -212,21 +212,19 @@ def _mlp_sources(args: ModelArgs, p: str, ours: str) -> dict[str, list[str]]:
     """A dense layer's MLP parameters: gate | up (stored apart, or fused as Phi-3's and GLM's; up
     alone in an MLP without a gate), down, their biases, and Apertus' xIELU scalars."""
     up, down = _MLP_NAMES.get(args.architecture, ("up_proj", "down_proj"))
-    if args.architecture == "Llama4ForCausalLM":  # its MLP is the layer's feed_forward
-        return {ours + "mlp.gate_up_proj.weight": [p + "feed_forward.gate_proj.weight", p + "feed_forward.up_proj.weight"],
-                ours + "mlp.down_proj.weight": [p + "feed_forward.down_proj.weight"]}
+    mlp = p + ("feed_forward." if args.architecture == "Llama4ForCausalLM" else "mlp.")  # the layer's block
     src = {}
     for kind in ("weight", "bias") if args.mlp_bias else ("weight",):
         if not args.gated_mlp:  # Arcee, Apertus, StarCoder2
-            src[ours + f"mlp.gate_up_proj.{kind}"] = [p + f"mlp.{up}.{kind}"]
+            src[ours + f"mlp.gate_up_proj.{kind}"] = [mlp + f"{up}.{kind}"]
         elif args.fused_gate_up:
-            src[ours + f"mlp.gate_up_proj.{kind}"] = [p + f"mlp.gate_up_proj.{kind}"]
+            src[ours + f"mlp.gate_up_proj.{kind}"] = [mlp + f"gate_up_proj.{kind}"]
         else:
-            src[ours + f"mlp.gate_up_proj.{kind}"] = [p + f"mlp.gate_proj.{kind}", p + f"mlp.up_proj.{kind}"]
-        src[ours + f"mlp.down_proj.{kind}"] = [p + f"mlp.{down}.{kind}"]
+            src[ours + f"mlp.gate_up_proj.{kind}"] = [mlp + f"gate_proj.{kind}", mlp + f"up_proj.{kind}"]
+        src[ours + f"mlp.down_proj.{kind}"] = [mlp + f"{down}.{kind}"]
     if args.hidden_act == "xielu":
         for scalar in ("alpha_p", "alpha_n", "beta", "eps"):
-            src[ours + f"mlp.act_{scalar}"] = [p + f"mlp.act_fn.{scalar}"]
+            src[ours + f"mlp.act_{scalar}"] = [mlp + f"act_fn.{scalar}"]
     return src
 
 

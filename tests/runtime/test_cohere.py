@@ -7,11 +7,9 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
-from radixflow.runtime import Engine
 from radixflow.runtime.model.model_config import load_model_args
-from test_model_parity import _hf_greedy  # noqa: E402  (tests/runtime is on sys.path via conftest)
+from engine_runs import assert_greedy_as_transformers  # noqa: E402  (tests/runtime is on sys.path via conftest)
 
 GREEDY = {"max_new_tokens": 16, "temperature": 0, "ignore_eos": True}
 COMMAND_R = {"architectures": ["CohereForCausalLM"], "hidden_size": 8192, "intermediate_size": 22528,
@@ -54,12 +52,4 @@ def test_cohere2_layers_without_a_window(tmp_path):
 def test_engine_paths_give_transformers_greedy_tokens(hf_checkpoint, family):
     """The parallel layer, windows and layers without RoPE through prefill chunks, a cached prefix
     past the window and mixed steps: each request's greedy tokens equal transformers'."""
-    model_dir, hf = hf_checkpoint(family)
-    shared = [5, 77, 300, 12, 9, 9, 41, 7, 3, 88, 19, 5, 77, 300]
-    prompts = [shared + [2, 17], shared + [250, 9, 250, 9], [901, 44, 2, 17, 17, 250, 9]]
-    with Engine(model_dir, kv_cache_tokens=2048, dtype="float32", chunked_prefill_size=6) as engine:
-        first = engine.generate(input_ids=prompts[0], sampling_params=GREEDY)
-        rest = engine.generate(input_ids=prompts[1:], sampling_params=GREEDY)
-        assert rest[0]["meta_info"]["cached_tokens"] >= len(shared) - 1
-    for p, out in zip(prompts, [first, *rest]):
-        assert out["output_ids"] == _hf_greedy(hf, p, GREEDY["max_new_tokens"])
+    assert_greedy_as_transformers(*hf_checkpoint(family), GREEDY, chunked_prefill_size=6)

@@ -12,7 +12,8 @@ import torch
 from radixflow.runtime import Engine
 from radixflow.runtime.core.kv_pool import KVPool
 from radixflow.runtime.model.model_config import load_model_args
-from test_model_parity import _hf_greedy  # noqa: E402  (tests/runtime is on sys.path via conftest)
+# tests/runtime is on sys.path (conftest)
+from engine_runs import assert_greedy_as_transformers, assert_triton_as_torch  # noqa: E402
 
 GREEDY = {"max_new_tokens": 16, "temperature": 0, "ignore_eos": True}
 
@@ -104,18 +105,11 @@ def test_engine_paths_give_transformers_greedy_tokens(hf_checkpoint, family, opt
     """The latent KV through every attention path the engine takes: prefill chunks and a second
     request on a cached prefix, batched decode, mixed steps, verify rows of drafts; each request's
     greedy tokens equal transformers'. The pool stores each layer's latent once (V is K)."""
-    model_dir, hf = hf_checkpoint(family)
-    shared = [5, 77, 300, 12, 9, 9, 41, 7, 3, 88, 19, 5, 77, 300]
-    prompts = [shared + [2, 17], shared + [250, 9, 250, 9], [901, 44, 2, 17, 17, 250, 9]]
-    with Engine(model_dir, kv_cache_tokens=2048, dtype="float32", **options) as engine:
+    def latent_pool(engine) -> None:
         pool = engine.runner.kv_pool
         assert pool.shared_kv and all(v is k for k, v in zip(pool.k_caches, pool.v_caches))
         assert pool.k_caches[0].shape[1:] == (1, 32 + 8)  # the latent and the rotated key
-        first = engine.generate(input_ids=prompts[0], sampling_params=GREEDY)
-        rest = engine.generate(input_ids=prompts[1:], sampling_params=GREEDY)
-        assert rest[0]["meta_info"]["cached_tokens"] >= len(shared) - 1  # the prefix was reused
-    for p, out in zip(prompts, [first, *rest]):
-        assert out["output_ids"] == _hf_greedy(hf, p, GREEDY["max_new_tokens"])
+    assert_greedy_as_transformers(*hf_checkpoint(family), GREEDY, inspect=latent_pool, **options)
 
 
 def _logprobs(model_dir: str, prompt: list[int], **options) -> tuple[list[int], list[float]]:
@@ -154,22 +148,7 @@ def test_triton_ops_and_attention_equal_the_torch_path(hf_checkpoint, family, mo
     """The model as CUDA runs it (fused norms and RoPE on the rotated parts, the grouped experts; the
     Triton extend over a cached prefix and decode on the one 40-dim latent head all 8 query heads
     share), here in the Triton interpreter, gives the torch path's greedy tokens and logprobs."""
-    from radixflow.runtime.model import model
-
-    model_dir, _ = hf_checkpoint(family)
-    warm = [5, 77, 300, 12, 9, 9, 41, 7, 3, 88, 19]
-    batch = [warm + [2, 17], [901, 44, 2, 17, 17, 250, 9]]
-    runs = []
-    for triton in (False, True):
-        monkeypatch.setattr(model, "FORCE_TRITON_OPS", triton)
-        with Engine(model_dir, device="cpu", dtype="float32", kv_cache_tokens=512, chunked_prefill_size=8,
-                    attention_backend="triton" if triton else "torch") as engine:
-            engine.generate(input_ids=warm, sampling_params={**GREEDY, "max_new_tokens": 1})
-            outs = engine.generate(input_ids=batch, return_logprob=True, sampling_params={**GREEDY, "max_new_tokens": 6})
-        runs.append(([o["output_ids"] for o in outs],
-                     [[lp for lp, _, _ in o["meta_info"]["output_token_logprobs"]] for o in outs]))
-    assert runs[1][0] == runs[0][0]
-    torch.testing.assert_close(torch.tensor(runs[1][1]), torch.tensor(runs[0][1]), rtol=1e-4, atol=1e-4)
+    assert_triton_as_torch(hf_checkpoint(family)[0], monkeypatch, GREEDY, 6)
 
 
 def _max_logit_diff(model_dir: str, hf) -> float:
@@ -223,7 +202,8 @@ def test_malformed_scale_fields_are_refused_at_load(tmp_path, fields, match):
 def test_the_softmax_scale_takes_mscale_all_dim_under_any_scaled_rope(tmp_path):
     """transformers' yarn_apply_mscale: any rope type but the default (linear here) with an
     mscale_all_dim scales the softmax by mscale(factor, mscale_all_dim)^2."""
-    args = _args(tmp_path, {**DEEPSEEK_V3, "rope_scaling": {"rope_type": "linear", "factor": 4.0, "mscale_all_dim": 1.0}})
+    scaling = {"rope_type": "linear", "factor": 4.0, "mscale_all_dim": 1.0}
+    args = _args(tmp_path, {**DEEPSEEK_V3, "rope_scaling": scaling})
     mscale = 0.1 * math.log(4.0) + 1.0
     assert args.sm_scale == pytest.approx(mscale * mscale / math.sqrt(192), rel=1e-12)
 

@@ -15,6 +15,7 @@ from radixflow.runtime import Engine
 from radixflow.runtime.core.model_runner import derive_shape
 from radixflow.runtime.config import EngineConfig
 from radixflow.runtime.model.model_config import load_model_args
+from engine_runs import assert_triton_as_torch
 from test_model_parity import _hf_greedy
 
 GREEDY = {"temperature": 0.0, "max_new_tokens": 12, "ignore_eos": True}
@@ -49,21 +50,9 @@ def test_triton_ops_and_attention_equal_the_torch_path(hf_checkpoint, family, mo
     """The model as CUDA runs it (fused norms, RoPE, GELU-and-mul; the Triton extend with its
     window and decode on the cut table), here in the Triton interpreter, gives the torch path's
     greedy tokens and logprobs."""
-    from radixflow.runtime.model import model
-
     model_dir, hf = hf_checkpoint(family)
     warm, batch = _prompts(hf.config.vocab_size)
-    runs = []
-    for triton in (False, True):
-        monkeypatch.setattr(model, "FORCE_TRITON_OPS", triton)
-        with Engine(model_dir, device="cpu", dtype="float32", kv_cache_tokens=512, chunked_prefill_size=8,
-                    attention_backend="triton" if triton else "torch") as engine:
-            engine.generate(input_ids=warm, sampling_params={**GREEDY, "max_new_tokens": 1})
-            outs = engine.generate(input_ids=batch, return_logprob=True, sampling_params={**GREEDY, "max_new_tokens": 6})
-        runs.append(([o["output_ids"] for o in outs],
-                     [[lp for lp, _, _ in o["meta_info"]["output_token_logprobs"]] for o in outs]))
-    assert runs[1][0] == runs[0][0]
-    torch.testing.assert_close(torch.tensor(runs[1][1]), torch.tensor(runs[0][1]), rtol=1e-4, atol=1e-4)
+    assert_triton_as_torch(model_dir, monkeypatch, GREEDY, 6, warm, batch)
 
 
 @pytest.mark.parametrize("family", GEMMAS)

@@ -15,7 +15,8 @@ from safetensors.torch import load_file, save_file
 from radixflow.runtime import Engine
 from radixflow.runtime.model.dequantize import dequantize_mxfp4
 from radixflow.runtime.model.model_config import load_model_args
-from test_model_parity import _hf_greedy  # noqa: E402  (tests/runtime is on sys.path via conftest)
+from engine_runs import assert_greedy_as_transformers  # noqa: E402  (tests/runtime is on sys.path via conftest)
+from test_model_parity import _hf_greedy  # noqa: E402
 
 GREEDY = {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True}
 
@@ -40,15 +41,7 @@ def test_engine_paths_give_transformers_greedy_tokens(hf_checkpoint, options):
     """Sinks in every attention path the engine takes: prefill chunks and a second request on a
     cached prefix (extend with a prefix, past the 8-token window), batched decode, mixed steps,
     verify rows of drafts; each request's greedy tokens equal transformers'."""
-    model_dir, hf = hf_checkpoint("gpt_oss")
-    shared = [5, 77, 300, 12, 9, 9, 41, 7, 3, 88, 19, 5, 77, 300]
-    prompts = [shared + [2, 17], shared + [250, 9, 250, 9], [901, 44, 2, 17, 17, 250, 9]]
-    with Engine(model_dir, kv_cache_tokens=2048, dtype="float32", **options) as engine:
-        first = engine.generate(input_ids=prompts[0], sampling_params=GREEDY)
-        rest = engine.generate(input_ids=prompts[1:], sampling_params=GREEDY)
-        assert rest[0]["meta_info"]["cached_tokens"] >= len(shared) - 1  # the prefix was reused
-    for p, out in zip(prompts, [first, *rest]):
-        assert out["output_ids"] == _hf_greedy(hf, p, GREEDY["max_new_tokens"])
+    assert_greedy_as_transformers(*hf_checkpoint("gpt_oss"), GREEDY, **options)
 
 
 def _mxfp4(shape: tuple[int, ...], g: torch.Generator, low: int = 118, high: int = 123) -> tuple[torch.Tensor, ...]:

@@ -14,7 +14,9 @@ from safetensors.torch import load_file, save_file
 
 from radixflow.runtime import Engine
 from radixflow.runtime.model.model_config import load_model_args
-from test_model_parity import _hf_greedy, _our_logits  # noqa: E402  (tests/runtime is on sys.path via conftest)
+# tests/runtime is on sys.path (conftest)
+from engine_runs import assert_greedy_as_transformers, assert_triton_as_torch  # noqa: E402
+from test_model_parity import _our_logits  # noqa: E402
 
 GREEDY = {"max_new_tokens": 16, "temperature": 0, "ignore_eos": True}
 # the text config of the released Llama-4-Scout-17B-16E-Instruct (its fields that shape the model)
@@ -119,36 +121,14 @@ def test_engine_paths_give_transformers_greedy_tokens(hf_checkpoint, options):
     """Attention within 8-token chunks, and the temperature of the layers without RoPE, read each
     token's absolute position through a cached prefix, prefill chunks, mixed steps and drafts, with
     decode crossing chunks; each request's greedy tokens equal transformers'."""
-    model_dir, hf = hf_checkpoint("llama4", attention_chunk_size=8)
-    shared = [5, 77, 300, 12, 9, 9, 41, 7, 3, 88, 19, 5, 77, 300]
-    prompts = [shared + [2, 17], shared + [250, 9, 250, 9], [901, 44, 2, 17, 17, 250, 9]]
-    with Engine(model_dir, kv_cache_tokens=2048, dtype="float32", **options) as engine:
-        first = engine.generate(input_ids=prompts[0], sampling_params=GREEDY)
-        rest = engine.generate(input_ids=prompts[1:], sampling_params=GREEDY)
-        assert rest[0]["meta_info"]["cached_tokens"] >= len(shared) - 1  # the prefix was reused
-    for p, out in zip(prompts, [first, *rest]):
-        assert out["output_ids"] == _hf_greedy(hf, p, GREEDY["max_new_tokens"])
+    assert_greedy_as_transformers(*hf_checkpoint("llama4", attention_chunk_size=8), GREEDY, **options)
 
 
 def test_triton_attention_equals_the_torch_path(hf_checkpoint, monkeypatch):
     """The Triton extend and decode kernels over the chunk-cut tables (in the interpreter) give the torch
     path's greedy tokens and logprobs, through a cached prefix and prefill chunks, decode crossing a chunk."""
-    from radixflow.runtime.model import model
-
-    model_dir, _ = hf_checkpoint("llama4", attention_chunk_size=8)
-    warm = [5, 77, 300, 12, 9, 9, 41, 7, 3, 88, 19]
-    batch = [warm + [2, 17], [901, 44, 2, 17, 17, 250, 9]]
-    runs = []
-    for triton in (False, True):
-        monkeypatch.setattr(model, "FORCE_TRITON_OPS", triton)
-        with Engine(model_dir, device="cpu", dtype="float32", kv_cache_tokens=512, chunked_prefill_size=5,
-                    attention_backend="triton" if triton else "torch") as engine:
-            engine.generate(input_ids=warm, sampling_params={**GREEDY, "max_new_tokens": 1})
-            outs = engine.generate(input_ids=batch, return_logprob=True, sampling_params={**GREEDY, "max_new_tokens": 4})
-        runs.append(([o["output_ids"] for o in outs],
-                     [[lp for lp, _, _ in o["meta_info"]["output_token_logprobs"]] for o in outs]))
-    assert runs[1][0] == runs[0][0]
-    torch.testing.assert_close(torch.tensor(runs[1][1]), torch.tensor(runs[0][1]), rtol=1e-4, atol=1e-4)
+    assert_triton_as_torch(hf_checkpoint("llama4", attention_chunk_size=8)[0], monkeypatch, GREEDY, 4,
+                           chunked_prefill_size=5)
 
 
 def test_bf16_stays_close_to_fp32(hf_checkpoint):
