@@ -82,6 +82,10 @@ def build_parser() -> argparse.ArgumentParser:
                             "in the block), qwen3 (only when the output opens with <think>), seed_oss (as "
                             "qwen3, with <seed:think> tags), gpt_oss (harmony's analysis channel; also "
                             "gpt-oss, openai_gptoss) (default: none)")
+    serve.add_argument("--enable-weight-updates", action="store_true",
+                       help="answer POST /update_weights_from_disk (SGLang's: serve another checkpoint of the "
+                            "same model, e.g. each step of an RL run); off by default, since it reads any path "
+                            "on this machine")
     serve.add_argument("--max-stored-responses", type=int, default=None,
                        help="/v1/responses kept in memory for previous_response_id and GET /v1/responses/{id}, "
                             "least recently used dropped first; per API server process and lost on restart "

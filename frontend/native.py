@@ -223,7 +223,8 @@ async def get_model_info(request: Request) -> Response:
     engine = server.engine
     return json_response({"model_path": engine.model_path, "tokenizer_path": engine.model_path,
                           "is_generation": True, "served_model_name": server.served_model_name,
-                          "max_context_len": engine.max_context_len, "role_markers": server.role_markers})
+                          "max_context_len": engine.max_context_len, "role_markers": server.role_markers,
+                          "weight_version": await asyncio.to_thread(engine.get_weight_version)})
 
 
 async def get_server_info(request: Request) -> Response:
@@ -235,6 +236,7 @@ async def get_server_info(request: Request) -> Response:
         "max_context_len": engine.max_context_len, "kv_cache_tokens": engine.stats().kv_slots_total,
         "supports_grammar": bool(getattr(engine, "supports_grammar", False)),
         "tool_call_parser": server.tool_call_parser, "reasoning_parser": server.reasoning_parser,
+        "weight_updates": server.weight_updates,
         "api_server_pid": os.getpid(), "engine_core_pid": getattr(engine, "core_pid", os.getpid()),
         "config": dataclasses.asdict(engine.config), "stats": dataclasses.asdict(engine.stats()),
     })

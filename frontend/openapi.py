@@ -18,6 +18,7 @@ from radixflow.frontend.programs import ProgramRequest
 from radixflow.frontend.reasoning import SeparateRequest, SeparateResponse
 from radixflow.frontend.responses_schemas import ResponseObject, ResponsesRequest
 from radixflow.frontend.tokenize import DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse
+from radixflow.frontend.weight_routes import UpdateWeightsReply, UpdateWeightsRequest, WeightVersion
 
 REF = "#/components/schemas/{name}"
 
@@ -63,6 +64,9 @@ OPERATIONS: dict[str, tuple[str, str, type | None, type | None]] = {
     "/server_info": ("get", "same as /get_server_info", None, None),
     "/get_load": ("get", "requests running and waiting", None, None),
     "/flush_cache": ("post", "drop the unlocked prefix cache", None, None),
+    "/update_weights_from_disk": ("post", "serve another checkpoint of the same model (--enable-weight-updates)",
+                                  UpdateWeightsRequest, UpdateWeightsReply),
+    "/get_weight_version": ("get", "the name of the weights served", None, WeightVersion),
     "/version": ("get", "the radixflow version", None, None),
     "/health": ("get", "liveness", None, None),
     "/health_generate": ("get", "generates one token", None, None),

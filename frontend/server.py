@@ -17,7 +17,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from radixflow.frontend import embeddings, native
+from radixflow.frontend import embeddings, native, weight_routes
 from radixflow.frontend.body import json_response
 from radixflow.frontend.chat import create_chat_completion
 from radixflow.frontend.completions import create_completion
@@ -86,6 +86,8 @@ ROUTES = [
     Route("/get_server_info", native.get_server_info, methods=["GET"]),
     Route("/server_info", native.get_server_info, methods=["GET"]),
     Route("/flush_cache", native.flush_cache, methods=["GET", "POST"]),
+    Route("/update_weights_from_disk", weight_routes.update_weights_from_disk, methods=["POST"]),
+    Route("/get_weight_version", weight_routes.get_weight_version, methods=["GET"]),
     Route("/version", native.version, methods=["GET"]),
     Route("/health", native.health, methods=["GET"]),
     Route("/health_generate", native.health_generate, methods=["GET"]),
@@ -170,7 +172,8 @@ def create_app(engine_or_factory: EngineOrFactory, served_model_name: str | None
                max_body_bytes: int | None = None, program_limits: ProgramLimits | None = None,
                health_timeout_s: float = 20.0, on_failure: Callable[[], None] | None = None,
                incremental_streaming_output: bool = False, tool_call_parser: str = "hermes",
-               max_stored_responses: int = DEFAULT_MAX_RESPONSES, reasoning_parser: str | None = None) -> Starlette:
+               max_stored_responses: int = DEFAULT_MAX_RESPONSES, reasoning_parser: str | None = None,
+               weight_updates: bool = False) -> Starlette:
     """The ASGI app. Given a factory, the engine is built in the background at start-up (requests
     get 503 until it is ready) and shut down when the app stops; given an Engine, the caller keeps
     ownership. `served_model_name` defaults to the engine's model path. `max_body_bytes`
@@ -180,7 +183,8 @@ def create_app(engine_or_factory: EngineOrFactory, served_model_name: str | None
     `reasoning_parser`: how a chat output's reasoning is split from its answer (a reasoning.FORMATS
     name, or SGLang's spelling of one; None: it is not).
     `max_stored_responses`: /v1/responses kept in this process's memory for previous_response_id
-    and GET (least recently used dropped first; 0: none)."""
+    and GET (least recently used dropped first; 0: none). `weight_updates`: /update_weights_from_disk
+    answers (it loads a path on this machine)."""
     tool_call_parser = check_parser_name(tool_call_parser)
     reasoning_parser = check_reasoning_parser(reasoning_parser)
     limits = limits or RequestLimits()
@@ -189,7 +193,7 @@ def create_app(engine_or_factory: EngineOrFactory, served_model_name: str | None
     server = ServerState(served_model_name, api_key, limits, program_limits or ProgramLimits(), health_timeout_s,
                          on_failure=on_failure, incremental_streaming_output=incremental_streaming_output,
                          tool_call_parser=tool_call_parser, reasoning_parser=reasoning_parser,
-                         responses=ResponseStore(max_stored_responses))
+                         responses=ResponseStore(max_stored_responses), weight_updates=weight_updates)
     owned = _is_factory(engine_or_factory)
 
     @contextlib.asynccontextmanager
@@ -297,7 +301,8 @@ def _serve_one(ns: argparse.Namespace, factory: Callable[[], Any], name: str, so
     app = create_app(factory, name, ns.api_key, on_failure=stop, limits=limits, program_limits=program_limits,
                      incremental_streaming_output=getattr(ns, "incremental_streaming_output", False),
                      tool_call_parser=getattr(ns, "tool_call_parser", "hermes"), max_stored_responses=stored,
-                     reasoning_parser=getattr(ns, "reasoning_parser", None))
+                     reasoning_parser=getattr(ns, "reasoning_parser", None),
+                     weight_updates=getattr(ns, "enable_weight_updates", False))
     config = uvicorn.Config(app, host=ns.host, port=ns.port, log_level=ns.log_level.lower(), lifespan="on",
                             timeout_graceful_shutdown=10)  # then open streams are cancelled (= aborted)
     server = holder["server"] = _Server(config, app.state.server)

@@ -43,6 +43,7 @@ class ServerState:
     incremental_streaming_output: bool = False  # native streams: each chunk's new text and ids only
     tool_call_parser: str = "hermes"  # the format of tool_choice "auto" calls (tool_call_formats.PARSERS)
     reasoning_parser: str | None = None  # how chat output's reasoning is split off (reasoning.FORMATS)
+    weight_updates: bool = False  # /update_weights_from_disk answers (--enable-weight-updates)
     in_flight: InFlight = field(default_factory=InFlight)  # this server's engine requests
     responses: ResponseStore = field(default_factory=lambda: ResponseStore(DEFAULT_MAX_RESPONSES))  # /v1/responses
     # programs block a thread for their whole run: their own pool (one thread per admitted

@@ -205,6 +205,13 @@ class EngineClient:
     def flush_cache(self) -> bool:
         return bool(self._call("flush_cache"))
 
+    def update_weights_from_disk(self, model_path: str, **kwargs: Any) -> dict:
+        """As Engine.update_weights_from_disk, in the core process."""
+        return self._call("update_weights_from_disk", model_path, **kwargs)
+
+    def get_weight_version(self) -> str:
+        return self._call("get_weight_version")
+
     def load_lora_adapter(self, name: str, path: str) -> None:
         self._call("load_lora_adapter", name, path)
 

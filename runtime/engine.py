@@ -22,6 +22,7 @@ from radixflow.runtime.config import EngineConfig
 from radixflow.runtime.grammar.compiler import GrammarCompiler
 from radixflow.runtime.core.faults import NO_FAULTS, FaultInjector
 from radixflow.runtime.model.model_path import resolve_model_path
+from radixflow.runtime.model.weight_update import StagedWeights
 from radixflow.runtime.core.model_runner import ModelRunner
 from radixflow.runtime.core.request import LogprobOptions, Req, check_finish_reason, new_rid
 from radixflow.runtime.result import make_result
@@ -91,6 +92,8 @@ class Engine:
         self._starting = StartingRequests()  # requests start_stream is making
         self._abort_listeners: list[Callable[[str], None]] = []
         self.loop = EngineLoop(self.config, self.runner, self.scheduler, step, self.loras, by_adapter)
+        self.weight_version = "default"  # update_weights_from_disk's name for the weights served
+        self._weights_lock = threading.Lock()
 
     # -- public API -------------------------------------------------------------------------
 
@@ -316,6 +319,42 @@ class Engine:
         cache = self.scheduler.cache
         self.loop.call(lambda: cache.evict(cache.evictable_size(), self.runner.kv_pool.free))
         return True
+
+    def update_weights_from_disk(self, model_path: str, *, abort_all_requests: bool = False,
+                                 weight_version: str | None = None) -> dict:
+        """Serve the weights of `model_path`, a checkpoint of the same model (same architecture
+        and config; its saved dtype may differ), from now on. The checkpoint loads while serving
+        goes on; then nothing waiting is admitted until every running request has finished on the
+        old weights (or, `abort_all_requests`, every request in flight is aborted), the weights
+        are overwritten in place, the prefix cache (KV of the old weights) is dropped, and the
+        queue runs on the new weights. The tokenizer stays. `weight_version`: the name
+        `get_weight_version()` gives from then on. ValueError (nothing changed) when the
+        checkpoint is missing, malformed or another model. Returns SGLang's reply:
+        {"success": True, "message": ..., "num_paused_requests": requests that waited for it}."""
+        if not isinstance(model_path, str) or not model_path:
+            raise ValueError(f"model_path must be a non-empty string, got {model_path!r}")
+        if weight_version is not None and not isinstance(weight_version, str):
+            raise ValueError(f"weight_version must be a string, got {weight_version!r}")
+        if not isinstance(abort_all_requests, bool):
+            raise ValueError(f"abort_all_requests must be true or false, got {abort_all_requests!r}")
+        with self._weights_lock:  # one update at a time: each stages a model's worth of memory
+            staged = self.runner.stage_weights(model_path, self.config.quantization)
+            reason = {"type": "abort", "message": "aborted for a weight update"} if abort_all_requests else None
+            paused = self.loop.call_when_idle(lambda: self._swap_weights(staged), reason)
+            if weight_version is not None:
+                self.weight_version = weight_version
+        return {"success": True, "message": f"weights updated from {staged.model_path}", "num_paused_requests": paused}
+
+    def _swap_weights(self, staged: StagedWeights) -> int:
+        """On the engine thread, no request holding KV: the new weights in, the old KV out."""
+        staged.apply()
+        cache = self.scheduler.cache
+        cache.evict(cache.evictable_size(), self.runner.kv_pool.free)
+        return self.scheduler.num_waiting
+
+    def get_weight_version(self) -> str:
+        """The name of the weights served: "default", or the last update's `weight_version`."""
+        return self.weight_version
 
     def load_lora_adapter(self, name: str, path: str) -> None:
         """Load (or replace) adapter `name` from a PEFT directory; ValueError with the cause.

@@ -57,6 +57,7 @@ class Admission:
     finish: Callable[[Req, dict], None]
     new_token_ratio: float
     prefill_budget_scale: float
+    admission_paused: bool
     _blocked_until: int | None
 
     # -- prefill admission -----------------------------------------------------------------
@@ -94,9 +95,9 @@ class Admission:
 
     def _admits_nothing(self) -> bool:
         """Whether admission would take no waiting request now, known without ordering the
-        queue: the batch is full, or the queue is memory-blocked and availability has not reached
-        what its head needs."""
-        if self.num_running >= self.limits.max_num_seqs:
+        queue: admission is paused, the batch is full, or the queue is memory-blocked and
+        availability has not reached what its head needs."""
+        if self.admission_paused or self.num_running >= self.limits.max_num_seqs:
             return True
         return self._blocked_until is not None and self._available(self._reserved_decode()) < self._blocked_until
 

@@ -63,6 +63,7 @@ class EngineLoop:
         self._closed = False
         self._dead: BaseException | None = None
         self._fresh = False  # stats refreshed as this step's outputs were posted
+        self._idle_calls: list[_Call] = []  # call_when_idle's, waiting for the running requests to end
         step.before_publish = self._refresh_before_publish
         self._thread = threading.Thread(target=self._run, name="radixflow-engine", daemon=True)
         self._thread.start()
@@ -93,6 +94,17 @@ class EngineLoop:
         with self.lock:
             self._refuse_if_stopped()
             self.inbox.put(("call", call))
+        return call.result()
+
+    def call_when_idle(self, fn: Callable[[], Any], abort_reason: dict | None = None) -> Any:
+        """Run `fn` on the engine thread once no request holds KV; its value or error. Until then
+        nothing waiting is admitted (it stays queued) while the running requests go on to their
+        ends; admission resumes after `fn`. `abort_reason`: first finish every request in flight
+        with it (the waiting ones too), so `fn` runs at once."""
+        call = _Call(fn)
+        with self.lock:
+            self._refuse_if_stopped()
+            self.inbox.put(("when_idle", (call, abort_reason)))
         return call.result()
 
     def post(self, kind: str, payload: Any) -> None:
@@ -185,6 +197,7 @@ class EngineLoop:
                 self.scheduler.finish_all(error_reason(exc))
                 stepped = True
             refreshed = self.hand_out() or self._fresh
+            self._run_idle_calls()
             if self.config.check_invariants:
                 self._check_invariants()
                 refreshed = False  # its violations count
@@ -226,6 +239,23 @@ class EngineLoop:
             payload.run()
         elif kind == "drop":
             self.drop_namespace(payload)
+        elif kind == "when_idle":
+            call, abort_reason = payload
+            if abort_reason is not None:
+                self.finish_all(abort_reason)
+            self._idle_calls.append(call)
+            self.scheduler.admission_paused = True
+            self._run_idle_calls()
+
+    def _run_idle_calls(self) -> None:
+        """Run call_when_idle's calls once no request holds KV, then admit again."""
+        if not self._idle_calls or self.scheduler.num_running:
+            return
+        self.step.drain()
+        calls, self._idle_calls = self._idle_calls, []
+        for call in calls:
+            call.run()
+        self.scheduler.admission_paused = False
 
     def _abort_sink(self, sink: OutputSink, reason: dict) -> None:
         self.scheduler.finish_where(lambda r: r.sink is sink, reason)
@@ -236,6 +266,8 @@ class EngineLoop:
         self.step.drain()
         self.step.close()
         self.finish_all(SHUTDOWN_REASON)
+        for call in self._idle_calls:
+            call.fail(EngineClosedError("the engine is shut down"))
         for req in self._drain_queued(EngineClosedError("the engine is shut down")):
             req.finish(SHUTDOWN_REASON)
             self._answer(req)
@@ -250,6 +282,8 @@ class EngineLoop:
         reason = {"type": "error", "message": f"the engine loop died: {exc!r}"}
         reqs = list(self.scheduler.waiting) + self.scheduler.holding() + self.scheduler.done
         reqs += self._drain_queued(EngineDeadError(reason["message"]))
+        for call in self._idle_calls:
+            call.fail(EngineDeadError(reason["message"]))
         for req in reqs:
             req.finish(reason)
             self._answer(req)
@@ -267,6 +301,8 @@ class EngineLoop:
                 queued.append(payload)
             elif kind == "call":
                 payload.fail(error)
+            elif kind == "when_idle":
+                payload[0].fail(error)
 
     def _check_invariants(self) -> None:
         try:

@@ -24,6 +24,7 @@ from radixflow.runtime.core.upload import upload
 from radixflow.runtime.lora.batch import make_lora_batch
 from radixflow.runtime.lora.slots import LoraSlots
 from radixflow.runtime.model.packed_linear import can_prepack, prepack_linears
+from radixflow.runtime.model.weight_update import StagedWeights, stage_weights
 from radixflow.runtime.model.weights import build_model, read_kv_scales
 
 log = logging.getLogger(__name__)
@@ -146,6 +147,12 @@ class ModelRunner:
     @property
     def device(self) -> torch.device:
         return self.shape.device
+
+    def stage_weights(self, model_path: str, quantization: str | None) -> StagedWeights:
+        """Load another checkpoint of the served model beside it (runtime/model/weight_update.py);
+        safe on any thread while steps run. Its `apply()` belongs between steps."""
+        return stage_weights(self.model, self.args, model_path, self.shape.dtype, self.device,
+                             self.shape.max_context_len, quantization)
 
     def _maybe_capture_graphs(self) -> None:
         """Capture the decode graphs once graphs are on and the KV scales are final."""

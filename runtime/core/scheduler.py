@@ -80,6 +80,9 @@ class Scheduler(Admission, SlotAccounting, LongRopeSwitch):
         # until the queue, the tree or the holders change, admission is not tried (no re-match).
         self._blocked_until: int | None = None
         self.drafter: Drafter | None = None  # speculative decoding's (runtime/core/speculative.py)
+        # True while the engine waits for the running requests to end (a weight update): nothing
+        # waiting is admitted, what runs goes on (EngineLoop.call_when_idle)
+        self.admission_paused = False
 
     # -- queues ----------------------------------------------------------------------------
 

@@ -22,7 +22,7 @@ def test_serve_demo_model_with_api_key():
     port = _free_port()
     proc = subprocess.Popen([sys.executable, "-m", "radixflow.frontend.cli", "serve", "--demo-size", "tiny", "--port", str(port),
                              "--kv-cache-tokens", "2048", "--api-key", "sekrit", "--max-num-seqs", "8",
-                             "--tool-call-parser", "pythonic"],
+                             "--tool-call-parser", "pythonic", "--enable-weight-updates"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -39,7 +39,7 @@ def test_serve_demo_model_with_api_key():
                 time.sleep(0.1)
             info = c.get("/get_server_info").json()
             assert info["config"]["max_num_seqs"] == 8 and info["kv_cache_tokens"] == 2048
-            assert info["tool_call_parser"] == "pythonic"
+            assert info["tool_call_parser"] == "pythonic" and info["weight_updates"] is True
             out = c.post("/v1/completions", json={"model": "radixflow-demo-tiny", "prompt": "Hi", "max_tokens": 2,
                                                       "ignore_eos": True})
             assert out.status_code == 200 and out.json()["usage"]["completion_tokens"] == 2

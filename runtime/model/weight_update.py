@@ -1,0 +1,141 @@
+"""A served model's weights replaced in place by another checkpoint of the same model.
+
+An RL loop serves a policy, trains it, and hands the server the new checkpoint
+(`Engine.update_weights_from_disk`, SGLang's `/update_weights_from_disk`). The new weights are
+loaded into a second model built exactly as the served one was (same loader, same dtype, the same
+CPU packing), on the host, while the engine keeps serving; then, between steps, every tensor of
+the served model is overwritten with its twin's (`StagedWeights.apply`). In place, because kernels
+and captures hold the tensors' addresses: CUDA graphs, the native layer call's pointer table
+(runtime/model/fused_layers.py). Nothing of the served model changes unless the whole new model
+loaded and every tensor matched in name, shape and dtype.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from typing import Any
+
+import torch
+from torch import nn
+
+from radixflow.runtime.model.model_config import ModelArgs, load_model_args
+from radixflow.runtime.model.model_path import resolve_model_path
+from radixflow.runtime.model.packed_linear import can_prepack, prepack_linears
+from radixflow.runtime.model.quant_config import check_quantization_flag
+from radixflow.runtime.model.weights import build_model
+
+log = logging.getLogger(__name__)
+
+# ModelArgs fields a new checkpoint may change: the dtype it was saved in (the engine's stays)
+FREE_FIELDS = frozenset({"torch_dtype"})
+# what a forward leaves on the model, not weights: the latest hidden states, and the native layer call's
+# addresses (the weights' stay valid through an in-place update; the KV caches' are not the model's)
+STEP_STATE = frozenset({"last_hidden", "fused_layers"})
+
+
+@dataclasses.dataclass
+class StagedWeights:
+    """A checkpoint loaded beside the served model: `pairs` (served tensor, new tensor)."""
+
+    model_path: str
+    pairs: list[tuple[torch.Tensor, torch.Tensor]]
+    num_bytes: int
+
+    @torch.no_grad()
+    def apply(self) -> None:
+        """Overwrite the served tensors; only between steps (a forward reads them)."""
+        for served, new in self.pairs:
+            served.copy_(new)
+
+
+def stage_weights(served: nn.Module, served_args: ModelArgs, model_path: str, dtype: torch.dtype,
+                  device: torch.device, max_len: int, quantization: str | None = None) -> StagedWeights:
+    """Load `model_path` as the served model was loaded (ValueError: a missing or malformed
+    checkpoint, another architecture or shape, a config field that differs). On a CUDA device the
+    new model is built in host memory: the device holds one copy of the weights throughout."""
+    start = time.perf_counter()
+    path = resolve_model_path(model_path)
+    args = load_model_args(path)
+    check_same_model(served_args, args)
+    check_quantization_flag(quantization, path)
+    staging = device if device.type == "cpu" else torch.device("cpu")
+    model = build_model(args, path, dtype, staging, max_len)
+    if can_prepack(device, dtype):  # the served model's projections are packed: pack these the same way
+        prepack_linears(model)
+    pairs = match_tensors(model_tensors(served), model_tensors(model))
+    num_bytes = sum(new.numel() * new.element_size() for _, new in pairs)
+    log.info("weights of %s staged in %.2f s (%.1f MiB)", path, time.perf_counter() - start, num_bytes / 2**20)
+    return StagedWeights(path, pairs, num_bytes)
+
+
+def check_same_model(served: ModelArgs, new: ModelArgs) -> None:
+    """ValueError naming every config field (other than FREE_FIELDS) where `new` differs."""
+    differ = [f.name for f in dataclasses.fields(ModelArgs) if f.name not in FREE_FIELDS
+              and getattr(served, f.name) != getattr(new, f.name)]
+    if differ:
+        shown = ", ".join(f"{name} ({getattr(served, name)!r} served, {getattr(new, name)!r} new)"
+                          for name in differ[:6])
+        more = f" and {len(differ) - 6} more" if len(differ) > 6 else ""
+        raise ValueError(f"the new checkpoint is not the served model's architecture: it differs in {shown}{more}; "
+                         "weights can be updated only with a checkpoint of the same model")
+
+
+def match_tensors(served: dict[str, torch.Tensor], new: dict[str, torch.Tensor]
+                  ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(served, new) for every tensor of the new model; ValueError where the two models differ.
+    Placeholders that hold no memory (stacked experts emptied once packed) are left out."""
+    missing = sorted(set(served) - set(new))
+    extra = sorted(set(new) - set(served))
+    if missing or extra:
+        raise ValueError(f"the new checkpoint's model does not match the served one: "
+                         f"missing {missing[:5]}, unexpected {extra[:5]}")
+    pairs = []
+    for name, t in new.items():
+        s = served[name]
+        if s.shape != t.shape or s.dtype != t.dtype:
+            raise ValueError(f"tensor {name}: {tuple(t.shape)} {t.dtype} in the new checkpoint, "
+                             f"{tuple(s.shape)} {s.dtype} served")
+        if _holds_memory(t) != _holds_memory(s):
+            raise ValueError(f"tensor {name} is stored differently in the new checkpoint's model")
+        if _holds_memory(t):
+            pairs.append((s, t))
+    return pairs
+
+
+def model_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Every tensor a model holds, by a dotted name: parameters, buffers, and plain attributes
+    (packed projections, RoPE tables), also inside lists, tuples and dicts (packed experts)."""
+    out: dict[str, torch.Tensor] = {}
+    _collect(model, "", out, set())
+    return out
+
+
+def _collect(obj: Any, name: str, out: dict[str, torch.Tensor], seen: set[int]) -> None:
+    if isinstance(obj, torch.Tensor):
+        out[name] = obj
+    elif isinstance(obj, nn.Module):
+        if id(obj) in seen:
+            return
+        seen.add(id(obj))
+        for key, value in vars(obj).items():
+            if key in ("_parameters", "_buffers", "_modules"):
+                for sub, item in value.items():
+                    _collect(item, _join(name, sub), out, seen)
+            elif not key.startswith("_") and key not in STEP_STATE:
+                _collect(value, _join(name, key), out, seen)
+    elif isinstance(obj, (list, tuple)):
+        for i, item in enumerate(obj):
+            _collect(item, _join(name, str(i)), out, seen)
+    elif isinstance(obj, dict):
+        for key, item in obj.items():
+            _collect(item, _join(name, str(key)), out, seen)
+
+
+def _join(prefix: str, name: str) -> str:
+    return f"{prefix}.{name}" if prefix else name
+
+
+def _holds_memory(t: torch.Tensor) -> bool:
+    """False for a view whose elements share storage (a zero-stride placeholder)."""
+    return t.numel() == 0 or t.untyped_storage().nbytes() >= t.numel() * t.element_size()

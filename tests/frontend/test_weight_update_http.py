@@ -1,0 +1,80 @@
+"""/update_weights_from_disk and /get_weight_version over HTTP, the core in its own process."""
+from __future__ import annotations
+
+import dataclasses
+
+import httpx
+import pytest
+
+from .conftest import LiveServer
+from radixflow.frontend.server import create_app
+from radixflow.runtime import Engine, EngineClient
+from radixflow.runtime.model.demo import SIZES, demo_model, write_demo_model
+
+GREEDY = {"max_new_tokens": 8, "temperature": 0}
+PROMPT = "the river ran"
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    first = demo_model("tiny")
+    second = write_demo_model("tiny", tmp_path_factory.mktemp("tiny-b"), dataclasses.replace(SIZES["tiny"], seed=999))
+    with Engine(first) as a, Engine(second) as b:
+        want = {first: a.generate(PROMPT, GREEDY)["output_ids"], second: b.generate(PROMPT, GREEDY)["output_ids"]}
+    assert want[first] != want[second]
+    with EngineClient(first) as eng:
+        live = LiveServer(create_app(eng, "tiny", weight_updates=True)).start()
+        with httpx.Client(base_url=live.url, timeout=60) as client:
+            yield client, first, second, want
+        live.stop()
+
+
+def _generate(client) -> list[int]:
+    r = client.post("/generate", json={"text": PROMPT, "sampling_params": GREEDY})
+    assert r.status_code == 200, r.text
+    return r.json()["output_ids"]
+
+
+def test_update_and_version(setup):
+    client, first, second, want = setup
+    assert _generate(client) == want[first]
+    assert client.get("/get_weight_version").json() == {"weight_version": "default"}
+    r = client.post("/update_weights_from_disk", json={"model_path": second, "weight_version": "step-7"})
+    assert r.status_code == 200, r.text
+    assert r.json() == {"success": True, "message": f"weights updated from {second}", "num_paused_requests": 0}
+    assert _generate(client) == want[second]
+    assert client.get("/get_weight_version").json() == {"weight_version": "step-7"}
+    assert client.get("/get_model_info").json()["weight_version"] == "step-7"
+    r = client.post("/update_weights_from_disk", json={"model_path": first, "load_format": "auto",
+                                                       "abort_all_requests": True, "flush_cache": True})
+    assert r.status_code == 200, r.text
+    assert _generate(client) == want[first]
+
+
+@pytest.mark.parametrize("body, param, text", [
+    ({"model_path": "/nonexistent/checkpoint"}, "model_path", "does not exist"),
+    ({"model_path": "x", "load_format": "pt"}, "load_format", "load_format 'pt' is not supported"),
+    ({"model_path": "x", "flush_cache": False}, "flush_cache", "flush_cache must be true"),
+    ({"model_path": "x", "token_step": 3}, "token_step", "token_step"),
+    ({"load_format": "auto"}, "model_path", "model_path"),
+    ({"model_path": 3}, "model_path", "model_path"),
+])
+def test_refusals(setup, body, param, text):
+    client, first, _, want = setup
+    version = client.get("/get_weight_version").json()
+    r = client.post("/update_weights_from_disk", json=body)
+    assert r.status_code == 400
+    error = r.json()["error"]
+    assert error["param"] == param and text in error["message"]
+    if param == "model_path" and "does not exist" in text:  # SGLang's failure reply beside the error
+        assert r.json()["success"] is False and text in r.json()["message"]
+    assert client.get("/get_weight_version").json() == version
+
+
+def test_off_by_default(server):
+    """The package's servers (both cores) were started without --enable-weight-updates."""
+    with httpx.Client(base_url=server.url, timeout=60, headers={"Authorization": "Bearer test-key"}) as client:
+        r = client.post("/update_weights_from_disk", json={"model_path": demo_model("tiny")})
+        assert r.status_code == 400
+        assert r.json()["error"]["code"] == "weight_updates_disabled"
+        assert client.get("/get_weight_version").json() == {"weight_version": "default"}

@@ -1,0 +1,225 @@
+"""Engine.update_weights_from_disk: another checkpoint of the same model served in place."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import threading
+import time
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from radixflow.runtime import Engine
+from radixflow.runtime.model.demo import SIZES, demo_model, write_demo_model
+from radixflow.runtime.model.weight_update import model_tensors
+
+GREEDY = {"max_new_tokens": 12, "temperature": 0}
+PROMPTS = ["hello there", "the quick brown fox jumps"]
+
+
+@pytest.fixture(scope="module")
+def second_tiny(tmp_path_factory) -> str:
+    """The tiny demo model's architecture with other random weights."""
+    return write_demo_model("tiny", tmp_path_factory.mktemp("tiny-b"), dataclasses.replace(SIZES["tiny"], seed=999))
+
+
+def outputs(engine, prompts=PROMPTS, sp=GREEDY) -> list[list[int]]:
+    return [r["output_ids"] for r in engine.generate(prompts, sp)]
+
+
+def fresh_outputs(path: str, **config) -> list[list[int]]:
+    with Engine(path, **config) as e:
+        return outputs(e)
+
+
+@pytest.mark.parametrize("dtype", ["auto", "float32"])  # auto: bf16 where the CPU has it (packed projections)
+def test_update_serves_the_new_weights_and_drops_the_old_kv(second_tiny, dtype):
+    first = demo_model("tiny")
+    want_first, want_second = fresh_outputs(first, dtype=dtype), fresh_outputs(second_tiny, dtype=dtype)
+    assert want_first != want_second
+    with Engine(first, dtype=dtype, check_invariants=True) as e:
+        assert outputs(e) == want_first  # the prompts are in the prefix cache now
+        reply = e.update_weights_from_disk(second_tiny)
+        assert reply["success"] and reply["num_paused_requests"] == 0
+        results = e.generate(PROMPTS, GREEDY)
+        assert [r["output_ids"] for r in results] == want_second
+        assert [r["meta_info"]["cached_tokens"] for r in results] == [0, 0]  # the old weights' KV is gone
+        e.update_weights_from_disk(first)
+        assert outputs(e) == want_first
+        e.check_accounting()
+        assert e.invariant_violations == []
+        assert e.stats().kv_slots_used == 0
+
+
+def test_every_tensor_is_the_new_checkpoints(second_tiny):
+    """Nothing of the served model keeps the old values: each tensor (packed projections, the
+    packed LM head, RoPE tables) equals a model loaded from the new checkpoint."""
+    with Engine(demo_model("tiny")) as e, Engine(second_tiny) as fresh:
+        outputs(e)  # the native layer call (CPU bf16) takes the weights' addresses on first use
+        addresses = {name: t.data_ptr() for name, t in model_tensors(e.runner.model).items()}
+        e.update_weights_from_disk(second_tiny)
+        served, want = model_tensors(e.runner.model), model_tensors(fresh.runner.model)
+        assert served.keys() == want.keys()
+        for name, t in want.items():
+            assert torch.equal(served[name], t), name
+        assert {name: t.data_ptr() for name, t in served.items()} == addresses  # in place
+
+
+def test_a_running_request_ends_on_the_old_weights_and_the_queue_waits(second_tiny):
+    first = demo_model("tiny")
+    long_sp = {"max_new_tokens": 400, "temperature": 0, "ignore_eos": True}
+    with Engine(first) as ref:
+        want_long = ref.generate("once upon a time", long_sp)["output_ids"]
+    want_second = fresh_outputs(second_tiny)
+    got: dict = {}
+    with Engine(first) as e:
+        running = threading.Thread(target=lambda: got.update(long=e.generate("once upon a time", long_sp)))
+        running.start()
+        while e.stats().num_running == 0:
+            time.sleep(0.001)
+        update = threading.Thread(target=lambda: got.update(reply=e.update_weights_from_disk(second_tiny)))
+        update.start()
+        while not e.scheduler.admission_paused:
+            time.sleep(0.001)
+        assert e.stats().num_running == 1, "the long request ended before the update paused admission"
+        queued = e.generate(PROMPTS, GREEDY)  # submitted while paused: waits, then runs on the new weights
+        running.join()
+        update.join()
+        assert got["long"]["output_ids"] == want_long
+        assert got["reply"]["num_paused_requests"] == 2
+        assert [r["output_ids"] for r in queued] == want_second
+        assert not e.scheduler.admission_paused
+        e.check_accounting()
+
+
+def test_abort_all_requests_ends_what_runs(second_tiny):
+    with Engine(demo_model("tiny")) as e:
+        got: dict = {}
+        running = threading.Thread(target=lambda: got.update(long=e.generate(
+            "once upon a time", {"max_new_tokens": 1500, "temperature": 0, "ignore_eos": True})))
+        running.start()
+        while e.stats().num_running == 0:
+            time.sleep(0.001)
+        reply = e.update_weights_from_disk(second_tiny, abort_all_requests=True)
+        running.join()
+        assert reply["success"]
+        assert got["long"]["meta_info"]["finish_reason"] == {"type": "abort", "message": "aborted for a weight update"}
+        assert len(got["long"]["output_ids"]) < 1500
+        assert outputs(e) == fresh_outputs(second_tiny)
+        e.check_accounting()
+
+
+def test_weight_version(second_tiny):
+    with Engine(demo_model("tiny")) as e:
+        assert e.get_weight_version() == "default"
+        e.update_weights_from_disk(second_tiny, weight_version="step-1")
+        assert e.get_weight_version() == "step-1"
+        e.update_weights_from_disk(demo_model("tiny"))  # no version given: the name stays
+        assert e.get_weight_version() == "step-1"
+
+
+def _copy_with_config(src: str, dst: str, **fields) -> str:
+    shutil.copytree(src, dst)
+    with open(os.path.join(dst, "config.json")) as f:
+        cfg = json.load(f)
+    cfg.update(fields)
+    with open(os.path.join(dst, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    return dst
+
+
+def _copy_with_tensor(src: str, dst: str, name: str, value: torch.Tensor) -> str:
+    shutil.copytree(src, dst)
+    path = os.path.join(dst, "model.safetensors")
+    tensors = load_file(path)
+    tensors[name] = value
+    save_file(tensors, path, metadata={"format": "pt"})
+    return dst
+
+
+def test_a_refused_checkpoint_changes_nothing(tmp_path, second_tiny):
+    first = demo_model("tiny")
+    want = fresh_outputs(first)
+    deeper = _copy_with_config(first, str(tmp_path / "deeper"), num_hidden_layers=5)
+    wrong_shape = _copy_with_tensor(first, str(tmp_path / "wrong-shape"), "model.norm.weight", torch.ones(32))
+    with Engine(first, check_invariants=True) as e:
+        outputs(e)
+        cases = [(str(tmp_path / "absent"), "does not exist"), (deeper, "num_layers (4 served, 5 new)"),
+                 (wrong_shape, "model.norm.weight"), ("", "non-empty string")]
+        for path, message in cases:
+            with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+                e.update_weights_from_disk(path)
+        with pytest.raises(ValueError, match="weight_version"):
+            e.update_weights_from_disk(second_tiny, weight_version=3)
+        with pytest.raises(ValueError, match="abort_all_requests"):
+            e.update_weights_from_disk(second_tiny, abort_all_requests="yes")
+        assert outputs(e) == want
+        assert e.get_weight_version() == "default"
+        assert not e.scheduler.admission_paused
+        e.check_accounting()
+        assert e.invariant_violations == []
+
+
+def test_mixture_of_experts_packed_experts(hf_checkpoint, tmp_path):
+    """OLMoE's experts are packed per expert on CPU bf16 (their stacked tensors emptied): the
+    update reaches each packed copy."""
+    first, _ = hf_checkpoint("olmoe")
+    second = str(tmp_path / "olmoe-b")
+    shutil.copytree(first, second)
+    path = os.path.join(second, "model.safetensors")
+    gen = torch.Generator().manual_seed(7)
+    tensors = {k: v + 0.05 * torch.randn(v.shape, generator=gen) if v.dim() >= 2 else v
+               for k, v in load_file(path).items()}
+    save_file(tensors, path, metadata={"format": "pt"})
+    want_first, want_second = fresh_outputs(first), fresh_outputs(second)
+    assert want_first != want_second
+    with Engine(first) as e:
+        assert outputs(e) == want_first
+        e.update_weights_from_disk(second)
+        assert outputs(e) == want_second
+
+
+def test_a_pending_update_fails_at_shutdown(second_tiny):
+    """An update waiting for a running request gets an error when the engine shuts down."""
+    from radixflow.runtime.errors import EngineClosedError
+
+    e = Engine(demo_model("tiny"))
+    got: dict = {}
+    running = threading.Thread(target=lambda: got.update(long=e.generate(
+        "once upon a time", {"max_new_tokens": 1500, "temperature": 0, "ignore_eos": True})))
+    running.start()
+    while e.stats().num_running == 0:
+        time.sleep(0.001)
+
+    def update() -> None:
+        try:
+            e.update_weights_from_disk(second_tiny)
+        except EngineClosedError as exc:
+            got["error"] = exc
+
+    waiting = threading.Thread(target=update)
+    waiting.start()
+    while not e.scheduler.admission_paused:
+        time.sleep(0.001)
+    e.shutdown()
+    waiting.join(timeout=10)
+    running.join(timeout=10)
+    assert isinstance(got.get("error"), EngineClosedError)
+    assert got["long"]["meta_info"]["finish_reason"]["type"] == "abort"
+
+
+@pytest.mark.gpu
+def test_update_under_cuda_graphs(second_tiny):
+    """On CUDA the new weights stage in host memory and are copied into the tensors the decode
+    graphs were captured on: replays compute with the new weights."""
+    config = {"device": "cuda", "dtype": "float32"}
+    want_second = fresh_outputs(second_tiny, **config)
+    with Engine(demo_model("tiny"), **config) as e:
+        assert e.runner.graph_runner is not None
+        outputs(e)
+        e.update_weights_from_disk(second_tiny)
+        assert outputs(e) == want_second
+        e.check_accounting()
