@@ -43,12 +43,16 @@ async def read_body(request: Request) -> bytes:
     return b"".join(chunks)
 
 
-async def read_json(request: Request, schema: Any = dict, rename: dict[str, str] | None = None) -> Any:
+async def read_json(request: Request, schema: Any = dict, rename: dict[str, str] | None = None,
+                    empty_ok: bool = False) -> Any:
     """Decode the body as JSON into `schema` (a msgspec Struct, or dict). Invalid JSON, wrong
-    types and unknown fields (Structs that forbid them) are 400s naming the field."""
+    types and unknown fields (Structs that forbid them) are 400s naming the field. `empty_ok`:
+    an empty body is `{}` (a route whose fields all have defaults)."""
     raw = await read_body(request)
     if not raw.strip():
-        raise APIError(400, "the request body is empty; send a JSON object")
+        if not empty_ok:
+            raise APIError(400, "the request body is empty; send a JSON object")
+        raw = b"{}"
     try:
         return msgspec.json.decode(raw, type=schema)
     except msgspec.ValidationError as exc:

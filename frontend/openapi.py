@@ -18,7 +18,9 @@ from radixflow.frontend.programs import ProgramRequest
 from radixflow.frontend.reasoning import SeparateRequest, SeparateResponse
 from radixflow.frontend.responses_schemas import ResponseObject, ResponsesRequest
 from radixflow.frontend.tokenize import DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse
-from radixflow.frontend.weight_routes import UpdateWeightsReply, UpdateWeightsRequest, WeightVersion
+from radixflow.frontend.weight_routes import (
+    ContinueRequest, Done, PauseRequest, UpdateWeightsReply, UpdateWeightsRequest, WeightVersion,
+)
 
 REF = "#/components/schemas/{name}"
 
@@ -67,6 +69,9 @@ OPERATIONS: dict[str, tuple[str, str, type | None, type | None]] = {
     "/update_weights_from_disk": ("post", "serve another checkpoint of the same model (--enable-weight-updates)",
                                   UpdateWeightsRequest, UpdateWeightsReply),
     "/get_weight_version": ("get", "the name of the weights served", None, WeightVersion),
+    "/pause_generation": ("post", "stop generating (mode abort, retract or in_place) until /continue_generation",
+                          PauseRequest, Done),
+    "/continue_generation": ("post", "generate again after /pause_generation", ContinueRequest, Done),
     "/version": ("get", "the radixflow version", None, None),
     "/health": ("get", "liveness", None, None),
     "/health_generate": ("get", "generates one token", None, None),

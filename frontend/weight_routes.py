@@ -1,8 +1,10 @@
-"""Weight update routes (SGLang's): serve another checkpoint of the same model, name its version.
+"""Routes an RL loop drives (SGLang's): serve another checkpoint of the same model, name its
+version, pause and continue generation around the update.
 
 `POST /update_weights_from_disk` replaces every weight in place (Engine.update_weights_from_disk:
 running requests finish on the old weights, the prefix cache is dropped); it reads a path on the
 server's disk, so it answers only on a server started with --enable-weight-updates.
+`/pause_generation` and `/continue_generation` answer on every server, as /abort_request does.
 """
 from __future__ import annotations
 
@@ -36,6 +38,19 @@ class WeightVersion(msgspec.Struct):
     weight_version: str
 
 
+class PauseRequest(msgspec.Struct, forbid_unknown_fields=True):
+    mode: str = "abort"  # abort, retract or in_place (EngineLoop.pause)
+
+
+class ContinueRequest(msgspec.Struct, forbid_unknown_fields=True):
+    """No fields: an empty body or {}."""
+
+
+class Done(msgspec.Struct):
+    success: bool
+    message: str
+
+
 async def update_weights_from_disk(request: Request) -> Response:
     server = request.app.state.server
     if not server.weight_updates:
@@ -66,3 +81,18 @@ def _failed(message: str) -> Response:
 async def get_weight_version(request: Request) -> Response:
     engine = request.app.state.server.engine
     return json_response(WeightVersion(await asyncio.to_thread(engine.get_weight_version)))
+
+
+async def pause_generation(request: Request) -> Response:
+    req = await read_json(request, PauseRequest, empty_ok=True)
+    try:
+        await asyncio.to_thread(request.app.state.server.engine.pause_generation, req.mode)
+    except ValueError as exc:
+        raise APIError(400, str(exc), param="mode") from exc
+    return json_response(Done(True, f"generation paused (mode {req.mode})"))
+
+
+async def continue_generation(request: Request) -> Response:
+    await read_json(request, ContinueRequest, empty_ok=True)
+    await asyncio.to_thread(request.app.state.server.engine.continue_generation)
+    return json_response(Done(True, "generation continued"))

@@ -212,6 +212,12 @@ class EngineClient:
     def get_weight_version(self) -> str:
         return self._call("get_weight_version")
 
+    def pause_generation(self, mode: str = "abort") -> None:
+        self._call("pause_generation", mode)
+
+    def continue_generation(self) -> None:
+        self._call("continue_generation")
+
     def load_lora_adapter(self, name: str, path: str) -> None:
         self._call("load_lora_adapter", name, path)
 

@@ -92,7 +92,6 @@ class Engine:
         self._starting = StartingRequests()  # requests start_stream is making
         self._abort_listeners: list[Callable[[str], None]] = []
         self.loop = EngineLoop(self.config, self.runner, self.scheduler, step, self.loras, by_adapter)
-        self.weight_version = "default"  # update_weights_from_disk's name for the weights served
         self._weights_lock = threading.Lock()
 
     # -- public API -------------------------------------------------------------------------
@@ -340,21 +339,33 @@ class Engine:
         with self._weights_lock:  # one update at a time: each stages a model's worth of memory
             staged = self.runner.stage_weights(model_path, self.config.quantization)
             reason = {"type": "abort", "message": "aborted for a weight update"} if abort_all_requests else None
-            paused = self.loop.call_when_idle(lambda: self._swap_weights(staged), reason)
-            if weight_version is not None:
-                self.weight_version = weight_version
+            paused = self.loop.call_when_idle(lambda: self._swap_weights(staged, weight_version), reason)
         return {"success": True, "message": f"weights updated from {staged.model_path}", "num_paused_requests": paused}
 
-    def _swap_weights(self, staged: StagedWeights) -> int:
+    def _swap_weights(self, staged: StagedWeights, version: str | None) -> int:
         """On the engine thread, no request holding KV: the new weights in, the old KV out."""
         staged.apply()
         cache = self.scheduler.cache
         cache.evict(cache.evictable_size(), self.runner.kv_pool.free)
+        if version is not None:
+            self.scheduler.weight_version = version
         return self.scheduler.num_waiting
 
+    def pause_generation(self, mode: str = "abort") -> None:
+        """Stop generating until continue_generation (SGLang's, e.g. around a weight update):
+        `abort` ends every request in flight, `retract` sends the running back to the queue
+        (their KV to the prefix cache), `in_place` stops stepping with the running keeping their
+        KV. New requests wait in the queue meanwhile. ValueError for another mode."""
+        self.loop.call(lambda: self.loop.pause(mode))
+
+    def continue_generation(self) -> None:
+        """Generate again after pause_generation."""
+        self.loop.call(self.loop.resume)
+
     def get_weight_version(self) -> str:
-        """The name of the weights served: "default", or the last update's `weight_version`."""
-        return self.weight_version
+        """The name of the weights served: "default", or the last update's `weight_version`
+        (each result's meta_info names the one its request ran on)."""
+        return self.scheduler.weight_version
 
     def load_lora_adapter(self, name: str, path: str) -> None:
         """Load (or replace) adapter `name` from a PEFT directory; ValueError with the cause.

@@ -64,6 +64,7 @@ def finished_stats(req: Req) -> dict[str, Any]:
     stats = {
         "prefill_miss_tokens": dict(req.miss_tokens),
         "divergent_at": req.divergent_at,
+        "weight_version": req.weight_version,
         "timings": {"queue_s": since(t.arrival, t.scheduled), "prefill_s": since(t.scheduled, t.first_token),
                     "ttft_s": since(t.arrival, t.first_token), "e2e_s": since(t.arrival, t.finished)},
     }

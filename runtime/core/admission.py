@@ -58,6 +58,7 @@ class Admission:
     new_token_ratio: float
     prefill_budget_scale: float
     admission_paused: bool
+    weight_version: str
     _blocked_until: int | None
 
     # -- prefill admission -----------------------------------------------------------------
@@ -178,6 +179,7 @@ class Admission:
         if req.num_retractions == 0 and not req.output_ids:
             req.cached_len = match.length
         req.status = Status.RUNNING
+        req.weight_version = self.weight_version
         if req.times.scheduled is None:
             req.times.scheduled = time.monotonic()
         self.prefilling.append(req)

@@ -34,6 +34,8 @@ from radixflow.runtime.stats import EngineStats, RequestTiming
 log = logging.getLogger(__name__)
 
 SHUTDOWN_REASON = {"type": "abort", "message": "the engine shut down"}
+PAUSE_REASON = {"type": "abort", "message": "aborted: generation paused"}
+PAUSE_MODES = ("abort", "retract", "in_place")
 
 
 class EngineLoop:
@@ -64,6 +66,7 @@ class EngineLoop:
         self._dead: BaseException | None = None
         self._fresh = False  # stats refreshed as this step's outputs were posted
         self._idle_calls: list[_Call] = []  # call_when_idle's, waiting for the running requests to end
+        self.paused: str | None = None  # pause_generation's mode until continue_generation
         step.before_publish = self._refresh_before_publish
         self._thread = threading.Thread(target=self._run, name="radixflow-engine", daemon=True)
         self._thread.start()
@@ -184,9 +187,9 @@ class EngineLoop:
     def _serve(self) -> None:
         """Step while there is work; return when asked to stop."""
         while True:
-            if not self._drain_inbox(block=not self.scheduler.has_work()):
+            if not self._drain_inbox(block=not self._can_step()):
                 return
-            if not self.scheduler.has_work():
+            if not self._can_step():
                 continue
             self._fresh = False
             try:
@@ -205,6 +208,14 @@ class EngineLoop:
                 self._refresh_stats()
             if not stepped:
                 self._drain_inbox(block=True, timeout=0.005)
+
+    def _can_step(self) -> bool:
+        """Whether a step may be scheduled: not paused in place, and while admission is paused
+        only for what holds KV already (the queue waits without the loop polling it)."""
+        s = self.scheduler
+        if self.paused == "in_place":
+            return False
+        return bool(s.running or s.prefilling) if s.admission_paused else s.has_work()
 
     def _drain_inbox(self, block: bool, timeout: float | None = None) -> bool:
         """Apply queued commands; False once asked to stop."""
@@ -243,19 +254,49 @@ class EngineLoop:
             call, abort_reason = payload
             if abort_reason is not None:
                 self.finish_all(abort_reason)
+            if self.paused == "in_place" and self.scheduler.num_running:
+                call.fail(ValueError(f"generation is paused in place with {self.scheduler.num_running} requests "
+                                     "holding KV, which would wait for ever: continue_generation first, or pause "
+                                     "with mode abort or retract"))
+                return
             self._idle_calls.append(call)
             self.scheduler.admission_paused = True
             self._run_idle_calls()
 
     def _run_idle_calls(self) -> None:
-        """Run call_when_idle's calls once no request holds KV, then admit again."""
+        """Run call_when_idle's calls once no request holds KV, then admit again (unless paused)."""
         if not self._idle_calls or self.scheduler.num_running:
             return
         self.step.drain()
         calls, self._idle_calls = self._idle_calls, []
         for call in calls:
             call.run()
-        self.scheduler.admission_paused = False
+        self.scheduler.admission_paused = self.paused is not None
+
+    # -- engine thread: pausing -------------------------------------------------------------------
+
+    def pause(self, mode: str) -> None:
+        """Stop generating until `resume` (SGLang's pause_generation). `abort`: every request in
+        flight ends (finish_reason abort); `retract`: the running go back to the queue's head,
+        their KV to the prefix cache; `in_place`: no step runs, the running keep their KV.
+        Requests submitted meanwhile wait in the queue. Pausing again changes the mode."""
+        if mode not in PAUSE_MODES:
+            raise ValueError(f"mode must be one of {', '.join(PAUSE_MODES)}, got {mode!r}")
+        if mode == "in_place" and self._idle_calls:
+            raise ValueError("a weight update is waiting for the running requests to end: pausing them in place "
+                             "would hold it for ever (pause with mode abort or retract)")
+        if mode == "abort":
+            self.finish_all(PAUSE_REASON)
+        elif mode == "retract":
+            self.scheduler.retract_all()
+        self.paused = mode
+        self.scheduler.admission_paused = True
+        self._run_idle_calls()
+
+    def resume(self) -> None:
+        """Generate again after `pause` (a no-op when not paused)."""
+        self.paused = None
+        self.scheduler.admission_paused = bool(self._idle_calls)
 
     def _abort_sink(self, sink: OutputSink, reason: dict) -> None:
         self.scheduler.finish_where(lambda r: r.sink is sink, reason)

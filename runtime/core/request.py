@@ -166,6 +166,7 @@ class Req:
     embed: bool = False          # an embedding request: prefill only, its last token's final hidden state
     embedding: list[float] | None = None  # that state, L2-normalized, once computed
     num_verify_steps: int = 0    # steps that verified drafts of it (meta_info spec_verify_ct)
+    weight_version: str | None = None  # the weights its latest admission ran on (meta_info weight_version)
     input_logprobs: list[tuple[int, float, list[tuple[int, float]]]] = field(default_factory=list)
     output_logprobs: list[tuple[int, float, list[tuple[int, float]]]] = field(default_factory=list)
     times: Timestamps = field(default_factory=Timestamps)

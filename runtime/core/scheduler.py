@@ -83,6 +83,7 @@ class Scheduler(Admission, SlotAccounting, LongRopeSwitch):
         # True while the engine waits for the running requests to end (a weight update): nothing
         # waiting is admitted, what runs goes on (EngineLoop.call_when_idle)
         self.admission_paused = False
+        self.weight_version = "default"  # the name of the weights served (Engine.update_weights_from_disk)
 
     # -- queues ----------------------------------------------------------------------------
 
@@ -337,12 +338,21 @@ class Scheduler(Admission, SlotAccounting, LongRopeSwitch):
             return news, sum(news)
         return None, len(self.running)
 
-    def _retract(self, req: Req) -> None:
+    def retract_all(self) -> int:
+        """Send every request holding KV back to the head of the queue, in the order they hold
+        it (their computed KV to the tree, so readmission finds it cached); not preemptions.
+        How many."""
+        holding = self.holding()
+        for req in reversed(holding):
+            self._retract(req, preempted=False)
+        return len(holding)
+
+    def _retract(self, req: Req, preempted: bool = True) -> None:
         log.debug("retracting %s after %d output tokens", req.rid, len(req.output_ids))
         self._release(req)
         req.status = Status.WAITING
         req.num_retractions += 1
-        self.num_preemptions += 1
+        self.num_preemptions += preempted
         self._pick_rope(req)
         self.waiting.insert(0, req)
         self.new_token_ratio = NEW_TOKEN_RATIO_INIT

@@ -29,20 +29,26 @@ def setup(tmp_path_factory):
         live.stop()
 
 
-def _generate(client) -> list[int]:
+def _generate(client, version: str | None = None) -> list[int]:
+    """The greedy output ids, the weights named `version` in meta_info (when given)."""
     r = client.post("/generate", json={"text": PROMPT, "sampling_params": GREEDY})
     assert r.status_code == 200, r.text
+    if version is not None:
+        assert r.json()["meta_info"]["weight_version"] == version
     return r.json()["output_ids"]
 
 
 def test_update_and_version(setup):
     client, first, second, want = setup
-    assert _generate(client) == want[first]
+    assert _generate(client, "default") == want[first]
     assert client.get("/get_weight_version").json() == {"weight_version": "default"}
     r = client.post("/update_weights_from_disk", json={"model_path": second, "weight_version": "step-7"})
     assert r.status_code == 200, r.text
     assert r.json() == {"success": True, "message": f"weights updated from {second}", "num_paused_requests": 0}
-    assert _generate(client) == want[second]
+    assert _generate(client, "step-7") == want[second]
+    with client.stream("POST", "/generate", json={"text": PROMPT, "sampling_params": GREEDY, "stream": True}) as r:
+        last = [line for line in r.iter_lines() if line.startswith("data: {")][-1]
+    assert '"weight_version":"step-7"' in last.replace(" ", "")
     assert client.get("/get_weight_version").json() == {"weight_version": "step-7"}
     assert client.get("/get_model_info").json()["weight_version"] == "step-7"
     r = client.post("/update_weights_from_disk", json={"model_path": first, "load_format": "auto",
@@ -78,3 +84,38 @@ def test_off_by_default(server):
         assert r.status_code == 400
         assert r.json()["error"]["code"] == "weight_updates_disabled"
         assert client.get("/get_weight_version").json() == {"weight_version": "default"}
+
+
+def test_pause_and_continue(setup):
+    """A /generate sent while paused answers once /continue_generation is called."""
+    import threading
+    import time
+
+    client, *_ = setup
+    r = client.post("/pause_generation", content=b"")  # SGLang's clients may send no body: mode abort
+    assert r.status_code == 200 and r.json() == {"success": True, "message": "generation paused (mode abort)"}
+    got: dict = {}
+    waiting = threading.Thread(target=lambda: got.update(r=client.post(
+        "/generate", json={"text": PROMPT, "sampling_params": GREEDY})))
+    waiting.start()
+    time.sleep(0.5)
+    assert "r" not in got and client.get("/get_load").json()[0]["num_waiting_reqs"] == 1
+    r = client.post("/continue_generation", json={})
+    assert r.status_code == 200 and r.json()["success"] is True
+    waiting.join(timeout=30)
+    assert got["r"].status_code == 200 and got["r"].json()["meta_info"]["finish_reason"]["type"] == "length"
+    assert client.post("/pause_generation", json={"mode": "retract"}).status_code == 200
+    assert client.post("/continue_generation").status_code == 200
+
+
+@pytest.mark.parametrize("path, body, param", [
+    ("/pause_generation", {"mode": "sleep"}, "mode"),
+    ("/pause_generation", {"mode": 1}, "mode"),
+    ("/pause_generation", {"abort_all": True}, "abort_all"),
+    ("/continue_generation", {"torch_empty_cache": True}, "torch_empty_cache"),
+])
+def test_pause_refusals(setup, path, body, param):
+    client, *_ = setup
+    r = client.post(path, json=body)
+    assert r.status_code == 400 and r.json()["error"]["param"] == param
+    assert _generate(client)  # not paused

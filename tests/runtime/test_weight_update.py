@@ -18,6 +18,8 @@ from radixflow.runtime.model.weight_update import model_tensors
 
 GREEDY = {"max_new_tokens": 12, "temperature": 0}
 PROMPTS = ["hello there", "the quick brown fox jumps"]
+LONG_PROMPT = "once upon a time"
+LONG_LEN = 300
 
 
 @pytest.fixture(scope="module")
@@ -33,6 +35,27 @@ def outputs(engine, prompts=PROMPTS, sp=GREEDY) -> list[list[int]]:
 def fresh_outputs(path: str, **config) -> list[list[int]]:
     with Engine(path, **config) as e:
         return outputs(e)
+
+
+def long_sp(max_new_tokens: int) -> dict:
+    return {"max_new_tokens": max_new_tokens, "temperature": 0, "ignore_eos": True}
+
+
+@pytest.fixture(scope="module")
+def long_output() -> list[int]:
+    """The tiny model's uninterrupted greedy output for LONG_PROMPT, LONG_LEN tokens."""
+    with Engine(demo_model("tiny")) as ref:
+        return ref.generate(LONG_PROMPT, long_sp(LONG_LEN))["output_ids"]
+
+
+def start_long(engine, got: dict, max_new_tokens: int = 1500) -> threading.Thread:
+    """A long greedy request on a thread (its result: got["long"]), returned once it runs."""
+    sp = long_sp(max_new_tokens)
+    running = threading.Thread(target=lambda: got.update(long=engine.generate(LONG_PROMPT, sp)))
+    running.start()
+    while engine.stats().num_running == 0:
+        time.sleep(0.001)
+    return running
 
 
 @pytest.mark.parametrize("dtype", ["auto", "float32"])  # auto: bf16 where the CPU has it (packed projections)
@@ -68,19 +91,14 @@ def test_every_tensor_is_the_new_checkpoints(second_tiny):
         assert {name: t.data_ptr() for name, t in served.items()} == addresses  # in place
 
 
-def test_a_running_request_ends_on_the_old_weights_and_the_queue_waits(second_tiny):
+def test_a_running_request_ends_on_the_old_weights_and_the_queue_waits(second_tiny, long_output):
     first = demo_model("tiny")
-    long_sp = {"max_new_tokens": 400, "temperature": 0, "ignore_eos": True}
-    with Engine(first) as ref:
-        want_long = ref.generate("once upon a time", long_sp)["output_ids"]
     want_second = fresh_outputs(second_tiny)
     got: dict = {}
     with Engine(first) as e:
-        running = threading.Thread(target=lambda: got.update(long=e.generate("once upon a time", long_sp)))
-        running.start()
-        while e.stats().num_running == 0:
-            time.sleep(0.001)
-        update = threading.Thread(target=lambda: got.update(reply=e.update_weights_from_disk(second_tiny)))
+        running = start_long(e, got, LONG_LEN)
+        update = threading.Thread(target=lambda: got.update(reply=e.update_weights_from_disk(
+            second_tiny, weight_version="v2")))
         update.start()
         while not e.scheduler.admission_paused:
             time.sleep(0.001)
@@ -88,7 +106,9 @@ def test_a_running_request_ends_on_the_old_weights_and_the_queue_waits(second_ti
         queued = e.generate(PROMPTS, GREEDY)  # submitted while paused: waits, then runs on the new weights
         running.join()
         update.join()
-        assert got["long"]["output_ids"] == want_long
+        assert got["long"]["output_ids"] == long_output
+        assert got["long"]["meta_info"]["weight_version"] == "default"
+        assert [r["meta_info"]["weight_version"] for r in queued] == ["v2", "v2"]
         assert got["reply"]["num_paused_requests"] == 2
         assert [r["output_ids"] for r in queued] == want_second
         assert not e.scheduler.admission_paused
@@ -98,11 +118,7 @@ def test_a_running_request_ends_on_the_old_weights_and_the_queue_waits(second_ti
 def test_abort_all_requests_ends_what_runs(second_tiny):
     with Engine(demo_model("tiny")) as e:
         got: dict = {}
-        running = threading.Thread(target=lambda: got.update(long=e.generate(
-            "once upon a time", {"max_new_tokens": 1500, "temperature": 0, "ignore_eos": True})))
-        running.start()
-        while e.stats().num_running == 0:
-            time.sleep(0.001)
+        running = start_long(e, got)
         reply = e.update_weights_from_disk(second_tiny, abort_all_requests=True)
         running.join()
         assert reply["success"]
@@ -115,8 +131,10 @@ def test_abort_all_requests_ends_what_runs(second_tiny):
 def test_weight_version(second_tiny):
     with Engine(demo_model("tiny")) as e:
         assert e.get_weight_version() == "default"
+        assert e.generate("hi", GREEDY)["meta_info"]["weight_version"] == "default"
         e.update_weights_from_disk(second_tiny, weight_version="step-1")
         assert e.get_weight_version() == "step-1"
+        assert e.generate("hi", GREEDY)["meta_info"]["weight_version"] == "step-1"
         e.update_weights_from_disk(demo_model("tiny"))  # no version given: the name stays
         assert e.get_weight_version() == "step-1"
 
@@ -188,11 +206,7 @@ def test_a_pending_update_fails_at_shutdown(second_tiny):
 
     e = Engine(demo_model("tiny"))
     got: dict = {}
-    running = threading.Thread(target=lambda: got.update(long=e.generate(
-        "once upon a time", {"max_new_tokens": 1500, "temperature": 0, "ignore_eos": True})))
-    running.start()
-    while e.stats().num_running == 0:
-        time.sleep(0.001)
+    running = start_long(e, got)
 
     def update() -> None:
         try:
@@ -223,3 +237,87 @@ def test_update_under_cuda_graphs(second_tiny):
         e.update_weights_from_disk(second_tiny)
         assert outputs(e) == want_second
         e.check_accounting()
+
+
+def _wait_until(condition, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.002)
+
+
+def test_pause_abort_then_update_then_continue(second_tiny):
+    """SGLang's RL sequence: pause (aborting what runs), update, continue; a request sent while
+    paused waits and then runs on the new weights."""
+    want_second = fresh_outputs(second_tiny)
+    with Engine(demo_model("tiny"), check_invariants=True) as e:
+        got: dict = {}
+        running = start_long(e, got)
+        e.pause_generation()  # mode abort
+        running.join()
+        assert got["long"]["meta_info"]["finish_reason"] == {"type": "abort", "message": "aborted: generation paused"}
+        queued = threading.Thread(target=lambda: got.update(queued=e.generate(PROMPTS, GREEDY)))
+        queued.start()
+        _wait_until(lambda: e.stats().num_waiting == 2)
+        time.sleep(0.2)
+        assert "queued" not in got and e.stats().num_running == 0
+        assert e.update_weights_from_disk(second_tiny, weight_version="v1")["num_paused_requests"] == 2
+        assert e.stats().num_waiting == 2  # still paused after the update
+        e.continue_generation()
+        queued.join()
+        assert [r["output_ids"] for r in got["queued"]] == want_second
+        assert {r["meta_info"]["weight_version"] for r in got["queued"]} == {"v1"}
+        e.check_accounting()
+        assert e.invariant_violations == []
+
+
+def test_pause_retract_keeps_the_request_and_its_kv(long_output):
+    with Engine(demo_model("tiny"), check_invariants=True) as e:
+        got: dict = {}
+        running = start_long(e, got, LONG_LEN)
+        e.pause_generation("retract")
+        assert (e.stats().num_running, e.stats().num_waiting) == (0, 1)
+        assert e.scheduler.cache.evictable_size() > 0  # its KV went to the prefix cache
+        time.sleep(0.1)
+        assert "long" not in got
+        e.continue_generation()
+        running.join()
+        assert got["long"]["output_ids"] == long_output
+        assert got["long"]["meta_info"]["finish_reason"]["type"] == "length"
+        assert e.stats().num_preemptions == 0  # a pause is not a preemption
+        e.check_accounting()
+
+
+def test_pause_in_place_stops_steps_and_refuses_an_update(second_tiny, long_output):
+    with Engine(demo_model("tiny"), check_invariants=True) as e:
+        got: dict = {}
+        running = start_long(e, got, LONG_LEN)
+        e.pause_generation("in_place")
+        steps = e.stats().num_steps
+        time.sleep(0.2)
+        assert e.stats().num_steps == steps and e.stats().num_running == 1
+        with pytest.raises(ValueError, match="paused in place"):
+            e.update_weights_from_disk(second_tiny)
+        e.continue_generation()
+        running.join()
+        assert got["long"]["output_ids"] == long_output
+        e.check_accounting()
+        with pytest.raises(ValueError, match="mode must be one of abort, retract, in_place"):
+            e.pause_generation("sleep")
+
+
+def test_pausing_in_place_while_an_update_waits_is_refused(second_tiny):
+    with Engine(demo_model("tiny")) as e:
+        got: dict = {}
+        running = start_long(e, got)
+        update = threading.Thread(target=lambda: got.update(reply=e.update_weights_from_disk(second_tiny)))
+        update.start()
+        _wait_until(lambda: e.scheduler.admission_paused)
+        with pytest.raises(ValueError, match="a weight update is waiting"):
+            e.pause_generation("in_place")
+        e.pause_generation("abort")  # ends the running request: the update goes through
+        update.join()
+        running.join()
+        assert got["reply"]["success"]
+        e.continue_generation()
+        assert outputs(e) == fresh_outputs(second_tiny)
