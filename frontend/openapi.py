@@ -17,6 +17,7 @@ from radixflow.frontend.openai_schemas import (
 from radixflow.frontend.programs import ProgramRequest
 from radixflow.frontend.reasoning import SeparateRequest, SeparateResponse
 from radixflow.frontend.responses_schemas import ResponseObject, ResponsesRequest
+from radixflow.frontend.score import ScoreRequest, ScoreResponse
 from radixflow.frontend.tokenize import DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse
 from radixflow.frontend.weight_routes import (
     ContinueRequest, Done, PauseRequest, UpdateWeightsReply, UpdateWeightsRequest, WeightVersion,
@@ -49,6 +50,8 @@ OPERATIONS: dict[str, tuple[str, str, type | None, type | None]] = {
                                                 None, None),
     "/v1/embeddings": ("post", "OpenAI embeddings: each input's last-token final hidden state, L2-normalized",
                        EmbeddingRequest, EmbeddingResponse),
+    "/v1/score": ("post", "generative scoring (SGLang's): each label token's probability after query + item",
+                  ScoreRequest, ScoreResponse),
     "/v1/models": ("get", "served models", None, ModelList),
     "/v1/models/{model}": ("get", "one served model", None, ModelCard),
     "/v1/programs": ("post", "run a program IR", ProgramRequest, None),

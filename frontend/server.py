@@ -32,6 +32,7 @@ from radixflow.frontend.openapi import openapi_json
 from radixflow.frontend.programs import run_program
 from radixflow.frontend.response_store import DEFAULT_MAX_RESPONSES, ResponseStore
 from radixflow.frontend.responses import create_response, input_items, response_by_id
+from radixflow.frontend.score import create_score
 from radixflow.frontend.state import Gate, ServerState, refusal
 from radixflow.frontend.tokenize import detokenize, tokenize
 from radixflow.frontend.tool_call_formats import check_parser_name
@@ -73,6 +74,7 @@ ROUTES = [
     Route("/v1/responses/{response_id}", response_by_id, methods=["GET", "DELETE"]),
     Route("/v1/responses/{response_id}/input_items", input_items, methods=["GET"]),
     Route("/v1/embeddings", embeddings.create_embedding, methods=["POST"]),
+    Route("/v1/score", create_score, methods=["POST"]),
     Route("/v1/models", list_models, methods=["GET"]),
     Route("/v1/models/{model:path}", get_model, methods=["GET"]),
     Route("/v1/programs", run_program, methods=["POST"]),

@@ -212,6 +212,10 @@ class EngineClient:
     def get_weight_version(self) -> str:
         return self._call("get_weight_version")
 
+    def score(self, query: Any, items: Any, label_token_ids: list[int], **kwargs: Any) -> list[list[float]]:
+        """As Engine.score, in the core process."""
+        return self._call("score", query, items, label_token_ids, **kwargs)
+
     def pause_generation(self, mode: str = "abort") -> None:
         self._call("pause_generation", mode)
 

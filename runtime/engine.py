@@ -26,6 +26,7 @@ from radixflow.runtime.model.weight_update import StagedWeights
 from radixflow.runtime.core.model_runner import ModelRunner
 from radixflow.runtime.core.request import LogprobOptions, Req, check_finish_reason, new_rid
 from radixflow.runtime.result import make_result
+from radixflow.runtime.scoring import PREFILL_ONLY, score_requests
 from radixflow.runtime.core.publish import OutputSink, StreamCursor
 from radixflow.runtime.output_channel import ChannelsByLoop
 from radixflow.runtime.stream_chunks import StreamChunks
@@ -120,18 +121,29 @@ class Engine:
         else:
             sps = [SamplingParams.from_dict(sampling_params)] * len(prompts)
         opts = LogprobOptions(return_logprob, logprob_start_len, top_logprobs_num)
-        rids = self._normalize_rids(rid, len(prompts))
-        # Everything that can refuse the batch runs before anything is submitted.
-        for ids, sp in zip(prompts, sps):
+        groups = self._run_batch(prompts, sps, [opts] * len(prompts), self._normalize_rids(rid, len(prompts)),
+                                 lora_path, session_id)
+        decode = self._decode_token if return_text_in_logprobs else None
+        out = []
+        for group, sp in zip(groups, sps):
+            res = [make_result(q, decode, return_text_in_logprobs) for q in group]
+            out.append(res[0] if sp.n == 1 else res)
+        return out if is_batch else out[0]
+
+    def _run_batch(self, prompts: list[list[int]], sps: list[SamplingParams], opts: list[LogprobOptions],
+                   rids: list[str | None], lora_path: str | None, session_id: str | None) -> list[list[Req]]:
+        """Run each prompt (its n samples) to its finish; per prompt its finished requests.
+        Everything that can refuse the batch runs before anything is submitted."""
+        for ids, sp, o in zip(prompts, sps, opts):
             self.validate_prompt(ids, sp)
-            opts.validate(len(ids), self.runner.args.vocab_size)
+            o.validate(len(ids), self.runner.args.vocab_size)
         check_lora_request(self.loras, lora_path)
         for sp in sps:  # every grammar compiles (or fails) before anything is submitted
             self.grammar.compile(sp)
         submitted: list[Req] = []
         try:
-            groups = [self._make_group(ids, sp, opts, r, lora_path, session_id, checked=True, submitted=submitted)
-                      for ids, sp, r in zip(prompts, sps, rids)]
+            groups = [self._make_group(ids, sp, o, r, lora_path, session_id, checked=True, submitted=submitted)
+                      for ids, sp, o, r in zip(prompts, sps, opts, rids)]
         except BaseException:  # a full queue or a rid in use part-way: nothing of the batch runs on
             for req in submitted:
                 self.abort(req.rid)
@@ -139,12 +151,21 @@ class Engine:
         for group in groups:
             for _, ev in group:
                 ev.wait()
-        decode = self._decode_token if return_text_in_logprobs else None
-        out = []
-        for group, sp in zip(groups, sps):
-            res = [make_result(q, decode, return_text_in_logprobs) for q, _ in group]
-            out.append(res[0] if sp.n == 1 else res)
-        return out if is_batch else out[0]
+        return [[req for req, _ in group] for group in groups]
+
+    def score(self, query: str | list[int], items: str | list[str] | list[list[int]], label_token_ids: list[int],
+              *, apply_softmax: bool = False, item_first: bool = False, lora: str | None = None) -> list[list[float]]:
+        """SGLang's generative scoring: per item, the probability of each label token right after
+        query + item (item + query with `item_first`), in label order; with `apply_softmax`
+        normalized over the labels. Text is tokenized joined; token ids are joined as lists.
+        The items share the query's KV (runtime/scoring.py). ValueError for bad input, and when
+        a request was aborted or failed before its score."""
+        batch = score_requests(self.tokenizer, query, items, label_token_ids, item_first, self.vocab_size)
+        pairs = batch.requests()
+        opts = [LogprobOptions(True, start, 0) for _, start in pairs]
+        groups = self._run_batch([ids for ids, _ in pairs], [PREFILL_ONLY] * len(pairs), opts, [None] * len(pairs),
+                                 lora, None)
+        return batch.scores([make_result(group[0], None, False) for group in groups], apply_softmax)
 
     def encode(self, prompt: Prompt = None, input_ids: InputIds = None, *, rid: str | list[str] | None = None,
                lora_path: str | None = None, lora: str | None = None) -> dict | list[dict]:
