@@ -209,6 +209,10 @@ class EngineClient:
         """As Engine.update_weights_from_disk, in the core process."""
         return self._call("update_weights_from_disk", model_path, **kwargs)
 
+    def update_weights_from_tensor(self, named_tensors: Any, **kwargs: Any) -> dict:
+        """As Engine.update_weights_from_tensor: the tensors are pickled to the core process."""
+        return self._call("update_weights_from_tensor", named_tensors, **kwargs)
+
     def get_weight_version(self) -> str:
         return self._call("get_weight_version")
 

@@ -22,7 +22,7 @@ from radixflow.runtime.config import EngineConfig
 from radixflow.runtime.grammar.compiler import GrammarCompiler
 from radixflow.runtime.core.faults import NO_FAULTS, FaultInjector
 from radixflow.runtime.model.model_path import resolve_model_path
-from radixflow.runtime.model.weight_update import StagedWeights
+from radixflow.runtime.model.weight_update import PendingTensors, StagedWeights
 from radixflow.runtime.core.model_runner import ModelRunner
 from radixflow.runtime.core.request import LogprobOptions, Req, check_finish_reason, new_rid
 from radixflow.runtime.result import make_result
@@ -94,6 +94,7 @@ class Engine:
         self._abort_listeners: list[Callable[[str], None]] = []
         self.loop = EngineLoop(self.config, self.runner, self.scheduler, step, self.loras, by_adapter)
         self._weights_lock = threading.Lock()
+        self._pending_tensors = PendingTensors(self.runner.args)  # update_weights_from_tensor's parts so far
 
     # -- public API -------------------------------------------------------------------------
 
@@ -353,15 +354,43 @@ class Engine:
         {"success": True, "message": ..., "num_paused_requests": requests that waited for it}."""
         if not isinstance(model_path, str) or not model_path:
             raise ValueError(f"model_path must be a non-empty string, got {model_path!r}")
+        self._check_update_options(abort_all_requests, weight_version)
+        with self._weights_lock:  # one update at a time: each stages a model's worth of memory
+            staged = self.runner.stage_weights(model_path, self.config.quantization)
+            paused = self._apply_staged(staged, abort_all_requests, weight_version)
+        return {"success": True, "message": f"weights updated from {staged.model_path}", "num_paused_requests": paused}
+
+    def update_weights_from_tensor(self, named_tensors: Any, *, abort_all_requests: bool = False,
+                                   weight_version: str | None = None) -> dict:
+        """As update_weights_from_disk, from tensors in memory named as in the model's Hugging
+        Face checkpoint ((name, tensor) pairs or a dict; a trainer's `named_parameters()`). They
+        may come in parts (buckets): each call's are kept, and the update applies, as from disk,
+        with the call that completes the set (`weight_version` and `abort_all_requests` are that
+        call's). A name the model is not loaded from, or a set that does not load (a shape), is a
+        ValueError; the latter discards what was kept. Returns SGLang's reply, its message saying
+        whether the weights changed and, until they do, how many tensors are still missing."""
+        self._check_update_options(abort_all_requests, weight_version)
+        with self._weights_lock:
+            self._pending_tensors.add(named_tensors)
+            missing = self._pending_tensors.num_missing
+            if missing:
+                return {"success": True, "num_paused_requests": 0,
+                        "message": f"{len(self._pending_tensors.tensors)} tensors kept; the weights change once the "
+                                   f"{missing} still missing have come"}
+            staged = self.runner.stage_tensors(self._pending_tensors.take())
+            paused = self._apply_staged(staged, abort_all_requests, weight_version)
+        return {"success": True, "message": "weights updated from tensors", "num_paused_requests": paused}
+
+    def _apply_staged(self, staged: StagedWeights, abort_all_requests: bool, weight_version: str | None) -> int:
+        reason = {"type": "abort", "message": "aborted for a weight update"} if abort_all_requests else None
+        return self.loop.call_when_idle(lambda: self._swap_weights(staged, weight_version), reason)
+
+    @staticmethod
+    def _check_update_options(abort_all_requests: object, weight_version: object) -> None:
         if weight_version is not None and not isinstance(weight_version, str):
             raise ValueError(f"weight_version must be a string, got {weight_version!r}")
         if not isinstance(abort_all_requests, bool):
             raise ValueError(f"abort_all_requests must be true or false, got {abort_all_requests!r}")
-        with self._weights_lock:  # one update at a time: each stages a model's worth of memory
-            staged = self.runner.stage_weights(model_path, self.config.quantization)
-            reason = {"type": "abort", "message": "aborted for a weight update"} if abort_all_requests else None
-            paused = self.loop.call_when_idle(lambda: self._swap_weights(staged, weight_version), reason)
-        return {"success": True, "message": f"weights updated from {staged.model_path}", "num_paused_requests": paused}
 
     def _swap_weights(self, staged: StagedWeights, version: str | None) -> int:
         """On the engine thread, no request holding KV: the new weights in, the old KV out."""

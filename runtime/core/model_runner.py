@@ -24,8 +24,8 @@ from radixflow.runtime.core.upload import upload
 from radixflow.runtime.lora.batch import make_lora_batch
 from radixflow.runtime.lora.slots import LoraSlots
 from radixflow.runtime.model.packed_linear import can_prepack, prepack_linears
-from radixflow.runtime.model.weight_update import StagedWeights, stage_weights
-from radixflow.runtime.model.weights import build_model, read_kv_scales
+from radixflow.runtime.model.weight_update import StagedWeights, stage_model, stage_weights
+from radixflow.runtime.model.weights import TensorReader, build_model, read_kv_scales
 
 log = logging.getLogger(__name__)
 
@@ -153,6 +153,10 @@ class ModelRunner:
         safe on any thread while steps run. Its `apply()` belongs between steps."""
         return stage_weights(self.model, self.args, model_path, self.shape.dtype, self.device,
                              self.shape.max_context_len, quantization)
+
+    def stage_tensors(self, reader: TensorReader) -> StagedWeights:
+        """As stage_weights, from tensors named as in the model's checkpoint."""
+        return stage_model(self.model, self.args, reader, self.shape.dtype, self.device, self.shape.max_context_len)
 
     def _maybe_capture_graphs(self) -> None:
         """Capture the decode graphs once graphs are on and the KV scales are final."""

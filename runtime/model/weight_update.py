@@ -23,7 +23,7 @@ from radixflow.runtime.model.model_config import ModelArgs, load_model_args
 from radixflow.runtime.model.model_path import resolve_model_path
 from radixflow.runtime.model.packed_linear import can_prepack, prepack_linears
 from radixflow.runtime.model.quant_config import check_quantization_flag
-from radixflow.runtime.model.weights import build_model
+from radixflow.runtime.model.weights import Source, TensorReader, build_model, checkpoint_names, text_name
 
 log = logging.getLogger(__name__)
 
@@ -54,19 +54,60 @@ def stage_weights(served: nn.Module, served_args: ModelArgs, model_path: str, dt
     """Load `model_path` as the served model was loaded (ValueError: a missing or malformed
     checkpoint, another architecture or shape, a config field that differs). On a CUDA device the
     new model is built in host memory: the device holds one copy of the weights throughout."""
-    start = time.perf_counter()
     path = resolve_model_path(model_path)
     args = load_model_args(path)
     check_same_model(served_args, args)
     check_quantization_flag(quantization, path)
+    return stage_model(served, args, path, dtype, device, max_len)
+
+
+def stage_model(served: nn.Module, args: ModelArgs, source: Source, dtype: torch.dtype, device: torch.device,
+                max_len: int) -> StagedWeights:
+    """The served model's twin loaded from `source` (a checkpoint path or a reader of tensors)."""
+    start = time.perf_counter()
     staging = device if device.type == "cpu" else torch.device("cpu")
-    model = build_model(args, path, dtype, staging, max_len)
+    model = build_model(args, source, dtype, staging, max_len)
     if can_prepack(device, dtype):  # the served model's projections are packed: pack these the same way
         prepack_linears(model)
     pairs = match_tensors(model_tensors(served), model_tensors(model))
     num_bytes = sum(new.numel() * new.element_size() for _, new in pairs)
-    log.info("weights of %s staged in %.2f s (%.1f MiB)", path, time.perf_counter() - start, num_bytes / 2**20)
-    return StagedWeights(path, pairs, num_bytes)
+    name = source if isinstance(source, str) else "tensors"
+    log.info("weights of %s staged in %.2f s (%.1f MiB)", name, time.perf_counter() - start, num_bytes / 2**20)
+    return StagedWeights(name, pairs, num_bytes)
+
+
+class PendingTensors:
+    """Named tensors sent in parts (`update_weights_from_tensor`'s buckets), kept until every
+    tensor the model is loaded from has arrived. Names as in a checkpoint; a later tensor of a
+    name replaces an earlier one."""
+
+    def __init__(self, args: ModelArgs) -> None:
+        self.required = checkpoint_names(args)
+        self.tensors: dict[str, torch.Tensor] = {}
+
+    def add(self, named: Any) -> None:
+        """Take (name, tensor) pairs or a name → tensor dict; ValueError (none taken) for a pair
+        that is not a str and a tensor, or a name the model is not loaded from."""
+        items = list(named.items()) if isinstance(named, dict) else list(named)
+        for item in items:
+            if not (isinstance(item, (tuple, list)) and len(item) == 2 and isinstance(item[0], str)
+                    and isinstance(item[1], torch.Tensor)):
+                raise ValueError(f"named_tensors must be (name, tensor) pairs or a name -> tensor dict, got {item!r:.80}")
+        items = [(text_name(name), tensor) for name, tensor in items]
+        unknown = sorted({name for name, _ in items} - self.required - {"lm_head.weight"})
+        if unknown:
+            raise ValueError(f"tensor(s) {', '.join(map(repr, unknown[:4]))} are not among the served model's "
+                             "checkpoint tensors (names as in its Hugging Face checkpoint)")
+        self.tensors.update(items)
+
+    @property
+    def num_missing(self) -> int:
+        return len(self.required - set(self.tensors))
+
+    def take(self) -> TensorReader:
+        """Every tensor received, as a checkpoint reader; the pending set starts over."""
+        tensors, self.tensors = self.tensors, {}
+        return TensorReader(tensors)
 
 
 def check_same_model(served: ModelArgs, new: ModelArgs) -> None:

@@ -49,7 +49,7 @@ _VISION_PREFIXES = ("vision_tower.", "multi_modal_projector.", "model.vision_tow
                     "visual.", "model.visual.", "vision_model.", "model.vision_model.")  # Gemma 3's; Qwen-VL's; Llama 4's
 
 
-def _text_name(name: str) -> str:
+def text_name(name: str) -> str:
     for prefix, ours in _TEXT_PREFIXES:
         if name.startswith(prefix):
             return ours + name[len(prefix):]
@@ -75,7 +75,7 @@ class CheckpointReader:
         # a base model saved without its LM wrapper (an embedding model such as Qwen3-Embedding):
         # `layers.0...`, `embed_tokens.weight`, read as the wrapped model's
         bare = self.bare = "embed_tokens.weight" in stored and not any(name.startswith("model.") for name in stored)
-        self._stored = {("model." + name if bare and not name.startswith("lm_head.") else _text_name(name)): name
+        self._stored = {("model." + name if bare and not name.startswith("lm_head.") else text_name(name)): name
                         for name in stored if not name.startswith(_VISION_PREFIXES)}
         self.files = {ours: stored[name] for ours, name in self._stored.items()}
         self._handles: dict[str, object] = {}
@@ -125,6 +125,29 @@ class CheckpointReader:
             return safe_open(path, framework="pt")
         except SafetensorError as e:
             raise ValueError(f"{path} is not a readable safetensors file: {e}") from e
+
+
+class TensorReader(CheckpointReader):
+    """A reader over tensors in memory, named as in a checkpoint (`update_weights_from_tensor`)."""
+
+    def __init__(self, named: dict[str, torch.Tensor]) -> None:
+        self._named = {text_name(name): tensor for name, tensor in named.items()}
+        self._stored = {name: name for name in self._named}
+        self.files = {name: "the tensors given" for name in self._named}
+        self.bare = False
+
+    def raw(self, name: str) -> torch.Tensor:
+        if name not in self._named:
+            raise ValueError(f"the tensors given lack {name!r}")
+        return self._named[name]
+
+
+def checkpoint_names(args: ModelArgs) -> set[str]:
+    """Every checkpoint tensor name the model of `args` is loaded from."""
+    return {source for sources in _checkpoint_sources(args).values() for source in sources}
+
+
+Source = str | CheckpointReader | DequantizingReader  # a model directory, or a reader of one's tensors
 
 
 def checkpoint_reader(model_dir: str) -> CheckpointReader | DequantizingReader:
@@ -355,13 +378,14 @@ def misfit_error(what: str, names: list[str], parts: list[torch.Tensor], param: 
     return ValueError(f"{what} tensor(s) {shown}{more} do not fit {param} of shape {tuple(want)}")
 
 
-def load_weights(model: CausalLM, model_dir: str, dtype: torch.dtype, device: torch.device,
+def load_weights(model: CausalLM, model_dir: Source, dtype: torch.dtype, device: torch.device,
                  on_tensor: Callable[[str, torch.Tensor], None] | None = None) -> None:
-    """Assign every parameter of a meta-device `model` from the checkpoint in `model_dir`.
+    """Assign every parameter of a meta-device `model` from the checkpoint in `model_dir` (or
+    from a reader's tensors).
 
     Raises ValueError naming the tensor when one is missing or has the wrong shape.
     """
-    reader = checkpoint_reader(model_dir)
+    reader = checkpoint_reader(model_dir) if isinstance(model_dir, str) else model_dir
     expected = dict(model.named_parameters())
     all_sources = _checkpoint_sources(model.args)
     names = reader.names()
@@ -456,14 +480,14 @@ def read_kv_scales(model_dir: str, num_layers: int) -> tuple[list[float], list[f
     return [float(x) for x in found["k"]], [float(x) for x in found["v"]]  # type: ignore[arg-type]
 
 
-def build_model(args: ModelArgs, model_dir: str, dtype: torch.dtype, device: torch.device,
+def build_model(args: ModelArgs, model_dir: Source, dtype: torch.dtype, device: torch.device,
                 max_len: int) -> CausalLM:
-    """Construct on meta, load the checkpoint (a safetensors directory or a GGUF file), build RoPE
-    tables for `max_len` positions."""
+    """Construct on meta, load the checkpoint (a safetensors directory or a GGUF file, or a
+    reader's tensors), build RoPE tables for `max_len` positions."""
     start = time.perf_counter()
     with torch.device("meta"), skip_weight_init():
         model = CausalLM(args)
-    if os.path.isfile(model_dir):
+    if isinstance(model_dir, str) and os.path.isfile(model_dir):
         from radixflow.runtime.model.gguf_file import read_gguf
         from radixflow.runtime.model.gguf_loader import load_gguf_weights
 
@@ -471,6 +495,7 @@ def build_model(args: ModelArgs, model_dir: str, dtype: torch.dtype, device: tor
     else:
         load_weights(model, model_dir, dtype, device)
     model.init_rope(max_len, device)
-    log.info("model %s (%s, %d layers) loaded in %.2f s", model_dir, dtype, args.num_layers,
+    log.info("model %s (%s, %d layers) loaded in %.2f s", model_dir if isinstance(model_dir, str) else "tensors",
+             dtype, args.num_layers,
              time.perf_counter() - start)
     return model.eval()

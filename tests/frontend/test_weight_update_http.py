@@ -25,7 +25,7 @@ def setup(tmp_path_factory):
     with EngineClient(first) as eng:
         live = LiveServer(create_app(eng, "tiny", weight_updates=True)).start()
         with httpx.Client(base_url=live.url, timeout=60) as client:
-            yield client, first, second, want
+            yield client, first, second, want, eng
         live.stop()
 
 
@@ -39,7 +39,7 @@ def _generate(client, version: str | None = None) -> list[int]:
 
 
 def test_update_and_version(setup):
-    client, first, second, want = setup
+    client, first, second, want, _ = setup
     assert _generate(client, "default") == want[first]
     assert client.get("/get_weight_version").json() == {"weight_version": "default"}
     r = client.post("/update_weights_from_disk", json={"model_path": second, "weight_version": "step-7"})
@@ -66,7 +66,7 @@ def test_update_and_version(setup):
     ({"model_path": 3}, "model_path", "model_path"),
 ])
 def test_refusals(setup, body, param, text):
-    client, first, _, want = setup
+    client, first, _, want, _ = setup
     version = client.get("/get_weight_version").json()
     r = client.post("/update_weights_from_disk", json=body)
     assert r.status_code == 400
@@ -119,3 +119,19 @@ def test_pause_refusals(setup, path, body, param):
     r = client.post(path, json=body)
     assert r.status_code == 400 and r.json()["error"]["param"] == param
     assert _generate(client)  # not paused
+
+
+def test_update_from_tensors_through_the_core_process(setup):
+    """update_weights_from_tensor (Python API only: no route takes pickled tensors) reaches the
+    core process: the tensors are pickled over its socket."""
+    import os
+
+    from safetensors.torch import load_file
+
+    client, first, second, want, eng = setup
+    tensors = load_file(os.path.join(second, "model.safetensors"))
+    reply = eng.update_weights_from_tensor(tensors, weight_version="from-tensors")
+    assert reply["message"] == "weights updated from tensors"
+    assert _generate(client, "from-tensors") == want[second]
+    eng.update_weights_from_disk(first)
+    assert _generate(client) == want[first]

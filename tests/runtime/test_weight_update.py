@@ -321,3 +321,40 @@ def test_pausing_in_place_while_an_update_waits_is_refused(second_tiny):
         assert got["reply"]["success"]
         e.continue_generation()
         assert outputs(e) == fresh_outputs(second_tiny)
+
+
+def test_update_from_tensors_in_parts(second_tiny):
+    """A trainer's tensors, named as in the checkpoint, in three buckets: the weights change with
+    the one that completes the set."""
+    tensors = load_file(os.path.join(second_tiny, "model.safetensors"))
+    names = sorted(tensors)
+    parts = [names[i::3] for i in range(3)]
+    first = demo_model("tiny")
+    want_first, want_second = fresh_outputs(first), fresh_outputs(second_tiny)
+    with Engine(first, check_invariants=True) as e:
+        for part in parts[:2]:
+            reply = e.update_weights_from_tensor([(n, tensors[n]) for n in part])
+            assert reply["success"] and "still missing" in reply["message"]
+            assert outputs(e) == want_first
+        reply = e.update_weights_from_tensor({n: tensors[n] for n in parts[2]}, weight_version="t1")
+        assert reply["message"] == "weights updated from tensors"
+        assert outputs(e) == want_second and e.get_weight_version() == "t1"
+        e.check_accounting()
+
+
+def test_refused_tensors_change_nothing(second_tiny):
+    tensors = load_file(os.path.join(second_tiny, "model.safetensors"))
+    first = demo_model("tiny")
+    want_first = fresh_outputs(first)
+    with Engine(first) as e:
+        with pytest.raises(ValueError, match="'model.layers.0.extra.weight' are not among"):
+            e.update_weights_from_tensor({**tensors, "model.layers.0.extra.weight": torch.ones(2)})
+        with pytest.raises(ValueError, match="named_tensors must be"):
+            e.update_weights_from_tensor([("model.norm.weight", [1.0, 2.0])])
+        with pytest.raises(ValueError, match="model.norm.weight"):  # a whole set that does not load
+            e.update_weights_from_tensor({**tensors, "model.norm.weight": torch.ones(3)})
+        assert outputs(e) == want_first and e.get_weight_version() == "default"
+        # nothing of the refused calls was kept: half a set waits for the other half
+        half = dict(list(tensors.items())[: len(tensors) // 2])
+        assert "still missing" in e.update_weights_from_tensor(half)["message"]
+        assert outputs(e) == want_first
