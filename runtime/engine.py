@@ -393,10 +393,10 @@ class Engine:
             raise ValueError(f"abort_all_requests must be true or false, got {abort_all_requests!r}")
 
     def _swap_weights(self, staged: StagedWeights, version: str | None) -> int:
-        """On the engine thread, no request holding KV: the new weights in, the old KV out."""
-        staged.apply()
+        """On the engine thread, no request holding KV: the old KV out, the new weights in."""
         cache = self.scheduler.cache
         cache.evict(cache.evictable_size(), self.runner.kv_pool.free)
+        self.runner.apply_staged(staged)
         if version is not None:
             self.scheduler.weight_version = version
         return self.scheduler.num_waiting

@@ -251,17 +251,19 @@ class EngineLoop:
         elif kind == "drop":
             self.drop_namespace(payload)
         elif kind == "when_idle":
-            call, abort_reason = payload
-            if abort_reason is not None:
-                self.finish_all(abort_reason)
-            if self.paused == "in_place" and self.scheduler.num_running:
-                call.fail(ValueError(f"generation is paused in place with {self.scheduler.num_running} requests "
-                                     "holding KV, which would wait for ever: continue_generation first, or pause "
-                                     "with mode abort or retract"))
-                return
-            self._idle_calls.append(call)
-            self.scheduler.admission_paused = True
-            self._run_idle_calls()
+            self._add_idle_call(*payload)
+        self._run_idle_calls()  # an abort (or a call) may have ended the last request an update waits for
+
+    def _add_idle_call(self, call: _Call, abort_reason: dict | None) -> None:
+        if abort_reason is not None:
+            self.finish_all(abort_reason)
+        if self.paused == "in_place" and self.scheduler.num_running:
+            call.fail(ValueError(f"generation is paused in place with {self.scheduler.num_running} requests "
+                                 "holding KV, which would wait for ever: continue_generation first, or pause "
+                                 "with mode abort or retract"))
+            return
+        self._idle_calls.append(call)
+        self.scheduler.admission_paused = True
 
     def _run_idle_calls(self) -> None:
         """Run call_when_idle's calls once no request holds KV, then admit again (unless paused)."""

@@ -75,6 +75,14 @@ class KVPool:
             self.k_scales = self.v_scales = [max(k, v) for k, v in zip(self.k_scales, self.v_scales)]
         self._uncalibrated.clear()
 
+    def reset_scales(self) -> None:
+        """Uncalibrated again (an fp8 pool): the next prefill of each layer fixes its scales.
+        Only while no KV is stored (the weights it came from were replaced)."""
+        if self.is_fp8:
+            num_layers = len(self.k_caches)
+            self.k_scales, self.v_scales = [1.0] * num_layers, [1.0] * num_layers
+            self._uncalibrated = set(range(num_layers))
+
     def calibrate(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Fix `layer`'s scales from the K and V [num_tokens, num_kv_heads, head_dim] about to
         be stored first: amax / 448, so they use e4m3's whole range (one host sync per layer)."""

@@ -149,14 +149,31 @@ class ModelRunner:
         return self.shape.device
 
     def stage_weights(self, model_path: str, quantization: str | None) -> StagedWeights:
-        """Load another checkpoint of the served model beside it (runtime/model/weight_update.py);
-        safe on any thread while steps run. Its `apply()` belongs between steps."""
-        return stage_weights(self.model, self.args, model_path, self.shape.dtype, self.device,
-                             self.shape.max_context_len, quantization)
+        """Load another checkpoint of the served model beside it (runtime/model/weight_update.py),
+        with its fp8 KV scales when the pool is fp8; safe on any thread while steps run.
+        `apply_staged` puts it in place."""
+        staged = stage_weights(self.model, self.args, model_path, self.shape.dtype, self.device,
+                               self.shape.max_context_len, quantization)
+        if self.kv_pool.is_fp8:
+            staged.kv_scales = read_kv_scales(staged.model_path, self.args.num_layers)
+        return staged
 
     def stage_tensors(self, reader: TensorReader) -> StagedWeights:
-        """As stage_weights, from tensors named as in the model's checkpoint."""
+        """As stage_weights, from tensors named as in the model's checkpoint (no KV scales)."""
         return stage_model(self.model, self.args, reader, self.shape.dtype, self.device, self.shape.max_context_len)
+
+    def apply_staged(self, staged: StagedWeights) -> None:
+        """The staged weights in place of the served ones; only between steps, with no KV stored
+        (an fp8 pool's scales belong to the old weights: the checkpoint's, else calibrated again,
+        and decode graphs, which bake the scales in, captured again once they are final)."""
+        staged.apply()
+        if self.kv_pool.is_fp8:
+            if staged.kv_scales is not None:
+                self.kv_pool.set_scales(*staged.kv_scales)
+            else:
+                self.kv_pool.reset_scales()
+            self.graph_runner = None
+            self._maybe_capture_graphs()
 
     def _maybe_capture_graphs(self) -> None:
         """Capture the decode graphs once graphs are on and the KV scales are final."""

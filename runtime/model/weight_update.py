@@ -29,24 +29,33 @@ log = logging.getLogger(__name__)
 
 # ModelArgs fields a new checkpoint may change: the dtype it was saved in (the engine's stays)
 FREE_FIELDS = frozenset({"torch_dtype"})
-# what a forward leaves on the model, not weights: the latest hidden states, and the native layer call's
-# addresses (the weights' stay valid through an in-place update; the KV caches' are not the model's)
-STEP_STATE = frozenset({"last_hidden", "fused_layers"})
+# model attributes that are not weights, left as they are: what a forward leaves (the latest hidden
+# states; the native layer call's addresses, whose weights' stay valid through an in-place update), and
+# the RoPE tables, a function of the config the two models share (on CUDA the served ones were computed
+# on the device, the new ones on the host)
+NOT_WEIGHTS = frozenset({"last_hidden", "fused_layers", "rope_cos", "rope_sin", "rope_sin_signed", "local_rope"})
 
 
 @dataclasses.dataclass
 class StagedWeights:
-    """A checkpoint loaded beside the served model: `pairs` (served tensor, new tensor)."""
+    """A checkpoint loaded beside the served model: `pairs` (served tensor, new tensor) to copy;
+    `swaps` (module, attribute, new tensor) for tensors in an opaque layout (oneDNN's packed
+    weights), which only torch's own ops read, put in place of the served ones; the checkpoint's
+    fp8 KV scales (k, v), if any."""
 
     model_path: str
     pairs: list[tuple[torch.Tensor, torch.Tensor]]
+    swaps: list[tuple[nn.Module, str, torch.Tensor]]
     num_bytes: int
+    kv_scales: tuple[list[float], list[float]] | None = None
 
     @torch.no_grad()
     def apply(self) -> None:
         """Overwrite the served tensors; only between steps (a forward reads them)."""
         for served, new in self.pairs:
             served.copy_(new)
+        for module, name, new in self.swaps:
+            setattr(module, name, new)
 
 
 def stage_weights(served: nn.Module, served_args: ModelArgs, model_path: str, dtype: torch.dtype,
@@ -69,11 +78,11 @@ def stage_model(served: nn.Module, args: ModelArgs, source: Source, dtype: torch
     model = build_model(args, source, dtype, staging, max_len)
     if can_prepack(device, dtype):  # the served model's projections are packed: pack these the same way
         prepack_linears(model)
-    pairs = match_tensors(model_tensors(served), model_tensors(model))
+    pairs, swaps = match_tensors(_slots(served), model_tensors(model))
     num_bytes = sum(new.numel() * new.element_size() for _, new in pairs)
     name = source if isinstance(source, str) else "tensors"
     log.info("weights of %s staged in %.2f s (%.1f MiB)", name, time.perf_counter() - start, num_bytes / 2**20)
-    return StagedWeights(name, pairs, num_bytes)
+    return StagedWeights(name, pairs, swaps, num_bytes)
 
 
 class PendingTensors:
@@ -118,59 +127,79 @@ def check_same_model(served: ModelArgs, new: ModelArgs) -> None:
         shown = ", ".join(f"{name} ({getattr(served, name)!r} served, {getattr(new, name)!r} new)"
                           for name in differ[:6])
         more = f" and {len(differ) - 6} more" if len(differ) > 6 else ""
-        raise ValueError(f"the new checkpoint is not the served model's architecture: it differs in {shown}{more}; "
-                         "weights can be updated only with a checkpoint of the same model")
+        raise ValueError(f"the new checkpoint's config differs from the served model's in {shown}{more}; weights "
+                         "can be updated only with a checkpoint of the same model and config")
 
 
-def match_tensors(served: dict[str, torch.Tensor], new: dict[str, torch.Tensor]
-                  ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """(served, new) for every tensor of the new model; ValueError where the two models differ.
-    Placeholders that hold no memory (stacked experts emptied once packed) are left out."""
+@dataclasses.dataclass(frozen=True)
+class _Slot:
+    """A tensor of a model and, when it is a module's plain attribute, that module and name."""
+
+    tensor: torch.Tensor
+    module: nn.Module | None = None
+    name: str = ""
+
+
+def match_tensors(served: dict[str, _Slot], new: dict[str, torch.Tensor]
+                  ) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], list[tuple[nn.Module, str, torch.Tensor]]]:
+    """(served, new) to copy and (module, attribute, new) to swap, for every tensor of the new
+    model; ValueError where the two models differ. Placeholders that hold no memory (stacked
+    experts emptied once packed) are left out."""
     missing = sorted(set(served) - set(new))
     extra = sorted(set(new) - set(served))
     if missing or extra:
         raise ValueError(f"the new checkpoint's model does not match the served one: "
                          f"missing {missing[:5]}, unexpected {extra[:5]}")
-    pairs = []
+    pairs, swaps = [], []
     for name, t in new.items():
-        s = served[name]
-        if s.shape != t.shape or s.dtype != t.dtype:
+        slot = served[name]
+        s = slot.tensor
+        if s.shape != t.shape or s.dtype != t.dtype or s.layout != t.layout:
             raise ValueError(f"tensor {name}: {tuple(t.shape)} {t.dtype} in the new checkpoint, "
                              f"{tuple(s.shape)} {s.dtype} served")
-        if _holds_memory(t) != _holds_memory(s):
+        if s.layout != torch.strided:  # oneDNN's packed weight: no storage to write in place
+            if slot.module is None:
+                raise ValueError(f"tensor {name} is held in a layout that cannot be updated")
+            swaps.append((slot.module, slot.name, t))
+        elif _holds_memory(t) != _holds_memory(s):
             raise ValueError(f"tensor {name} is stored differently in the new checkpoint's model")
-        if _holds_memory(t):
+        elif _holds_memory(t):
             pairs.append((s, t))
-    return pairs
+    return pairs, swaps
 
 
 def model_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
-    """Every tensor a model holds, by a dotted name: parameters, buffers, and plain attributes
-    (packed projections, RoPE tables), also inside lists, tuples and dicts (packed experts)."""
-    out: dict[str, torch.Tensor] = {}
+    """Every weight tensor a model holds, by a dotted name: parameters, buffers, and plain
+    attributes (packed projections), also inside lists, tuples and dicts (packed experts)."""
+    return {name: slot.tensor for name, slot in _slots(model).items()}
+
+
+def _slots(model: nn.Module) -> dict[str, _Slot]:
+    out: dict[str, _Slot] = {}
     _collect(model, "", out, set())
     return out
 
 
-def _collect(obj: Any, name: str, out: dict[str, torch.Tensor], seen: set[int]) -> None:
+def _collect(obj: Any, name: str, out: dict[str, _Slot], seen: set[int], owner: nn.Module | None = None,
+             key: str = "") -> None:
     if isinstance(obj, torch.Tensor):
-        out[name] = obj
+        out[name] = _Slot(obj, owner, key)
     elif isinstance(obj, nn.Module):
         if id(obj) in seen:
             return
         seen.add(id(obj))
-        for key, value in vars(obj).items():
-            if key in ("_parameters", "_buffers", "_modules"):
+        for attr, value in vars(obj).items():
+            if attr in ("_parameters", "_buffers", "_modules"):
                 for sub, item in value.items():
                     _collect(item, _join(name, sub), out, seen)
-            elif not key.startswith("_") and key not in STEP_STATE:
-                _collect(value, _join(name, key), out, seen)
+            elif not attr.startswith("_") and attr not in NOT_WEIGHTS:
+                _collect(value, _join(name, attr), out, seen, obj, attr)
     elif isinstance(obj, (list, tuple)):
         for i, item in enumerate(obj):
             _collect(item, _join(name, str(i)), out, seen)
     elif isinstance(obj, dict):
-        for key, item in obj.items():
-            _collect(item, _join(name, str(key)), out, seen)
+        for sub, item in obj.items():
+            _collect(item, _join(name, str(sub)), out, seen)
 
 
 def _join(prefix: str, name: str) -> str:
@@ -178,5 +207,5 @@ def _join(prefix: str, name: str) -> str:
 
 
 def _holds_memory(t: torch.Tensor) -> bool:
-    """False for a view whose elements share storage (a zero-stride placeholder)."""
+    """False for a view whose elements share storage (a zero-stride placeholder); strided only."""
     return t.numel() == 0 or t.untyped_storage().nbytes() >= t.numel() * t.element_size()

@@ -79,7 +79,7 @@ def test_update_serves_the_new_weights_and_drops_the_old_kv(second_tiny, dtype):
 
 def test_every_tensor_is_the_new_checkpoints(second_tiny):
     """Nothing of the served model keeps the old values: each tensor (packed projections, the
-    packed LM head, RoPE tables) equals a model loaded from the new checkpoint."""
+    packed LM head) equals a model loaded from the new checkpoint."""
     with Engine(demo_model("tiny")) as e, Engine(second_tiny) as fresh:
         outputs(e)  # the native layer call (CPU bf16) takes the weights' addresses on first use
         addresses = {name: t.data_ptr() for name, t in model_tensors(e.runner.model).items()}
@@ -181,11 +181,13 @@ def test_a_refused_checkpoint_changes_nothing(tmp_path, second_tiny):
         assert e.invariant_violations == []
 
 
-def test_mixture_of_experts_packed_experts(hf_checkpoint, tmp_path):
-    """OLMoE's experts are packed per expert on CPU bf16 (their stacked tensors emptied): the
-    update reaches each packed copy."""
-    first, _ = hf_checkpoint("olmoe")
-    second = str(tmp_path / "olmoe-b")
+@pytest.mark.parametrize("family", ["olmoe", "deepseek_v3"])
+def test_mixture_of_experts_packed_experts(hf_checkpoint, tmp_path, family):
+    """The experts are packed per expert on CPU bf16 (their stacked tensors emptied): the update
+    reaches each packed copy. DeepSeek-V3 adds latent attention, whose KV down-projection's shape
+    the native kernel does not take: it is held in oneDNN's layout."""
+    first, _ = hf_checkpoint(family)
+    second = str(tmp_path / f"{family}-b")
     shutil.copytree(first, second)
     path = os.path.join(second, "model.safetensors")
     gen = torch.Generator().manual_seed(7)
@@ -358,3 +360,68 @@ def test_refused_tensors_change_nothing(second_tiny):
         half = dict(list(tensors.items())[: len(tensors) // 2])
         assert "still missing" in e.update_weights_from_tensor(half)["message"]
         assert outputs(e) == want_first
+
+
+def test_an_abort_of_what_an_update_waits_for_lets_it_run(second_tiny):
+    """The request an update waits for may end without a step (an abort, a client's stop
+    string): the update then runs at once, not at the next unrelated command."""
+    with Engine(demo_model("tiny")) as e:
+        got: dict = {}
+        sp = long_sp(1500)
+        running = threading.Thread(target=lambda: got.update(long=e.generate(LONG_PROMPT, sp, rid="long")))
+        running.start()
+        _wait_until(lambda: e.stats().num_running == 1)
+        update = threading.Thread(target=lambda: got.update(reply=e.update_weights_from_disk(second_tiny)))
+        update.start()
+        _wait_until(lambda: e.scheduler.admission_paused)
+        e.abort("long")
+        update.join(timeout=10)
+        assert not update.is_alive(), "the update still waits after the request it waited for was aborted"
+        running.join()
+        assert got["reply"]["success"] and not e.scheduler.admission_paused
+        assert outputs(e) == fresh_outputs(second_tiny)
+
+
+def test_projections_on_onednns_layout(second_tiny, monkeypatch):
+    """Where the native bf16 kernel does not take a projection (no AVX512-BF16, or its shape),
+    its weight is held in oneDNN's opaque layout, which cannot be written in place: the update
+    puts the new packed tensor in its place."""
+    from radixflow.kernels import native_layers
+
+    monkeypatch.setattr(native_layers, "linear_supports", lambda weight: False)
+    config = {"dtype": "bfloat16"}
+    want_second = fresh_outputs(second_tiny, **config)
+    with Engine(demo_model("tiny"), **config) as e:
+        assert e.runner.model.layers[0].self_attn.qkv_proj.packed is not None
+        outputs(e)
+        e.update_weights_from_disk(second_tiny)
+        assert outputs(e) == want_second
+
+
+def test_fp8_kv_scales_follow_the_new_checkpoint(tmp_path):
+    """An fp8 KV cache's scales belong to the weights: the new checkpoint's `k_scale` /
+    `v_scale` when it has them, else calibrated again on the first prefill after the update."""
+    first = demo_model("tiny")
+    with_scales = str(tmp_path / "scaled")
+    shutil.copytree(first, with_scales)
+    path = os.path.join(with_scales, "model.safetensors")
+    tensors = load_file(path)
+    for i in range(SIZES["tiny"].num_hidden_layers):
+        tensors[f"model.layers.{i}.self_attn.k_scale"] = torch.tensor(0.05)
+        tensors[f"model.layers.{i}.self_attn.v_scale"] = torch.tensor(0.04)
+    save_file(tensors, path, metadata={"format": "pt"})
+    bigger = _copy_with_tensor(first, str(tmp_path / "bigger-kv"), "model.layers.0.self_attn.k_proj.weight",
+                               8 * load_file(os.path.join(first, "model.safetensors"))[
+                                   "model.layers.0.self_attn.k_proj.weight"])
+    config = {"kv_cache_dtype": "fp8_e4m3", "dtype": "float32"}
+    with Engine(first, **config) as e:
+        outputs(e)
+        calibrated = list(e.runner.kv_pool.k_scales)
+        e.update_weights_from_disk(with_scales)
+        assert e.runner.kv_pool.k_scales == pytest.approx([0.05] * 4)  # fp32 in the file
+        assert e.runner.kv_pool.v_scales == pytest.approx([0.04] * 4)
+        assert outputs(e) == fresh_outputs(with_scales, **config)
+        e.update_weights_from_disk(bigger)
+        assert not e.runner.kv_pool.scales_final  # calibrated again by the next prefill
+        assert outputs(e) == fresh_outputs(bigger, **config)
+        assert e.runner.kv_pool.k_scales[0] > 4 * calibrated[0]
