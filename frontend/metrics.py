@@ -79,6 +79,12 @@ METRICS: tuple[MetricSpec, ...] = (
                read=lambda s: s.num_running),
     MetricSpec("radixflow_preemptions_total", "counter", "requests",
                "Running requests retracted for lack of KV slots.", read=lambda s: s.num_preemptions),
+    MetricSpec("radixflow_admission_paused", "gauge", "boolean",
+               "1 while nothing waiting is admitted: /pause_generation, or a weight update waiting for the "
+               "running requests to end.", read=lambda s: float(s.admission_paused)),
+    MetricSpec("radixflow_weight_updates_total", "counter", "updates",
+               "Weight updates applied (/update_weights_from_disk, update_weights_from_tensor).",
+               read=lambda s: s.weight_updates),
     MetricSpec("radixflow_prefix_cache_hit_tokens_total", "counter", "tokens",
                "Prompt tokens found in the prefix cache (once per admitted request).",
                read=lambda s: s.prefix_hit_tokens),

@@ -94,6 +94,8 @@ class EngineStats:
     lora_loaded: int = 0            # adapter names loaded
     lora_requests: dict[str, int] = field(default_factory=dict)  # requests submitted, by adapter name
     lora_load_time: Histogram = field(default_factory=Histogram)  # seconds per adapter read from disk
+    admission_paused: bool = False  # nothing waiting is admitted: pause_generation, or an update waiting
+    weight_updates: int = 0         # update_weights_from_disk / _from_tensor applied
     # With LoRA (else None): the per-request counters by adapter name, base-model requests under ""
     by_lora: dict[str, AdapterRequestStats] | None = None
 

@@ -433,6 +433,7 @@ class EngineLoop:
             failed_steps=step.num_failed_steps, miss_tokens=dict(step.miss_tokens),
             evicted_tokens=cache.evicted_tokens, kv_lifetime=cache.lifetime.snapshot(),
             reuse_gap=cache.reuse_gap.snapshot(), good_requests=g.good_requests,
+            admission_paused=s.admission_paused, weight_updates=self.runner.num_weight_updates,
             slo_violations=dict(g.violations), num_sessions=g.num_sessions, num_bad_sessions=g.num_bad_sessions,
             **({} if self.loras is None else self.loras.stats()),
             by_lora=None if self.by_adapter is None else self.by_adapter.snapshot())

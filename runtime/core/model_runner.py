@@ -139,6 +139,7 @@ class ModelRunner:
                      self.args.mla) / 2**30, "fp8_e4m3" if fp8 else self.shape.dtype, dev,
                  self.shape.max_context_len, self.shape.attention_backend)
         self.graph_runner: DecodeGraphRunner | None = None
+        self.num_weight_updates = 0  # apply_staged's
         # NOTE: a graph bakes in the KV scales its store and attention kernels were launched with,
         # so fp8 scales still to come from the first prefill defer the capture until they are fixed
         self.graph_capture: Capture | None = CudaGraphCapture(dev) if self.shape.cuda_graph_max_bs > 0 else None
@@ -167,6 +168,7 @@ class ModelRunner:
         (an fp8 pool's scales belong to the old weights: the checkpoint's, else calibrated again,
         and decode graphs, which bake the scales in, captured again once they are final)."""
         staged.apply()
+        self.num_weight_updates += 1
         if self.kv_pool.is_fp8:
             if staged.kv_scales is not None:
                 self.kv_pool.set_scales(*staged.kv_scales)

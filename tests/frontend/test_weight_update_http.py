@@ -55,6 +55,7 @@ def test_update_and_version(setup):
                                                        "abort_all_requests": True, "flush_cache": True})
     assert r.status_code == 200, r.text
     assert _generate(client) == want[first]
+    assert 'radixflow_weight_updates_total{model_name="tiny"} 2.0' in client.get("/metrics").text
 
 
 @pytest.mark.parametrize("body, param, text", [
@@ -100,12 +101,14 @@ def test_pause_and_continue(setup):
     waiting.start()
     time.sleep(0.5)
     assert "r" not in got and client.get("/get_load").json()[0]["num_waiting_reqs"] == 1
+    assert 'radixflow_admission_paused{model_name="tiny"} 1.0' in client.get("/metrics").text
     r = client.post("/continue_generation", json={})
     assert r.status_code == 200 and r.json()["success"] is True
     waiting.join(timeout=30)
     assert got["r"].status_code == 200 and got["r"].json()["meta_info"]["finish_reason"]["type"] == "length"
     assert client.post("/pause_generation", json={"mode": "retract"}).status_code == 200
     assert client.post("/continue_generation").status_code == 200
+    assert 'radixflow_admission_paused{model_name="tiny"} 0.0' in client.get("/metrics").text
 
 
 @pytest.mark.parametrize("path, body, param", [
