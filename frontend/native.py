@@ -256,8 +256,12 @@ async def health(request: Request) -> Response:
 
 
 async def health_generate(request: Request) -> Response:
-    """Generates one token end to end; 503 if the engine cannot."""
+    """Generates one token end to end; 503 if the engine cannot (at once while admission is
+    paused: /pause_generation, or a weight update waiting for the running requests)."""
     engine = request.app.state.server.engine
+    if engine.stats().admission_paused:
+        raise APIError(503, "generation is paused (/pause_generation, or a weight update in progress)",
+                       headers={"Retry-After": str(RETRY_AFTER_S)})
     ids = engine.tokenizer.encode("ping")
     try:
         fanout, _ = await launch(request.receive, engine, [ids], [SamplingParams.from_dict({"max_new_tokens": 1})],

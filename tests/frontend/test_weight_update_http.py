@@ -102,6 +102,8 @@ def test_pause_and_continue(setup):
     time.sleep(0.5)
     assert "r" not in got and client.get("/get_load").json()[0]["num_waiting_reqs"] == 1
     assert 'radixflow_admission_paused{model_name="tiny"} 1.0' in client.get("/metrics").text
+    health = client.get("/health_generate")
+    assert health.status_code == 503 and "paused" in health.json()["error"]["message"]
     r = client.post("/continue_generation", json={})
     assert r.status_code == 200 and r.json()["success"] is True
     waiting.join(timeout=30)
@@ -109,6 +111,7 @@ def test_pause_and_continue(setup):
     assert client.post("/pause_generation", json={"mode": "retract"}).status_code == 200
     assert client.post("/continue_generation").status_code == 200
     assert 'radixflow_admission_paused{model_name="tiny"} 0.0' in client.get("/metrics").text
+    assert client.get("/health_generate").status_code == 200
 
 
 @pytest.mark.parametrize("path, body, param", [
