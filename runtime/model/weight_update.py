@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import time
 from typing import Any
 
@@ -67,7 +68,7 @@ def stage_weights(served: nn.Module, served_args: ModelArgs, model_path: str, dt
     args = load_model_args(path)
     check_same_model(served_args, args)
     check_quantization_flag(quantization, path)
-    return stage_model(served, args, path, dtype, device, max_len)
+    return stage_model(served, served_args, path, dtype, device, max_len)  # the served config builds the twin
 
 
 def stage_model(served: nn.Module, args: ModelArgs, source: Source, dtype: torch.dtype, device: torch.device,
@@ -120,9 +121,12 @@ class PendingTensors:
 
 
 def check_same_model(served: ModelArgs, new: ModelArgs) -> None:
-    """ValueError naming every config field (other than FREE_FIELDS) where `new` differs."""
+    """ValueError naming every config field (other than FREE_FIELDS) where `new` differs. Floats
+    compare to 1e-6 (a GGUF file keeps them as float32) and a rotary_dim of 0 means the whole
+    head, so a GGUF file and a safetensors directory of one model count as the same."""
+    a, b = _effective(served), _effective(new)
     differ = [f.name for f in dataclasses.fields(ModelArgs) if f.name not in FREE_FIELDS
-              and getattr(served, f.name) != getattr(new, f.name)]
+              and not _same(getattr(a, f.name), getattr(b, f.name))]
     if differ:
         shown = ", ".join(f"{name} ({getattr(served, name)!r} served, {getattr(new, name)!r} new)"
                           for name in differ[:6])
@@ -138,6 +142,16 @@ class _Slot:
     tensor: torch.Tensor
     module: nn.Module | None = None
     name: str = ""
+
+
+def _effective(args: ModelArgs) -> ModelArgs:
+    return dataclasses.replace(args, rotary_dim=args.rotary_dim or args.head_dim)
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, float) and isinstance(b, float):
+        return math.isclose(a, b, rel_tol=1e-6)
+    return a == b
 
 
 def match_tensors(served: dict[str, _Slot], new: dict[str, torch.Tensor]

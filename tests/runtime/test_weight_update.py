@@ -425,3 +425,27 @@ def test_fp8_kv_scales_follow_the_new_checkpoint(tmp_path):
         assert not e.runner.kv_pool.scales_final  # calibrated again by the next prefill
         assert outputs(e) == fresh_outputs(bigger, **config)
         assert e.runner.kv_pool.k_scales[0] > 4 * calibrated[0]
+
+
+def test_a_gguf_served_model_takes_its_safetensors_checkpoints(tmp_path, second_tiny):
+    """A GGUF file and a safetensors directory of one model hold the same config (floats kept as
+    float32, a rotary_dim of 0 meaning the whole head): either updates the other."""
+    from gguf_writer import write_gguf
+
+    first = demo_model("tiny")
+    gguf_path = write_gguf(first, str(tmp_path / "tiny.gguf"), "F32")
+    prompts = [[3067, 258, 75, 357], [3067, 2593, 1008, 90, 91]]  # token ids: the two tokenizers add BOS alike
+
+    def ids_outputs(path_or_engine) -> list[list[int]]:
+        if isinstance(path_or_engine, str):
+            with Engine(path_or_engine, dtype="float32") as fresh:
+                return ids_outputs(fresh)
+        return [r["output_ids"] for r in path_or_engine.generate(input_ids=prompts, sampling_params=GREEDY)]
+
+    want_first = ids_outputs(first)
+    with Engine(gguf_path, dtype="float32") as e:
+        assert ids_outputs(e) == want_first
+        e.update_weights_from_disk(second_tiny)
+        assert ids_outputs(e) == ids_outputs(second_tiny)
+        e.update_weights_from_disk(gguf_path)
+        assert ids_outputs(e) == want_first
