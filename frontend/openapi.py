@@ -20,7 +20,7 @@ from radixflow.frontend.responses_schemas import ResponseObject, ResponsesReques
 from radixflow.frontend.score import ScoreRequest, ScoreResponse
 from radixflow.frontend.tokenize import DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse
 from radixflow.frontend.weight_routes import (
-    ContinueRequest, Done, PauseRequest, UpdateWeightsReply, UpdateWeightsRequest, WeightVersion,
+    ContinueRequest, Done, PauseRequest, UpdateWeightsReply, UpdateWeightsRequest, WeightVersion, WeightVersionUpdate,
 )
 
 REF = "#/components/schemas/{name}"
@@ -72,6 +72,7 @@ OPERATIONS: dict[str, tuple[str, str, type | None, type | None]] = {
     "/update_weights_from_disk": ("post", "serve another checkpoint of the same model (--enable-weight-updates)",
                                   UpdateWeightsRequest, UpdateWeightsReply),
     "/get_weight_version": ("get", "the name of the weights served", None, WeightVersion),
+    "/update_weight_version": ("post", "name the weights served (they stay)", WeightVersionUpdate, Done),
     "/pause_generation": ("post", "stop generating (mode abort, retract or in_place) until /continue_generation",
                           PauseRequest, Done),
     "/continue_generation": ("post", "generate again after /pause_generation", ContinueRequest, Done),

@@ -90,6 +90,7 @@ ROUTES = [
     Route("/flush_cache", native.flush_cache, methods=["GET", "POST"]),
     Route("/update_weights_from_disk", weight_routes.update_weights_from_disk, methods=["POST"]),
     Route("/get_weight_version", weight_routes.get_weight_version, methods=["GET"]),
+    Route("/update_weight_version", weight_routes.update_weight_version, methods=["POST"]),
     Route("/pause_generation", weight_routes.pause_generation, methods=["POST"]),
     Route("/continue_generation", weight_routes.continue_generation, methods=["POST"]),
     Route("/version", native.version, methods=["GET"]),

@@ -4,7 +4,8 @@ version, pause and continue generation around the update.
 `POST /update_weights_from_disk` replaces every weight in place (Engine.update_weights_from_disk:
 running requests finish on the old weights, the prefix cache is dropped); it reads a path on the
 server's disk, so it answers only on a server started with --enable-weight-updates.
-`/pause_generation` and `/continue_generation` answer on every server, as /abort_request does.
+`/update_weight_version` (a name only), `/pause_generation` and `/continue_generation` answer on
+every server, as /abort_request does.
 """
 from __future__ import annotations
 
@@ -36,6 +37,11 @@ class UpdateWeightsReply(msgspec.Struct):
 
 class WeightVersion(msgspec.Struct):
     weight_version: str
+
+
+class WeightVersionUpdate(msgspec.Struct, forbid_unknown_fields=True):
+    new_version: str
+    abort_all_requests: bool = True  # SGLang's default: no request runs under the old name
 
 
 class PauseRequest(msgspec.Struct, forbid_unknown_fields=True):
@@ -96,3 +102,10 @@ async def continue_generation(request: Request) -> Response:
     await read_json(request, ContinueRequest, empty_ok=True)
     await asyncio.to_thread(request.app.state.server.engine.continue_generation)
     return json_response(Done(True, "generation continued"))
+
+
+async def update_weight_version(request: Request) -> Response:
+    req = await read_json(request, WeightVersionUpdate)
+    await asyncio.to_thread(request.app.state.server.engine.update_weight_version, req.new_version,
+                            req.abort_all_requests)
+    return json_response(Done(True, f"weight version set to {req.new_version!r}"))

@@ -220,6 +220,9 @@ class EngineClient:
         """As Engine.score, in the core process."""
         return self._call("score", query, items, label_token_ids, **kwargs)
 
+    def update_weight_version(self, new_version: str, abort_all_requests: bool = True) -> None:
+        self._call("update_weight_version", new_version, abort_all_requests)
+
     def pause_generation(self, mode: str = "abort") -> None:
         self._call("pause_generation", mode)
 

@@ -45,7 +45,8 @@ log = logging.getLogger(__name__)
 # control calls a client may make; the slow ones run on a worker thread, the rest on the IO thread
 BLOCKING_CALLS = frozenset({"generate", "encode", "abort_all", "flush_cache", "load_lora_adapter",
                             "unload_lora_adapter", "adapter_version", "check_accounting", "set_fault_injector",
-                            "update_weights_from_disk", "update_weights_from_tensor", "pause_generation",
+                            "update_weights_from_disk", "update_weights_from_tensor", "update_weight_version",
+                            "pause_generation",
                             "continue_generation", "score",
                             "shutdown"})
 QUICK_CALLS = frozenset({"stats", "lora_adapters", "invariant_violations", "get_weight_version"})

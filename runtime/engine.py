@@ -401,6 +401,21 @@ class Engine:
             self.scheduler.weight_version = version
         return self.scheduler.num_waiting
 
+    def update_weight_version(self, new_version: str, abort_all_requests: bool = True) -> None:
+        """Name the weights served `new_version` without changing them (SGLang's; e.g. weights
+        written into the engine by other means): requests admitted from now on carry the name.
+        `abort_all_requests` (SGLang's default) first ends every request in flight, so no
+        request runs under the old name."""
+        if not isinstance(new_version, str):
+            raise ValueError(f"new_version must be a string, got {new_version!r}")
+        self._check_update_options(abort_all_requests, None)
+
+        def rename() -> None:
+            if abort_all_requests:
+                self.loop.finish_all({"type": "abort", "message": "aborted for a weight version update"})
+            self.scheduler.weight_version = new_version
+        self.loop.call(rename)
+
     def pause_generation(self, mode: str = "abort") -> None:
         """Stop generating until continue_generation (SGLang's, e.g. around a weight update):
         `abort` ends every request in flight, `retract` sends the running back to the queue

@@ -114,7 +114,17 @@ def test_pause_and_continue(setup):
     assert client.get("/health_generate").status_code == 200
 
 
+def test_update_weight_version(setup):
+    client, *_ = setup
+    r = client.post("/update_weight_version", json={"new_version": "named", "abort_all_requests": False})
+    assert r.status_code == 200 and r.json()["success"] is True
+    assert client.get("/get_weight_version").json() == {"weight_version": "named"}
+    assert client.post("/update_weight_version", json={"new_version": "default"}).status_code == 200
+
+
 @pytest.mark.parametrize("path, body, param", [
+    ("/update_weight_version", {}, "new_version"),
+    ("/update_weight_version", {"new_version": 3}, "new_version"),
     ("/pause_generation", {"mode": "sleep"}, "mode"),
     ("/pause_generation", {"mode": 1}, "mode"),
     ("/pause_generation", {"abort_all": True}, "abort_all"),

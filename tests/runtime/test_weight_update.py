@@ -449,3 +449,22 @@ def test_a_gguf_served_model_takes_its_safetensors_checkpoints(tmp_path, second_
         assert ids_outputs(e) == ids_outputs(second_tiny)
         e.update_weights_from_disk(gguf_path)
         assert ids_outputs(e) == want_first
+
+
+def test_update_weight_version_names_without_changing(second_tiny):
+    with Engine(demo_model("tiny")) as e:
+        want = outputs(e)
+        got: dict = {}
+        running = start_long(e, got, LONG_LEN)
+        e.update_weight_version("v9", abort_all_requests=False)  # the running request keeps its name
+        assert e.generate("hi", GREEDY)["meta_info"]["weight_version"] == "v9"
+        running.join()
+        assert got["long"]["meta_info"]["weight_version"] == "default"
+        assert got["long"]["meta_info"]["finish_reason"]["type"] == "length"
+        running = start_long(e, got)
+        e.update_weight_version("v10")  # SGLang's default: what runs is aborted
+        running.join()
+        assert got["long"]["meta_info"]["finish_reason"]["message"] == "aborted for a weight version update"
+        assert e.get_weight_version() == "v10" and outputs(e) == want
+        with pytest.raises(ValueError, match="new_version must be a string"):
+            e.update_weight_version(None)
