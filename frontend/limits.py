@@ -33,6 +33,8 @@ class RequestLimits:
     max_stop: int = _limit(64, "stop strings (and stop regexes) of one request")
     max_stop_chars: int = _limit(1024, "characters of one stop string or stop regex")
     max_n: int = _limit(128, "samples per prompt (n)")
+    max_score_pairs: int = _limit(1024, "(item, label) pairs of one /v1/score request (items x label_token_ids): "
+                                  "each is a request of its own")
     max_top_logprobs: int = _limit(20, "top logprobs per position (logprobs / top_logprobs / top_logprobs_num)")
     max_choices: int = _limit(1024, "choices of one constrained request")
     max_grammar_chars: int = _limit(65_536, "characters of one regex, JSON schema, EBNF grammar or structural tag")

@@ -263,16 +263,20 @@ async def health_generate(request: Request) -> Response:
         raise APIError(503, "generation is paused (/pause_generation, or a weight update in progress)",
                        headers={"Retry-After": str(RETRY_AFTER_S)})
     ids = engine.tokenizer.encode("ping")
-    try:
+
+    async def probe() -> None:  # its start too waits for the engine (the first chunk): timed as a whole
         fanout, _ = await launch(request.receive, engine, [ids], [SamplingParams.from_dict({"max_new_tokens": 1})],
                                  [{}])
         try:
-            await asyncio.wait_for(fanout.collect(), timeout=request.app.state.server.health_timeout_s)
+            await fanout.collect()
         finally:
             await fanout.close()
+
+    try:
+        await asyncio.wait_for(probe(), timeout=request.app.state.server.health_timeout_s)
     except (TimeoutError, RuntimeError, ValueError) as exc:  # ValueError: QueueFullError under load
-        raise APIError(503, f"the engine did not generate: {exc}",
-                       headers={"Retry-After": str(RETRY_AFTER_S)}) from exc
+        why = f"nothing within {request.app.state.server.health_timeout_s} s" if isinstance(exc, TimeoutError) else exc
+        raise APIError(503, f"the engine did not generate: {why}", headers={"Retry-After": str(RETRY_AFTER_S)}) from exc
     return Response(status_code=200)
 
 

@@ -44,6 +44,10 @@ def _check_size(req: ScoreRequest, items: list, limits) -> None:
     """The limits on what the joined prompts hold: the query counts once per item."""
     limits.check_prompts(len(items), "items")
     limits.check_prompts(len(req.label_token_ids), "label_token_ids")
+    pairs = len(items) * len(req.label_token_ids)
+    if pairs > limits.max_score_pairs:
+        raise APIError(400, f"{pairs} item-label pairs (items x label_token_ids); the limit max_score_pairs is "
+                       f"{limits.max_score_pairs}", param="items", code="limit_exceeded")
     joined = len(req.query) * len(items) + sum(len(item) for item in items)
     if isinstance(req.query, str):
         limits.check_text(joined, "items")

@@ -163,6 +163,10 @@ class Engine:
         a request was aborted or failed before its score."""
         batch = score_requests(self.tokenizer, query, items, label_token_ids, item_first, self.vocab_size)
         pairs = batch.requests()
+        room = self.config.max_num_seqs + self.config.max_queued_requests
+        if len(pairs) > room:
+            raise ValueError(f"{len(pairs)} item-label pairs are more requests than the engine takes at once ({room}: "
+                             "max_num_seqs + max_queued_requests); score fewer items or labels per call")
         opts = [LogprobOptions(True, start, 0) for _, start in pairs]
         groups = self._run_batch([ids for ids, _ in pairs], [PREFILL_ONLY] * len(pairs), opts, [None] * len(pairs),
                                  lora, None)
@@ -358,6 +362,7 @@ class Engine:
         with self._weights_lock:  # one update at a time: each stages a model's worth of memory
             staged = self.runner.stage_weights(model_path, self.config.quantization)
             paused = self._apply_staged(staged, abort_all_requests, weight_version)
+            self._pending_tensors.discard()  # parts of a set meant for the weights replaced
         return {"success": True, "message": f"weights updated from {staged.model_path}", "num_paused_requests": paused}
 
     def update_weights_from_tensor(self, named_tensors: Any, *, abort_all_requests: bool = False,

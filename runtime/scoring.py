@@ -74,11 +74,13 @@ def score_requests(tokenizer: Any, query: str | list[int], items: str | list[str
     if not all(isinstance(item, str) if text else (isinstance(item, list) and all(map(_is_id, item)))
                for item in items):
         raise ValueError(f"items must be {'strings, as the query is text' if text else 'token id lists, as the query is'}")
+    if not text:
+        _check_vocab("query", query, vocab_size)
+        for item in items:
+            _check_vocab("items", item, vocab_size)
     if not isinstance(label_token_ids, list) or not label_token_ids or not all(map(_is_id, label_token_ids)):
         raise ValueError("label_token_ids must be a non-empty list of token ids")
-    outside = [t for t in label_token_ids if not 0 <= t < vocab_size]
-    if outside:
-        raise ValueError(f"label_token_ids: token id {outside[0]} is outside the vocabulary (0..{vocab_size - 1})")
+    _check_vocab("label_token_ids", label_token_ids, vocab_size)
     if not isinstance(item_first, bool):
         raise ValueError(f"item_first must be true or false, got {item_first!r}")
     joined = [item + query if item_first else query + item for item in items]
@@ -86,6 +88,12 @@ def score_requests(tokenizer: Any, query: str | list[int], items: str | list[str
     if not all(prompts):
         raise ValueError("items: query + item is empty for an item; a label is scored after at least one token")
     return ScoreBatch(prompts, list(label_token_ids))
+
+
+def _check_vocab(field: str, ids: list[int], vocab_size: int) -> None:
+    outside = next((t for t in ids if not 0 <= t < vocab_size), None)
+    if outside is not None:
+        raise ValueError(f"{field}: token id {outside} is outside the vocabulary (0..{vocab_size - 1})")
 
 
 def _is_id(value: object) -> bool:

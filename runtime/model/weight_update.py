@@ -24,7 +24,9 @@ from radixflow.runtime.model.model_config import ModelArgs, load_model_args
 from radixflow.runtime.model.model_path import resolve_model_path
 from radixflow.runtime.model.packed_linear import can_prepack, prepack_linears
 from radixflow.runtime.model.quant_config import check_quantization_flag
-from radixflow.runtime.model.weights import Source, TensorReader, build_model, checkpoint_names, text_name
+from radixflow.runtime.model.weights import (
+    VISION_PREFIXES, Source, TensorReader, build_model, checkpoint_names, text_name,
+)
 
 log = logging.getLogger(__name__)
 
@@ -96,19 +98,27 @@ class PendingTensors:
         self.tensors: dict[str, torch.Tensor] = {}
 
     def add(self, named: Any) -> None:
-        """Take (name, tensor) pairs or a name → tensor dict; ValueError (none taken) for a pair
-        that is not a str and a tensor, or a name the model is not loaded from."""
+        """Take (name, tensor) pairs or a name → tensor dict, copied to host memory (the caller
+        may reuse its buffers once this returns); a vision tower's are skipped, as a checkpoint's
+        are. ValueError (none taken) for a pair that is not a str and a tensor with data, or a
+        name the model is not loaded from."""
         items = list(named.items()) if isinstance(named, dict) else list(named)
         for item in items:
             if not (isinstance(item, (tuple, list)) and len(item) == 2 and isinstance(item[0], str)
                     and isinstance(item[1], torch.Tensor)):
                 raise ValueError(f"named_tensors must be (name, tensor) pairs or a name -> tensor dict, got {item!r:.80}")
-        items = [(text_name(name), tensor) for name, tensor in items]
+            if item[1].is_meta:
+                raise ValueError(f"tensor {item[0]!r} is on the meta device: it holds no values")
+        items = [(text_name(name), tensor) for name, tensor in items if not name.startswith(VISION_PREFIXES)]
         unknown = sorted({name for name, _ in items} - self.required - {"lm_head.weight"})
         if unknown:
             raise ValueError(f"tensor(s) {', '.join(map(repr, unknown[:4]))} are not among the served model's "
                              "checkpoint tensors (names as in its Hugging Face checkpoint)")
-        self.tensors.update(items)
+        self.tensors.update((name, tensor.detach().to("cpu", copy=True)) for name, tensor in items)
+
+    def discard(self) -> None:
+        """Forget what was kept (the weights changed another way)."""
+        self.tensors = {}
 
     @property
     def num_missing(self) -> int:

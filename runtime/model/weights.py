@@ -45,7 +45,7 @@ def skip_weight_init() -> Iterator[None]:
 # a text model's tensors; its vision tower and projector are not loaded (images are not served).
 _TEXT_PREFIXES = (("language_model.model.", "model."), ("language_model.lm_head.", "lm_head."),
                   ("model.language_model.", "model."))
-_VISION_PREFIXES = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector.",
+VISION_PREFIXES = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector.",
                     "visual.", "model.visual.", "vision_model.", "model.vision_model.")  # Gemma 3's; Qwen-VL's; Llama 4's
 
 
@@ -69,14 +69,14 @@ class CheckpointReader:
             stored = {name: single for name in self._open(single).keys()}
         else:
             raise ValueError(f"no model.safetensors or model.safetensors.index.json in {model_dir!r}")
-        vision = [name for name in stored if name.startswith(_VISION_PREFIXES)]
+        vision = [name for name in stored if name.startswith(VISION_PREFIXES)]
         if vision:
             log.info("%d vision-tower tensors not loaded: radixflow serves this model's text only", len(vision))
         # a base model saved without its LM wrapper (an embedding model such as Qwen3-Embedding):
         # `layers.0...`, `embed_tokens.weight`, read as the wrapped model's
         bare = self.bare = "embed_tokens.weight" in stored and not any(name.startswith("model.") for name in stored)
         self._stored = {("model." + name if bare and not name.startswith("lm_head.") else text_name(name)): name
-                        for name in stored if not name.startswith(_VISION_PREFIXES)}
+                        for name in stored if not name.startswith(VISION_PREFIXES)}
         self.files = {ours: stored[name] for ours, name in self._stored.items()}
         self._handles: dict[str, object] = {}
 

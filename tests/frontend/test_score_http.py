@@ -51,3 +51,17 @@ def test_refusals(client, engine, wait_idle, body, status, param):
     assert r.json()["error"]["param"] == param, r.json()
     wait_idle(engine, kv=False)
     engine.check_accounting()
+
+
+def test_item_label_pairs_are_bounded_up_front(client):
+    """Every (item, label) pair is a request: their product is a limit of its own (a 400 naming
+    items, before anything is submitted), not a queue-full 429 that no retry can pass."""
+    r = client.post("/v1/score", json={"query": QUERY, "items": [" x"] * 200, "label_token_ids": list(range(10))})
+    assert r.status_code == 400
+    error = r.json()["error"]
+    assert error["param"] == "items" and error["code"] == "limit_exceeded" and "max_score_pairs" in error["message"]
+
+
+def test_a_bad_query_id_names_the_query(client):
+    r = client.post("/v1/score", json={"query": [-1], "items": [[5]], "label_token_ids": [1]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "query", r.json()

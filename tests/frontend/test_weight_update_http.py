@@ -151,3 +151,28 @@ def test_update_from_tensors_through_the_core_process(setup):
     assert _generate(client, "from-tensors") == want[second]
     eng.update_weights_from_disk(first)
     assert _generate(client) == want[first]
+
+
+def test_health_generate_answers_within_its_timeout(live_server):
+    """A probe that cannot even start (one sequence slot, held by a long request) gets its 503
+    after health_timeout_s, not when the slot frees."""
+    import threading
+    import time
+
+    with Engine(demo_model("tiny"), max_num_seqs=1) as eng:
+        live = live_server(create_app(eng, "tiny", health_timeout_s=1.0)).start()
+        try:
+            long = threading.Thread(target=lambda: eng.generate(
+                "once", {"max_new_tokens": 1800, "temperature": 0, "ignore_eos": True}))
+            long.start()
+            while eng.stats().num_running == 0:
+                time.sleep(0.005)
+            t0 = time.monotonic()
+            r = httpx.get(live.url + "/health_generate", timeout=30)
+            elapsed = time.monotonic() - t0
+            assert r.status_code == 503 and elapsed < 2.5, (r.status_code, elapsed)
+            eng.abort_all()
+            long.join()
+        finally:
+            live.stop()
+        eng.check_accounting()

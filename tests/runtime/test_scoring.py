@@ -97,3 +97,11 @@ def test_refusals(engine, args, message):
 def test_item_first_must_be_a_bool(engine):
     with pytest.raises(ValueError, match="item_first must be true or false"):
         engine.score(QUERY, ITEMS, [5], item_first="yes")
+
+
+def test_pairs_past_the_queue_are_refused_before_submitting():
+    with Engine(demo_model("tiny"), max_num_seqs=4, max_queued_requests=4) as e:
+        with pytest.raises(ValueError, match="9 item-label pairs"):
+            e.score(QUERY, [" a", " b", " c"], [1, 2, 3])
+        assert e.stats().num_finished == 0  # nothing was submitted
+        assert len(e.score(QUERY, [" a", " b"], [1, 2, 3, 4])) == 2

@@ -468,3 +468,40 @@ def test_update_weight_version_names_without_changing(second_tiny):
         assert e.get_weight_version() == "v10" and outputs(e) == want
         with pytest.raises(ValueError, match="new_version must be a string"):
             e.update_weight_version(None)
+
+
+def test_a_disk_update_discards_tensors_kept_from_an_earlier_set(tmp_path, second_tiny):
+    """Half of one checkpoint's tensors, then an update from disk, then the other half of another
+    checkpoint's: the kept half belonged to weights no longer wanted, so nothing completes."""
+    third = write_demo_model("tiny", tmp_path / "third", dataclasses.replace(SIZES["tiny"], seed=5))
+    c, b = (load_file(os.path.join(d, "model.safetensors")) for d in (third, second_tiny))
+    names = sorted(c)
+    with Engine(demo_model("tiny")) as e:
+        e.update_weights_from_tensor({n: c[n] for n in names[::2]})
+        e.update_weights_from_disk(second_tiny)
+        reply = e.update_weights_from_tensor({n: b[n] for n in names[1::2]})
+        assert "still missing" in reply["message"]
+        assert outputs(e) == fresh_outputs(second_tiny)
+
+
+def test_sent_tensors_are_copied(second_tiny):
+    """A trainer may reuse its bucket buffers once a call returns: what was sent is what loads."""
+    tensors = load_file(os.path.join(second_tiny, "model.safetensors"))
+    names = sorted(tensors)
+    with Engine(demo_model("tiny")) as e:
+        first_half = {n: tensors[n].clone() for n in names[::2]}
+        e.update_weights_from_tensor(first_half)
+        for t in first_half.values():
+            t.zero_()  # the buffer reused for the next bucket
+        e.update_weights_from_tensor({n: tensors[n] for n in names[1::2]})
+        assert outputs(e) == fresh_outputs(second_tiny)
+
+
+def test_tensors_on_the_meta_device_are_a_value_error(second_tiny):
+    tensors = load_file(os.path.join(second_tiny, "model.safetensors"))
+    with Engine(demo_model("tiny")) as e:
+        with pytest.raises(ValueError, match="meta"):
+            e.update_weights_from_tensor({n: t.to("meta") for n, t in tensors.items()})
+        e.update_weights_from_tensor({"vision_tower.blocks.0.weight": torch.ones(2),
+                                      **tensors})  # a VLM's vision tower: skipped, as from disk
+        assert outputs(e) == fresh_outputs(second_tiny)
