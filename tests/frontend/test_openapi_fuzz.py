@@ -19,7 +19,7 @@ from radixflow.runtime.sampling_params import RequestOptions, SamplingParams
 from .conftest import LiveServer
 
 FUZZED = ["/v1/completions", "/v1/chat/completions", "/v1/responses", "/generate", "/v1/programs", "/abort_request", "/tokenize",
-          "/detokenize", "/separate_reasoning"]
+          "/detokenize", "/separate_reasoning", "/v1/score"]
 
 
 @pytest.fixture(scope="module")

@@ -159,11 +159,19 @@ def test_health_generate_answers_within_its_timeout(live_server):
     import threading
     import time
 
+    from radixflow.runtime.core.faults import FaultInjector
+
+    class SlowSteps(FaultInjector):  # 20 ms a step: the long request holds its slot for ~10 s
+        def check(self, point, reqs, step, step_level=False):
+            if point == "forward":
+                time.sleep(0.02)
+
     with Engine(demo_model("tiny"), max_num_seqs=1) as eng:
+        eng.set_fault_injector(SlowSteps([]))
         live = live_server(create_app(eng, "tiny", health_timeout_s=1.0)).start()
         try:
             long = threading.Thread(target=lambda: eng.generate(
-                "once", {"max_new_tokens": 1800, "temperature": 0, "ignore_eos": True}))
+                "once", {"max_new_tokens": 500, "temperature": 0, "ignore_eos": True}))
             long.start()
             while eng.stats().num_running == 0:
                 time.sleep(0.005)
