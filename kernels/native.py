@@ -32,6 +32,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -116,25 +117,35 @@ def _cache_dir() -> Path:
 
 def _compile(cc: str, target: Path) -> bool:
     """Compile each source, then link them, into `target` (atomically: concurrent builders each
-    write their own file first). False (and a log line saying why) when a step fails."""
+    write their own file first). The sources compile side by side, one process each (the build
+    takes the longest source's time where cores allow). False (and a log line saying why) when a
+    step fails."""
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
     objs = [f"{tmp[:-3]}-{i}.o" for i in range(len(SOURCES))]
-    steps = [[cc, *COMPILE_FLAGS, *flags, "-c", "-o", obj, str(src)] for obj, (src, flags) in zip(objs, SOURCES)]
-    steps.append([cc, *LINK_FLAGS, "-o", tmp, *objs, "-lm"])
+    compiles = [[cc, *COMPILE_FLAGS, *flags, "-c", "-o", obj, str(src)] for obj, (src, flags) in zip(objs, SOURCES)]
+    link = [cc, *LINK_FLAGS, "-o", tmp, *objs, "-lm"]
     try:
-        for step in steps:
-            done = subprocess.run(step, capture_output=True, text=True, timeout=300)
-            if done.returncode != 0:
-                log.warning("building the native CPU kernels failed (CPU attention runs on its torch path): %s\n%s",
-                            " ".join(step), done.stderr[-2000:])
-                return False
+        with ThreadPoolExecutor(max_workers=min(len(compiles), os.cpu_count() or 1)) as pool:
+            failed = [(step, done) for step, done in zip(compiles, pool.map(_run_step, compiles)) if done.returncode]
+        if not failed:
+            done = _run_step(link)
+            failed = [(link, done)] if done.returncode else []
+        if failed:
+            step, done = failed[0]
+            log.warning("building the native CPU kernels failed (CPU attention runs on its torch path): %s\n%s",
+                        " ".join(step), done.stderr[-2000:])
+            return False
         os.replace(tmp, target)
         return True
     finally:
         for leftover in (tmp, *objs):
             if os.path.exists(leftover):
                 os.unlink(leftover)
+
+
+def _run_step(step: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run(step, capture_output=True, text=True, timeout=300)
 
 
 def _build() -> ctypes.CDLL | None:

@@ -346,3 +346,22 @@ def test_calls_give_back_their_scratch(built, mapped_bytes):
     for _ in range(1000):
         native.decode_attention_native(q, k, v, slots, offsets, 0.25)
     assert mapped_bytes() - before < 64 << 20
+
+
+def test_a_failing_source_fails_the_build_cleanly(fresh_build, monkeypatch, tmp_path, caplog):
+    """The sources compile side by side: one that fails makes library() None (the torch path),
+    says which step failed, and leaves no object or partial library in the cache."""
+    wrapper = tmp_path / "cc-failing"  # fails cpu_silu.c; writes an empty object for the others (no real compile)
+    wrapper.write_text(f"#!{sys.executable}\n"
+                       "import sys\n"
+                       "args = sys.argv[1:]\n"
+                       "if any(a.endswith('cpu_silu.c') for a in args):\n"
+                       "    sys.exit('no silu today')\n"
+                       "if '-o' in args:\n"
+                       "    open(args[args.index('-o') + 1], 'wb').close()\n")
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("CC", str(wrapper))
+    with caplog.at_level(logging.WARNING, logger=native.__name__):
+        assert native.library() is None
+    assert "cpu_silu.c" in caplog.text and "no silu today" in caplog.text
+    assert list(fresh_build.iterdir()) == []
