@@ -263,7 +263,7 @@ class EngineLoop:
                                  "with mode abort or retract"))
             return
         self._idle_calls.append(call)
-        self.scheduler.admission_paused = True
+        self._set_admission()
 
     def _run_idle_calls(self) -> None:
         """Run call_when_idle's calls once no request holds KV, then admit again (unless paused)."""
@@ -273,7 +273,11 @@ class EngineLoop:
         calls, self._idle_calls = self._idle_calls, []
         for call in calls:
             call.run()
-        self.scheduler.admission_paused = self.paused is not None
+        self._set_admission()
+
+    def _set_admission(self) -> None:
+        """The scheduler admits nothing while generation is paused or an update waits."""
+        self.scheduler.admission_paused = self.paused is not None or bool(self._idle_calls)
 
     # -- engine thread: pausing -------------------------------------------------------------------
 
@@ -292,13 +296,13 @@ class EngineLoop:
         elif mode == "retract":
             self.scheduler.retract_all()
         self.paused = mode
-        self.scheduler.admission_paused = True
+        self._set_admission()
         self._run_idle_calls()
 
     def resume(self) -> None:
         """Generate again after `pause` (a no-op when not paused)."""
         self.paused = None
-        self.scheduler.admission_paused = bool(self._idle_calls)
+        self._set_admission()
 
     def _abort_sink(self, sink: OutputSink, reason: dict) -> None:
         self.scheduler.finish_where(lambda r: r.sink is sink, reason)
