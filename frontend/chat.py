@@ -197,7 +197,7 @@ class ChatShape:
 
     def options(self, req: ChatRequest) -> dict[str, Any]:
         return RequestOptions(return_logprob=req.logprobs, top_logprobs_num=req.top_logprobs or 0,
-                              return_text_in_logprobs=True, session_id=req.user).engine_kwargs()
+                              return_text_in_logprobs=True, session_id=req.user, priority=req.priority).engine_kwargs()
 
     def response(self, job: Job, results: list[dict], tokenizer: Any) -> ChatCompletion:
         choices = []

@@ -102,7 +102,7 @@ class CompletionShape:
     def options(self, req: CompletionRequest) -> dict[str, Any]:
         return RequestOptions(return_logprob=req.logprobs is not None, top_logprobs_num=req.logprobs or 0,
                               return_text_in_logprobs=True, logprob_start_len=0 if req.echo else -1,
-                              session_id=req.user).engine_kwargs()
+                              session_id=req.user, priority=req.priority).engine_kwargs()
 
     def _echo(self, job: Job, index: int) -> str | None:
         return job.prompts.texts[index // job.sampling.n] if job.req.echo else None

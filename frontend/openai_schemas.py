@@ -86,6 +86,7 @@ class _Common(SamplingFields, kw_only=True, forbid_unknown_fields=True):
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputs | None = None
     user: str | None = None
+    priority: int | None = None  # vLLM's: the request's rank under priority scheduling
 
 
 class CompletionRequest(_Common, kw_only=True, forbid_unknown_fields=True):

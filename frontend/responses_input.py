@@ -222,6 +222,7 @@ def chat_request(req: ResponsesRequest, conversation: list[Item]) -> ChatRequest
         model=req.model, messages=instructions + chat_messages(conversation), max_completion_tokens=req.max_output_tokens,
         reasoning_effort=req.reasoning.effort if req.reasoning is not None else None,
         temperature=req.temperature, top_p=req.top_p, tools=tools, json_schema=schema, user=req.user,
+        priority=req.priority,
         logprobs=wants_logprobs(req), top_logprobs=req.top_logprobs if wants_logprobs(req) else None,
         tool_choice=NamedToolChoice("function", FunctionName(choice.name)) if isinstance(choice, FunctionChoice)
         else choice, parallel_tool_calls=req.parallel_tool_calls if tools else None)

@@ -54,6 +54,7 @@ class ResponsesRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     metadata: dict[str, str] | None = None
     user: str | None = None
     top_logprobs: int | None = None  # with include message.output_text.logprobs: alternatives per token
+    priority: int | None = None  # vLLM's: the request's rank under priority scheduling
     # accepted only with the values that ask for nothing radixflow lacks (responses_input.py)
     include: list[str] | None = None
     reasoning: Reasoning | None = None

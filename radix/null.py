@@ -54,6 +54,12 @@ class NullCache:
     def dec_lock_ref(self, node: Node) -> int:
         return 0
 
+    def num_unlocked_on_path(self, node: Node) -> int:
+        return 0
+
+    def num_sole_locked_on_path(self, node: Node) -> int:
+        return 0
+
     def evict(self, num_tokens: int, free_fn: FreeFn) -> int:
         return 0
 

@@ -316,6 +316,23 @@ class RadixCache:
         self._protected_size -= moved
         return moved
 
+    def num_unlocked_on_path(self, node: Node) -> int:
+        """Tokens that inc_lock_ref(node) would move from evictable to protected (no change)."""
+        total = 0
+        while node.parent is not None and node.lock_ref == 0:
+            total += len(node.key)
+            node = node.parent
+        return total
+
+    def num_sole_locked_on_path(self, node: Node) -> int:
+        """Tokens that one dec_lock_ref(node) would make evictable: the path's nodes locked
+        exactly once (a parent is locked at least as often as its child; no change)."""
+        total = 0
+        while node.parent is not None and node.lock_ref == 1:
+            total += len(node.key)
+            node = node.parent
+        return total
+
     # ---- eviction ---------------------------------------------------------------------
 
     def evict(self, num_tokens: int, free_fn: FreeFn) -> int:

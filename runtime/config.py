@@ -10,6 +10,7 @@ from typing import Any
 import msgspec
 
 from radixflow.runtime.model.quant_config import FLAG_METHODS
+from radixflow.runtime.sampling_params import check_priority
 
 SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
@@ -58,6 +59,12 @@ class EngineConfig:
     chunked_prefill_size: int = _opt(2048, "Split longer prompts into chunks of this many tokens (<= 0: never chunk).")
     enable_mixed_chunk: bool = _opt(False, "Mixed steps: a prefill step also decodes every running request (one forward), so running requests get a token in every step while prompts arrive or prefill in chunks; the decode tokens come out of the step's --max-prefill-tokens budget (at most half of it).")
     schedule_policy: str = _opt("lpm", "Order of waiting requests: longest prefix match, DFS weight, or arrival.", SCHEDULE_POLICIES)
+    enable_priority_scheduling: bool = _opt(False, "Serve requests by their `priority` (SGLang's flag): the waiting queue is ordered by priority first, then by --schedule-policy, and a waiting request that cannot be admitted takes the place of running ones of lower priority (see --priority-scheduling-preemption-threshold). Larger values first unless --schedule-low-priority-values-first.")
+    schedule_low_priority_values_first: bool = _opt(False, "With priority scheduling: smaller `priority` values are served first (vLLM's convention) instead of larger ones.")
+    priority_scheduling_preemption_threshold: int = _opt(10, "With priority scheduling: a waiting request preempts a running one only when its priority is more than this much higher.")
+    disable_priority_preemption: bool = _opt(False, "With priority scheduling: order the queue by priority but never preempt a running request for it.")
+    default_priority_value: int | None = _opt(None, "The priority of a request that gives none (unset: 0).")
+    abort_on_priority_when_disabled: bool = _opt(False, "Without priority scheduling: refuse a request that gives a `priority` (HTTP 400) instead of ignoring it.")
     lpm_fcfs_threshold: int = _opt(128, "Past this many waiting requests lpm falls back to fcfs (matching costs grow).")
     disable_radix_cache: bool = _opt(False, "Keep no KV between requests (every prompt is prefilled in full).")
     attention_backend: str = _opt("auto", "Attention kernels; auto = triton on CUDA, torch on CPU. Env: RADIXFLOW_ATTENTION_BACKEND.", ATTENTION_BACKENDS)
@@ -118,6 +125,11 @@ class EngineConfig:
                              "pip install 'radixflow[llguidance]' (or use grammar_backend='outlines')")
         if self.cpu_kv_cache_bytes < 1 << 20:
             raise ValueError(f"cpu_kv_cache_bytes must be >= 1 MiB (1048576), got {self.cpu_kv_cache_bytes}")
+        if self.priority_scheduling_preemption_threshold < 0:
+            raise ValueError(f"priority_scheduling_preemption_threshold must be >= 0, got "
+                             f"{self.priority_scheduling_preemption_threshold}")
+        for name in ("priority_scheduling_preemption_threshold", "default_priority_value"):
+            check_priority(getattr(self, name), name)
         if not self.grammar_timeout_s > 0:  # NaN too
             raise ValueError(f"grammar_timeout_s must be > 0, got {self.grammar_timeout_s}")
 

@@ -270,7 +270,8 @@ class CoreServer:
             opts = LogprobOptions(m.return_logprob, m.logprob_start_len, m.top_logprobs_num)
             # tokens only: the client detokenizes and checks stop strings
             self.engine.start_stream(m.input_ids, m.sampling, opts, m.rid, m.lora, m.session_id, sink,
-                                     group=m.group, lora_version=m.lora_version, reserved=reserved, embed=m.embed)
+                                     group=m.group, lora_version=m.lora_version, reserved=reserved, embed=m.embed,
+                                     priority=m.priority)
         except Exception as exc:  # bad input, a full queue, a stopped engine: the client raises it
             self.outbox.put(identity, Rejected.of(m.rid, exc))
 

@@ -31,6 +31,7 @@ from radixflow.runtime.core.publish import OutputSink, StreamCursor
 from radixflow.runtime.output_channel import ChannelsByLoop
 from radixflow.runtime.stream_chunks import StreamChunks
 from radixflow.runtime.sampling_params import SamplingParams
+from radixflow.runtime.core.priority import priority_rules
 from radixflow.runtime.core.scheduler import Scheduler, SchedulerLimits
 from radixflow.runtime.core.speculative import drafter
 from radixflow.runtime.lora.capacity import NO_ADAPTERS
@@ -41,7 +42,7 @@ from radixflow.runtime.core.engine_loop import EngineLoop
 from radixflow.runtime.core.step import StepRunner
 from radixflow.runtime.starting import StartingRequests
 from radixflow.runtime.request_inputs import (
-    InputIds, Prompt, check_embed, check_options, check_prompt, normalize_inputs, stream_inputs,
+    InputIds, Prompt, check_embed, check_options, check_priority_use, check_prompt, normalize_inputs, stream_inputs,
 )
 from radixflow.runtime.text.output_text import OutputText
 from radixflow.runtime.text.tokenizer import Tokenizer
@@ -77,7 +78,8 @@ class Engine:
         self.loras = None if slots is None else LoraService(self.config, self.runner.args, slots)
         self.scheduler = Scheduler(limits, self.runner.kv_pool, self.runner.req_pool, cache,
                                    NO_ADAPTERS if self.loras is None else self.loras.capacity,
-                                   long_rope_len=self.runner.args.long_rope_len)
+                                   long_rope_len=self.runner.args.long_rope_len,
+                                   priority=priority_rules(self.config))
         self.scheduler.drafter = drafter(self.config, self.max_context_len)
         self.eos_ids = frozenset(self.tokenizer.eos_token_ids) | frozenset(self.runner.args.eos_token_ids)
         self.grammar = GrammarCompiler(self.tokenizer, self.runner.args.vocab_size, self.eos_ids,
@@ -103,17 +105,19 @@ class Engine:
                  logprob_start_len: int | None = None, top_logprobs_num: int = 0,
                  return_text_in_logprobs: bool = False, rid: str | list[str] | None = None,
                  lora_path: str | None = None, session_id: str | None = None,
-                 lora: str | None = None) -> dict | list[dict]:
+                 lora: str | None = None, priority: int | None = None) -> dict | list[dict]:
         """Generate for one prompt (→ one result) or a list (→ a list, in order).
 
         Results are shaped like SGLang's native /generate response. With n > 1 each prompt
         gives n results (a list for one prompt) after one shared prefill. `lora`: an adapter
-        name (`lora_path`, as SGLang's: a name, or a path under lora_dir).
+        name (`lora_path`, as SGLang's: a name, or a path under lora_dir). `priority`: with
+        priority scheduling, the request's rank (runtime/core/priority.py).
         """
         lora_path = lora if lora is not None else lora_path
         check_options(rid, return_logprob=return_logprob, logprob_start_len=logprob_start_len,
                       top_logprobs_num=top_logprobs_num, return_text_in_logprobs=return_text_in_logprobs,
-                      session_id=session_id, lora_path=lora_path)
+                      session_id=session_id, lora_path=lora_path, priority=priority)
+        check_priority_use(priority, self.config)
         prompts, is_batch = self._normalize_inputs(prompt, input_ids)
         if isinstance(sampling_params, list):
             if len(sampling_params) != len(prompts):
@@ -123,7 +127,7 @@ class Engine:
             sps = [SamplingParams.from_dict(sampling_params)] * len(prompts)
         opts = LogprobOptions(return_logprob, logprob_start_len, top_logprobs_num)
         groups = self._run_batch(prompts, sps, [opts] * len(prompts), self._normalize_rids(rid, len(prompts)),
-                                 lora_path, session_id)
+                                 lora_path, session_id, priority)
         decode = self._decode_token if return_text_in_logprobs else None
         out = []
         for group, sp in zip(groups, sps):
@@ -132,7 +136,8 @@ class Engine:
         return out if is_batch else out[0]
 
     def _run_batch(self, prompts: list[list[int]], sps: list[SamplingParams], opts: list[LogprobOptions],
-                   rids: list[str | None], lora_path: str | None, session_id: str | None) -> list[list[Req]]:
+                   rids: list[str | None], lora_path: str | None, session_id: str | None,
+                   priority: int | None = None) -> list[list[Req]]:
         """Run each prompt (its n samples) to its finish; per prompt its finished requests.
         Everything that can refuse the batch runs before anything is submitted."""
         for ids, sp, o in zip(prompts, sps, opts):
@@ -143,7 +148,8 @@ class Engine:
             self.grammar.compile(sp)
         submitted: list[Req] = []
         try:
-            groups = [self._make_group(ids, sp, o, r, lora_path, session_id, checked=True, submitted=submitted)
+            groups = [self._make_group(ids, sp, o, r, lora_path, session_id, checked=True, submitted=submitted,
+                                       priority=priority)
                       for ids, sp, o, r in zip(prompts, sps, opts, rids)]
         except BaseException:  # a full queue or a rid in use part-way: nothing of the batch runs on
             for req in submitted:
@@ -209,7 +215,7 @@ class Engine:
                               lora_path: str | None = None, session_id: str | None = None,
                               lora: str | None = None, incremental: bool = False,
                               group: str | None = None, lora_version: str | None = None,
-                              embed: bool = False) -> AsyncIterator[dict]:
+                              embed: bool = False, priority: int | None = None) -> AsyncIterator[dict]:
         """Yield SGLang-style stream chunks: cumulative `text` and `output_ids` (`incremental`:
         only those new since the previous chunk, `completion_tokens` still counting all); logprob
         lists hold only the entries new since the previous chunk. Closing the iterator early (a
@@ -221,7 +227,8 @@ class Engine:
         lora_path = lora if lora is not None else lora_path
         check_options(rid, return_logprob=return_logprob, logprob_start_len=logprob_start_len,
                       top_logprobs_num=top_logprobs_num, return_text_in_logprobs=return_text_in_logprobs,
-                      session_id=session_id, lora_path=lora_path)
+                      session_id=session_id, lora_path=lora_path, priority=priority)
+        check_priority_use(priority, self.config)
         ids, sp = stream_inputs(self.tokenizer, prompt, input_ids, sampling_params)
         check_embed(embed, sp)
         loop = asyncio.get_running_loop()
@@ -237,7 +244,7 @@ class Engine:
         # this loop runs on, and its first outputs may be delivered before that call returns.
         outputs = channel.open(rid)  # ValueError if a stream of this loop has the rid
         start = functools.partial(self.start_stream, ids, sp, opts, rid, lora_path, session_id, channel, group=group,
-                                  lora_version=lora_version, embed=embed)
+                                  lora_version=lora_version, embed=embed, priority=priority)
         submitted = None
         try:
             if sp.is_constrained:  # the grammar compiles in a worker thread: the loop must not wait for it
@@ -269,7 +276,7 @@ class Engine:
     def start_stream(self, ids: list[int], sp: SamplingParams, opts: LogprobOptions, rid: str | None,
                      lora: str | None, session_id: str | None, sink: OutputSink, *,
                      group: str | None = None, lora_version: str | None = None, reserved: bool = False,
-                     embed: bool = False) -> Req:
+                     embed: bool = False, priority: int | None = None) -> Req:
         """Submit one request whose outputs go to `sink` (one StepOutput per step, posted on the
         engine thread); returns it. Raises what validation or a full queue raises; a grammar
         compiles here, so call it off any event loop when `sp.is_constrained`. Its outputs carry
@@ -277,7 +284,7 @@ class Engine:
         the request with `abort(rid, reason)` at a stop. `group`: as `Req.group`; `lora_version`:
         as generate_stream's (ValueError when `lora` means other weights now). `reserved`: the
         caller called `reserve(rid, group, sink)` first; this call takes the reservation over.
-        `embed`: an embedding request (prefill-only `sp`)."""
+        `embed`: an embedding request (prefill-only `sp`). `priority`: as generate's."""
         if not reserved:
             rid = rid or new_rid()
             self.reserve(rid, group, sink)
@@ -285,12 +292,14 @@ class Engine:
             raise ValueError("a reserved request is started by its rid")
         try:
             check_embed(embed, sp)
+            check_priority_use(priority, self.config)
             self.validate_prompt(ids, sp)  # before an adapter is chosen (perhaps read from disk)
             check_lora_request(self.loras, lora)
             choice = None if lora is None else self._choose_adapter(lora, lora_version)
             req = self._make_req(ids, sp, opts, rid, choice, None, checked=True, with_text=False,
                                  cancel=self._starting.cancel_event(rid), embed=embed)
             req.sink, req.cursor, req.session_id, req.group = sink, StreamCursor(), session_id, group
+            req.priority = priority
             self.loop.submit(req)
         finally:
             aborted, reason = self._starting.end(rid)
@@ -571,7 +580,7 @@ class Engine:
 
     def _make_group(self, ids: list[int], sp: SamplingParams, opts: LogprobOptions, rid: str | None,
                     lora_path: str | AdapterChoice | None, session_id: str | None = None, checked: bool = False,
-                    submitted: list[Req] | None = None) -> list[tuple[Req, threading.Event]]:
+                    submitted: list[Req] | None = None, priority: int | None = None) -> list[tuple[Req, threading.Event]]:
         """One request, or for n > 1 a prefill-only request first and then n that hit it (the
         samples' rids are `rid-0` ...; `abort(rid)` ends them all, or the prefill before them).
         Each request submitted is appended to `submitted`. The adapter is resolved once for the
@@ -580,23 +589,24 @@ class Engine:
         if self.loras is not None and lora_path is not None:
             lora_path = self._choose_adapter(lora_path)
         if sp.n == 1:
-            return [self._submit(ids, sp, opts, rid, lora_path, session_id, None, checked, submitted)]
+            return [self._submit(ids, sp, opts, rid, lora_path, session_id, None, checked, submitted, priority=priority)]
         warm = SamplingParams.from_dict({"max_new_tokens": 0})
-        first, ev = self._submit(ids, warm, LogprobOptions(), None, lora_path, None, rid, checked, submitted)
+        first, ev = self._submit(ids, warm, LogprobOptions(), None, lora_path, None, rid, checked, submitted,
+                                 priority=priority)
         ev.wait()
         if (first.finish_reason or {}).get("type") in ("abort", "error"):
             return [(self._unsubmitted(ids, sp, first.finish_reason), ev) for _ in range(sp.n)]
         return [self._submit(ids, sp.for_sample(i), opts, None if rid is None else f"{rid}-{i}", lora_path,
-                             session_id, rid, checked, submitted)
+                             session_id, rid, checked, submitted, priority=priority)
                 for i in range(sp.n)]
 
     def _submit(self, ids: list[int], sp: SamplingParams, opts: LogprobOptions, rid: str | None,
                 lora_path: str | AdapterChoice | None, session_id: str | None, group: str | None, checked: bool,
-                submitted: list[Req], embed: bool = False) -> tuple[Req, threading.Event]:
+                submitted: list[Req], embed: bool = False, priority: int | None = None) -> tuple[Req, threading.Event]:
         ev = threading.Event()
         req = self._make_req(ids, sp, opts, rid, lora_path,
                              lambda _r, finished: ev.set() if finished else None, checked=checked, embed=embed)
-        req.session_id, req.group = session_id, group
+        req.session_id, req.group, req.priority = session_id, group, priority
         self.loop.submit(req)
         submitted.append(req)
         return req, ev

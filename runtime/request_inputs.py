@@ -7,7 +7,8 @@ from typing import Annotated
 
 import msgspec
 
-from radixflow.runtime.sampling_params import RequestOptions, SamplingParams
+from radixflow.runtime.config import EngineConfig
+from radixflow.runtime.sampling_params import RequestOptions, SamplingParams, check_priority
 from radixflow.runtime.text.tokenizer import Tokenizer
 
 Prompt = str | list[str] | None
@@ -62,6 +63,16 @@ def check_options(rid: object = None, **options: object) -> None:
     rids = rid if isinstance(rid, list) else [rid]
     if not all(r is None or isinstance(r, str) for r in rids):
         raise ValueError(f"rid must be a string, or a list of strings for a batch; got {rid!r}")
+
+
+def check_priority_use(priority: object, config: EngineConfig) -> None:
+    """ValueError for a request's `priority` the engine does not take: not an integer of at
+    most 2^62 in size, or given to an engine without priority scheduling that refuses it
+    (`abort_on_priority_when_disabled`; otherwise it is ignored, as SGLang does)."""
+    check_priority(priority)
+    if priority is not None and config.abort_on_priority_when_disabled and not config.enable_priority_scheduling:
+        raise ValueError("priority is given but this engine does not schedule by priority "
+                         "(start it with --enable-priority-scheduling)")
 
 
 def stream_inputs(tokenizer: Tokenizer, prompt: str | None, input_ids: list[int] | None,

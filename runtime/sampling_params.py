@@ -204,6 +204,17 @@ def _is_text(value: str) -> bool:
     return True
 
 
+PRIORITY_LIMIT = 1 << 62  # priorities (and their differences) stay within an int64
+
+
+def check_priority(value: object, name: str = "priority") -> None:
+    """ValueError starting with `name` unless `value` is None or an integer of at most 2^62 in size."""
+    if value is None:
+        return
+    if not isinstance(value, int) or isinstance(value, bool) or not -PRIORITY_LIMIT <= value <= PRIORITY_LIMIT:
+        raise ValueError(f"{name} must be an integer between -2^62 and 2^62, got {value!r}")
+
+
 def _check(ok: bool, name: str, what: str) -> None:
     if not ok:
         raise ValueError(f"sampling_params.{name} {what}")
@@ -240,9 +251,11 @@ class RequestOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     return_text_in_logprobs: bool = False
     session_id: str | None = None  # requests of one conversation or program run (session goodput)
     lora_path: str | None = None  # LoRA adapter: a loaded name, or a path under --lora-dir; None: the base
+    priority: int | None = None  # with priority scheduling, the request's rank; None: the engine's default
 
     def validate(self) -> None:
         """ValueError starting with the field's name when a value is out of range."""
+        check_priority(self.priority)
         if self.top_logprobs_num < 0:
             raise ValueError(f"top_logprobs_num is {self.top_logprobs_num}; it must be >= 0")
         if self.logprob_start_len is not None and self.logprob_start_len < -1:

@@ -11,6 +11,7 @@ import numpy as np
 
 from radixflow.radix import MatchResult, RadixCache
 from radixflow.runtime.core.kv_pool import KVPool, ReqToTokenPool, SlotIds
+from radixflow.runtime.core.priority import PriorityRules
 from radixflow.runtime.core.request import Req, Status
 from radixflow.runtime.core.schedule_policy import match_key, order_waiting
 from radixflow.runtime.core.scheduled_batch import ScheduledBatch
@@ -48,6 +49,7 @@ class Admission:
     provides `holding()`, `chunked` and `num_running`)."""
 
     limits: SchedulerLimits
+    priority: PriorityRules
     adapters: AdapterAdmission
     kv: KVPool
     req_pool: ReqToTokenPool
@@ -108,7 +110,7 @@ class Admission:
         dedup = RadixCache()
         admitted = []
         for req, key, match in order_waiting(self.waiting, self.limits.policy, self.cache,
-                                             self.limits.lpm_fcfs_threshold):
+                                             self.limits.lpm_fcfs_threshold, self.priority):
             if self.num_running >= self.limits.max_num_seqs or token_budget <= 0:
                 break
             if not self.adapters.can_admit(req):

@@ -96,6 +96,7 @@ class SubmitRequest(msgspec.Struct, frozen=True, kw_only=True, tag="submit"):
     group: str | None = None
     lora_version: str | None = None
     embed: bool = False  # an embedding request (Engine.encode): its sampling is prefill-only
+    priority: int | None = None  # with priority scheduling, its rank (runtime/core/priority.py)
 
 
 class AbortRequest(msgspec.Struct, frozen=True, tag="abort"):

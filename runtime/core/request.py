@@ -152,6 +152,7 @@ class Req:
     miss_tokens: dict[str, int] = field(default_factory=dict)  # prefill tokens computed, by reason
     session_id: str | None = None  # requests of one conversation or program run (session goodput)
     group: str | None = None     # the rid an n > 1 request came under: abort(group) ends each of its parts
+    priority: int | None = None  # None: the engine's default (runtime/core/priority.py)
     finish_reason: dict[str, Any] | None = None
     output_text: Any = None      # an OutputText (runtime/text/output_text.py); None: tokens only
     deferred_text: Any = None    # an OutputText made from all output tokens at the finish (then output_text)

@@ -2,10 +2,13 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from radixflow.radix import MatchResult
 from radixflow.runtime.core.request import Req
+
+if TYPE_CHECKING:
+    from radixflow.runtime.core.priority import PriorityRules
 
 
 def match_key(req: Req) -> tuple[int, ...]:
@@ -19,20 +22,25 @@ def match_key(req: Req) -> tuple[int, ...]:
     return tuple(req.ids_range(0, limit))
 
 
-def order_waiting(waiting: list[Req], policy: str, cache: Any,
-                  fcfs_threshold: int) -> list[tuple[Req, tuple[int, ...] | None, MatchResult | None]]:
+def order_waiting(waiting: list[Req], policy: str, cache: Any, fcfs_threshold: int,
+                  priority: PriorityRules | None = None) -> list[tuple[Req, tuple[int, ...] | None, MatchResult | None]]:
     """Return `waiting` in the order admission should try them (stable; does not mutate), each
     with the match key and prefix match the ordering took (None for fcfs: neither was needed),
-    so that admission builds neither again."""
+    so that admission builds neither again. With `priority` enabled, by priority first and the
+    policy's order within each priority."""
     if policy == "fcfs" or len(waiting) > fcfs_threshold:
-        return [(r, None, None) for r in waiting]
-    keys = {id(r): match_key(r) for r in waiting}
-    matches = {id(r): cache.match_prefix(keys[id(r)], r.namespace) for r in waiting}
-    if policy == "lpm":
-        ordered = sorted(waiting, key=lambda r: -matches[id(r)].length)
+        out = [(r, None, None) for r in waiting]
     else:
-        ordered = _dfs_weight_order(waiting, {id(r): matches[id(r)].node for r in waiting})
-    return [(r, keys[id(r)], matches[id(r)]) for r in ordered]
+        keys = {id(r): match_key(r) for r in waiting}
+        matches = {id(r): cache.match_prefix(keys[id(r)], r.namespace) for r in waiting}
+        if policy == "lpm":
+            ordered = sorted(waiting, key=lambda r: -matches[id(r)].length)
+        else:
+            ordered = _dfs_weight_order(waiting, {id(r): matches[id(r)].node for r in waiting})
+        out = [(r, keys[id(r)], matches[id(r)]) for r in ordered]
+    if priority is not None and priority.enabled:
+        out.sort(key=lambda entry: priority.rank(entry[0]))
+    return out
 
 
 def _dfs_weight_order(waiting: list[Req], nodes: dict[int, Any]) -> list[Req]:

@@ -26,6 +26,7 @@ from radixflow.radix import Node, RadixCache
 from radixflow.runtime.core.admission import NO_FIT, Admission
 from radixflow.runtime.core.kv_pool import KVPool, ReqToTokenPool, SlotIds
 from radixflow.runtime.core.long_rope_switch import LongRopeSwitch
+from radixflow.runtime.core.priority import NO_PRIORITIES, PriorityPreemption, PriorityRules
 from radixflow.runtime.core.request import Req, Status, adapter_namespaces
 from radixflow.runtime.core.scheduled_batch import ScheduledBatch, mixed
 from radixflow.runtime.core.slot_accounting import SlotAccounting
@@ -57,11 +58,12 @@ class SchedulerLimits:
     mixed: bool = False            # a prefill step also decodes the running requests
 
 
-class Scheduler(Admission, SlotAccounting, LongRopeSwitch):
+class Scheduler(Admission, SlotAccounting, LongRopeSwitch, PriorityPreemption):
     def __init__(self, limits: SchedulerLimits, kv_pool: KVPool, req_pool: ReqToTokenPool,
                  cache: RadixCache, adapters: AdapterAdmission = NO_ADAPTERS,
-                 long_rope_len: int | None = None) -> None:
+                 long_rope_len: int | None = None, priority: PriorityRules = NO_PRIORITIES) -> None:
         self.limits = limits
+        self.priority = priority  # how requests' priorities order the queue and preempt (priority.py)
         # LongRoPE (ModelArgs.long_rope_len): a sequence longer than this is rotated wholly with the
         # long factors, so one that grows past it is computed again (`_restart_past_short_rope`)
         self.long_rope_len = long_rope_len
@@ -79,6 +81,8 @@ class Scheduler(Admission, SlotAccounting, LongRopeSwitch):
         # The head of a memory-blocked queue fits once availability reaches this; until then, or
         # until the queue, the tree or the holders change, admission is not tried (no re-match).
         self._blocked_until: int | None = None
+        # A priority preemption plan found nothing to retract; not planned again until then either.
+        self._preemption_idle = False
         self.drafter: Drafter | None = None  # speculative decoding's (runtime/core/speculative.py)
         # True while the engine waits for the running requests to end (a weight update): nothing
         # waiting is admitted, what runs goes on (EngineLoop.call_when_idle)
@@ -91,7 +95,7 @@ class Scheduler(Admission, SlotAccounting, LongRopeSwitch):
         req.status = Status.WAITING
         self._pick_rope(req)
         self.waiting.append(req)
-        self._blocked_until = None
+        self._queue_changed()
 
     def abort(self, rid: str, message: str = "aborted", reason: dict | None = None) -> bool:
         """Finish `rid` (or each part of the n > 1 request submitted as `rid`) with reason abort
@@ -106,7 +110,7 @@ class Scheduler(Admission, SlotAccounting, LongRopeSwitch):
         req.finish(reason)
         if req in self.waiting:
             self.waiting.remove(req)
-            self._blocked_until = None
+            self._queue_changed()
             req.status = Status.FINISHED
             self.done.append(req)
         elif req.status is not Status.FINISHED:
@@ -142,6 +146,12 @@ class Scheduler(Admission, SlotAccounting, LongRopeSwitch):
     def num_running(self) -> int:
         return len(self.running) + len(self.prefilling)
 
+    def _queue_changed(self) -> None:
+        """The queue, the tree or the holders changed: admission and priority preemption are
+        worth trying again (each had remembered that it could do nothing)."""
+        self._blocked_until = None
+        self._preemption_idle = False
+
     def has_work(self) -> bool:
         return bool(self.waiting or self.running or self.prefilling)
 
@@ -152,6 +162,7 @@ class Scheduler(Admission, SlotAccounting, LongRopeSwitch):
         requests' decode rows when mixing), else decode. Requests that can never fit are
         finished here (see `done`)."""
         self._restart_past_short_rope()
+        self._preempt_for_priority()
         if self.limits.mixed and self.running and (self.prefilling or self.waiting and not self._admits_nothing()):
             batch = self._schedule_mixed()
             if batch is not None:
@@ -200,7 +211,7 @@ class Scheduler(Admission, SlotAccounting, LongRopeSwitch):
             if req.is_finished:
                 self._retire(req)
                 continue
-            self._blocked_until = None  # the tree grew: waiting requests may match more
+            self._queue_changed()  # the tree grew: waiting requests may match more
             self._cache_unfinished(req)
             if completes and req in self.prefilling:
                 self.prefilling.remove(req)
@@ -218,7 +229,7 @@ class Scheduler(Admission, SlotAccounting, LongRopeSwitch):
             self._release(req)
             req.status = Status.WAITING
         self.waiting[:0] = requeue
-        self._blocked_until = None
+        self._queue_changed()
 
     def drop_ahead(self, batch: ScheduledBatch) -> None:
         """Overlap scheduling: `batch` was scheduled before the previous step's tokens were
@@ -281,6 +292,8 @@ class Scheduler(Admission, SlotAccounting, LongRopeSwitch):
         admission, retraction). A full batch or a memory-blocked queue goes on overlapping."""
         if self.prefilling or not self.running or (self.waiting and not self._admits_nothing()):
             return None
+        if self.priority.enabled and self.priority.preemption and self._preemption_possible():
+            return None  # `schedule` preempts (or learns it cannot)
         if self._crosses_next_step():
             return None  # a pending token passes the short factors' context: `schedule` restarts its request
         if len(self.running) > self.kv.num_free + self.cache.evictable_size():
@@ -312,8 +325,9 @@ class Scheduler(Admission, SlotAccounting, LongRopeSwitch):
                 self._retract(self.prefilling[0])
             elif len(self.running) == 1:
                 self.finish(self.running[0], NO_FIT)
-            else:
-                self._retract(min(self.running, key=lambda r: (len(r.output_ids), -len(r.prompt_ids))))
+            else:  # the lowest priority first (all alike while priorities are off)
+                rank = self.priority.rank
+                self._retract(min(self.running, key=lambda r: (-rank(r), len(r.output_ids), -len(r.prompt_ids))))
 
     def _add_drafts(self, news: list[int] | None) -> list[int] | None:
         """Ask the drafter for drafts within the free and evictable slots left after the decode
@@ -347,7 +361,10 @@ class Scheduler(Admission, SlotAccounting, LongRopeSwitch):
             self._retract(req, preempted=False)
         return len(holding)
 
-    def _retract(self, req: Req, preempted: bool = True) -> None:
+    def _retract(self, req: Req, preempted: bool = True, reestimate: bool = True) -> None:
+        """Send `req` back to the head of the queue, its computed KV to the tree. `preempted`:
+        counted as a preemption; `reestimate`: memory ran short, so admission reserves future
+        decode pessimistically again (not so for a priority preemption)."""
         log.debug("retracting %s after %d output tokens", req.rid, len(req.output_ids))
         self._release(req)
         req.status = Status.WAITING
@@ -355,7 +372,8 @@ class Scheduler(Admission, SlotAccounting, LongRopeSwitch):
         self.num_preemptions += preempted
         self._pick_rope(req)
         self.waiting.insert(0, req)
-        self.new_token_ratio = NEW_TOKEN_RATIO_INIT
+        if reestimate:
+            self.new_token_ratio = NEW_TOKEN_RATIO_INIT
 
     # -- handing KV to the tree --------------------------------------------------------------
 
@@ -394,7 +412,7 @@ class Scheduler(Admission, SlotAccounting, LongRopeSwitch):
             self.kv.free(req.slots[held:])
             self.cache.dec_lock_ref(req.last_node)
             self.req_pool.free_row(req.row)
-            self._blocked_until = None  # memory and a row were freed
+            self._queue_changed()  # memory and a row were freed
             unloaded = self.adapters.release(req)
             if unloaded is not None:  # the last user of an unloaded adapter: its KV goes now
                 for namespace in adapter_namespaces(unloaded):

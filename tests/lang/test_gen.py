@@ -41,9 +41,10 @@ def test_values_are_checked_by_the_runtime_declaration():
 
 
 def test_aliases_and_request_keys_are_split():
-    op = rf.gen("x", max_tokens=5, min_tokens=1, return_logprob=True, top_logprobs_num=2, top_p=None).ops[0]
+    op = rf.gen("x", max_tokens=5, min_tokens=1, return_logprob=True, top_logprobs_num=2, top_p=None,
+                priority=4).ops[0]
     assert op.params == {"max_new_tokens": 5, "min_new_tokens": 1}
-    assert op.extras == {"return_logprob": True, "top_logprobs_num": 2}
+    assert op.extras == {"return_logprob": True, "top_logprobs_num": 2, "priority": 4}
 
 
 def test_every_declared_sampling_param_is_accepted():

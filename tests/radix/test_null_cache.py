@@ -29,6 +29,7 @@ def test_locks_evict_reset_are_no_ops() -> None:
     node = cache.match_prefix([1]).node
     assert cache.inc_lock_ref(node) == 0 and cache.dec_lock_ref(node) == 0
     assert cache.dec_lock_ref(node) == 0  # no underflow: nothing is counted
+    assert cache.num_unlocked_on_path(node) == cache.num_sole_locked_on_path(node) == 0
     freed: list[list[int]] = []
     assert cache.evict(100, freed.append) == 0 and freed == []
     cache.reset(freed.append)

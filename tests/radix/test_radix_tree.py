@@ -100,6 +100,30 @@ def test_lock_protects_the_whole_path_and_moves_sizes(cache: RadixCache) -> None
         cache.dec_lock_ref(node)
 
 
+def test_path_counts_say_what_a_lock_or_an_unlock_would_move(cache: RadixCache) -> None:
+    """num_unlocked_on_path: what inc_lock_ref would move; num_sole_locked_on_path: what one
+    dec_lock_ref would free. Both change nothing."""
+    cache.insert([1, 2, 3, 4], [10, 11, 12, 13])
+    cache.insert([1, 2, 5, 6, 7], [20, 21, 22, 23, 24])
+    a, b = cache.match_prefix([1, 2, 3, 4]).node, cache.match_prefix([1, 2, 5, 6, 7]).node
+    assert cache.num_unlocked_on_path(a) == 4 and cache.num_sole_locked_on_path(a) == 0
+    cache.inc_lock_ref(a)
+    assert cache.num_unlocked_on_path(a) == 0 and cache.num_sole_locked_on_path(a) == 4
+    assert cache.num_unlocked_on_path(b) == 3  # [1, 2] is locked through a
+    cache.inc_lock_ref(b)
+    assert cache.num_sole_locked_on_path(a) == 2 and cache.num_sole_locked_on_path(b) == 3  # [1, 2] shared
+    cache.inc_lock_ref(a)
+    assert cache.num_sole_locked_on_path(a) == 0
+    assert (cache.evictable_size(), cache.protected_size()) == (0, 7)
+    cache.dec_lock_ref(a)
+    assert cache.num_sole_locked_on_path(a) == 2
+    assert cache.dec_lock_ref(a) == 2
+    assert cache.num_sole_locked_on_path(b) == 5  # b alone holds [1, 2] now
+    root = cache.match_prefix([9]).node
+    assert cache.num_unlocked_on_path(root) == cache.num_sole_locked_on_path(root) == 0
+    cache.check()
+
+
 def test_lock_handle_survives_a_later_split(cache: RadixCache) -> None:
     cache.insert([1, 2, 3, 4, 5], [10, 11, 12, 13, 14])
     handle = cache.match_prefix([1, 2, 3, 4, 5]).node

@@ -14,6 +14,7 @@ from safetensors.torch import load_file, save_file
 
 from radixflow.runtime import Engine
 from radixflow.runtime.model.demo import SIZES, demo_model, write_demo_model
+from radixflow.runtime.model.packed_linear import can_prepack
 from radixflow.runtime.model.weight_update import model_tensors
 
 GREEDY = {"max_new_tokens": 12, "temperature": 0}
@@ -382,6 +383,7 @@ def test_an_abort_of_what_an_update_waits_for_lets_it_run(second_tiny):
         assert outputs(e) == fresh_outputs(second_tiny)
 
 
+@pytest.mark.skipif(not can_prepack(torch.device("cpu"), torch.bfloat16), reason="no oneDNN bf16 on this CPU")
 def test_projections_on_onednns_layout(second_tiny, monkeypatch):
     """Where the native bf16 kernel does not take a projection (no AVX512-BF16, or its shape),
     its weight is held in oneDNN's opaque layout, which cannot be written in place: the update
