@@ -72,7 +72,7 @@ class EngineConfig:
     cuda_graph_max_bs: int = _opt(256, "Largest decode batch captured in a CUDA graph.")
     enable_overlap: bool = _opt(False, "Overlap scheduling: while the device (on CPU a worker thread) runs decode step N, process step N-1's tokens; steady decode only (rows with a grammar, penalties, logprobs or a seed are sampled by the loop once their previous token is appended). Off by default: tested on CPU only, not yet validated on a GPU.")
     stream_interval: int = _opt(1, "Streaming sends a chunk every this many new tokens (the first token and the end at once); larger: fewer, bigger events and less server CPU per token. A request's sampling_params.stream_interval overrides it.")
-    max_queued_requests: int = _opt(4096, "Requests waiting beyond the running batch are rejected past this (HTTP 429).")
+    max_queued_requests: int = _opt(4096, "Requests waiting beyond the running batch are rejected past this (HTTP 429); with priority scheduling a request that outranks a waiting one takes its place instead.")
     grammar_backend: str = _opt("outlines", "Constrained decoding backend.", GRAMMAR_BACKENDS)
     grammar_timeout_s: float = _opt(10.0, "Longest time one grammar may take to compile before the request is rejected.")
     jump_forward: bool = _opt(True, "Append forced grammar continuations without sampling.")

@@ -21,6 +21,7 @@ from typing import Any
 from radixflow.runtime.config import EngineConfig
 from radixflow.runtime.core.model_runner import ModelRunner
 from radixflow.runtime.core.output import finalize_text
+from radixflow.runtime.core.priority import DISPLACED, queue_victim
 from radixflow.runtime.core.publish import OutputSink, publish
 from radixflow.runtime.core.request import Req, adapter_namespaces
 from radixflow.runtime.core.scheduler import Scheduler
@@ -52,7 +53,8 @@ class EngineLoop:
         # the n > 1 request rids (Req.group) of those, with how many: `abort(rid)` ends a group's
         # members, so a group's rid is in use as long as one of them is
         self.groups: dict[str, int] = {}
-        self.lock = threading.Lock()   # guards `active`, `groups` and the stopped state
+        self.lock = threading.Lock()   # guards `active`, `groups`, `displacing` and the stopped state
+        self.displacing: set[str] = set()  # waiting rids a request of higher priority is displacing
         self.finish_listeners: list[Callable[[RequestTiming], None]] = []
         self.recent_timings: deque[RequestTiming] = deque(maxlen=10000)
         self.invariant_violations: list[str] = []  # with check_invariants: what broke, per step
@@ -75,7 +77,8 @@ class EngineLoop:
 
     def submit(self, req: Req) -> None:
         """Queue `req`; ValueError for a rid in flight (as a request's or a group's), QueueFullError
-        past the in-flight cap."""
+        past the in-flight cap unless, with priority scheduling, it outranks a waiting request,
+        which it displaces (that one ends with reason abort, unless admitted meanwhile)."""
         limit = self.config.max_queued_requests + self.config.max_num_seqs
         with self.lock:
             self._refuse_if_stopped()
@@ -84,8 +87,13 @@ class EngineLoop:
             if req.group in self.active:
                 raise ValueError(f"request id {req.group!r} is already in use")
             if len(self.active) >= limit:
-                raise QueueFullError(f"{len(self.active)} requests are in flight (max_num_seqs + "
-                                     f"max_queued_requests = {limit}); retry later")
+                # NOTE: a copy of the engine thread's queue, read whole under the GIL.
+                victim = queue_victim(self.scheduler.priority, list(self.scheduler.waiting), req, self.displacing)
+                if victim is None:
+                    raise QueueFullError(f"{len(self.active)} requests are in flight (max_num_seqs + "
+                                         f"max_queued_requests = {limit}); retry later")
+                self.displacing.add(victim.rid)
+                self.inbox.put(("displace", victim))
             self.active.add(req.rid)
             if req.group is not None:
                 self.groups[req.group] = self.groups.get(req.group, 0) + 1
@@ -252,6 +260,8 @@ class EngineLoop:
             self.drop_namespace(payload)
         elif kind == "when_idle":
             self._add_idle_call(*payload)
+        elif kind == "displace":
+            self._displace(payload)
         self._run_idle_calls()  # an abort (or a call) may have ended the last request an update waits for
 
     def _add_idle_call(self, call: _Call, abort_reason: dict | None) -> None:
@@ -350,6 +360,15 @@ class EngineLoop:
                 payload.fail(error)
             elif kind == "when_idle":
                 payload[0].fail(error)
+
+    def _displace(self, req: Req) -> None:
+        """End waiting `req` for a request of higher priority that took its place in a full
+        queue; nothing if it was admitted (or ended) meanwhile."""
+        with self.lock:
+            self.displacing.discard(req.rid)
+        if req in self.scheduler.waiting:
+            self.scheduler.finish(req, DISPLACED)
+            self.hand_out()
 
     def _check_invariants(self) -> None:
         try:

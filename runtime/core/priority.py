@@ -43,6 +43,22 @@ class PriorityRules:
 NO_PRIORITIES = PriorityRules()
 
 
+DISPLACED = {"type": "abort", "message": "the queue was full and a request of higher priority took this request's place"}
+
+
+def queue_victim(rules: PriorityRules, waiting: list[Req], req: Req, spared: set[str]) -> Req | None:
+    """The waiting request that `req` displaces from a full queue (SGLang's rule): the one ranked
+    last (the latest to arrive among equals), when `req` outranks it; None otherwise, or while
+    priorities are off. `spared`: rids already chosen by an earlier displacement."""
+    if not rules.enabled:
+        return None
+    candidates = [w for w in waiting if w.rid not in spared]
+    if not candidates:
+        return None
+    victim = max(candidates, key=lambda w: (rules.rank(w), w.times.arrival))
+    return victim if rules.rank(victim) > rules.rank(req) else None
+
+
 def priority_rules(config: EngineConfig) -> PriorityRules:
     """The engine config's priority flags (SGLang's names) as rules."""
     default = config.default_priority_value

@@ -18,7 +18,8 @@ def test_scores_equal_the_engines(client, engine):
     want = engine.score(QUERY, ITEMS, LABELS)
     assert data["object"] == "scoring" and data["model"] == "tiny"
     for got_row, want_row in zip(data["scores"], want, strict=True):
-        assert all(math.isclose(a, b, rel_tol=1e-6) for a, b in zip(got_row, want_row, strict=True))
+        # the second call extends the query cached by the first: a float sum in another order
+        assert all(math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-7) for a, b in zip(got_row, want_row, strict=True))
     tokens = sum(len(engine.tokenizer.encode(QUERY + item)) for item in ITEMS)
     assert data["usage"] == {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0}
     ids = client.post("/v1/score", json={"query": engine.tokenizer.encode(QUERY), "items": [[5, 6], [7]],

@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import platform
 import stat
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -170,20 +171,32 @@ def builds_without_dir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("builds_without")
 
 
+# the macro a -mno-... flag takes away: where -march=native does not define it either, the build
+# this machine makes anyway is the one the flag asks for
+_FLAG_MACROS = {"-mno-avx512f": "__AVX512F__", "-mno-avx512bf16": "__AVX512BF16__"}
+
+
 @pytest.fixture
-def build_without(fresh_build, builds_without_dir, monkeypatch) -> Callable[[str], None]:
+def build_without(builds_without_dir, monkeypatch) -> Callable[[str], None]:
     """build_without("-mno-avx512bf16"): library() loads a build made with the C compiler told
-    to leave an instruction set out, as a CPU without it builds (x86 only, else the test skipped)."""
+    to leave an instruction set out, as a CPU without it builds (x86 only, else the test skipped).
+    On a CPU without it, that is the build this machine makes: the session's is used (no compile)."""
     from radixflow.kernels import native
 
     def use(flag: str) -> None:
         cc = native._compiler()
         if cc is None or platform.machine() not in ("x86_64", "AMD64"):
             pytest.skip("needs an x86 C compiler")
+        monkeypatch.setenv(native.ENV_SWITCH, "1")
+        macros = subprocess.run([cc, "-march=native", "-dM", "-E", "-"], input="", capture_output=True,
+                                text=True, timeout=60).stdout
+        if _FLAG_MACROS[flag] not in macros:
+            return
         wrapper = builds_without_dir / f"cc{flag}"
         if not wrapper.exists():
             wrapper.write_text(f'#!/bin/sh\nexec {cc} "$@" {flag}\n')
             wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
+        monkeypatch.setattr(native, "_loaded", {})  # put back after the test
         monkeypatch.setenv("CC", str(wrapper))
         monkeypatch.setenv("RADIXFLOW_CACHE", str(builds_without_dir))
     return use

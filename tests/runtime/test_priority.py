@@ -12,9 +12,10 @@ import torch
 from radixflow.radix import RadixCache
 from radixflow.runtime import Engine
 from radixflow.runtime.core.kv_pool import KVPool, ReqToTokenPool
-from radixflow.runtime.core.priority import PriorityRules
+from radixflow.runtime.core.priority import DISPLACED, PriorityRules, queue_victim
 from radixflow.runtime.core.request import Req, Status
 from radixflow.runtime.core.scheduler import Scheduler, SchedulerLimits
+from radixflow.runtime.errors import QueueFullError
 from radixflow.runtime.model.demo import demo_model
 from radixflow.runtime.sampling_params import SamplingParams
 
@@ -297,3 +298,53 @@ def test_abort_on_priority_when_disabled():
 def test_config_refusals(kwargs):
     with pytest.raises(ValueError):
         Engine(demo_model("tiny"), **kwargs)
+
+
+def test_queue_victim_is_the_last_of_the_lowest_priority():
+    waiting = [make_req("a", 0), make_req("b", 3), make_req("c", 0), make_req("d", None)]
+    for i, req in enumerate(waiting):
+        req.times.arrival = float(i)
+    new = make_req("new", 1)
+    assert queue_victim(ON, waiting, new, set()).rid == "d"  # None counts as 0, and came last
+    assert queue_victim(ON, waiting, new, {"d"}).rid == "c"
+    assert queue_victim(ON, waiting, new, {"a", "c", "d"}) is None  # "b" outranks it
+    assert queue_victim(ON, waiting, make_req("same", 0), set()) is None
+    assert queue_victim(PriorityRules(), waiting, make_req("any", 99), set()) is None
+    assert queue_victim(PriorityRules(enabled=True, low_values_first=True), waiting, new, set()).rid == "b"
+
+
+def test_a_full_queue_takes_a_request_of_higher_priority_in_place_of_its_last():
+    """One running, two waiting (max_queued_requests 2): another request of the same priority is
+    refused (QueueFullError, a 429 over HTTP); one of higher priority takes the place of the
+    waiting request that came last, which ends with reason abort."""
+    short = {"max_new_tokens": 2, "temperature": 0}
+    with Engine(demo_model("tiny"), enable_priority_scheduling=True, max_num_seqs=1, max_queued_requests=2) as engine:
+
+        async def run() -> dict:
+            reasons: dict = {}
+
+            async def consume(name, priority, params):
+                async for chunk in engine.generate_stream("a story of " + name, params, rid=name, priority=priority):
+                    reasons[name] = chunk["meta_info"]["finish_reason"]
+
+            async def until(check):
+                while not check(engine.stats()):
+                    await asyncio.sleep(0.002)
+
+            tasks = [asyncio.create_task(consume("running", 0, {"max_new_tokens": 4000, "ignore_eos": True}))]
+            await until(lambda s: s.num_running == 1)
+            tasks += [asyncio.create_task(consume(name, 0, short)) for name in ("first", "second")]
+            await until(lambda s: s.num_waiting == 2)
+            with pytest.raises(QueueFullError):
+                await consume("same-priority", 0, short)
+            tasks.append(asyncio.create_task(consume("urgent", 5, short)))
+            await until(lambda s: "second" in reasons)
+            engine.abort("running")
+            await asyncio.gather(*tasks)
+            return reasons
+
+        reasons = asyncio.run(run())
+        assert reasons["second"] == DISPLACED
+        assert reasons["first"]["type"] == reasons["urgent"]["type"] == "length"
+        assert reasons["running"]["type"] == "abort" and "same-priority" not in reasons
+        engine.check_accounting()
