@@ -36,6 +36,7 @@ import random
 import statistics
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 # name: rng -> (shared prefix length, each prompt's own length)
 SHAPES = {
@@ -125,13 +126,18 @@ def main() -> int:
             ap.error(f"unknown shapes {unknown}: choose from {sorted(known)}")
         shapes = {name: known[name] for name in args.shapes.split(",")}
     runs: dict = {shape: {side: [] for side in sides} for shape in shapes}
-    for r in range(args.rounds):
-        for shape in shapes:
-            order = list(sides) if r % 2 == 0 else list(reversed(sides))
-            for side in order:
-                got = run_worker(sides[side], args, shape)
-                runs[shape][side].append(got)
-                print(f"round {r} {shape} {side}: {got['step_ms']:.2f} ms per decode step", flush=True)
+    jobs = [(r, shape, side) for r in range(args.rounds) for shape in shapes
+            for side in (list(sides) if r % 2 == 0 else list(reversed(sides)))]
+
+    def run(job: tuple[int, str, str]) -> dict:
+        r, shape, side = job
+        got = run_worker(sides[side], args, shape)
+        print(f"round {r} {shape} {side}: {got['step_ms']:.2f} ms per decode step", flush=True)
+        return got
+    # A smoke run checks the script end to end, not its timings: its workers start side by side.
+    with ThreadPoolExecutor(max_workers=len(jobs) if args.smoke else 1) as pool:
+        for (_, shape, side), got in zip(jobs, pool.map(run, jobs)):
+            runs[shape][side].append(got)
     packages = {side: {g["package"] for gs in (runs[s][side] for s in shapes) for g in gs} for side in sides}
     assert all(len(p) == 1 for p in packages.values()) and len(set().union(*packages.values())) == len(sides), packages
     result: dict = {}

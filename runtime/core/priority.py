@@ -71,11 +71,14 @@ class PriorityPreemption:
     """Scheduler's priority preemption (a mixin of Scheduler, which sets the state below and
     provides `_retract`, `_future_decode`, `_reserved_decode`, `_available`, `num_running`).
 
-    When the first-ranked waiting request cannot be admitted for want of a batch seat or of KV,
-    running requests it outranks by more than the threshold are retracted (lowest priority
-    first, then the least advanced) until it fits: their KV goes to the tree and they wait
-    again. Nothing is retracted unless what they free would be enough. A plan that found nothing
-    to do is not made again until the queue, the tree or the holders change (`_queue_changed`).
+    A request partway through a chunked prefill that the first-ranked waiting request outranks
+    by more than the threshold is retracted first (nothing else is admitted while it chunks; its
+    chunks so far stay in the tree). Then, when that request cannot be admitted for want of a
+    batch seat or of KV, running requests it outranks by more than the threshold are retracted
+    (lowest priority first, then the least advanced) until it fits: their KV goes to the tree and
+    they wait again. Nothing is retracted unless what they free would be enough. A plan that
+    found nothing to do is not made again until the queue, the tree or the holders change
+    (`_queue_changed`).
     """
 
     limits: SchedulerLimits
@@ -85,26 +88,34 @@ class PriorityPreemption:
     req_pool: ReqToTokenPool
     waiting: list[Req]
     running: list[Req]
+    prefilling: list[Req]
     admission_paused: bool
     _preemption_idle: bool
 
     def _preemption_possible(self) -> bool:
         """Whether `_preempt_for_priority` may retract something (cheap: no prefix match)."""
-        if self._preemption_idle or not self.waiting or not self.running or self.admission_paused:
+        if self._preemption_idle or not self.waiting or self.admission_paused:
             return False
         head = min(self.waiting, key=self.priority.rank)
-        return any(self.priority.may_preempt(head, r) for r in self.running)
+        return any(self.priority.may_preempt(head, r) for r in self.running + self.prefilling)
 
     def _preempt_for_priority(self) -> int:
         """Retract what the first-ranked waiting request needs gone to be admitted; how many."""
         if not self.priority.enabled or not self.priority.preemption or not self._preemption_possible():
             return 0
-        victims = self._preemption_victims(min(self.waiting, key=self.priority.rank))
-        self._preemption_idle = not victims
+        head = min(self.waiting, key=self.priority.rank)
+        chunked = [r for r in self.prefilling if self.priority.may_preempt(head, r)]
+        for req in chunked:  # out first: the room the others are judged on counts what it frees
+            self._preempt(req)
+        victims = self._preemption_victims(head)
+        self._preemption_idle = not (chunked or victims)
         for req in victims:
-            log.debug("preempting %s (priority %s) for a waiting request of higher priority", req.rid, req.priority)
-            self._retract(req, reestimate=False)
-        return len(victims)
+            self._preempt(req)
+        return len(chunked) + len(victims)
+
+    def _preempt(self, req: Req) -> None:
+        log.debug("preempting %s (priority %s) for a waiting request of higher priority", req.rid, req.priority)
+        self._retract(req, reestimate=False)
 
     def _preemption_victims(self, head: Req) -> list[Req]:
         """The running requests to retract so that `head` fits, or [] when it fits already or

@@ -25,9 +25,9 @@ ON = PriorityRules(enabled=True)
 
 
 def make_scheduler(priority: PriorityRules = ON, max_num_seqs: int = 2, num_slots: int = 4096,
-                   policy: str = "fcfs") -> Scheduler:
+                   policy: str = "fcfs", chunk: int = 0) -> Scheduler:
     cpu = torch.device("cpu")
-    limits = SchedulerLimits(max_num_seqs=max_num_seqs, max_prefill_tokens=1 << 20, chunked_prefill_size=0,
+    limits = SchedulerLimits(max_num_seqs=max_num_seqs, max_prefill_tokens=1 << 20, chunked_prefill_size=chunk,
                              max_context_len=8192, policy=policy, lpm_fcfs_threshold=128)
     return Scheduler(limits, KVPool(num_slots + 1, 1, 1, 1, torch.float32, cpu),
                      ReqToTokenPool(max_num_seqs, 8192, cpu), RadixCache(), priority=priority)
@@ -200,6 +200,34 @@ def test_a_cached_prefix_it_would_lock_does_not_count_as_room():
     while s.has_work():
         assert step(s)
         s.check_accounting()
+
+
+@pytest.mark.parametrize("urgent_priority, steps_aside", [(11, True), (10, False)])
+def test_a_chunked_prefill_of_lower_priority_steps_aside(urgent_priority, steps_aside):
+    """Nothing joins a step while a prompt prefills in chunks: an outranking request retracts it
+    and goes first, and it comes back in the same step from its chunks so far (in the tree); a
+    request within the threshold waits for the chunks to end."""
+    s = make_scheduler(max_num_seqs=4, chunk=16)
+    long = make_req("long", 0, prompt_len=100, max_new_tokens=2)
+    s.add(long)
+    assert step(s) and long in s.prefilling and long.kv_len == 16
+    urgent = make_req("urgent", urgent_priority, max_new_tokens=2, first=500)
+    s.add(urgent)
+    batch = s.schedule()
+    if steps_aside:
+        assert batch.reqs == [urgent, long] and batch.prefix_lens == [0, 16] and batch.extend_lens == [8, 16]
+    else:
+        assert batch.reqs == [long] and batch.prefix_lens == [16]
+    assert s.num_preemptions == long.num_retractions == int(steps_aside)
+    for req, sample in zip(batch.reqs, batch.sample):
+        if sample:
+            req.output_ids.append(TOKEN)
+    s.finish_step(batch)
+    assert urgent.output_ids == ([TOKEN] if steps_aside else [])  # its first token before the long prompt's
+    while s.has_work():
+        assert step(s)
+        s.check_accounting()
+    assert long.finish_reason == urgent.finish_reason == {"type": "length"}
 
 
 def test_a_plan_that_finds_nothing_is_not_made_again_until_something_changes(monkeypatch):
