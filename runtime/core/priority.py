@@ -93,11 +93,14 @@ class PriorityPreemption:
     _preemption_idle: bool
 
     def _preemption_possible(self) -> bool:
-        """Whether `_preempt_for_priority` may retract something (cheap: no prefix match)."""
+        """Whether `_preempt_for_priority` may retract something (no prefix match; when no
+        waiting request outranks a holder enough, not asked again until the sets change)."""
         if self._preemption_idle or not self.waiting or self.admission_paused:
             return False
         head = min(self.waiting, key=self.priority.rank)
-        return any(self.priority.may_preempt(head, r) for r in self.running + self.prefilling)
+        possible = any(self.priority.may_preempt(head, r) for r in self.running + self.prefilling)
+        self._preemption_idle = not possible
+        return possible
 
     def _preempt_for_priority(self) -> int:
         """Retract what the first-ranked waiting request needs gone to be admitted; how many."""

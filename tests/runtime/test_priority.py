@@ -252,6 +252,25 @@ def test_a_plan_that_finds_nothing_is_not_made_again_until_something_changes(mon
     assert s._preemption_possible()
 
 
+def test_no_pair_to_preempt_is_not_looked_for_again_until_the_sets_change(monkeypatch):
+    """Decode steps with a full batch and a queue that outranks nothing by enough: the check
+    that a preemption is possible runs once, not every step (and again after an arrival)."""
+    s = make_scheduler()
+    _, lows = run_two_low_then_high(s, 10)  # within the threshold: no pair
+    looks = []
+    real = PriorityRules.rank
+    monkeypatch.setattr(PriorityRules, "rank", lambda self, req: looks.append(req.rid) or real(self, req))
+    for _ in range(4):
+        assert step(s)
+    assert looks and not s._preemption_possible()
+    seen = len(looks)
+    for _ in range(3):
+        assert step(s)
+    assert len(looks) == seen and all(r.status is Status.RUNNING for r in lows)
+    s.add(make_req("urgent", 11, first=900))
+    assert s._preemption_possible()
+
+
 def test_overlap_stops_for_a_possible_preemption():
     s = make_scheduler()
     high, _ = run_two_low_then_high(s, 11)
