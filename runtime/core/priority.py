@@ -92,21 +92,26 @@ class PriorityPreemption:
     admission_paused: bool
     _preemption_idle: bool
 
-    def _preemption_possible(self) -> bool:
-        """Whether `_preempt_for_priority` may retract something (no prefix match; when no
-        waiting request outranks a holder enough, not asked again until the sets change)."""
-        if self._preemption_idle or not self.waiting or self.admission_paused:
-            return False
-        head = min(self.waiting, key=self.priority.rank)
-        possible = any(self.priority.may_preempt(head, r) for r in self.running + self.prefilling)
+    def _preemption_head(self) -> Req | None:
+        """The first-ranked waiting request when it outranks a holder enough to preempt it (no
+        prefix match), else None; a None is not worked out again until the sets change."""
+        rules = self.priority
+        if not (rules.enabled and rules.preemption) or self._preemption_idle or not self.waiting \
+                or self.admission_paused:
+            return None
+        head = min(self.waiting, key=rules.rank)
+        possible = any(rules.may_preempt(head, r) for r in self.running + self.prefilling)
         self._preemption_idle = not possible
-        return possible
+        return head if possible else None
+
+    def _preemption_possible(self) -> bool:
+        return self._preemption_head() is not None
 
     def _preempt_for_priority(self) -> int:
         """Retract what the first-ranked waiting request needs gone to be admitted; how many."""
-        if not self.priority.enabled or not self.priority.preemption or not self._preemption_possible():
+        head = self._preemption_head()
+        if head is None:
             return 0
-        head = min(self.waiting, key=self.priority.rank)
         chunked = [r for r in self.prefilling if self.priority.may_preempt(head, r)]
         for req in chunked:  # out first: the room the others are judged on counts what it frees
             self._preempt(req)

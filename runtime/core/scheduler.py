@@ -292,7 +292,7 @@ class Scheduler(Admission, SlotAccounting, LongRopeSwitch, PriorityPreemption):
         admission, retraction). A full batch or a memory-blocked queue goes on overlapping."""
         if self.prefilling or not self.running or (self.waiting and not self._admits_nothing()):
             return None
-        if self.priority.enabled and self.priority.preemption and self._preemption_possible():
+        if self._preemption_possible():
             return None  # `schedule` preempts (or learns it cannot)
         if self._crosses_next_step():
             return None  # a pending token passes the short factors' context: `schedule` restarts its request
