@@ -1,5 +1,5 @@
-"""Shared pytest setup: the repository root off sys.path, Triton interpreter on CPU, skip `gpu`
-tests without CUDA."""
+"""Shared pytest setup: the repository root off sys.path, torch threads per xdist worker, Triton
+interpreter on CPU, skip `gpu` tests without CUDA."""
 from __future__ import annotations
 
 import os
@@ -15,6 +15,11 @@ import torch
 # this project's. The project is imported as the installed `radixflow`, never by folder name.
 _ROOT = Path(__file__).resolve().parents[1]
 sys.path[:] = [p for p in sys.path if Path(p or os.curdir).resolve() != _ROOT]
+
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    # pytest-xdist's workers share the cores: each takes its share of torch (and native kernel)
+    # threads. A test that needs more asks for them (on_threads below).
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
 
 if not torch.cuda.is_available():
     # Must be set before anything imports triton: the interpreter swaps triton.language at import.
