@@ -24,6 +24,7 @@ CPU attention is set up (runtime/model/attention.py), not on the first decode st
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import logging
@@ -32,6 +33,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -144,6 +146,24 @@ def _compile(cc: str, target: Path) -> bool:
                 os.unlink(leftover)
 
 
+@contextlib.contextmanager
+def _build_lock(target: Path) -> Iterator[None]:
+    """Held while `target` is built: processes starting together (API servers, test workers)
+    compile it once, the others wait and load it. Without fcntl (not POSIX), no lock: each
+    builds its own copy, as atomically as before."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    with open(target.with_name(target.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def _run_step(step: list[str]) -> subprocess.CompletedProcess:
     return subprocess.run(step, capture_output=True, text=True, timeout=300)
 
@@ -160,8 +180,10 @@ def _build() -> ctypes.CDLL | None:
         key = hashlib.sha256(b"\0".join([*sources, command.encode(), version.encode(),
                                           _cpu_flags().encode()])).hexdigest()[:16]
         target = _cache_dir() / f"cpu_kernels-{key}.so"
-        if not target.exists() and not _compile(cc, target):
-            return None
+        if not target.exists():
+            with _build_lock(target):  # another process building it: wait for its file
+                if not target.exists() and not _compile(cc, target):
+                    return None
         lib = ctypes.CDLL(str(target))
     except (OSError, subprocess.SubprocessError) as exc:
         log.warning("native CPU kernels unavailable (%s): CPU attention runs on its torch path", exc)
