@@ -158,12 +158,12 @@ def run_tokens_only(engine, ps: list[list[int]], params: dict, rids: list[str]) 
     """Requests as the engine process runs them: token ids only (no detokenizing, no stop
     strings: the server process does those), each step's outputs encoded for the socket."""
     from radixflow.runtime import SamplingParams
-    from radixflow.runtime.core.request import LogprobOptions
+    from radixflow.runtime.core.request import OutputOptions
 
     sink = EncodingSink(len(ps))
     sp = SamplingParams.from_dict(params)
     for p, rid in zip(ps, rids):
-        engine.start_stream(p, sp, LogprobOptions(), rid, None, None, sink)
+        engine.start_stream(p, sp, OutputOptions(), rid, None, None, sink)
     sink.done.wait()
 
 

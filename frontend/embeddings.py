@@ -29,6 +29,7 @@ class EmbeddingRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = None
     user: str | None = None
+    priority: int | None = None  # vLLM's: the request's rank under priority scheduling
 
 
 class EncodeRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -38,6 +39,7 @@ class EncodeRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     input_ids: list[int | list[int]] | None = None  # one prompt's ids, or a list of them (not mixed)
     rid: str | list[str] | None = None
     lora_path: str | None = None
+    priority: int | None = None  # the request's rank under priority scheduling
 
 
 class Embedding(msgspec.Struct):
@@ -105,7 +107,7 @@ async def create_embedding(request: Request) -> Response:
         raise APIError(400, "input must not be an empty string", param="input")
     check_prompt_size(req.input, server.limits, "input")
     prompts = await off_loop_if_large(request, parse_prompts, req.input, engine.tokenizer, "input")
-    results = await _embed(request, prompts.ids, [{"lora_path": lora}] * len(prompts.ids), {"prompt": "input"})
+    results = await _embed(request, prompts.ids, [{"lora_path": lora, "priority": req.priority}] * len(prompts.ids), {"prompt": "input"})
     if any(r.get("embedding") is None for r in results):  # an abort asked for, or the server shutting down
         raise APIError(400, "the request was aborted before its embeddings were computed", code="request_aborted")
     encode = _as_base64 if req.encoding_format == "base64" else (lambda vector: vector)
@@ -127,6 +129,6 @@ async def encode(request: Request) -> Response:
     rids = req.rid if isinstance(req.rid, list) else [req.rid] * len(prompts)
     if len(rids) != len(prompts):
         raise APIError(400, f"got {len(rids)} rid for {len(prompts)} inputs", param="rid")
-    options = [{"lora_path": req.lora_path, "rid": rid} for rid in rids]
+    options = [{"lora_path": req.lora_path, "rid": rid, "priority": req.priority} for rid in rids]
     results = await _embed(request, prompts, options, {"prompt": "text" if req.input_ids is None else "input_ids"})
     return json_response(results if is_batch else results[0])

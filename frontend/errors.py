@@ -47,8 +47,8 @@ _SAMPLING_FIELD = re.compile(r"sampling_params\.(\w+)")
 # with the constraint's kind (runtime/grammar/), or "grammar" where the backend does not say
 _PROMPT = re.compile(r"^(?:token id -?\d+ is outside the vocabulary|the prompt is empty|the prompt has \d+ tokens but)")
 _GRAMMAR = re.compile(r"^(regex|json_schema|choices|ebnf|structural_tag|grammar)[ :]")
-# request options the engine checks itself (runtime/request_inputs.py check_priority_use)
-_OPTION = re.compile(r"^(priority) ")
+# request options the engine checks itself (runtime/request_inputs.py check_priority_use, ...)
+_OPTION = re.compile(r"^(priority|return_hidden_states) ")
 
 
 def _param(message: str) -> str | None:

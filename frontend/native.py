@@ -39,7 +39,6 @@ class GenerateRequest(RequestOptions, kw_only=True, forbid_unknown_fields=True):
     rid: str | list[str] | None = None
     # accepted and ignored when harmless
     image_data: Any = None
-    return_hidden_states: bool = False
     log_metrics: bool = True
     custom_logit_processor: Any = None
 
@@ -48,8 +47,6 @@ def _check_unsupported(req: GenerateRequest) -> None:
     """400 naming a field whose effect radixflow cannot give."""
     if req.image_data not in (None, [], ""):
         raise APIError(400, "image_data is not supported: this server has no vision model", param="image_data")
-    if req.return_hidden_states:
-        raise APIError(400, "return_hidden_states is not supported", param="return_hidden_states")
     if req.custom_logit_processor is not None:
         raise APIError(400, "custom_logit_processor is not supported", param="custom_logit_processor")
 

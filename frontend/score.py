@@ -25,6 +25,7 @@ class ScoreRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     apply_softmax: bool = False
     item_first: bool = False
     model: str | None = None  # the served model or a LoRA adapter's name; absent: the base model
+    priority: int | None = None  # vLLM's: every pair's rank under priority scheduling
 
 
 class ScoreUsage(msgspec.Struct):
@@ -77,7 +78,8 @@ async def create_score(request: Request) -> Response:
         raise APIError(400, f"This model's maximum context length is {engine.max_context_len} tokens. However, "
                        f"query + item + label is {longest} tokens.", param="items", code="context_length_exceeded")
     pairs = batch.requests()
-    options = [{"return_logprob": True, "logprob_start_len": start, "lora_path": lora} for _, start in pairs]
+    options = [{"return_logprob": True, "logprob_start_len": start, "lora_path": lora,
+                "priority": req.priority} for _, start in pairs]
     try:
         fanout, _ = await launch(request.receive, engine, [ids for ids, _ in pairs], [PREFILL_ONLY] * len(pairs),
                                  options, server.in_flight)

@@ -65,6 +65,7 @@ class EngineConfig:
     disable_priority_preemption: bool = _opt(False, "With priority scheduling: order the queue by priority but never preempt a running request for it.")
     default_priority_value: int | None = _opt(None, "The priority of a request that gives none (unset: 0).")
     abort_on_priority_when_disabled: bool = _opt(False, "Without priority scheduling: refuse a request that gives a `priority` (HTTP 400) instead of ignoring it.")
+    enable_return_hidden_states: bool = _opt(False, "Serve `return_hidden_states` (SGLang's flag): such a request's meta_info holds the final hidden state (after the model's last norm) of every position it fed the model. Its prompt is computed in full (no cached prefix: the cache keeps KV, not hidden states), it runs outside CUDA graphs and overlap, and is not drafted for. Without the flag such a request is a 400.")
     lpm_fcfs_threshold: int = _opt(128, "Past this many waiting requests lpm falls back to fcfs (matching costs grow).")
     disable_radix_cache: bool = _opt(False, "Keep no KV between requests (every prompt is prefilled in full).")
     attention_backend: str = _opt("auto", "Attention kernels; auto = triton on CUDA, torch on CPU. Env: RADIXFLOW_ATTENTION_BACKEND.", ATTENTION_BACKENDS)

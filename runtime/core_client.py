@@ -39,13 +39,14 @@ from radixflow.runtime.config import EngineConfig
 from radixflow.runtime.core.messages import (
     AbortNotice, AbortRequest, ControlCall, ControlReply, CoreInfo, FromCore, Health, Hello, Rejected, RequestOutput, StepOutput,
     SubmitRequest, Timings)
-from radixflow.runtime.core.request import LogprobOptions, new_rid
+from radixflow.runtime.core.request import OutputOptions, new_rid
 from radixflow.runtime.core_process import QUICK_CALLS, Outbox, start_core
 from radixflow.runtime.errors import EngineClosedError, EngineDeadError
 from radixflow.runtime.model.model_path import resolve_model_path
 from radixflow.runtime.output_channel import ChannelsByLoop, OutputChannel
 from radixflow.runtime.request_inputs import (
-    InputIds, Prompt, check_embed, check_options, check_priority_use, check_prompt, normalize_inputs, stream_inputs,
+    InputIds, Prompt, check_embed, check_hidden_states_use, check_options, check_priority_use, check_prompt,
+    normalize_inputs, stream_inputs,
 )
 from radixflow.runtime.sampling_params import SamplingParams
 from radixflow.runtime.stats import EngineStats, RequestTiming
@@ -119,18 +120,21 @@ class EngineClient:
                               lora_path: str | None = None, session_id: str | None = None,
                               lora: str | None = None, incremental: bool = False,
                               group: str | None = None, lora_version: str | None = None,
-                              embed: bool = False, priority: int | None = None) -> AsyncIterator[dict]:
+                              embed: bool = False, priority: int | None = None,
+                              return_hidden_states: bool = False) -> AsyncIterator[dict]:
         """As Engine.generate_stream: cumulative chunks (`incremental`: each chunk's new text and
         ids only); closing the iterator early aborts. `group`, `lora_version`, `embed`,
-        `priority`: as Engine.generate_stream's."""
+        `priority`, `return_hidden_states`: as Engine.generate_stream's."""
         lora = lora if lora is not None else lora_path
         check_options(rid, return_logprob=return_logprob, logprob_start_len=logprob_start_len,
                       top_logprobs_num=top_logprobs_num, return_text_in_logprobs=return_text_in_logprobs,
-                      session_id=session_id, lora_path=lora, priority=priority)
+                      session_id=session_id, lora_path=lora, priority=priority,
+                      return_hidden_states=return_hidden_states)
         check_priority_use(priority, self.config)
+        check_hidden_states_use(return_hidden_states, self.config)
         ids, sp = stream_inputs(self.tokenizer, prompt, input_ids, sampling_params)
         check_embed(embed, sp)
-        opts = LogprobOptions(return_logprob, logprob_start_len, top_logprobs_num)
+        opts = OutputOptions(return_logprob, logprob_start_len, top_logprobs_num, return_hidden_states)
         self.validate_prompt(ids, sp)
         opts.validate(len(ids), self.vocab_size)
         rid = rid or new_rid()
@@ -147,7 +151,8 @@ class EngineClient:
         self._send(SubmitRequest(rid=rid, input_ids=ids, sampling=sp, return_logprob=return_logprob,
                                  logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num,
                                  lora=lora, session_id=session_id, group=group,
-                                 lora_version=lora_version, embed=embed, priority=priority))
+                                 lora_version=lora_version, embed=embed, priority=priority,
+                                 return_hidden_states=return_hidden_states))
         try:
             while not chunks.done:
                 batch = await outputs.take()

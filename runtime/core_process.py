@@ -36,7 +36,7 @@ import zmq
 from radixflow.runtime.core.messages import (
     AbortNotice, AbortRequest, ControlCall, ControlReply, CoreInfo, Health, Hello, Rejected, RequestOutput, StepOutput,
     SubmitRequest, Timings, ToCore, undecodable_submit_rid)
-from radixflow.runtime.core.request import LogprobOptions
+from radixflow.runtime.core.request import OutputOptions
 from radixflow.runtime.process_liveness import process_alive, process_start
 from radixflow.runtime.stats import RequestTiming
 
@@ -267,7 +267,7 @@ class CoreServer:
 
     def _start(self, identity: bytes, sink: ClientSink, m: SubmitRequest, reserved: bool) -> None:
         try:
-            opts = LogprobOptions(m.return_logprob, m.logprob_start_len, m.top_logprobs_num)
+            opts = OutputOptions(m.return_logprob, m.logprob_start_len, m.top_logprobs_num, m.return_hidden_states)
             # tokens only: the client detokenizes and checks stop strings
             self.engine.start_stream(m.input_ids, m.sampling, opts, m.rid, m.lora, m.session_id, sink,
                                      group=m.group, lora_version=m.lora_version, reserved=reserved, embed=m.embed,

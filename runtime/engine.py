@@ -24,7 +24,7 @@ from radixflow.runtime.core.faults import NO_FAULTS, FaultInjector
 from radixflow.runtime.model.model_path import resolve_model_path
 from radixflow.runtime.model.weight_update import PendingTensors
 from radixflow.runtime.core.model_runner import ModelRunner
-from radixflow.runtime.core.request import LogprobOptions, Req, check_finish_reason, new_rid
+from radixflow.runtime.core.request import OutputOptions, Req, check_finish_reason, new_rid
 from radixflow.runtime.result import make_result
 from radixflow.runtime.scoring import PREFILL_ONLY, score_requests
 from radixflow.runtime.core.publish import OutputSink, StreamCursor
@@ -42,7 +42,8 @@ from radixflow.runtime.core.engine_loop import EngineLoop
 from radixflow.runtime.core.step import StepRunner
 from radixflow.runtime.starting import StartingRequests
 from radixflow.runtime.request_inputs import (
-    InputIds, Prompt, check_embed, check_options, check_priority_use, check_prompt, normalize_inputs, stream_inputs,
+    InputIds, Prompt, check_embed, check_hidden_states_use, check_options, check_priority_use, check_prompt,
+    normalize_inputs, stream_inputs,
 )
 from radixflow.runtime.text.output_text import OutputText
 from radixflow.runtime.text.tokenizer import Tokenizer
@@ -106,19 +107,25 @@ class Engine(WeightUpdates):
                  logprob_start_len: int | None = None, top_logprobs_num: int = 0,
                  return_text_in_logprobs: bool = False, rid: str | list[str] | None = None,
                  lora_path: str | None = None, session_id: str | None = None,
-                 lora: str | None = None, priority: int | None = None) -> dict | list[dict]:
+                 lora: str | None = None, priority: int | None = None,
+                 return_hidden_states: bool = False) -> dict | list[dict]:
         """Generate for one prompt (→ one result) or a list (→ a list, in order).
 
         Results are shaped like SGLang's native /generate response. With n > 1 each prompt
         gives n results (a list for one prompt) after one shared prefill. `lora`: an adapter
         name (`lora_path`, as SGLang's: a name, or a path under lora_dir). `priority`: with
         priority scheduling, the request's rank (runtime/core/priority.py).
+        `return_hidden_states` (with `enable_return_hidden_states`): meta_info["hidden_states"]
+        holds the final hidden states, as SGLang's: first the prompt's [prompt_tokens][hidden],
+        then one [hidden] per output token but the last (the positions it fed the model).
         """
         lora_path = lora if lora is not None else lora_path
         check_options(rid, return_logprob=return_logprob, logprob_start_len=logprob_start_len,
                       top_logprobs_num=top_logprobs_num, return_text_in_logprobs=return_text_in_logprobs,
-                      session_id=session_id, lora_path=lora_path, priority=priority)
+                      session_id=session_id, lora_path=lora_path, priority=priority,
+                      return_hidden_states=return_hidden_states)
         check_priority_use(priority, self.config)
+        check_hidden_states_use(return_hidden_states, self.config)
         prompts, is_batch = self._normalize_inputs(prompt, input_ids)
         if isinstance(sampling_params, list):
             if len(sampling_params) != len(prompts):
@@ -126,7 +133,7 @@ class Engine(WeightUpdates):
             sps = [SamplingParams.from_dict(p) for p in sampling_params]
         else:
             sps = [SamplingParams.from_dict(sampling_params)] * len(prompts)
-        opts = LogprobOptions(return_logprob, logprob_start_len, top_logprobs_num)
+        opts = OutputOptions(return_logprob, logprob_start_len, top_logprobs_num, return_hidden_states)
         groups = self._run_batch(prompts, sps, [opts] * len(prompts), self._normalize_rids(rid, len(prompts)),
                                  lora_path, session_id, priority)
         decode = self._decode_token if return_text_in_logprobs else None
@@ -136,7 +143,7 @@ class Engine(WeightUpdates):
             out.append(res[0] if sp.n == 1 else res)
         return out if is_batch else out[0]
 
-    def _run_batch(self, prompts: list[list[int]], sps: list[SamplingParams], opts: list[LogprobOptions],
+    def _run_batch(self, prompts: list[list[int]], sps: list[SamplingParams], opts: list[OutputOptions],
                    rids: list[str | None], lora_path: str | None, session_id: str | None,
                    priority: int | None = None) -> list[list[Req]]:
         """Run each prompt (its n samples) to its finish; per prompt its finished requests.
@@ -162,32 +169,37 @@ class Engine(WeightUpdates):
         return [[req for req, _ in group] for group in groups]
 
     def score(self, query: str | list[int], items: str | list[str] | list[list[int]], label_token_ids: list[int],
-              *, apply_softmax: bool = False, item_first: bool = False, lora: str | None = None) -> list[list[float]]:
+              *, apply_softmax: bool = False, item_first: bool = False, lora: str | None = None,
+              priority: int | None = None) -> list[list[float]]:
         """SGLang's generative scoring: per item, the probability of each label token right after
         query + item (item + query with `item_first`), in label order; with `apply_softmax`
         normalized over the labels. Text is tokenized joined; token ids are joined as lists.
-        The items share the query's KV (runtime/scoring.py). ValueError for bad input, and when
-        a request was aborted or failed before its score."""
+        The items share the query's KV (runtime/scoring.py). `priority`: every pair's, as
+        generate's. ValueError for bad input, and when a request was aborted or failed before its
+        score."""
+        check_options(None, lora_path=lora, priority=priority)
+        check_priority_use(priority, self.config)
         batch = score_requests(self.tokenizer, query, items, label_token_ids, item_first, self.vocab_size)
         pairs = batch.requests()
         room = self.config.max_num_seqs + self.config.max_queued_requests
         if len(pairs) > room:
             raise ValueError(f"{len(pairs)} item-label pairs are more requests than the engine takes at once ({room}: "
                              "max_num_seqs + max_queued_requests); score fewer items or labels per call")
-        opts = [LogprobOptions(True, start, 0) for _, start in pairs]
+        opts = [OutputOptions(True, start, 0) for _, start in pairs]
         groups = self._run_batch([ids for ids, _ in pairs], [PREFILL_ONLY] * len(pairs), opts, [None] * len(pairs),
-                                 lora, None)
+                                 lora, None, priority)
         return batch.scores([make_result(group[0], None, False) for group in groups], apply_softmax)
 
     def encode(self, prompt: Prompt = None, input_ids: InputIds = None, *, rid: str | list[str] | None = None,
-               lora_path: str | None = None, lora: str | None = None) -> dict | list[dict]:
+               lora_path: str | None = None, lora: str | None = None, priority: int | None = None) -> dict | list[dict]:
         """Embed one prompt (→ one result) or a list (→ a list, in order): each is prefilled
         (its prefix from the cache like any request's) and its last token's final hidden state,
         after the model's last norm, L2-normalized, is `embedding` (SGLang's /encode shape:
         {"embedding": [...], "meta_info": {...}}). A request that fails or is aborted has
-        `embedding` None and says why in meta_info's finish_reason."""
+        `embedding` None and says why in meta_info's finish_reason. `priority`: as generate's."""
         lora_path = lora if lora is not None else lora_path
-        check_options(rid, lora_path=lora_path)
+        check_options(rid, lora_path=lora_path, priority=priority)
+        check_priority_use(priority, self.config)
         prompts, is_batch = self._normalize_inputs(prompt, input_ids)
         sp = SamplingParams.from_dict({"max_new_tokens": 0})
         rids = self._normalize_rids(rid, len(prompts))
@@ -197,7 +209,8 @@ class Engine(WeightUpdates):
         choice = None if lora_path is None else self._choose_adapter(lora_path)
         submitted: list[Req] = []
         try:
-            waits = [self._submit(ids, sp, LogprobOptions(), r, choice, None, None, True, submitted, embed=True)
+            waits = [self._submit(ids, sp, OutputOptions(), r, choice, None, None, True, submitted, embed=True,
+                                  priority=priority)
                      for ids, r in zip(prompts, rids)]
         except BaseException:  # a full queue or a rid in use part-way: nothing of the batch runs on
             for req in submitted:
@@ -216,7 +229,8 @@ class Engine(WeightUpdates):
                               lora_path: str | None = None, session_id: str | None = None,
                               lora: str | None = None, incremental: bool = False,
                               group: str | None = None, lora_version: str | None = None,
-                              embed: bool = False, priority: int | None = None) -> AsyncIterator[dict]:
+                              embed: bool = False, priority: int | None = None,
+                              return_hidden_states: bool = False) -> AsyncIterator[dict]:
         """Yield SGLang-style stream chunks: cumulative `text` and `output_ids` (`incremental`:
         only those new since the previous chunk, `completion_tokens` still counting all); logprob
         lists hold only the entries new since the previous chunk. Closing the iterator early (a
@@ -224,16 +238,19 @@ class Engine(WeightUpdates):
         is a sample (or the prefill) of, so `abort(group)` ends it too. `lora_version`: what
         `adapter_version(lora)` said when the request began (its other samples' weights).
         `embed`: an embedding request (as `encode`'s; `sampling_params` must be prefill-only,
-        max_new_tokens 0): its one chunk carries `embedding`."""
+        max_new_tokens 0): its one chunk carries `embedding`. `return_hidden_states`: as
+        generate's, in the last chunk's meta_info."""
         lora_path = lora if lora is not None else lora_path
         check_options(rid, return_logprob=return_logprob, logprob_start_len=logprob_start_len,
                       top_logprobs_num=top_logprobs_num, return_text_in_logprobs=return_text_in_logprobs,
-                      session_id=session_id, lora_path=lora_path, priority=priority)
+                      session_id=session_id, lora_path=lora_path, priority=priority,
+                      return_hidden_states=return_hidden_states)
         check_priority_use(priority, self.config)
+        check_hidden_states_use(return_hidden_states, self.config)
         ids, sp = stream_inputs(self.tokenizer, prompt, input_ids, sampling_params)
         check_embed(embed, sp)
         loop = asyncio.get_running_loop()
-        opts = LogprobOptions(return_logprob, logprob_start_len, top_logprobs_num)
+        opts = OutputOptions(return_logprob, logprob_start_len, top_logprobs_num, return_hidden_states)
         channel = self._channels.get(loop)
         rid = self._normalize_rids(rid, 1)[0] or new_rid()
         # The engine thread sends token ids only; the text is made here, on this loop. Made
@@ -274,7 +291,7 @@ class Engine(WeightUpdates):
         if not submitted.cancelled() and submitted.exception() is None:
             self.abort(rid)
 
-    def start_stream(self, ids: list[int], sp: SamplingParams, opts: LogprobOptions, rid: str | None,
+    def start_stream(self, ids: list[int], sp: SamplingParams, opts: OutputOptions, rid: str | None,
                      lora: str | None, session_id: str | None, sink: OutputSink, *,
                      group: str | None = None, lora_version: str | None = None, reserved: bool = False,
                      embed: bool = False, priority: int | None = None) -> Req:
@@ -448,7 +465,7 @@ class Engine(WeightUpdates):
         """ValueError with the reason when a prompt can never be served."""
         check_prompt(ids, sp, self.runner.args.vocab_size, self.max_context_len, self.runner.kv_pool.capacity)
 
-    def _make_req(self, ids: list[int], sp: SamplingParams, opts: LogprobOptions, rid: str | None,
+    def _make_req(self, ids: list[int], sp: SamplingParams, opts: OutputOptions, rid: str | None,
                   lora_path: str | AdapterChoice | None, on_output: Callable[[Req, bool], None] | None,
                   checked: bool = False, with_text: bool = True, cancel: threading.Event | None = None,
                   embed: bool = False) -> Req:
@@ -461,7 +478,8 @@ class Engine(WeightUpdates):
             self.validate_prompt(ids, sp)
         check_lora_request(self.loras, lora_path)
         opts.validate(len(ids), self.runner.args.vocab_size)
-        req = Req(rid=rid or new_rid(), prompt_ids=ids, sampling=sp, logprob=opts, on_output=on_output, embed=embed)
+        check_hidden_states_use(opts.return_hidden_states, self.config)
+        req = Req(rid=rid or new_rid(), prompt_ids=ids, sampling=sp, options=opts, on_output=on_output, embed=embed)
         if self.loras is not None and lora_path is not None:
             self.loras.attach(req, self._choose_adapter(lora_path) if isinstance(lora_path, str) else lora_path)
         if with_text:
@@ -487,7 +505,7 @@ class Engine(WeightUpdates):
                              f"this request's samples were being started; send the request again")
         return choice
 
-    def _make_group(self, ids: list[int], sp: SamplingParams, opts: LogprobOptions, rid: str | None,
+    def _make_group(self, ids: list[int], sp: SamplingParams, opts: OutputOptions, rid: str | None,
                     lora_path: str | AdapterChoice | None, session_id: str | None = None, checked: bool = False,
                     submitted: list[Req] | None = None, priority: int | None = None) -> list[tuple[Req, threading.Event]]:
         """One request, or for n > 1 a prefill-only request first and then n that hit it (the
@@ -500,7 +518,7 @@ class Engine(WeightUpdates):
         if sp.n == 1:
             return [self._submit(ids, sp, opts, rid, lora_path, session_id, None, checked, submitted, priority=priority)]
         warm = SamplingParams.from_dict({"max_new_tokens": 0})
-        first, ev = self._submit(ids, warm, LogprobOptions(), None, lora_path, None, rid, checked, submitted,
+        first, ev = self._submit(ids, warm, OutputOptions(), None, lora_path, None, rid, checked, submitted,
                                  priority=priority)
         ev.wait()
         if (first.finish_reason or {}).get("type") in ("abort", "error"):
@@ -509,7 +527,7 @@ class Engine(WeightUpdates):
                              session_id, rid, checked, submitted, priority=priority)
                 for i in range(sp.n)]
 
-    def _submit(self, ids: list[int], sp: SamplingParams, opts: LogprobOptions, rid: str | None,
+    def _submit(self, ids: list[int], sp: SamplingParams, opts: OutputOptions, rid: str | None,
                 lora_path: str | AdapterChoice | None, session_id: str | None, group: str | None, checked: bool,
                 submitted: list[Req], embed: bool = False, priority: int | None = None) -> tuple[Req, threading.Event]:
         ev = threading.Event()

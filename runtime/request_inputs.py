@@ -75,6 +75,13 @@ def check_priority_use(priority: object, config: EngineConfig) -> None:
                          "(start it with --enable-priority-scheduling)")
 
 
+def check_hidden_states_use(return_hidden_states: object, config: EngineConfig) -> None:
+    """ValueError for `return_hidden_states` asked of an engine that does not serve it."""
+    if return_hidden_states is True and not config.enable_return_hidden_states:
+        raise ValueError("return_hidden_states is asked but this engine does not return hidden states "
+                         "(start it with --enable-return-hidden-states)")
+
+
 def stream_inputs(tokenizer: Tokenizer, prompt: str | None, input_ids: list[int] | None,
                   sampling_params: dict | SamplingParams | None) -> tuple[list[int], SamplingParams]:
     """generate_stream's one prompt as token ids and its sampling parameters (n = 1)."""

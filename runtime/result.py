@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from radixflow.runtime.core.output import visible_text
 from radixflow.runtime.core.request import Req
 
@@ -32,8 +34,8 @@ def meta_info(req: Req, decode: Any, with_text: bool, out_start: int = 0,
     }
     if req.is_finished:
         meta.update(finished_stats(req))
-    if req.logprob.return_logprob:
-        top = req.logprob.top_logprobs_num > 0
+    if req.options.return_logprob:
+        top = req.options.top_logprobs_num > 0
         if include_input:
             vals, tops = logprob_triples(req.input_logprobs, decode, with_text)
             meta["input_token_logprobs"] = vals
@@ -70,4 +72,16 @@ def finished_stats(req: Req) -> dict[str, Any]:
     }
     if req.num_verify_steps:  # speculative decoding drafted for it: SGLang's count of verify steps
         stats["spec_verify_ct"] = req.num_verify_steps
+    if req.options.return_hidden_states:
+        stats["hidden_states"] = hidden_states_output(req)
     return stats
+
+
+def hidden_states_output(req: Req) -> list[list]:
+    """meta_info["hidden_states"] in SGLang's shape: the prompt positions' [n][hidden] first, then
+    one [hidden] per later position (each output token fed back), as far as they were computed."""
+    if not req.hidden_states:
+        return []
+    rows = torch.cat(req.hidden_states) if len(req.hidden_states) > 1 else req.hidden_states[0]
+    prompt = len(req.prompt_ids)
+    return [rows[:prompt].tolist(), *rows[prompt:].tolist()]

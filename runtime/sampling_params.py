@@ -252,6 +252,7 @@ class RequestOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     session_id: str | None = None  # requests of one conversation or program run (session goodput)
     lora_path: str | None = None  # LoRA adapter: a loaded name, or a path under --lora-dir; None: the base
     priority: int | None = None  # with priority scheduling, the request's rank; None: the engine's default
+    return_hidden_states: bool = False  # meta_info["hidden_states"] (needs --enable-return-hidden-states)
 
     def validate(self) -> None:
         """ValueError starting with the field's name when a value is out of range."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from radixflow.runtime.core.messages import RequestOutput
-from radixflow.runtime.core.request import LogprobOptions
+from radixflow.runtime.core.request import OutputOptions
 from radixflow.runtime.result import logprob_triples
 from radixflow.runtime.sampling_params import SamplingParams
 from radixflow.runtime.text.output_text import ClientText, OutputText
@@ -28,7 +28,7 @@ class StreamChunks:
     request's last output was taken.
     """
 
-    def __init__(self, rid: str, prompt_tokens: int, logprob: LogprobOptions, decode: Any,
+    def __init__(self, rid: str, prompt_tokens: int, logprob: OutputOptions, decode: Any,
                  with_text: bool, interval: int = 1, text: ClientText | None = None,
                  end: Callable[[dict[str, Any]], None] | None = None, incremental: bool = False,
                  embed: bool = False) -> None:
@@ -46,7 +46,7 @@ class StreamChunks:
         self._held_tokens = 0
 
     @classmethod
-    def for_stream(cls, tokenizer: Any, rid: str, ids: list[int], sp: SamplingParams, opts: LogprobOptions,
+    def for_stream(cls, tokenizer: Any, rid: str, ids: list[int], sp: SamplingParams, opts: OutputOptions,
                    default_interval: int, return_text_in_logprobs: bool, end: Callable[[dict[str, Any]], None],
                    incremental: bool, embed: bool = False) -> StreamChunks:
         """A `generate_stream`'s builder (Engine's and EngineClient's alike): its text made here

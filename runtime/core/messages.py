@@ -97,6 +97,7 @@ class SubmitRequest(msgspec.Struct, frozen=True, kw_only=True, tag="submit"):
     lora_version: str | None = None
     embed: bool = False  # an embedding request (Engine.encode): its sampling is prefill-only
     priority: int | None = None  # with priority scheduling, its rank (runtime/core/priority.py)
+    return_hidden_states: bool = False  # its last output's finished_stats carry them
 
 
 class AbortRequest(msgspec.Struct, frozen=True, tag="abort"):

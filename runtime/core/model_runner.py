@@ -250,14 +250,17 @@ class ModelRunner:
             rope_offsets=self.rope_offsets(reqs))
 
     def _can_replay(self, batch: ScheduledBatch, logit_offsets: list[list[int]]) -> bool:
-        """A decode batch that fits a captured graph and wants exactly each request's one logit row."""
+        """A decode batch that fits a captured graph and wants exactly each request's one logit
+        row, and no request's hidden states (a replay keeps none)."""
         return (self.graph_runner is not None and batch.is_decode and len(batch.reqs) <= self.graph_runner.max_bs
-                and all(n == 1 for n in batch.extend_lens) and all(o == [0] for o in logit_offsets))
+                and all(n == 1 for n in batch.extend_lens) and all(o == [0] for o in logit_offsets)
+                and not any(r.options.return_hidden_states for r in batch.reqs))
 
     def _graph_rows(self, batch: ScheduledBatch, logit_offsets: list[list[int]]) -> list[int]:
         """In a decode round with jump-forward rows, the one-token rows a graph can replay
         (all of them, or none when they are too many for the graphs or there is nothing else)."""
-        if self.graph_runner is None or not batch.is_decode_round:
+        if (self.graph_runner is None or not batch.is_decode_round
+                or any(r.options.return_hidden_states for r in batch.reqs)):
             return []
         rows = [i for i, (n, o) in enumerate(zip(batch.extend_lens, logit_offsets)) if n == 1 and o == [0]]
         return rows if len(rows) <= self.graph_runner.max_bs and len(rows) < len(batch.reqs) else []

@@ -48,8 +48,8 @@ def is_plain(req: Req, num_pending: int) -> bool:
     no longer holding stop tokens back once its `num_pending` tokens still on the device are
     appended."""
     sp = req.sampling
-    return (req.grammar is None and req.generator is None and not req.logprob.return_logprob
-            and not req.logprob.top_logprobs_num and not sp.is_penalized and not sp.logit_bias
+    return (req.grammar is None and req.generator is None and not req.options.return_logprob
+            and not req.options.top_logprobs_num and not sp.is_penalized and not sp.logit_bias
             and len(req.output_ids) + num_pending >= sp.min_new_tokens)
 
 

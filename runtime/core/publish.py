@@ -39,7 +39,7 @@ def take_output(req: Req, cursor: StreamCursor) -> RequestOutput:
     finished = req.finish_reason is not None
     if cursor.plain and not finished:
         return RequestOutput(rid=req.rid, new_token_ids=new_ids, cached_tokens=req.cached_len)  # a jump-forward's
-    asked = req.logprob.return_logprob
+    asked = req.options.return_logprob
     out = RequestOutput(
         rid=req.rid, new_token_ids=new_ids,
         new_logprobs=req.output_logprobs[cursor.logprobs:] if asked else [], cached_tokens=req.cached_len,

@@ -73,12 +73,16 @@ CALLER_FINISH_TYPES = ("abort", "stop", "error")
 
 
 @dataclass
-class LogprobOptions:
-    """What logprobs to return (top-level fields of a native /generate request)."""
+class OutputOptions:
+    """What a request's output carries beside its tokens: logprobs, and its final hidden states
+    (top-level fields of a native /generate request)."""
 
     return_logprob: bool = False
     logprob_start_len: int | None = None   # None or -1: output only (as SGLang); k: prompt from position k
     top_logprobs_num: int = 0
+    # the final hidden state (after the model's last norm) of every position it feeds the model:
+    # its prompt's and each output token's but the last (meta_info["hidden_states"])
+    return_hidden_states: bool = False
 
     def validate(self, prompt_len: int, vocab_size: int) -> None:
         """ValueError naming the option when a request asks for what cannot be given."""
@@ -129,7 +133,7 @@ class Req:
     rid: str
     prompt_ids: list[int]
     sampling: SamplingParams
-    logprob: LogprobOptions = field(default_factory=LogprobOptions)
+    options: OutputOptions = field(default_factory=OutputOptions)
     namespace: str | None = None
     long_rope: bool = False      # LongRoPE: rotated with the long factors (its KV in long_rope_namespace)
     lora_id: int = -1            # device slot of its adapter while it holds KV, else -1
@@ -166,6 +170,10 @@ class Req:
     drafts: list[int] | None = None  # this step's drafts, appended to output_ids until its forward ran
     embed: bool = False          # an embedding request: prefill only, its last token's final hidden state
     embedding: list[float] | None = None  # that state, L2-normalized, once computed
+    # with options.return_hidden_states: final hidden states of positions 0.. in order, [n, hidden]
+    # fp32 on the host per forward that computed some (runtime/core/step.py _record_hidden_states)
+    hidden_states: list[torch.Tensor] = field(default_factory=list)
+    num_hidden: int = 0          # positions in hidden_states
     num_verify_steps: int = 0    # steps that verified drafts of it (meta_info spec_verify_ct)
     weight_version: str | None = None  # the weights its latest admission ran on (meta_info weight_version)
     input_logprobs: list[tuple[int, float, list[tuple[int, float]]]] = field(default_factory=list)

@@ -13,12 +13,15 @@ if TYPE_CHECKING:
 
 def match_key(req: Req) -> tuple[int, ...]:
     """The tokens whose KV may come from the cache: all but the last (its logits are needed),
-    and none past the first prompt position whose logprob was asked for. A tuple: the tree
-    compares and slices it without converting it again."""
+    none past the first prompt position whose logprob was asked for, and, for a request that
+    asks for hidden states, none whose hidden state it does not have yet (the cache keeps KV
+    only). A tuple: the tree compares and slices it without converting it again."""
     limit = req.seq_len - 1
-    start = req.logprob.prompt_start(len(req.prompt_ids))
+    start = req.options.prompt_start(len(req.prompt_ids))
     if start is not None:
         limit = min(limit, max(start - 1, 0))
+    if req.options.return_hidden_states:
+        limit = min(limit, req.num_hidden)
     return tuple(req.ids_range(0, limit))
 
 

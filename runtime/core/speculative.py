@@ -57,9 +57,10 @@ class Drafter(Protocol):
 def can_speculate(req: Req) -> bool:
     """Whether a verify step can check req's next tokens: it has no grammar, and its sampler row
     (set once nothing blocks, after its first token) is an argmax, or an unseeded draw with no
-    penalty, logit bias or logprob (a seeded request's draws stay those of plain decoding)."""
+    penalty, logit bias or logprob (a seeded request's draws stay those of plain decoding), and
+    it does not ask for hidden states (a rejected draft's would have to be taken back)."""
     row = req.sample_row
-    if row is None or req.grammar is not None:
+    if row is None or req.grammar is not None or req.options.return_hidden_states:
         return False
     return row.plain or (row.generator is None and not (row.penalized or row.biased or row.want_logprob))
 

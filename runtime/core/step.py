@@ -38,22 +38,26 @@ class _LogitPlan:
     """Which logit rows a request gets this step and what each is for."""
 
     offsets: list[int]          # rows within the request's new tokens, ascending
-    prompt_positions: list[int]  # for offsets[:len(prompt_positions)]: prompt position scored
+    prompt_positions: list[int]  # for offsets[first_scored:][:len(prompt_positions)]: prompt position scored
     sample: bool                 # the last offset is sampled from
+    first_scored: int = 0        # index in offsets of the first row scoring a prompt position
 
 
 def plan_logits(req: Req, prefix: int, n: int, sample_last: bool) -> _LogitPlan:
     """Rows needed: those scoring prompt tokens still owed as input logprobs (position q's
-    logits score token q+1), and the last row when sampling."""
+    logits score token q+1), and the last row when sampling; every row for a request that asks
+    for hidden states (the model keeps the final hidden states of the logit rows)."""
     rows: list[int] = []
     scored: list[int] = []
-    start = req.logprob.prompt_start(len(req.prompt_ids))
+    start = req.options.prompt_start(len(req.prompt_ids))
     if start is not None:
         next_pos = start + len(req.input_logprobs)   # first prompt position not yet scored
         for q in range(max(prefix, next_pos - 1), prefix + n):
             if q + 1 < len(req.prompt_ids) and q + 1 >= max(next_pos, 1):
                 rows.append(q - prefix)
                 scored.append(q + 1)
+    if req.options.return_hidden_states:
+        return _LogitPlan(list(range(n)), scored, sample_last, rows[0] if scored else 0)
     if sample_last and (not rows or rows[-1] != n - 1):
         rows.append(n - 1)
     return _LogitPlan(rows, scored, sample_last)
@@ -119,7 +123,8 @@ class StepRunner(OverlappedSteps, VerifySteps):
         batch = self.scheduler.schedule()
         if batch is None:
             return False
-        if self.launcher is not None and batch.is_decode:
+        hidden = any(r.options.return_hidden_states for r in batch.reqs)
+        if self.launcher is not None and batch.is_decode and not hidden:  # hidden states: read after the forward
             flight = self._in_flight = self.launcher.launch(batch, None, self.num_steps,  # appended next run_one
                                                             host_rows(batch.reqs, 0))
             if flight.host_rows:
@@ -143,6 +148,8 @@ class StepRunner(OverlappedSteps, VerifySteps):
         self._count_misses(batch)
         try:
             self._check_batch_faults(batch.reqs)
+            if hidden:
+                self._record_hidden_states(batch, plans)
             self._record_prompt_logprobs(batch, plans, logits)
             for i in self._verify_drafts(batch, [len(p.offsets) for p in plans], logits, drafted) if drafted else ():
                 plans[i] = _LogitPlan(plans[i].offsets, [], False)  # its tokens are appended
@@ -208,22 +215,45 @@ class StepRunner(OverlappedSteps, VerifySteps):
             return  # a decode row scores no prompt token
         base = 0
         for req, plan in zip(batch.reqs, plans):
-            k = len(plan.prompt_positions)
+            k, first = len(plan.prompt_positions), base + plan.first_scored
             try:
-                self._prompt_logprobs_of(req, plan, logits[base: base + k])
+                self._prompt_logprobs_of(req, plan, logits[first: first + k])
             except Exception as exc:  # this request's logprob options: fail it alone
                 self._fail(req, exc)
             base += len(plan.offsets)
 
+    def _record_hidden_states(self, batch: ScheduledBatch, plans: list[_LogitPlan]) -> None:
+        """Keep the final hidden states of the positions this step fed for each request that asks
+        for them (its plan's rows are all its new tokens), past those it has already: a request
+        readmitted after a retraction computes some positions again."""
+        hidden = self.runner.model.last_hidden
+        base = 0
+        for req, prefix, plan in zip(batch.reqs, batch.prefix_lens, plans):
+            n = len(plan.offsets)
+            if req.options.return_hidden_states and req.finish_reason is None:
+                try:
+                    if hidden is None or base + n > hidden.shape[0]:
+                        raise RuntimeError("the step's forward kept no hidden states for its rows")
+                    if prefix > req.num_hidden:
+                        raise RuntimeError(f"positions {req.num_hidden}..{prefix - 1} came from the cache: their "
+                                           "hidden states were never computed")
+                    rows = hidden[base + req.num_hidden - prefix: base + n]
+                    if rows.shape[0]:
+                        req.hidden_states.append(rows.float().cpu())
+                        req.num_hidden += rows.shape[0]
+                except Exception as exc:  # this request's alone
+                    self._fail(req, exc)
+            base += n
+
     def _prompt_logprobs_of(self, req: Req, plan: _LogitPlan, logits: torch.Tensor) -> None:
-        if not req.input_logprobs and req.logprob.prompt_start(len(req.prompt_ids)) == 0:
+        if not req.input_logprobs and req.options.prompt_start(len(req.prompt_ids)) == 0:
             req.input_logprobs.append((req.prompt_ids[0], None, None))
         if not plan.prompt_positions:
             return
         toks = torch.tensor([req.prompt_ids[p] for p in plan.prompt_positions], device=logits.device)
-        chosen, tops = score_tokens(logits, toks, req.logprob.top_logprobs_num)
+        chosen, tops = score_tokens(logits, toks, req.options.top_logprobs_num)
         for pos, c, t in zip(plan.prompt_positions, chosen, tops):
-            req.input_logprobs.append((req.prompt_ids[pos], c, t if req.logprob.top_logprobs_num else None))
+            req.input_logprobs.append((req.prompt_ids[pos], c, t if req.options.top_logprobs_num else None))
 
     def _sample_and_append(self, batch: ScheduledBatch, plans: list[_LogitPlan], logits: torch.Tensor) -> None:
         if batch.is_decode:  # one sampled row each, in order
@@ -347,8 +377,8 @@ class StepRunner(OverlappedSteps, VerifySteps):
             return
         if self.faults is not NO_FAULTS:
             self.faults.check("detokenizer", (req,), self.num_steps - 1)
-        if logprob is not None and req.logprob.return_logprob:
-            req.output_logprobs.append((token, logprob, tops if req.logprob.top_logprobs_num else None))
+        if logprob is not None and req.options.return_logprob:
+            req.output_logprobs.append((token, logprob, tops if req.options.top_logprobs_num else None))
         append_token(req, token, self.eos_ids, self.max_context_len, now)
         self.generated_tokens += 1
         if grammar is not None:  # may finish req, or append forced tokens (jump-forward)
@@ -366,7 +396,7 @@ class StepRunner(OverlappedSteps, VerifySteps):
         if req.sampler_state is None:
             req.sampler_state = RowState()
         row = SampleRow(sp, req.prompt_ids, req.output_ids, req.generator, blocked,
-                        req.logprob.top_logprobs_num, req.logprob.return_logprob, req.sampler_state)
+                        req.options.top_logprobs_num, req.options.return_logprob, req.sampler_state)
         if not blocked:
             req.sample_row = row
         return row

@@ -1,6 +1,7 @@
-"""`priority` over HTTP (both cores): /generate, /v1/completions, /v1/chat/completions and /v1/responses carry it
-to the engine core, where a high-priority request preempts a running low-priority one; a bad
-value, or any value where the server refuses priorities, is a 400 naming it."""
+"""`priority` over HTTP (both cores): /generate, /v1/completions, /v1/chat/completions, /v1/responses,
+/v1/embeddings, /encode and /v1/score carry it to the engine core, where a high-priority request
+preempts a running low-priority one; a bad value, or any value where the server refuses
+priorities, is a 400 naming it."""
 from __future__ import annotations
 
 import threading
@@ -46,6 +47,10 @@ def test_high_priority_preempts_through_every_route(prioritized):
         ("/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "urgent"}],
                                   "max_tokens": 3, "priority": 50}),
         ("/v1/responses", {"model": "tiny", "input": "urgent", "max_output_tokens": 3, "priority": 50}),
+        ("/v1/embeddings", {"model": "tiny", "input": "urgent", "priority": 50}),
+        ("/encode", {"text": "urgent", "priority": 50}),
+        # four item-label pairs: the first preempts, the other three queue before the low one
+        ("/v1/score", {"query": "urgent", "items": [" a", " b"], "label_token_ids": [5, 6], "priority": 50}),
     ]:
         low_done = threading.Event()
         low: dict = {}
@@ -64,7 +69,7 @@ def test_high_priority_preempts_through_every_route(prioritized):
         assert not low_done.is_set(), f"{route}: the high-priority request waited for the low one"
         thread.join()
         assert low["ids"] == alone  # preempted and resumed: the same greedy output
-    assert preemptions(client) - before == 4
+    assert preemptions(client) - before == 7
 
 
 @pytest.mark.parametrize("route, body", [
@@ -74,6 +79,12 @@ def test_high_priority_preempts_through_every_route(prioritized):
     ("/v1/completions", {"model": "tiny", "prompt": "hi", "priority": "1"}),
     ("/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "priority": True}),
     ("/v1/responses", {"model": "tiny", "input": "hi", "priority": 2.5}),
+    ("/v1/embeddings", {"model": "tiny", "input": "hi", "priority": "x"}),
+    ("/v1/embeddings", {"model": "tiny", "input": "hi", "priority": -(1 << 63)}),
+    ("/encode", {"text": "hi", "priority": 1.5}),
+    ("/encode", {"text": "hi", "priority": 1 << 63}),
+    ("/v1/score", {"query": "hi", "items": [" a"], "label_token_ids": [5], "priority": False}),
+    ("/v1/score", {"query": "hi", "items": [" a"], "label_token_ids": [5], "priority": 1 << 63}),
 ])
 def test_bad_priority_is_a_400(prioritized, route, body):
     client, eng = prioritized
@@ -90,7 +101,9 @@ def test_refused_where_priorities_are_off_and_refused():
     try:
         with httpx.Client(base_url=live.url, timeout=60) as client:
             for route, body in [("/generate", {"text": "hi", "priority": 1}),
-                                ("/v1/completions", {"model": "tiny", "prompt": "hi", "priority": 1})]:
+                                ("/v1/completions", {"model": "tiny", "prompt": "hi", "priority": 1}),
+                                ("/v1/embeddings", {"model": "tiny", "input": "hi", "priority": 1}),
+                                ("/v1/score", {"query": "hi", "items": [" a"], "label_token_ids": [5], "priority": 1})]:
                 r = client.post(route, json=body)
                 assert r.status_code == 400, r.text
                 assert r.json()["error"]["param"] == "priority" and "--enable-priority-scheduling" in r.json()["error"]["message"]

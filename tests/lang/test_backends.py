@@ -126,7 +126,8 @@ def test_engine_backend_maps_body_keys():
                       "logprob_start_len": 2, "return_text_in_logprobs": True})
     assert runtime.calls[0] == {"prompt": ["a", "b"], "sampling_params": {"max_new_tokens": 0}, "input_ids": None,
                                 "return_logprob": True, "logprob_start_len": 2, "return_text_in_logprobs": True,
-                                "top_logprobs_num": 0, "session_id": None, "priority": None}
+                                "top_logprobs_num": 0, "session_id": None, "priority": None,
+                                "return_hidden_states": False}
     backend.generate({"text": "a", "return_logprob": True, "priority": 3})  # as over HTTP: output logprobs only
     assert runtime.calls[1]["logprob_start_len"] == -1 and runtime.calls[1]["priority"] == 3
     with pytest.raises(ValueError, match="priority"):

@@ -15,7 +15,7 @@ from radixflow.runtime import Engine
 from radixflow.runtime.model.demo import demo_model
 from radixflow.runtime.errors import EngineClosedError
 from radixflow.runtime.core.faults import Fault, FaultInjector
-from radixflow.runtime.core.request import LogprobOptions
+from radixflow.runtime.core.request import OutputOptions
 from radixflow.runtime.sampling_params import SamplingParams
 
 WAIT_S = 20.0
@@ -57,7 +57,7 @@ class EngineLifecycle(RuleBasedStateMachine):
         sp = SamplingParams.from_dict({"max_new_tokens": max_new, "ignore_eos": True,
                                        "temperature": 0 if seed % 2 else 1.0})
         rid = f"q{len(self.submitted)}"
-        req = e._make_req(ids, sp, LogprobOptions(), rid, None, self._on_output)
+        req = e._make_req(ids, sp, OutputOptions(), rid, None, self._on_output)
         if self.closed:
             try:
                 e.loop.submit(req)

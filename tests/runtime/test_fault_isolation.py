@@ -322,9 +322,9 @@ def test_bad_top_logprobs_num_is_rejected_at_submission_and_others_keep_running(
 def test_logprob_error_in_the_step_fails_that_request_alone(logprob_start_len, monkeypatch):
     """What validation now refuses, forced through: topk over more alternatives than the
     vocabulary raises in the step; the asking request fails, its batch-mate completes."""
-    from radixflow.runtime.core.request import LogprobOptions
+    from radixflow.runtime.core.request import OutputOptions
 
-    monkeypatch.setattr(LogprobOptions, "validate", lambda self, prompt_len, vocab_size: None)
+    monkeypatch.setattr(OutputOptions, "validate", lambda self, prompt_len, vocab_size: None)
     with tiny() as e:
         sp, box = {**GREEDY, "max_new_tokens": 12}, {}
         greedy_for_logprobs = {"return_logprob": True, "logprob_start_len": logprob_start_len,
@@ -363,7 +363,7 @@ def test_failing_finish_listener_does_not_stop_the_engine():
 def test_failing_output_callback_does_not_stop_the_engine():
     """A consumer whose callback raises (on progress and on finish) is logged; the loop, the
     accounting and everyone else go on."""
-    from radixflow.runtime.core.request import LogprobOptions
+    from radixflow.runtime.core.request import OutputOptions
     from radixflow.runtime.sampling_params import SamplingParams
 
     with tiny() as e:
@@ -371,7 +371,7 @@ def test_failing_output_callback_does_not_stop_the_engine():
             raise RuntimeError("consumer bug")
 
         sp = SamplingParams.from_dict({**GREEDY, "max_new_tokens": 4})
-        req = e._make_req(ids(6, 17), sp, LogprobOptions(), "broken-consumer", None, on_output)
+        req = e._make_req(ids(6, 17), sp, OutputOptions(), "broken-consumer", None, on_output)
         req.stream = True
         e.loop.submit(req)
         other = bounded(e.generate, input_ids=ids(6, 18), sampling_params={**GREEDY, "max_new_tokens": 4})

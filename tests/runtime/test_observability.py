@@ -8,7 +8,7 @@ import pytest
 
 from radixflow.runtime import Engine
 from radixflow.runtime.model.demo import demo_model
-from radixflow.runtime.core.request import LogprobOptions
+from radixflow.runtime.core.request import OutputOptions
 from radixflow.runtime.sampling_params import SamplingParams
 from radixflow.runtime.slo import Goodput, SLOs
 from radixflow.runtime.stats import RequestTiming
@@ -62,7 +62,7 @@ def test_namespace_miss():
         prompt = ids(30, 9)
         e.generate(input_ids=prompt, sampling_params={"max_new_tokens": 0})
         done = threading.Event()
-        req = e._make_req(prompt, SamplingParams.from_dict({**GREEDY, "max_new_tokens": 1}), LogprobOptions(),
+        req = e._make_req(prompt, SamplingParams.from_dict({**GREEDY, "max_new_tokens": 1}), OutputOptions(),
                           "other-ns", None, lambda r, finished: done.set() if finished else None)
         req.namespace = "adapter-x"
         e.loop.submit(req)

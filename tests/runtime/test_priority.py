@@ -5,6 +5,8 @@ preempted request still gives its greedy output."""
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 
 import pytest
 import torch
@@ -324,19 +326,48 @@ def test_engine_preempted_request_keeps_its_greedy_output():
         engine.check_accounting()
 
 
+def test_encode_and_score_preempt_a_running_request_of_lower_priority():
+    with Engine(demo_model("tiny"), enable_priority_scheduling=True, max_num_seqs=1) as engine:
+        alone = engine.generate("the slow river", GREEDY)["output_ids"]
+        for urgent in (lambda: engine.encode("an urgent note", priority=50)["embedding"],
+                       lambda: engine.score("an urgent", [" note", " call"], [5, 6], priority=50)):
+            low: dict = {}
+            thread = threading.Thread(target=lambda: low.update(engine.generate("the slow river", GREEDY, priority=0)))
+            thread.start()
+            while engine.stats().num_running == 0:
+                time.sleep(0.005)
+            assert urgent()
+            assert not low, "the urgent request waited for the running one"
+            thread.join()
+            assert low["output_ids"] == alone
+        assert engine.stats().num_preemptions == 2
+        engine.check_accounting()
+
+
+# every call that submits requests checks `priority` the same way
+CALLS = {
+    "generate": lambda engine, **kw: engine.generate("hi", {"max_new_tokens": 1}, **kw)["meta_info"]["completion_tokens"],
+    "encode": lambda engine, **kw: len(engine.encode("hi", **kw)["embedding"]),
+    "score": lambda engine, **kw: len(engine.score("hi", ["a"], [5], **kw)),
+}
+
+
+@pytest.mark.parametrize("call", CALLS)
 @pytest.mark.parametrize("priority", [1.5, "1", True, 1 << 63, -(1 << 63)])
-def test_engine_refuses_a_priority_that_is_not_an_integer_in_range(priority):
+def test_engine_refuses_a_priority_that_is_not_an_integer_in_range(call, priority):
     with Engine(demo_model("tiny"), max_num_seqs=2) as engine:
         with pytest.raises(ValueError, match="priority"):
-            engine.generate("hi", {"max_new_tokens": 1}, priority=priority)
-        assert engine.generate("hi", {"max_new_tokens": 1}, priority=3)["meta_info"]["completion_tokens"] == 1
+            CALLS[call](engine, priority=priority)
+        assert CALLS[call](engine, priority=3) >= 1
+        engine.check_accounting()
 
 
-def test_abort_on_priority_when_disabled():
+@pytest.mark.parametrize("call", CALLS)
+def test_abort_on_priority_when_disabled(call):
     with Engine(demo_model("tiny"), abort_on_priority_when_disabled=True) as engine:
         with pytest.raises(ValueError, match="enable-priority-scheduling"):
-            engine.generate("hi", {"max_new_tokens": 1}, priority=3)
-        assert engine.generate("hi", {"max_new_tokens": 1})["meta_info"]["completion_tokens"] == 1
+            CALLS[call](engine, priority=3)
+        assert CALLS[call](engine) >= 1
 
 
 @pytest.mark.parametrize("kwargs", [{"priority_scheduling_preemption_threshold": -1},

@@ -159,10 +159,10 @@ def test_stream_chunks_hold_outputs_to_the_interval(interval):
     """The holding rule alone, one output at a time (no timing): the first output and the finish
     go at once, the others in chunks of `interval` new tokens."""
     from radixflow.runtime.core.messages import RequestOutput
-    from radixflow.runtime.core.request import LogprobOptions
+    from radixflow.runtime.core.request import OutputOptions
     from radixflow.runtime.stream_chunks import StreamChunks
 
-    chunks = StreamChunks("r", 4, LogprobOptions(), None, False, interval)
+    chunks = StreamChunks("r", 4, OutputOptions(), None, False, interval)
     sizes = []
     for i in range(23):
         last = i == 22
@@ -179,10 +179,10 @@ def test_incremental_chunks_do_not_grow_with_the_output():
     """An incremental chunk holds only its own outputs' ids and text, however long the output
     grew: building it reads no earlier token (the cumulative shape copies all of them)."""
     from radixflow.runtime.core.messages import RequestOutput
-    from radixflow.runtime.core.request import LogprobOptions
+    from radixflow.runtime.core.request import OutputOptions
     from radixflow.runtime.stream_chunks import StreamChunks
 
-    chunks = StreamChunks("r", 4, LogprobOptions(), None, False, incremental=True)
+    chunks = StreamChunks("r", 4, OutputOptions(), None, False, incremental=True)
     for i in range(1000):
         out = RequestOutput(rid="r", new_token_ids=[i, i + 1], text_delta="ab", cached_tokens=0,
                             finish_reason={"type": "length", "length": 2000} if i == 999 else None)
@@ -212,7 +212,7 @@ def test_plain_decode_tokens_travel_as_columns():
 
     from radixflow.runtime.core.messages import FromCore, RequestOutput
     from radixflow.runtime.core.publish import StreamCursor, publish
-    from radixflow.runtime.core.request import LogprobOptions, Req
+    from radixflow.runtime.core.request import OutputOptions, Req
 
     class Sink:
         def __init__(self):
@@ -224,7 +224,7 @@ def test_plain_decode_tokens_travel_as_columns():
     sinks = [Sink(), Sink()]
     sp = SamplingParams.from_dict({"max_new_tokens": 8})
     reqs = [Req(f"r{i}", [1, 2, 3], sp, sink=sinks[i % 2], cursor=StreamCursor(), cached_len=i) for i in range(4)]
-    reqs[3].logprob = LogprobOptions(return_logprob=True)
+    reqs[3].options = OutputOptions(return_logprob=True)
     for req in reqs:
         req.output_ids.append(10)
     publish(reqs)  # every first message is a RequestOutput (it starts the stream)
@@ -248,7 +248,7 @@ def test_a_plain_decode_step_builds_no_output_struct_per_request(engine, monkeyp
     """The regression guard of the O(1)-structs decode step: streaming tokens-only requests,
     the RequestOutputs the engine builds are their first and last messages only."""
     import radixflow.runtime.core.publish as publish_mod
-    from radixflow.runtime.core.request import LogprobOptions
+    from radixflow.runtime.core.request import OutputOptions
 
     built = []
     real = publish_mod.RequestOutput
@@ -272,7 +272,7 @@ def test_a_plain_decode_step_builds_no_output_struct_per_request(engine, monkeyp
     sp = SamplingParams.from_dict({**GREEDY, "max_new_tokens": 12})
     prompts = [engine.tokenizer.encode(f"columns {i}") for i in range(6)]
     for i, ids in enumerate(prompts):
-        engine.start_stream(ids, sp, LogprobOptions(), f"col-{i}", None, None, sink)
+        engine.start_stream(ids, sp, OutputOptions(), f"col-{i}", None, None, sink)
     deadline = time.monotonic() + 60
     while sink.done < len(prompts) and time.monotonic() < deadline:
         time.sleep(0.01)
