@@ -105,6 +105,7 @@ class ModelRunner:
 
     def __init__(self, cfg: EngineConfig, model_dir: str) -> None:
         self.args = load_model_args(model_dir)
+        self.serves_hidden_states = cfg.enable_return_hidden_states
         self.shape = derive_shape(cfg, self.args)
         dev = self.shape.device
         if cfg.load_format != "dummy":
@@ -249,18 +250,23 @@ class ModelRunner:
             req_rows=[r.row for r in reqs] if rows is None else rows, lora_slots=[r.lora_id for r in reqs],
             rope_offsets=self.rope_offsets(reqs))
 
+    def wants_hidden_states(self, reqs: list[Req]) -> bool:
+        """Whether a request of `reqs` asks for its hidden states: never (and no pass over the
+        batch) unless the engine serves them."""
+        return self.serves_hidden_states and any(r.options.return_hidden_states for r in reqs)
+
     def _can_replay(self, batch: ScheduledBatch, logit_offsets: list[list[int]]) -> bool:
         """A decode batch that fits a captured graph and wants exactly each request's one logit
         row, and no request's hidden states (a replay keeps none)."""
         return (self.graph_runner is not None and batch.is_decode and len(batch.reqs) <= self.graph_runner.max_bs
                 and all(n == 1 for n in batch.extend_lens) and all(o == [0] for o in logit_offsets)
-                and not any(r.options.return_hidden_states for r in batch.reqs))
+                and not self.wants_hidden_states(batch.reqs))
 
     def _graph_rows(self, batch: ScheduledBatch, logit_offsets: list[list[int]]) -> list[int]:
         """In a decode round with jump-forward rows, the one-token rows a graph can replay
         (all of them, or none when they are too many for the graphs or there is nothing else)."""
         if (self.graph_runner is None or not batch.is_decode_round
-                or any(r.options.return_hidden_states for r in batch.reqs)):
+                or self.wants_hidden_states(batch.reqs)):
             return []
         rows = [i for i, (n, o) in enumerate(zip(batch.extend_lens, logit_offsets)) if n == 1 and o == [0]]
         return rows if len(rows) <= self.graph_runner.max_bs and len(rows) < len(batch.reqs) else []

@@ -123,7 +123,7 @@ class StepRunner(OverlappedSteps, VerifySteps):
         batch = self.scheduler.schedule()
         if batch is None:
             return False
-        hidden = any(r.options.return_hidden_states for r in batch.reqs)
+        hidden = self.runner.wants_hidden_states(batch.reqs)
         if self.launcher is not None and batch.is_decode and not hidden:  # hidden states: read after the forward
             flight = self._in_flight = self.launcher.launch(batch, None, self.num_steps,  # appended next run_one
                                                             host_rows(batch.reqs, 0))
