@@ -55,6 +55,9 @@ class ForwardBatch:
     # [num_tokens] int64, the RoPE table row of each token where it is not its position: LongRoPE's
     # long sequences read the long factors' rows, after the short ones' (model.rope_tables)
     rope_positions: torch.Tensor | None = None
+    # [num_kept] int64, flat token rows whose final hidden states the model keeps apart from the
+    # logit rows' (every new token of a request asking for its hidden states); None: none
+    hidden_rows: torch.Tensor | None = None
 
     @property
     def batch_size(self) -> int:
@@ -85,7 +88,7 @@ class ForwardBatch:
                 out_slots=self.out_slots[t], req_rows=self.req_rows[r], prefix_lens=self.prefix_lens[r],
                 extend_lens=self.extend_lens[r], seq_lens=self.seq_lens[r], extend_starts=starts,
                 logit_rows=starts, prefix_lens_cpu=self.prefix_lens_cpu[r], extend_lens_cpu=self.extend_lens_cpu[r],
-                lora=None, parts=None, rope_positions=None if self.rope_positions is None else self.rope_positions[t])
+                lora=None, parts=None, hidden_rows=None, rope_positions=None if self.rope_positions is None else self.rope_positions[t])
         head = part(slice(0, rows), slice(0, tokens), self.extend_starts[:rows], self.is_decode)
         tail = part(slice(rows, None), slice(tokens, None), self.extend_starts[rows:] - tokens, True)
         return head, tail

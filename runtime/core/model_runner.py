@@ -201,9 +201,10 @@ class ModelRunner:
         if graph_rows:
             return self._forward_split(batch, logit_offsets, graph_rows)
         if batch.is_decode_round and not batch.is_decode:
-            return self.model(self._decode_rows_batch(batch, logit_offsets), self.attention)
-        fb = self.make_forward_batch(batch, logit_offsets)
-        return self.model(fb, self.attention)
+            fb = self._decode_rows_batch(batch, logit_offsets)
+        else:
+            fb = self.make_forward_batch(batch, logit_offsets)
+        return self.model(self._with_hidden_rows(fb, batch), self.attention)
 
     def _decode_tail(self, batch: ScheduledBatch) -> int | None:
         """Where a mixed step's trailing run of one-token decode rows starts, when the torch
@@ -254,6 +255,20 @@ class ModelRunner:
         """Whether a request of `reqs` asks for its hidden states: never (and no pass over the
         batch) unless the engine serves them."""
         return self.serves_hidden_states and any(r.options.return_hidden_states for r in reqs)
+
+    def _with_hidden_rows(self, fb: ForwardBatch, batch: ScheduledBatch) -> ForwardBatch:
+        """`fb` keeping the final hidden states (`model.kept_hidden`) of every new token of each
+        request that asks for them, in batch order; their logits are not computed unless sampled
+        or scored. Each request's new tokens are contiguous in both flat layouts (one row per
+        request, one row per new token)."""
+        if not self.wants_hidden_states(batch.reqs):
+            return fb
+        rows, start = [], 0
+        for req, n in zip(batch.reqs, batch.extend_lens):
+            if req.options.return_hidden_states:
+                rows.extend(range(start, start + n))
+            start += n
+        return dataclasses.replace(fb, hidden_rows=torch.tensor(rows, dtype=torch.int64, device=self.device))
 
     def _can_replay(self, batch: ScheduledBatch, logit_offsets: list[list[int]]) -> bool:
         """A decode batch that fits a captured graph and wants exactly each request's one logit

@@ -40,13 +40,12 @@ class _LogitPlan:
     offsets: list[int]          # rows within the request's new tokens, ascending
     prompt_positions: list[int]  # for offsets[first_scored:][:len(prompt_positions)]: prompt position scored
     sample: bool                 # the last offset is sampled from
-    first_scored: int = 0        # index in offsets of the first row scoring a prompt position
 
 
 def plan_logits(req: Req, prefix: int, n: int, sample_last: bool) -> _LogitPlan:
     """Rows needed: those scoring prompt tokens still owed as input logprobs (position q's
-    logits score token q+1), and the last row when sampling; every row for a request that asks
-    for hidden states (the model keeps the final hidden states of the logit rows)."""
+    logits score token q+1), and the last row when sampling. (The hidden states a request may ask
+    for are kept for all its new tokens apart from these: ModelRunner._with_hidden_rows.)"""
     rows: list[int] = []
     scored: list[int] = []
     start = req.options.prompt_start(len(req.prompt_ids))
@@ -56,8 +55,6 @@ def plan_logits(req: Req, prefix: int, n: int, sample_last: bool) -> _LogitPlan:
             if q + 1 < len(req.prompt_ids) and q + 1 >= max(next_pos, 1):
                 rows.append(q - prefix)
                 scored.append(q + 1)
-    if req.options.return_hidden_states:
-        return _LogitPlan(list(range(n)), scored, sample_last, rows[0] if scored else 0)
     if sample_last and (not rows or rows[-1] != n - 1):
         rows.append(n - 1)
     return _LogitPlan(rows, scored, sample_last)
@@ -149,7 +146,7 @@ class StepRunner(OverlappedSteps, VerifySteps):
         try:
             self._check_batch_faults(batch.reqs)
             if hidden:
-                self._record_hidden_states(batch, plans)
+                self._record_hidden_states(batch)
             self._record_prompt_logprobs(batch, plans, logits)
             for i in self._verify_drafts(batch, [len(p.offsets) for p in plans], logits, drafted) if drafted else ():
                 plans[i] = _LogitPlan(plans[i].offsets, [], False)  # its tokens are appended
@@ -215,22 +212,22 @@ class StepRunner(OverlappedSteps, VerifySteps):
             return  # a decode row scores no prompt token
         base = 0
         for req, plan in zip(batch.reqs, plans):
-            k, first = len(plan.prompt_positions), base + plan.first_scored
             try:
-                self._prompt_logprobs_of(req, plan, logits[first: first + k])
+                self._prompt_logprobs_of(req, plan, logits[base: base + len(plan.prompt_positions)])
             except Exception as exc:  # this request's logprob options: fail it alone
                 self._fail(req, exc)
             base += len(plan.offsets)
 
-    def _record_hidden_states(self, batch: ScheduledBatch, plans: list[_LogitPlan]) -> None:
+    def _record_hidden_states(self, batch: ScheduledBatch) -> None:
         """Keep the final hidden states of the positions this step fed for each request that asks
-        for them (its plan's rows are all its new tokens), past those it has already: a request
-        readmitted after a retraction computes some positions again."""
-        hidden = self.runner.model.last_hidden
+        for them (the model kept all its new tokens', those requests' in batch order), past those
+        it has already: a request readmitted after a retraction computes some positions again."""
+        hidden = self.runner.model.kept_hidden
         base = 0
-        for req, prefix, plan in zip(batch.reqs, batch.prefix_lens, plans):
-            n = len(plan.offsets)
-            if req.options.return_hidden_states and req.finish_reason is None:
+        for req, prefix, n in zip(batch.reqs, batch.prefix_lens, batch.extend_lens):
+            if not req.options.return_hidden_states:
+                continue
+            if req.finish_reason is None:
                 try:
                     if hidden is None or base + n > hidden.shape[0]:
                         raise RuntimeError("the step's forward kept no hidden states for its rows")

@@ -519,6 +519,7 @@ class CausalLM(nn.Module):
         self.local_rope: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         self.fused_layers: tuple | None = None  # runtime/model/fused_layers.py's, decided on first use
         self.last_hidden: torch.Tensor | None = None  # the latest forward's, [logit rows, hidden]
+        self.kept_hidden: torch.Tensor | None = None  # the latest forward's, [fb.hidden_rows, hidden]
 
     def init_rope(self, max_len: int, device: torch.device) -> None:
         """Tables for positions [0, max_len); call once the weights are on `device`."""
@@ -564,7 +565,8 @@ class CausalLM(nn.Module):
         else:
             for layer in self.layers:
                 x, residual = layer(x, residual, local_rope if layer.local_rope else rope, fb, attn)
-        x, _ = self.norm(x.index_select(0, fb.logit_rows), residual.index_select(0, fb.logit_rows))
+        self.kept_hidden = None if fb.hidden_rows is None else self._final_norm(x, residual, fb.hidden_rows)
+        x = self._final_norm(x, residual, fb.logit_rows)
         self.last_hidden = x  # the logit rows' final hidden states (embedding requests read them)
         if self.packed_lm_head is not None:
             logits = self.packed_lm_head(x).float()
@@ -574,6 +576,11 @@ class CausalLM(nn.Module):
             logits = logits.div_(self.args.logits_scaling)
         cap = self.args.final_logit_softcapping
         return logits if cap is None else logits.div_(cap).tanh_().mul_(cap)  # Gemma 2, Gemma 3 where asked
+
+    def _final_norm(self, x: torch.Tensor, residual: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """The final hidden states [len(rows), hidden] of flat token `rows`: the last norm applied
+        to their residual stream."""
+        return self.norm(x.index_select(0, rows), residual.index_select(0, rows))[0]
 
 
 def _sin_signed(sin: torch.Tensor) -> torch.Tensor:

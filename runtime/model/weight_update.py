@@ -36,7 +36,8 @@ FREE_FIELDS = frozenset({"torch_dtype"})
 # states; the native layer call's addresses, whose weights' stay valid through an in-place update), and
 # the RoPE tables, a function of the config the two models share (on CUDA the served ones were computed
 # on the device, the new ones on the host)
-NOT_WEIGHTS = frozenset({"last_hidden", "fused_layers", "rope_cos", "rope_sin", "rope_sin_signed", "local_rope"})
+NOT_WEIGHTS = frozenset({"last_hidden", "kept_hidden", "fused_layers", "rope_cos", "rope_sin", "rope_sin_signed",
+                         "local_rope"})
 
 
 @dataclasses.dataclass

@@ -200,7 +200,7 @@ def test_refused_without_the_flag_and_for_a_non_boolean():
 
 
 def test_prompt_logprobs_beside_hidden_states_are_unchanged(llama):
-    """Hidden states take every row of the prompt's logits; the logprobs still read their own."""
+    """Hidden states kept for every prompt row beside prompt logprobs: the logprobs read their own rows."""
     model_dir, hf = llama
     with Engine(model_dir, dtype="float32", kv_cache_tokens=512, chunked_prefill_size=4,
                 enable_return_hidden_states=True) as engine:
@@ -220,3 +220,25 @@ def _entries(values: list) -> list[tuple[int, float]]:
     logprob, the first prompt token's, as 0)."""
     flat = [e for v in values if v for e in (v if isinstance(v[0], list) else [v])]
     return [(token, 0.0 if lp is None else lp) for lp, token, _ in flat]
+
+
+def test_hidden_states_project_no_extra_logit_rows(llama):
+    """Hidden states are kept for every new token, but only the rows sampled or scored are projected
+    onto the vocabulary: a 9-token prompt's prefill projects 1 row, as a plain request's does
+    (all 9 would be a [prompt, vocab] fp32 tensor, gigabytes for a long prompt of a large model)."""
+    model_dir, hf = llama
+    with Engine(model_dir, dtype="float32", kv_cache_tokens=512, enable_return_hidden_states=True,
+                disable_radix_cache=True) as engine:
+        model, projected = engine.runner.model, []
+        forward = model.forward
+
+        def counting(fb, attn):
+            logits = forward(fb, attn)
+            projected.append(logits.shape[0])
+            return logits
+
+        model.forward = counting
+        result = engine.generate(input_ids=PROMPTS[0], sampling_params=GREEDY, return_hidden_states=True)
+        engine.check_accounting()
+    _check_against(hf, PROMPTS[0], result)
+    assert projected == [1] * GREEDY["max_new_tokens"]
