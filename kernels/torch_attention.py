@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention.bias import causal_lower_right
 
 from . import native
 from ._attention import softcap_scores, softmax_with_sinks
@@ -54,16 +53,26 @@ def _attend_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len: 
     """Causal attention of q [extend_len, num_heads, head_dim] at positions prefix_len.. over
     k, v [prefix_len + extend_len, num_kv_heads, head_dim], all fp32; returns [extend_len, num_heads, head_dim].
 
-    One SDPA call with a lower-right causal bias (query i sees keys 0 .. prefix_len + i): torch's
-    CPU flash kernel skips the blocks above the diagonal and reads a KV head once for its query
-    heads (enable_gqa). About 2x the chunked matmul + softmax it replaced for long extends
-    (measured at 256 new tokens over prefixes of 1 to 5,000, head_dim 64, one core).
+    One SDPA call, causal from the lower right (query i sees keys 0 .. prefix_len + i); torch's
+    CPU flash kernel reads a KV head once for its query heads (enable_gqa). About 2x the chunked
+    matmul + softmax it replaced for long extends (measured at 256 new tokens over prefixes of 1
+    to 5,000, head_dim 64, one core).
+    NOTE: on CPU the mask is the boolean matrix torch's `causal_lower_right` bias would make there;
+    that module imports torch._dynamo (2 s of every process's start), so only CUDA loads it, where
+    the bias runs flash attention without a mask.
     """
     extend_len, seq_len = q.shape[0], k.shape[0]
     assert seq_len == prefix_len + extend_len, (seq_len, prefix_len, extend_len)
+    mask = None
+    if prefix_len and q.is_cuda:
+        from torch.nn.attention.bias import causal_lower_right
+
+        mask = causal_lower_right(extend_len, seq_len)
+    elif prefix_len:
+        mask = torch.ones(extend_len, seq_len, dtype=torch.bool, device=q.device).tril_(prefix_len)
     o = F.scaled_dot_product_attention(  # [1, num_heads, extend_len, head_dim]
         q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
-        attn_mask=causal_lower_right(extend_len, seq_len), scale=sm_scale, enable_gqa=True)
+        attn_mask=mask, is_causal=not prefix_len, scale=sm_scale, enable_gqa=True)
     return o[0].transpose(0, 1)
 
 

@@ -10,6 +10,7 @@ import torch
 
 from radixflow.runtime.model.model import CausalLM
 from radixflow.runtime.model.model_config import ModelArgs
+from radixflow.runtime.model.weights import skip_weight_init
 
 INIT_STD = 0.02  # the usual transformer init: activations stay finite through many bf16 layers
 
@@ -38,7 +39,7 @@ def random_state(model: CausalLM, dtype: torch.dtype, device: torch.device, seed
 def build_random_model(args: ModelArgs, dtype: torch.dtype, device: torch.device, max_len: int,
                        seed: int = 0) -> CausalLM:
     """Like `weights.build_model`, with random weights instead of a checkpoint."""
-    with torch.device("meta"):
+    with torch.device("meta"), skip_weight_init():
         model = CausalLM(args)
     model.load_state_dict(random_state(model, dtype, device, seed), strict=True, assign=True)
     model.init_rope(max_len, device)
