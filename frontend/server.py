@@ -283,10 +283,12 @@ def serve(ns: argparse.Namespace, engine_kwargs: dict[str, Any]) -> int:
 
 
 def _engine_factory(core: str, path: str, kwargs: dict[str, Any], address: str | None = None) -> Callable[[], Any]:
-    from radixflow.runtime import Engine, EngineClient
-
     if core == "thread":
+        from radixflow.runtime import Engine
+
         return lambda: Engine(path, **kwargs)
+    from radixflow.runtime import EngineClient  # the engine's modules stay in its process: no torch here
+
     return lambda: EngineClient(path, address=address, **kwargs)
 
 

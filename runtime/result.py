@@ -3,8 +3,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-
 from radixflow.runtime.core.output import visible_text
 from radixflow.runtime.core.request import Req
 
@@ -82,6 +80,8 @@ def hidden_states_output(req: Req) -> list[list]:
     one [hidden] per later position (each output token fed back), as far as they were computed."""
     if not req.hidden_states:
         return []
+    import torch  # the engine's side only: the API server process never imports torch
+
     rows = torch.cat(req.hidden_states) if len(req.hidden_states) > 1 else req.hidden_states[0]
     prompt = len(req.prompt_ids)
     return [rows[:prompt].tolist(), *rows[prompt:].tolist()]

@@ -8,12 +8,13 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from radixflow.runtime.core.slot_list import SlotIds, SlotList
 from radixflow.runtime.sampling_params import SamplingParams
+
+if TYPE_CHECKING:  # the API server process imports this module, and never torch
+    import torch
 
 
 def long_rope_namespace(namespace: str | None) -> str:

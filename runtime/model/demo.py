@@ -20,13 +20,12 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import tokenizers
-import torch
-from safetensors.torch import save_file
 
-from radixflow.kernels import native
+if TYPE_CHECKING:  # torch only where a model is written: `radixflow serve`'s API server finds it built
+    import torch
 
 DEMO_VERSION = 2
 DATA_DIR = Path(__file__).resolve().parent / "data"
@@ -121,8 +120,14 @@ SIZES: dict[str, DemoSpec] = {
 
 
 def cache_dir() -> Path:
-    """$RADIXFLOW_CACHE, else $XDG_CACHE_HOME/radixflow, else ~/.cache/radixflow."""
-    return native.cache_root()
+    """$RADIXFLOW_CACHE, else $XDG_CACHE_HOME/radixflow, else ~/.cache/radixflow: the folder of
+    the native kernels' builds too (kernels/native.py's `cache_root`, which this equals).
+    NOTE: not that function: importing radixflow.kernels imports torch and Triton, which the API
+    server process, which looks the demo model up, does without."""
+    if os.environ.get("RADIXFLOW_CACHE"):
+        return Path(os.environ["RADIXFLOW_CACHE"])
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "radixflow"
 
 
 def demo_model(size: str = "tiny") -> str:
@@ -164,6 +169,8 @@ def write_demo_model(size: str, out_dir: str | os.PathLike[str], spec: DemoSpec 
     generation = {"bos_token_id": ids[BOS], "eos_token_id": [ids[EOT], ids[IM_END]], "pad_token_id": ids[PAD]}
     _write_json(out / "generation_config.json", generation)
     _write_json(out / "config.json", _model_config(spec, vocab_size, ids))
+    from safetensors.torch import save_file
+
     save_file(_init_weights(spec, vocab_size), str(out / "model.safetensors"), metadata={"format": "pt"})
     return str(out)
 
@@ -231,6 +238,8 @@ def _model_config(spec: DemoSpec, vocab_size: int, ids: dict[str, int]) -> dict[
 
 def _init_weights(spec: DemoSpec, vocab_size: int) -> dict[str, torch.Tensor]:
     """Hugging Face Llama state dict; `[out_features, in_features]` per projection, fp32."""
+    import torch
+
     gen = torch.Generator().manual_seed(spec.seed)
 
     def uniform(shape: tuple[int, ...], std: float, mean: float = 0.0) -> torch.Tensor:

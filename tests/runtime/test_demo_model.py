@@ -9,6 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from radixflow.kernels import native
 from radixflow.runtime.model import demo as dm
 from radixflow.runtime.model.demo import demo_model, write_demo_model
 from radixflow.runtime.text.tokenizer import Tokenizer
@@ -46,12 +47,12 @@ def test_unknown_size_lists_the_sizes(tmp_path: Path) -> None:
 def test_cache_dir_resolution(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RADIXFLOW_CACHE", str(tmp_path / "rf"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert dm.cache_dir() == tmp_path / "rf"
+    assert dm.cache_dir() == native.cache_root() == tmp_path / "rf"
     monkeypatch.delenv("RADIXFLOW_CACHE")
-    assert dm.cache_dir() == tmp_path / "xdg" / "radixflow"
+    assert dm.cache_dir() == native.cache_root() == tmp_path / "xdg" / "radixflow"
     monkeypatch.delenv("XDG_CACHE_HOME")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    assert dm.cache_dir() == tmp_path / "home" / ".cache" / "radixflow"
+    assert dm.cache_dir() == native.cache_root() == tmp_path / "home" / ".cache" / "radixflow"
 
 
 def test_demo_model_is_built_once_in_the_cache(
