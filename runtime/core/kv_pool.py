@@ -120,8 +120,9 @@ class KVPool:
         self._free[self._num_free: self._num_free + n] = np.asarray(slots, dtype=np.int32)[::-1]
         self._num_free += n
 
-    def free_slots(self) -> list[int]:
-        return self._free[: self._num_free].tolist()
+    def free_slots(self) -> np.ndarray:
+        """The free slot ids (a copy, int32, in no particular order)."""
+        return self._free[: self._num_free].copy()
 
 
 class ReqToTokenPool:

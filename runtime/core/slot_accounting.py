@@ -1,6 +1,8 @@
 """The scheduler's KV slot accounting invariants, checked on demand (tests, `check_invariants`)."""
 from __future__ import annotations
 
+import numpy as np
+
 from radixflow.radix import RadixCache
 from radixflow.runtime.core.kv_pool import KVPool, ReqToTokenPool
 from radixflow.runtime.core.request import Req
@@ -34,10 +36,11 @@ class SlotAccounting:
     def check_slots(self) -> None:
         """Stronger than check_accounting (O(pool)): every usable slot is in exactly one place,
         free, in the tree, or owned by one holding request; requests hold rows of their own."""
-        places = [self.kv.free_slots(), self.cache.all_slots()] + [r.owned_slots().tolist() for r in self.holding()]
-        flat = [slot for place in places for slot in place]
-        if len(flat) != len(set(flat)) or set(flat) != set(range(1, self.kv.capacity + 1)):
-            raise AssertionError(f"KV slots misplaced: {len(flat)} placed, {len(set(flat))} distinct, "
+        places = [self.kv.free_slots(), self.cache.all_slots(), *(r.owned_slots() for r in self.holding())]
+        flat = np.sort(np.concatenate([np.asarray(place, dtype=np.int64) for place in places]))
+        # exactly once each: sorted, they are 1, 2, ..., capacity
+        if not np.array_equal(flat, np.arange(1, self.kv.capacity + 1)):
+            raise AssertionError(f"KV slots misplaced: {len(flat)} placed, {len(np.unique(flat))} distinct, "
                                  f"{self.kv.capacity} usable")
         rows = [r.row for r in self.holding()]
         if None in rows or len(rows) != len(set(rows)) or len(rows) + self.req_pool.num_free_rows != self.req_pool.num_rows:
