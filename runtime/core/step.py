@@ -38,7 +38,7 @@ class _LogitPlan:
     """Which logit rows a request gets this step and what each is for."""
 
     offsets: list[int]          # rows within the request's new tokens, ascending
-    prompt_positions: list[int]  # for offsets[first_scored:][:len(prompt_positions)]: prompt position scored
+    prompt_positions: list[int]  # for offsets[:len(prompt_positions)]: the prompt position each scores
     sample: bool                 # the last offset is sampled from
 
 
